@@ -1,0 +1,385 @@
+"""Iteration-level scheduling (continuous batching) over a paged block allocator.
+
+Every step the scheduler decides which tokens are computed, in this order:
+
+1. **running decodes** -- each needs a slot for the token it will compute: ``allocator.append``.
+   When the pool is empty the most recently admitted running sequence is *preempted*:
+   ``recompute`` frees its blocks and puts it back at the front of the waiting queue (its K/V is
+   recomputed later, partly from the prefix cache); ``swap`` copies its blocks to CPU memory and
+   parks it until blocks are free again.
+2. **running prefills** -- the next chunk of a prompt that did not fit in one step (chunked prefill).
+3. **swapped sequences** come back (only in a step that preempted nothing).
+4. **waiting sequences** are admitted first come, first served while ``max_num_seqs``, the step's
+   token budget ``max_num_batched_tokens`` and the pool allow: ``allocator.allocate`` gives the
+   block table and the prefix-cache hit, whose tokens are not computed again.
+
+The executor (the engine's model, or the simulator's cost model) then runs the step: it applies
+``block_ops`` in order (swap-out, copy-on-write and swap-in copies), computes K/V for every
+:class:`ScheduledSeq`, samples one token for each that ``emits_token``, and hands the tokens to
+:meth:`Scheduler.update`.
+
+The memory manager is pluggable: anything with the allocator's ``allocate``, ``append``, ``fork``,
+``free``, ``num_cached_tokens``, ``block_table`` and ``take_copies`` works. Plain Python, no torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+from paged_edu.allocator import OutOfBlocksError
+from paged_edu.sequence import Sequence, SequenceStatus
+
+__all__ = ["ScheduledSeq", "Scheduler", "SchedulerOutput"]
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    """Compute K/V for ``seq.token_ids[start : start + num_new_tokens]`` this step."""
+
+    seq: Sequence
+    num_new_tokens: int
+    start: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_new_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """More than one token, or any token of the prompt: a prefill (or recompute) chunk."""
+        return self.start < self.seq.num_prompt_tokens or self.num_new_tokens > 1
+
+    @property
+    def emits_token(self) -> bool:
+        """The chunk reaches the last known token, so the executor samples the next one."""
+        return self.end == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)  # decodes first, then prefill chunks
+    preempted: list[Sequence] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu_block, cpu_block)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu_block, gpu_block)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    # Every copy above, in the order it must be applied before the step runs:
+    # ("swap_out", gpu, cpu), ("copy", src, dst), ("swap_in", cpu, gpu).
+    block_ops: list[tuple[str, int, int]] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Waiting, running and swapped queues over one memory manager."""
+
+    def __init__(
+        self,
+        allocator,
+        *,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        enable_chunked_prefill: bool = True,
+        preemption_mode: str = "recompute",
+        num_cpu_blocks: int = 0,
+    ) -> None:
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
+        for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(num_cpu_blocks, int) or num_cpu_blocks < 0:
+            raise ValueError(f"num_cpu_blocks must be an int >= 0, got {num_cpu_blocks!r}")
+        if preemption_mode == "swap" and num_cpu_blocks == 0:
+            raise ValueError("preemption_mode='swap' needs num_cpu_blocks > 0 to swap into")
+        self.allocator = allocator
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.preemption_mode = preemption_mode
+        self.num_cpu_blocks = num_cpu_blocks
+        self.free_cpu_blocks: deque[int] = deque(range(num_cpu_blocks))
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.swapped: deque[Sequence] = deque()
+        self.num_preemptions = 0
+        self._ids = itertools.count()
+
+    # -- requests ------------------------------------------------------------------------------
+    def new_seq_id(self) -> int:
+        return next(self._ids)
+
+    def make_sequence(self, prompt_token_ids: Seq[int], max_new_tokens: int, **kwargs) -> Sequence:
+        """A :class:`Sequence` with a fresh id, added to the waiting queue."""
+        seq = Sequence(self.new_seq_id(), list(prompt_token_ids), max_new_tokens, **kwargs)
+        self.add(seq)
+        return seq
+
+    def add(self, seq: Sequence) -> None:
+        capacity = getattr(self.allocator, "num_blocks", None)
+        block_size = getattr(self.allocator, "block_size", None)
+        if capacity is not None and block_size is not None:
+            longest = seq.num_prompt_tokens + seq.max_new_tokens
+            if -(-longest // block_size) > capacity:
+                raise ValueError(
+                    f"sequence {seq.seq_id} can grow to {longest} tokens, more than the whole pool holds "
+                    f"({capacity} blocks of {block_size})"
+                )
+        if not self.enable_chunked_prefill and seq.num_prompt_tokens > self.max_num_batched_tokens:
+            raise ValueError(
+                f"sequence {seq.seq_id} has a {seq.num_prompt_tokens}-token prompt, more than "
+                f"max_num_batched_tokens={self.max_num_batched_tokens}; enable chunked prefill or raise the budget"
+            )
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a sequence wherever it is, releasing its memory."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.allocator.free(seq.seq_id)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        elif seq.status is SequenceStatus.SWAPPED:
+            self.swapped.remove(seq)
+            self.free_cpu_blocks.extend(seq.cpu_blocks)
+            seq.cpu_blocks = []
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = "abort"
+
+    # -- preemption ----------------------------------------------------------------------------
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.num_preemptions += 1
+        seq.num_preemptions += 1
+        out.preempted.append(seq)
+        table = self.allocator.block_table(seq.seq_id)
+        if self.preemption_mode == "swap" and len(table) <= len(self.free_cpu_blocks):
+            self._record_copies(out)  # a pending copy into this sequence's blocks must land first
+            cpu_blocks = [self.free_cpu_blocks.popleft() for _ in table]
+            for gpu, cpu in zip(table, cpu_blocks):
+                out.blocks_to_swap_out.append((gpu, cpu))
+                out.block_ops.append(("swap_out", gpu, cpu))
+            seq.cpu_blocks = cpu_blocks
+            self.allocator.free(seq.seq_id)
+            seq.status = SequenceStatus.SWAPPED
+            self.swapped.append(seq)
+        else:  # recompute (also the fallback when CPU swap space is full)
+            self.allocator.free(seq.seq_id)
+            seq.num_computed_tokens = 0
+            seq.num_placed_tokens = 0
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
+
+    def _record_copies(self, out: SchedulerOutput) -> None:
+        for src, dst in self.allocator.take_copies():
+            out.blocks_to_copy.append((src, dst))
+            out.block_ops.append(("copy", src, dst))
+
+    # -- one step ------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        allocator = self.allocator
+        chunked = self.enable_chunked_prefill
+
+        # 1-2. Running sequences, oldest first: decodes, then the next chunk of unfinished prefills.
+        queue = deque(self.running)
+        decodes: list[ScheduledSeq] = []
+        prefills: list[ScheduledSeq] = []
+        kept: list[Sequence] = []
+        preempted_any = False
+        while queue:
+            seq = queue.popleft()
+            if seq.num_placed_tokens < seq.num_tokens:  # the token sampled last step needs a slot
+                if budget == 0:
+                    kept.append(seq)
+                    continue
+                while True:
+                    try:
+                        allocator.append(seq.seq_id, seq.output_token_ids[-1])
+                        break
+                    except OutOfBlocksError:
+                        preempted_any = True
+                        if queue:
+                            self._preempt(queue.pop(), out)  # the youngest running sequence
+                        else:
+                            self._preempt(seq, out)
+                            seq = None
+                            break
+                if seq is None:
+                    continue
+                seq.num_placed_tokens += 1
+            kept.append(seq)
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            if budget == 0 or (remaining > budget and not chunked):
+                continue
+            num_new = remaining if remaining <= budget else budget
+            budget -= num_new
+            scheduled = ScheduledSeq(seq, num_new, seq.num_computed_tokens)
+            (decodes if remaining == 1 else prefills).append(scheduled)
+        self.running = kept
+
+        # 3. Swapped sequences come back when nothing had to be preempted this step.
+        if not preempted_any:
+            while self.swapped and len(self.running) < self.max_num_seqs and budget > 0:
+                seq = self.swapped[0]
+                placed = seq.token_ids[: seq.num_placed_tokens]
+                try:
+                    table = allocator.allocate(seq.seq_id, placed)
+                except OutOfBlocksError:
+                    break
+                if seq.num_placed_tokens < seq.num_tokens:  # its pending token needs a slot too
+                    try:
+                        allocator.append(seq.seq_id, seq.output_token_ids[-1])
+                    except OutOfBlocksError:
+                        allocator.free(seq.seq_id)
+                        break
+                    seq.num_placed_tokens += 1
+                    table = allocator.block_table(seq.seq_id)
+                self.swapped.popleft()
+                self._record_copies(out)
+                first_copied = allocator.num_cached_tokens(seq.seq_id) // allocator.block_size
+                for i in range(first_copied, len(seq.cpu_blocks)):
+                    out.blocks_to_swap_in.append((seq.cpu_blocks[i], table[i]))
+                    out.block_ops.append(("swap_in", seq.cpu_blocks[i], table[i]))
+                self.free_cpu_blocks.extend(seq.cpu_blocks)
+                seq.cpu_blocks = []
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                remaining = seq.num_tokens - seq.num_computed_tokens
+                num_new = min(remaining, budget)
+                if num_new == remaining or chunked:
+                    budget -= num_new
+                    decodes.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens))
+
+        # 4. Waiting sequences, first come first served.
+        if not self.swapped and not preempted_any:
+            while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+                seq = self.waiting[0]
+                if not chunked and seq.num_tokens > budget:
+                    break
+                try:
+                    allocator.allocate(seq.seq_id, seq.token_ids)
+                except OutOfBlocksError:
+                    break
+                self.waiting.popleft()
+                cached = allocator.num_cached_tokens(seq.seq_id)
+                seq.num_cached_tokens = cached
+                seq.num_computed_tokens = cached
+                seq.num_placed_tokens = seq.num_tokens
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                remaining = seq.num_tokens - cached
+                num_new = min(remaining, budget)
+                budget -= num_new
+                prefills.append(ScheduledSeq(seq, num_new, cached))
+
+        self._record_copies(out)
+        out.scheduled = decodes + prefills
+        out.num_batched_tokens = self.max_num_batched_tokens - budget
+        return out
+
+    # -- after the step ------------------------------------------------------------------------
+    def update(self, scheduled: list[ScheduledSeq], sampled: dict, now: float = 0.0) -> list[Sequence]:
+        """Advance the computed tokens and append the sampled ones; return finished sequences.
+
+        ``sampled`` maps the id of every sequence whose chunk ``emits_token`` to its new token --
+        or, for a sequence with ``num_samples = n > 1`` finishing its prompt, to a list of ``n``
+        tokens: the first is its own, the others start forked children.
+        """
+        finished: list[Sequence] = []
+        for item in scheduled:
+            seq = item.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+            seq.num_computed_tokens = item.end
+            if item.end < seq.num_tokens:
+                continue  # a prefill chunk in the middle of the prompt
+            try:
+                token = sampled[seq.seq_id]
+            except KeyError:
+                raise KeyError(f"no sampled token for sequence {seq.seq_id}, whose chunk emits one") from None
+            family = [seq]
+            if isinstance(token, (list, tuple)):
+                tokens = list(token)
+                if seq.num_samples > 1 and not seq.output_token_ids:
+                    if len(tokens) != seq.num_samples:
+                        raise ValueError(
+                            f"sequence {seq.seq_id} asks for {seq.num_samples} samples, got {len(tokens)} tokens"
+                        )
+                    token = tokens[0]
+                    family += [self._fork_child(seq, i, t) for i, t in enumerate(tokens[1:], start=1)]
+                elif len(tokens) == 1:
+                    token = tokens[0]
+                else:
+                    raise ValueError(f"sequence {seq.seq_id} takes one token this step, got {len(tokens)}")
+            seq.output_token_ids.append(int(token))
+            for member in family:
+                self._after_token(member, now, finished)
+        return finished
+
+    def _fork_child(self, parent: Sequence, sample_index: int, token: int) -> Sequence:
+        child = Sequence(
+            self.new_seq_id(), list(parent.prompt_token_ids), parent.max_new_tokens,
+            arrival_time=parent.arrival_time, stop_token_ids=parent.stop_token_ids,
+            request_id=parent.request_id, sample_index=sample_index,
+        )
+        self.fork(parent, child)
+        child.output_token_ids.append(int(token))
+        return child
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Start ``child`` as a copy of ``parent`` that shares every block (parallel sampling)."""
+        if parent.status is not SequenceStatus.RUNNING:
+            raise ValueError(f"can only fork a running sequence; {parent.seq_id} is {parent.status.value}")
+        self.allocator.fork(parent.seq_id, child.seq_id)
+        child.output_token_ids = list(parent.output_token_ids)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_placed_tokens = parent.num_placed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.first_scheduled_time = parent.first_scheduled_time
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+
+    def _after_token(self, seq: Sequence, now: float, finished: list[Sequence]) -> None:
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.token_times.append(now)
+        token = seq.output_token_ids[-1]
+        if token in seq.stop_token_ids:
+            seq.finish_reason = "stop"
+        elif len(seq.output_token_ids) >= seq.max_new_tokens:
+            seq.finish_reason = "length"
+        else:
+            return
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_time = now
+        self.running.remove(seq)
+        self.allocator.free(seq.seq_id)
+        finished.append(seq)
+
+    # -- metrics -------------------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        """Queue lengths, KV usage and prefix hit rate now (for per-step metrics)."""
+        usage = getattr(self.allocator, "usage", None)
+        cache = getattr(self.allocator, "stats", None)
+        return {
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "swapped": len(self.swapped),
+            "kv_usage": usage if usage is not None else float("nan"),
+            "prefix_hit_rate": cache.hit_rate if cache is not None else 0.0,
+            "preemptions": self.num_preemptions,
+        }

@@ -1,0 +1,90 @@
+"""A sequence's state as the scheduler sees it: its tokens, how many are computed, its metrics.
+
+Plain Python, shared by the engine (a real model) and the simulator (a cost model).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = ["Sequence", "SequenceStatus"]
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # not admitted, or preempted by recompute
+    RUNNING = "running"  # holds blocks in the GPU pool
+    SWAPPED = "swapped"  # preempted by swap: its blocks wait in CPU memory
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One stream of tokens: a prompt and what has been generated after it.
+
+    ``num_computed_tokens`` leading tokens have their K/V in the cache; the allocator holds
+    ``num_placed_tokens`` of them (one more than computed while a decode's new token waits for its
+    step). A sequence with ``num_samples = n > 1`` forks into ``n`` sequences when its prompt is
+    done (parallel sampling); the children share ``request_id`` and get ``sample_index`` 1 .. n-1.
+    """
+
+    seq_id: int
+    prompt_token_ids: list[int]
+    max_new_tokens: int
+    arrival_time: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
+    request_id: int | None = None
+    num_samples: int = 1
+    sample_index: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    num_placed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at the last admission
+    num_preemptions: int = 0
+    cpu_blocks: list[int] = field(default_factory=list)  # while SWAPPED
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finish_reason: str | None = None  # "length" | "stop" | "abort"
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError(f"sequence {self.seq_id}: the prompt is empty; it needs at least one token")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"sequence {self.seq_id}: max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if not isinstance(self.num_samples, int) or self.num_samples < 1:
+            raise ValueError(f"sequence {self.seq_id}: num_samples must be an int >= 1, got {self.num_samples!r}")
+        if self.request_id is None:
+            self.request_id = self.seq_id
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token, from arrival."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def inter_token_latencies(self) -> list[float]:
+        times = self.token_times
+        return [b - a for a, b in zip(times, times[1:])]

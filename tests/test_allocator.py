@@ -1,0 +1,379 @@
+"""Unit tests of the BlockAllocator contract, one point at a time.
+
+Each test states the contract in its name; expected values are worked out by hand from the
+definitions (ceil(n/B) blocks, chained hashes, copy-on-write), not read back from the code.
+"""
+
+import copy
+import hashlib
+import math
+from array import array
+
+import pytest
+
+from paged_edu import BlockAllocator, OutOfBlocksError
+from paged_edu.allocator import UnknownSequenceError, chained_block_hashes
+
+B = 4
+
+
+def snapshot(a: BlockAllocator):
+    """Everything observable, to check that a failed call left the allocator exactly as it was."""
+    return (
+        a.num_free_blocks,
+        a.num_evictable_blocks,
+        {s: (a.block_table(s), a.token_ids(s), a.num_cached_tokens(s)) for s in a.seq_ids},
+        [a.ref_count(b) for b in range(a.num_blocks)],
+        [a.block_hash(b) for b in range(a.num_blocks)],
+        copy.deepcopy(a._hash_to_block),
+        list(a._evictable),
+        list(a._free_block_ids),
+        (a.stats.queried_tokens, a.stats.hit_tokens),
+        list(a._copies),
+    )
+
+
+# -- allocate ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, B - 1, B, B + 1, 3 * B, 3 * B + 2])
+def test_prompt_gets_ceil_n_over_b_distinct_blocks(n):
+    a = BlockAllocator(16, B)
+    table = a.allocate("s", list(range(n)))
+    assert len(table) == math.ceil(n / B)
+    assert len(set(table)) == len(table)
+    assert a.num_free_blocks == 16 - len(table)
+    assert all(a.ref_count(b) == 1 for b in table)
+    assert a.block_table("s") == table
+
+
+def test_hash_is_chained_sha256_over_token_bytes():
+    tokens = list(range(10))
+    expected, parent = [], b""
+    for i in range(2):
+        parent = hashlib.sha256(parent + array("q", tokens[i * B:(i + 1) * B]).tobytes()).digest()
+        expected.append(parent)
+    assert chained_block_hashes(tokens, B) == expected
+
+
+def test_full_blocks_enter_the_cache_and_a_second_prompt_hits_them():
+    a = BlockAllocator(16, B)
+    t1 = a.allocate("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    t2 = a.allocate("b", [1, 2, 3, 4, 5, 6, 7, 8, 10, 11])
+    assert t2[:2] == t1[:2] and t2[2] != t1[2]
+    assert a.num_cached_tokens("b") == 8
+    assert a.ref_count(t1[0]) == a.ref_count(t1[1]) == 2
+    assert a.stats.queried_tokens == 19 and a.stats.hit_tokens == 8
+
+
+def test_hash_is_position_aware_same_block_after_different_prefix_is_not_shared():
+    a = BlockAllocator(16, B)
+    t1 = a.allocate("a", [1, 1, 1, 1, 7, 7, 7, 7, 0])
+    t2 = a.allocate("b", [2, 2, 2, 2, 7, 7, 7, 7, 0])
+    # Block 1 holds the same four tokens in both, but after a different prefix: its K/V differs.
+    assert set(t1).isdisjoint(t2)
+    assert a.num_cached_tokens("b") == 0
+
+
+def test_lookup_stops_at_first_miss():
+    a = BlockAllocator(16, B)
+    a.allocate("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0])
+    table = a.allocate("b", [1, 2, 3, 4, 0, 0, 0, 0, 9, 10, 11, 12, 0])
+    assert a.num_cached_tokens("b") == 4
+    assert a.ref_count(table[2]) == 1
+
+
+def test_fully_cached_prompt_still_computes_its_last_token_in_a_private_block():
+    a = BlockAllocator(16, B)
+    prompt = list(range(8))
+    t1 = a.allocate("a", prompt)
+    t2 = a.allocate("b", prompt)
+    assert a.num_cached_tokens("b") == 4  # a multiple of B, smaller than n = 8
+    assert t2[0] == t1[0] and t2[1] != t1[1]
+    assert a.ref_count(t2[1]) == 1
+
+
+def test_num_cached_tokens_is_multiple_of_b_and_below_n():
+    a = BlockAllocator(32, B)
+    base = list(range(20))
+    a.allocate("a", base)
+    for n in range(1, 21):
+        a.allocate(n, base[:n])
+        cached = a.num_cached_tokens(n)
+        assert cached % B == 0 and cached < n
+        assert cached == min((n - 1) // B, 5) * B
+        a.free(n)
+
+
+def test_prefix_caching_disabled_shares_nothing():
+    a = BlockAllocator(16, B, enable_prefix_caching=False)
+    t1 = a.allocate("a", list(range(9)))
+    t2 = a.allocate("b", list(range(9)))
+    assert set(t1).isdisjoint(t2) and a.num_cached_tokens("b") == 0
+    a.free("a")
+    assert a.num_evictable_blocks == 0 and a.block_hash(t1[0]) is None
+
+
+# -- append --------------------------------------------------------------------------------------
+
+
+def test_append_returns_physical_slot_and_takes_new_block_when_full():
+    a = BlockAllocator(16, B)
+    table = a.allocate("s", [1, 2, 3])
+    assert a.append("s", 4) == table[0] * B + 3
+    slot = a.append("s", 5)
+    new_table = a.block_table("s")
+    assert len(new_table) == 2 and slot == new_table[1] * B + 0
+    assert a.token_ids("s") == [1, 2, 3, 4, 5]
+
+
+def test_block_filled_by_append_enters_cache():
+    a = BlockAllocator(16, B)
+    a.allocate("a", [1, 2, 3])
+    a.append("a", 4)
+    t = a.allocate("b", [1, 2, 3, 4, 9])
+    assert a.num_cached_tokens("b") == 4 and t[0] == a.block_table("a")[0]
+
+
+def test_copy_on_write_on_append_into_shared_partial_block():
+    a = BlockAllocator(16, B)
+    parent = a.allocate("p", [1, 2, 3, 4, 5, 6])
+    assert a.fork("p", "c") == parent
+    assert [a.ref_count(b) for b in parent] == [2, 2]
+    slot = a.append("c", 7)
+    child = a.block_table("c")
+    assert child[0] == parent[0] and child[1] != parent[1]
+    assert slot == child[1] * B + 2
+    assert a.ref_count(parent[1]) == 1 and a.ref_count(child[1]) == 1
+    assert a.take_copies() == [(parent[1], child[1])]
+    assert a.take_copies() == []
+    # The parent, now the only owner, writes in place.
+    assert a.append("p", 8) == parent[1] * B + 2
+    assert a.take_copies() == []
+
+
+def test_append_after_fork_into_full_block_needs_no_copy():
+    a = BlockAllocator(16, B)
+    a.allocate("p", [1, 2, 3, 4])
+    a.fork("p", "c")
+    a.append("c", 5)
+    assert a.take_copies() == []
+    assert a.block_table("c")[0] == a.block_table("p")[0]
+
+
+# -- free, eviction ------------------------------------------------------------------------------
+
+
+def test_free_keeps_full_blocks_cached_and_reusable():
+    a = BlockAllocator(8, B)
+    t1 = a.allocate("a", list(range(9)))
+    a.free("a")
+    assert a.num_free_blocks == 8
+    assert a.num_evictable_blocks == 2  # the two full blocks; the partial one is plain free
+    t2 = a.allocate("b", list(range(9)))
+    assert t2[:2] == t1[:2] and a.num_cached_tokens("b") == 8
+
+
+def test_eviction_drops_the_hash_when_the_block_is_handed_out_again():
+    a = BlockAllocator(3, B)
+    t1 = a.allocate("a", list(range(9)))  # 3 blocks, two of them cached
+    a.free("a")
+    a.allocate("x", [50] * 12)  # needs all three: evicts both cached blocks
+    assert all(a.block_hash(b) is not None for b in a.block_table("x")[:2])
+    a.free("x")
+    table = a.allocate("b", list(range(9)))
+    assert a.num_cached_tokens("b") == 0  # no stale hit on an overwritten block
+    assert table is not None and t1 is not None
+
+
+def test_never_cached_free_blocks_go_before_evicting():
+    a = BlockAllocator(6, B)
+    a.allocate("a", list(range(8)) + [0])
+    a.free("a")
+    a.allocate("b", [9] * 3)
+    a.allocate("c", [8] * 3)
+    a.allocate("d", [7] * 3)
+    assert a.num_evictable_blocks == 2
+
+
+def test_lru_evicts_least_recently_freed_and_tail_first():
+    a = BlockAllocator(6, B)
+    ta = a.allocate("a", [1] * 9)  # blocks: full, full, partial
+    tb = a.allocate("b", [2] * 9)
+    old_hash = a.block_hash(ta[1])
+    a.free("a")  # a's tail full block is freed first, then its head
+    a.free("b")
+    assert list(a._evictable) == [ta[1], ta[0], tb[1], tb[0]]
+    # Exhaust: free plain blocks first (the two partials), then evict in that order.
+    x = a.allocate("x", [3] * 12)
+    assert a.num_evictable_blocks == 3
+    assert ta[1] in x and a.block_hash(ta[1]) != old_hash  # evicted, now x's
+    a.free("x")
+    assert a.allocate("y", [1] * 9)[0] == ta[0] and a.num_cached_tokens("y") == 4  # a's head still cached
+
+
+def test_cache_hit_revives_an_evictable_block():
+    a = BlockAllocator(4, B)
+    t1 = a.allocate("a", [1, 2, 3, 4, 5])
+    a.free("a")
+    t2 = a.allocate("b", [1, 2, 3, 4, 6])
+    assert t2[0] == t1[0] and not a.is_evictable(t1[0]) and a.ref_count(t1[0]) == 1
+
+
+# -- errors leave state as it was ---------------------------------------------------------------
+
+
+def test_out_of_blocks_in_allocate_rolls_back_everything():
+    a = BlockAllocator(4, B)
+    a.allocate("a", list(range(9)))  # 3 blocks
+    a.free("a")  # 2 evictable + 2 plain free
+    a.allocate("b", [5] * 5)  # 2 plain blocks
+    before = snapshot(a)
+    # Hits block 0 (revives it), then needs 3 fresh blocks; only 1 remains once block 0 is revived.
+    with pytest.raises(OutOfBlocksError) as err:
+        a.allocate("c", list(range(4)) + [9] * 10)
+    assert isinstance(err.value, MemoryError)
+    assert "needs" in str(err.value)
+    assert snapshot(a) == before
+
+
+def test_out_of_blocks_in_append_and_copy_on_write_changes_nothing():
+    a = BlockAllocator(3, B)
+    a.allocate("a", [1, 2, 3, 4, 5])
+    a.fork("a", "b")
+    a2 = BlockAllocator(1, B)
+    a2.allocate("x", [1, 2, 3, 4])
+    before2 = snapshot(a2)
+    with pytest.raises(OutOfBlocksError):
+        a2.append("x", 5)  # full block, pool empty
+    assert snapshot(a2) == before2
+    a.allocate("z", [9])  # takes the last free block
+    before = snapshot(a)
+    with pytest.raises(OutOfBlocksError):
+        a.append("b", 6)  # needs a copy-on-write block
+    assert snapshot(a) == before
+
+
+def test_unknown_sequence_raises_key_error_naming_it():
+    a = BlockAllocator(4, B)
+    for call in (lambda: a.append("ghost", 1), lambda: a.free("ghost"), lambda: a.block_table("ghost"),
+                 lambda: a.num_cached_tokens("ghost"), lambda: a.fork("ghost", "x")):
+        with pytest.raises(KeyError) as err:
+            call()
+        assert isinstance(err.value, UnknownSequenceError)
+        assert "ghost" in str(err.value)
+
+
+def test_existing_id_raises_value_error():
+    a = BlockAllocator(8, B)
+    a.allocate("a", [1])
+    a.allocate("b", [2])
+    before = snapshot(a)
+    with pytest.raises(ValueError, match="already exists"):
+        a.allocate("a", [3])
+    with pytest.raises(ValueError, match="already exists"):
+        a.fork("a", "b")
+    assert snapshot(a) == before
+
+
+@pytest.mark.parametrize(
+    "tokens, exc, words",
+    [
+        ([], ValueError, "empty"),
+        ([1, -2], ValueError, "non-negative"),
+        ([1, 2.5], TypeError, "integers"),
+        (["a"], TypeError, "integers"),
+        ([2**70], ValueError, "64 bits"),
+    ],
+)
+def test_bad_prompts_raise_clear_errors_and_change_nothing(tokens, exc, words):
+    a = BlockAllocator(8, B)
+    a.allocate("a", [1, 2, 3, 4, 5])
+    before = snapshot(a)
+    with pytest.raises(exc, match=words):
+        a.allocate("new", tokens)
+    assert snapshot(a) == before
+
+
+@pytest.mark.parametrize("token, exc", [(-1, ValueError), (1.0, TypeError), ("x", TypeError), (True, TypeError)])
+def test_bad_appended_token_raises_and_changes_nothing(token, exc):
+    a = BlockAllocator(8, B)
+    a.allocate("a", [1, 2, 3, 4])
+    before = snapshot(a)
+    with pytest.raises(exc):
+        a.append("a", token)
+    assert snapshot(a) == before
+
+
+def test_numpy_style_integer_tokens_are_accepted():
+    class Index:
+        def __init__(self, v):
+            self.v = v
+
+        def __index__(self):
+            return self.v
+
+    a = BlockAllocator(8, B)
+    a.allocate("a", [1, 2, 3])
+    assert a.append("a", Index(4)) == a.block_table("a")[0] * B + 3
+
+
+@pytest.mark.parametrize("kwargs, exc", [
+    ({"num_blocks": 0}, ValueError), ({"num_blocks": -1}, ValueError), ({"block_size": 0}, ValueError),
+    ({"num_blocks": 2.0}, TypeError), ({"block_size": "16"}, TypeError),
+])
+def test_bad_construction(kwargs, exc):
+    args = {"num_blocks": 4, "block_size": 4, **kwargs}
+    with pytest.raises(exc, match="num_blocks|block_size"):
+        BlockAllocator(**args)
+
+
+# -- events and helpers --------------------------------------------------------------------------
+
+
+def test_event_stream_reports_each_operation():
+    a = BlockAllocator(3, B)
+    events = []
+    unsubscribe = a.subscribe(events.append)
+    a.allocate("a", [1, 2, 3, 4, 5])
+    a.free("a")
+    a.allocate("b", [1, 2, 3, 4, 6])
+    a.fork("b", "c")
+    a.append("c", 7)
+    kinds = [e.kind for e in events]
+    assert kinds[:3] == ["allocate", "free", "cache_hit"]
+    assert "fork" in kinds and "copy_on_write" in kinds and kinds.count("append") == 1
+    unsubscribe()
+    n = len(events)
+    a.free("b")
+    assert len(events) == n
+
+
+def test_evict_event_names_the_block():
+    a = BlockAllocator(2, B)
+    events = []
+    a.subscribe(events.append)
+    t = a.allocate("a", [1, 2, 3, 4, 5])
+    a.free("a")
+    a.allocate("b", [7] * 8)
+    assert [e.block_ids for e in events if e.kind == "evict"] == [[t[0]]]
+
+
+def test_slot_mapping_matches_block_table_formula():
+    a = BlockAllocator(16, B)
+    a.allocate("a", list(range(11)))
+    table = a.block_table("a")
+    assert a.slot_mapping("a") == [table[t // B] * B + t % B for t in range(11)]
+    assert a.slot("a", 9) == table[2] * B + 1
+    with pytest.raises(ValueError, match="outside"):
+        a.slot("a", 11)
+
+
+def test_num_new_blocks_for_predicts_allocate():
+    a = BlockAllocator(16, B)
+    a.allocate("a", list(range(9)))
+    a.free("a")
+    before = a.num_free_blocks
+    need = a.num_new_blocks_for(list(range(8)) + [99, 98])
+    a.allocate("b", list(range(8)) + [99, 98])
+    assert before - a.num_free_blocks == need
