@@ -145,6 +145,7 @@ class _Sequence:
     block_table: list[int]
     block_hashes: list[bytes]  # chained hash of each full block, in order
     num_cached_tokens: int = 0
+    num_published_blocks: int = 0  # leading full blocks already offered to the prefix cache
 
 
 # ----------------------------------------------------------------------------------------------
@@ -155,7 +156,13 @@ class _Sequence:
 class BlockAllocator:
     """A pool of ``num_blocks`` KV blocks of ``block_size`` slots, with prefix caching and CoW."""
 
-    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        enable_prefix_caching: bool = True,
+        cache_when_computed: bool = False,
+    ) -> None:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -164,6 +171,7 @@ class BlockAllocator:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = bool(enable_prefix_caching)
+        self._cache_when_computed = bool(cache_when_computed)
 
         self._ref_count: list[int] = [0] * num_blocks
         self._block_hash: list[bytes | None] = [None] * num_blocks  # set while the cache maps it
@@ -300,6 +308,40 @@ class BlockAllocator:
             self._free_block_ids.append(block_id)
         self._evictable.clear()
 
+    @property
+    def cache_when_computed(self) -> bool:
+        """Publish full blocks only once :meth:`mark_computed` says their K/V is written.
+
+        Off (the default), a block enters the cache the moment it is full: right for a caller that
+        computes a whole prompt in the step that allocates it. A scheduler that spreads a prompt over
+        several steps (chunked prefill) or preempts half-computed prompts turns it on, so that no
+        other sequence can hit a block whose K/V does not exist yet.
+        """
+        return self._cache_when_computed
+
+    @cache_when_computed.setter
+    def cache_when_computed(self, value: bool) -> None:
+        if self._seqs:
+            raise ValueError("cache_when_computed can only change while the allocator holds no sequence")
+        self._cache_when_computed = bool(value)
+
+    def mark_computed(self, seq_id: SeqId, num_computed_tokens: int) -> None:
+        """Record that the first ``num_computed_tokens`` tokens' K/V is written; publish their full blocks."""
+        seq = self._seq(seq_id)
+        if not isinstance(num_computed_tokens, int) or not 0 <= num_computed_tokens <= len(seq.token_ids):
+            raise ValueError(
+                f"num_computed_tokens must be an int in [0, {len(seq.token_ids)}] for sequence {seq_id!r}, "
+                f"got {num_computed_tokens!r}"
+            )
+        self._publish(seq, num_computed_tokens // self.block_size)
+
+    def _publish(self, seq: _Sequence, num_blocks: int) -> None:
+        end = min(num_blocks, len(seq.block_hashes))
+        for i in range(seq.num_published_blocks, end):
+            self._cache_block(seq.block_table[i], seq.block_hashes[i])
+        if end > seq.num_published_blocks:
+            seq.num_published_blocks = end
+
     # -- internals -----------------------------------------------------------------------------
     def _lookup(self, packed: array, hashes: list[bytes]) -> tuple[list[int], int]:
         """Cached blocks for the leading full blocks, stopping at the first miss.
@@ -388,14 +430,13 @@ class BlockAllocator:
                 del self._evictable[block_id]
             self._ref_count[block_id] += 1
         table = list(hits)
-        for i in range(len(hits), len(hits) + num_needed):
-            block_id = self._take_free_block()
-            table.append(block_id)
-            if i < num_full:
-                self._cache_block(block_id, hashes[i])
-
+        for _ in range(num_needed):
+            table.append(self._take_free_block())
         num_cached = len(hits) * B
-        self._seqs[seq_id] = _Sequence(packed.tolist(), table, hashes, num_cached)
+        seq = _Sequence(packed.tolist(), table, hashes, num_cached, len(hits))
+        self._seqs[seq_id] = seq
+        if not self._cache_when_computed:
+            self._publish(seq, num_full)
         self.stats.queried_tokens += n
         self.stats.hit_tokens += num_cached
         if self._subscribers:
@@ -443,7 +484,8 @@ class BlockAllocator:
             parent = seq.block_hashes[-1] if seq.block_hashes else _ROOT_HASH
             block_hash = hash_block(parent, array("q", tokens[-B:]).tobytes())
             seq.block_hashes.append(block_hash)
-            self._cache_block(block_id, block_hash)
+            if not self._cache_when_computed:
+                self._publish(seq, len(seq.block_hashes))
         slot = block_id * B + offset
         if self._subscribers:
             event = BlockEvent("append", seq_id, [block_id], 1, slot)
@@ -458,7 +500,8 @@ class BlockAllocator:
         for block_id in parent.block_table:
             self._ref_count[block_id] += 1
         self._seqs[child_id] = _Sequence(
-            list(parent.token_ids), list(parent.block_table), list(parent.block_hashes), parent.num_cached_tokens
+            list(parent.token_ids), list(parent.block_table), list(parent.block_hashes), parent.num_cached_tokens,
+            parent.num_published_blocks,
         )
         if self._subscribers:
             self._emit("fork", child_id, list(parent.block_table), len(parent.token_ids))

