@@ -1,0 +1,392 @@
+"""
+Paged decode attention in Triton: flash-decoding over a block table
+====================================================================
+
+In this tutorial-style module you will learn
+
+* how a kernel follows a *block table*: the tokens of one sequence live in blocks scattered over
+  the KV pool, and every tile of keys is gathered through ``B(t // B)`` before it is used;
+* the *online softmax* of the seed's equations (running max ``m``, normaliser ``l``, output
+  ``o``), now over tiles of several blocks at once;
+* why all query heads of a GQA group are handled by one program: they read the same K/V, so the
+  bytes -- the only thing decode is short of -- are loaded once;
+* *split-KV* (flash-decoding): when there are too few (sequence, KV head) pairs to fill the GPU,
+  each sequence is cut into ``num_splits`` ranges processed in parallel, and a second small kernel
+  merges the partial results with their log-sum-exp;
+* what it takes to run under CUDA-graph capture (no host sync, no data-dependent launch shape) and
+  under the Triton interpreter on a CPU (bf16 is wrong there: upcast after every load).
+
+Motivation
+----------
+At decode time each sequence contributes one query token, so attention does ~2 FLOPs per byte of
+K/V it reads: the kernel is bound by memory bandwidth, and its speed is how close it streams the
+paged K/V to the bandwidth of a plain copy. Three things decide that: every byte read once (GQA
+packing), enough bytes in flight (wide tiles, software pipelining, enough programs), and no
+wasted launches (one kernel, or two with a cheap merge).
+
+Layout (the seed's, also vLLM's)::
+
+    k_cache, v_cache: (num_blocks, B, num_kv_heads, head_dim)
+    address of K[t] for KV head h = base + B(t // B) * stride_block + (t % B) * stride_tok
+                                         + h * stride_head + d
+
+Grid: one program per (sequence, KV head, split). Program ``(n, h, j)`` computes, for the ``G``
+query heads ``h*G .. h*G+G-1``, attention over its range of tiles, and writes either the final
+output (``num_splits == 1``) or a partial output ``o_j`` with its log-sum-exp ``lse_j``. The merge
+is ``O = sum_j exp(lse_j - M) o_j / sum_j exp(lse_j - M)`` with ``M = max_j lse_j``.
+
+Benchmark
+---------
+``python benchmarks/bench_kernels.py`` on an H200 (bf16, B=16, 32/8 heads, head_dim 128, random
+block tables; CUDA-graph replays, L2 flushed; the copy ceiling measured in the same run):
+
+==========  =========  ===================  ==============================
+batch x s   this       % of copy bandwidth  best paged peer (vLLM / SGLang)
+==========  =========  ===================  ==============================
+1 x 8192    21.1 us    51%                  34.8 us
+8 x 2048    31.7 us    57%                  37.0 us
+32 x 2048   81.1 us    80%                  92.9 us
+64 x 4096   257 us     98%                  291 us
+128 x 1024  139 us     93%                  157 us
+16 x 32768  503 us     100%                 559 us
+==========  =========  ===================  ==============================
+
+The small cases are latency-bound: 8192 tokens of one sequence are only 33 MB, which a copy
+streams in ~10 us; two launches and a few memory round trips are the rest.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["paged_attention_triton", "choose_num_splits", "decode_config", "INTERPRETING"]
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernel: one tile of keys at a time
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attend_tile(
+    q,  # (GROUP_PAD, HEAD_DIM_PAD) the group's queries, already in the dot dtype
+    m_i, l_i, acc,  # running max (GROUP_PAD,), normaliser (GROUP_PAD,), output (GROUP_PAD, HEAD_DIM_PAD)
+    tile,  # which tile of TILE tokens (logical positions tile*TILE ...)
+    seq_len,  # tokens in this sequence
+    bt_row_ptr,  # this sequence's row of the block table
+    k_head_ptr, v_head_ptr,  # k_cache / v_cache advanced to this KV head
+    stride_k_block, stride_k_tok, stride_v_block, stride_v_tok,
+    offs_t, offs_d, d_mask,  # aranges (TILE,), (HEAD_DIM_PAD,) and the head_dim mask
+    qk_scale,  # scale * log2(e): scores in base 2, so exp2 can be used
+    BLOCK_SIZE: tl.constexpr,  # B, tokens per KV block
+    TILE: tl.constexpr,  # tokens per step
+    EVEN_D: tl.constexpr,  # head_dim is a power of two: no mask along it (keeps 16-byte loads)
+    MASKED: tl.constexpr,  # True only for the last, partial tile
+    UPCAST: tl.constexpr,  # interpreter: compute in fp32 (bf16 is wrong there)
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (exact), "tf32" otherwise (ignored for 16-bit)
+):
+    pos = tile * TILE + offs_t  # (TILE,) logical token positions
+    if MASKED:
+        valid = pos < seq_len
+        # Entries past the sequence's last block may be garbage: never dereference them.
+        block_ids = tl.load(bt_row_ptr + pos // BLOCK_SIZE, mask=valid, other=0)
+    else:
+        block_ids = tl.load(bt_row_ptr + pos // BLOCK_SIZE)
+    # int64 before the multiply: block_id * stride_block overflows int32 on big pools.
+    row_k = block_ids.to(tl.int64) * stride_k_block + (pos % BLOCK_SIZE) * stride_k_tok  # (TILE,)
+    row_v = block_ids.to(tl.int64) * stride_v_block + (pos % BLOCK_SIZE) * stride_v_tok  # (TILE,)
+    k_ptrs = k_head_ptr + row_k[:, None] + offs_d[None, :]  # (TILE, HEAD_DIM_PAD)
+    v_ptrs = v_head_ptr + row_v[:, None] + offs_d[None, :]  # (TILE, HEAD_DIM_PAD)
+    # Masks only where needed: a mask that varies along head_dim would split the 16-byte loads.
+    if MASKED:
+        if EVEN_D:
+            k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs, mask=valid[:, None] & d_mask[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=valid[:, None] & d_mask[None, :], other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=d_mask[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+
+    # S = q K^T * scale, in log2 units: (GROUP_PAD, TILE), accumulated in fp32.
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        s = tl.where(valid[None, :], s, float("-inf"))  # M_b: the tail of the last block
+    # Online softmax, the seed's equations with exp2 instead of exp.
+    m_new = tl.maximum(m_i, tl.max(s, 1))  # (GROUP_PAD,)
+    alpha = tl.exp2(m_i - m_new)  # rescales what came before; 0 on the first tile
+    p = tl.exp2(s - m_new[:, None])  # (GROUP_PAD, TILE)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr,  # (num_seqs, num_q_heads, head_dim)
+    k_cache_ptr,  # (num_blocks, B, num_kv_heads, head_dim)
+    v_cache_ptr,  # (num_blocks, B, num_kv_heads, head_dim)
+    block_tables_ptr,  # int32 (num_seqs, max_blocks)
+    seq_lens_ptr,  # int32 (num_seqs,)
+    out_ptr,  # (num_seqs, num_q_heads, head_dim): written when NUM_SPLITS == 1
+    part_o_ptr,  # fp32 (num_seqs, num_q_heads, NUM_SPLITS, HEAD_DIM_PAD): split outputs o_j / l_j
+    part_lse_ptr,  # fp32 (num_seqs, num_q_heads, NUM_SPLITS): split log2-sum-exp m_j + log2(l_j)
+    qk_scale,  # softmax scale * log2(e)
+    num_splits,  # splits per sequence (runtime: changing it does not recompile)
+    num_q_heads,  # H
+    stride_q_seq, stride_q_head,  # q strides (head_dim stride is 1)
+    stride_k_block, stride_k_tok, stride_k_head,  # k_cache strides
+    stride_v_block, stride_v_tok, stride_v_head,  # v_cache strides
+    stride_bt_seq,  # block_tables row stride
+    stride_o_seq, stride_o_head,  # out strides
+    GROUP: tl.constexpr,  # G = num_q_heads // num_kv_heads
+    GROUP_PAD: tl.constexpr,  # G rounded up to a power of two (>= 16 on a GPU, for tl.dot)
+    HEAD_DIM: tl.constexpr,  # D
+    HEAD_DIM_PAD: tl.constexpr,  # D rounded up to a power of two
+    BLOCK_SIZE: tl.constexpr,  # B, tokens per KV block
+    TILE: tl.constexpr,  # tokens per loop step: several blocks, gathered through the table
+    SPLIT: tl.constexpr,  # False: write the output directly (num_splits == 1)
+    UPCAST: tl.constexpr,  # interpreter: fp32 right after every load
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, "tf32" otherwise
+    HEADS_FASTEST: tl.constexpr,  # grid (H_kv, num_seqs, splits) instead of (num_seqs, H_kv, splits)
+):
+    # The KV heads of one sequence are neighbours in the launch order: the programs running side
+    # by side then read neighbouring rows of the same blocks (a token's row holds all KV heads).
+    if HEADS_FASTEST:
+        kv_head = tl.program_id(0)
+        seq = tl.program_id(1)
+    else:
+        seq = tl.program_id(0)
+        kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    # This program's range of tiles: the sequence's tiles cut into num_splits equal parts.
+    seq_len = tl.load(seq_lens_ptr + seq)
+    num_tiles = tl.cdiv(seq_len, TILE)
+    tiles_per_split = tl.cdiv(num_tiles, num_splits)
+    tile_lo = split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+    num_full = tl.minimum(tile_hi, seq_len // TILE)  # tiles below this need no mask
+
+    offs_g = tl.arange(0, GROUP_PAD)  # (GROUP_PAD,) query heads of the group
+    offs_d = tl.arange(0, HEAD_DIM_PAD)  # (HEAD_DIM_PAD,)
+    offs_t = tl.arange(0, TILE)  # (TILE,)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    q_heads = kv_head * GROUP + offs_g  # (GROUP_PAD,)
+
+    # The G queries that share this KV head, padded with zero rows: (GROUP_PAD, HEAD_DIM_PAD).
+    q = tl.load(
+        q_ptr + seq * stride_q_seq + q_heads[:, None] * stride_q_head + offs_d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)  # running max (log2 units)
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)  # running normaliser
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)  # unnormalised output
+
+    bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+    k_head_ptr = k_cache_ptr + kv_head * stride_k_head
+    v_head_ptr = v_cache_ptr + kv_head * stride_v_head
+
+    # Full tiles, no masks: the hot loop. Triton software-pipelines it (num_stages), prefetching
+    # the block ids and then the K/V rows of the next tiles while this one is computed.
+    for tile in range(tile_lo, num_full):
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, tile, seq_len, bt_row_ptr, k_head_ptr, v_head_ptr,
+            stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_d, d_mask, qk_scale,
+            BLOCK_SIZE, TILE, HEAD_DIM == HEAD_DIM_PAD, False, UPCAST, DOT_PRECISION,
+        )
+    # At most one partial tile: the sequence's last, and only in the last non-empty split.
+    for tile in range(tl.maximum(num_full, tile_lo), tile_hi):
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, tile, seq_len, bt_row_ptr, k_head_ptr, v_head_ptr,
+            stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_d, d_mask, qk_scale,
+            BLOCK_SIZE, TILE, HEAD_DIM == HEAD_DIM_PAD, True, UPCAST, DOT_PRECISION,
+        )
+
+    if SPLIT:
+        # A split past the sequence's end saw no token (l = 0): record o = 0, lse = -inf so the
+        # merge gives it weight exp(-inf) = 0.
+        empty = l_i == 0.0
+        o = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l_i)[:, None])
+        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        row = (seq * num_q_heads + q_heads) * num_splits + split  # (GROUP_PAD,)
+        tl.store(part_lse_ptr + row, lse, mask=g_mask)
+        tl.store(part_o_ptr + row[:, None] * HEAD_DIM_PAD + offs_d[None, :], o, mask=g_mask[:, None])
+    else:
+        o = acc / l_i[:, None]  # l >= 1: every sequence has a token
+        out_ptrs = out_ptr + seq * stride_o_seq + q_heads[:, None] * stride_o_head + offs_d[None, :]
+        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+
+
+# ----------------------------------------------------------------------------------------------
+# The second stage: merge the splits of each (sequence, query head)
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_o_ptr,  # fp32 (num_seqs, num_q_heads, num_splits, HEAD_DIM_PAD)
+    part_lse_ptr,  # fp32 (num_seqs, num_q_heads, num_splits)
+    out_ptr,  # (num_seqs, num_q_heads, head_dim)
+    num_splits,  # splits per sequence
+    stride_o_seq, stride_o_head,  # out strides
+    HEAD_DIM: tl.constexpr,  # D
+    HEAD_DIM_PAD: tl.constexpr,  # D rounded up to a power of two
+    SPLITS_PAD: tl.constexpr,  # num_splits rounded up to a power of two
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    row = seq * tl.num_programs(1) + head  # (sequence, head) pair
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    s_mask = offs_s < num_splits
+    lse = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=s_mask, other=float("-inf"))  # (SPLITS_PAD,)
+    o = tl.load(
+        part_o_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM_PAD + offs_d[None, :],
+        mask=s_mask[:, None],
+        other=0.0,
+    )  # (SPLITS_PAD, HEAD_DIM_PAD)
+    m = tl.max(lse, 0)  # finite: split 0 always holds the sequence's first token
+    w = tl.exp2(lse - m)  # (SPLITS_PAD,) weight of each split, 0 for empty ones
+    merged = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)  # (HEAD_DIM_PAD,)
+    tl.store(out_ptr + seq * stride_o_seq + head * stride_o_head + offs_d,
+             merged.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+# ----------------------------------------------------------------------------------------------
+# The Python wrapper: configuration, split count, launch
+# ----------------------------------------------------------------------------------------------
+
+# The kernels were decorated under the interpreter (TRITON_INTERPRET=1 before this import)?
+INTERPRETING = type(_paged_decode_kernel).__name__ == "InterpretedFunction"
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def decode_config(head_dim: int, group: int, on_gpu: bool) -> dict:
+    """Tile length, warps and pipeline depth.
+
+    We do not autotune (a decode kernel is captured in CUDA graphs and must launch the same way
+    every time). The fixed choice keeps 16 KiB of K and 16 KiB of V per tile -- 64 tokens at
+    head_dim 128 -- with the loads of the next tile in flight while this one is used
+    (``num_stages=2``). A sweep on an H200 (``benchmarks/bench_kernels.py --sweep``) found this the
+    best or within 3% of the best for every anchor case; three stages were up to 15% slower on
+    long sequences.
+    """
+    head_dim_pad = triton.next_power_of_2(head_dim)
+    group_pad = triton.next_power_of_2(group)
+    if on_gpu:
+        group_pad = max(16, group_pad)  # a 16-bit tl.dot needs M >= 16 on the tensor cores
+    tile = max(16, min(128, 8192 // head_dim_pad))
+    return dict(TILE=tile, GROUP_PAD=group_pad, HEAD_DIM_PAD=head_dim_pad, HEADS_FASTEST=True,
+                num_warps=4, num_stages=2)
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_len: int, tile: int, num_sms: int) -> int:
+    """How many parts to cut each sequence into so that the GPU has enough programs.
+
+    Without splits there are ``num_seqs * num_kv_heads`` programs, each streaming one sequence's
+    K/V for one head. About ``4 * num_sms`` of them fit on the GPU at once (registers and shared
+    memory allow 4-5 per SM), and several per SM are what hide the memory latency. So we cut each
+    sequence into ``floor(4 * num_sms / programs)`` parts -- rounding *down*, so that all programs
+    still run in one wave: 512 programs on 132 SMs run in one wave, 768 in one and a half, and
+    the half wave costs more than the extra parallelism gains -- with no part shorter than two
+    tiles, whose fixed costs (loading q, the pipeline's prologue, writing a partial result) would
+    dominate. Only host-side numbers are used -- ``max_len`` is the width of the block table times
+    B, not the actual lengths -- so the choice needs no device sync and is valid under CUDA-graph
+    capture.
+    """
+    base = num_seqs * num_kv_heads
+    max_tiles = -(-max_len // tile)
+    return max(1, min((4 * num_sms) // base, max_tiles // 2, 128))
+
+
+def paged_attention_triton(
+    q: torch.Tensor,  # (num_seqs, num_q_heads, head_dim)
+    k_cache: torch.Tensor,  # (num_blocks, B, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,  # (num_blocks, B, num_kv_heads, head_dim)
+    block_tables: torch.Tensor,  # int32 (num_seqs, max_blocks)
+    seq_lens: torch.Tensor,  # int32 (num_seqs,)
+    *,
+    scale: float,
+    num_splits: int | None = None,  # None: choose_num_splits; tests force values
+    config: dict | None = None,  # overrides of decode_config (benchmark sweeps)
+) -> torch.Tensor:  # (num_seqs, num_q_heads, head_dim)
+    """Launch the kernel on validated inputs (see :func:`paged_edu.kernels.paged_attention_decode`)."""
+    if not INTERPRETING and not q.is_cuda:
+        raise RuntimeError(
+            "the Triton kernel needs a CUDA GPU, or the Triton interpreter for CPU tensors: set "
+            "TRITON_INTERPRET=1 before importing paged_edu (slow, for learning and tests), "
+            "or use impl='torch'"
+        )
+    num_seqs, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_q_heads // num_kv_heads
+    cfg = decode_config(head_dim, group, on_gpu=not INTERPRETING)
+    cfg.update(config or {})
+    max_len = block_tables.shape[1] * block_size
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    # The kernel walks a table row with unit stride and reads seq_lens[n] at offset n.
+    block_tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
+    seq_lens = seq_lens if seq_lens.stride(0) == 1 else seq_lens.contiguous()
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    if num_splits is None:
+        sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device()) if q.is_cuda else 8
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_len, cfg["TILE"], sms)
+        if "num_stages" not in (config or {}) and -(-max_len // num_splits) <= 4 * cfg["TILE"]:
+            # Short splits (four tiles or fewer) run without software pipelining: filling the
+            # pipeline costs more than it hides over so few steps, and the many programs keep the
+            # memory busy instead (H200: 1 x 8192, 64 splits: 21.0 us vs 22.5; 8 x 2048: 31.4 vs 32.8).
+            cfg["num_stages"] = 1
+    if not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
+    split = num_splits > 1
+    if split:
+        part_o = torch.empty(num_seqs, num_q_heads, num_splits, cfg["HEAD_DIM_PAD"], device=q.device, dtype=torch.float32)
+        part_lse = torch.empty(num_seqs, num_q_heads, num_splits, device=q.device, dtype=torch.float32)
+    else:
+        part_o = part_lse = out  # unused
+
+    grid = (num_kv_heads, num_seqs, num_splits) if cfg["HEADS_FASTEST"] else (num_seqs, num_kv_heads, num_splits)
+    _paged_decode_kernel[grid](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse,
+        scale * math.log2(math.e), num_splits, num_q_heads,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=group, GROUP_PAD=cfg["GROUP_PAD"], HEAD_DIM=head_dim, HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
+        BLOCK_SIZE=block_size, TILE=cfg["TILE"], SPLIT=split,
+        UPCAST=INTERPRETING, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        HEADS_FASTEST=cfg["HEADS_FASTEST"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    if split:
+        _merge_splits_kernel[(num_seqs, num_q_heads)](
+            part_o, part_lse, out, num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
+            SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+        )
+    return out
