@@ -207,7 +207,8 @@ class Scheduler:
         preempted_any = False
         while queue:
             seq = queue.popleft()
-            if seq.num_placed_tokens < seq.num_tokens:  # the token sampled last step needs a slot
+            num_tokens = len(seq.prompt_token_ids) + len(seq.output_token_ids)
+            if seq.num_placed_tokens < num_tokens:  # the token sampled last step needs a slot
                 if budget == 0:
                     kept.append(seq)
                     continue
@@ -227,7 +228,7 @@ class Scheduler:
                     continue
                 seq.num_placed_tokens += 1
             kept.append(seq)
-            remaining = seq.num_tokens - seq.num_computed_tokens
+            remaining = num_tokens - seq.num_computed_tokens
             if budget == 0 or (remaining > budget and not chunked):
                 continue
             num_new = remaining if remaining <= budget else budget
@@ -307,16 +308,21 @@ class Scheduler:
         tokens: the first is its own, the others start forked children.
         """
         finished: list[Sequence] = []
+        mark_computed = self._mark_computed
+        block_size = self.allocator.block_size if mark_computed is not None else 1
+        RUNNING = SequenceStatus.RUNNING
         for item in scheduled:
             seq = item.seq
-            if seq.status is not SequenceStatus.RUNNING:
+            if seq.status is not RUNNING:
                 continue
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
-            seq.num_computed_tokens = item.end
-            if self._mark_computed is not None and item.end // self.allocator.block_size > item.start // self.allocator.block_size:
-                self._mark_computed(seq.seq_id, item.end)
-            if item.end < seq.num_tokens:
+            start = item.start
+            end = start + item.num_new_tokens
+            seq.num_computed_tokens = end
+            if mark_computed is not None and end // block_size > start // block_size:
+                mark_computed(seq.seq_id, end)
+            if end < len(seq.prompt_token_ids) + len(seq.output_token_ids):
                 continue  # a prefill chunk in the middle of the prompt
             try:
                 token = sampled[seq.seq_id]
@@ -336,7 +342,11 @@ class Scheduler:
                     token = tokens[0]
                 else:
                     raise ValueError(f"sequence {seq.seq_id} takes one token this step, got {len(tokens)}")
-            seq.output_token_ids.append(int(token))
+            seq.output_token_ids.append(token if type(token) is int else int(token))
+            if len(family) == 1 and seq.first_token_time is not None and not seq.stop_token_ids \
+                    and len(seq.output_token_ids) < seq.max_new_tokens:
+                seq.token_times.append(now)  # the common case of _after_token, inlined
+                continue
             for member in family:
                 self._after_token(member, now, finished)
         return finished

@@ -1,0 +1,294 @@
+"""A step-time cost model: how long one serving iteration takes on a GPU, from FLOPs and bytes.
+
+The simulator runs the real scheduler and the real allocator, but no model. Each step's time is
+predicted from what the step does, against a roofline::
+
+    t_step = max(FLOPs / (peak_flops * compute_efficiency),
+                 bytes / (hbm_bandwidth * memory_efficiency))
+             + step_overhead + per_seq_overhead * num_seqs
+             + swapped_bytes / pcie_bandwidth
+
+For a step that computes ``n_i`` new tokens of sequence ``i`` on top of ``c_i`` tokens already in the
+cache (decode: ``n_i = 1``; a prefill chunk: ``n_i`` prompt tokens)::
+
+    FLOPs = 2 * P * sum(n_i)                                      # the weight matmuls
+          + 2 * d_model * vocab * (sequences that emit a token)  # the LM head, last position only
+          + 4 * layers * q_heads * head_dim * sum(n_i * c_i + n_i (n_i + 1) / 2)   # QK^T and PV
+    bytes = sizeof(dtype) * P                                    # every weight read once per step
+          + M_KV * sum(c_i + n_i)                                # K/V read (and the new ones written)
+
+with ``P`` the parameters outside the embedding and ``M_KV = 2 * layers * kv_heads * head_dim *
+sizeof(dtype)`` the KV bytes per token. Activations, the softmax and norms are left out: they are a
+few per cent of both sums at these sizes.
+
+Assumptions are numbers on dataclasses, printed by :meth:`CostModel.describe` and adjustable:
+``CostModel.calibrate`` fits the efficiencies and overhead to measured step times (for example the
+engine's per-step metrics on the H200, through ``StepShape.from_step_metrics``).
+
+Default GPU numbers (NVIDIA H200 SXM datasheet; bandwidth as measured on our H200, see
+``shared/guides/gpu.md``): 989 TFLOP/s dense bf16, a device-to-device copy ceiling of 4.24 TB/s
+(counting read + write; 4.8 TB/s on the datasheet), 143,771 MiB of HBM3e ("141 GB"). The best paged decode kernels
+there reach 82-87% of the copy ceiling, so ``memory_efficiency = 0.85``; large prefill GEMMs reach
+about 60% of peak, so ``compute_efficiency = 0.6``; a CUDA-graph engine spends about 1 ms per step
+outside the GPU kernels (``step_overhead_s``). All three are assumptions until calibrated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+__all__ = ["GPUS", "MODELS", "CostModel", "GPUSpec", "ModelSpec", "StepShape"]
+
+
+@dataclass(frozen=True, slots=True)
+class GPUSpec:
+    """The roofline of one GPU."""
+
+    name: str
+    peak_flops: float  # dense bf16/fp16 FLOP/s
+    hbm_bandwidth: float  # bytes/s a device copy reaches (read + write counted)
+    memory_bytes: float  # HBM capacity in bytes
+    pcie_bandwidth: float = 50e9  # bytes/s host <-> device, for swapping
+    source: str = ""
+
+
+MiB = 1 << 20
+GPUS = {
+    # Memory sizes are what nvidia-smi reports (the "141 GB" / "40 GB" of the datasheets are
+    # rounded); FLOP/s are dense bf16/fp16 datasheet numbers.
+    "h200": GPUSpec("NVIDIA H200", 989e12, 4.24e12, 143_771 * MiB, 55e9,
+                    "datasheet FLOP/s; 143,771 MiB; copy ceiling 4.24 TB/s measured on our H200 (gpu.md)"),
+    "h100": GPUSpec("NVIDIA H100 SXM", 989e12, 3.0e12, 81_559 * MiB, 55e9,
+                    "datasheet FLOP/s; 81,559 MiB; 3.35 TB/s datasheet bandwidth derated to 90%"),
+    "a100-40gb": GPUSpec("NVIDIA A100 40GB", 312e12, 1.4e12, 40_536 * MiB, 25e9,
+                         "the PagedAttention paper's GPU: datasheet FLOP/s; 40,536 MiB; "
+                         "1.555 TB/s derated to 90%"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What the cost model needs of a decoder: its size and its attention geometry."""
+
+    name: str
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    d_model: int
+    vocab_size: int
+    num_params: float  # parameters outside the input embedding (the matmuls of one token)
+    dtype_bytes: int = 2
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """``M_KV = 2 * layers * kv_heads * head_dim * sizeof(dtype)``."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.num_params * self.dtype_bytes
+
+
+MODELS = {
+    # OPT-13B: the paper's main model, 800 KiB of KV per token (Kwon et al. §3).
+    "opt-13b": ModelSpec("OPT-13B", 40, 40, 40, 128, 5120, 50272, 12.85e9),
+    "llama-2-7b": ModelSpec("Llama-2-7B", 32, 32, 32, 128, 4096, 32000, 6.61e9),
+    "llama-3-8b": ModelSpec("Llama-3-8B", 32, 32, 8, 128, 4096, 128256, 7.50e9),
+    "smollm2-135m": ModelSpec("SmolLM2-135M", 30, 9, 3, 64, 576, 49152, 0.1065e9),
+}
+
+
+@dataclass(slots=True)
+class StepShape:
+    """What one step computes, summed over its scheduled sequences (the cost model's input)."""
+
+    num_seqs: int = 0
+    num_new_tokens: int = 0  # sum n_i
+    num_context_tokens: int = 0  # sum c_i: tokens already cached that the step reads
+    attention_pairs: int = 0  # sum n_i * c_i + n_i (n_i + 1) / 2: query-key pairs
+    num_emitting: int = 0  # sequences that sample a token this step
+    swapped_blocks: int = 0  # blocks copied between host and device before the step
+    copied_blocks: int = 0  # copy-on-write copies on the device
+
+    @classmethod
+    def from_step_metrics(cls, m) -> "StepShape":
+        """An approximate shape from the engine's per-step metrics (:class:`paged_edu.engine.StepMetrics`).
+
+        The engine reports totals, not each sequence's chunk, so the prefill tokens are taken as one
+        chunk starting from an empty cache, and the context as the tokens in the cache after the
+        step minus the ones it computed. Good enough to calibrate the overhead and the efficiencies
+        from decode-heavy runs: ``cost.calibrate([(StepShape.from_step_metrics(m), m.duration) ...])``.
+        """
+        shape = cls()
+        prefill = m.num_prefill_tokens
+        decodes = m.num_decode_seqs
+        shape.num_seqs = decodes + (1 if prefill else 0)
+        shape.num_new_tokens = m.num_batched_tokens
+        shape.num_context_tokens = max(m.num_tokens_in_cache - m.num_batched_tokens, 0)
+        shape.attention_pairs = shape.num_context_tokens + decodes + prefill * (prefill + 1) // 2
+        shape.num_emitting = shape.num_seqs
+        return shape
+
+    def add(self, start: int, num_new_tokens: int, emits: bool) -> None:
+        self.num_seqs += 1
+        self.num_new_tokens += num_new_tokens
+        self.num_context_tokens += start
+        self.attention_pairs += num_new_tokens * start + num_new_tokens * (num_new_tokens + 1) // 2
+        self.num_emitting += emits
+
+
+@dataclass(slots=True)
+class CostModel:
+    """Predict step times; every assumption is a field, printed by :meth:`describe`."""
+
+    model: ModelSpec = field(default_factory=lambda: MODELS["opt-13b"])
+    gpu: GPUSpec = field(default_factory=lambda: GPUS["h200"])
+    compute_efficiency: float = 0.6
+    memory_efficiency: float = 0.85
+    step_overhead_s: float = 1e-3
+    per_seq_overhead_s: float = 0.0
+    block_size: int = 16  # for the bytes of swapped / copied blocks
+
+    def __post_init__(self) -> None:
+        for name in ("compute_efficiency", "memory_efficiency"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {value}")
+        for name in ("step_overhead_s", "per_seq_overhead_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    # -- the roofline ----------------------------------------------------------------------------
+    def flops(self, s: StepShape) -> float:
+        m = self.model
+        return (
+            2.0 * m.num_params * s.num_new_tokens
+            + 2.0 * m.d_model * m.vocab_size * s.num_emitting
+            + 4.0 * m.num_layers * m.num_q_heads * m.head_dim * s.attention_pairs
+        )
+
+    def bytes_moved(self, s: StepShape) -> float:
+        m = self.model
+        return m.weight_bytes + m.kv_bytes_per_token * (s.num_context_tokens + s.num_new_tokens)
+
+    def step_time(self, s: StepShape) -> float:
+        """Seconds one step takes (0 for an empty step)."""
+        if s.num_seqs == 0:
+            return 0.0
+        t_compute = self.flops(s) / (self.gpu.peak_flops * self.compute_efficiency)
+        t_memory = self.bytes_moved(s) / (self.gpu.hbm_bandwidth * self.memory_efficiency)
+        t = max(t_compute, t_memory) + self.step_overhead_s + self.per_seq_overhead_s * s.num_seqs
+        if s.swapped_blocks or s.copied_blocks:
+            block_bytes = self.model.kv_bytes_per_token * self.block_size
+            t += s.swapped_blocks * block_bytes / self.gpu.pcie_bandwidth
+            t += 2 * s.copied_blocks * block_bytes / (self.gpu.hbm_bandwidth * self.memory_efficiency)
+        return t
+
+    def decode_step_time(self, batch: int, context: int) -> float:
+        """A pure decode step: ``batch`` sequences, each with ``context`` cached tokens."""
+        s = StepShape()
+        for _ in range(batch):
+            s.add(context, 1, True)
+        return self.step_time(s)
+
+    # -- memory --------------------------------------------------------------------------------
+    def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
+        """Token slots left for the KV cache after the weights, as vLLM sizes its pool."""
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        free = self.gpu.memory_bytes * gpu_memory_utilization - self.model.weight_bytes
+        if free <= 0:
+            raise ValueError(
+                f"{self.model.name} weights ({self.model.weight_bytes / 1e9:.1f} GB) do not fit in "
+                f"{gpu_memory_utilization:.0%} of {self.gpu.name}'s {self.gpu.memory_bytes / 1e9:.0f} GB"
+            )
+        return int(free // self.model.kv_bytes_per_token)
+
+    # -- calibration ---------------------------------------------------------------------------
+    def calibrate(self, samples: list[tuple[StepShape, float]]) -> "CostModel":
+        """Fit the efficiencies and the step overhead to measured ``(shape, seconds)`` pairs.
+
+        Least squares on ``t = overhead + a * t_compute + b * t_memory`` restricted to the side of
+        the roofline each sample is on; returns a new model (this one is unchanged).
+        """
+        if len(samples) < 2:
+            raise ValueError("calibrate needs at least 2 measured steps")
+        ideal = replace(self, compute_efficiency=1.0, memory_efficiency=1.0, step_overhead_s=0.0, per_seq_overhead_s=0.0)
+        rows = []
+        for shape, seconds in samples:
+            if not seconds > 0:
+                raise ValueError(f"measured step times must be > 0, got {seconds}")
+            tc = ideal.flops(shape) / ideal.gpu.peak_flops
+            tm = ideal.bytes_moved(shape) / ideal.gpu.hbm_bandwidth
+            # Which side of the roofline: judged with the current efficiencies.
+            compute_bound = tc / self.compute_efficiency > tm / self.memory_efficiency
+            rows.append((1.0, tc if compute_bound else 0.0, 0.0 if compute_bound else tm, seconds))
+        coef = _least_squares([r[:3] for r in rows], [r[3] for r in rows])
+        overhead, inv_c, inv_m = coef
+        new = replace(self, step_overhead_s=max(overhead, 0.0))
+        if inv_c > 0:
+            new = replace(new, compute_efficiency=min(1.0, 1.0 / inv_c))
+        if inv_m > 0:
+            new = replace(new, memory_efficiency=min(1.0, 1.0 / inv_m))
+        return new
+
+    # -- printing ------------------------------------------------------------------------------
+    def assumptions(self) -> dict:
+        """Every number the model uses, as a flat dict (also written to the simulator's JSON)."""
+        m, g = self.model, self.gpu
+        return {
+            "model": m.name,
+            "model_params": m.num_params,
+            "kv_bytes_per_token": m.kv_bytes_per_token,
+            "layers/q_heads/kv_heads/head_dim": f"{m.num_layers}/{m.num_q_heads}/{m.num_kv_heads}/{m.head_dim}",
+            "gpu": g.name,
+            "peak_flops": g.peak_flops,
+            "hbm_bandwidth": g.hbm_bandwidth,
+            "pcie_bandwidth": g.pcie_bandwidth,
+            "compute_efficiency": self.compute_efficiency,
+            "memory_efficiency": self.memory_efficiency,
+            "step_overhead_s": self.step_overhead_s,
+            "per_seq_overhead_s": self.per_seq_overhead_s,
+        }
+
+    def describe(self) -> str:
+        m, g = self.model, self.gpu
+        return "\n".join([
+            f"cost model: t_step = max(FLOPs / ({g.peak_flops / 1e12:.0f} TFLOP/s x {self.compute_efficiency:.2f}), "
+            f"bytes / ({g.hbm_bandwidth / 1e12:.2f} TB/s x {self.memory_efficiency:.2f})) "
+            f"+ {self.step_overhead_s * 1e3:.2f} ms/step + {self.per_seq_overhead_s * 1e6:.1f} us/seq",
+            f"  GPU: {g.name} ({g.source})" if g.source else f"  GPU: {g.name}",
+            f"  model: {m.name}, {m.num_params / 1e9:.2f}B params ({m.weight_bytes / 1e9:.1f} GB), "
+            f"{m.num_layers} layers, {m.num_q_heads}/{m.num_kv_heads} q/kv heads x {m.head_dim}, "
+            f"M_KV = {m.kv_bytes_per_token:,} bytes/token",
+            f"  e.g. decode step, batch 64 x 512 tokens: {self.decode_step_time(64, 512) * 1e3:.2f} ms",
+        ])
+
+
+def _least_squares(rows: list[tuple[float, ...]], y: list[float]) -> list[float]:
+    """Solve min ||A x - y|| by the normal equations (tiny systems; columns of zeros allowed)."""
+    k = len(rows[0])
+    ata = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+    aty = [sum(r[i] * t for r, t in zip(rows, y)) for i in range(k)]
+    used = [i for i in range(k) if ata[i][i] > 0]
+    a = [[ata[i][j] for j in used] for i in used]
+    b = [aty[i] for i in used]
+    n = len(used)
+    for col in range(n):  # Gaussian elimination with partial pivoting
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        a[col], a[pivot], b[col], b[pivot] = a[pivot], a[col], b[pivot], b[col]
+        if abs(a[col][col]) < 1e-300:
+            raise ValueError("calibration samples do not determine the fit (too few distinct shapes)")
+        for r in range(col + 1, n):
+            f = a[r][col] / a[col][col]
+            for c in range(col, n):
+                a[r][c] -= f * a[col][c]
+            b[r] -= f * b[col]
+    x = [0.0] * n
+    for r in reversed(range(n)):
+        x[r] = (b[r] - sum(a[r][c] * x[c] for c in range(r + 1, n))) / a[r][r]
+    out = [0.0] * k
+    for i, v in zip(used, x):
+        out[i] = v
+    return out

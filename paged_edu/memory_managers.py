@@ -1,0 +1,293 @@
+"""Memory managers for the simulator: the paged allocator and contiguous reservations, one interface.
+
+The scheduler asks its memory manager for ``allocate``, ``append``, ``fork``, ``free``,
+``block_table``, ``num_cached_tokens`` and ``take_copies``. Two kinds answer:
+
+* :class:`PagedManager` -- the real :class:`~paged_edu.allocator.BlockAllocator` (blocks of ``B``
+  slots, optional prefix caching), plus the bookkeeping the memory breakdown needs;
+* :class:`ContiguousManager` -- one contiguous range per request, placed by first fit in one
+  address space (:class:`~paged_edu.contiguous.ContiguousAllocator`), sized by a policy:
+  ``max`` reserves ``L_max`` (FasterTransformer, Orca (Max)), ``pow2`` the prompt plus the next
+  power of two of the output (Orca (Pow2)), ``oracle`` exactly what the request will store
+  (Orca (Oracle)). Its "blocks" are single slots.
+
+Both also answer the simulator's measurement calls: ``snapshot`` (allocated / token states /
+reserved / internal fragmentation, in slots), ``free_for`` (is a waiting request kept out only by
+external fragmentation?), ``sharing`` (blocks used vs. what the same tables would take unshared)
+and ``last_free`` (tokens and slots each sequence held when it was last freed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paged_edu.allocator import BlockAllocator, OutOfBlocksError, UnknownSequenceError
+from paged_edu.contiguous import ContiguousAllocator, FragmentationError
+from paged_edu.sequence import Sequence
+from paged_edu.workloads import L_MAX
+
+__all__ = ["BLOCK_SIZES", "MANAGERS", "ContiguousManager", "PagedManager", "make_manager"]
+
+MANAGERS = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix")
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << (x - 1).bit_length()
+
+
+class PagedManager(BlockAllocator):
+    """The paged allocator, plus the bookkeeping the simulator's memory breakdown needs."""
+
+    kind = "paged"
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        super().__init__(num_blocks, block_size, enable_prefix_caching)
+        self.final_len: dict[int, int] = {}  # seq_id -> tokens it will have stored at its end
+        self.last_free: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, slots) at its last free
+
+    def expect(self, seq_id: int, final_len: int, num_samples: int = 1) -> None:
+        self.final_len[seq_id] = final_len
+
+    def fork(self, parent_id, child_id):
+        table = super().fork(parent_id, child_id)
+        self.final_len[child_id] = self.final_len.get(parent_id, 0)
+        return table
+
+    def free(self, seq_id) -> None:
+        if seq_id in self:  # record what the sequence held, then let the allocator free it
+            self.last_free[seq_id] = (self.num_tokens(seq_id), len(self.block_table(seq_id)) * self.block_size)
+        super().free(seq_id)
+
+    @property
+    def capacity_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def snapshot(self, running: list[Sequence]) -> tuple[int, int, int, int]:
+        """``(allocated, token_states, reserved, internal_frag)`` slots now.
+
+        Physical: a block shared by several sequences counts once. The partly filled last block of
+        each sequence is split into slots it will still fill (reserved) and slots it never will.
+        """
+        B = self.block_size
+        allocated = (self.num_blocks - self.num_free_blocks) * B
+        final = self.final_len
+        slack_total = reserved = 0
+        for seq in running:
+            n = seq.num_placed_tokens
+            slack = -n % B
+            if slack:
+                slack_total += slack
+                future = final.get(seq.seq_id, n) - n
+                reserved += slack if future >= slack else max(future, 0)
+        token_states = max(allocated - slack_total, 0)
+        return allocated, token_states, reserved, allocated - token_states - reserved
+
+    def free_for(self, seq: Sequence) -> tuple[int, bool]:
+        """Free slots, and whether only fragmentation keeps ``seq`` out (never, for paging)."""
+        return self.num_free_blocks * self.block_size, False
+
+    def sharing(self, running: list[Sequence]) -> tuple[int, int]:
+        """``(blocks in use, blocks the same tables would take without sharing)``."""
+        B = self.block_size
+        unshared = sum(-(-seq.num_placed_tokens // B) for seq in running)
+        return self.num_blocks - self.num_free_blocks, unshared
+
+
+@dataclass(slots=True)
+class _Range:
+    """One contiguous reservation: ``1 + spare`` sub-ranges of ``cap`` slots for a family."""
+
+    cap: int
+    final: int  # tokens one sample will store by its end
+    spare: int  # sub-ranges set aside for samples not forked yet
+    members: int  # live sequences inside
+
+
+@dataclass(slots=True)
+class _Slot:
+    key: int  # the _Range it lives in
+    start: int  # its first slot
+    cap: int
+    final: int
+    num_tokens: int
+
+
+class ContiguousManager:
+    """Contiguous reservations (first fit) behind the allocator methods the scheduler calls.
+
+    ``policy`` is ``"max"`` (``L_max`` slots), ``"pow2"`` (the prompt plus the next power of two
+    >= the output tokens it stores, at most ``L_max``: the paper's example reserves 32 for an output
+    of 25) or ``"oracle"`` (exactly the tokens the sequence will store). The simulator
+    tells the manager each sequence's final length and sample count with :meth:`expect` before it
+    is admitted; a sequence that will still fork ``k`` samples reserves ``1 + k`` sub-ranges in one
+    range, so that its forks cannot fail. A "block" here is one slot (``block_size = 1``).
+    """
+
+    kind = "contiguous"
+    block_size = 1
+
+    def __init__(self, num_slots: int, policy: str, max_seq_len: int = L_MAX) -> None:
+        if policy not in ("max", "pow2", "oracle"):
+            raise ValueError(f"policy must be 'max', 'pow2' or 'oracle', got {policy!r}")
+        self.policy = policy
+        self.max_seq_len = max_seq_len
+        self.space = ContiguousAllocator(num_slots, max_seq_len)
+        self.num_blocks = num_slots
+        self._ranges: dict[int, _Range] = {}
+        self._slots: dict[int, _Slot] = {}
+        self._expected: dict[int, tuple[int, int]] = {}  # seq_id -> (final_len, prompt_len)
+        self._pending: dict[int, int] = {}  # seq_id -> samples it will still fork
+        self._next_key = 0
+        self._reserved_slots = 0
+        self.fragmented: set[int] = set()  # sequences refused although enough slots were free
+        self.last_free: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, slots) at its last free
+
+    # -- policy --------------------------------------------------------------------------------
+    def expect(self, seq_id: int, final_len: int, num_samples: int = 1, prompt_len: int | None = None) -> None:
+        """Register the tokens a sequence will have stored at its end and its sample count."""
+        self._expected[seq_id] = (final_len, final_len if prompt_len is None else prompt_len)
+        self._pending[seq_id] = num_samples - 1
+
+    def reserve_size(self, seq_id: int, num_tokens: int) -> int:
+        """Slots one sample of ``seq_id`` reserves."""
+        final, prompt = self._expected.get(seq_id, (num_tokens, num_tokens))
+        if self.policy == "max":
+            return max(self.max_seq_len, num_tokens)
+        if self.policy == "oracle":
+            return max(final, num_tokens)
+        return max(num_tokens, min(self.max_seq_len, prompt + _next_pow2(max(final - prompt, 1))))
+
+    def admission_size(self, seq_id: int, num_tokens: int) -> int:
+        """Slots an admission of ``seq_id`` asks for: one sub-range per sample still to come."""
+        return self.reserve_size(seq_id, num_tokens) * (1 + self._pending.get(seq_id, 0))
+
+    # -- the allocator subset the scheduler uses -----------------------------------------------
+    def allocate(self, seq_id, token_ids) -> list[int]:
+        if seq_id in self._slots:
+            raise ValueError(f"sequence id {seq_id!r} already exists")
+        n = len(token_ids)
+        if n == 0:
+            raise ValueError("cannot allocate an empty prompt: it needs at least one token")
+        cap = self.reserve_size(seq_id, n)
+        spare = self._pending.get(seq_id, 0)
+        key = self._next_key
+        try:
+            start, size = self.space.allocate(key, [0], cap * (1 + spare))
+        except FragmentationError:
+            self.fragmented.add(seq_id)
+            raise
+        self._next_key += 1
+        final = self._expected.get(seq_id, (n,))[0]
+        self._ranges[key] = _Range(cap, final, spare, 1)
+        self._slots[seq_id] = _Slot(key, start, cap, final, n)
+        self._reserved_slots += size
+        return list(range(start, start + cap))
+
+    def append(self, seq_id, token_id) -> int:
+        slot = self._slot(seq_id)
+        if slot.num_tokens >= slot.cap:
+            raise OutOfBlocksError(f"sequence {seq_id!r} is full: its reservation holds {slot.cap} tokens")
+        slot.num_tokens += 1
+        return slot.start + slot.num_tokens - 1
+
+    def fork(self, parent_id, child_id) -> list[int]:
+        """The child takes a spare sub-range of its parent's reservation and copies the tokens."""
+        parent = self._slot(parent_id)
+        if child_id in self._slots:
+            raise ValueError(f"sequence id {child_id!r} already exists")
+        rng = self._ranges[parent.key]
+        if rng.spare == 0:
+            raise OutOfBlocksError(
+                f"sequence {parent_id!r} has no spare reservation for another sample "
+                "(declare num_samples with expect() before admission)"
+            )
+        rng.spare -= 1
+        rng.members += 1
+        self._pending[parent_id] = max(self._pending.get(parent_id, 0) - 1, 0)
+        start = self.space.reservation(parent.key)[0] + (rng.spare + 1) * rng.cap
+        self._slots[child_id] = _Slot(parent.key, start, parent.cap, parent.final, parent.num_tokens)
+        self._expected[child_id] = self._expected.get(parent_id, (parent.final, parent.num_tokens))
+        return list(range(start, start + parent.cap))
+
+    def free(self, seq_id) -> None:
+        slot = self._slot(seq_id)
+        del self._slots[seq_id]
+        self.last_free[seq_id] = (slot.num_tokens, slot.cap)
+        rng = self._ranges[slot.key]
+        rng.members -= 1
+        if rng.members == 0:
+            _, size = self.space.reservation(slot.key)
+            self._reserved_slots -= size
+            self.space.free(slot.key)
+            del self._ranges[slot.key]
+
+    def _slot(self, seq_id) -> _Slot:
+        try:
+            return self._slots[seq_id]
+        except (KeyError, TypeError):
+            raise UnknownSequenceError(f"unknown sequence id {seq_id!r}") from None
+
+    def block_table(self, seq_id) -> list[int]:
+        slot = self._slot(seq_id)
+        return list(range(slot.start, slot.start + slot.cap))
+
+    def num_cached_tokens(self, seq_id) -> int:
+        self._slot(seq_id)
+        return 0  # nothing is shared
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        return []
+
+    def __contains__(self, seq_id) -> bool:
+        return seq_id in self._slots
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.num_blocks - self._reserved_slots
+
+    @property
+    def usage(self) -> float:
+        return self._reserved_slots / self.num_blocks
+
+    @property
+    def capacity_slots(self) -> int:
+        return self.num_blocks
+
+    # -- measurements --------------------------------------------------------------------------
+    def snapshot(self, running: list[Sequence]) -> tuple[int, int, int, int]:
+        """``(allocated, token_states, reserved, internal_frag)`` slots now."""
+        tokens = reserved = 0
+        for slot in self._slots.values():
+            tokens += slot.num_tokens
+            if slot.final > slot.num_tokens:
+                reserved += min(slot.cap, slot.final) - slot.num_tokens
+        for rng in self._ranges.values():  # spare sub-ranges: samples still to fork will fill them
+            if rng.spare:
+                reserved += rng.spare * min(rng.cap, rng.final)
+        allocated = self._reserved_slots
+        return allocated, tokens, reserved, allocated - tokens - reserved
+
+    def free_for(self, seq: Sequence) -> tuple[int, bool]:
+        """Free slots, and whether only external fragmentation keeps ``seq`` from being admitted."""
+        free = self.num_blocks - self._reserved_slots
+        need = self.admission_size(seq.seq_id, seq.num_tokens)
+        return free, need <= free and self.space.largest_free_gap < need
+
+    def sharing(self, running: list[Sequence]) -> tuple[int, int]:
+        return self._reserved_slots, self._reserved_slots
+
+
+def make_manager(name: str, num_kv_slots: int, block_size: int = 16, max_seq_len: int = L_MAX):
+    """Build a memory manager by name over ``num_kv_slots`` token slots."""
+    if name not in MANAGERS:
+        raise ValueError(f"unknown manager {name!r}; choose one of {MANAGERS}")
+    if not isinstance(num_kv_slots, int) or num_kv_slots < 1:
+        raise ValueError(f"num_kv_slots must be a positive int, got {num_kv_slots!r}")
+    if name.startswith("contiguous"):
+        return ContiguousManager(num_kv_slots, name.split("-")[1], max_seq_len)
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if num_kv_slots < block_size:
+        raise ValueError(f"num_kv_slots={num_kv_slots} holds not even one block of {block_size}")
+    return PagedManager(num_kv_slots // block_size, block_size, name == "paged-prefix")

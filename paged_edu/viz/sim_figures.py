@@ -1,0 +1,219 @@
+"""Figures of the serving simulator, next to the PagedAttention paper's numbers.
+
+Pure functions from simulator results to plotly figures, plus :func:`write_all`, which runs the
+simulations and saves every figure (PNG through kaleido when a Chromium is found, HTML always
+works) with the data behind it as JSON.
+
+Paper numbers quoted for comparison (Kwon et al., SOSP 2023; OPT-13B on an A100-40GB):
+
+* Fig. 2 -- share of KV memory holding token states: Orca (Max) 20.4%, Orca (Pow2) 26.8%,
+  Orca (Oracle) 38.2%, vLLM 96.3%.
+* Fig. 13a -- mean batched requests on ShareGPT: 7.00, 9.81, 13.62, 30.42.
+* Fig. 15 -- memory saved by sharing: parallel sampling 6.1-9.8% (Alpaca), 16.2-30.5%
+  (ShareGPT); beam search 37.6-55.2% (Alpaca), 44.3-66.3% (ShareGPT).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import plotly.graph_objects as go
+
+from paged_edu import workloads
+from paged_edu.costmodel import CostModel
+from paged_edu.simulator import SimConfig, SimResult, compare, latency_vs_rate, simulate
+
+__all__ = [
+    "PAPER_BATCHED_SHAREGPT",
+    "PAPER_TOKEN_STATES",
+    "batched_figure",
+    "block_size_figure",
+    "latency_rate_figure",
+    "memory_breakdown_figure",
+    "sharing_figure",
+    "write_all",
+]
+
+PAPER_TOKEN_STATES = {"contiguous-max": 0.204, "contiguous-pow2": 0.268, "contiguous-oracle": 0.382, "paged": 0.963}
+PAPER_BATCHED_SHAREGPT = {"contiguous-max": 7.00, "contiguous-pow2": 9.81, "contiguous-oracle": 13.62, "paged": 30.42}
+PAPER_SAVING = {  # Fig. 15, (low, high) over n = 2..6 / beam width 2..6
+    ("alpaca", "parallel"): (0.061, 0.098), ("alpaca", "beam"): (0.376, 0.552),
+    ("sharegpt", "parallel"): (0.162, 0.305), ("sharegpt", "beam"): (0.443, 0.663),
+}
+PAPER_NAMES = {"contiguous-max": "Orca (Max)", "contiguous-pow2": "Orca (Pow2)",
+               "contiguous-oracle": "Orca (Oracle)", "paged": "vLLM (paged)"}
+CATEGORIES = (
+    ("token_states", "token states", "#2e86ab"),
+    ("reserved", "reserved", "#f6c85f"),
+    ("internal_frag", "internal frag.", "#e4572e"),
+    ("external_frag", "external frag.", "#6a4c93"),
+    ("other", "other (free while requests wait)", "#bbbbbb"),
+)
+MAIN = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged")
+
+
+def _name(res: SimResult) -> str:
+    m = res.config.manager
+    return PAPER_NAMES.get(m, m) + ("" if m.startswith("contiguous") else f" B={res.config.block_size}")
+
+
+def memory_breakdown_figure(results: list[SimResult], title: str = "") -> go.Figure:
+    """Stacked bars of the Fig. 2 breakdown per manager, the paper's token-state share as markers."""
+    names = [_name(r) for r in results]
+    fig = go.Figure()
+    for key, label, color in CATEGORIES:
+        fig.add_bar(y=names, x=[r.breakdown_fractions()[key] * 100 for r in results], name=label,
+                    orientation="h", marker_color=color)
+    paper = [PAPER_TOKEN_STATES.get(r.config.manager) for r in results]
+    fig.add_scatter(y=names, x=[p * 100 if p is not None else None for p in paper], mode="markers",
+                    marker=dict(symbol="diamond", size=12, color="black"), name="paper: token states (Fig. 2)")
+    fig.update_layout(barmode="stack", title=title or "Where the KV memory goes (simulated vs. the paper's Fig. 2)",
+                      xaxis_title="% of KV memory allocated or wanted", height=380, width=900,
+                      legend=dict(orientation="h", y=-0.25), margin=dict(l=160))
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def batched_figure(results: list[SimResult], title: str = "") -> go.Figure:
+    """Mean batched requests per manager, simulated and as the paper reports (Fig. 13a)."""
+    names = [_name(r) for r in results]
+    fig = go.Figure()
+    fig.add_bar(x=names, y=[r.mean_batched for r in results], name="simulated",
+                text=[f"{r.mean_batched:.1f}" for r in results], textposition="outside", marker_color="#2e86ab")
+    fig.add_bar(x=names, y=[PAPER_BATCHED_SHAREGPT.get(r.config.manager) for r in results], name="paper (Fig. 13a)",
+                text=[f"{PAPER_BATCHED_SHAREGPT.get(r.config.manager, 0):.1f}" for r in results],
+                textposition="outside", marker_color="#999999")
+    fig.update_layout(title=title or "Requests batched per step (ShareGPT-like, saturated)", barmode="group",
+                      yaxis_title="mean batched requests", height=400, width=800)
+    return fig
+
+
+def latency_rate_figure(points: list[dict], title: str = "", cap: float = 1.0) -> go.Figure:
+    """Normalised latency (s/token) against request rate, one curve per manager (the paper's Fig. 12)."""
+    fig = go.Figure()
+    for label in dict.fromkeys(p["label"] for p in points):
+        pts = [p for p in points if p["label"] == label]
+        fig.add_scatter(x=[p["rate"] for p in pts], y=[min(p["norm_latency_mean_s"], cap) for p in pts],
+                        mode="lines+markers", name=PAPER_NAMES.get(pts[0]["manager"], pts[0]["manager"])
+                        + ("" if pts[0]["block_size"] is None else f" B={pts[0]['block_size']}"))
+    fig.update_layout(title=title or "Normalised latency vs. request rate (cf. the paper's Fig. 12)",
+                      xaxis_title="request rate (req/s)", yaxis_title=f"mean normalised latency (s/token, capped at {cap})",
+                      height=450, width=800)
+    return fig
+
+
+def block_size_figure(results: list[SimResult], title: str = "") -> go.Figure:
+    """Measured per-sequence utilisation against the bound ``1 - B/(s+B)`` as B grows."""
+    paged = [r for r in results if r.config.manager == "paged"]
+    sizes = [r.config.block_size for r in paged]
+    util = [r.kv_utilization_final * 100 for r in paged]
+    stored = [s for r in paged[:1] for req in r.requests for s in req.stored_tokens]
+    bound = [100 * sum(s / (s + b) for s in stored) / len(stored) for b in sizes] if stored else []
+    fig = go.Figure()
+    fig.add_scatter(x=sizes, y=util, mode="lines+markers", name="measured: stored tokens / slots held at the end")
+    fig.add_scatter(x=sizes, y=[r.kv_utilization * 100 for r in paged], mode="lines+markers",
+                    name="measured: time-averaged KV util")
+    if bound:
+        fig.add_scatter(x=sizes, y=bound, mode="lines", line=dict(dash="dash"), name="mean bound 1 - B/(s+B)")
+    fig.update_layout(title=title or "Paged utilisation falls as the block size grows", xaxis_type="log",
+                      xaxis=dict(tickvals=sizes, title="block size B (tokens)"), yaxis_title="%",
+                      height=400, width=800)
+    return fig
+
+
+def sharing_figure(rows: list[dict], title: str = "") -> go.Figure:
+    """Memory saved by block sharing for parallel sampling and beam-style forking (cf. Fig. 15)."""
+    fig = go.Figure()
+    for dataset in dict.fromkeys(r["dataset"] for r in rows):
+        for fork in ("parallel", "beam"):
+            pts = [r for r in rows if r["dataset"] == dataset and r["fork"] == fork]
+            if not pts:
+                continue
+            fig.add_scatter(x=[r["n"] for r in pts], y=[r["saving"] * 100 for r in pts], mode="lines+markers",
+                            name=f"{dataset} {fork} (simulated)")
+            lo, hi = PAPER_SAVING.get((dataset, fork), (None, None))
+            if lo is not None:
+                fig.add_scatter(x=[pts[0]["n"], pts[-1]["n"]], y=[lo * 100, hi * 100], mode="markers",
+                                marker=dict(symbol="diamond-open", size=11), name=f"{dataset} {fork} (paper range)")
+    fig.update_layout(title=title or "Memory saved by sharing blocks (cf. the paper's Fig. 15)",
+                      xaxis_title="samples / beam width n", yaxis_title="% of blocks saved", height=420, width=800)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# Running everything
+# ----------------------------------------------------------------------------------------------
+
+
+def _save(fig: go.Figure, path_stem: str, fmt: str, written: list[str]) -> None:
+    if fmt in ("html", "both"):
+        fig.write_html(path_stem + ".html", include_plotlyjs="cdn")
+        written.append(path_stem + ".html")
+    if fmt in ("png", "both"):
+        try:
+            fig.write_image(path_stem + ".png", scale=1.5)
+            written.append(path_stem + ".png")
+        except Exception as exc:  # kaleido needs a Chromium; HTML is the fallback
+            if fmt == "png":
+                fig.write_html(path_stem + ".html", include_plotlyjs="cdn")
+                written.append(path_stem + ".html")
+            print(f"  (PNG export failed: {type(exc).__name__}: {exc}; wrote HTML)")
+
+
+def write_all(out_dir: str, cost: CostModel | None = None, num_requests: int = 1000, seed: int = 0,
+              fmt: str = "both", server: dict | None = None, progress: bool = True) -> list[str]:
+    """Run the simulations behind every figure and save them under ``out_dir``; return the paths."""
+    cost = cost or CostModel()
+    server = {k: v for k, v in (server or {}).items() if v is not None}
+    os.makedirs(out_dir, exist_ok=True)
+    written: list[str] = []
+    data: dict = {"cost_model": cost.assumptions(), "num_requests": num_requests, "seed": seed}
+
+    def cfg(manager: str, block_size: int = 16) -> SimConfig:
+        return SimConfig(manager=manager, block_size=block_size, **server)
+
+    # 1. Saturated ShareGPT-like load (everything arrives at t=0): breakdown and batch sizes.
+    offline = workloads.sharegpt(num_requests, math.inf, seed)
+    main = compare(offline, [cfg(m) for m in MAIN], cost, progress=progress)
+    data["saturated"] = [r.record() for r in main]
+    _save(memory_breakdown_figure(main), os.path.join(out_dir, "sim_memory_breakdown"), fmt, written)
+    _save(batched_figure(main), os.path.join(out_dir, "sim_batched_requests"), fmt, written)
+
+    # 2. Block sizes.
+    sizes = compare(offline, [cfg("paged", b) for b in (8, 16, 32, 64, 128)], cost, progress=progress)
+    data["block_sizes"] = [r.record() for r in sizes]
+    _save(block_size_figure(sizes), os.path.join(out_dir, "sim_block_size"), fmt, written)
+
+    # 3. Normalised latency vs rate, rates spread up to 1.2x what paging sustains.
+    capacity = next(r for r in main if r.config.manager == "paged").record()["throughput_requests_per_s"]
+    rates = [round(capacity * f, 3) for f in (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.2)]
+    points = latency_vs_rate(lambda rate: workloads.sharegpt(num_requests, rate, seed), rates,
+                             [cfg(m) for m in MAIN], cost, progress=progress)
+    data["latency_vs_rate"] = points
+    _save(latency_rate_figure(points), os.path.join(out_dir, "sim_latency_vs_rate"), fmt, written)
+
+    # 4. Sharing: parallel sampling and beam-style forking, n = 2, 4, 6, at a moderate load (40% of
+    #    what paging sustains for single samples, divided by n): under memory pressure the scheduler
+    #    preempts samples one by one, and a recomputed sample no longer shares its prompt's blocks.
+    rows = []
+    num = max(num_requests // 4, 50)
+    for dataset in ("alpaca", "sharegpt"):
+        single = simulate(workloads.make_workload(dataset, num, math.inf, seed), cfg("paged"), cost)
+        capacity = single.record()["throughput_requests_per_s"]
+        for fork in ("parallel", "beam"):
+            for n in (2, 4, 6):
+                rate = 0.4 * capacity / n
+                reqs = workloads.parallel(num, rate, seed, n=n, fork=fork, dataset=dataset)
+                res = simulate(reqs, cfg("paged"), cost)
+                rows.append({"dataset": dataset, "fork": fork, "n": n, "rate": rate, "saving": res.sharing_saving,
+                             "mean_batched": res.mean_batched, "preemptions": res.preemptions})
+    data["sharing"] = rows
+    _save(sharing_figure(rows), os.path.join(out_dir, "sim_sharing"), fmt, written)
+
+    path = os.path.join(out_dir, "sim_figures_data.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, default=str)
+    written.append(path)
+    return written

@@ -1,0 +1,446 @@
+"""Serving workloads for the simulator: request lengths, arrivals, sharing, and a JSONL trace format.
+
+A workload is a list of :class:`Request` records: when a request arrives, how long its prompt is
+(or its actual prompt tokens), how many tokens it will generate, and what it shares with others.
+
+Length distributions are *stated assumptions*, not data: we do not ship the datasets. They are
+log-normal, truncated so that ``prompt + output <= L_max``, with the location fitted so that the
+truncated means equal the means the PagedAttention paper reports for its two traces (Kwon et al.,
+SOSP 2023, Fig. 11):
+
+=========  =============  =============  ===============================
+dataset    mean prompt    mean output    assumed shape (sigma of ln len)
+=========  =============  =============  ===============================
+ShareGPT   161.31         337.99         1.00 / 0.90, heavy right tail
+Alpaca     19.31          58.45          0.55 / 0.75, short and narrow
+=========  =============  =============  ===============================
+
+The paper's ShareGPT trace has 8.4x longer prompts and 5.8x longer outputs than Alpaca, and a
+higher variance; the sigmas above encode that qualitatively. Arrivals are Poisson at ``rate``
+requests per second (exponential gaps), as in the paper's §6.1; ``rate=inf`` puts every request at
+time 0 (an offline batch).
+
+Sharing:
+
+* ``chat`` -- every request starts with the same system prompt (``prefix_group`` names the group,
+  ``prefix_len`` its length), followed by a ShareGPT-like user turn.
+* ``parallel`` -- each request asks for ``n`` samples (n = 2, 4, 6 in the paper's Fig. 14) that
+  share the prompt; ``fork="beam"`` makes beam-style trees whose branches also share a growing
+  part of the output (sample ``j`` forks from sample 0 after ``j/n`` of the output).
+
+Trace format (one JSON object per line)::
+
+    {"arrival_time": 0.0, "prompt_len": 161, "output_len": 338}
+    {"arrival_time": 0.5, "prompt": [1, 2, 3], "output_len": 7, "prefix_group": "sys", "prefix_len": 2}
+    {"arrival_time": 0.9, "prompt_len": 40, "output_len": 20, "n": 4, "fork": "beam"}
+
+``prompt_len`` or ``prompt`` (token ids) is required, not both; ``prefix_group``, ``prefix_len``,
+``n`` (default 1) and ``fork`` (``"parallel"``/``"beam"``) are optional.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+__all__ = [
+    "DATASETS",
+    "LengthDistribution",
+    "Request",
+    "alpaca",
+    "chat",
+    "load_trace",
+    "make_workload",
+    "parallel",
+    "poisson_arrivals",
+    "save_trace",
+    "sharegpt",
+    "summarize",
+    "TraceKeyError",
+]
+
+L_MAX = 2048  # OPT's context length, the paper's L_max for its contiguous baselines.
+FORK_MODES = ("parallel", "beam")
+
+
+# ----------------------------------------------------------------------------------------------
+# Records
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Request:
+    """One request of a workload.
+
+    ``prompt_len`` is always set; ``prompt`` holds explicit token ids when the trace gave them
+    (else the simulator makes unique ids, so that only declared sharing can hit the prefix
+    cache). The first ``prefix_len`` prompt tokens are shared by every request of ``prefix_group``.
+    ``n`` samples are generated, each ``output_len`` tokens long.
+    """
+
+    arrival_time: float
+    prompt_len: int
+    output_len: int
+    prompt: list[int] | None = None
+    prefix_group: str | None = None
+    prefix_len: int = 0
+    n: int = 1
+    fork: str = "parallel"
+
+    def __post_init__(self) -> None:
+        _check_request(self)
+
+    @property
+    def total_len(self) -> int:
+        """``s`` at the end: prompt plus generated tokens of one sample."""
+        return self.prompt_len + self.output_len
+
+    def to_json(self) -> dict:
+        record: dict = {"arrival_time": self.arrival_time}
+        if self.prompt is not None:
+            record["prompt"] = list(self.prompt)
+        else:
+            record["prompt_len"] = self.prompt_len
+        record["output_len"] = self.output_len
+        if self.prefix_group is not None:
+            record["prefix_group"] = self.prefix_group
+            record["prefix_len"] = self.prefix_len
+        if self.n != 1:
+            record["n"] = self.n
+            record["fork"] = self.fork
+        return record
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_request(r: Request) -> None:
+    """Clear errors for impossible requests; normalises numpy scalars to Python ones."""
+    if isinstance(r.arrival_time, bool) or not isinstance(r.arrival_time, (int, float, np.floating, np.integer)):
+        raise TypeError(f"arrival_time must be a number, got {type(r.arrival_time).__name__}")
+    r.arrival_time = float(r.arrival_time)
+    if not math.isfinite(r.arrival_time) or r.arrival_time < 0:
+        raise ValueError(f"arrival_time must be finite and >= 0, got {r.arrival_time}")
+    if r.prompt is not None:
+        if not isinstance(r.prompt, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in r.prompt):
+            raise ValueError("prompt must be a list of non-negative integer token ids")
+        r.prompt = [int(t) for t in r.prompt]
+        if r.prompt_len != len(r.prompt):
+            raise ValueError(f"prompt_len {r.prompt_len} disagrees with the {len(r.prompt)} prompt tokens")
+    for name in ("prompt_len", "output_len", "n", "prefix_len"):
+        value = getattr(r, name)
+        if not _is_int(value):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        setattr(r, name, int(value))
+    if r.prompt_len < 1:
+        raise ValueError(f"prompt_len must be >= 1, got {r.prompt_len}")
+    if r.output_len < 1:
+        raise ValueError(f"output_len must be >= 1, got {r.output_len}")
+    if r.n < 1:
+        raise ValueError(f"n (samples per request) must be >= 1, got {r.n}")
+    if r.fork not in FORK_MODES:
+        raise ValueError(f"fork must be one of {FORK_MODES}, got {r.fork!r}")
+    if r.prefix_group is None:
+        if r.prefix_len:
+            raise ValueError("prefix_len given without a prefix_group")
+    else:
+        if not isinstance(r.prefix_group, (str, int)) or isinstance(r.prefix_group, bool):
+            raise TypeError(f"prefix_group must be a str or int, got {type(r.prefix_group).__name__}")
+        r.prefix_group = str(r.prefix_group)
+        if not 0 <= r.prefix_len <= r.prompt_len:
+            raise ValueError(f"prefix_len must be in [0, prompt_len={r.prompt_len}], got {r.prefix_len}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Length distributions
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LengthDistribution:
+    """Truncated log-normal prompt and output lengths with fitted means (see the module doc).
+
+    ``prompt ~ clip(round(exp(mu_p + sigma_p z)), 1, max_prompt)`` and
+    ``output ~ clip(round(exp(mu_o + sigma_o z')), 1, L_max - prompt)`` with independent standard
+    normals ``z, z'``; ``mu_p`` and ``mu_o`` are solved so the truncated means hit the targets.
+    """
+
+    name: str
+    mean_prompt: float
+    mean_output: float
+    sigma_prompt: float
+    sigma_output: float
+    max_prompt: int = 1024
+    max_total: int = L_MAX
+    source: str = ""
+
+    def sample(self, num: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``num`` (prompt_len, output_len) pairs as two int64 arrays."""
+        mu_p, mu_o = _fit(self)
+        prompt = _clip_round(np.exp(mu_p + self.sigma_prompt * rng.standard_normal(num)), self.max_prompt)
+        output = _clip_round(np.exp(mu_o + self.sigma_output * rng.standard_normal(num)), self.max_total - prompt)
+        return prompt, output
+
+    def describe(self) -> str:
+        mu_p, mu_o = _fit(self)
+        return (
+            f"{self.name}: prompt ~ lognormal(mu={mu_p:.3f}, sigma={self.sigma_prompt}) clipped to "
+            f"[1, {self.max_prompt}], mean {self.mean_prompt}; output ~ lognormal(mu={mu_o:.3f}, "
+            f"sigma={self.sigma_output}) clipped to [1, {self.max_total} - prompt], mean {self.mean_output}"
+            + (f" ({self.source})" if self.source else "")
+        )
+
+
+def _clip_round(x: np.ndarray, upper: int | np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(x), 1, upper).astype(np.int64)
+
+
+# Quasi-random standard normals (normal quantiles of a regular grid) for fitting mu: the fitted
+# distribution is deterministic and independent of any seed.
+_GRID = 20001
+
+
+def _normal_quantiles(num: int) -> np.ndarray:
+    from statistics import NormalDist
+
+    inv_cdf = NormalDist().inv_cdf
+    return np.array([inv_cdf((i + 0.5) / num) for i in range(num)])
+
+
+@lru_cache(maxsize=None)
+def _fit(dist: LengthDistribution) -> tuple[float, float]:
+    z = _normal_quantiles(_GRID)
+
+    def bisect(mean_of, target: float) -> float:
+        lo, hi = -5.0, 12.0
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            if mean_of(mid) < target:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    mu_p = bisect(lambda mu: _clip_round(np.exp(mu + dist.sigma_prompt * z), dist.max_prompt).mean(), dist.mean_prompt)
+    # Output mean over a joint grid: 101 prompt quantiles against every output quantile.
+    prompt = _clip_round(np.exp(mu_p + dist.sigma_prompt * _normal_quantiles(101)), dist.max_prompt)
+    cap = (dist.max_total - prompt)[:, None]
+
+    def mean_output(mu: float) -> float:
+        return float(np.clip(np.rint(np.exp(mu + dist.sigma_output * z))[None, :], 1, cap).mean())
+
+    mu_o = bisect(mean_output, dist.mean_output)
+    return mu_p, mu_o
+
+
+SHAREGPT = LengthDistribution(
+    "sharegpt", 161.31, 337.99, 1.00, 0.90, source="means from Kwon et al., SOSP 2023, Fig. 11a"
+)
+ALPACA = LengthDistribution(
+    "alpaca", 19.31, 58.45, 0.55, 0.75, source="means from Kwon et al., SOSP 2023, Fig. 11b"
+)
+DATASETS = {"sharegpt": SHAREGPT, "alpaca": ALPACA}
+
+
+# ----------------------------------------------------------------------------------------------
+# Arrivals and generators
+# ----------------------------------------------------------------------------------------------
+
+
+def poisson_arrivals(num: int, rate: float, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times of a Poisson process: exponential gaps of mean ``1/rate`` seconds, first at 0.
+
+    ``rate = inf`` (or 0 requests per second meaning "all at once" is refused) gives all zeros.
+    """
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool):
+        raise TypeError(f"rate must be a number, got {type(rate).__name__}")
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0 requests/s (use inf for an offline batch), got {rate}")
+    if math.isinf(rate):
+        return np.zeros(num)
+    gaps = rng.exponential(1.0 / rate, num)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
+def _check_count(num_requests: int) -> None:
+    if not _is_int(num_requests) or num_requests < 1:
+        raise ValueError(f"num_requests must be a positive int, got {num_requests!r}")
+
+
+def _from_arrays(times, prompt, output, **extra) -> list[Request]:
+    return [
+        Request(float(t), int(p), int(o), **extra)
+        for t, p, o in zip(times.tolist(), prompt.tolist(), output.tolist())
+    ]
+
+
+def sharegpt(num_requests: int, rate: float = math.inf, seed: int = 0) -> list[Request]:
+    """ShareGPT-like requests (mean 161.31 prompt / 337.99 output tokens) with Poisson arrivals."""
+    return _dataset(SHAREGPT, num_requests, rate, seed)
+
+
+def alpaca(num_requests: int, rate: float = math.inf, seed: int = 0) -> list[Request]:
+    """Alpaca-like requests (mean 19.31 prompt / 58.45 output tokens) with Poisson arrivals."""
+    return _dataset(ALPACA, num_requests, rate, seed)
+
+
+def _dataset(dist: LengthDistribution, num_requests: int, rate: float, seed: int) -> list[Request]:
+    _check_count(num_requests)
+    rng = np.random.default_rng(seed)
+    times = poisson_arrivals(num_requests, rate, rng)
+    prompt, output = dist.sample(num_requests, rng)
+    return _from_arrays(times, prompt, output)
+
+
+def chat(
+    num_requests: int,
+    rate: float = math.inf,
+    seed: int = 0,
+    system_prompt_len: int = 512,
+    num_groups: int = 1,
+) -> list[Request]:
+    """A chat service: every request is ``system prompt + ShareGPT-like user turn``.
+
+    Requests are spread round-robin over ``num_groups`` system prompts of ``system_prompt_len``
+    tokens each; the user turn and the reply follow the ShareGPT-like distribution, truncated so
+    that the total stays within ``L_max``.
+    """
+    _check_count(num_requests)
+    if not _is_int(system_prompt_len) or not 1 <= system_prompt_len < L_MAX - 1:
+        raise ValueError(f"system_prompt_len must be in [1, {L_MAX - 2}], got {system_prompt_len!r}")
+    if not _is_int(num_groups) or num_groups < 1:
+        raise ValueError(f"num_groups must be a positive int, got {num_groups!r}")
+    rng = np.random.default_rng(seed)
+    times = poisson_arrivals(num_requests, rate, rng)
+    user, output = SHAREGPT.sample(num_requests, rng)
+    user = np.minimum(user, L_MAX - 1 - system_prompt_len)
+    prompt = system_prompt_len + user
+    output = np.clip(output, 1, L_MAX - prompt)
+    return [
+        Request(float(t), int(p), int(o), prefix_group=f"system-{i % num_groups}", prefix_len=system_prompt_len)
+        for i, (t, p, o) in enumerate(zip(times.tolist(), prompt.tolist(), output.tolist()))
+    ]
+
+
+def parallel(
+    num_requests: int,
+    rate: float = math.inf,
+    seed: int = 0,
+    n: int = 4,
+    fork: str = "parallel",
+    dataset: str = "sharegpt",
+) -> list[Request]:
+    """Requests that each generate ``n`` samples sharing their prompt (``fork="beam"``: a beam tree)."""
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
+    requests = _dataset(DATASETS[dataset], num_requests, rate, seed)
+    for r in requests:
+        r.n, r.fork = n, fork
+        _check_request(r)
+    return requests
+
+
+WORKLOADS = {"sharegpt": sharegpt, "alpaca": alpaca, "chat": chat, "parallel": parallel}
+
+
+def make_workload(name: str, num_requests: int, rate: float = math.inf, seed: int = 0, **kwargs) -> list[Request]:
+    """Build a named workload: ``sharegpt``, ``alpaca``, ``chat`` or ``parallel``."""
+    try:
+        build = WORKLOADS[name]
+    except KeyError:
+        raise ValueError(f"unknown workload {name!r}; choose one of {sorted(WORKLOADS)}") from None
+    return build(num_requests, rate, seed, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# JSONL traces
+# ----------------------------------------------------------------------------------------------
+
+class TraceKeyError(KeyError):
+    """A trace record misses a required field (a KeyError whose message reads plainly)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "missing field"
+
+
+_FIELDS = {"arrival_time", "prompt_len", "prompt", "output_len", "prefix_group", "prefix_len", "n", "fork"}
+
+
+def save_trace(requests: list[Request], path: str | os.PathLike) -> None:
+    """Write one JSON object per request (the format in the module doc)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for r in requests:
+            f.write(json.dumps(r.to_json()) + "\n")
+
+
+def load_trace(path: str | os.PathLike) -> list[Request]:
+    """Read a JSONL trace; a bad record raises ``ValueError``/``TypeError`` naming its line.
+
+    Requests are returned sorted by arrival time (stable, so ties keep file order).
+    """
+    requests = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                requests.append(_parse_record(json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            except KeyError as exc:
+                raise TraceKeyError(f"{path}:{lineno}: {exc.args[0] if exc.args else exc}") from None
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"{path}:{lineno}: {exc}") from None
+    if not requests:
+        raise ValueError(f"{path}: the trace holds no requests")
+    requests.sort(key=lambda r: r.arrival_time)
+    return requests
+
+
+def _parse_record(record: object) -> Request:
+    if not isinstance(record, dict):
+        raise TypeError(f"a trace record must be a JSON object, got {type(record).__name__}")
+    unknown = set(record) - _FIELDS
+    if unknown:
+        raise ValueError(f"unknown field(s) {sorted(unknown)}; allowed: {sorted(_FIELDS)}")
+    for key in ("arrival_time", "output_len"):
+        if key not in record:
+            raise KeyError(f"missing field {key!r}")
+    prompt = record.get("prompt")
+    if (prompt is None) == ("prompt_len" not in record):
+        raise ValueError("give exactly one of 'prompt_len' or 'prompt' (token ids)")
+    if prompt is not None and not isinstance(prompt, list):
+        raise TypeError(f"'prompt' must be a list of token ids, got {type(prompt).__name__}")
+    prompt_len = len(prompt) if prompt is not None else record["prompt_len"]
+    return Request(
+        arrival_time=record["arrival_time"],
+        prompt_len=prompt_len,
+        output_len=record["output_len"],
+        prompt=prompt,
+        prefix_group=record.get("prefix_group"),
+        prefix_len=record.get("prefix_len", 0),
+        n=record.get("n", 1),
+        fork=record.get("fork", "parallel"),
+    )
+
+
+def summarize(requests: list[Request]) -> dict:
+    """Counts and means of a workload, for printing next to results."""
+    prompt = np.array([r.prompt_len for r in requests])
+    output = np.array([r.output_len for r in requests])
+    span = max(r.arrival_time for r in requests) - min(r.arrival_time for r in requests)
+    return {
+        "num_requests": len(requests),
+        "num_sequences": int(sum(r.n for r in requests)),
+        "mean_prompt_len": float(prompt.mean()),
+        "mean_output_len": float(output.mean()),
+        "max_total_len": int((prompt + output).max()),
+        "arrival_span_s": float(span),
+    }
