@@ -369,3 +369,16 @@ def test_gpu_triton_prefill(dtype):
     ref = paged_attention_prefill(q.float(), k.float(), v.float(), t, lens, cu, impl="torch")
     check(paged_attention_prefill(q, k, v, t, lens, cu, impl="triton"), ref, dtype, "gpu prefill")
     check(paged_attention_prefill(q, k, v, t, lens, cu), ref, dtype, "gpu prefill auto")
+
+
+@pytest.mark.parametrize("impl", ["loop", "torch", "triton"])
+def test_stale_nan_slots_past_the_end_do_not_leak(impl):
+    """Unused slots of a last block hold whatever an earlier owner left: NaN must not reach the output."""
+    q, k, v, t, lens = make_case(3, 4, 2, 16, 4, [1, 3, 6], torch.float32, seed=5)
+    ref = brute_force(q, k, v, t, lens, 0.25)
+    for i, s in enumerate(lens.tolist()):
+        last = int(t[i, (s - 1) // 4])
+        k[last, s % 4 or 4:] = float("nan")
+        v[last, s % 4 or 4:] = float("nan")
+    out = paged_attention_decode(q, k, v, t, lens, scale=0.25, impl=impl)
+    assert rel_err(out, ref) < 1e-5

@@ -68,6 +68,7 @@ def paged_attention_loop(
             # M_b: slots past the sequence's end (only in its last block) get -inf.
             valid = torch.arange(B, device=q.device) < s - b * B  # (B,)
             S = S.masked_fill(~valid, float("-inf"))
+            v_blk = v_blk.masked_fill(~valid[:, None, None], 0.0)  # stale slots may hold NaN: 0 * NaN = NaN
 
             m_new = torch.maximum(m, S.amax(dim=-1, keepdim=True))  # (H_kv, G, 1)
             P = torch.exp(S - m_new)  # (H_kv, G, B); masked slots give exp(-inf) = 0
@@ -125,7 +126,8 @@ def paged_attention_torch(
     S = torch.einsum("nkgd,nlkd->nkgl", q4, k.float()) * scale  # (N, H_kv, G, L)
     S = S.masked_fill(~mask[:, None, None, :], float("-inf"))
     P = torch.softmax(S, dim=-1)  # every row has >= 1 valid slot (s >= 1): no NaN
-    o = torch.einsum("nkgl,nlkd->nkgd", P, v.float())  # (N, H_kv, G, D)
+    v = v.float().masked_fill(~mask[:, :, None, None], 0.0)  # stale slots may hold NaN: 0 * NaN = NaN
+    o = torch.einsum("nkgl,nlkd->nkgd", P, v)  # (N, H_kv, G, D)
     return o.reshape(num_seqs, num_q_heads, head_dim).to(q.dtype)
 
 

@@ -1,0 +1,409 @@
+"""Offline throughput: the paged engine against transformers ``generate`` with static batching.
+
+    python benchmarks/bench_engine.py                 # on a GPU: the README's numbers
+    python benchmarks/bench_engine.py --smoke         # a tiny run on a CPU, to check the script
+
+Workload: ``--num-requests`` ShareGPT-like requests (:func:`paged_edu.workloads.sharegpt`: mean
+161 prompt / 338 output tokens, prompt + output <= L_max = 2048), random token ids, every request
+generating exactly its output length (no stop token). Model: SmolLM2-135M's geometry (30 layers,
+9 query / 3 KV heads of 64) with random weights in bf16 -- the same weights for both systems.
+
+The same KV budget: transformers with a contiguous cache must reserve ``L_max`` slots for each
+sequence of a static batch (it cannot know the output lengths in advance), so a budget of
+``M = b * L_max * M_KV(1)`` bytes runs batches of ``b``. The engine gets the same ``M`` as
+``M / (B * M_KV(1))`` blocks and admits as many sequences as the blocks hold.
+
+What is measured, on the same GPU in the same run:
+
+* **throughput** -- useful output tokens per second (tokens past a request's own end, which a
+  static batch computes and throws away, do not count). transformers runs static batches of
+  ``b`` requests each to its longest output, in workload order; ``--hf-batches`` limits how many
+  (the requests are i.i.d., so each batch is a fair sample) to fit the GPU time budget;
+* **concurrency** -- sequences in the running batch: ``b`` for transformers, the peak and the
+  step-average for the engine;
+* **KV memory used by tokens** -- the fraction of the reserved KV slots that hold a live token:
+  per step for the engine (tokens / allocated blocks' slots, and / the whole pool), per decode step
+  for transformers (tokens / ``b * L_max``, and / the cache it really grows to,
+  ``b * (longest prompt + step)``, padding and finished requests included).
+
+Writes ``figures/engine_bench.json`` and ``figures/engine_bench.png`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from paged_edu.engine import Engine, StepMetrics  # noqa: E402
+from paged_edu.model import LlamaConfig, PagedLlama, random_hf_llama, smollm2_config  # noqa: E402
+from paged_edu.sampling import SamplingParams  # noqa: E402
+from paged_edu.workloads import L_MAX, sharegpt  # noqa: E402
+
+
+def make_requests(num: int, seed: int, vocab: int, scale: float = 1.0):
+    reqs = sharegpt(num, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    prompts, outputs = [], []
+    for r in reqs:
+        p = max(1, int(round(r.prompt_len * scale)))
+        o = max(1, int(round(r.output_len * scale)))
+        prompts.append(rng.integers(3, vocab, size=p).tolist())
+        outputs.append(o)
+    return prompts, outputs
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ----------------------------------------------------------------------------------------------
+# transformers, static batching
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def run_hf(hf, prompts, outputs, batch_size, num_batches, l_max, device, log):
+    results = []
+    for k in range(num_batches):
+        idx = list(range(k * batch_size, min((k + 1) * batch_size, len(prompts))))
+        if not idx:
+            break
+        batch_prompts = [prompts[i] for i in idx]
+        batch_out = [outputs[i] for i in idx]
+        p_max = max(len(p) for p in batch_prompts)
+        ids = torch.zeros(len(idx), p_max, dtype=torch.long)
+        mask = torch.zeros(len(idx), p_max, dtype=torch.long)
+        for row, p in enumerate(batch_prompts):  # left padding, as decoder-only generation needs
+            ids[row, p_max - len(p):] = torch.tensor(p)
+            mask[row, p_max - len(p):] = 1
+        steps = max(batch_out)
+        sync(device)
+        t0 = time.perf_counter()
+        hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=steps,
+                    min_new_tokens=steps, do_sample=False, pad_token_id=0)
+        sync(device)
+        dt = time.perf_counter() - t0
+        # KV use per decode step t = 1..steps: live tokens vs the L_max reservation and vs the grown cache.
+        lens_p = np.array([len(p) for p in batch_prompts])
+        lens_o = np.array(batch_out)
+        t = np.arange(1, steps + 1)
+        live = np.minimum(lens_p[None, :] + t[:, None], (lens_p + lens_o)[None, :]).sum(1)  # (steps,)
+        use_lmax = float((live / (len(idx) * l_max)).mean())
+        use_grown = float((live / (len(idx) * (p_max + t))).mean())
+        useful = int(lens_o.sum())
+        results.append(dict(batch=k, num_requests=len(idx), seconds=dt, steps=steps, useful_tokens=useful,
+                            computed_tokens=steps * len(idx), kv_use_vs_lmax=use_lmax, kv_use_vs_grown_cache=use_grown,
+                            peak_kv_bytes=len(idx) * (p_max + steps)))
+        log(f"  transformers batch {k}: {len(idx)} requests, {steps} steps, {dt:.1f} s, "
+            f"{useful / dt:,.0f} useful tok/s")
+    secs = sum(r["seconds"] for r in results)
+    useful = sum(r["useful_tokens"] for r in results)
+    computed = sum(r["computed_tokens"] for r in results)
+    return dict(
+        batches=results, seconds=secs, useful_tokens=useful, tokens_per_s=useful / secs,
+        wasted_fraction=1 - useful / computed, concurrency=batch_size,
+        kv_use_vs_lmax=float(np.mean([r["kv_use_vs_lmax"] for r in results])),
+        kv_use_vs_grown_cache=float(np.mean([r["kv_use_vs_grown_cache"] for r in results])),
+        num_requests=sum(r["num_requests"] for r in results),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The engine
+# ----------------------------------------------------------------------------------------------
+
+
+def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, device, log,
+               preemption_mode="recompute", cuda_graphs=None, impls=None):
+    engine = Engine(model, num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True,
+                    preemption_mode=preemption_mode, max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens, cuda_graphs=cuda_graphs, **(impls or {}))
+    steps: list[StepMetrics] = []
+    engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
+    params = [SamplingParams(max_tokens=o) for o in outputs]
+    sync(device)
+    t0 = time.perf_counter()
+    outs = engine.run(prompts, params, use_tqdm=False)
+    sync(device)
+    dt = time.perf_counter() - t0
+    useful = sum(len(o.outputs[0]) for o in outs)
+    if useful != sum(outputs):
+        raise RuntimeError(f"the engine produced {useful} tokens, expected {sum(outputs)}")
+    durations = np.array([s.duration for s in steps])
+    running = np.array([s.num_running for s in steps])
+    slots_used = np.array([s.num_used_blocks * block_size for s in steps])
+    in_cache = np.array([s.num_tokens_in_cache for s in steps])
+    decode_steps = np.array([s.num_prefill_tokens == 0 for s in steps])
+    w = durations / durations.sum()
+    ttft = [o.metrics.ttft for o in outs]
+    itl = [x for o in outs for x in o.metrics.inter_token_latencies]
+    log(f"  engine: {len(prompts)} requests, {len(steps)} steps, {dt:.1f} s, {useful / dt:,.0f} tok/s, "
+        f"peak {running.max()} running, {engine.scheduler.num_preemptions} preemptions, "
+        f"{engine.num_graph_steps} graph steps" + (f" (graphs failed: {engine.graph_error})" if engine.graph_error else ""))
+    return dict(
+        seconds=dt, useful_tokens=useful, tokens_per_s=useful / dt, num_requests=len(prompts), num_steps=len(steps),
+        peak_concurrency=int(running.max()), mean_concurrency=float((running * w).sum()),
+        num_preemptions=engine.scheduler.num_preemptions,
+        cuda_graph_steps=engine.num_graph_steps, cuda_graph_error=engine.graph_error,
+        kv_use_vs_allocated=float((in_cache / np.maximum(slots_used, 1) * w).sum()),
+        kv_use_vs_pool=float((in_cache / (num_blocks * block_size) * w).sum()),
+        peak_kv_usage=float(max(s.kv_usage for s in steps)),
+        mean_decode_step_ms=float(durations[decode_steps].mean() * 1e3) if decode_steps.any() else None,
+        ttft_p50=float(np.median(ttft)), ttft_p90=float(np.percentile(ttft, 90)),
+        itl_p50_ms=float(np.median(itl) * 1e3) if itl else None,
+        timeline=dict(time=[round(s.time - steps[0].time + steps[0].duration, 4) for s in steps][::max(1, len(steps) // 400)],
+                      running=running.tolist()[::max(1, len(steps) // 400)],
+                      kv_usage=[round(s.kv_usage, 4) for s in steps][::max(1, len(steps) // 400)]),
+    )
+
+
+@torch.inference_mode()
+def check_kernels(model, device, block_size=16, require_cuda=True):
+    """One mixed step (prompt chunks + decodes) through the Triton kernels and through the PyTorch
+    references, on the same pool contents: the largest logit difference of each row kind."""
+    from paged_edu.kernels import triton_available
+    from paged_edu.model import BatchChunk, prepare_batch
+    from paged_edu.kv_cache import PagedKVCache
+
+    if (require_cuda and device.type != "cuda") or not triton_available():
+        return {}
+    c = model.config
+    gen = torch.Generator().manual_seed(0)
+    lens = [1, 15, 16, 17, 100, 333]
+    tables, pos, chunks = [], 0, []
+    for n in lens:
+        nb = -(-(n + 40) // block_size)
+        tables.append(list(range(pos, pos + nb))[::-1])  # non-contiguous order
+        pos += nb
+    toks = [torch.randint(3, c.vocab_size, (n + 40,), generator=gen).tolist() for n in lens]
+    result = {}
+    for impl in ("torch", "auto"):
+        model.attn_impl = model.prefill_impl = impl
+        cache = PagedKVCache(c.num_layers, pos, block_size, c.num_kv_heads, c.head_dim, dtype=model.dtype, device=device)
+        kv = list(zip(cache.k_caches, cache.v_caches))
+        model(prepare_batch([BatchChunk(t[:n], 0, tb) for t, n, tb in zip(toks, lens, tables)], block_size, device), kv)
+        # Next step: even sequences decode one token, odd ones prefill a 39-token chunk.
+        chunks = [BatchChunk(t[n:n + (1 if i % 2 == 0 else 39)], n, tb) for i, (t, n, tb) in enumerate(zip(toks, lens, tables))]
+        batch = prepare_batch(chunks, block_size, device)
+        hidden = model(batch, kv)
+        result[impl] = model.compute_logits(hidden[batch.logits_rows]).float()
+    model.attn_impl = model.prefill_impl = "auto"
+    diff = (result["auto"] - result["torch"]).abs().amax(-1)  # (num_chunks,)
+    scale = result["torch"].abs().amax().item()
+    return dict(decode_max_abs_diff=float(diff[0::2].max()), prefill_max_abs_diff=float(diff[1::2].max()),
+                logit_scale=scale)
+
+
+def warm_up(hf, model, device, block_size, num_blocks, max_num_seqs, max_num_batched_tokens):
+    """Compile the Triton kernels for every shape the timed runs meet, untimed.
+
+    Triton compiles a kernel variant the first time it meets it (split counts, grid orders); a
+    short workload with the timed runs' pool and limits meets mixed prefill/decode steps of many
+    sizes. (The numbers in figures/engine_bench.json came from an earlier, smaller warm-up -- two
+    requests -- so their engine times include about 3 s of compilation in the ramp-up.)
+    """
+    prompts, outputs = make_requests(96, 12345, model.config.vocab_size)
+    engine = Engine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens)
+    engine.run(prompts, [SamplingParams(max_tokens=min(o, 48)) for o in outputs], use_tqdm=False)
+    engine = Engine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens, cuda_graphs=False)
+    engine.run(prompts[:32], [SamplingParams(max_tokens=min(o, 24)) for o in outputs[:32]], use_tqdm=False)
+    with torch.inference_mode():
+        hf.generate(input_ids=torch.tensor([prompts[0]] * 2, device=device), max_new_tokens=4, min_new_tokens=4,
+                    do_sample=False, pad_token_id=0)
+    sync(device)
+
+
+# ----------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------
+
+
+def plot(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    eng, hf = result["engine"], result["transformers"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax = axes[0]
+    bars = ax.bar(["transformers\nstatic batch", "paged engine"], [hf["tokens_per_s"], eng["tokens_per_s"]],
+                  color=["#999999", "#1f77b4"])
+    ax.bar_label(bars, fmt="{:,.0f}")
+    ax.set_ylabel("useful output tokens / s")
+    ax.set_title(f"Throughput ({result['speedup']:.1f}x)")
+    ax = axes[1]
+    tl = eng["timeline"]
+    ax.plot(tl["time"], tl["running"], color="#1f77b4", label="paged engine: running sequences")
+    ax.axhline(hf["concurrency"], color="#999999", ls="--", label=f"transformers: batch of {hf['concurrency']}")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("sequences in the batch")
+    ax.set_title(f"Concurrency at the same KV budget ({result['concurrency_ratio']:.1f}x peak)")
+    ax.legend(loc="upper right", fontsize=8)
+    ax = axes[2]
+    labels = ["transformers\nvs L_max", "transformers\nvs grown cache", "engine\nvs allocated", "engine\nvs pool"]
+    vals = [hf["kv_use_vs_lmax"], hf["kv_use_vs_grown_cache"], eng["kv_use_vs_allocated"], eng["kv_use_vs_pool"]]
+    bars = ax.bar(labels, [100 * v for v in vals], color=["#999999", "#bbbbbb", "#1f77b4", "#6fa8dc"])
+    ax.bar_label(bars, fmt="{:.0f}%")
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("KV slots holding a live token (%)")
+    ax.set_title("KV memory used by tokens")
+    fig.suptitle(f"{result['workload']['num_requests']} ShareGPT-like requests, SmolLM2-135M geometry "
+                 f"(random weights, {result['dtype']}), {result['device_name']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--num-requests", type=int, default=512)
+    ap.add_argument("--hf-batch", type=int, default=64, help="transformers' static batch; sets the KV budget")
+    ap.add_argument("--hf-batches", type=int, default=1, help="how many static batches transformers runs")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--max-num-seqs", type=int, default=512)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="figures/engine_bench")
+    ap.add_argument("--smoke", action="store_true", help="a tiny model and workload on the CPU")
+    ap.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps only")
+    ap.add_argument("--skip-eager", action="store_true", help="skip the eager run beside the CUDA-graph one")
+    args = ap.parse_args(argv)
+
+    def log(msg):
+        print(msg, flush=True)
+
+    if args.smoke:
+        device, dtype = torch.device("cpu"), torch.float32
+        config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                             num_kv_heads=2, head_dim=16, max_position_embeddings=L_MAX)
+        scale = 0.1
+        args.num_requests, args.hf_batch = min(args.num_requests, 24), min(args.hf_batch, 8)
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device: run with --smoke for a CPU check")
+        device, dtype = torch.device("cuda"), torch.bfloat16
+        config = smollm2_config()
+        scale = 1.0
+    torch.manual_seed(args.seed)
+    hf = random_hf_llama(config, seed=args.seed, dtype=dtype, device=device, eos_token_id=None, pad_token_id=0)
+    hf.generation_config.eos_token_id = None
+    model = PagedLlama.from_hf(hf)
+    l_max = int(round(L_MAX * scale))
+    prompts, outputs = make_requests(args.num_requests, args.seed, config.vocab_size, scale)
+    bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * torch.empty((), dtype=dtype).element_size()
+    budget_tokens = args.hf_batch * l_max
+    num_blocks = budget_tokens // args.block_size
+    log(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor()}), "
+        f"{dtype}, torch {torch.__version__}")
+    log(f"workload: {len(prompts)} requests, mean prompt {np.mean([len(p) for p in prompts]):.1f}, "
+        f"mean output {np.mean(outputs):.1f}, max total {max(len(p) + o for p, o in zip(prompts, outputs))}")
+    log(f"KV budget: {args.hf_batch} x L_max {l_max} = {budget_tokens:,} tokens = "
+        f"{budget_tokens * bytes_per_token / 2**30:.2f} GiB = {num_blocks} blocks of {args.block_size}")
+
+    kernel_check = check_kernels(model, device, args.block_size)
+    impls = {}
+    if kernel_check:
+        log(f"kernels vs PyTorch references (bf16 logits, scale {kernel_check['logit_scale']:.2f}): "
+            f"decode max |diff| {kernel_check['decode_max_abs_diff']:.4f}, prefill {kernel_check['prefill_max_abs_diff']:.4f}")
+        tol = 0.05 * kernel_check["logit_scale"] + 0.05
+        if kernel_check["prefill_max_abs_diff"] > tol:
+            impls["prefill_impl"] = "torch"
+            log("  the Triton prefill disagrees: the engine uses the PyTorch prefill path")
+        if kernel_check["decode_max_abs_diff"] > tol:
+            impls["attn_impl"] = "torch"
+            log("  the Triton decode disagrees: the engine uses the PyTorch decode path")
+    t = time.perf_counter()
+    warm_up(hf, model, device, args.block_size, num_blocks, args.max_num_seqs, args.max_num_batched_tokens)
+    log(f"warm-up {time.perf_counter() - t:.1f} s")
+
+    graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
+    common = (num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens, device, log)
+    kw = dict(impls=impls)
+    try:
+        eng = run_engine(model, prompts, outputs, *common, cuda_graphs=graphs, **kw)
+    except Exception as exc:  # keep the run's other numbers: retry without graphs, and say so
+        if graphs is False:
+            raise
+        import traceback
+
+        traceback.print_exc()
+        log(f"engine with CUDA graphs failed ({exc}); running eagerly")
+        graphs = False
+        eng = run_engine(model, prompts, outputs, *common, cuda_graphs=False, **kw)
+    n_hf = min(len(prompts), args.hf_batch * args.hf_batches)
+    eng_same = run_engine(model, prompts[:n_hf], outputs[:n_hf], *common, cuda_graphs=graphs, **kw)
+    eng_same.pop("timeline")
+    eng_eager = None
+    if device.type == "cuda" and graphs is None and not args.skip_eager:
+        eng_eager = run_engine(model, prompts[:n_hf], outputs[:n_hf], *common, cuda_graphs=False, **kw)
+        eng_eager.pop("timeline")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = dict(engine=eng, engine_on_hf_requests=eng_same, engine_eager_on_hf_requests=eng_eager)
+    out.with_suffix(".partial.json").write_text(json.dumps(partial, indent=1))  # in case the baseline is cut short
+    hf_res = run_hf(hf, prompts, outputs, args.hf_batch, args.hf_batches, l_max, device, log)
+
+    result = dict(
+        command="python benchmarks/bench_engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        torch=torch.__version__, dtype=str(dtype).replace("torch.", ""),
+        model=dict(geometry="SmolLM2-135M" if not args.smoke else "tiny", weights="random", num_layers=config.num_layers,
+                   num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                   kv_bytes_per_token=bytes_per_token),
+        workload=dict(num_requests=len(prompts), mean_prompt=float(np.mean([len(p) for p in prompts])),
+                      mean_output=float(np.mean(outputs)), l_max=l_max, seed=args.seed, source="paged_edu.workloads.sharegpt"),
+        kv_budget=dict(tokens=budget_tokens, bytes=budget_tokens * bytes_per_token, num_blocks=num_blocks,
+                       block_size=args.block_size, hf_batch=args.hf_batch),
+        kernel_check=kernel_check, engine_impls=impls or "auto",
+        engine=eng, engine_on_hf_requests=eng_same, engine_eager_on_hf_requests=eng_eager, transformers=hf_res,
+        speedup=eng["tokens_per_s"] / hf_res["tokens_per_s"],
+        speedup_same_requests=eng_same["tokens_per_s"] / hf_res["tokens_per_s"],
+        concurrency_ratio=eng["peak_concurrency"] / hf_res["concurrency"],
+        mean_concurrency_ratio=eng["mean_concurrency"] / hf_res["concurrency"],
+    )
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    out.with_suffix(".partial.json").unlink(missing_ok=True)
+    try:
+        plot(result, out.with_suffix(".png"))
+    except ImportError as exc:  # the figure is optional; the JSON holds every number
+        log(f"no figure ({exc}); pip install matplotlib")
+
+    rows = [
+        ("useful output tokens/s", f"{hf_res['tokens_per_s']:,.0f}", f"{eng['tokens_per_s']:,.0f}", f"{result['speedup']:.1f}x"),
+        ("  same requests as transformers", f"{hf_res['tokens_per_s']:,.0f}", f"{eng_same['tokens_per_s']:,.0f}",
+         f"{result['speedup_same_requests']:.1f}x"),
+        *([("  same requests, no CUDA graphs", f"{hf_res['tokens_per_s']:,.0f}", f"{eng_eager['tokens_per_s']:,.0f}",
+            f"{eng_eager['tokens_per_s'] / hf_res['tokens_per_s']:.1f}x")] if eng_eager else []),
+        ("decode step (ms, same requests)", "", f"{eng_same['mean_decode_step_ms']:.1f}"
+         + (f" (eager {eng_eager['mean_decode_step_ms']:.1f})" if eng_eager else ""), ""),
+        ("peak concurrent sequences", f"{hf_res['concurrency']}", f"{eng['peak_concurrency']}", f"{result['concurrency_ratio']:.1f}x"),
+        ("mean concurrent sequences", f"{hf_res['concurrency']}", f"{eng['mean_concurrency']:.0f}", f"{result['mean_concurrency_ratio']:.1f}x"),
+        ("KV slots holding a token", f"{100 * hf_res['kv_use_vs_lmax']:.0f}% of b*L_max "
+         f"({100 * hf_res['kv_use_vs_grown_cache']:.0f}% of its grown cache)",
+         f"{100 * eng['kv_use_vs_allocated']:.0f}% of allocated blocks ({100 * eng['kv_use_vs_pool']:.0f}% of the pool)", ""),
+        ("wasted computed tokens", f"{100 * hf_res['wasted_fraction']:.0f}%", "0%", ""),
+        ("preemptions", "-", f"{eng['num_preemptions']}", ""),
+    ]
+    log("")
+    log(f"| metric | transformers (static batch {args.hf_batch}) | paged engine | ratio |")
+    log("|---|---:|---:|---:|")
+    for r in rows:
+        log("| " + " | ".join(r) + " |")
+    log(f"\nwrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
