@@ -1,0 +1,153 @@
+"""Real K/V tensors behind a widget: what the allocator decides, the tensors obey.
+
+A :class:`KVView` pairs a :class:`~paged_edu.allocator.BlockAllocator` with one layer of a paged
+KV cache, ``k_cache, v_cache: (num_blocks, block_size, num_kv_heads, head_dim)``, and fills it
+with the prefix-dependent K/V of :class:`~paged_edu.toy_kv.ToyLayer`. Widgets call it after each
+allocator operation; it also answers the two questions lessons 2 and 3 ask of the tensors:
+
+* where does token ``t`` live? ``BasePtr_K + B(t//B) * S_block + (t mod B) * S_token`` against
+  ``k_cache[B(t//B), t mod B].data_ptr()``;
+* did copy-on-write copy the right bytes, and leave the source alone?
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paged_edu.allocator import BlockAllocator
+from paged_edu.toy_kv import ToyLayer
+
+__all__ = ["KVView", "default_dtype", "pick_device"]
+
+
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """fp32 on the CPU; bf16 on a GPU that has it (compute capability >= 8.0), else fp16."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
+
+
+def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:
+    """``"auto"`` -> CUDA when there is a GPU, else the CPU; with the dtype of :func:`default_dtype`."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    return device, default_dtype(device)
+
+
+class KVView:
+    """One layer of paged K/V on ``device``, written through ``allocator``'s slot mapping."""
+
+    def __init__(self, allocator: BlockAllocator, *, device="cpu", dtype: torch.dtype | None = None,
+                 num_kv_heads: int = 2, head_dim: int = 64, seed: int = 0) -> None:
+        from paged_edu.kv_cache import PagedKVCache
+
+        self.allocator = allocator
+        self.device = torch.device(device)
+        self.dtype = default_dtype(self.device) if dtype is None else dtype
+        self.layer = ToyLayer(num_kv_heads=num_kv_heads, head_dim=head_dim, num_q_heads=2 * num_kv_heads, seed=seed)  # GQA 2:1
+        self.cache = PagedKVCache(1, allocator.num_blocks, allocator.block_size, num_kv_heads, head_dim,
+                                  dtype=self.dtype, device=self.device)
+
+    @property
+    def k_cache(self) -> torch.Tensor:  # (num_blocks, block_size, num_kv_heads, head_dim)
+        return self.cache.k_caches[0]
+
+    @property
+    def v_cache(self) -> torch.Tensor:  # (num_blocks, block_size, num_kv_heads, head_dim)
+        return self.cache.v_caches[0]
+
+    def expected_kv(self, seq_id) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K/V the sequence's tokens *should* have: ``(n, num_kv_heads, head_dim)`` each."""
+        return self.layer.kv(self.allocator.token_ids(seq_id), device=self.device, dtype=self.dtype)
+
+    def write_prompt(self, seq_id) -> int:
+        """Store the prompt's K/V, skipping the leading tokens the prefix cache already holds.
+
+        Returns how many tokens were written (``n - num_cached_tokens``), as an engine would.
+        """
+        k, v = self.expected_kv(seq_id)  # (n, H_kv, D)
+        start = self.allocator.num_cached_tokens(seq_id)
+        slots = torch.tensor(self.allocator.slot_mapping(seq_id, start), device=self.device, dtype=torch.int64)
+        self.cache.store(0, k[start:].contiguous(), v[start:].contiguous(), slots)
+        return len(slots)
+
+    def write_last(self, seq_id) -> None:
+        """Store the K/V of the sequence's newest token (after ``allocator.append``)."""
+        k, v = self.expected_kv(seq_id)
+        n = len(k)
+        slots = torch.tensor(self.allocator.slot_mapping(seq_id, n - 1), device=self.device, dtype=torch.int64)
+        self.cache.store(0, k[n - 1:], v[n - 1:], slots)
+
+    def gather(self, seq_id) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read the sequence back through its block table: ``(n, H_kv, D)`` each."""
+        return self.cache.gather(0, self.allocator.block_table(seq_id), self.allocator.num_tokens(seq_id))
+
+    def reads_back(self, seq_id) -> bool:
+        """Does the sequence read exactly its own K/V through its block table?"""
+        k, v = self.gather(seq_id)
+        k_ref, v_ref = self.expected_kv(seq_id)
+        return bool(torch.equal(k, k_ref) and torch.equal(v, v_ref))
+
+    def check_address(self, seq_id, t: int) -> dict:
+        """The seed's address formula for ``K[t]`` next to the tensor's real address."""
+        B = self.allocator.block_size
+        i, j = divmod(t, B)
+        table = self.allocator.block_table(seq_id)
+        block = table[i]
+        k = self.k_cache
+        strides = self.cache.strides_bytes()  # S_block = B*N_kv*d_head*sizeof, S_token = N_kv*d_head*sizeof
+        s_block, s_token = strides["S_block"], strides["S_token"]
+        base = k.data_ptr()
+        formula = self.cache.address(0, table, t)  # BasePtr_K + B(i) * S_block + j * S_token
+        actual = k[block, j].data_ptr()
+        k_ref, _ = self.expected_kv(seq_id)
+        return {"base": base, "s_block": s_block, "s_token": s_token, "address_formula": formula,
+                "address_tensor": actual, "address_match": formula == actual,
+                "value_match": bool(torch.equal(k[block, j], k_ref[t]))}
+
+    def copy_block(self, src: int, dst: int) -> dict:
+        """Apply one copy-on-write copy on the device; record what to check afterwards."""
+        self.cache.copy_blocks([(src, dst)])
+        k, v = self.k_cache, self.v_cache
+        return {"src": src, "dst": dst,
+                "copy_equal": bool(torch.equal(k[dst], k[src]) and torch.equal(v[dst], v[src])),
+                "src_k": k[src].clone(), "src_v": v[src].clone(), "source_untouched": None}
+
+    def block_unchanged(self, check: dict) -> bool:
+        src = check["src"]
+        return bool(torch.equal(self.k_cache[src], check["src_k"]) and torch.equal(self.v_cache[src], check["src_v"]))
+
+    # -- attention over the paged tensors ---------------------------------------------------------
+    def batch(self, seq_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``q (num_seqs, H_q, D)``, int32 ``block_tables (num_seqs, max_blocks)`` and ``seq_lens``:
+        the decode inputs for the newest token of each sequence."""
+        seq_ids = list(seq_ids)
+        tables = [self.allocator.block_table(s) for s in seq_ids]
+        width = max(len(t) for t in tables)
+        block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=self.device)
+        seq_lens = torch.tensor([self.allocator.num_tokens(s) for s in seq_ids], dtype=torch.int32, device=self.device)
+        q = torch.stack([self.layer.query(self.allocator.token_ids(s), device=self.device, dtype=self.dtype)
+                         for s in seq_ids])  # (num_seqs, H_q, D)
+        return q, block_tables, seq_lens
+
+    def attention(self, seq_ids, impl: str = "auto") -> torch.Tensor:
+        """Paged decode attention: the kernel reads K/V through the block tables. ``(num_seqs, H_q, D)``."""
+        from paged_edu.kernels import paged_attention_decode
+
+        q, block_tables, seq_lens = self.batch(seq_ids)
+        return paged_attention_decode(q, self.k_cache, self.v_cache, block_tables, seq_lens, impl=impl)
+
+    def attention_truth(self, seq_ids) -> torch.Tensor:
+        """``softmax(q K^T / sqrt(d)) V`` over each sequence's own K/V, contiguous, in fp32."""
+        group = self.layer.num_q_heads // self.layer.num_kv_heads
+        outs = []
+        for s in seq_ids:
+            tokens = self.allocator.token_ids(s)
+            q = self.layer.query(tokens)  # (H_q, D) fp32 on the CPU
+            k, v = self.layer.kv(tokens)  # (n, H_kv, D)
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (n, H_q, D)
+            scores = torch.einsum("hd,thd->ht", q, k) / self.layer.head_dim ** 0.5  # (H_q, n)
+            outs.append(torch.einsum("ht,thd->hd", scores.softmax(-1), v))
+        return torch.stack(outs).to(self.device)  # (num_seqs, H_q, D)

@@ -1,0 +1,181 @@
+"""The lessons in a real browser: JupyterLab + Debian's Chromium driven by Playwright for Python.
+
+For each lesson: open it in JupyterLab, Run All Cells, wait until every code cell has run, and check
+that widgets (``.jupyter-widgets``, a slider) and plotly plots (``.js-plotly-plot``) rendered; then
+interact -- lesson 1 picks another model preset, lessons 2 and 3 click a button -- and check that a
+plot's data changed in the page (browser -> kernel -> browser). The notebook is then saved and its
+outputs read back: no cell may hold an error. Screenshots go to ``build/browser/``.
+
+JupyterLab runs on 127.0.0.1 with throw-away JUPYTER_* and IPYTHONDIR folders, over a copy of
+``notebooks/`` (saving never touches the repository), and is stopped by its process id. Chromium is
+``/usr/bin/chromium`` (never ``playwright install``); the test is skipped only when it is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = ROOT / "build" / "browser"
+LESSONS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+RUN_TIMEOUT_S = 150
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is absent (the README's test command installs Debian's chromium)", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_settings(config_dir: Path) -> None:
+    """Render every cell (no windowing), and no news or update toasts."""
+    settings = config_dir / "lab" / "user-settings" / "@jupyterlab"
+    for rel, value in (("notebook-extension/tracker.jupyterlab-settings", {"windowingMode": "none"}),
+                       ("apputils-extension/notification.jupyterlab-settings",
+                        {"fetchNews": "false", "checkForUpdates": False})):
+        path = settings / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the server and the kernels it started: its own process group, by id."""
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
+        if proc.poll() is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait)
+        except ProcessLookupError:
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server over a copy of notebooks/; yields (base_url, root_dir)."""
+    tmp = tmp_path_factory.mktemp("lab")
+    root = tmp / "root"
+    shutil.copytree(ROOT / "notebooks", root / "notebooks")
+    env = dict(os.environ)
+    for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
+                     ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
+        (tmp / sub).mkdir()
+        env[var] = str(tmp / sub)
+    _write_settings(tmp / "config")
+    env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp / "config" / "lab" / "user-settings")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    port = _free_port()
+    log = open(tmp / "lab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         "--IdentityProvider.token=", "--ServerApp.password=", "--LabApp.news_url=None", "--allow-root",
+         f"--ServerApp.root_dir={root}"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{url}/api/status", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"JupyterLab exited: {(tmp / 'lab.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+        else:
+            raise RuntimeError("JupyterLab did not answer within 60 s")
+        yield url, root
+    finally:
+        _stop(proc)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"])
+        yield b
+        b.close()
+
+
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook tab on show
+ALL_RAN = """() => {
+  const prompts = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt')]
+    .map(e => e.textContent);
+  return prompts.length > 0 && prompts.every(t => /\\[\\d+\\]/.test(t));
+}"""
+PLOT_DATA = """() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .js-plotly-plot')].map(
+  p => JSON.stringify((p.data || []).map(t => [t.x, t.y, t.z, t.text])))"""
+
+
+def _interact(page, lesson: str) -> None:
+    """The one interaction per lesson whose effect on a plot we check."""
+    if lesson.startswith("01_"):
+        page.locator(f"{PANEL} .widget-dropdown select").first.select_option(label="Llama-2-7B")
+    elif lesson.startswith("02_"):
+        page.locator(f"{PANEL} .widget-button", has_text="add request").first.click()
+    else:
+        page.locator(f"{PANEL} .widget-button", has_text="new chat request").first.click()
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
+    url, root = lab
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        # A workspace of its own (?reset), so no tab of an earlier lesson is restored beside it.
+        page.goto(f"{url}/lab/workspaces/{Path(lesson).stem}/tree/notebooks/{lesson}?reset", wait_until="domcontentloaded")
+        page.wait_for_selector("text=| Idle", timeout=90_000)
+        page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+        page.wait_for_function(ALL_RAN, timeout=RUN_TIMEOUT_S * 1000, polling=500)
+        for selector in (".jupyter-widgets", ".widget-slider", ".js-plotly-plot"):
+            page.wait_for_selector(f"{PANEL} {selector}", timeout=30_000)
+        assert page.locator(f"{PANEL} .js-plotly-plot").count() >= 2
+        assert page.locator(f"{PANEL} .jp-OutputArea-output .jupyter-widgets").count() >= 1
+        widget_box = page.locator(f"{PANEL} .jp-OutputArea-output .jupyter-widgets").first
+        widget_box.scroll_into_view_if_needed()
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(SHOTS / f"{Path(lesson).stem}.png"))
+
+        before = page.evaluate(PLOT_DATA)
+        _interact(page, lesson)
+        page.wait_for_function(f"(before) => ({PLOT_DATA})().some((d, i) => d !== before[i])", arg=before,
+                               timeout=30_000, polling=200)
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(SHOTS / f"{Path(lesson).stem}_after_click.png"))
+
+        page.keyboard.press("Control+s")
+        page.wait_for_timeout(1500)
+    finally:
+        page.close()
+    saved = json.loads((root / "notebooks" / lesson).read_text())
+    errors = [o for c in saved["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors, [f"{e['ename']}: {e['evalue']}" for e in errors]
+    ran = [c for c in saved["cells"] if c["cell_type"] == "code"]
+    assert all(c.get("execution_count") for c in ran), "a cell did not run"

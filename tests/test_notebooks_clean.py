@@ -1,0 +1,114 @@
+"""The lesson notebooks are stored clean: small diffs, no widget state, only checked outputs.
+
+Policy (``scripts/store_checked_outputs.py`` produces exactly this):
+
+* a notebook equals what ``nbstripout --keep-count`` makes of it (outputs stripped except in cells
+  tagged ``keep_output``, widget state and volatile metadata gone, cell ids ``"0", "1", ...``);
+* the cells that keep outputs are exactly the ``# NBVAL_CHECK_OUTPUT`` cells; each has an execution
+  count (nbval needs one) and small plain-text outputs; every other cell has neither;
+* every lesson has a ``parameters`` cell with ``device = "auto"`` and ``seed``, a Colab cell that
+  never installs torch, an Open-in-Colab badge for its own file, and "Your turn" checks.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbstripout._utils import strip_output
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+CHECK = "# NBVAL_CHECK_OUTPUT"
+EXTRA_KEYS = ["metadata.signature", "metadata.widgets", "cell.metadata.collapsed", "cell.metadata.ExecuteTime",
+              "cell.metadata.execution", "cell.metadata.heading_collapsed", "cell.metadata.hidden",
+              "cell.metadata.scrolled"]
+MAX_OUTPUT_CHARS = 3000  # per checked cell
+MAX_FILE_BYTES = 80_000
+
+
+def problems(nb: nbformat.NotebookNode, name: str) -> list[str]:
+    """Everything that makes a stored notebook unclean (empty when it is clean)."""
+    found = []
+    stripped = strip_output(copy.deepcopy(nb), keep_output=False, keep_count=True, keep_id=False, extra_keys=EXTRA_KEYS)
+    if stripped != nb:
+        found.append("differs from `nbstripout --keep-count` output (run scripts/store_checked_outputs.py)")
+    if "widgets" in nb.metadata:
+        found.append("notebook metadata holds widget state")
+    for k, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        tags = cell.metadata.get("tags", [])
+        checked = cell.source.startswith(CHECK)
+        if checked != ("keep_output" in tags):
+            found.append(f"cell {k}: '{CHECK}' and the keep_output tag must go together")
+        if not checked:
+            if cell.outputs:
+                found.append(f"cell {k}: stored outputs in a cell that is not checked")
+            if cell.execution_count is not None:
+                found.append(f"cell {k}: execution count {cell.execution_count} on a cell that is not checked")
+            continue
+        if not cell.outputs or cell.execution_count is None:
+            found.append(f"cell {k}: a checked cell needs its stored output and execution count")
+        size = 0
+        for out in cell.outputs:
+            kind = out.get("output_type")
+            if kind == "stream" and out.get("name") == "stdout":
+                size += len(out.get("text", ""))
+            elif kind == "execute_result" and set(out.get("data", {})) == {"text/plain"}:
+                size += len(out["data"]["text/plain"])
+            else:
+                found.append(f"cell {k}: output of type {kind} {sorted(out.get('data', {}))} is not plain text")
+        if size > MAX_OUTPUT_CHARS:
+            found.append(f"cell {k}: {size} characters of checked output (> {MAX_OUTPUT_CHARS})")
+    size = len(json.dumps(nb, indent=1))
+    if size > MAX_FILE_BYTES:
+        found.append(f"{size} bytes (> {MAX_FILE_BYTES})")
+    return found
+
+
+def test_there_are_three_lessons():
+    assert [p.name[:3] for p in LESSONS] == ["01_", "02_", "03_"]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_notebook_is_stored_clean(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert problems(nb, path.name) == []
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_notebook_has_parameters_colab_cell_and_exercises(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1
+    assert re.search(r'^device = "auto"', params[0].source, re.M) and re.search(r"^seed = \d+", params[0].source, re.M)
+    colab = code[0].source
+    assert "google.colab" in colab and "enable_custom_widget_manager" in colab
+    for line in colab.splitlines():
+        if "pip install" in line:
+            assert "torch" not in line and ("--no-deps" in line or "paged_edu" not in line)
+    assert f"notebooks/{path.name})" in nb.cells[0].source and "colab-badge.svg" in nb.cells[0].source
+    assert sum("ex.check(" in c.source for c in code) >= 3
+    assert sum(c.source.startswith(CHECK) for c in code) >= 3
+
+
+def test_the_policy_catches_a_dirty_notebook():
+    nb = nbformat.read(LESSONS[0], as_version=4)
+    dirty = copy.deepcopy(nb)
+    plain = next(c for c in dirty.cells if c.cell_type == "code" and not c.source.startswith(CHECK))
+    plain.execution_count = 3
+    plain.outputs = [nbformat.v4.new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {}})]
+    dirty.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    found = problems(dirty, "dirty")
+    assert any("not checked" in p for p in found) and any("widget state" in p for p in found)
+    unchecked = copy.deepcopy(nb)
+    checked = next(c for c in unchecked.cells if c.cell_type == "code" and c.source.startswith(CHECK))
+    checked.outputs = []
+    assert any("needs its stored output" in p for p in problems(unchecked, "unchecked"))
