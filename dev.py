@@ -26,7 +26,7 @@ VENV = Path(os.environ.get("PAGED_EDU_VENV", ROOT / ".venv"))
 PY = VENV / "bin" / "python"
 STAMP = VENV / ".paged_edu-installed"
 CPU_TORCH = "torch==2.13.0"
-EXTRAS = "lessons,model,test"
+EXTRAS = "lessons,model,test,figures"
 
 
 def run(cmd: list[str], **kwargs) -> None:

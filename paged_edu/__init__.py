@@ -17,6 +17,33 @@ The package reads like the lessons' table of contents:
 from paged_edu.allocator import BlockAllocator, BlockEvent, OutOfBlocksError, UnknownSequenceError
 from paged_edu.contiguous import ContiguousAllocator, FragmentationError
 from paged_edu.memory import PRESETS, KVSpec
+from paged_edu.scheduler import Scheduler
+from paged_edu.sequence import Sequence
+
+# Modules that import torch (or plotly) load on first use, so the allocator stays light.
+_LAZY = {
+    "PagedKVCache": "paged_edu.kv_cache",
+    "paged_attention_decode": "paged_edu.kernels",
+    "paged_attention_prefill": "paged_edu.kernels",
+    "PagedLlama": "paged_edu.model",
+    "load_smollm2": "paged_edu.model",
+    "random_llama": "paged_edu.model",
+    "smollm2_config": "paged_edu.model",
+    "Engine": "paged_edu.engine",
+    "SamplingParams": "paged_edu.sampling",
+    "simulate": "paged_edu.simulator",
+    "compare": "paged_edu.simulator",
+    "SimConfig": "paged_edu.simulator",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'paged_edu' has no attribute {name!r}")
+
 
 __all__ = [
     "BlockAllocator",
@@ -26,6 +53,9 @@ __all__ = [
     "KVSpec",
     "OutOfBlocksError",
     "PRESETS",
+    "Scheduler",
+    "Sequence",
     "UnknownSequenceError",
+    *_LAZY,
 ]
 __version__ = "0.1.0"

@@ -58,6 +58,14 @@ class ContiguousAllocator:
     def __contains__(self, seq_id: Hashable) -> bool:
         return seq_id in self._seqs
 
+    @property
+    def seq_ids(self) -> list[Hashable]:
+        return list(self._seqs)
+
+    def num_tokens(self, seq_id: Hashable) -> int:
+        """Tokens stored in the sequence's reservation."""
+        return len(self._res(seq_id).token_ids)
+
     def reservation(self, seq_id: Hashable) -> tuple[int, int]:
         """``(start, size)`` of a sequence's range."""
         res = self._res(seq_id)

@@ -319,12 +319,14 @@ def contiguous_data(contig, cols: int = 64, colors: OwnerColors | None = None) -
     for slot in range(contig.num_slots):
         r, c = divmod(slot, cols)
         z[r][c] = 0
-    for seq_id, res in contig._seqs.items():
+    for seq_id in contig.seq_ids:
         code = colors.code(seq_id)
-        for k in range(res.size):
-            r, c = divmod(res.start + k, cols)
-            z[r][c] = code if k < len(res.token_ids) else 3
-        r, c = divmod(res.start, cols)
+        start, size = contig.reservation(seq_id)
+        used = contig.num_tokens(seq_id)
+        for k in range(size):
+            r, c = divmod(start + k, cols)
+            z[r][c] = code if k < used else 3
+        r, c = divmod(start, cols)
         text[r][c] = str(seq_id)
     return {"z": z, "text": text}
 
