@@ -380,5 +380,9 @@ def test_stale_nan_slots_past_the_end_do_not_leak(impl):
         last = int(t[i, (s - 1) // 4])
         k[last, s % 4 or 4:] = float("nan")
         v[last, s % 4 or 4:] = float("nan")
+    if impl == "triton" and CUDA:
+        q, k, v, t, lens = (x.cuda() for x in (q, k, v, t, lens))
+    elif impl == "triton" and not triton_interpreting():
+        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
     out = paged_attention_decode(q, k, v, t, lens, scale=0.25, impl=impl)
-    assert rel_err(out, ref) < 1e-5
+    assert rel_err(out, ref) < (2e-3 if out.is_cuda else 1e-5)  # tf32 dots on the GPU
