@@ -40,7 +40,7 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory for weights + KV (default 0.9)")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--preemption", choices=("recompute", "swap"), default="recompute")
+    p.add_argument("--preemption", choices=("recompute", "swap", "auto"), default="recompute")
     p.add_argument("--cpu-blocks", type=int, default=0, help="CPU swap space in blocks (for --preemption swap)")
 
 

@@ -142,8 +142,9 @@ class Engine:
     model: the decoder; its dtype and device are the cache's.
     num_blocks, block_size: the GPU pool (``num_blocks * block_size`` token slots per layer).
     enable_prefix_caching: reuse full blocks of identical prompt prefixes.
-    preemption_mode: ``"recompute"`` (free and requeue) or ``"swap"`` (copy to CPU blocks and back).
-    num_cpu_blocks: the swap space (default: as many as the GPU pool in swap mode, else 0).
+    preemption_mode: ``"recompute"`` (free and requeue), ``"swap"`` (copy to CPU blocks and back), or
+        ``"auto"``: vLLM's rule -- recompute a lone sequence, swap parallel samples that share blocks.
+    num_cpu_blocks: the swap space (default: as many as the GPU pool in swap or auto mode, else 0).
     max_num_seqs, max_num_batched_tokens, enable_chunked_prefill: the scheduler's limits.
     attn_impl, prefill_impl: kernels for decode and prefill rows (default: Triton on CUDA, the
         vectorised PyTorch reference on a CPU, where the Triton interpreter would be too slow).
@@ -172,10 +173,10 @@ class Engine:
     ) -> None:
         if not isinstance(model, PagedLlama):
             raise TypeError(f"model must be a PagedLlama (use PagedLlama.from_hf), got {type(model).__name__}")
-        if preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}")
+        if preemption_mode not in ("recompute", "swap", "auto"):
+            raise ValueError(f"preemption_mode must be 'recompute', 'swap' or 'auto', got {preemption_mode!r}")
         if num_cpu_blocks is None:
-            num_cpu_blocks = num_blocks if preemption_mode == "swap" else 0
+            num_cpu_blocks = num_blocks if preemption_mode in ("swap", "auto") else 0
         self.model = model
         self.config = model.config
         self.device = model.device

@@ -6,7 +6,9 @@ Every step the scheduler decides which tokens are computed, in this order:
    When the pool is empty the most recently admitted running sequence is *preempted*:
    ``recompute`` frees its blocks and puts it back at the front of the waiting queue (its K/V is
    recomputed later, partly from the prefix cache); ``swap`` copies its blocks to CPU memory and
-   parks it until blocks are free again.
+   parks it until blocks are free again; ``auto`` chooses as vLLM (v0) does -- recompute for a
+   request with a single sequence, swap for one whose parallel samples share blocks, since
+   recomputing those would lose what they share.
 2. **running prefills** -- the next chunk of a prompt that did not fit in one step (chunked prefill).
 3. **swapped sequences** come back (only in a step that preempted nothing).
 4. **waiting sequences** are admitted first come, first served while ``max_num_seqs``, the step's
@@ -34,7 +36,7 @@ from paged_edu.sequence import Sequence, SequenceStatus
 
 __all__ = ["ScheduledSeq", "Scheduler", "SchedulerOutput"]
 
-PREEMPTION_MODES = ("recompute", "swap")
+PREEMPTION_MODES = ("recompute", "swap", "auto")
 
 
 @dataclass(slots=True)
@@ -97,7 +99,7 @@ class Scheduler:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if not isinstance(num_cpu_blocks, int) or num_cpu_blocks < 0:
             raise ValueError(f"num_cpu_blocks must be an int >= 0, got {num_cpu_blocks!r}")
-        if preemption_mode == "swap" and num_cpu_blocks == 0:
+        if preemption_mode == "swap" and num_cpu_blocks == 0:  # "auto" recomputes without swap space
             raise ValueError("preemption_mode='swap' needs num_cpu_blocks > 0 to swap into")
         self.allocator = allocator
         # A prompt computed over several steps must not be hit in the prefix cache before its K/V
@@ -170,7 +172,8 @@ class Scheduler:
         seq.num_preemptions += 1
         out.preempted.append(seq)
         table = self.allocator.block_table(seq.seq_id)
-        if self.preemption_mode == "swap" and len(table) <= len(self.free_cpu_blocks):
+        swap = self.preemption_mode == "swap" or (self.preemption_mode == "auto" and self._has_siblings(seq))
+        if swap and len(table) <= len(self.free_cpu_blocks):
             self._record_copies(out)  # a pending copy into this sequence's blocks must land first
             cpu_blocks = [self.free_cpu_blocks.popleft() for _ in table]
             for gpu, cpu in zip(table, cpu_blocks):
@@ -186,6 +189,13 @@ class Scheduler:
             seq.num_placed_tokens = 0
             seq.status = SequenceStatus.WAITING
             self.waiting.appendleft(seq)
+
+    def _has_siblings(self, seq: Sequence) -> bool:
+        """Does another live sample of the same request exist (or will one, at its first token)?"""
+        if seq.num_samples > 1:
+            return True
+        return any(other is not seq and other.request_id == seq.request_id
+                   for other in (*self.running, *self.swapped))
 
     def _record_copies(self, out: SchedulerOutput) -> None:
         for src, dst in self.allocator.take_copies():

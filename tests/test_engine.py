@@ -68,6 +68,7 @@ CONFIGS = {
     "preempt-recompute": dict(num_blocks=10, block_size=8, preemption_mode="recompute"),
     "preempt-swap": dict(num_blocks=10, block_size=8, preemption_mode="swap"),
     "preempt-recompute-no-cache": dict(num_blocks=10, block_size=8, enable_prefix_caching=False),
+    "preempt-auto": dict(num_blocks=10, block_size=8, preemption_mode="auto"),  # lone sequences: recompute
 }
 
 
@@ -88,6 +89,8 @@ def test_greedy_is_token_identical_to_transformers(name, hf_model, prompts, refe
         assert engine.scheduler.num_preemptions > 0
     if name == "preempt-swap":
         assert engine.num_blocks_swapped_out > 0 and engine.num_blocks_swapped_in > 0
+    if name == "preempt-auto":
+        assert engine.num_blocks_swapped_out == 0
     if name == "chunked-prefill":
         assert max(s.num_batched_tokens for s in steps) <= 12
         assert any(s.num_prefill_tokens and s.num_decode_seqs for s in steps)  # decodes ride with prompt chunks
@@ -189,11 +192,13 @@ def test_parallel_samples_share_prompt_blocks_then_diverge_by_copy_on_write(hf_m
 def test_parallel_sampling_survives_preemption(hf_model, prompts):
     """n samples in a pool too small for all of them: preempted samples are recomputed or swapped
     and still equal their replay over HF's logits."""
-    for mode in ("recompute", "swap"):
+    for mode in ("recompute", "swap", "auto"):
         params = SamplingParams(max_tokens=16, temperature=1.0, seed=7, n=3)
         engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=9, block_size=8, preemption_mode=mode)
         (out,) = engine.run([prompts[2]], params)
         assert engine.scheduler.num_preemptions > 0
+        swapped = engine.num_blocks_swapped_out > 0
+        assert swapped == (mode != "recompute")  # auto swaps samples that share blocks, as vLLM does
         for i, s in enumerate(out.outputs):
             assert s == replay_sample(hf_model, prompts[2], s, params, i)
         assert_no_leaks(engine)

@@ -103,7 +103,7 @@ def make_requests(rng, num, shared_prefix):
     return reqs
 
 
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("mode", ["recompute", "swap", "auto"])
 @pytest.mark.parametrize("num_blocks, budget, chunked, caching", [
     (200, 64, True, True),   # roomy: no preemption
     (14, 8, True, True),     # tight pool, small budget: preemption and chunking
@@ -196,3 +196,21 @@ def test_bad_configuration_and_requests():
     with pytest.raises(ValueError, match="chunked prefill"):
         s2.make_sequence([1] * 3, 3)  # may re-prefill 5 tokens
     assert not s.has_unfinished() and not s2.has_unfinished()
+
+
+def test_auto_mode_swaps_parallel_samples_and_recomputes_lone_sequences():
+    a = BlockAllocator(8, B)
+    s = Scheduler(a, max_num_batched_tokens=64, preemption_mode="auto", num_cpu_blocks=32)
+    family = s.make_sequence([2] * 6, 12, num_samples=2)
+    lone = [s.make_sequence([1] * 6, 12), s.make_sequence([3] * 5, 12)]
+    ex = BruteForceExecutor(s)
+    swapped_ids, recomputed_ids = set(), set()
+    while s.has_unfinished():
+        ex.step()
+        swapped_ids |= {q.request_id for q in s.swapped}
+        recomputed_ids |= {q.request_id for q in s.waiting if q.num_preemptions}
+    assert swapped_ids == {family.request_id}
+    assert recomputed_ids == {q.request_id for q in lone}
+    for q, prompt in zip(lone, ([1] * 6, [3] * 5)):
+        assert q.output_token_ids == oracle(prompt, 12)[0]
+    assert a.num_free_blocks == 8 and len(s.free_cpu_blocks) == 32
