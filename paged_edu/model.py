@@ -55,6 +55,20 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # ----------------------------------------------------------------------------------------------
 
 
+# The fields a Hugging Face config holds as they are, ours -> theirs (three under other names): the
+# one table from_hf and to_hf both read. head_dim, rms_norm_eps, rope_theta and tie_word_embeddings
+# are spelled out in each instead: from_hf derives or converts them (an HF config may lack them).
+_HF_NAMES = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "max_position_embeddings": "max_position_embeddings",
+}
+
+
 @dataclass(slots=True)
 class LlamaConfig:
     """The numbers that fix a Llama-family decoder's shapes (Hugging Face names in comments)."""
@@ -95,17 +109,11 @@ class LlamaConfig:
         theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         return cls(
-            vocab_size=hf_config.vocab_size,
-            hidden_size=hf_config.hidden_size,
-            intermediate_size=hf_config.intermediate_size,
-            num_layers=hf_config.num_hidden_layers,
-            num_heads=hf_config.num_attention_heads,
-            num_kv_heads=hf_config.num_key_value_heads,
+            **{ours: getattr(hf_config, theirs) for ours, theirs in _HF_NAMES.items()},
             head_dim=head_dim,
             rms_norm_eps=float(hf_config.rms_norm_eps),
             rope_theta=float(theta),
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-            max_position_embeddings=hf_config.max_position_embeddings,
         )
 
     def to_hf(self, **overrides):
@@ -113,17 +121,11 @@ class LlamaConfig:
         from transformers import LlamaConfig as HFLlamaConfig
 
         kwargs = dict(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads,
+            **{theirs: getattr(self, ours) for ours, theirs in _HF_NAMES.items()},
             head_dim=self.head_dim,
             rms_norm_eps=self.rms_norm_eps,
             rope_theta=self.rope_theta,
             tie_word_embeddings=self.tie_word_embeddings,
-            max_position_embeddings=self.max_position_embeddings,
             hidden_act="silu",
             attention_bias=False,
             mlp_bias=False,

@@ -45,6 +45,7 @@ every few steps, every slot of the pool is one of:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -532,24 +533,31 @@ def default_configs(block_sizes=BLOCK_SIZES, managers=MANAGERS, **kwargs) -> lis
     return configs
 
 
+@contextlib.contextmanager
+def _progress_bar(show: bool, total: int, unit: str, desc: str):
+    """A tqdm bar while the ``with`` body runs, closed however it ends; ``None`` when not ``show``."""
+    if not show:
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, unit=unit, desc=desc, leave=False)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
 def compare(requests: list[Request], configs: list[SimConfig] | None = None, cost_model: CostModel | None = None,
             progress: bool = False) -> list[SimResult]:
     """Simulate the same requests under every config (default: every manager and block size)."""
     configs = configs if configs is not None else default_configs()
     results = []
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(configs) * len(requests), unit="req", desc="simulating", leave=False)
-    try:
+    with _progress_bar(progress, len(configs) * len(requests), "req", "simulating") as bar:
         for config in configs:
             if bar is not None:
                 bar.set_postfix_str(config.label)
             results.append(simulate(requests, config, cost_model, bar.update if bar is not None else None))
-    finally:
-        if bar is not None:
-            bar.close()
     return results
 
 
@@ -605,12 +613,7 @@ def latency_vs_rate(build, rates, configs: list[SimConfig], cost_model: CostMode
     Returns one dict per (config, rate) with the record's main numbers.
     """
     points = []
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(rates) * len(configs), unit="run", desc="rate sweep", leave=False)
-    try:
+    with _progress_bar(progress, len(rates) * len(configs), "run", "rate sweep") as bar:
         for rate in rates:
             requests = build(rate)
             for config in configs:
@@ -624,7 +627,4 @@ def latency_vs_rate(build, rates, configs: list[SimConfig], cost_model: CostMode
                 })
                 if bar is not None:
                     bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
     return points

@@ -272,15 +272,24 @@ def _run(code: str, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120)
 
 
+# For the scripts below (decode imported as f): one sequence of s = 1, q (1, 2, 16) over a cache of
+# 2 blocks of B = 4 with one KV head (k serves as K and V), and a call that asks for Triton and
+# prints the RuntimeError's message.
+_TINY_DECODE = (
+    "q=torch.randn(1,2,16); k=torch.randn(2,4,1,16); t=torch.zeros(1,1,dtype=torch.int32)\n"
+    "n=torch.ones(1,dtype=torch.int32)\n"
+)
+_ASK_FOR_TRITON = "try:\n    f(q,k,k,t,n,impl='triton')\nexcept RuntimeError as e:\n    print('MSG', e)\n"
+
+
 @pytest.mark.skipif(CUDA, reason="checks the message given on a machine without a GPU")
 def test_triton_without_gpu_or_interpreter_says_what_to_do():
     code = (
         "import torch\n"
         "from paged_edu.kernels import paged_attention_decode as f\n"
-        "q=torch.randn(1,2,16); k=torch.randn(2,4,1,16); t=torch.zeros(1,1,dtype=torch.int32)\n"
-        "n=torch.ones(1,dtype=torch.int32)\n"
-        "assert f(q,k,k,t,n).shape == q.shape  # auto falls back to torch\n"
-        "try:\n    f(q,k,k,t,n,impl='triton')\nexcept RuntimeError as e:\n    print('MSG', e)\n"
+        + _TINY_DECODE
+        + "assert f(q,k,k,t,n).shape == q.shape  # auto falls back to torch\n"
+        + _ASK_FOR_TRITON
     )
     r = _run(code, TRITON_INTERPRET="0")
     assert r.returncode == 0, r.stderr
@@ -294,11 +303,10 @@ def test_package_imports_without_triton():
         "from paged_edu.kernels import paged_attention_decode as f, triton_available\n"
         "from paged_edu.kv_cache import PagedKVCache\n"
         "assert not triton_available()\n"
-        "q=torch.randn(1,2,16); k=torch.randn(2,4,1,16); t=torch.zeros(1,1,dtype=torch.int32)\n"
-        "n=torch.ones(1,dtype=torch.int32)\n"
-        "assert f(q,k,k,t,n).shape == q.shape\n"
-        "c = PagedKVCache(1, 2, 4, 1, 16, dtype=torch.float32); c.store(0, k[0], k[0], [0, 1, 2, 3])\n"
-        "try:\n    f(q,k,k,t,n,impl='triton')\nexcept RuntimeError as e:\n    print('MSG', e)\n"
+        + _TINY_DECODE
+        + "assert f(q,k,k,t,n).shape == q.shape\n"
+        + "c = PagedKVCache(1, 2, 4, 1, 16, dtype=torch.float32); c.store(0, k[0], k[0], [0, 1, 2, 3])\n"
+        + _ASK_FOR_TRITON
     )
     r = _run(code, TRITON_INTERPRET="1")
     assert r.returncode == 0, r.stderr

@@ -73,6 +73,7 @@ The package imports without Triton (macOS, Windows): ``"auto"`` then means ``"to
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 
 import torch
@@ -106,13 +107,18 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @functools.lru_cache(maxsize=None)
-def triton_available() -> bool:
-    """True when the Triton kernels imported (Linux with the ``triton`` package)."""
+def _importable(name: str) -> bool:
+    """True when the kernel module ``paged_edu.kernels.<name>`` imports (it needs ``triton``)."""
     try:
-        from paged_edu.kernels import triton_decode  # noqa: F401
+        importlib.import_module(f"paged_edu.kernels.{name}")
     except ImportError:
         return False
     return True
+
+
+def triton_available() -> bool:
+    """True when the Triton kernels imported (Linux with the ``triton`` package)."""
+    return _importable("triton_decode")
 
 
 def triton_interpreting() -> bool:
@@ -124,22 +130,14 @@ def triton_interpreting() -> bool:
     return INTERPRETING
 
 
-@functools.lru_cache(maxsize=None)
-def _prefill_triton_available() -> bool:
-    try:
-        from paged_edu.kernels import triton_prefill  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _pick(impl: str, q: torch.Tensor, allowed: tuple[str, ...], prefill: bool = False) -> str:
+    """Check ``impl`` and resolve ``"auto"`` (kept for a non-tensor ``q``: the input checks reject it)."""
     if not isinstance(impl, str) or impl not in allowed:
         raise ValueError(f"impl must be one of {allowed}, got {impl!r}")
-    if impl != "auto":
+    if impl != "auto" or not isinstance(q, torch.Tensor):
         return impl
     if prefill:  # the interpreted prefill kernel is far too slow for whole prompts: CUDA only
-        return "triton" if q.is_cuda and not triton_interpreting() and _prefill_triton_available() else "torch"
+        return "triton" if q.is_cuda and not triton_interpreting() and _importable("triton_prefill") else "torch"
     if triton_available() and (q.is_cuda != triton_interpreting()):
         return "triton"  # CUDA tensors with a compiled kernel, or CPU tensors under the interpreter
     return "torch"
@@ -270,9 +268,7 @@ def paged_attention_decode(
     validate: bool = True,
 ) -> torch.Tensor:  # (num_seqs, num_q_heads, head_dim), q.dtype
     """Attention of one new token per sequence over its paged KV. See the module docstring."""
-    impl = _pick(impl, q, IMPLS) if isinstance(q, torch.Tensor) else impl
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    impl = _pick(impl, q, IMPLS)
     check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens, validate=validate)
     scale = _check_scale(scale, q.shape[2])
     if impl == "loop":
@@ -298,9 +294,7 @@ def paged_attention_prefill(
 ) -> torch.Tensor:  # (num_q_tokens, num_q_heads, head_dim), q.dtype
     """Causal attention of a chunk of new tokens per sequence over its paged KV (varlen)."""
     allowed = ("torch", "triton", "auto")
-    impl = _pick(impl, q, allowed, prefill=True) if isinstance(q, torch.Tensor) else impl
-    if impl not in allowed:
-        raise ValueError(f"impl must be one of {allowed}, got {impl!r}")
+    impl = _pick(impl, q, allowed, prefill=True)
     check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, validate=validate)
     scale = _check_scale(scale, q.shape[2])
     if impl == "torch":
@@ -312,8 +306,6 @@ def paged_attention_prefill(
 
 def _triton_module(name: str):
     """Import a Triton kernel module, or say clearly why it cannot run here."""
-    import importlib
-
     try:
         return importlib.import_module(f"paged_edu.kernels.{name}")
     except ImportError as exc:

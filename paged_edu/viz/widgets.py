@@ -174,11 +174,15 @@ class KVMemoryCalculator:
 
 
 class _AllocatorView:
-    """Shared plumbing: an allocator, its KV view, the grid and table figures, an event log."""
+    """Shared plumbing: an allocator, its KV view, the grid and table figures, an event log, the
+    selected sequence, and the steps every button shares (guard, select, allocate, redraw)."""
 
-    def __init__(self, allocator: BlockAllocator, kv: KVView | None, cols: int) -> None:
+    def __init__(self, allocator: BlockAllocator, kv: KVView | bool, *, device, dtype, seed: int,
+                 cols: int) -> None:
+        if kv is True:  # real K/V tensors behind the allocator, made here
+            kv = KVView(allocator, device=device, dtype=dtype, seed=seed)
         self.allocator = allocator
-        self.kv = kv
+        self.kv = kv or None
         self.cols = cols
         self.colors = F.OwnerColors()
         self.events: list[BlockEvent] = []
@@ -187,7 +191,41 @@ class _AllocatorView:
         self.table = _figure_widget(F.block_table_figure(allocator, self.colors))
         self.status = W.HTML()
         self.log = W.HTML()
+        self.seq = W.Dropdown(options=[], description="sequence", style={"description_width": "90px"})
 
+    # -- steps the callbacks share ---------------------------------------------------------------
+    def _guard(self, action) -> None:
+        """Run a button's action; an error it raises is shown in the status line, not thrown."""
+        try:
+            action()
+        except (OutOfBlocksError, ValueError, KeyError) as exc:
+            self.say(f"{type(exc).__name__}: {exc}", ok=False)
+
+    def _selected(self, seq_id=None, error: str = "no sequence selected"):
+        """``seq_id``, or the dropdown's sequence when it is None; ``ValueError(error)`` if neither."""
+        seq_id = self.seq.value if seq_id is None else seq_id
+        if seq_id is None:
+            raise ValueError(error)
+        return seq_id
+
+    def _allocate(self, seq_id: str, tokens: list[int]) -> list[int]:
+        """Blocks for a new prompt (its block table), and its K/V written when there are tensors."""
+        table = self.allocator.allocate(seq_id, tokens)
+        if self.kv is not None:
+            self.kv.write_prompt(seq_id)
+        return table
+
+    def _after_change(self, select=None) -> None:
+        """Offer the live sequences in the dropdown (selecting ``select``), then redraw."""
+        ids = list(self.allocator.seq_ids)
+        self.seq.options = ids
+        if select is not None:
+            self.seq.value = select
+        elif self.seq.value not in ids:
+            self.seq.value = ids[-1] if ids else None
+        self.refresh()
+
+    # -- view ------------------------------------------------------------------------------------
     def refresh(self) -> None:
         with self.grid.batch_update():
             _update_heatmap(self.grid.data[0], F.block_grid_data(self.allocator, self.cols, self.colors))
@@ -215,17 +253,14 @@ class BlockTableWidget(_AllocatorView):
 
     def __init__(self, num_blocks: int = 24, block_size: int = 4, *, device="cpu", dtype=None,
                  kv: KVView | bool = True, seed: int = 0, cols: int = 8) -> None:
-        allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching=False)
-        if kv is True:
-            kv = KVView(allocator, device=device, dtype=dtype, seed=seed)
-        super().__init__(allocator, kv or None, cols)
+        super().__init__(BlockAllocator(num_blocks, block_size, enable_prefix_caching=False), kv,
+                         device=device, dtype=dtype, seed=seed, cols=cols)
         self._next_id = itertools.count()
         self._next_token = itertools.count(1000)
         style = {"description_width": "90px"}
         self.prompt_len = W.IntSlider(6, min=1, max=4 * block_size, description="prompt len", style=style)
         self.add_button = W.Button(description="add request", icon="plus", button_style="success",
                                      layout=W.Layout(width="auto"))
-        self.seq = W.Dropdown(options=[], description="sequence", style=style)
         self.num_append = W.IntSlider(1, min=1, max=2 * block_size, description="tokens", style=style)
         self.append_button = W.Button(description="append tokens", icon="forward")
         self.free_button = W.Button(description="free", icon="trash", button_style="danger")
@@ -244,29 +279,19 @@ class BlockTableWidget(_AllocatorView):
         self.refresh()
 
     # -- callbacks (also the headless API) ---------------------------------------------------------
-    def _guard(self, action) -> None:
-        try:
-            action()
-        except (OutOfBlocksError, ValueError, KeyError) as exc:
-            self.say(f"{type(exc).__name__}: {exc}", ok=False)
-
     def add_request(self, num_tokens: int | None = None) -> str:
         """Admit a prompt of ``num_tokens`` (the slider's value by default) fresh tokens."""
         n = self.prompt_len.value if num_tokens is None else num_tokens
         seq_id = f"req{next(self._next_id)}"
         tokens = [next(self._next_token) for _ in range(n)]
-        table = self.allocator.allocate(seq_id, tokens)
-        if self.kv is not None:
-            self.kv.write_prompt(seq_id)
+        table = self._allocate(seq_id, tokens)
         self.say(f"{seq_id}: {n} tokens -> {len(table)} blocks {table}")
         self._after_change(select=seq_id)
         return seq_id
 
     def append_tokens(self, seq_id=None, n: int | None = None) -> list[int]:
         """Append ``n`` tokens to ``seq_id`` (the selected sequence); return their physical slots."""
-        seq_id = self.seq.value if seq_id is None else seq_id
-        if seq_id is None:
-            raise ValueError("no sequence selected: add a request first")
+        seq_id = self._selected(seq_id, "no sequence selected: add a request first")
         n = self.num_append.value if n is None else n
         slots = []
         for _ in range(n):
@@ -278,9 +303,7 @@ class BlockTableWidget(_AllocatorView):
         return slots
 
     def free(self, seq_id=None) -> None:
-        seq_id = self.seq.value if seq_id is None else seq_id
-        if seq_id is None:
-            raise ValueError("no sequence selected")
+        seq_id = self._selected(seq_id)
         blocks = self.allocator.block_table(seq_id)
         self.allocator.free(seq_id)
         self.say(f"{seq_id} freed: blocks {blocks} back to the free list")
@@ -303,14 +326,8 @@ class BlockTableWidget(_AllocatorView):
 
     # -- view ------------------------------------------------------------------------------------
     def _after_change(self, select=None) -> None:
-        ids = list(self.allocator.seq_ids)
-        self.seq.options = ids
-        if select is not None:
-            self.seq.value = select
-        elif self.seq.value not in ids:
-            self.seq.value = ids[-1] if ids else None
-        self._sync_position()
-        self.refresh()
+        super()._after_change(select)
+        self._sync_position()  # the token slider's range and the address readout follow the selection
 
     def _sync_position(self) -> None:
         seq_id = self.seq.value
@@ -352,10 +369,8 @@ class PrefixSharingWidget(_AllocatorView):
 
     def __init__(self, num_blocks: int = 24, block_size: int = 4, system_len: int = 10, *, device="cpu",
                  dtype=None, kv: KVView | bool = True, seed: int = 0, cols: int = 8) -> None:
-        allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching=True)
-        if kv is True:
-            kv = KVView(allocator, device=device, dtype=dtype, seed=seed)
-        super().__init__(allocator, kv or None, cols)
+        super().__init__(BlockAllocator(num_blocks, block_size, enable_prefix_caching=True), kv,
+                         device=device, dtype=dtype, seed=seed, cols=cols)
         self.system_prompt = list(range(1, system_len + 1))
         self.dynamic_mode = "none"
         self._next_id = itertools.count()
@@ -369,7 +384,6 @@ class PrefixSharingWidget(_AllocatorView):
                                        style={"description_width": "90px", "button_width": "120px"})
         self.chat_button = W.Button(description="new chat request", icon="comment", button_style="success",
                                      layout=W.Layout(width="auto"))
-        self.seq = W.Dropdown(options=[], description="sequence", style=style)
         self.fork_button = W.Button(description="fork", icon="code-fork")
         self.append_button = W.Button(description="append token", icon="forward")
         self.free_button = W.Button(description="free", icon="trash", button_style="danger")
@@ -384,8 +398,6 @@ class PrefixSharingWidget(_AllocatorView):
                            self.status, self.metrics])
         self.ui = W.VBox([controls, W.HBox([self.grid, self.log]), self.table])
         self.refresh()
-
-    _guard = BlockTableWidget._guard
 
     def set_dynamic(self, mode: str) -> None:
         if mode not in ("none", "start", "end"):
@@ -406,18 +418,14 @@ class PrefixSharingWidget(_AllocatorView):
         n = self.user_len.value if num_user_tokens is None else num_user_tokens
         seq_id = f"chat{next(self._next_id)}"
         tokens = self.prompt_for([next(self._next_token) for _ in range(n)])
-        table = self.allocator.allocate(seq_id, tokens)
-        if self.kv is not None:
-            self.kv.write_prompt(seq_id)
+        table = self._allocate(seq_id, tokens)
         cached = self.allocator.num_cached_tokens(seq_id)
         self.say(f"{seq_id}: {len(tokens)} prompt tokens, {cached} from the prefix cache -> blocks {table}")
         self._after_change(select=seq_id)
         return seq_id
 
     def fork(self, seq_id=None) -> str:
-        parent = self.seq.value if seq_id is None else seq_id
-        if parent is None:
-            raise ValueError("no sequence selected")
+        parent = self._selected(seq_id)
         child = f"{parent}.{sum(1 for s in self.allocator.seq_ids if str(s).startswith(f'{parent}.')) + 1}"
         while child in self.allocator:
             child += "'"
@@ -428,9 +436,7 @@ class PrefixSharingWidget(_AllocatorView):
 
     def append_token(self, seq_id=None) -> int:
         """Append one token; a shared, partly filled last block is copied first (and checked)."""
-        seq_id = self.seq.value if seq_id is None else seq_id
-        if seq_id is None:
-            raise ValueError("no sequence selected")
+        seq_id = self._selected(seq_id)
         slot = self.allocator.append(seq_id, next(self._next_token))
         copies = self.allocator.take_copies()
         message = f"{seq_id}: appended at slot {slot}"
@@ -451,21 +457,10 @@ class PrefixSharingWidget(_AllocatorView):
         return slot
 
     def free(self, seq_id=None) -> None:
-        seq_id = self.seq.value if seq_id is None else seq_id
-        if seq_id is None:
-            raise ValueError("no sequence selected")
+        seq_id = self._selected(seq_id)
         self.allocator.free(seq_id)
         self.say(f"{seq_id} freed; its full blocks stay in the cache (evictable) until the pool needs them")
         self._after_change()
-
-    def _after_change(self, select=None) -> None:
-        ids = list(self.allocator.seq_ids)
-        self.seq.options = ids
-        if select is not None:
-            self.seq.value = select
-        elif self.seq.value not in ids:
-            self.seq.value = ids[-1] if ids else None
-        self.refresh()
 
     def refresh(self) -> None:
         super().refresh()
