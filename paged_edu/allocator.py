@@ -83,9 +83,27 @@ def _token_array(token_ids: Sequence[int]) -> array:
         ) from exc
     except OverflowError as exc:
         raise ValueError("token ids must fit in 64 bits") from exc
-    if packed and min(packed) < 0:
-        raise ValueError(f"token ids must be non-negative, got {min(packed)}")
+    if packed:
+        low = min(packed)
+        if low < 0:
+            raise ValueError(f"token ids must be non-negative, got {low}")
+        if low <= 1 and isinstance(token_ids, (list, tuple)):
+            _refuse_bools(token_ids, packed)
     return packed
+
+
+def _refuse_bools(token_ids: Sequence, packed: array) -> None:
+    """``True``/``False`` pack as 1/0; refuse them as append does. Only 0s and 1s need a look, found
+    by ``array.index`` at C speed, so a prompt pays nothing unless it holds such ids."""
+    for value in (0, 1):
+        pos = -1
+        while True:
+            try:
+                pos = packed.index(value, pos + 1)
+            except ValueError:
+                break
+            if type(token_ids[pos]) is bool:
+                raise TypeError(f"token ids must be integers, got a bool at position {pos}")
 
 
 def _as_token_id(token_id: object) -> int:
@@ -396,7 +414,7 @@ class BlockAllocator:
             raise ValueError(f"sequence id {seq_id!r} already exists")
 
     # -- operations ----------------------------------------------------------------------------
-    def allocate(self, seq_id: SeqId, token_ids: Sequence[int]) -> list[int]:
+    def allocate(self, seq_id: SeqId, token_ids: Sequence[int], *, record_stats: bool = True) -> list[int]:
         """Admit a prompt: reuse cached leading blocks, take fresh ones for the rest.
 
         Returns the block table, ``ceil(n/B)`` blocks. Raises :class:`OutOfBlocksError` (nothing
@@ -437,8 +455,9 @@ class BlockAllocator:
         self._seqs[seq_id] = seq
         if not self._cache_when_computed:
             self._publish(seq, num_full)
-        self.stats.queried_tokens += n
-        self.stats.hit_tokens += num_cached
+        if record_stats:  # off for a swap-in: the prompt was counted at its first admission
+            self.stats.queried_tokens += n
+            self.stats.hit_tokens += num_cached
         if self._subscribers:
             if hits:
                 self._emit("cache_hit", seq_id, list(hits), num_cached)
@@ -459,6 +478,8 @@ class BlockAllocator:
             token_id = _as_token_id(token_id)
         if token_id < 0:
             raise ValueError(f"token ids must be non-negative, got {token_id}")
+        if token_id >= 1 << 63:  # hashed as int64, like allocate's tokens
+            raise ValueError(f"token ids must fit in 64 bits, got {token_id}")
         B = self.block_size
         tokens, table = seq.token_ids, seq.block_table
         offset = len(tokens) % B

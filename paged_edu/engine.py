@@ -264,6 +264,8 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
         prompt = self._check_prompt(prompt_token_ids)
+        if params.n > self.scheduler.max_num_seqs:
+            raise ValueError(f"n={params.n} samples can never run at once with max_num_seqs={self.scheduler.max_num_seqs}")
         longest = len(prompt) + params.max_tokens
         if longest > self.max_model_len:
             raise ValueError(

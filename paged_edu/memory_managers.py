@@ -152,6 +152,11 @@ class ContiguousManager:
     def reserve_size(self, seq_id: int, num_tokens: int) -> int:
         """Slots one sample of ``seq_id`` reserves."""
         final, prompt = self._expected.get(seq_id, (num_tokens, num_tokens))
+        return self.reserve_for(final, prompt, num_tokens)
+
+    def reserve_for(self, final_len: int, prompt_len: int, num_tokens: int) -> int:
+        """Slots one sample reserves when it holds ``num_tokens`` and will end with ``final_len``."""
+        final, prompt = final_len, prompt_len
         if self.policy == "max":
             return max(self.max_seq_len, num_tokens)
         if self.policy == "oracle":
@@ -163,7 +168,7 @@ class ContiguousManager:
         return self.reserve_size(seq_id, num_tokens) * (1 + self._pending.get(seq_id, 0))
 
     # -- the allocator subset the scheduler uses -----------------------------------------------
-    def allocate(self, seq_id, token_ids) -> list[int]:
+    def allocate(self, seq_id, token_ids, *, record_stats: bool = True) -> list[int]:
         if seq_id in self._slots:
             raise ValueError(f"sequence id {seq_id!r} already exists")
         n = len(token_ids)

@@ -17,6 +17,7 @@ All rows of a step are sampled together: one sort and one cumulative sum for the
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -52,8 +53,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
-        try:
-            self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
+        try:  # integers only (numpy and torch ones too): int() would turn 1.5 or "7" into a token id
+            self.stop_token_ids = tuple(_index(t) for t in self.stop_token_ids)
         except (TypeError, ValueError):
             raise TypeError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}") from None
         if self.n > 1 and self.temperature == 0:
@@ -62,6 +63,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _index(token_id) -> int:
+    if isinstance(token_id, bool):
+        raise TypeError("a bool is not a token id")
+    return operator.index(token_id)
 
 
 def sample(

@@ -139,6 +139,11 @@ class Scheduler:
                     f"sequence {seq.seq_id} can grow to {longest} tokens, more than the whole pool holds "
                     f"({capacity} blocks of {block_size})"
                 )
+        if seq.num_samples > self.max_num_seqs:
+            raise ValueError(
+                f"sequence {seq.seq_id} asks for {seq.num_samples} parallel samples, more than "
+                f"max_num_seqs={self.max_num_seqs} can ever run at once"
+            )
         longest_prefill = seq.num_prompt_tokens + seq.max_new_tokens - 1  # a recompute after preemption
         if not self.enable_chunked_prefill and longest_prefill > self.max_num_batched_tokens:
             raise ValueError(
@@ -246,14 +251,17 @@ class Scheduler:
             scheduled = ScheduledSeq(seq, num_new, seq.num_computed_tokens)
             (decodes if remaining == 1 else prefills).append(scheduled)
         self.running = kept
+        # Sequences running once every parallel sample due to fork at its first token exists: what
+        # max_num_seqs bounds (as vLLM counts a request of n samples as n sequences from admission).
+        num_seqs = sum(_width(s) for s in kept)
 
         # 3. Swapped sequences come back when nothing had to be preempted this step.
         if not preempted_any:
-            while self.swapped and len(self.running) < self.max_num_seqs and budget > 0:
+            while self.swapped and num_seqs + _width(self.swapped[0]) <= self.max_num_seqs and budget > 0:
                 seq = self.swapped[0]
                 placed = seq.token_ids[: seq.num_placed_tokens]
                 try:
-                    table = allocator.allocate(seq.seq_id, placed)
+                    table = allocator.allocate(seq.seq_id, placed, record_stats=False)
                 except OutOfBlocksError:
                     break
                 if seq.num_placed_tokens < seq.num_tokens:  # its pending token needs a slot too
@@ -265,6 +273,9 @@ class Scheduler:
                     seq.num_placed_tokens += 1
                     table = allocator.block_table(seq.seq_id)
                 self.swapped.popleft()
+                # Leading blocks hit in the prefix cache are shared and already hold their K/V: never
+                # recompute (write) into them, even when this sequence had computed less before its swap.
+                seq.num_computed_tokens = max(seq.num_computed_tokens, allocator.num_cached_tokens(seq.seq_id))
                 if self._mark_computed is not None:
                     self._mark_computed(seq.seq_id, seq.num_computed_tokens)  # its K/V is copied back first
                 self._record_copies(out)
@@ -276,6 +287,7 @@ class Scheduler:
                 seq.cpu_blocks = []
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
+                num_seqs += _width(seq)
                 remaining = seq.num_tokens - seq.num_computed_tokens
                 num_new = min(remaining, budget)
                 if num_new == remaining or chunked:
@@ -284,7 +296,7 @@ class Scheduler:
 
         # 4. Waiting sequences, first come first served.
         if not self.swapped and not preempted_any:
-            while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            while self.waiting and num_seqs + _width(self.waiting[0]) <= self.max_num_seqs and budget > 0:
                 seq = self.waiting[0]
                 if not chunked and seq.num_tokens > budget:
                     break
@@ -299,6 +311,7 @@ class Scheduler:
                 seq.num_placed_tokens = seq.num_tokens
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
+                num_seqs += _width(seq)
                 remaining = seq.num_tokens - cached
                 num_new = min(remaining, budget)
                 budget -= num_new
@@ -414,3 +427,8 @@ class Scheduler:
             "prefix_hit_rate": cache.hit_rate if cache is not None else 0.0,
             "preemptions": self.num_preemptions,
         }
+
+
+def _width(seq: Sequence) -> int:
+    """Sequences ``seq`` stands for: ``num_samples`` until it forks them at its first token, then 1."""
+    return seq.num_samples if seq.num_samples > 1 and not seq.output_token_ids else 1

@@ -267,7 +267,13 @@ def simulate(
             raise ValueError(
                 f"a request of {r.prompt_len} + {r.output_len} tokens exceeds max_seq_len={config.max_seq_len}"
             )
-        if r.n * (r.total_len if config.manager.startswith("contiguous") else r.prompt_len) > num_slots:
+        if r.n > config.max_num_seqs:
+            raise ValueError(f"a request of {r.n} samples can never run at once with max_num_seqs={config.max_num_seqs}")
+        if isinstance(manager, ContiguousManager):  # n sub-ranges of what the policy reserves
+            need = r.n * max(r.total_len, manager.reserve_for(r.total_len - 1, r.prompt_len, r.prompt_len))
+        else:
+            need = r.n * r.prompt_len
+        if need > num_slots:
             raise ValueError(f"a request of {r.total_len} tokens x {r.n} samples cannot fit in {num_slots} KV slots")
     scheduler = Scheduler(
         manager,
@@ -321,7 +327,9 @@ def simulate(
         while next_arrival < num_requests and arrivals[next_arrival] <= now:
             i = order[next_arrival]
             r = requests[i]
-            beam = r.fork == "beam" and r.n > 1
+            # A one-token beam forks every branch at its first token: parallel sampling (a beam
+            # parent would finish at that token before its branches could fork from it).
+            beam = r.fork == "beam" and r.n > 1 and r.output_len > 1
             seq = Sequence(
                 scheduler.new_seq_id(), prompts[i], r.output_len, arrival_time=r.arrival_time,
                 num_samples=1 if beam else r.n,

@@ -305,6 +305,32 @@ def test_bad_appended_token_raises_and_changes_nothing(token, exc):
     assert snapshot(a) == before
 
 
+
+@pytest.mark.parametrize("prompt_len", [B - 1, B])  # the token would fill the block / need a new one
+@pytest.mark.parametrize("token", [2**63, 2**70])
+def test_appended_token_too_big_for_64_bits_raises_and_changes_nothing(prompt_len, token):
+    a = BlockAllocator(8, B)
+    a.allocate("a", list(range(1, prompt_len + 1)))
+    before = snapshot(a)
+    with pytest.raises(ValueError, match="64 bits"):
+        a.append("a", token)
+    assert snapshot(a) == before
+    assert a.token_ids("a") == list(range(1, prompt_len + 1))
+    a.append("a", 2**63 - 1)  # the largest int64 is a valid token, as in allocate
+    assert a.token_ids("a")[-1] == 2**63 - 1
+
+
+@pytest.mark.parametrize("tokens", [[True, 2, 3], (1, False)])
+def test_bool_token_ids_in_a_prompt_are_refused_like_in_append(tokens):
+    a = BlockAllocator(8, B)
+    a.allocate("a", [1, 2, 3, 4, 5])
+    before = snapshot(a)
+    with pytest.raises(TypeError, match="bool"):
+        a.allocate("new", tokens)
+    with pytest.raises(TypeError):
+        a.append("a", tokens[0] if isinstance(tokens[0], bool) else tokens[1])
+    assert snapshot(a) == before
+
 def test_numpy_style_integer_tokens_are_accepted():
     class Index:
         def __init__(self, v):

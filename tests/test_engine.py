@@ -204,6 +204,24 @@ def test_parallel_sampling_survives_preemption(hf_model, prompts):
         assert_no_leaks(engine)
 
 
+def test_parallel_samples_respect_max_num_seqs(hf_model, prompts):
+    """Two requests of n = 2 under max_num_seqs = 3: never more than 3 sequences run, each sample
+    still equals its replay over HF's logits; n = 4 could never run and is refused up front."""
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=3, n=2)
+    engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=64, block_size=4, max_num_seqs=3)
+    running = []
+    engine.subscribe(lambda e: running.append(e.num_running) if isinstance(e, StepMetrics) else None)
+    outs = engine.run(prompts[:2], params)
+    assert max(running) <= 3
+    for out, prompt in zip(outs, prompts[:2]):
+        for i, s in enumerate(out.outputs):
+            assert s == replay_sample(hf_model, prompt, s, params, i)
+    with pytest.raises(ValueError, match="max_num_seqs=3"):
+        engine.run([prompts[0][:5], prompts[1][:5]], [SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, n=4)])
+    assert not engine.has_unfinished()
+    assert_no_leaks(engine)
+
+
 # ----------------------------------------------------------------------------------------------
 # Metrics and errors
 # ----------------------------------------------------------------------------------------------

@@ -255,6 +255,25 @@ def test_decode_errors(mutate, exc, words):
         paged_attention_decode(**args)
 
 
+@pytest.mark.parametrize("impl", ["loop", "torch", "triton"])
+@pytest.mark.parametrize("entry", [-1, 7, 2**31 - 1])
+def test_block_table_entry_outside_the_pool_is_named(impl, entry):
+    # A block a sequence reads must be one of the pool's 7 blocks (k_cache.shape[0]); only entries
+    # past the sequence's last block may hold garbage (make_case puts -1 and huge values there).
+    if impl == "triton" and not (triton_available() and (triton_interpreting() or CUDA)):
+        pytest.skip("needs Triton (interpreter or GPU)")
+    q, k, v, t, lens = _good()  # lens [3, 9]: sequence 0 reads 1 block, sequence 1 reads 3
+    assert k.shape[0] == 7
+    ref = brute_force(q, k, v, t, lens, 1 / 4)
+    assert rel_err(paged_attention_decode(q, k, v, t, lens, impl=impl), ref) < 1e-5  # garbage past the end is fine
+    bad = t.clone()
+    bad[1, 2] = entry  # the block holding tokens 8 of sequence 1
+    with pytest.raises(ValueError, match=rf"block_tables\[1, 2\] = {entry} is not a block of the cache \[0, 7\)"):
+        paged_attention_decode(q, k, v, bad, lens, impl=impl)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"block_tables\[1, 2\]"):
+        paged_attention_prefill(q, k, v, bad, lens, cu, impl="torch")
+
 def test_prefill_errors():
     q, k, v, t, lens, cu = make_prefill([2, 3], [4, 3], 4, 2, 16, torch.float32)
     with pytest.raises(ValueError, match="q_len 3 must be in"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -205,6 +206,12 @@ def test_sampling_params_reject_bad_values(kwargs, err):
     with pytest.raises(err):
         SamplingParams(**kwargs)
 
+
+@pytest.mark.parametrize("stop", [[1.5], ["7"], [True], (2, 3.0)])
+def test_stop_token_ids_must_be_integers(stop):
+    with pytest.raises(TypeError, match="stop_token_ids"):
+        SamplingParams(stop_token_ids=stop)
+    assert SamplingParams(stop_token_ids=(np.int64(7), torch.tensor(2), 0)).stop_token_ids == (7, 2, 0)
 
 # ----------------------------------------------------------------------------------------------
 # The real model

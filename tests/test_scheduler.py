@@ -214,3 +214,83 @@ def test_auto_mode_swaps_parallel_samples_and_recomputes_lone_sequences():
     for q, prompt in zip(lone, ([1] * 6, [3] * 5)):
         assert q.output_token_ids == oracle(prompt, 12)[0]
     assert a.num_free_blocks == 8 and len(s.free_cpu_blocks) == 32
+
+
+class _PrivateWritesOnly(dict):
+    """GPU memory that refuses a write into a block another live sequence can read (ref count > 1)."""
+
+    def __init__(self, allocator):
+        super().__init__()
+        self.a = allocator
+
+    def __setitem__(self, slot, value):
+        block = slot // B
+        assert self.a.ref_count(block) <= 1, f"write into block {block} shared by {self.a.ref_count(block)} sequences"
+        super().__setitem__(slot, value)
+
+
+def test_swapped_in_prefill_never_recomputes_into_a_shared_cached_block():
+    # Request 3 is swapped out after computing 3 tokens of its first block; meanwhile request 0
+    # publishes that block, so the swap-in hits it. Recomputing token 3 would write into a block
+    # four sequences read (found by a randomised run; the requests are kept as found).
+    reqs = [([48, 42, 10, 23, 14, 33, 29, 1, 22, 12, 14, 46], 10, (3,), 1),
+            ([48, 42, 10, 23, 14, 33, 29, 1, 24, 26, 39, 25, 16, 1], 2, (3,), 1),
+            ([48, 42, 10, 23, 14, 41, 5, 37, 0, 4, 15], 5, (3,), 3),
+            ([48, 42, 10, 23, 14, 33, 10, 18, 35, 27, 9], 9, (16,), 1),
+            ([48, 42, 10, 23, 44, 37, 10, 27, 25, 14, 38, 44, 10], 2, (3,), 2),
+            ([48, 42, 10, 23, 14, 33, 29, 1, 24, 38, 37], 2, (30,), 2),
+            ([48, 42, 32, 32, 10, 16, 4, 0, 33], 1, (3,), 2),
+            ([48, 42, 10, 23, 14, 33, 25, 30, 21, 32], 4, (3,), 2)]
+    a = BlockAllocator(13, B)
+    s = Scheduler(a, max_num_seqs=6, max_num_batched_tokens=40, preemption_mode="swap", num_cpu_blocks=64)
+    seqs = [s.make_sequence(p, m, stop_token_ids=stop, num_samples=n) for p, m, stop, n in reqs]
+    ex = BruteForceExecutor(s)
+    ex.gpu = _PrivateWritesOnly(a)
+    finished = ex.run()
+    assert s.num_preemptions > 0
+    for seq, (p, m, stop, n) in zip(seqs, reqs):
+        samples = sorted((f for f in finished if f.request_id == seq.request_id), key=lambda f: f.sample_index)
+        assert [f.output_token_ids for f in samples] == oracle(p, m, stop=stop, n=n)
+    assert a.num_free_blocks == 13 and len(s.free_cpu_blocks) == 64
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap", "auto"])
+def test_parallel_samples_count_against_max_num_seqs(mode):
+    # A request of n samples becomes n running sequences at its first token, so admission counts it
+    # as n (vLLM does the same); the executor checks len(running) <= max_num_seqs after every step.
+    reqs = [([1, 2, 3, 4, 5], 6, 3), ([7] * 6, 4, 1), ([1, 2, 3, 9], 5, 2), ([1, 2, 3, 4, 8], 6, 3)]
+    a = BlockAllocator(24, B)
+    s = Scheduler(a, max_num_seqs=4, max_num_batched_tokens=16, preemption_mode=mode, num_cpu_blocks=32)
+    seqs = [s.make_sequence(p, m, num_samples=n) for p, m, n in reqs]
+    ex = BruteForceExecutor(s)
+    finished, peak = [], 0
+    while s.has_unfinished():
+        finished += ex.step()
+        peak = max(peak, len(s.running))
+        assert ex.steps < 500
+    assert peak == 4  # the limit is reached, never passed
+    for seq, (p, m, n) in zip(seqs, reqs):
+        samples = sorted((f for f in finished if f.request_id == seq.request_id), key=lambda f: f.sample_index)
+        assert [f.output_token_ids for f in samples] == oracle(p, m, n=n)
+    assert a.num_free_blocks == 24
+    with pytest.raises(ValueError, match="max_num_seqs=4"):
+        s.make_sequence([1, 2], 3, num_samples=5)  # could never run: refused, not queued forever
+    assert not s.has_unfinished()
+
+
+def test_swap_in_does_not_count_towards_the_prefix_hit_rate():
+    """The hit rate counts each admitted prompt once (brute force: the sum over first admissions)."""
+    a = BlockAllocator(7, B)
+    s = Scheduler(a, max_num_batched_tokens=64, preemption_mode="swap", num_cpu_blocks=32)
+    seqs = [s.make_sequence([5] * 8 + [i], 10) for i in range(3)]
+    ex = BruteForceExecutor(s)
+    first_admission, swapped = {}, 0
+    while s.has_unfinished():
+        ex.step()
+        swapped += len(s.swapped)
+        for q in s.running:
+            first_admission.setdefault(q.seq_id, (q.num_prompt_tokens, q.num_cached_tokens))
+    assert swapped > 0  # some sequence really went to CPU and came back
+    assert a.stats.queried_tokens == sum(n for n, _ in first_admission.values()) == 27
+    assert a.stats.hit_tokens == sum(c for _, c in first_admission.values())
+    assert all(q.output_token_ids == oracle(q.prompt_token_ids, 10)[0] for q in seqs)

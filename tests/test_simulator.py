@@ -341,3 +341,34 @@ def test_format_table_has_a_row_per_config():
                          SimConfig(manager="paged", block_size=4, num_kv_slots=64)])
     lines = format_table(res).splitlines()
     assert len(lines) == 4 and lines[2].startswith("| contiguous-max") and lines[3].startswith("| paged B=4")
+
+
+@pytest.mark.parametrize("manager", ["contiguous-oracle", "paged", "paged-prefix"])
+def test_one_token_beam_request_finishes(manager):
+    # Every branch of a one-token beam forks at the first (and last) token: 3 samples of 1 token.
+    reqs = [Request(0.0, 8, 1, n=3, fork="beam"), Request(0.0, 5, 4, n=2, fork="beam")]
+    res = simulate(reqs, SimConfig(manager=manager, num_kv_slots=400))
+    assert len(res.requests) == 2
+    assert res.num_output_tokens == 3 * 1 + 2 * 4
+
+
+@pytest.mark.parametrize("manager, req, slots_needed", [
+    ("contiguous-pow2", Request(0.0, 5, 26, n=3, fork="beam"), 3 * (5 + 32)),  # 26 outputs -> 32 slots
+    ("contiguous-pow2", Request(0.0, 5, 26, n=3), 3 * (5 + 32)),
+    ("contiguous-max", Request(0.0, 10, 10, n=2), 2 * 64),  # L_max = 64 slots per sample
+])
+def test_contiguous_request_larger_than_the_pool_is_refused_up_front(manager, req, slots_needed):
+    # n * (prompt + output) fits in the pool, but the policy's n reservations do not: refuse it
+    # clearly instead of letting the scheduler wait forever; one slot more and it runs.
+    assert req.n * req.total_len < slots_needed
+    with pytest.raises(ValueError, match="cannot fit"):
+        simulate([req], SimConfig(manager=manager, num_kv_slots=slots_needed - 1, max_seq_len=64))
+    res = simulate([req], SimConfig(manager=manager, num_kv_slots=slots_needed, max_seq_len=64))
+    assert res.num_output_tokens == req.n * req.output_len
+
+
+def test_request_with_more_samples_than_max_num_seqs_is_refused_up_front():
+    with pytest.raises(ValueError, match="max_num_seqs=2"):
+        simulate([Request(0.0, 8, 4), Request(0.0, 8, 4, n=3)], SimConfig(manager="paged", num_kv_slots=400, max_num_seqs=2))
+    res = simulate([Request(0.0, 8, 4), Request(0.0, 8, 4, n=3)], SimConfig(manager="paged", num_kv_slots=400, max_num_seqs=3))
+    assert res.num_output_tokens == 4 + 3 * 4 and res.max_concurrent <= 3

@@ -33,7 +33,8 @@ MQA are the ratios 1 and ``num_q_heads``). fp32, fp16 and bf16; softmax and accu
 * ``"auto"`` -- Triton on CUDA tensors, or on CPU tensors when the Triton interpreter is on
   (``TRITON_INTERPRET=1`` before the first import); ``"torch"`` everywhere else.
 
-Keyword ``validate=True`` also checks the *values* of ``seq_lens`` (>= 1, covered by the table).
+Keyword ``validate=True`` also checks the *values* of ``seq_lens`` (>= 1, covered by the table)
+and of the table entries a sequence reads (blocks of the cache).
 That needs a device-to-host copy, so it is skipped while a CUDA graph is being captured, and an
 engine that built the inputs itself may pass ``validate=False``. Shapes, dtypes and devices are
 always checked: bad input raises ``ValueError``/``TypeError`` naming the problem.
@@ -194,7 +195,7 @@ def _capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _check_lengths(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> None:
+def _check_lengths(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int, num_blocks: int) -> None:
     lens = seq_lens.tolist()
     cover = block_tables.shape[1] * block_size
     for i, s in enumerate(lens):
@@ -205,6 +206,17 @@ def _check_lengths(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_siz
                 f"seq_lens[{i}] = {s} exceeds what the block table covers "
                 f"({block_tables.shape[1]} blocks x {block_size} = {cover} tokens)"
             )
+    # The blocks a sequence reads, B(0) .. B(ceil(s/B) - 1), must exist in the pool (entries past
+    # them may hold anything): a kernel would otherwise read memory outside the cache.
+    used = (seq_lens.to(torch.int64) + block_size - 1) // block_size  # (num_seqs,)
+    cols = torch.arange(block_tables.shape[1], device=block_tables.device)  # (max_blocks,)
+    bad = (cols[None, :] < used[:, None]) & ((block_tables < 0) | (block_tables >= num_blocks))
+    if bool(bad.any()):
+        i, j = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(
+            f"block_tables[{i}, {j}] = {int(block_tables[i, j])} is not a block of the cache "
+            f"[0, {num_blocks}) although sequence {i} reads it (seq_lens[{i}] = {lens[i]})"
+        )
 
 
 def check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens, *, validate: bool = True) -> None:
@@ -215,7 +227,7 @@ def check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens, *, validate
         raise ValueError(f"q must have rank 3 (num_seqs, num_q_heads, head_dim), got shape {tuple(q.shape)}")
     _check_cache_and_tables(q, k_cache, v_cache, block_tables, seq_lens, q.shape[0])
     if validate and not _capturing(q):
-        _check_lengths(seq_lens, block_tables, k_cache.shape[1])
+        _check_lengths(seq_lens, block_tables, k_cache.shape[1], k_cache.shape[0])
 
 
 def check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, validate: bool = True) -> None:
@@ -233,7 +245,7 @@ def check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens
     if cu_seqlens_q.device != q.device:
         raise ValueError(f"cu_seqlens_q is on {cu_seqlens_q.device}, q on {q.device}")
     if validate and not _capturing(q):
-        _check_lengths(seq_lens, block_tables, k_cache.shape[1])
+        _check_lengths(seq_lens, block_tables, k_cache.shape[1], k_cache.shape[0])
         cu = cu_seqlens_q.tolist()
         if cu[0] != 0 or cu[-1] != q.shape[0]:
             raise ValueError(f"cu_seqlens_q must start at 0 and end at num_q_tokens ({q.shape[0]}), got {cu[0]}..{cu[-1]}")
