@@ -265,14 +265,18 @@ def test_block_table_entry_outside_the_pool_is_named(impl, entry):
     q, k, v, t, lens = _good()  # lens [3, 9]: sequence 0 reads 1 block, sequence 1 reads 3
     assert k.shape[0] == 7
     ref = brute_force(q, k, v, t, lens, 1 / 4)
-    assert rel_err(paged_attention_decode(q, k, v, t, lens, impl=impl), ref) < 1e-5  # garbage past the end is fine
+    if impl == "triton" and CUDA and not triton_interpreting():
+        q, k, v, t, lens = (x.cuda() for x in (q, k, v, t, lens))
+    tol = 2e-3 if q.is_cuda else 1e-5  # tf32 dots on the GPU
+    assert rel_err(paged_attention_decode(q, k, v, t, lens, impl=impl), ref) < tol  # garbage past the end is fine
     bad = t.clone()
     bad[1, 2] = entry  # the block holding tokens 8 of sequence 1
     with pytest.raises(ValueError, match=rf"block_tables\[1, 2\] = {entry} is not a block of the cache \[0, 7\)"):
         paged_attention_decode(q, k, v, bad, lens, impl=impl)
-    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=q.device)
     with pytest.raises(ValueError, match=r"block_tables\[1, 2\]"):
         paged_attention_prefill(q, k, v, bad, lens, cu, impl="torch")
+
 
 def test_prefill_errors():
     q, k, v, t, lens, cu = make_prefill([2, 3], [4, 3], 4, 2, 16, torch.float32)
