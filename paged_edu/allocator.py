@@ -248,21 +248,22 @@ class BlockAllocator:
         return self._seq(seq_id).num_cached_tokens
 
     def ref_count(self, block_id: int) -> int:
-        self._check_block(block_id)
-        return self._ref_count[block_id]
+        return self._ref_count[self._check_block(block_id)]
 
     def block_hash(self, block_id: int) -> bytes | None:
         """The chained hash the prefix cache holds this block under, or None."""
-        self._check_block(block_id)
-        return self._block_hash[block_id]
+        return self._block_hash[self._check_block(block_id)]
 
     def is_evictable(self, block_id: int) -> bool:
-        self._check_block(block_id)
-        return block_id in self._evictable
+        return self._check_block(block_id) in self._evictable
 
-    def _check_block(self, block_id: int) -> None:
-        if not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
-            raise ValueError(f"block id must be an int in [0, {self.num_blocks}), got {block_id!r}")
+    def _check_block(self, block_id: int) -> int:
+        if isinstance(block_id, bool) or not hasattr(block_id, "__index__"):
+            raise TypeError(f"block id must be an int, got {type(block_id).__name__} {block_id!r}")
+        block_id = operator.index(block_id)  # numpy and torch integers too
+        if not 0 <= block_id < self.num_blocks:
+            raise ValueError(f"block id must be in [0, {self.num_blocks}), got {block_id}")
+        return block_id
 
     @property
     def num_free_blocks(self) -> int:

@@ -29,6 +29,7 @@ so bad input leaves the cache as it was.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -291,7 +292,11 @@ class PagedKVCache:
         if key.shape[0] != value.shape[0]:
             raise ValueError(f"key has {key.shape[0]} tokens, value {value.shape[0]}")
         if not isinstance(slot_mapping, torch.Tensor):
-            slot_mapping = torch.tensor(list(slot_mapping), dtype=torch.int64, device=self.device)
+            slots = list(slot_mapping)
+            bad = next((x for x in slots if isinstance(x, bool) or not hasattr(x, "__index__")), None)
+            if bad is not None:  # torch.tensor(..., dtype=int64) would silently truncate 3.7 to 3
+                raise TypeError(f"slot_mapping entries must be ints, got {type(bad).__name__} {bad!r}")
+            slot_mapping = torch.tensor([operator.index(x) for x in slots], dtype=torch.int64, device=self.device)
         if slot_mapping.dtype not in (torch.int32, torch.int64) or slot_mapping.dim() != 1:
             raise TypeError(f"slot_mapping must be a 1-D int32/int64 tensor, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
         if slot_mapping.shape[0] != key.shape[0]:

@@ -420,3 +420,16 @@ def test_cache_when_computed_publishes_blocks_only_once_marked():
         a.mark_computed("b", 14)
     with pytest.raises(ValueError, match="holds no sequence"):
         a.cache_when_computed = False
+
+
+def test_block_queries_take_any_integer_and_refuse_bools_and_floats():
+    class Index:
+        def __index__(self):
+            return 1
+
+    a = BlockAllocator(4, B)
+    a.allocate("a", [1, 2, 3, 4, 5])
+    assert a.ref_count(Index()) == a.ref_count(1) == 1
+    for bad, exc in ((True, TypeError), (1.0, TypeError), ("1", TypeError), (4, ValueError), (-1, ValueError)):
+        with pytest.raises(exc, match="block id"):
+            a.ref_count(bad)

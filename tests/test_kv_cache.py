@@ -217,3 +217,12 @@ def test_gpu_sizing_from_free_memory():
     assert 0 < cache.nbytes <= 0.05 * free
     with pytest.raises(ValueError, match="free of"):
         PagedKVCache.from_gpu_memory_utilization(4, 16, 8, 128, gpu_memory_utilization=0.01, min_blocks=10**9)
+
+
+@pytest.mark.parametrize("slots, words", [([0, 2.7], "float 2.7"), ([True, 1], "bool True"), (["3", 1], "str")])
+def test_store_refuses_non_integer_slot_lists_and_writes_nothing(slots, words):
+    cache = PagedKVCache(1, 2, B, H_KV, D, dtype=torch.float32)
+    k = torch.ones(2, H_KV, D)
+    with pytest.raises(TypeError, match=words):
+        cache.store(0, k, k, slots)
+    assert (cache.k_caches[0] == 0).all() and (cache.v_caches[0] == 0).all()
