@@ -30,7 +30,7 @@ import operator
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = [
     "BlockAllocator",
@@ -106,16 +106,21 @@ def _refuse_bools(token_ids: Sequence, packed: array) -> None:
                 raise TypeError(f"token ids must be integers, got a bool at position {pos}")
 
 
-def _as_token_id(token_id: object) -> int:
-    """Accept any integer type (numpy and torch integers too); refuse floats, bools and the rest."""
-    if isinstance(token_id, bool) or not hasattr(token_id, "__index__"):
-        raise TypeError(f"token id must be an int, got {type(token_id).__name__} {token_id!r}")
-    return operator.index(token_id)
+def as_int(value: object, rule: str) -> int:
+    """``value`` as a Python int: any integer type (numpy and torch integers too), never a bool,
+    a float or anything else -- those raise ``TypeError(f"{rule}, got <type> <value>")``."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{rule}, got {type(value).__name__} {value!r}")
+    return operator.index(value)
 
 
 def chained_block_hashes(token_ids: Sequence[int], block_size: int, parent: bytes = _ROOT_HASH) -> list[bytes]:
     """The chained hashes of every *full* block of ``token_ids`` (a partial tail has none)."""
-    packed = _token_array(token_ids)
+    return _chain(_token_array(token_ids), block_size, parent)
+
+
+def _chain(packed: array, block_size: int, parent: bytes = _ROOT_HASH) -> list[bytes]:
+    """:func:`chained_block_hashes` of tokens already validated and packed."""
     hashes = []
     for start in range(0, len(packed) - block_size + 1, block_size):
         parent = hash_block(parent, packed[start:start + block_size].tobytes())
@@ -258,9 +263,7 @@ class BlockAllocator:
         return self._check_block(block_id) in self._evictable
 
     def _check_block(self, block_id: int) -> int:
-        if isinstance(block_id, bool) or not hasattr(block_id, "__index__"):
-            raise TypeError(f"block id must be an int, got {type(block_id).__name__} {block_id!r}")
-        block_id = operator.index(block_id)  # numpy and torch integers too
+        block_id = as_int(block_id, "block id must be an int")
         if not 0 <= block_id < self.num_blocks:
             raise ValueError(f"block id must be in [0, {self.num_blocks}), got {block_id}")
         return block_id
@@ -310,9 +313,8 @@ class BlockAllocator:
     def num_new_blocks_for(self, token_ids: Sequence[int]) -> int:
         """Free blocks an :meth:`allocate` of ``token_ids`` would consume now (cache hits counted)."""
         packed = _token_array(token_ids)
-        hits, _ = self._lookup(packed, chained_block_hashes(packed, self.block_size) if self.enable_prefix_caching else [])
-        revived = sum(1 for b in hits if self._ref_count[b] == 0)
-        return -(-len(packed) // self.block_size) - len(hits) + revived
+        _, _, num_needed, revived = self._plan(packed)
+        return num_needed + revived
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The ``(src_block, dst_block)`` copy-on-write copies made since the last call."""
@@ -362,21 +364,26 @@ class BlockAllocator:
             seq.num_published_blocks = end
 
     # -- internals -----------------------------------------------------------------------------
-    def _lookup(self, packed: array, hashes: list[bytes]) -> tuple[list[int], int]:
-        """Cached blocks for the leading full blocks, stopping at the first miss.
+    def _plan(self, packed: array) -> tuple[list[bytes], list[int], int, int]:
+        """What admitting ``packed`` takes: ``(hashes, hits, num_needed, revived)``.
 
-        At most ``ceil(n/B) - 1`` of them: the prompt's last token is always computed, so its
-        block is never a shared one.
+        ``hashes``: the chained hash of every full block. ``hits``: cached blocks for the leading
+        full blocks, stopping at the first miss -- at most ``ceil(n/B) - 1`` of them, since the
+        prompt's last token is always computed, so its block is never a shared one.
+        ``num_needed``: fresh blocks to take; ``revived``: hits that are evictable now (ref count 0),
+        which leave the free pool too.
         """
         n = len(packed)
-        max_hits = (n - 1) // self.block_size
+        hashes = _chain(packed, self.block_size)
         hits: list[int] = []
-        for h in hashes[:max_hits]:
-            block_id = self._hash_to_block.get(h)
-            if block_id is None:
-                break
-            hits.append(block_id)
-        return hits, max_hits
+        if self.enable_prefix_caching:
+            for h in hashes[: (n - 1) // self.block_size]:
+                block_id = self._hash_to_block.get(h)
+                if block_id is None:
+                    break
+                hits.append(block_id)
+        revived = sum(1 for b in hits if self._ref_count[b] == 0)
+        return hashes, hits, -(-n // self.block_size) - len(hits), revived
 
     def _take_free_block(self) -> int:
         """Pop a free block: never-cached ones first, else evict the least-recently-freed."""
@@ -427,16 +434,7 @@ class BlockAllocator:
         if n == 0:
             raise ValueError("cannot allocate an empty prompt: it needs at least one token")
         B = self.block_size
-        num_full = n // B
-        hashes: list[bytes] = []
-        parent = _ROOT_HASH
-        for start in range(0, num_full * B, B):
-            parent = hash_block(parent, packed[start:start + B].tobytes())
-            hashes.append(parent)
-
-        hits, _ = self._lookup(packed, hashes) if self.enable_prefix_caching else ([], 0)
-        num_needed = -(-n // B) - len(hits)
-        revived = sum(1 for b in hits if self._ref_count[b] == 0)
+        hashes, hits, num_needed, revived = self._plan(packed)
         if num_needed > self.num_free_blocks - revived:
             raise OutOfBlocksError(
                 f"sequence {seq_id!r} needs {num_needed} free blocks for {n} tokens "
@@ -455,7 +453,7 @@ class BlockAllocator:
         seq = _Sequence(packed.tolist(), table, hashes, num_cached, len(hits))
         self._seqs[seq_id] = seq
         if not self._cache_when_computed:
-            self._publish(seq, num_full)
+            self._publish(seq, len(hashes))
         if record_stats:  # off for a swap-in: the prompt was counted at its first admission
             self.stats.queried_tokens += n
             self.stats.hit_tokens += num_cached
@@ -476,7 +474,7 @@ class BlockAllocator:
         except (KeyError, TypeError):
             seq = self._seq(seq_id)  # raises the readable error
         if type(token_id) is not int:
-            token_id = _as_token_id(token_id)
+            token_id = as_int(token_id, "token id must be an int")
         if token_id < 0:
             raise ValueError(f"token ids must be non-negative, got {token_id}")
         if token_id >= 1 << 63:  # hashed as int64, like allocate's tokens

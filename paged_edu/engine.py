@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paged_edu.allocator import BlockAllocator
+from paged_edu.allocator import BlockAllocator, as_int
 from paged_edu.kv_cache import PagedKVCache
 from paged_edu.model import BatchChunk, PagedLlama, prepare_batch
 from paged_edu.sampling import Sampler, SamplingParams, sample
@@ -283,11 +283,7 @@ class Engine:
     def _check_prompt(self, prompt_token_ids) -> list[int]:
         if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
             raise TypeError(f"a prompt must be a list of token ids, got {type(prompt_token_ids).__name__}")
-        prompt = []
-        for t in prompt_token_ids:
-            if isinstance(t, bool) or not hasattr(t, "__index__"):
-                raise TypeError(f"token ids must be ints, got {type(t).__name__} {t!r}")
-            prompt.append(int(t))
+        prompt = [as_int(t, "token ids must be ints") for t in prompt_token_ids]
         if not prompt:
             raise ValueError("a prompt needs at least one token")
         vocab = self.config.vocab_size

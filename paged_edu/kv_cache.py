@@ -29,10 +29,11 @@ so bad input leaves the cache as it was.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 
 import torch
+
+from paged_edu.allocator import as_int
 
 __all__ = [
     "PagedKVCache",
@@ -243,9 +244,7 @@ class PagedKVCache:
             ids = ids.tolist()
         out = []
         for b in ids:
-            if isinstance(b, bool) or not hasattr(b, "__index__"):
-                raise TypeError(f"{name}: block ids must be ints, got {type(b).__name__} {b!r}")
-            b = int(b)
+            b = as_int(b, f"{name}: block ids must be ints")
             if not 0 <= b < limit:
                 raise ValueError(f"{name}: block id {b} is outside [0, {limit})")
             out.append(b)
@@ -292,11 +291,9 @@ class PagedKVCache:
         if key.shape[0] != value.shape[0]:
             raise ValueError(f"key has {key.shape[0]} tokens, value {value.shape[0]}")
         if not isinstance(slot_mapping, torch.Tensor):
-            slots = list(slot_mapping)
-            bad = next((x for x in slots if isinstance(x, bool) or not hasattr(x, "__index__")), None)
-            if bad is not None:  # torch.tensor(..., dtype=int64) would silently truncate 3.7 to 3
-                raise TypeError(f"slot_mapping entries must be ints, got {type(bad).__name__} {bad!r}")
-            slot_mapping = torch.tensor([operator.index(x) for x in slots], dtype=torch.int64, device=self.device)
+            # Checked one by one: torch.tensor(..., dtype=int64) would silently truncate 3.7 to 3.
+            slots = [as_int(x, "slot_mapping entries must be ints") for x in slot_mapping]
+            slot_mapping = torch.tensor(slots, dtype=torch.int64, device=self.device)
         if slot_mapping.dtype not in (torch.int32, torch.int64) or slot_mapping.dim() != 1:
             raise TypeError(f"slot_mapping must be a 1-D int32/int64 tensor, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
         if slot_mapping.shape[0] != key.shape[0]:

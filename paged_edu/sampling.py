@@ -17,11 +17,12 @@ All rows of a step are sampled together: one sort and one cumulative sum for the
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from paged_edu.allocator import as_int
 
 __all__ = ["SamplingParams", "Sampler", "sample"]
 
@@ -54,7 +55,7 @@ class SamplingParams:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
         try:  # integers only (numpy and torch ones too): int() would turn 1.5 or "7" into a token id
-            self.stop_token_ids = tuple(_index(t) for t in self.stop_token_ids)
+            self.stop_token_ids = tuple(as_int(t, "stop token ids must be ints") for t in self.stop_token_ids)
         except (TypeError, ValueError):
             raise TypeError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}") from None
         if self.n > 1 and self.temperature == 0:
@@ -63,12 +64,6 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-
-def _index(token_id) -> int:
-    if isinstance(token_id, bool):
-        raise TypeError("a bool is not a token id")
-    return operator.index(token_id)
 
 
 def sample(
