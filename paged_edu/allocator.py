@@ -303,13 +303,6 @@ class BlockAllocator:
         B, table = self.block_size, seq.block_table
         return [table[t // B] * B + t % B for t in range(start, end)]
 
-    def num_blocks_to_append(self, seq_id: SeqId) -> int:
-        """Blocks the next :meth:`append` takes: 1 for a full or shared last block, else 0."""
-        seq = self._seq(seq_id)
-        if len(seq.token_ids) % self.block_size == 0:
-            return 1
-        return 1 if self._ref_count[seq.block_table[-1]] > 1 else 0
-
     def num_new_blocks_for(self, token_ids: Sequence[int]) -> int:
         """Free blocks an :meth:`allocate` of ``token_ids`` would consume now (cache hits counted)."""
         packed = _token_array(token_ids)
@@ -320,14 +313,6 @@ class BlockAllocator:
         """The ``(src_block, dst_block)`` copy-on-write copies made since the last call."""
         copies, self._copies = self._copies, []
         return copies
-
-    def reset_prefix_cache(self) -> None:
-        """Forget every evictable cached block (live blocks keep their hashes)."""
-        for block_id in self._evictable:
-            self._hash_to_block.pop(self._block_hash[block_id], None)
-            self._block_hash[block_id] = None
-            self._free_block_ids.append(block_id)
-        self._evictable.clear()
 
     @property
     def cache_when_computed(self) -> bool:

@@ -294,3 +294,24 @@ def test_swap_in_does_not_count_towards_the_prefix_hit_rate():
     assert a.stats.queried_tokens == sum(n for n, _ in first_admission.values()) == 27
     assert a.stats.hit_tokens == sum(c for _, c in first_admission.values())
     assert all(q.output_token_ids == oracle(q.prompt_token_ids, 10)[0] for q in seqs)
+
+
+def test_abort_releases_memory_wherever_the_sequence_is():
+    a = BlockAllocator(7, B)
+    s = Scheduler(a, max_num_batched_tokens=64, preemption_mode="swap", num_cpu_blocks=32)
+    seqs = [s.make_sequence([5] * 8 + [i], 10) for i in range(3)]
+    ex = BruteForceExecutor(s)
+    while not s.swapped:  # run until one sequence sits in CPU memory
+        ex.step()
+    victims = [s.swapped[0], s.running[0]]
+    for seq in victims:
+        s.abort(seq)
+        assert seq.is_finished and seq.finish_reason == "abort"
+    # the aborted one's CPU blocks came back; only sequences still swapped hold any
+    assert len(s.free_cpu_blocks) == 32 - sum(len(q.cpu_blocks) for q in s.swapped)
+    assert victims[0] not in s.swapped and victims[1] not in s.running
+    ex.run()
+    assert a.num_free_blocks == 7
+    for seq in seqs:
+        if seq not in victims:
+            assert seq.output_token_ids == oracle(seq.prompt_token_ids, 10)[0]
