@@ -22,7 +22,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from paged_edu import BlockAllocator  # noqa: E402
-from paged_edu.seed_allocator import SeedAllocator  # noqa: E402
+from paged_edu.core.seed_allocator import SeedAllocator  # noqa: E402
 
 
 class SeedHarness:

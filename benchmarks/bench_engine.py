@@ -3,7 +3,7 @@
     python benchmarks/bench_engine.py                 # on a GPU: the README's numbers
     python benchmarks/bench_engine.py --smoke         # a tiny run on a CPU, to check the script
 
-Workload: ``--num-requests`` ShareGPT-like requests (:func:`paged_edu.workloads.sharegpt`: mean
+Workload: ``--num-requests`` ShareGPT-like requests (:func:`paged_edu.sim.workloads.sharegpt`: mean
 161 prompt / 338 output tokens, prompt + output <= L_max = 2048), random token ids, every request
 generating exactly its output length (no stop token). Model: SmolLM2-135M's geometry (30 layers,
 9 query / 3 KV heads of 64) with random weights in bf16 -- the same weights for both systems.
@@ -44,9 +44,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
-from paged_edu.model import LlamaConfig, PagedLlama, random_hf_llama, smollm2_config  # noqa: E402
-from paged_edu.sampling import SamplingParams  # noqa: E402
-from paged_edu.workloads import L_MAX, sharegpt  # noqa: E402
+from paged_edu.models.llama import LlamaConfig, PagedLlama, random_hf_llama, smollm2_config  # noqa: E402
+from paged_edu.engine.sampling import SamplingParams  # noqa: E402
+from paged_edu.sim.workloads import L_MAX, sharegpt  # noqa: E402
 
 
 def make_requests(num: int, seed: int, vocab: int, scale: float = 1.0):
@@ -172,8 +172,8 @@ def check_kernels(model, device, block_size=16, require_cuda=True):
     """One mixed step (prompt chunks + decodes) through the Triton kernels and through the PyTorch
     references, on the same pool contents: the largest logit difference of each row kind."""
     from paged_edu.kernels import triton_available
-    from paged_edu.model import BatchChunk, prepare_batch
-    from paged_edu.kv_cache import PagedKVCache
+    from paged_edu.models.llama import BatchChunk, prepare_batch
+    from paged_edu.cache.kv_cache import PagedKVCache
 
     if (require_cuda and device.type != "cuda") or not triton_available():
         return {}
@@ -363,7 +363,7 @@ def main(argv=None):
                    num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
                    kv_bytes_per_token=bytes_per_token),
         workload=dict(num_requests=len(prompts), mean_prompt=float(np.mean([len(p) for p in prompts])),
-                      mean_output=float(np.mean(outputs)), l_max=l_max, seed=args.seed, source="paged_edu.workloads.sharegpt"),
+                      mean_output=float(np.mean(outputs)), l_max=l_max, seed=args.seed, source="paged_edu.sim.workloads.sharegpt"),
         kv_budget=dict(tokens=budget_tokens, bytes=budget_tokens * bytes_per_token, num_blocks=num_blocks,
                        block_size=args.block_size, hf_batch=args.hf_batch),
         kernel_check=kernel_check, engine_impls=impls or "auto",

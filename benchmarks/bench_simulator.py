@@ -25,8 +25,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from paged_edu import workloads  # noqa: E402
-from paged_edu.simulator import SimConfig, simulate  # noqa: E402
+from paged_edu.sim import workloads  # noqa: E402
+from paged_edu.sim.simulator import SimConfig, simulate  # noqa: E402
 
 CASES = [
     # (name, num_requests, rate, manager, block_size, target seconds)

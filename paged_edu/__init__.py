@@ -1,39 +1,38 @@
 """paged_edu: PagedAttention you can see, poke and measure.
 
-The package reads like the lessons' table of contents:
+The package reads like the course's table of contents:
 
-* :mod:`paged_edu.memory` -- what a token costs in the KV cache, and how much of a reservation is used;
-* :mod:`paged_edu.contiguous` -- the contiguous ``L_max`` baseline and its three pathologies;
-* :mod:`paged_edu.allocator` -- the paged block allocator: block tables, ref counts, prefix caching,
-  copy-on-write (plain Python);
-* :mod:`paged_edu.kv_cache` and :mod:`paged_edu.kernels` -- the same block tables driving real tensors
-  and a Triton paged-attention kernel;
-* :mod:`paged_edu.sequence`, :mod:`paged_edu.scheduler`, :mod:`paged_edu.engine` -- continuous batching
-  on a real Llama-family model;
-* :mod:`paged_edu.simulator` -- the same scheduler over a cost model, at scales no GPU run affords;
-* :mod:`paged_edu.viz` -- widgets and figures, thin views over all of the above.
+* :mod:`paged_edu.core` -- what a token costs, the contiguous baseline, the paged block allocator
+  and the seed's allocator (lessons 1-3; plain Python, no torch);
+* :mod:`paged_edu.cache` -- the paged KV cache on real tensors (lessons 2-3);
+* :mod:`paged_edu.kernels` -- paged attention: the seed's loop, the PyTorch oracle, Triton (lesson 4);
+* :mod:`paged_edu.models` and :mod:`paged_edu.engine` -- a Llama-family model on the paged cache and
+  continuous batching (lessons 5-6);
+* :mod:`paged_edu.sim` -- the serving simulator and ``paged-edu simulate`` (lesson 7; no torch);
+* :mod:`paged_edu.viz` -- figures and widgets, views only;
+* :mod:`paged_edu.lessons` -- what the notebooks call: set-up, experiments, exercises.
 """
 
-from paged_edu.allocator import BlockAllocator, BlockEvent, OutOfBlocksError, UnknownSequenceError
-from paged_edu.contiguous import ContiguousAllocator, FragmentationError
-from paged_edu.memory import PRESETS, KVSpec
-from paged_edu.scheduler import Scheduler
-from paged_edu.sequence import Sequence
+from paged_edu.core.allocator import BlockAllocator, BlockEvent, OutOfBlocksError, UnknownSequenceError
+from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
+from paged_edu.core.memory import PRESETS, KVSpec
+from paged_edu.engine.scheduler import Scheduler
+from paged_edu.engine.sequence import Sequence
 
 # Modules that import torch (or plotly) load on first use, so the allocator stays light.
 _LAZY = {
-    "PagedKVCache": "paged_edu.kv_cache",
+    "PagedKVCache": "paged_edu.cache.kv_cache",
     "paged_attention_decode": "paged_edu.kernels",
     "paged_attention_prefill": "paged_edu.kernels",
-    "PagedLlama": "paged_edu.model",
-    "load_smollm2": "paged_edu.model",
-    "random_llama": "paged_edu.model",
-    "smollm2_config": "paged_edu.model",
+    "PagedLlama": "paged_edu.models.llama",
+    "load_smollm2": "paged_edu.models.llama",
+    "random_llama": "paged_edu.models.llama",
+    "smollm2_config": "paged_edu.models.llama",
     "Engine": "paged_edu.engine",
-    "SamplingParams": "paged_edu.sampling",
-    "simulate": "paged_edu.simulator",
-    "compare": "paged_edu.simulator",
-    "SimConfig": "paged_edu.simulator",
+    "SamplingParams": "paged_edu.engine.sampling",
+    "simulate": "paged_edu.sim.simulator",
+    "compare": "paged_edu.sim.simulator",
+    "SimConfig": "paged_edu.sim.simulator",
 }
 
 

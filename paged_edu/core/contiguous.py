@@ -20,7 +20,7 @@ import bisect
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from paged_edu.allocator import OutOfBlocksError, UnknownSequenceError
+from paged_edu.core.allocator import OutOfBlocksError, UnknownSequenceError
 
 __all__ = ["ContiguousAllocator", "FragmentationError", "Reservation"]
 

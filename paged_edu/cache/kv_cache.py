@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import torch
 
-from paged_edu.allocator import as_int
+from paged_edu.core.validation import as_int
 
 __all__ = [
     "PagedKVCache",

@@ -1,8 +1,8 @@
 """Real K/V tensors behind a widget: what the allocator decides, the tensors obey.
 
-A :class:`KVView` pairs a :class:`~paged_edu.allocator.BlockAllocator` with one layer of a paged
+A :class:`KVView` pairs a :class:`~paged_edu.core.allocator.BlockAllocator` with one layer of a paged
 KV cache, ``k_cache, v_cache: (num_blocks, block_size, num_kv_heads, head_dim)``, and fills it
-with the prefix-dependent K/V of :class:`~paged_edu.toy_kv.ToyLayer`. Widgets call it after each
+with the prefix-dependent K/V of :class:`~paged_edu.lessons.toy_kv.ToyLayer`. Widgets call it after each
 allocator operation; it also answers the two questions lessons 2 and 3 ask of the tensors:
 
 * where does token ``t`` live? ``BasePtr_K + B(t//B) * S_block + (t mod B) * S_token`` against
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from paged_edu.allocator import BlockAllocator
-from paged_edu.toy_kv import ToyLayer
+from paged_edu.core.allocator import BlockAllocator
+from paged_edu.lessons.toy_kv import ToyLayer
 
 __all__ = ["KVView", "default_dtype", "pick_device"]
 
@@ -41,7 +41,7 @@ class KVView:
 
     def __init__(self, allocator: BlockAllocator, *, device="cpu", dtype: torch.dtype | None = None,
                  num_kv_heads: int = 2, head_dim: int = 64, seed: int = 0) -> None:
-        from paged_edu.kv_cache import PagedKVCache
+        from paged_edu.cache.kv_cache import PagedKVCache
 
         self.allocator = allocator
         self.device = torch.device(device)

@@ -26,11 +26,12 @@ plain Python: no torch, so a learner can read and test it anywhere.
 from __future__ import annotations
 
 import hashlib
-import operator
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+
+from paged_edu.core.validation import as_int, token_array as _token_array
 
 __all__ = [
     "BlockAllocator",
@@ -70,48 +71,6 @@ def hash_block(parent_hash: bytes, token_bytes: bytes) -> bytes:
     thing in every run and every notebook.
     """
     return hashlib.sha256(parent_hash + token_bytes).digest()
-
-
-def _token_array(token_ids: Sequence[int]) -> array:
-    """Validate token ids and pack them as int64 (``array('q')``): non-negative integers only."""
-    try:
-        packed = array("q", token_ids)
-    except TypeError as exc:
-        bad = next((t for t in token_ids if not isinstance(t, int)), None)
-        raise TypeError(
-            f"token ids must be integers, got {type(bad).__name__} {bad!r}"
-        ) from exc
-    except OverflowError as exc:
-        raise ValueError("token ids must fit in 64 bits") from exc
-    if packed:
-        low = min(packed)
-        if low < 0:
-            raise ValueError(f"token ids must be non-negative, got {low}")
-        if low <= 1 and isinstance(token_ids, (list, tuple)):
-            _refuse_bools(token_ids, packed)
-    return packed
-
-
-def _refuse_bools(token_ids: Sequence, packed: array) -> None:
-    """``True``/``False`` pack as 1/0; refuse them as append does. Only 0s and 1s need a look, found
-    by ``array.index`` at C speed, so a prompt pays nothing unless it holds such ids."""
-    for value in (0, 1):
-        pos = -1
-        while True:
-            try:
-                pos = packed.index(value, pos + 1)
-            except ValueError:
-                break
-            if type(token_ids[pos]) is bool:
-                raise TypeError(f"token ids must be integers, got a bool at position {pos}")
-
-
-def as_int(value: object, rule: str) -> int:
-    """``value`` as a Python int: any integer type (numpy and torch integers too), never a bool,
-    a float or anything else -- those raise ``TypeError(f"{rule}, got <type> <value>")``."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{rule}, got {type(value).__name__} {value!r}")
-    return operator.index(value)
 
 
 def chained_block_hashes(token_ids: Sequence[int], block_size: int, parent: bytes = _ROOT_HASH) -> list[bytes]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paged_edu.allocator import as_int
+from paged_edu.core.validation import as_int
 
 __all__ = ["SamplingParams", "Sampler", "sample"]
 

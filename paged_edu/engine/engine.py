@@ -4,12 +4,12 @@ What you will learn
 -------------------
 One call of :meth:`Engine.step` is one *iteration* of iteration-level scheduling:
 
-1. the :class:`~paged_edu.scheduler.Scheduler` picks the tokens of this step -- one token for
+1. the :class:`~paged_edu.engine.scheduler.Scheduler` picks the tokens of this step -- one token for
    every running decode, then prompt chunks under the ``max_num_batched_tokens`` budget -- and
    may preempt sequences when the pool runs out of blocks;
 2. the engine applies the block copies the scheduler asked for, in order: swap-outs to CPU
    memory, copy-on-write copies (``allocator.take_copies()``), swap-ins back to the GPU;
-3. one forward pass of :class:`~paged_edu.model.PagedLlama` over the flat batch: per layer, one
+3. one forward pass of :class:`~paged_edu.models.llama.PagedLlama` over the flat batch: per layer, one
    decode-kernel call for all one-token rows and one prefill call for the prompt chunks;
 4. one token is sampled for every sequence whose chunk reached its last known token (``n`` of
    them for a parallel-sampling request finishing its prompt: the scheduler forks the children);
@@ -39,12 +39,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paged_edu.allocator import BlockAllocator, as_int
-from paged_edu.kv_cache import PagedKVCache
-from paged_edu.model import BatchChunk, PagedLlama, prepare_batch
-from paged_edu.sampling import Sampler, SamplingParams, sample
-from paged_edu.scheduler import Scheduler, SchedulerOutput
-from paged_edu.sequence import Sequence as Seq
+from paged_edu.core.allocator import BlockAllocator
+from paged_edu.core.validation import as_int
+from paged_edu.cache.kv_cache import PagedKVCache
+from paged_edu.models.llama import BatchChunk, PagedLlama, prepare_batch
+from paged_edu.engine.sampling import Sampler, SamplingParams, sample
+from paged_edu.engine.scheduler import Scheduler, SchedulerOutput
+from paged_edu.engine.sequence import Sequence as Seq
 
 __all__ = ["Engine", "RequestMetrics", "RequestOutput", "SamplingParams", "StepMetrics"]
 
@@ -208,7 +209,7 @@ class Engine:
         if cuda_graphs:
             if not on_gpu:
                 raise ValueError("cuda_graphs=True needs the model on a CUDA device")
-            from paged_edu.model import DecodeCudaGraphs
+            from paged_edu.models.llama import DecodeCudaGraphs
 
             try:
                 self.graphs = DecodeCudaGraphs(model, self._kv_pairs, max_num_seqs, -(-max_model_len // block_size))

@@ -31,8 +31,8 @@ from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
-from paged_edu.allocator import OutOfBlocksError
-from paged_edu.sequence import Sequence, SequenceStatus
+from paged_edu.core.allocator import OutOfBlocksError
+from paged_edu.engine.sequence import Sequence, SequenceStatus
 
 __all__ = ["ScheduledSeq", "Scheduler", "SchedulerOutput"]
 

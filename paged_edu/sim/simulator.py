@@ -6,12 +6,12 @@ affords. Each step:
 1. requests that have arrived join the scheduler's waiting queue;
 2. :meth:`Scheduler.schedule` -- the *same* scheduler the engine uses -- picks the decodes and
    prefill chunks and asks the memory manager for slots;
-3. the :class:`~paged_edu.costmodel.CostModel` says how long the step would take on the GPU, and
+3. the :class:`~paged_edu.sim.costmodel.CostModel` says how long the step would take on the GPU, and
    the clock advances by that much;
 4. every sequence that emitted a token gets one (a made-up id: the simulator knows each request's
    output length in advance) and :meth:`Scheduler.update` finishes the ones that are done.
 
-Memory managers (:mod:`paged_edu.memory_managers`, all with the allocator methods the scheduler
+Memory managers (:mod:`paged_edu.sim.managers`, all with the allocator methods the scheduler
 calls)::
 
     contiguous-max     reserve L_max slots per request          (FasterTransformer, Orca (Max))
@@ -22,7 +22,7 @@ calls)::
 
 Every manager gets the same pool of ``num_kv_slots`` token slots (paged: ``num_kv_slots // B``
 blocks). The contiguous ones place their reservations by first fit in one address space
-(:class:`paged_edu.contiguous.ContiguousAllocator`); a request with ``n`` samples reserves ``n``
+(:class:`paged_edu.core.contiguous.ContiguousAllocator`); a request with ``n`` samples reserves ``n``
 ranges' worth at admission, the way a system without block sharing must.
 
 The memory breakdown follows the PagedAttention paper's Fig. 2 (Kwon et al., SOSP 2023). Sampled
@@ -51,11 +51,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from operator import mul
 
-from paged_edu.costmodel import CostModel
-from paged_edu.memory_managers import BLOCK_SIZES, MANAGERS, ContiguousManager, PagedManager, make_manager
-from paged_edu.scheduler import Scheduler
-from paged_edu.sequence import Sequence, SequenceStatus
-from paged_edu.workloads import L_MAX, Request
+from paged_edu.sim.costmodel import CostModel
+from paged_edu.sim.managers import BLOCK_SIZES, MANAGERS, ContiguousManager, PagedManager, make_manager
+from paged_edu.engine.scheduler import Scheduler
+from paged_edu.engine.sequence import Sequence, SequenceStatus
+from paged_edu.sim.workloads import L_MAX, Request
 
 __all__ = [
     "BLOCK_SIZES",

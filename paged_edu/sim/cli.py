@@ -32,7 +32,7 @@ def _csv(kind):
 
 
 def _add_server_args(p: argparse.ArgumentParser) -> None:
-    from paged_edu.costmodel import GPUS, MODELS
+    from paged_edu.sim.costmodel import GPUS, MODELS
 
     p.add_argument("--model", default="opt-13b", choices=sorted(MODELS), help="model geometry for the cost model (default: the paper's OPT-13B)")
     p.add_argument("--gpu", default="h200", choices=sorted(GPUS), help="GPU roofline (default: h200)")
@@ -45,13 +45,13 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cost_model(args):
-    from paged_edu.costmodel import GPUS, MODELS, CostModel
+    from paged_edu.sim.costmodel import GPUS, MODELS, CostModel
 
     return CostModel(model=MODELS[args.model], gpu=GPUS[args.gpu])
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from paged_edu.simulator import BLOCK_SIZES, MANAGERS
+    from paged_edu.sim.simulator import BLOCK_SIZES, MANAGERS
 
     parser = argparse.ArgumentParser(prog="paged-edu", description="PagedAttention you can see, poke and measure.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -85,7 +85,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _workload(args):
-    from paged_edu import workloads
+    from paged_edu.sim import workloads
 
     if args.trace:
         return workloads.load_trace(args.trace)
@@ -109,8 +109,8 @@ def _server_kwargs(args) -> dict:
 
 
 def cmd_simulate(args) -> int:
-    from paged_edu import workloads
-    from paged_edu.simulator import compare, default_configs, format_table
+    from paged_edu.sim import workloads
+    from paged_edu.sim.simulator import compare, default_configs, format_table
 
     cost = _cost_model(args)
     requests = _workload(args)

@@ -3,10 +3,10 @@
 The scheduler asks its memory manager for ``allocate``, ``append``, ``fork``, ``free``,
 ``block_table``, ``num_cached_tokens`` and ``take_copies``. Two kinds answer:
 
-* :class:`PagedManager` -- the real :class:`~paged_edu.allocator.BlockAllocator` (blocks of ``B``
+* :class:`PagedManager` -- the real :class:`~paged_edu.core.allocator.BlockAllocator` (blocks of ``B``
   slots, optional prefix caching), plus the bookkeeping the memory breakdown needs;
 * :class:`ContiguousManager` -- one contiguous range per request, placed by first fit in one
-  address space (:class:`~paged_edu.contiguous.ContiguousAllocator`), sized by a policy:
+  address space (:class:`~paged_edu.core.contiguous.ContiguousAllocator`), sized by a policy:
   ``max`` reserves ``L_max`` (FasterTransformer, Orca (Max)), ``pow2`` the prompt plus the next
   power of two of the output (Orca (Pow2)), ``oracle`` exactly what the request will store
   (Orca (Oracle)). Its "blocks" are single slots.
@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paged_edu.allocator import BlockAllocator, OutOfBlocksError, UnknownSequenceError
-from paged_edu.contiguous import ContiguousAllocator, FragmentationError
-from paged_edu.sequence import Sequence
-from paged_edu.workloads import L_MAX
+from paged_edu.core.allocator import BlockAllocator, OutOfBlocksError, UnknownSequenceError
+from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
+from paged_edu.engine.sequence import Sequence
+from paged_edu.sim.workloads import L_MAX
 
 __all__ = ["BLOCK_SIZES", "MANAGERS", "ContiguousManager", "PagedManager", "make_manager"]
 

@@ -1,0 +1,70 @@
+"""Lesson 3's exercises: chained hashes, shared blocks and the prefix hit rate."""
+
+from __future__ import annotations
+
+import random
+from array import array
+
+from paged_edu.core.allocator import BlockAllocator, chained_block_hashes, hash_block
+from paged_edu.lessons.exercises.framework import Verdict, check_function, compare, register
+
+
+def chained_hashes(token_ids, B):
+    """h_i = hash_block(h_{i-1}, bytes of block i) for every full block, h_{-1} = b''."""
+    hashes, parent = [], b""
+    for start in range(0, len(token_ids) - B + 1, B):  # full blocks only
+        parent = hash_block(parent, array("q", token_ids[start:start + B]).tobytes())
+        hashes.append(parent)
+    return hashes
+
+
+def chained_hashes_stub(token_ids, B):
+    raise NotImplementedError("Exercise 3.1: return the chained hash of every full block")
+
+
+def _hash_cases() -> list[tuple]:
+    rng = random.Random(3)
+    cases = []
+    for B in (2, 4, 16):
+        for _ in range(5):
+            cases.append(([rng.randrange(50) for _ in range(rng.randint(0, 5 * B))], B))
+    cases.append(([7] * 8, 4))  # two identical blocks: their hashes must differ
+    return cases
+
+
+@register("3.1", "Write chained_hashes(token_ids, B): the chained hash h_i = hash_block(h_{i-1}, bytes of "
+          "block i) of every full block, with h_{-1} = b'' and the tokens packed as "
+          "array('q', block).tobytes().", chained_hashes)
+def _check_3_1(fn) -> Verdict:
+    verdict = check_function("chained_hashes", fn, _hash_cases(), chained_block_hashes)
+    if verdict.ok:
+        verdict.lines.append("    (and the two identical blocks of [7]*8 got different hashes, because their prefixes differ)")
+    return verdict
+
+
+def _five_chats() -> BlockAllocator:
+    """5 chats: a 40-token system prompt, then 6 private tokens each; B = 16."""
+    a = BlockAllocator(64, 16)
+    for k in range(5):
+        a.allocate(k, list(range(40)) + [1000 + 10 * k + j for j in range(6)])
+    return a
+
+
+# 46 tokens = 3 blocks each. Blocks 0 and 1 (tokens 0-31) are full and identical: shared.
+# Block 2 holds tokens 32-45 (8 shared + 6 private): private to each chat.
+BLOCKS_FIVE_CHATS = 2 + 5 * 1  # 7, instead of 15 without sharing
+# The first chat misses; 4 chats hit 32 tokens each.
+HIT_RATE_FIVE_CHATS = (4 * 32) / (5 * 46)  # 0.5565
+
+
+@register("3.2", "5 chats share a 40-token system prompt and add 6 private tokens each (B = 16). How many "
+          "blocks are in use?", BLOCKS_FIVE_CHATS)
+def _check_3_2(answer) -> Verdict:
+    return compare("blocks in use for 5 chats sharing a 40-token system prompt (B = 16)", answer,
+                   _five_chats().num_used_blocks)
+
+
+@register("3.3", "And the prefix hit rate (hit tokens / queried prompt tokens) after those 5 chats?",
+          HIT_RATE_FIVE_CHATS)
+def _check_3_3(answer) -> Verdict:
+    return compare("prefix hit rate of those 5 chats", answer, _five_chats().stats.hit_rate, rel_tol=5e-3)

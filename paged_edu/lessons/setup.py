@@ -1,0 +1,105 @@
+"""One call at the top of every lesson: pick the device and dtype, turn on Triton's interpreter on a
+CPU (before any kernel is defined), seed torch, and refuse a wrong ``device`` with a message that
+names the parameter.
+
+    from paged_edu.lessons.setup import setup
+    device, dtype = setup(device, seed=seed)
+
+The Colab install cell cannot call the library (it installs it), so its text is generated here from
+:data:`REPO_URL`, the one place the repository's address is written, and the notebook-cleanliness
+test checks that every lesson carries exactly :func:`colab_cell_source`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["REPO_URL", "colab_cell_source", "default_dtype", "pick_device", "setup", "check_device"]
+
+REPO_URL = "https://github.com/paged-edu/paged_edu"
+
+_DEVICE_VALUES = "'auto', 'cpu', 'cuda' or 'cuda:N'"
+
+
+def colab_cell_source() -> str:
+    """The first code cell of every lesson: on Colab, install paged_edu next to Colab's own torch."""
+    return (
+        "# On Colab: install paged_edu from GitHub (keeping Colab's torch) and turn on third-party widgets.\n"
+        "# Anywhere else this cell does nothing.\n"
+        "import sys\n"
+        'if "google.colab" in sys.modules:\n'
+        f'    %pip install -q --no-deps "git+{REPO_URL}.git"\n'
+        '    %pip install -q "plotly>=5.20" anywidget\n'
+        "    from google.colab import output\n"
+        "    output.enable_custom_widget_manager()"
+    )
+
+
+def check_device(device) -> str:
+    """Resolve the lesson parameter ``device`` to ``"cpu"`` or ``"cuda[:N]"``, or raise ``ValueError``
+    naming the parameter and the values it takes. Needs no torch for ``"cpu"``."""
+    if not isinstance(device, str):
+        raise ValueError(f"device must be a string, one of {_DEVICE_VALUES}; got {device!r}")
+    name = device.strip()
+    if name not in ("auto", "cpu", "cuda") and not (name.startswith("cuda:") and name[5:].isdigit()):
+        raise ValueError(f"device={device!r} is not a device this lesson runs on; use {_DEVICE_VALUES}")
+    if name == "cpu":
+        return name
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if name == "auto":
+        return "cuda" if has_cuda else "cpu"
+    if not has_cuda:
+        raise ValueError(f"device={device!r} but this machine has no CUDA GPU; use 'auto' or 'cpu'")
+    if ":" in name and int(name[5:]) >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA "
+                         f"GPU(s), numbered from 0; use 'auto', 'cuda' or a smaller index")
+    return name
+
+
+def default_dtype(device):
+    """fp32 on the CPU; bf16 on a GPU that has it (compute capability >= 8.0), else fp16 (Colab's T4)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
+
+
+def pick_device(device: str = "auto"):
+    """``(torch.device, dtype)`` for the lesson parameter ``device`` (checked by :func:`check_device`)."""
+    import torch
+
+    device = torch.device(check_device(device))
+    return device, default_dtype(device)
+
+
+def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False):
+    """Everything a lesson's first cell did by hand, in one call; returns ``(device, dtype)``.
+
+    On a CPU the Triton kernels can only run in Triton's interpreter, which must be switched on
+    before any ``@triton.jit`` function is defined -- so before :mod:`paged_edu.kernels` is imported.
+    If the kernels were already imported without it (a re-run cell in a live kernel), say so.
+    """
+    from paged_edu.core.validation import as_int
+
+    seed = as_int(seed, "seed must be an integer")
+    resolved = check_device(device)
+    if resolved == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    if resolved == "cpu" and "paged_edu.kernels.triton_decode" in sys.modules:
+        from paged_edu.kernels import triton_available, triton_interpreting
+
+        if triton_available() and not triton_interpreting():
+            print("note: the Triton kernels were imported before TRITON_INTERPRET=1 was set; "
+                  "restart the kernel to run them on the CPU (the PyTorch reference runs meanwhile)")
+    dev, dtype = pick_device(resolved)
+    torch.manual_seed(seed)
+    if not quiet:
+        print(f"device: {dev}, dtype: {dtype}")
+    return dev, dtype
