@@ -215,6 +215,62 @@ def test_triton_prefill_matches_reference(dtype):
     check(paged_attention_prefill(q, k, v, t, lens, cu, impl="triton"), ref, dtype, "prefill")
 
 
+@needs_triton
+@needs_interp
+@pytest.mark.parametrize(
+    "q_lens,seq_lens,block_size,config",
+    [
+        # No prefix, one long chunk: many query blocks, full tiles below the diagonal, reversed grid.
+        ([70], [70], 16, dict(ROWS=16, TILE=16)),
+        # Cached prefixes that are not tile-aligned; a 1-token chunk (decode) next to longer ones.
+        ([1, 5, 20, 33], [1, 37, 53, 33], 16, dict(ROWS=8, TILE=32)),
+        # Tiles smaller than a block, and blocks of one token (every key its own block).
+        ([9, 17], [40, 17], 16, dict(ROWS=16, TILE=8)),
+        ([6, 11], [29, 11], 1, dict(ROWS=32, TILE=16)),
+        # Blocks larger than a tile, query blocks larger than every chunk.
+        ([3, 40], [70, 45], 32, dict(ROWS=64, TILE=16)),
+    ],
+)
+def test_triton_prefill_tiles_and_diagonal(q_lens, seq_lens, block_size, config):
+    """Every split of the key range (full tiles, diagonal tiles, none) against the per-token oracle."""
+    from paged_edu.kernels.triton_prefill import paged_prefill_triton
+
+    q1, k, v, t, lens = make_case(len(seq_lens), 8, 2, 32, block_size, seq_lens, torch.float32, seed=len(q_lens))
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(sum(q_lens), 8, 32, generator=g)
+    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    ref = prefill_via_decode(q, k, v, t, lens, cu)
+    out = paged_prefill_triton(q, k, v, t, lens, cu, scale=32 ** -0.5, config=config)
+    check(out, ref, torch.float32, f"prefill {config}")
+
+
+@needs_triton
+@needs_interp
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim,dtype",
+                         [(4, 4, 64, torch.float16), (6, 2, 96, torch.bfloat16), (8, 1, 16, torch.float32)])
+def test_triton_prefill_head_layouts(num_q_heads, num_kv_heads, head_dim, dtype):
+    """MHA, a non-power-of-two GQA group with a padded head_dim, and MQA."""
+    q, k, v, t, lens, cu = make_prefill([4, 19], [30, 19], num_q_heads, num_kv_heads, head_dim, dtype, seed=11)
+    ref = prefill_via_decode(q.float(), k.float(), v.float(), t, lens, cu)
+    check(paged_attention_prefill(q, k, v, t, lens, cu, impl="triton"), ref, dtype, "prefill heads")
+
+
+@needs_triton
+@needs_interp
+def test_triton_prefill_stale_nan_past_the_end_and_capture_grid():
+    """NaN in unused slots never leaks; a grid sized for num_q_tokens (as under capture) is still right."""
+    from paged_edu.kernels.triton_prefill import paged_prefill_triton
+
+    q, k, v, t, lens, cu = make_prefill([3, 12], [21, 12], 4, 2, 16, torch.float32, seed=2)
+    ref = prefill_via_decode(q, k, v, t, lens, cu)
+    for i, s in enumerate(lens.tolist()):
+        last = int(t[i, (s - 1) // B])
+        k[last, s % B or B:] = float("nan")
+        v[last, s % B or B:] = float("nan")
+    out = paged_prefill_triton(q, k, v, t, lens, cu, scale=0.25, max_q_len=q.shape[0], config=dict(ROWS=8, TILE=16))
+    check(out, ref, torch.float32, "prefill nan slots")
+
+
 # ----------------------------------------------------------------------------------------------
 # Errors: every bad input named, nothing computed
 # ----------------------------------------------------------------------------------------------
@@ -400,6 +456,18 @@ def test_gpu_triton_prefill(dtype):
     ref = paged_attention_prefill(q.float(), k.float(), v.float(), t, lens, cu, impl="torch")
     check(paged_attention_prefill(q, k, v, t, lens, cu, impl="triton"), ref, dtype, "gpu prefill")
     check(paged_attention_prefill(q, k, v, t, lens, cu), ref, dtype, "gpu prefill auto")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [None, dict(ROWS=64, TILE=32, num_warps=4, num_stages=2),
+                                    dict(ROWS=128, TILE=128, num_warps=8, num_stages=2)])
+def test_gpu_triton_prefill_long_causal_and_prefix(config):
+    from paged_edu.kernels.triton_prefill import paged_prefill_triton
+
+    q, k, v, t, lens, cu = make_prefill([2048, 129, 1, 700], [2048, 1153, 3000, 701], 32, 8, 128, torch.bfloat16,
+                                        device="cuda", seed=4)
+    ref = paged_attention_prefill(q.float(), k.float(), v.float(), t, lens, cu, impl="torch")
+    check(paged_prefill_triton(q, k, v, t, lens, cu, scale=128 ** -0.5, config=config), ref, torch.bfloat16, "gpu")
 
 
 @pytest.mark.parametrize("impl", ["loop", "torch", "triton"])

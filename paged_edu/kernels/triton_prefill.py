@@ -10,16 +10,42 @@ What you will learn
   sits at position ``p = ctx_i + j`` and sees keys ``0 .. p``.
 * how the decode kernel generalises: the keys are still gathered tile by tile through the block
   table; the queries are now a block of ``BLOCK_Q`` tokens times the ``G`` heads of a GQA group,
-  packed as ``BLOCK_Q * GROUP_PAD`` rows of one ``tl.dot`` (row ``r`` is token ``r // GROUP_PAD``,
-  head ``r % GROUP_PAD``), so each K/V tile is loaded once for all of them.
+  packed as ``ROWS = BLOCK_Q * GROUP_PAD`` rows of one ``tl.dot`` (row ``r`` is token
+  ``r // GROUP_PAD``, head ``r % GROUP_PAD``), so each K/V tile is loaded once for all of them.
+* the three things that make a flash-attention kernel fast, and how little code they are:
+  **causal tile skipping** (a block of queries reads keys only up to its last token: half the
+  work of a long causal prompt is never done), **no masks off the diagonal** (tiles wholly below
+  the diagonal run a mask-free loop; only the one or two tiles the diagonal crosses pay for
+  ``where``), and **longest work first** (the programs with the most keys start first, so the
+  GPU does not end on a tail of long programs).
+
+The math (flash attention with an online softmax, in log2 units)
+---------------------------------------------------------------
+For the rows ``r`` of one program and key tiles ``K_t, V_t`` (``TILE`` keys each)::
+
+    S_t = Q K_t^T                          (ROWS, TILE), fp32 accumulation
+    S_t[r, c] = -inf  where key c > p(r)   (only on diagonal tiles)
+    m'  = max(m, rowmax(S_t) * c)          c = scale * log2(e), so exp(x*scale) = exp2(x*c)
+    P_t = exp2(S_t * c - m')               (ROWS, TILE)
+    l   = l * exp2(m - m') + rowsum(P_t)
+    O   = O * exp2(m - m') + P_t V_t       (ROWS, HEAD_DIM)
+    out = O / l                            after the last tile
+
+Tile ``t`` holds keys ``t*TILE .. t*TILE + TILE - 1``. With ``p_min = ctx + q_block*BLOCK_Q`` the
+position of the program's first token, tiles ``t < (p_min + 1) // TILE`` are visible to every row
+(no mask); tiles up to ``cdiv(ctx + last token + 1, TILE)`` cross the diagonal (masked); the rest
+are never read. Tile 0 holds key 0, which every row sees, so ``m`` is finite after the first tile
+and no ``-inf - -inf`` can occur.
 
 Inputs are packed "varlen" style (see :func:`paged_edu.kernels.paged_attention_prefill`):
 ``q (num_q_tokens, num_q_heads, head_dim)`` with sequence ``i`` in rows
 ``cu_seqlens_q[i] : cu_seqlens_q[i + 1]``.
 
-Grid: ``(num_seqs, ceil(max_q_len / BLOCK_Q), num_kv_heads)``. A program whose block of queries
-lies past its sequence's ``q_len`` does no work (its key range is empty). We keep the causal mask
-on every tile for clarity; a production kernel would skip it on tiles wholly below the diagonal.
+Grid: ``(num_kv_heads, num_seqs, ceil(max_q_len / BLOCK_Q))``, the query blocks in *reverse*
+order (program ``z`` takes block ``n_blocks - 1 - z``: the last tokens, which read the most keys,
+start first). A program whose block lies past its sequence's ``q_len`` does no work.
+
+Benchmark: ``python benchmarks/bench_prefill.py`` (H200 figures in its JSON and the README).
 """
 
 from __future__ import annotations
@@ -32,7 +58,57 @@ import triton.language as tl
 
 from paged_edu.kernels.triton_decode import INTERPRETING
 
-__all__ = ["paged_prefill_triton"]
+__all__ = ["paged_prefill_triton", "prefill_config"]
+
+
+@triton.jit
+def _attend_tile(
+    q,  # (ROWS, HEAD_DIM_PAD) this program's queries
+    m_i, l_i, acc,  # running max (ROWS,) [log2 units], normaliser (ROWS,), output (ROWS, HEAD_DIM_PAD)
+    tile,  # which tile of TILE keys (positions tile*TILE ...)
+    key_end,  # keys 0 .. key_end - 1 exist for this program (diagonal tiles mask past it)
+    q_pos,  # (ROWS,) position of each row's token in its sequence
+    bt_row_ptr,  # this sequence's row of the block table
+    k_head_ptr, v_head_ptr,  # k_cache / v_cache advanced to this KV head
+    stride_k_block, stride_k_tok, stride_v_block, stride_v_tok,
+    offs_t, offs_d, d_mask,  # (TILE,), (HEAD_DIM_PAD,), (HEAD_DIM_PAD,)
+    qk_scale,  # scale * log2(e)
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, EVEN_D: tl.constexpr,
+    DIAGONAL: tl.constexpr,  # True: the causal mask (and the sequence end) apply to this tile
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pos = tile * TILE + offs_t  # (TILE,) key positions
+    # Gather: key at position t lives in block B(t // B), slot t % B.
+    if DIAGONAL:
+        valid = pos < key_end  # table entries past the sequence may be garbage: never read them
+        block_ids = tl.load(bt_row_ptr + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    else:
+        block_ids = tl.load(bt_row_ptr + pos // BLOCK_SIZE).to(tl.int64)
+    slot = pos % BLOCK_SIZE
+    k_ptrs = k_head_ptr + block_ids[:, None] * stride_k_block + slot[:, None] * stride_k_tok + offs_d[None, :]
+    v_ptrs = v_head_ptr + block_ids[:, None] * stride_v_block + slot[:, None] * stride_v_tok + offs_d[None, :]
+    if DIAGONAL:
+        k = tl.load(k_ptrs, mask=valid[:, None] & d_mask[None, :], other=0.0)  # (TILE, HEAD_DIM_PAD)
+        v = tl.load(v_ptrs, mask=valid[:, None] & d_mask[None, :], other=0.0)  # (TILE, HEAD_DIM_PAD)
+    elif EVEN_D:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=d_mask[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (ROWS, TILE) raw scores
+    if DIAGONAL:
+        s = tl.where(pos[None, :] <= q_pos[:, None], s, float("-inf"))  # causal: key <= own position
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # (ROWS,)
+    p = tl.exp2(s * qk_scale - m_new[:, None])  # (ROWS, TILE), one FMA + exp2 per score
+    alpha = tl.exp2(m_i - m_new)  # rescales what came before; 0 on the first tile
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -60,9 +136,9 @@ def _paged_prefill_kernel(
     UPCAST: tl.constexpr,  # interpreter: fp32 right after every load
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, "tf32" otherwise
 ):
-    seq = tl.program_id(0)
-    q_block = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    kv_head = tl.program_id(0)
+    seq = tl.program_id(1)
+    q_block = tl.num_programs(2) - 1 - tl.program_id(2)  # longest work first
 
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
@@ -85,41 +161,57 @@ def _paged_prefill_kernel(
         q = q.to(tl.float32)
     q_pos = ctx + tok  # (ROWS,) position of each row's token in the sequence
 
-    # Keys this block of queries needs: 0 .. ctx + last token of the block. Empty past q_len.
-    last = tl.minimum((q_block + 1) * BLOCK_Q, q_len)
-    key_end = tl.where(q_block * BLOCK_Q < q_len, ctx + last, 0)
+    # Keys this block needs: 0 .. ctx + its last token. None when the block lies past q_len.
+    has_work = q_block * BLOCK_Q < q_len
+    key_end = tl.where(has_work, ctx + tl.minimum((q_block + 1) * BLOCK_Q, q_len), 0)
+    num_tiles = tl.cdiv(key_end, TILE)
+    # Tiles every row sees in full: their last key <= the first token's position ctx + q_block*BLOCK_Q.
+    num_full = tl.where(has_work, (ctx + q_block * BLOCK_Q + 1) // TILE, 0)
 
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
     bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
-    for tile in range(0, tl.cdiv(key_end, TILE)):
-        pos = tile * TILE + offs_t  # (TILE,) key positions
-        valid = pos < key_end
-        block_ids = tl.load(bt_row_ptr + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + block_ids[:, None] * stride_k_block + (pos % BLOCK_SIZE)[:, None] * stride_k_tok
-                    + kv_head * stride_k_head + offs_d[None, :], mask=kv_mask, other=0.0)  # (TILE, HEAD_DIM_PAD)
-        v = tl.load(v_cache_ptr + block_ids[:, None] * stride_v_block + (pos % BLOCK_SIZE)[:, None] * stride_v_tok
-                    + kv_head * stride_v_head + offs_d[None, :], mask=kv_mask, other=0.0)  # (TILE, HEAD_DIM_PAD)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (ROWS, TILE)
-        causal = (pos[None, :] <= q_pos[:, None]) & valid[None, :]
-        s = tl.where(causal, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # Rows that have seen no key yet keep m = -inf: use 0 there so no -inf - -inf = NaN appears.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    k_head_ptr = k_cache_ptr + kv_head * stride_k_head
+    v_head_ptr = v_cache_ptr + kv_head * stride_v_head
 
-    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l = 0 only on padding rows, never stored
+    # Below the diagonal: no masks, the hot loop (software-pipelined, num_stages).
+    for tile in range(0, num_full):
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, tile, key_end, q_pos, bt_row_ptr, k_head_ptr, v_head_ptr,
+            stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_d, d_mask, qk_scale,
+            BLOCK_SIZE, TILE, HEAD_DIM == HEAD_DIM_PAD, False, UPCAST, DOT_PRECISION,
+        )
+    # On the diagonal: ceil((BLOCK_Q + TILE - 1) / TILE) tiles at most, masked.
+    for tile in range(num_full, num_tiles):
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, tile, key_end, q_pos, bt_row_ptr, k_head_ptr, v_head_ptr,
+            stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_d, d_mask, qk_scale,
+            BLOCK_SIZE, TILE, HEAD_DIM == HEAD_DIM_PAD, True, UPCAST, DOT_PRECISION,
+        )
+
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l = 0 only in programs with no work
     tl.store(out_ptr + (q_start + tok)[:, None] * stride_o_tok + head[:, None] * stride_o_head + offs_d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_mask[None, :])
+
+
+def prefill_config(head_dim: int, group: int, on_gpu: bool) -> dict:
+    """Rows per program, keys per tile, warps and pipeline depth.
+
+    ``ROWS`` query rows (``BLOCK_Q = ROWS // GROUP_PAD`` tokens times the group's heads) against
+    ``TILE`` keys per step. On the GPU: 128 rows x 64 keys, 8 warps, 3 stages (the best of a sweep
+    on an H200, ``benchmarks/bench_prefill.py --sweep``; head_dim 256 halves both to fit shared
+    memory). In the interpreter: small tiles, so that tests with a few dozen tokens still run
+    full tiles, diagonal tiles and several query blocks.
+    """
+    group_pad = triton.next_power_of_2(group)
+    head_dim_pad = triton.next_power_of_2(head_dim)
+    if on_gpu:
+        rows, tile = (128, 64) if head_dim_pad <= 128 else (64, 32)
+        cfg = dict(ROWS=rows, TILE=tile, num_warps=8, num_stages=3)
+    else:
+        cfg = dict(ROWS=16, TILE=16, num_warps=4, num_stages=1)
+    return dict(cfg, GROUP_PAD=group_pad, HEAD_DIM_PAD=head_dim_pad)
 
 
 def paged_prefill_triton(
@@ -132,6 +224,7 @@ def paged_prefill_triton(
     *,
     scale: float,
     max_q_len: int | None = None,  # None: read it off cu_seqlens_q (a sync), or num_q_tokens while capturing
+    config: dict | None = None,  # overrides of prefill_config (benchmark sweeps, tests)
 ) -> torch.Tensor:  # (num_q_tokens, num_q_heads, head_dim)
     """Launch the prefill kernel on validated inputs (see :func:`paged_edu.kernels.paged_attention_prefill`)."""
     if not INTERPRETING and not q.is_cuda:
@@ -155,11 +248,10 @@ def paged_prefill_triton(
             max_q_len = num_q_tokens
         else:
             max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
-    group_pad = triton.next_power_of_2(group)
-    head_dim_pad = triton.next_power_of_2(head_dim)
-    block_q = max(1, 64 // group_pad) if not INTERPRETING else max(1, 16 // group_pad)
-    tile = 64 if head_dim_pad <= 128 else 32
-    grid = (num_seqs, triton.cdiv(max_q_len, block_q), num_kv_heads)
+    cfg = prefill_config(head_dim, group, on_gpu=not INTERPRETING)
+    cfg.update(config or {})
+    block_q = max(1, cfg["ROWS"] // cfg["GROUP_PAD"])
+    grid = (num_kv_heads, num_seqs, triton.cdiv(max_q_len, block_q))
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out,
         scale * math.log2(math.e),
@@ -168,9 +260,9 @@ def paged_prefill_triton(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
-        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-        BLOCK_SIZE=block_size, BLOCK_Q=block_q, TILE=tile,
+        GROUP=group, GROUP_PAD=cfg["GROUP_PAD"], HEAD_DIM=head_dim, HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
+        BLOCK_SIZE=block_size, BLOCK_Q=block_q, TILE=cfg["TILE"],
         UPCAST=INTERPRETING, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4, num_stages=2,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out
