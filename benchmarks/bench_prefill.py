@@ -273,14 +273,10 @@ def summarise(row):
 
 
 def sweep_grid():
-    grid = []
-    for rows, tile, warps, stages in [(128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 4), (128, 32, 4, 3),
-                                      (128, 32, 4, 4), (128, 64, 4, 4), (256, 64, 8, 2), (256, 64, 8, 3),
-                                      (256, 32, 8, 3), (128, 32, 8, 3), (256, 128, 8, 2), (64, 64, 4, 3)]:
-        grid.append(dict(ROWS=rows, TILE=tile, num_warps=warps, num_stages=stages, WARP_SPEC=False))
-    for rows, tile, warps, stages in [(128, 128, 8, 3), (128, 64, 4, 3)]:
-        grid.append(dict(ROWS=rows, TILE=tile, num_warps=warps, num_stages=stages, WARP_SPEC=True))
-    return grid
+    """Around the default (256 rows x 64 keys, 8 warps, 3 stages): depth, tile length, warps."""
+    grid = [(256, 64, 8, 3), (256, 64, 8, 4), (256, 32, 8, 4), (256, 64, 16, 3), (256, 128, 16, 2),
+            (256, 128, 16, 3), (512, 64, 16, 2), (128, 128, 8, 3), (128, 32, 4, 3)]
+    return [dict(ROWS=r, TILE=t, num_warps=w, num_stages=st) for r, t, w, st in grid]
 
 
 def markdown(rows):

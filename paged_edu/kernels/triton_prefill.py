@@ -137,7 +137,6 @@ def _paged_prefill_kernel(
     TILE: tl.constexpr,  # keys per loop step
     UPCAST: tl.constexpr,  # interpreter: fp32 right after every load
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, "tf32" otherwise
-    WARP_SPEC: tl.constexpr,  # let Triton warp-specialise the hot loop (loads vs math), where it can
 ):
     kv_head = tl.program_id(0)
     seq = tl.program_id(1)
@@ -179,20 +178,12 @@ def _paged_prefill_kernel(
     v_head_ptr = v_cache_ptr + kv_head * stride_v_head
 
     # Below the diagonal: no masks, the hot loop (software-pipelined, num_stages).
-    if WARP_SPEC:
-        for tile in tl.range(0, num_full, warp_specialize=True):
-            m_i, l_i, acc = _attend_tile(
-                q, m_i, l_i, acc, tile, key_end, q_pos, bt_row_ptr, k_head_ptr, v_head_ptr,
-                stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_d, d_mask, qk_scale,
-                BLOCK_SIZE, TILE, HEAD_DIM == HEAD_DIM_PAD, False, UPCAST, DOT_PRECISION,
-            )
-    else:
-        for tile in range(0, num_full):
-            m_i, l_i, acc = _attend_tile(
-                q, m_i, l_i, acc, tile, key_end, q_pos, bt_row_ptr, k_head_ptr, v_head_ptr,
-                stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_d, d_mask, qk_scale,
-                BLOCK_SIZE, TILE, HEAD_DIM == HEAD_DIM_PAD, False, UPCAST, DOT_PRECISION,
-            )
+    for tile in range(0, num_full):
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, tile, key_end, q_pos, bt_row_ptr, k_head_ptr, v_head_ptr,
+            stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_d, d_mask, qk_scale,
+            BLOCK_SIZE, TILE, HEAD_DIM == HEAD_DIM_PAD, False, UPCAST, DOT_PRECISION,
+        )
     # On the diagonal: ceil((BLOCK_Q + TILE - 1) / TILE) tiles at most, masked.
     for tile in range(num_full, num_tiles):
         m_i, l_i, acc = _attend_tile(
@@ -218,10 +209,10 @@ def prefill_config(head_dim: int, group: int, on_gpu: bool) -> dict:
     group_pad = triton.next_power_of_2(group)
     head_dim_pad = triton.next_power_of_2(head_dim)
     if on_gpu:
-        rows, tile = (128, 128) if head_dim_pad <= 128 else (64, 32)
-        cfg = dict(ROWS=rows, TILE=tile, num_warps=8, num_stages=3, WARP_SPEC=False)
+        rows, tile = (256, 64) if head_dim_pad <= 128 else (64, 32)
+        cfg = dict(ROWS=rows, TILE=tile, num_warps=8, num_stages=3)
     else:
-        cfg = dict(ROWS=16, TILE=16, num_warps=4, num_stages=1, WARP_SPEC=False)
+        cfg = dict(ROWS=16, TILE=16, num_warps=4, num_stages=1)
     return dict(cfg, GROUP_PAD=group_pad, HEAD_DIM_PAD=head_dim_pad)
 
 
@@ -274,7 +265,6 @@ def paged_prefill_triton(
         GROUP=group, GROUP_PAD=cfg["GROUP_PAD"], HEAD_DIM=head_dim, HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, TILE=cfg["TILE"],
         UPCAST=INTERPRETING, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        WARP_SPEC=bool(cfg["WARP_SPEC"]) and not INTERPRETING,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out
