@@ -13,12 +13,14 @@ What runs, on the same data:
 * **paged_edu Triton** -- :func:`paged_edu.kernels.triton_prefill.paged_prefill_triton` on the
   paged cache, ``max_q_len`` given (the engine knows it; otherwise reading it is a host sync).
 * **SDPA, contiguous** -- ``torch.nn.functional.scaled_dot_product_attention`` on the same K/V
-  gathered into ``(seqs, heads, tokens, head_dim)`` beforehand (untimed), forced onto the flash
-  backend (``sdpa_kernel(FLASH_ATTENTION)``). With no prefix the mask is ``is_causal=True``; with a
-  prefix it is ``causal_lower_right(q_len, kv_len)``, which SDPA hands to the flash kernel as a
-  causal mask aligned at the bottom right. GQA through ``enable_gqa=True``, or with K/V repeated to
-  32 heads (untimed) where flash refuses it. A plain boolean mask (which leaves the flash path) is
-  timed too, for reference. The best flash formulation is the yardstick.
+  gathered into ``(seqs, heads, tokens, head_dim)`` beforehand (untimed), in every formulation
+  that reaches a fused kernel: forced onto the flash backend (FA2, ``sdpa_kernel(FLASH_ATTENTION)``)
+  and onto cuDNN's (``CUDNN_ATTENTION``, on Hopper the fastest), and SDPA's own choice. With no
+  prefix the mask is ``is_causal=True``; with a prefix it is ``causal_lower_right(q_len, kv_len)``,
+  which SDPA hands to the flash kernel as a causal mask aligned at the bottom right (cuDNN gets
+  that mask only as a boolean tensor, which is slow). GQA through ``enable_gqa=True`` and with K/V
+  repeated to 32 heads (untimed). A plain boolean mask on SDPA's default choice is timed too, for
+  reference. The yardstick is the fastest correct fused formulation of each case, named in the JSON.
 * **FlexAttention, paged** -- ``flex_attention`` compiled, over the pool in its own head-major page
   layout ``(1, kv_heads, num_blocks * 16, head_dim)`` (copied beforehand, untimed), with the block
   mask of a bottom-right causal ``mask_mod`` converted to physical pages by

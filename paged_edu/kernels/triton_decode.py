@@ -161,7 +161,6 @@ def _paged_decode_kernel(
     UPCAST: tl.constexpr,  # interpreter: fp32 right after every load
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, "tf32" otherwise
     HEADS_FASTEST: tl.constexpr,  # grid (H_kv, num_seqs, splits) instead of (num_seqs, H_kv, splits)
-    USE_PDL: tl.constexpr,  # the merge kernel is launched as a programmatic dependent (Hopper+)
 ):
     # The KV heads of one sequence are neighbours in the launch order: the programs running side
     # by side then read neighbouring rows of the same blocks (a token's row holds all KV heads).
@@ -172,10 +171,6 @@ def _paged_decode_kernel(
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if USE_PDL:
-        # Let the merge kernel be launched now: its programs wait (gdc_wait) until this whole grid
-        # has finished and its stores are visible, but its launch latency is hidden behind our work.
-        tl.extra.cuda.gdc_launch_dependents()
 
     # This program's range of tiles: the sequence's tiles cut into num_splits equal parts.
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -255,10 +250,7 @@ def _merge_splits_kernel(
     HEAD_DIM: tl.constexpr,  # D
     HEAD_DIM_PAD: tl.constexpr,  # D rounded up to a power of two
     SPLITS_PAD: tl.constexpr,  # num_splits rounded up to a power of two
-    USE_PDL: tl.constexpr,  # launched as a programmatic dependent: wait for the first kernel here
 ):
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()  # every split's partial result is written and visible after this
     seq = tl.program_id(0)
     head = tl.program_id(1)
     row = seq * tl.num_programs(1) + head  # (sequence, head) pair
@@ -291,12 +283,6 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-@functools.lru_cache(maxsize=None)
-def _has_pdl(device_index: int) -> bool:
-    """Programmatic dependent launch: Hopper (sm_90) and later."""
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
 def decode_config(head_dim: int, group: int, on_gpu: bool) -> dict:
     """Tile length, warps and pipeline depth.
 
@@ -313,7 +299,7 @@ def decode_config(head_dim: int, group: int, on_gpu: bool) -> dict:
         group_pad = max(16, group_pad)  # a 16-bit tl.dot needs M >= 16 on the tensor cores
     tile = max(16, min(128, 8192 // head_dim_pad))
     return dict(TILE=tile, GROUP_PAD=group_pad, HEAD_DIM_PAD=head_dim_pad, HEADS_FASTEST=True,
-                num_warps=4, num_stages=2, PDL=on_gpu)
+                num_warps=4, num_stages=2)
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_len: int, tile: int, num_sms: int) -> int:
@@ -377,9 +363,6 @@ def paged_attention_triton(
     if not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
     split = num_splits > 1
-    # Programmatic dependent launch of the merge: its launch overlaps the first kernel's work.
-    device_index = (q.device.index if q.device.index is not None else torch.cuda.current_device()) if q.is_cuda else None
-    use_pdl = bool(split and cfg.get("PDL") and not INTERPRETING and _has_pdl(device_index))
     if split:
         part_o = torch.empty(num_seqs, num_q_heads, num_splits, cfg["HEAD_DIM_PAD"], device=q.device, dtype=torch.float32)
         part_lse = torch.empty(num_seqs, num_q_heads, num_splits, device=q.device, dtype=torch.float32)
@@ -398,14 +381,12 @@ def paged_attention_triton(
         GROUP=group, GROUP_PAD=cfg["GROUP_PAD"], HEAD_DIM=head_dim, HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
         BLOCK_SIZE=block_size, TILE=cfg["TILE"], SPLIT=split,
         UPCAST=INTERPRETING, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        HEADS_FASTEST=cfg["HEADS_FASTEST"], USE_PDL=use_pdl,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        HEADS_FASTEST=cfg["HEADS_FASTEST"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if split:
         _merge_splits_kernel[(num_seqs, num_q_heads)](
             part_o, part_lse, out, num_splits, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
-            SPLITS_PAD=triton.next_power_of_2(num_splits), USE_PDL=use_pdl, num_warps=4,
-            **({"launch_pdl": True} if use_pdl else {}),
+            SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
         )
     return out
