@@ -50,14 +50,17 @@ Benchmark
 ``python benchmarks/bench_prefill.py`` on an H200 (bf16, B=16, 32/8 heads, head_dim 128, random
 block tables; CUDA-graph replays, L2 flushed; every output checked against the fp32 oracle):
 
-=====================  ==========  ==============================  ==================
-seqs x new over cached  this        best fused SDPA, contiguous     FlexAttention paged
-=====================  ==========  ==============================  ==================
-8 x 1024 over 1024     593 us      743 us (FA2, lower-right causal) 1110 us
-1 x 8192               1320 us     1042 us (cuDNN, is_causal)       2563 us
-64 x 128 over 2048     817 us      1020 us (FA2, lower-right causal) 1483 us
-4 x 2048               402 us      374 us (cuDNN, is_causal)        829 us
-=====================  ==========  ==============================  ==================
+======================  ===========  =================================  ===================
+seqs x new over cached  this kernel  best fused SDPA, contiguous        FlexAttention paged
+======================  ===========  =================================  ===================
+8 x 1024 over 1024      593 us       743 us (FA2, lower-right causal)   1110 us
+1 x 8192                1320 us      1042 us (cuDNN, is_causal)         2563 us
+64 x 128 over 2048      817 us       1020 us (FA2, lower-right causal)  1483 us
+4 x 2048                402 us       374 us (cuDNN, is_causal)          829 us
+======================  ===========  =================================  ===================
+
+SDPA's fastest kernel (cuDNN) takes only a top-left causal mask, so for the cached-prefix cases the
+fastest correct fused SDPA is FA2; ``figures/prefill_bench.json`` has every formulation.
 """
 
 from __future__ import annotations
