@@ -15,6 +15,7 @@ from paged_edu.lessons import exercises as ex
 from paged_edu.lessons.exercises import lesson4 as L4
 from paged_edu.lessons.kernel_ladder import cpu_ladder, source_between, stored_gpu_figures
 from paged_edu.lessons.online_softmax import OnlineSoftmaxStepper
+from paged_edu.viz.kernel_figures import ladder_figure, split_figure, stored_split_points
 from paged_edu.viz.softmax_stepper import SoftmaxStepperWidget, stepper_traces
 
 
@@ -183,7 +184,7 @@ def test_decode_bytes_counts_kv_once_per_kv_head_plus_q_and_out():
 
 def test_cpu_ladder_times_three_correct_implementations():
     row = cpu_ladder(num_seqs=1, seq_len=32, num_q_heads=2, num_kv_heads=1, head_dim=16, reps=1)
-    assert set(row["impls"]) == {"loop", "torch", "triton"}
+    assert set(row["impls"]) == {"seed", "loop", "torch", "triton"}
     for m in row["impls"].values():
         assert m["us"] > 0 and m["rel_err"] < 1e-5
     us, out = wall_us(lambda: 3, reps=2)
@@ -193,7 +194,11 @@ def test_cpu_ladder_times_three_correct_implementations():
 def test_stored_figures_and_kernel_source():
     figures = stored_gpu_figures()
     assert figures is not None and {r["case"] for r in figures["cases"]} >= {"1x8192", "64x4096"}
-    assert stored_gpu_figures("/nonexistent/kernel_bench.json") is None
+    assert stored_gpu_figures(path="/nonexistent/kernel_bench.json") is None
+    sweep = stored_split_points(stored_gpu_figures("kernel_sweep.json"), "1x8192")
+    assert sweep["chosen_splits"] == 64 and [p["splits"] for p in sweep["points"]] == sorted({p["splits"] for p in sweep["points"]})
+    assert stored_split_points({"cases": []}, "1x8192") is None
+    assert len(split_figure([sweep], "t").data) == 3 and len(ladder_figure(figures["cases"], "t").data) == 4
     from paged_edu.kernels import triton_decode
 
     text = source_between(triton_decode._paged_decode_kernel, "tl.program_id", "seq_len = ")

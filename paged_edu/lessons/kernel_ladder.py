@@ -22,6 +22,7 @@ import torch
 
 from paged_edu.kernels import paged_attention_decode
 from paged_edu.kernels.reference import paged_attention_loop, paged_attention_torch
+from paged_edu.kernels.seed_kernel import paged_attention_decode_step_fixed
 from paged_edu.kernels.timing import Timer, copy_ceiling_us, decode_bytes, random_paged_case, rel_err, wall_us
 
 __all__ = ["cpu_ladder", "gpu_ladder", "source_between", "split_sweep", "stored_gpu_figures"]
@@ -33,6 +34,8 @@ def _impl_fn(impl: str, case, scale: float):
     q, k, v, t, lens = case
     if impl == "loop":
         return lambda: paged_attention_loop(q, k, v, t, lens, scale=scale)
+    if impl == "seed":  # the seed's own code, with its 3-line fix (as written it fails on bf16)
+        return lambda: paged_attention_decode_step_fixed(q, k, v, t, lens, block_size=k.shape[1])
     if impl == "torch":
         return lambda: paged_attention_torch(q, k, v, t, lens, scale=scale)
     return lambda: paged_attention_decode(q, k, v, t, lens, impl="triton", validate=False)
@@ -54,11 +57,11 @@ def gpu_ladder(cases, *, num_q_heads=32, num_kv_heads=8, head_dim=128, block_siz
         ref = paged_attention_torch(*case, scale=scale).float()
         row = {"case": f"{num_seqs}x{seq_len}", "bytes": io_bytes, "ceiling_us": ceil_us, "ceiling_GBps": ceil_gbs,
                "impls": {}}
-        for impl in ("loop", "torch", "triton"):
-            if impl == "loop" and (num_seqs, seq_len) not in set(loop_cases):
+        for impl in ("seed", "loop", "torch", "triton"):
+            if impl in ("seed", "loop") and (num_seqs, seq_len) not in set(loop_cases):
                 continue
             fn = _impl_fn(impl, case, scale)
-            us, _, out = timer.eager(fn) if impl == "loop" else timer.graph(fn)
+            us, _, out = timer.eager(fn) if impl in ("seed", "loop") else timer.graph(fn)
             gbs = io_bytes / us / 1e3
             row["impls"][impl] = {"us": us, "GBps": gbs, "pct_of_ceiling": 100 * gbs / ceil_gbs,
                                   "rel_err": rel_err(out, ref)}
@@ -98,21 +101,22 @@ def split_sweep(num_seqs: int, seq_len: int, splits, *, num_q_heads=32, num_kv_h
 
 def cpu_ladder(num_seqs=2, seq_len=64, *, num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
                dtype=torch.float32, reps=3) -> dict:
-    """Wall-clock µs of loop, torch and Triton (interpreted on a CPU) at a small size, and their errors."""
+    """Wall-clock µs of the seed's code (fixed), loop, torch and Triton (interpreted on a CPU) at a small size, and their errors."""
     case = random_paged_case(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size,
                              dtype=dtype, device="cpu")
     scale = head_dim ** -0.5
     ref = paged_attention_torch(*case, scale=scale).float()
     out = {"case": f"{num_seqs}x{seq_len}", "impls": {}}
-    for impl in ("loop", "torch", "triton"):
+    for impl in ("seed", "loop", "torch", "triton"):
         us, o = wall_us(_impl_fn(impl, case, scale), reps=reps)
         out["impls"][impl] = {"us": us, "rel_err": rel_err(o, ref)}
     return out
 
 
-def stored_gpu_figures(path: Path | None = None) -> dict | None:
-    """``figures/kernel_bench.json`` (the README's H200 run), or None when this install has no copy."""
-    path = Path(path) if path is not None else FIGURES / "kernel_bench.json"
+def stored_gpu_figures(name: str = "kernel_bench.json", *, path: Path | None = None) -> dict | None:
+    """``figures/<name>`` -- ``kernel_bench.json`` (the README's H200 run) or ``kernel_sweep.json`` (its
+    configuration sweep) -- or None when this install has no copy (a pip install has no figures/)."""
+    path = Path(path) if path is not None else FIGURES / name
     if not path.exists():
         return None
     with open(path) as f:
