@@ -251,6 +251,9 @@ def test_a_learners_correct_update_is_checked_by_the_same_stepper_test():
     assert L4.run_stepper_check(mine) == (True, "")
     assert ex.check("4.3", mine)
     assert not ex.check("4.2", lambda *a: "many")
+    for name in ("4.1", "4.2", "4.3"):  # the notebook's starting point: a function that returns None
+        verdict = ex.check(name, lambda *a: None)
+        assert not verdict and "returned None" in str(verdict)
 
 
 # ----------------------------------------------------------------------------------------------

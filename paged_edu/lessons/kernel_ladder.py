@@ -107,9 +107,16 @@ def cpu_ladder(num_seqs=2, seq_len=64, *, num_q_heads=4, num_kv_heads=2, head_di
     scale = head_dim ** -0.5
     ref = paged_attention_torch(*case, scale=scale).float()
     out = {"case": f"{num_seqs}x{seq_len}", "impls": {}}
-    for impl in ("seed", "loop", "torch", "triton"):
-        us, o = wall_us(_impl_fn(impl, case, scale), reps=reps)
-        out["impls"][impl] = {"us": us, "rel_err": rel_err(o, ref)}
+    # One thread: at this size every op is tiny, and a thread pool on a busy machine costs far more than
+    # the work (seen here: 0.5 s instead of 1 ms for the loop with 2 threads on a shared 2-core machine).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for impl in ("seed", "loop", "torch", "triton"):
+            us, o = wall_us(_impl_fn(impl, case, scale), reps=reps)
+            out["impls"][impl] = {"us": us, "rel_err": rel_err(o, ref)}
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 

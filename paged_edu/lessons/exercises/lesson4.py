@@ -105,6 +105,8 @@ def _check_4_1(fn) -> Verdict:
             got = fn(*st1, *st2)
         except Exception as exc:  # a learner's bug is a verdict, not a crash
             return Verdict(False, [f"[ ] merge: on {name} it raised {_describe_error(exc)}"])
+        if got is None:
+            return Verdict(False, ["[ ] merge: your function returned None -- your turn"])
         if _matches(got, whole) and _close(got[2] / got[1][:, None], truth):
             continue
         lines = [f"[ ] merge: wrong on {name}"]
@@ -175,6 +177,8 @@ def _check_4_2(fn) -> Verdict:
             return Verdict(False, [f"[ ] decode_bytes{args} raised {_describe_error(exc)}"])
         if isinstance(got, (int, float)) and not isinstance(got, bool) and got == expected:
             continue
+        if got is None:
+            return Verdict(False, ["[ ] decode_bytes: your function returned None -- your turn"])
         lines = [f"[ ] decode_bytes{args} -> {got!r}, expected {expected:,}"]
         hint = next((h for h, wrong in WRONG_BYTES.items() if got == wrong(*args)), None)
         if hint:
@@ -232,6 +236,10 @@ def run_stepper_check(update) -> tuple[bool, str]:
             expected = ref.step()
             try:
                 got = mine.step()
+            except TypeError as exc:
+                if "got NoneType" in str(exc):
+                    return False, "your function returned None -- your turn"
+                return False, f"{name}: block {b} raised {_describe_error(exc)}"
             except Exception as exc:
                 return False, f"{name}: block {b} raised {_describe_error(exc)}"
             for part in ("m", "l", "o"):
