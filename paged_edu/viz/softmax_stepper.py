@@ -74,7 +74,7 @@ def stepper_traces(stepper: OnlineSoftmaxStepper, head: int = 0) -> list[dict]:
 
 def stepper_figure(stepper: OnlineSoftmaxStepper, head: int = 0) -> go.Figure:
     fig = make_subplots(rows=3, cols=2, specs=[[{"colspan": 2}, None], [{}, {}], [{}, {}]],
-                        row_heights=[0.16, 0.42, 0.42], vertical_spacing=0.11,
+                        row_heights=[0.16, 0.42, 0.42], vertical_spacing=0.13,
                         subplot_titles=("physical pool: the sequence's blocks b and B(b)", "scores S_b and running max m",
                                         "normaliser l after block b", "o / l now vs attention over the whole sequence",
                                         "relative error of o / l after block b"))
