@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_edu.kernels import paged_attention_decode
+from paged_edu.kernels import paged_attention_decode, triton_interpreting
 from paged_edu.kernels.online_softmax import block_update, empty_state, merge_states
 from paged_edu.kernels.reference import paged_attention_torch
 from paged_edu.kernels.seed_kernel import paged_attention_decode_step, paged_attention_decode_step_fixed
@@ -17,6 +17,9 @@ from paged_edu.lessons.kernel_ladder import cpu_ladder, source_between, stored_g
 from paged_edu.lessons.online_softmax import OnlineSoftmaxStepper
 from paged_edu.viz.kernel_figures import ladder_figure, split_figure, stored_split_points
 from paged_edu.viz.softmax_stepper import SoftmaxStepperWidget, stepper_traces
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels run where the suite runs
 
 
 def brute_force(stepper: OnlineSoftmaxStepper) -> torch.Tensor:
@@ -95,7 +98,7 @@ def test_shuffle_changes_the_table_not_the_answer():
 
 
 def test_stepper_agrees_with_every_decode_kernel_on_its_cache():
-    s = OnlineSoftmaxStepper(45, block_size=8, num_blocks=10)
+    s = OnlineSoftmaxStepper(45, block_size=8, num_blocks=10, device=DEVICE)
     s.run()
     for impl in ("loop", "torch", "triton"):
         out = paged_attention_decode(*s.decode_inputs(), impl=impl)[0].float()
@@ -184,7 +187,7 @@ def test_decode_bytes_counts_kv_once_per_kv_head_plus_q_and_out():
 
 def test_cpu_ladder_times_three_correct_implementations():
     row = cpu_ladder(num_seqs=1, seq_len=32, num_q_heads=2, num_kv_heads=1, head_dim=16, reps=1)
-    assert set(row["impls"]) == {"seed", "loop", "torch", "triton"}
+    assert set(row["impls"]) == {"seed", "loop", "torch"} | ({"triton"} if triton_interpreting() else set())
     for m in row["impls"].values():
         assert m["us"] > 0 and m["rel_err"] < 1e-5
     us, out = wall_us(lambda: 3, reps=2)

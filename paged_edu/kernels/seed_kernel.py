@@ -14,10 +14,10 @@ What really happens when it runs (torch 2.13 CPU; lesson 4 shows it live on the 
   of ``einsum("hd,vhd->hv", q_b, k_block)`` in bf16; ``m_new = max(m_i (fp32), m_block (bf16))``
   promotes to fp32, so ``p_block = exp(scores - m_new)`` is fp32; then
   ``einsum("hv,vhd->hd", p_block, v_block)`` multiplies an fp32 tensor by a bf16 one, and einsum
-  does not promote: a ``RuntimeError``. Its wording depends on the shapes einsum lowers to (torch
-  2.13 CPU): ``expected m1 and m2 to have the same dtype, but got: float != c10::BFloat16`` (a
-  batched matmul, as with GQA) or ``expected scalar type Float but found BFloat16``; ``Half`` for
-  fp16. So the seed's own simulation (bf16 on CUDA) can never reach its ``print(... "(Success)")``.
+  does not promote: a ``RuntimeError``. Its wording depends on the device and on the shapes einsum
+  lowers to: on torch 2.13 CPU ``expected m1 and m2 to have the same dtype, but got: float !=
+  c10::BFloat16`` (the GQA case of lesson 4) or ``expected scalar type Float but found BFloat16``;
+  on an H200 (torch 2.11, CUDA) ``expected scalar type Float but found BFloat16``; ``Half`` for fp16. So the seed's own simulation (bf16 on CUDA) can never reach its ``print(... "(Success)")``.
 
 The smaller defects, which do not stop it:
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from paged_edu.kernels import paged_attention_decode
+from paged_edu.kernels import paged_attention_decode, triton_interpreting
 from paged_edu.kernels.reference import paged_attention_loop, paged_attention_torch
 from paged_edu.kernels.seed_kernel import paged_attention_decode_step_fixed
 from paged_edu.kernels.timing import Timer, copy_ceiling_us, decode_bytes, random_paged_case, rel_err, wall_us
@@ -86,13 +86,13 @@ def split_sweep(num_seqs: int, seq_len: int, splits, *, num_q_heads=32, num_kv_h
     ceil_gbs = 2 * kv_bytes / ceil_us / 1e3
     scale = head_dim ** -0.5
     ref = paged_attention_torch(*case, scale=scale).float()
+    cfg = decode_config(head_dim, num_q_heads // num_kv_heads, on_gpu=True)
+    chosen = choose_num_splits(num_seqs, num_kv_heads, seq_len, cfg["TILE"], _num_sms(q.device.index or 0))
     points = []
-    for n in splits:
+    for n in sorted(set(splits) | {chosen}):  # the kernel's own choice is always measured too
         us, _, out = timer.graph(lambda: paged_attention_triton(*case, scale=scale, num_splits=n))
         points.append({"splits": n, "us": us, "pct_of_ceiling": 100 * io_bytes / us / 1e3 / ceil_gbs,
                        "rel_err": rel_err(out, ref)})
-    cfg = decode_config(head_dim, num_q_heads // num_kv_heads, on_gpu=True)
-    chosen = choose_num_splits(num_seqs, num_kv_heads, seq_len, cfg["TILE"], _num_sms(q.device.index or 0))
     del case, q, k, ref
     torch.cuda.empty_cache()
     return {"case": f"{num_seqs}x{seq_len}", "ceiling_us": ceil_us, "programs_without_splits": num_seqs * num_kv_heads,
@@ -113,6 +113,8 @@ def cpu_ladder(num_seqs=2, seq_len=64, *, num_q_heads=4, num_kv_heads=2, head_di
     torch.set_num_threads(1)
     try:
         for impl in ("seed", "loop", "torch", "triton"):
+            if impl == "triton" and not triton_interpreting():
+                continue  # CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before the import)
             us, o = wall_us(_impl_fn(impl, case, scale), reps=reps)
             out["impls"][impl] = {"us": us, "rel_err": rel_err(o, ref)}
     finally:
