@@ -289,3 +289,21 @@ def test_widget_next_block_run_reset_shuffle_and_head_slider():
 def test_stepper_traces_refuse_a_bad_head():
     with pytest.raises(ValueError, match="head must be in"):
         stepper_traces(OnlineSoftmaxStepper(10), head=7)
+
+
+def test_every_piece_of_the_kernel_the_lesson_shows_is_still_in_its_source():
+    """Lesson 4 prints pieces of triton_decode.py between marker lines: a kernel edit that removes a
+    marker must fail here, not in the middle of the lesson."""
+    import json
+    import re
+    from pathlib import Path
+
+    from paged_edu.kernels import triton_decode as td
+    from paged_edu.lessons import kernel_ladder as ladder
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "04_online_softmax_and_the_kernel.ipynb").read_text())
+    calls = [m for c in nb["cells"] if c["cell_type"] == "code"
+             for m in re.findall(r"ladder\.source_between\([^\n]*\)(?=\))", "".join(c["source"]))]
+    assert len(calls) >= 5
+    for call in calls:
+        assert eval(call, {"ladder": ladder, "td": td}).strip(), call  # noqa: S307 -- our own notebook
