@@ -23,7 +23,6 @@ import itertools
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
@@ -33,6 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from paged_edu.kernels import paged_attention_decode  # noqa: E402
 from paged_edu.kernels.reference import paged_attention_loop, paged_attention_torch  # noqa: E402
+# Timer (CUDA graphs, L2 flushed), the copy ceiling and the case generator live in the library, so
+# that lesson 4 times kernels exactly as this benchmark does.
+from paged_edu.kernels.timing import Timer, copy_ceiling_us, random_paged_case, rel_err  # noqa: E402,F401
+from paged_edu.kernels.timing import percentile as _pct  # noqa: E402
 
 CASES = [(1, 8192), (8, 2048), (32, 2048), (64, 4096), (128, 1024), (16, 32768)]
 H_Q, H_KV, D, B = 32, 8, 128, 16
@@ -61,102 +64,8 @@ def best_peer(case):
     return name, PEERS[name][case]
 
 
-# ----------------------------------------------------------------------------------------------
-# Timing: CUDA-graph replays, L2 flushed before each
-# ----------------------------------------------------------------------------------------------
-
-
-class Timer:
-    def __init__(self, reps: int, warmup: int):
-        self.reps, self.warmup = reps, warmup
-        self.flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # > 4x the 60 MiB L2
-
-    def _warm(self, fn):
-        """At least ``warmup`` calls and 50 ms of them: clocks and caches settle before timing."""
-        torch.cuda.synchronize()
-        t0, n = time.perf_counter(), 0
-        while n < self.warmup or time.perf_counter() - t0 < 0.05:
-            fn()
-            n += 1
-            if n % 10 == 0:
-                torch.cuda.synchronize()
-        torch.cuda.synchronize()
-
-    def graph(self, fn):
-        """Capture ``fn`` in a CUDA graph; return (median microseconds, all samples, output)."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fn()  # compile and allocate outside the capture
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn()
-        self._warm(graph.replay)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        for i in range(self.reps):
-            self.flush.zero_()  # evicts K/V from L2; also keeps the GPU busy while we enqueue
-            starts[i].record()
-            graph.replay()
-            ends[i].record()
-        torch.cuda.synchronize()
-        samples = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
-        del graph
-        return statistics.median(samples), samples, out
-
-    def events(self, fn):
-        """Median microseconds of eager calls, timed with CUDA events, L2 flushed before each."""
-        self._warm(fn)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        for i in range(self.reps):
-            self.flush.zero_()
-            starts[i].record()
-            fn()
-            ends[i].record()
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
-
-    def eager(self, fn, reps: int = 3):
-        """Wall-clock of an eager call (the loop is not capturable: it reads lengths on the host)."""
-        fn()
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(reps):
-            self.flush.zero_()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            out = fn()
-            torch.cuda.synchronize()
-            samples.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(samples), samples, out
-
-
 def make_case(num_seqs: int, seq_len: int, seed: int = 0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    blocks_per_seq = seq_len // B
-    num_blocks = num_seqs * blocks_per_seq
-    k_cache = torch.randn(num_blocks, B, H_KV, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    v_cache = torch.randn(num_blocks, B, H_KV, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    q = torch.randn(num_seqs, H_Q, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    tables = torch.randperm(num_blocks, device="cuda", generator=g).to(torch.int32).view(num_seqs, blocks_per_seq)
-    lens = torch.full((num_seqs,), seq_len, dtype=torch.int32, device="cuda")
-    return q, k_cache, v_cache, tables, lens
-
-
-def _pct(samples, q):
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(len(s) * q / 100))]
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return ((out - ref).norm() / ref.norm()).item()
+    return random_paged_case(num_seqs, seq_len, H_Q, H_KV, D, B, dtype=torch.bfloat16, device="cuda", seed=seed)
 
 
 def measure_case(timer, case, impls, sweep_configs=None, sweep_timer=None):
@@ -165,12 +74,9 @@ def measure_case(timer, case, impls, sweep_configs=None, sweep_timer=None):
     kv_bytes = 2 * k.numel() * k.element_size()
     io_bytes = kv_bytes + 2 * q.numel() * q.element_size()  # K, V read; q read; out written
 
+    ceil_us = copy_ceiling_us(timer, kv_bytes)  # eager: see its docstring for why not in a graph
     src = torch.randn(kv_bytes // 2, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    # The copy runs eagerly: captured in a graph, a device-to-device copy becomes a memcpy node
-    # that the H200 ran at only ~2.8 TB/s on large tensors (first run of this benchmark), against
-    # ~4.2 TB/s for the copy kernel that eager copy_ launches -- the ceiling the guide measured.
-    ceil_us = timer.events(lambda: dst.copy_(src))
     graph_memcpy_us, _, _ = timer.graph(lambda: dst.copy_(src))
     del src, dst
     ceil_gbs = 2 * kv_bytes / ceil_us / 1e3

@@ -17,11 +17,19 @@ What you will learn
 
 These functions assume valid inputs; :mod:`paged_edu.kernels` validates before calling them.
 
-The seed's version had four defects, fixed here: ``acc / (l + 1e-8)`` (a fudge that biases every
-output; ``l >= 1`` always holds because the max term contributes ``exp(0) = 1``), no explicit
-mask ``M_b`` for the tail of the last block, arithmetic in the input dtype (bf16 ``l`` and ``o``
-lose most of their bits over thousands of tokens), and ``repeat_interleave`` copies of K/V for
-GQA where a view of ``q`` as ``(num_kv_heads, group, head_dim)`` needs none.
+The seed's version (kept as written in :mod:`paged_edu.kernels.seed_kernel`, which lesson 4 runs)
+differs in these ways. It keeps ``m``, ``l`` and ``o`` in float32 but multiplies the fp32 ``P_b``
+by K/V in their own dtype in one einsum, which does not promote: on bf16 or fp16 inputs -- its own
+simulation uses bf16 -- it raises ``RuntimeError`` (a dtype mismatch) on the first block, so it
+only ever runs in fp32. Here q, K and V are upcast where they are read. Its
+``acc / (l + 1e-8)`` changes nothing for a real sequence (``l >= 1`` always holds because the max
+term contributes ``exp(0) = 1``, and ``1 + 1e-8`` rounds to ``1`` in fp32); it only turns an empty
+sequence into a silent zero output -- here ``o / l``, and empty sequences are rejected by the
+input checks. It handles the tail of the last block by slicing it off (``k_block[:valid]``),
+which is correct; here the mask ``M_b`` is explicit, as in the equations and in the kernels. Its
+``repeat_interleave`` copies every K/V block ``group`` times for GQA, where a view of ``q`` as
+``(num_kv_heads, group, head_dim)`` needs no copy. And it calls ``.item()`` per block (one
+device-to-host sync per block on a GPU); here the table is copied to the host once.
 """
 
 from __future__ import annotations

@@ -1,0 +1,144 @@
+"""Lesson 4's measurements: the ladder loop -> torch -> Triton, and split-KV, on the device at hand.
+
+* :func:`gpu_ladder` -- on a CUDA GPU, exactly as ``benchmarks/bench_kernels.py`` measures (same
+  :class:`~paged_edu.kernels.timing.Timer`, same copy ceiling, same random paged cases): microseconds
+  and % of the copy ceiling per implementation, every output checked against the fp32 oracle.
+* :func:`split_sweep` -- the Triton kernel's time against the number of KV splits for one case.
+* :func:`cpu_ladder` -- on a CPU, a small case timed by wall clock: the loop, the torch reference and
+  the Triton kernel in the interpreter (which simulates every program in Python: slow, and not a
+  measure of the GPU kernel's speed).
+* :func:`stored_gpu_figures` -- the README's H200 figures (``figures/kernel_bench.json``), to show
+  beside a CPU run.
+* :func:`source_between` -- lines of a function's source, for reading the kernel in the lesson.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import torch
+
+from paged_edu.kernels import paged_attention_decode, triton_interpreting
+from paged_edu.kernels.reference import paged_attention_loop, paged_attention_torch
+from paged_edu.kernels.seed_kernel import paged_attention_decode_step_fixed
+from paged_edu.kernels.timing import Timer, copy_ceiling_us, decode_bytes, random_paged_case, rel_err, wall_us
+
+__all__ = ["cpu_ladder", "gpu_ladder", "source_between", "split_sweep", "stored_gpu_figures"]
+
+FIGURES = Path(__file__).resolve().parents[2] / "figures"  # present in a clone of the repository
+
+
+def _impl_fn(impl: str, case, scale: float):
+    q, k, v, t, lens = case
+    if impl == "loop":
+        return lambda: paged_attention_loop(q, k, v, t, lens, scale=scale)
+    if impl == "seed":  # the seed's own code, with its 3-line fix (as written it fails on bf16)
+        return lambda: paged_attention_decode_step_fixed(q, k, v, t, lens, block_size=k.shape[1])
+    if impl == "torch":
+        return lambda: paged_attention_torch(q, k, v, t, lens, scale=scale)
+    return lambda: paged_attention_decode(q, k, v, t, lens, impl="triton", validate=False)
+
+
+def gpu_ladder(cases, *, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, loop_cases=(),
+               reps=50, warmup=10) -> list[dict]:
+    """Per case ``(num_seqs, seq_len)``: the copy ceiling and each implementation's µs, GB/s, % of ceiling."""
+    timer = Timer(reps, warmup)
+    rows = []
+    for num_seqs, seq_len in cases:
+        case = random_paged_case(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size)
+        q, k = case[0], case[1]
+        kv_bytes = 2 * k.numel() * k.element_size()
+        io_bytes = decode_bytes(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, k.element_size())
+        ceil_us = copy_ceiling_us(timer, kv_bytes)
+        ceil_gbs = 2 * kv_bytes / ceil_us / 1e3
+        scale = head_dim ** -0.5
+        ref = paged_attention_torch(*case, scale=scale).float()
+        row = {"case": f"{num_seqs}x{seq_len}", "bytes": io_bytes, "ceiling_us": ceil_us, "ceiling_GBps": ceil_gbs,
+               "impls": {}}
+        for impl in ("seed", "loop", "torch", "triton"):
+            if impl in ("seed", "loop") and (num_seqs, seq_len) not in set(loop_cases):
+                continue
+            fn = _impl_fn(impl, case, scale)
+            us, _, out = timer.eager(fn) if impl in ("seed", "loop") else timer.graph(fn)
+            gbs = io_bytes / us / 1e3
+            row["impls"][impl] = {"us": us, "GBps": gbs, "pct_of_ceiling": 100 * gbs / ceil_gbs,
+                                  "rel_err": rel_err(out, ref)}
+        rows.append(row)
+        del case, q, k, ref
+        torch.cuda.empty_cache()
+    return rows
+
+
+def split_sweep(num_seqs: int, seq_len: int, splits, *, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                block_size=16, reps=50, warmup=10) -> dict:
+    """The Triton kernel with ``num_splits`` forced to each value of ``splits``; µs and % of ceiling each,
+    and the split count the kernel picks by itself (:func:`~paged_edu.kernels.triton_decode.choose_num_splits`)."""
+    from paged_edu.kernels.triton_decode import _num_sms, choose_num_splits, decode_config, paged_attention_triton
+
+    timer = Timer(reps, warmup)
+    case = random_paged_case(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size)
+    q, k = case[0], case[1]
+    kv_bytes = 2 * k.numel() * k.element_size()
+    io_bytes = decode_bytes(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, k.element_size())
+    ceil_us = copy_ceiling_us(timer, kv_bytes)
+    ceil_gbs = 2 * kv_bytes / ceil_us / 1e3
+    scale = head_dim ** -0.5
+    ref = paged_attention_torch(*case, scale=scale).float()
+    cfg = decode_config(head_dim, num_q_heads // num_kv_heads, on_gpu=True)
+    chosen = choose_num_splits(num_seqs, num_kv_heads, seq_len, cfg["TILE"], _num_sms(q.device.index or 0))
+    points = []
+    for n in sorted(set(splits) | {chosen}):  # the kernel's own choice is always measured too
+        us, _, out = timer.graph(lambda: paged_attention_triton(*case, scale=scale, num_splits=n))
+        points.append({"splits": n, "us": us, "pct_of_ceiling": 100 * io_bytes / us / 1e3 / ceil_gbs,
+                       "rel_err": rel_err(out, ref)})
+    del case, q, k, ref
+    torch.cuda.empty_cache()
+    return {"case": f"{num_seqs}x{seq_len}", "ceiling_us": ceil_us, "programs_without_splits": num_seqs * num_kv_heads,
+            "chosen_splits": chosen, "points": points}
+
+
+def cpu_ladder(num_seqs=2, seq_len=64, *, num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
+               dtype=torch.float32, reps=3) -> dict:
+    """Wall-clock µs of the seed's code (fixed), loop, torch and Triton (interpreted on a CPU) at a small size, and their errors."""
+    case = random_paged_case(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size,
+                             dtype=dtype, device="cpu")
+    scale = head_dim ** -0.5
+    ref = paged_attention_torch(*case, scale=scale).float()
+    out = {"case": f"{num_seqs}x{seq_len}", "impls": {}}
+    # One thread: at this size every op is tiny, and a thread pool on a busy machine costs far more than
+    # the work (seen here: 0.5 s instead of 1 ms for the loop with 2 threads on a shared 2-core machine).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for impl in ("seed", "loop", "torch", "triton"):
+            if impl == "triton" and not triton_interpreting():
+                continue  # CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before the import)
+            us, o = wall_us(_impl_fn(impl, case, scale), reps=reps)
+            out["impls"][impl] = {"us": us, "rel_err": rel_err(o, ref)}
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def stored_gpu_figures(name: str = "kernel_bench.json", *, path: Path | None = None) -> dict | None:
+    """``figures/<name>`` -- ``kernel_bench.json`` (the README's H200 run) or ``kernel_sweep.json`` (its
+    configuration sweep) -- or None when this install has no copy (a pip install has no figures/)."""
+    path = Path(path) if path is not None else FIGURES / name
+    if not path.exists():
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def source_between(fn, start: str, stop: str | None = None) -> str:
+    """The lines of ``fn``'s source from the first holding ``start`` up to (not including) the first
+    later one holding ``stop`` (the end when ``stop`` is None). Works for ``@triton.jit`` functions too."""
+    lines = inspect.getsource(getattr(fn, "fn", fn)).splitlines()
+    try:
+        i = next(k for k, line in enumerate(lines) if start in line)
+    except StopIteration:
+        raise ValueError(f"{start!r} is not in the source of {fn.__name__}") from None
+    j = len(lines) if stop is None else next((k for k in range(i + 1, len(lines)) if stop in lines[k]), len(lines))
+    return "\n".join(lines[i:j])
