@@ -15,25 +15,10 @@ from __future__ import annotations
 import torch
 
 from paged_edu.core.allocator import BlockAllocator
+from paged_edu.lessons.setup import default_dtype, pick_device
 from paged_edu.lessons.toy_kv import ToyLayer
 
 __all__ = ["KVView", "default_dtype", "pick_device"]
-
-
-def default_dtype(device: torch.device | str) -> torch.dtype:
-    """fp32 on the CPU; bf16 on a GPU that has it (compute capability >= 8.0), else fp16."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return torch.float32
-    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
-
-
-def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:
-    """``"auto"`` -> CUDA when there is a GPU, else the CPU; with the dtype of :func:`default_dtype`."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    return device, default_dtype(device)
 
 
 class KVView:
