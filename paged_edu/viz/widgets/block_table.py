@@ -115,10 +115,14 @@ class BlockTableWidget(_AllocatorView):
         lines = [f"t = {p['t']}: i = t // B = {p['t']} // {B} = {p['i']}, j = t mod B = {p['j']}",
                  f"B(i) = {p['block']}, slot = B(i)*B + j = {p['slot']}"]
         if "address_formula" in p:
-            lines.append(f"BasePtr_K + B(i)*S_block + j*S_token = {p['base']:#x} + {p['block']}*{p['s_block']} + "
+            lines.append(f"BasePtr_K + B(i)*S_block + j*S_token (+ h*S_head, h = 0) = {p['base']:#x} + {p['block']}*{p['s_block']} + "
                          f"{p['j']}*{p['s_token']} = {p['address_formula']:#x}")
-            lines.append(f"tensor k_cache[{p['block']}, {p['j']}].data_ptr() = {p['address_tensor']:#x} "
+            lines.append(f"tensor k_cache[{p['block']}, {p['j']}, 0].data_ptr() = {p['address_tensor']:#x} "
                          + ("(match)" if p["address_match"] else "(MISMATCH)")
                          + f"; stored K equals the token's K: {p['value_match']}")
+            seed = p["seed_lands"]
+            lines.append(f"the seed's formula as written (+ j*d_head, in elements): offset {seed['byte_offset']} B -> "
+                         f"token {seed['token']}, head {seed['head']}, dim {seed['dim']}: "
+                         + ("the right K" if seed["k_matches"] else "NOT this token's K"))
         self.address.value = "<div style='font-family:monospace;font-size:12px'>" + "<br>".join(
             html.escape(x) for x in lines) + "</div>"
