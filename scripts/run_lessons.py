@@ -1,12 +1,18 @@
 """Run every lesson notebook headless with papermill and summarise (the README's main job).
 
-    python scripts/run_lessons.py [--device auto|cpu|cuda] [--only 02] [--out build/lessons]
+    python scripts/run_lessons.py [--device auto|cpu|cuda] [--only 02] [--out build/lessons] [-p NAME VALUE ...]
 
 Executes each ``notebooks/[0-9][0-9]_*.ipynb`` with papermill's Python API (kernel ``python3``,
 widget state not stored, so an executed copy stays small) into ``build/lessons/``, prints one line
 per lesson -- lesson, device, seconds, ok -- writes ``build/lessons/summary.json``, and exits
 non-zero when any lesson failed. ``--device auto`` lets each notebook pick CUDA when there is a GPU
 and the CPU (with Triton's interpreter) otherwise; the line reports what it picked.
+
+``-p NAME VALUE`` sets a lesson parameter, as papermill's own ``-p`` does (the value is read as an
+int, then a float, else kept as a string). Papermill only *warns* about a name the notebook's
+``parameters`` cell does not define and runs the lesson with its default -- a typo that silently
+measures something else -- so here an unknown name is an error (exit 2) before anything runs.
+The lesson itself checks every value (``paged_edu.lessons.setup.check_parameters``).
 """
 
 from __future__ import annotations
@@ -49,7 +55,26 @@ def unexpected_errors(executed: Path) -> list[str]:
             for o in c.get("outputs", []) if o.get("output_type") == "error"]
 
 
-def run(path: Path, out_dir: Path, device: str, timeout: int) -> dict:
+def parse_value(text: str):
+    """papermill's ``-p`` reading of a value: an int, else a float, else the string itself."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def unknown_parameters(path: Path, parameters: dict) -> tuple[list[str], list[str]]:
+    """``(unknown, known)``: names in ``parameters`` the notebook's ``parameters`` cell does not
+    define, and the names it does."""
+    import papermill
+
+    known = sorted(papermill.inspect_notebook(str(path)))
+    return sorted(set(parameters) - set(known)), known
+
+
+def run(path: Path, out_dir: Path, parameters: dict, timeout: int) -> dict:
     import papermill
 
     dst = out_dir / path.name
@@ -58,7 +83,7 @@ def run(path: Path, out_dir: Path, device: str, timeout: int) -> dict:
               "device": "?", "seconds": 0.0, "ok": False, "error": None}
     try:
         papermill.execute_notebook(
-            str(path), str(dst), parameters={"device": device}, kernel_name="python3", cwd=str(path.parent),
+            str(path), str(dst), parameters=parameters, kernel_name="python3", cwd=str(path.parent),
             execution_timeout=timeout, progress_bar=False, log_output=False, store_widget_state=False,
         )
         record["ok"] = True
@@ -81,19 +106,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=str(ROOT / "notebooks"), help="folder holding the NN_*.ipynb lessons")
     parser.add_argument("--out", default=str(ROOT / "build" / "lessons"), help="where executed copies go")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
+    parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                        help="set a lesson parameter (repeatable); an unknown name is an error")
     args = parser.parse_args(argv)
 
     lessons = [p for p in sorted(Path(args.dir).resolve().glob("[0-9][0-9]_*.ipynb")) if args.only in p.name]
     if not lessons:
         print(f"no lesson notebooks match {args.only!r} under {args.dir}", file=sys.stderr)
         return 2
+    parameters = {"device": args.device}
+    parameters.update({name: parse_value(value) for name, value in args.parameter})
+    for path in lessons:
+        unknown, known = unknown_parameters(path, parameters)
+        if unknown:
+            print(f"{path.name}: unknown parameter(s) {', '.join(unknown)}; its parameters cell defines "
+                  f"{', '.join(known)}", file=sys.stderr)
+            return 2
     out_dir = Path(args.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
     records = []
     for path in lessons:
-        record = run(path, out_dir, args.device, args.timeout)
+        record = run(path, out_dir, parameters, args.timeout)
         records.append(record)
         status = "ok" if record["ok"] else f"FAILED ({record['error']})"
         print(f"{record['lesson']:<32} device={record['device']:<5} {record['seconds']:7.1f} s  {status}", flush=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
-from nbstripout._utils import strip_output
+from nbstripout import strip_output
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRA_KEYS = ["metadata.signature", "metadata.widgets", "cell.metadata.collapsed", "cell.metadata.ExecuteTime",

@@ -2,8 +2,8 @@
 
 For each lesson: open it in JupyterLab, Run All Cells, wait until every code cell has run, and check
 that widgets (``.jupyter-widgets``, a slider) and plotly plots (``.js-plotly-plot``) rendered; then
-interact -- lesson 1 picks another model preset, lessons 2, 3 and 4 click a button -- and check that a
-plot's data changed in the page (browser -> kernel -> browser). The notebook is then saved and its
+interact -- one entry per lesson in ``INTERACTIONS`` (lesson 1 picks another model preset, lessons 2
+and 3 click a button, 4 steps the online softmax) -- and check that a plot's data changed in the page (browser -> kernel -> browser). The notebook is then saved and its
 outputs read back: no cell may hold an error. Screenshots go to ``build/browser/``.
 
 JupyterLab runs on 127.0.0.1 with throw-away JUPYTER_* and IPYTHONDIR folders, over a copy of
@@ -127,20 +127,40 @@ ALL_RAN = """() => {
     .map(e => e.textContent);
   return prompts.length > 0 && prompts.every(t => /\\[\\d+\\]/.test(t));
 }"""
+PLOTS_DRAWN = """() => {
+  const plots = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .js-plotly-plot')];
+  return plots.length > 0 && plots.every(p => (p.data || []).length > 0);
+}"""
 PLOT_DATA = """() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .js-plotly-plot')].map(
   p => JSON.stringify((p.data || []).map(t => [t.x, t.y, t.z, t.text])))"""
 
 
+def _select_preset(page) -> None:
+    page.locator(f"{PANEL} .widget-dropdown select").first.select_option(label="Llama-2-7B")
+
+
+def _click(label: str):
+    def click(page) -> None:
+        page.locator(f"{PANEL} .widget-button", has_text=label).first.click()
+    return click
+
+
+# The one interaction per lesson whose effect on a plot we check: lesson prefix -> interaction.
+# A new lesson adds one entry.
+INTERACTIONS = {
+    "01_": _select_preset,                 # the calculator's model preset
+    "02_": _click("add request"),          # the block-table widget
+    "03_": _click("new chat request"),     # the prefix-sharing widget
+    "04_": _click("next block"),           # the online-softmax stepper
+}
+
+
 def _interact(page, lesson: str) -> None:
-    """The one interaction per lesson whose effect on a plot we check."""
-    if lesson.startswith("01_"):
-        page.locator(f"{PANEL} .widget-dropdown select").first.select_option(label="Llama-2-7B")
-    elif lesson.startswith("02_"):
-        page.locator(f"{PANEL} .widget-button", has_text="add request").first.click()
-    elif lesson.startswith("04_"):
-        page.locator(f"{PANEL} .widget-button", has_text="next block").first.click()
-    else:
-        page.locator(f"{PANEL} .widget-button", has_text="new chat request").first.click()
+    try:
+        interaction = INTERACTIONS[lesson[:3]]
+    except KeyError:
+        raise AssertionError(f"no interaction for {lesson}: add an entry to INTERACTIONS in {__file__}") from None
+    interaction(page)
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
@@ -157,6 +177,8 @@ def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
         page.wait_for_function(ALL_RAN, timeout=RUN_TIMEOUT_S * 1000, polling=500)
         for selector in (".jupyter-widgets", ".widget-slider", ".js-plotly-plot"):
             page.wait_for_selector(f"{PANEL} {selector}", timeout=30_000)
+        # Widget figures are drawn once their models sync; on a loaded machine that can lag the cell.
+        page.wait_for_function(PLOTS_DRAWN, timeout=90_000, polling=500)
         assert page.locator(f"{PANEL} .js-plotly-plot").count() >= 2
         assert page.locator(f"{PANEL} .jp-OutputArea-output .jupyter-widgets").count() >= 1
         widget_box = page.locator(f"{PANEL} .jp-OutputArea-output .jupyter-widgets").first

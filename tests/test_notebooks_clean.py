@@ -19,7 +19,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbstripout._utils import strip_output
+from nbstripout import strip_output
+
+from paged_edu.lessons.setup import PARAMETERS, colab_cell_source
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -72,8 +74,36 @@ def problems(nb: nbformat.NotebookNode, name: str) -> list[str]:
 
 
 def test_the_lessons_are_numbered_from_01_without_gaps():
-    numbers = [int(p.name[:2]) for p in LESSONS]
-    assert len(numbers) >= 4 and numbers == list(range(1, len(numbers) + 1))
+    assert [p.name[:3] for p in LESSONS] == [f"{k:02d}_" for k in range(1, len(LESSONS) + 1)]
+    assert len(LESSONS) >= 3
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_first_code_cell_is_exactly_the_colab_cell(path):
+    """REPO_URL lives in one place: every lesson's install cell is generated from it."""
+    nb = nbformat.read(path, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert first.source == colab_cell_source(), "run: cell.source = paged_edu.lessons.setup.colab_cell_source()"
+
+
+def test_the_colab_check_can_fail():
+    nb = nbformat.read(LESSONS[0], as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert first.source.replace("paged-edu/paged_edu", "someone/else") != colab_cell_source()
+
+
+@pytest.mark.parametrize("path", [p for p in LESSONS if p.name[:3] in ("01_", "02_", "03_")], ids=lambda p: p.name)
+def test_every_parameter_is_checked_by_the_setup_call(path):
+    """Each name the parameters cell defines has a rule and is handed to ``setup(...)``."""
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    params = next(c for c in code if "parameters" in c.metadata.get("tags", []))
+    names = re.findall(r"^(\w+)\s*=", params.source, re.M)
+    call = next(c.source for c in code if "= setup(device" in c.source)
+    for name in names:
+        assert name == "device" or name in PARAMETERS, f"no rule for parameter {name!r} in PARAMETERS"
+        if name != "device":
+            assert re.search(rf"\b{name}={name}\b", call), f"setup(...) does not check {name}"
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)

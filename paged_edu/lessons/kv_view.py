@@ -5,8 +5,9 @@ KV cache, ``k_cache, v_cache: (num_blocks, block_size, num_kv_heads, head_dim)``
 with the prefix-dependent K/V of :class:`~paged_edu.lessons.toy_kv.ToyLayer`. Widgets call it after each
 allocator operation; it also answers the two questions lessons 2 and 3 ask of the tensors:
 
-* where does token ``t`` live? ``BasePtr_K + B(t//B) * S_block + (t mod B) * S_token`` against
-  ``k_cache[B(t//B), t mod B].data_ptr()``;
+* where does token ``t`` live? ``BasePtr_K + B(t//B) * S_block + (t mod B) * S_token + h * S_head``,
+  with the strides computed from the symbols, against ``k_cache[B(t//B), t mod B, h].data_ptr()`` --
+  and where the seed's formula as written, ``... + (t mod B) * d_head``, lands instead;
 * did copy-on-write copy the right bytes, and leave the source alone?
 """
 
@@ -15,25 +16,10 @@ from __future__ import annotations
 import torch
 
 from paged_edu.core.allocator import BlockAllocator
+from paged_edu.lessons.setup import default_dtype, pick_device
 from paged_edu.lessons.toy_kv import ToyLayer
 
 __all__ = ["KVView", "default_dtype", "pick_device"]
-
-
-def default_dtype(device: torch.device | str) -> torch.dtype:
-    """fp32 on the CPU; bf16 on a GPU that has it (compute capability >= 8.0), else fp16."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return torch.float32
-    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
-
-
-def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:
-    """``"auto"`` -> CUDA when there is a GPU, else the CPU; with the dtype of :func:`default_dtype`."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    return device, default_dtype(device)
 
 
 class KVView:
@@ -90,22 +76,20 @@ class KVView:
         k_ref, v_ref = self.expected_kv(seq_id)
         return bool(torch.equal(k, k_ref) and torch.equal(v, v_ref))
 
-    def check_address(self, seq_id, t: int) -> dict:
-        """The seed's address formula for ``K[t]`` next to the tensor's real address."""
-        B = self.allocator.block_size
-        i, j = divmod(t, B)
-        table = self.allocator.block_table(seq_id)
-        block = table[i]
-        k = self.k_cache
-        strides = self.cache.strides_bytes()  # S_block = B*N_kv*d_head*sizeof, S_token = N_kv*d_head*sizeof
-        s_block, s_token = strides["S_block"], strides["S_token"]
-        base = k.data_ptr()
-        formula = self.cache.address(0, table, t)  # BasePtr_K + B(i) * S_block + j * S_token
-        actual = k[block, j].data_ptr()
+    def check_address(self, seq_id, t: int, kv_head: int = 0) -> dict:
+        """Token ``t``'s K address from the *symbols* (not the tensor's strides), next to the
+        tensor's own ``data_ptr()``, and where the seed's formula as written lands instead
+        (see :func:`paged_edu.lessons.experiments.address_check`)."""
+        from paged_edu.lessons.experiments import address_check
+
         k_ref, _ = self.expected_kv(seq_id)
-        return {"base": base, "s_block": s_block, "s_token": s_token, "address_formula": formula,
-                "address_tensor": actual, "address_match": formula == actual,
-                "value_match": bool(torch.equal(k[block, j], k_ref[t]))}
+        a = address_check(self.cache, self.allocator.block_table(seq_id), t, k_ref, kv_head=kv_head)
+        actual = self.k_cache[a["block"], a["j"], kv_head].data_ptr()
+        return {"base": a["base"], "s_block": a["symbols"]["S_block"], "s_token": a["symbols"]["S_token"],
+                "s_head": a["symbols"]["S_head"], "kv_head": kv_head, "strides_match": a["strides_match"],
+                "address_formula": a["right_address"], "address_tensor": actual,
+                "address_match": a["right_address"] == actual, "value_match": a["right"]["k_matches"],
+                "seed_address": a["seed_address"], "seed_lands": a["seed"]}
 
     def copy_block(self, src: int, dst: int) -> dict:
         """Apply one copy-on-write copy on the device; record what to check afterwards."""

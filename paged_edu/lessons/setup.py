@@ -5,6 +5,11 @@ names the parameter.
     from paged_edu.lessons.setup import setup
     device, dtype = setup(device, seed=seed)
 
+Every other lesson parameter (``L_max``, ``num_requests`` ...) is checked in the same call, by
+:func:`check_parameters` against one rule per name in :data:`PARAMETERS`, before the lesson
+computes anything: a wrong value is refused with a message naming the parameter and the values it
+takes, never as a ``ZeroDivisionError`` or a derived quantity three cells later.
+
 The Colab install cell cannot call the library (it installs it), so its text is generated here from
 :data:`REPO_URL`, the one place the repository's address is written, and the notebook-cleanliness
 test checks that every lesson carries exactly :func:`colab_cell_source`.
@@ -15,7 +20,10 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["REPO_URL", "colab_cell_source", "default_dtype", "pick_device", "setup", "check_device"]
+from dataclasses import dataclass
+
+__all__ = ["PARAMETERS", "REPO_URL", "IntParameter", "check_device", "check_parameters", "colab_cell_source",
+           "default_dtype", "pick_device", "setup"]
 
 REPO_URL = "https://github.com/paged-edu/paged_edu"
 
@@ -36,6 +44,51 @@ def colab_cell_source() -> str:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class IntParameter:
+    """An integer lesson parameter in ``[low, high]``; ``meaning`` says what it is, for the message."""
+
+    low: int
+    high: int
+    meaning: str
+
+    def check(self, name: str, value) -> int:
+        takes = f"an integer from {self.low:,} to {self.high:,} ({self.meaning})"
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise ValueError(f"{name}={value!r} is not an integer; {name} takes {takes}")
+        value = int(value)
+        if not self.low <= value <= self.high:
+            raise ValueError(f"{name}={value!r} is out of range; {name} takes {takes}")
+        return value
+
+
+# One rule per lesson parameter name; a lesson that adds a parameter adds its rule here.
+PARAMETERS: dict[str, IntParameter] = {
+    "seed": IntParameter(0, 2**32 - 1, "the random seed"),
+    "L_max": IntParameter(1, 1024, "lesson 1: the contiguous reservation per request, in tokens"),
+    "num_requests": IntParameter(1, 100_000, "lesson 2: requests per block size in the utilisation experiment"),
+    "s_max": IntParameter(1, 65_536, "lesson 2: the longest request length drawn, in tokens"),
+    "num_chats": IntParameter(1, 10_000, "lesson 3: chat requests in the hit-rate experiment"),
+}
+
+
+def check_parameters(**params) -> dict:
+    """Check lesson parameters by name (``device`` with :func:`check_device`, the rest with
+    :data:`PARAMETERS`); return them cleaned, or raise ``ValueError`` naming the first bad one and
+    the values it takes. An unknown name is refused too (a typo must not pass silently)."""
+    clean = {}
+    for name, value in params.items():
+        if name == "device":
+            check_device(value)
+            clean[name] = value
+        elif name in PARAMETERS:
+            clean[name] = PARAMETERS[name].check(name, value)
+        else:
+            known = ", ".join(["device", *PARAMETERS])
+            raise ValueError(f"{name!r} is not a lesson parameter with a rule; known: {known}")
+    return clean
+
+
 def check_device(device) -> str:
     """Resolve the lesson parameter ``device`` to ``"cpu"`` or ``"cuda[:N]"``, or raise ``ValueError``
     naming the parameter and the values it takes. Needs no torch for ``"cpu"``."""
@@ -43,7 +96,8 @@ def check_device(device) -> str:
         raise ValueError(f"device must be a string, one of {_DEVICE_VALUES}; got {device!r}")
     name = device.strip()
     if name not in ("auto", "cpu", "cuda") and not (name.startswith("cuda:") and name[5:].isdigit()):
-        raise ValueError(f"device={device!r} is not a device this lesson runs on; use {_DEVICE_VALUES}")
+        hint = " (device names are lower case)" if name.lower() != name else ""
+        raise ValueError(f"device={device!r} is not a device this lesson runs on{hint}; use {_DEVICE_VALUES}")
     if name == "cpu":
         return name
     import torch
@@ -77,16 +131,17 @@ def pick_device(device: str = "auto"):
     return device, default_dtype(device)
 
 
-def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False):
+def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False, **params):
     """Everything a lesson's first cell did by hand, in one call; returns ``(device, dtype)``.
+
+    ``params`` are the lesson's other parameters (``L_max=L_max`` ...): all are checked by
+    :func:`check_parameters` before anything else happens.
 
     On a CPU the Triton kernels can only run in Triton's interpreter, which must be switched on
     before any ``@triton.jit`` function is defined -- so before :mod:`paged_edu.kernels` is imported.
     If the kernels were already imported without it (a re-run cell in a live kernel), say so.
     """
-    from paged_edu.core.validation import as_int
-
-    seed = as_int(seed, "seed must be an integer")
+    seed = check_parameters(seed=seed, **params)["seed"]
     resolved = check_device(device)
     if resolved == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -26,27 +26,75 @@ class Verdict:
         return f"Verdict(ok={self.ok})"
 
 
-def compare(name: str, got, expected, rel_tol: float = 0.0) -> Verdict:
-    """Karpathy-style ``cmp``: exact, approximate (within ``rel_tol``), or off by how much."""
+def compare(name: str, got, expected, rel_tol: float = 0.0, *, sig_figs: int | None = None,
+            hints: dict | None = None) -> Verdict:
+    """Karpathy-style ``cmp``: exact, approximate, or off by how much -- and, for a known tempting
+    wrong answer, what it is.
+
+    * ``rel_tol``: accept ``|got - expected| <= rel_tol * |expected|``.
+    * ``sig_figs``: accept an answer that *is* ``expected`` correctly rounded to the significant
+      figures the learner wrote (at least ``sig_figs`` of them), or equal to it within float noise.
+      So with ``sig_figs=4`` the right 0.9927 passes while 0.9922 (another quantity) does not,
+      however close.
+    * ``hints``: ``{tempting wrong value: what it is}``; an answer matching one (at the precision
+      given) is told which mistake it is. A right answer is never matched against hints.
+
+    NaN, infinities and non-numbers get a verdict, never an exception.
+    """
     if got is None:
         return Verdict(False, [f"[ ] {name}: not answered yet -- replace None with your answer"])
     try:
         g, e = float(got), float(expected)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         ok = got == expected
         return Verdict(ok, [f"[{'x' if ok else ' '}] {name}: {'matches' if ok else f'got {got!r}, expected {expected!r}'}"])
+    if isinstance(got, bool):
+        return Verdict(False, [f"[ ] {name}: got {got!r}, a bool; expected a number ({_fmt(e)})"])
+    if not math.isfinite(g):
+        return Verdict(False, [f"[ ] {name}: got {g!r}, not a finite number; expected {_fmt(e)}"])
     if g == e:
         return Verdict(True, [f"[x] {name}: exact ({_fmt(e)})"])
     diff = g - e
     rel = abs(diff) / abs(e) if e else math.inf
-    if rel <= rel_tol:
+    if rel <= max(rel_tol, 1e-12):
         return Verdict(True, [f"[x] {name}: approximately right ({_fmt(g)} vs {_fmt(e)}, off by {rel:.2%})"])
+    if sig_figs is not None:
+        given = _sig_figs_of(got)
+        if given >= sig_figs and _rounds_to(e, g, given):
+            return Verdict(True, [f"[x] {name}: right to the {given} significant figures given "
+                                  f"({_fmt(g)}; exactly {_fmt(e)})"])
+    line = f"[ ] {name}: got {_fmt(g)}, expected {_fmt(e)} (off by {diff:+,.6g}, {rel:.2%})"
+    # A hint matches exactly, or -- for an answer with a fractional part and at least two
+    # significant figures (one is too loose to tell mistakes apart) -- at the precision given.
+    loose = not float(g).is_integer() and _sig_figs_of(got) >= max(2, sig_figs or 0)
+    for wrong, meaning in (hints or {}).items():
+        if g == wrong or (loose and _rounds_to(float(wrong), g, _sig_figs_of(got))):
+            return Verdict(False, [f"{line} -- that is {meaning}"])
+    if sig_figs is not None and _sig_figs_of(got) < sig_figs and _rounds_to(e, g, _sig_figs_of(got)):
+        return Verdict(False, [f"{line} -- give at least {sig_figs} significant figures: the difference this "
+                               "exercise is about is in the last ones"])
     hint = ""
-    if e and g and abs(round(g / e) - g / e) < 1e-9 and round(g / e) != 1:
-        hint = f" -- a factor of {g / e:g}: a missing or extra term?"
-    elif e and g and abs(round(e / g) - e / g) < 1e-9 and round(e / g) != 1:
-        hint = f" -- 1/{e / g:g} of it: a missing or extra term?"
-    return Verdict(False, [f"[ ] {name}: got {_fmt(g)}, expected {_fmt(e)} (off by {diff:+,g}, {rel:.2%}){hint}"])
+    ratio = g / e if e else math.inf
+    if e and g and math.isfinite(ratio) and abs(round(ratio) - ratio) < 1e-9 and round(ratio) != 1:
+        hint = f" -- a factor of {ratio:g}: a missing or extra term?"
+    elif e and g and math.isfinite(1 / ratio) and abs(round(1 / ratio) - 1 / ratio) < 1e-9 and round(1 / ratio) != 1:
+        hint = f" -- 1/{1 / ratio:g} of it: a missing or extra term?"
+    return Verdict(False, [line + hint])
+
+
+def _sig_figs_of(x) -> int:
+    """Significant figures in the shortest text of ``x`` (``0.9927`` -> 4, ``0.56`` -> 2, ``302`` -> 3)."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        return max(1, len(str(abs(x)).rstrip("0")))
+    digits = repr(float(x)).lower().split("e")[0].replace("-", "").replace(".", "").lstrip("0")
+    return max(1, len(digits))
+
+
+def _rounds_to(exact: float, given: float, figures: int) -> bool:
+    """Is ``given`` what ``exact`` rounds to at ``figures`` significant figures?"""
+    if exact == 0 or not math.isfinite(exact):
+        return given == exact
+    return float(f"{exact:.{figures - 1}e}") == float(f"{given:.{figures - 1}e}")
 
 
 def _fmt(x: float) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 
-from paged_edu.core.memory import eta_paged
+from paged_edu.core.memory import eta_paged, eta_paged_bound
 from paged_edu.lessons.exercises.framework import Verdict, check_function, compare, register
 
 
@@ -45,7 +45,13 @@ ETA_2049_16 = 2049 / (math.ceil(2049 / 16) * 16)  # 2049 / 2064 = 0.99273 (one s
 
 @register("2.2", "eta_paged for s = 2049 tokens and B = 16?", ETA_2049_16)
 def _check_2_2(answer) -> Verdict:
-    return compare("eta_paged for s = 2049, B = 16", answer, eta_paged(2049, 16), rel_tol=1e-3)
+    # Four significant figures: the right 0.9927 against the bound 0.9923 and the seed's 0.9922.
+    right = eta_paged(2049, 16)
+    return compare("eta_paged for s = 2049, B = 16", answer, right, sig_figs=4, hints={
+        eta_paged_bound(2049, 16): "the bound 1 - B/(s+B) = s/(s+B) at s = 2049, a lower limit; eta_paged divides by ceil(s/B) * B = 2064",
+        eta_paged_bound(2048, 16): "the seed's 99.22 %: the bound at s = 2048",
+        eta_paged(2048, 16): "eta_paged at s = 2048, a multiple of 16; s = 2049 needs one more block",
+        100 * right: "a percentage; give a fraction between 0 and 1"})
 
 
 WASTED_1_100_B8 = sum(math.ceil(s / 8) * 8 - s for s in range(1, 101))  # 358
@@ -55,4 +61,7 @@ WASTED_1_100_B8 = sum(math.ceil(s / 8) * 8 - s for s in range(1, 101))  # 358
           "empty in total?", WASTED_1_100_B8)
 def _check_2_3(answer) -> Verdict:
     expected = sum(-(-s // 8) * 8 - s for s in range(1, 101))
-    return compare("wasted slots for lengths 1..100 at B = 8", answer, expected)
+    return compare("wasted slots for lengths 1..100 at B = 8", answer, expected, hints={
+        100 * 8 // 2: "B/2 per request, the rule of thumb; count the lengths exactly",
+        100 * 7 // 2: "(B-1)/2 per request on average; 100 is not a multiple of 8, so count exactly",
+        sum(s % 8 for s in range(1, 101)): "the tokens in each last block, not the empty slots"})

@@ -61,10 +61,19 @@ HIT_RATE_FIVE_CHATS = (4 * 32) / (5 * 46)  # 0.5565
           "blocks are in use?", BLOCKS_FIVE_CHATS)
 def _check_3_2(answer) -> Verdict:
     return compare("blocks in use for 5 chats sharing a 40-token system prompt (B = 16)", answer,
-                   _five_chats().num_used_blocks)
+                   _five_chats().num_used_blocks, hints={
+        15: "no sharing at all: 5 x 3 blocks",
+        8: "the seed's formula rounded per term, ceil(40/16) + 5 ceil(6/16): the partial prefix block is private",
+        5: "the seed's formula in tokens (40 + 5 x 6 = 70) in blocks; only full blocks are shared"})
 
 
 @register("3.3", "And the prefix hit rate (hit tokens / queried prompt tokens) after those 5 chats?",
           HIT_RATE_FIVE_CHATS)
 def _check_3_3(answer) -> Verdict:
-    return compare("prefix hit rate of those 5 chats", answer, _five_chats().stats.hit_rate, rel_tol=5e-3)
+    right = _five_chats().stats.hit_rate
+    return compare("prefix hit rate of those 5 chats", answer, right, sig_figs=2, hints={
+        (4 * 40) / (5 * 46): "160/230: either all 40 system-prompt tokens counted as hits (only the 2 full blocks, "
+                             "32 tokens, are shared) or the first chat counted as a hit (it fills the cache)",
+        (4 * 2) / (5 * 3): "blocks, not tokens: the hit rate counts prompt tokens",
+        4 / 5: "requests that hit, not tokens",
+        100 * right: "a percentage; give a fraction between 0 and 1"})

@@ -1,0 +1,75 @@
+"""The lessons' set-up call and their parameters: every bad value refused by name, in one place.
+
+The oracle is the message itself: it must name the parameter and the values it takes, and no
+lesson may get as far as a derived quantity (``num_slots -20``) or a ``ZeroDivisionError``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from paged_edu.lessons import setup as S
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import run_lessons  # noqa: E402
+
+
+@pytest.mark.parametrize("device, words", [
+    ("bogus", ["device='bogus'", "'auto', 'cpu', 'cuda'"]),
+    ("CPU", ["device='CPU'", "lower case", "'auto', 'cpu'"]),
+    (0, ["device must be a string"]),
+    ("cuda:x", ["device='cuda:x'"]),
+])
+def test_a_wrong_device_is_refused_by_name(device, words):
+    with pytest.raises(ValueError) as err:
+        S.setup(device, seed=0, quiet=True)
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_cuda_without_a_gpu_names_the_parameter(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device='cuda' but this machine has no CUDA GPU; use 'auto' or 'cpu'"):
+        S.setup("cuda", seed=0, quiet=True)
+    assert S.check_device("auto") == "cpu"
+
+
+@pytest.mark.parametrize("name, value", [
+    ("L_max", -20), ("L_max", 0), ("L_max", 10**6), ("L_max", 6.4), ("L_max", True), ("L_max", "64"),
+    ("num_requests", 0), ("num_requests", -1), ("s_max", 0), ("num_chats", 0), ("seed", -1), ("seed", 2**64),
+])
+def test_a_wrong_lesson_parameter_is_refused_with_the_values_it_takes(name, value):
+    rule = S.PARAMETERS[name]
+    with pytest.raises(ValueError) as err:
+        S.setup("cpu", quiet=True, **{"seed": 0, name: value})
+    text = str(err.value)
+    assert text.startswith(f"{name}={value!r}") and f"from {rule.low:,} to {rule.high:,}" in text, text
+
+
+def test_good_parameters_pass_and_unknown_names_are_refused():
+    assert S.check_parameters(device="auto", seed=3, L_max=64, num_requests=200, s_max=512, num_chats=20) == {
+        "device": "auto", "seed": 3, "L_max": 64, "num_requests": 200, "s_max": 512, "num_chats": 20}
+    assert S.setup("cpu", seed=0, quiet=True, L_max=64)[0] == torch.device("cpu")
+    with pytest.raises(ValueError, match="'Lmax' is not a lesson parameter"):
+        S.check_parameters(Lmax=64)
+
+
+def test_run_lessons_refuses_an_unknown_parameter_before_running(tmp_path, capsys):
+    code = run_lessons.main(["--only", "02_", "--out", str(tmp_path), "-p", "num_request", "5"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown parameter(s) num_request" in err and "num_requests" in err
+    assert not list(tmp_path.iterdir())  # nothing ran
+    assert [run_lessons.parse_value(v) for v in ("0", "-20", "1.5", "cuda")] == [0, -20, 1.5, "cuda"]
+
+
+def test_run_lessons_reports_a_bad_value_by_name(tmp_path, capsys):
+    """num_requests 0 was a ZeroDivisionError in lesson 2; now the set-up cell refuses it."""
+    code = run_lessons.main(["--only", "02_", "--device", "cpu", "--out", str(tmp_path), "-p", "num_requests", "0"])
+    assert code == 1
+    record = json.loads((tmp_path / "summary.json").read_text())[0]
+    assert "num_requests=0 is out of range" in record["error"] and "ZeroDivision" not in record["error"]
