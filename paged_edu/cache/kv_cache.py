@@ -49,11 +49,11 @@ __all__ = [
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+def _int_in(name: str, value, low: int, high: int | None = None) -> int:
+    """``value`` as an int in ``[low, high)``: numpy and torch integers too, never a bool or a float."""
+    value = as_int(value, f"{name} must be an int")
+    if value < low or (high is not None and value >= high):
+        raise ValueError(f"{name} must be {f'in [{low}, {high})' if high is not None else f'>= {low}'}, got {value}")
     return value
 
 
@@ -82,11 +82,11 @@ class PagedKVCache:
         device: str | torch.device = "cpu",
         num_cpu_blocks: int = 0,
     ) -> None:
-        for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks), ("block_size", block_size),
-                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            _positive_int(name, value)
-        if isinstance(num_cpu_blocks, bool) or not isinstance(num_cpu_blocks, int) or num_cpu_blocks < 0:
-            raise ValueError(f"num_cpu_blocks must be an int >= 0, got {num_cpu_blocks!r}")
+        num_layers, num_blocks, block_size, num_kv_heads, head_dim = (
+            _int_in(name, value, 1) for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks),
+                                                         ("block_size", block_size), ("num_kv_heads", num_kv_heads),
+                                                         ("head_dim", head_dim)))
+        num_cpu_blocks = _int_in("num_cpu_blocks", num_cpu_blocks, 0)
         if dtype not in _FLOAT_DTYPES:
             raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
         self.num_layers = num_layers
@@ -126,7 +126,7 @@ class PagedKVCache:
         """As many blocks as ``budget_bytes`` holds (all layers, K and V)."""
         for name, value in (("num_layers", num_layers), ("block_size", block_size),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            _positive_int(name, value)
+            _int_in(name, value, 1)
         block_bytes = bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
         num_blocks = num_blocks_for_budget(budget_bytes, block_bytes, min_blocks=min_blocks)
         return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device,
@@ -182,9 +182,7 @@ class PagedKVCache:
 
     # -- checks ----------------------------------------------------------------------------------
     def _layer(self, layer: int) -> int:
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer must be an int in [0, {self.num_layers}), got {layer!r}")
-        return layer
+        return _int_in("layer", layer, 0, self.num_layers)
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(k_cache, v_cache)`` of one layer, each ``(num_blocks, B, num_kv_heads, head_dim)``."""
@@ -308,8 +306,7 @@ class PagedKVCache:
 
     # -- reading ---------------------------------------------------------------------------------
     def _table(self, block_table, seq_len: int) -> list[int]:
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-            raise ValueError(f"seq_len must be an int >= 1, got {seq_len!r}")
+        seq_len = _int_in("seq_len", seq_len, 1)
         if isinstance(block_table, torch.Tensor):
             block_table = block_table.tolist()
         needed = -(-seq_len // self.block_size)
@@ -345,10 +342,8 @@ class PagedKVCache:
         layer = self._layer(layer)
         if which not in ("k", "v"):
             raise ValueError(f"which must be 'k' or 'v', got {which!r}")
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ValueError(f"token position must be an int >= 0, got {t!r}")
-        if isinstance(kv_head, bool) or not isinstance(kv_head, int) or not 0 <= kv_head < self.num_kv_heads:
-            raise ValueError(f"kv_head must be an int in [0, {self.num_kv_heads}), got {kv_head!r}")
+        t = _int_in("token position t", t, 0)
+        kv_head = _int_in("kv_head", kv_head, 0, self.num_kv_heads)
         table = self._table(block_table, t + 1)
         cache = (self.k_caches if which == "k" else self.v_caches)[layer]
         strides = self.strides_bytes()

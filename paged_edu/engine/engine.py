@@ -20,16 +20,12 @@ A prefix-cache hit needs no special case here: the allocator reports ``num_cache
 admission and the scheduler starts the prompt's first chunk after them, so their K/V is never
 computed again.
 
-The speed machinery -- packing the flat batch, CUDA-graph replays -- lives in
+The speed machinery (packing the flat batch, CUDA-graph replays) lives in the
 :class:`~paged_edu.engine.runner.ModelRunner`, so that :meth:`Engine.step` reads as the five steps above.
-
-Metrics: every step emits a :class:`StepMetrics` (with ``phase_times``: where the step's time
-went) and every finished request a :class:`RequestMetrics` to the callbacks given to
-:meth:`Engine.subscribe` -- the stream the lesson widgets draw live. Events go out after the step's
-state is committed, and a callback that raises is isolated (a warning, and
-``Engine.subscriber_errors``): it can never lose an output or a block.
-
-Every request is checked in full before anything is queued (:meth:`Engine.add_request`), and
+Every step emits a :class:`StepMetrics` (``phase_times``: where its time went) and every finished
+request a :class:`RequestMetrics` to the callbacks of :meth:`Engine.subscribe` -- the stream the
+lesson widgets draw live -- after the step's state is committed; a callback that raises is isolated.
+A request is checked in full before it is queued (:meth:`Engine.add_request`);
 :meth:`Engine.abort_request` stops a request, or one of its samples, at any point.
 
 The fixed contract::
@@ -53,7 +49,7 @@ from paged_edu.core.validation import as_int
 from paged_edu.engine import offline
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
 from paged_edu.engine.requests import check_max_model_len, check_request
-from paged_edu.engine.runner import BatchChunk, ModelRunner
+from paged_edu.engine.runner import BatchChunk, ModelRunner, token_slice
 from paged_edu.engine.sampling import Sampler, SamplingParams, sample
 from paged_edu.engine.scheduler import Scheduler
 from paged_edu.engine.sequence import Sequence as Seq
@@ -79,13 +75,11 @@ class Engine:
         ``"auto"``: vLLM's rule -- recompute a lone sequence, swap parallel samples that share blocks.
     num_cpu_blocks: the swap space (default: as many as the GPU pool in swap or auto mode, else 0).
     max_num_seqs, max_num_batched_tokens, enable_chunked_prefill: the scheduler's limits.
-    attn_impl, prefill_impl: kernels for decode and prefill rows (default: ``"auto"`` on CUDA --
-        Triton where :func:`paged_edu.kernels.kernel_support` says it runs -- and the vectorised
-        PyTorch reference on a CPU, where the Triton interpreter would be too slow).
+    attn_impl, prefill_impl: kernels for decode and prefill rows (default: ``"auto"`` on CUDA, the
+        PyTorch reference on a CPU; see :class:`~paged_edu.engine.runner.ModelRunner`).
     cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
-    max_model_len: the longest sequence (prompt + output) accepted, at most the model's positions
-        (``max_position_embeddings``; more is refused); default: those positions, capped by what
-        the pool holds.
+    max_model_len: the longest sequence (prompt + output) accepted: at most the model's positions
+        (more is refused); default: those positions, capped by what the pool holds.
     sync_timing: synchronise the device at every phase boundary so that ``StepMetrics.phase_times``
         attributes GPU time to the phase that launched it (slower; for measuring, not serving).
     """
@@ -130,26 +124,28 @@ class Engine:
             c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim,
             dtype=model.dtype, device=self.device, num_cpu_blocks=num_cpu_blocks,
         )
-        model.attn_impl = attn_impl or ("auto" if on_gpu else "torch")
-        model.prefill_impl = prefill_impl or ("auto" if on_gpu else "torch")
         self.block_size = block_size
-        self.runner = ModelRunner(model, self.kv_cache, cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs,
-                                  max_num_seqs=max_num_seqs,
+        self.runner = ModelRunner(model, self.kv_cache, attn_impl=attn_impl, prefill_impl=prefill_impl,
+                                  cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs, max_num_seqs=max_num_seqs,
                                   max_model_len=min(self.max_model_len, num_blocks * block_size))
         self.sampler = Sampler(seed)
-        self.sync_timing = bool(sync_timing)
+        if not isinstance(sync_timing, bool):
+            raise TypeError(f"sync_timing must be True or False, got {sync_timing!r}")
+        self.sync_timing = sync_timing
         self.subscriber_errors: list[tuple[Callable, Exception]] = []  # callbacks that raised, isolated
         self._requests: dict[int, RequestState] = {}  # live requests by id
+        self._pending_fork_aborts: set[int] = set()  # requests with samples aborted before their fork
+        self._aborted_outputs: list[RequestOutput] = []  # completed by abort_request, reported by the next step
         self._subscribers: list[Callable] = []
         self._next_request_id = 0
         self._t0 = time.perf_counter()
         self.step_count = 0
         self.num_generated_tokens = 0
-        self.num_blocks_swapped_out = 0
-        self.num_blocks_swapped_in = 0
-        self.num_blocks_copied = 0  # copy-on-write
 
-    # The runner's CUDA-graph state, read by tests and the benchmark.
+    # The runner's counters and CUDA-graph state, read by tests, stats() and the benchmark.
+    num_blocks_swapped_out = property(lambda self: self.runner.num_blocks["swap_out"])
+    num_blocks_swapped_in = property(lambda self: self.runner.num_blocks["swap_in"])
+    num_blocks_copied = property(lambda self: self.runner.num_blocks["copy"])  # copy-on-write
     graphs = property(lambda self: self.runner.graphs)
     graph_error = property(lambda self: self.runner.graph_error)
     num_graph_steps = property(lambda self: self.runner.num_graph_steps)
@@ -232,40 +228,49 @@ class Engine:
         """Stop a live request (every sample, or only ``sample_index`` of an ``n > 1`` request).
 
         Its blocks are freed at once and its random streams dropped; what each aborted sample
-        generated so far is kept, with ``finish_reason="abort"``. Returns the request's
-        :class:`RequestOutput` when this completes it; ``None`` when other samples still run (the
-        step that finishes them returns the request, the aborted sample included). An unknown or
-        already finished request or sample raises ``ValueError`` and changes nothing.
+        generated so far is kept, with ``finish_reason="abort"`` (a sample aborted before the
+        request's first token forked it has ``[]``). Returns the request's :class:`RequestOutput`
+        when this completes it -- the next :meth:`step` reports it too, with the requests that
+        finish there, so a loop over ``step()`` (and :meth:`run`) sees every request end; ``None``
+        when other samples still run (the step that finishes them returns the request). An unknown
+        or finished request or sample raises ``ValueError`` and changes nothing.
         """
         request = self._live_request(request_id)
         n = request.params.n
         live = [s for s in (*self.scheduler.waiting, *self.scheduler.running, *self.scheduler.swapped)
-                if s.request_id == request_id]
+                if s.request_id == request.request_id]
         unforked = next((s for s in live if s.num_samples > 1 and not s.output_token_ids), None)
-        if sample_index is None:
-            targets = live
-        else:
+        if sample_index is not None:
             i = as_int(sample_index, "sample_index must be an int")
             if not 0 <= i < n:
                 raise ValueError(f"sample_index must be in [0, {n}) for request {request_id}, got {i}")
             if i in request.finished or i in request.aborted:
                 reason = request.finished[i].finish_reason if i in request.finished else "abort"
                 raise ValueError(f"sample {i} of request {request_id} already finished (finish_reason={reason!r})")
-            targets = [s for s in live if s.sample_index == i and s is not unforked]
-            if unforked is not None:  # its samples have no sequences yet: drop sample i at the fork
+            if unforked is not None:  # sample i has no sequence yet: drop it when the request forks
                 request.aborted.add(i)
-                targets = [unforked] if request.done else []
+                self._pending_fork_aborts.add(request.request_id)
+            live = [s for s in live if s.sample_index == i and s is not unforked]
+        if unforked is not None and (sample_index is None or len(request.aborted) == n):
+            live = [unforked]  # none of its samples started: all of them end here, with nothing
+            request.aborted = set(range(1, n))
         now = self.now()
-        for seq in targets:
-            self._abort_seq(request, seq, now)
-        if unforked is not None and unforked in targets:  # none of its samples ever started
-            request.aborted = set(range(n)) - set(request.finished)
+        for seq in live:
+            self.scheduler.abort(seq)  # frees its blocks (or CPU blocks); finish_reason = "abort"
+            seq.finish_time = now
+            self.sampler.remove(request.request_id, seq.sample_index)
+            request.finished[seq.sample_index] = seq
         if not request.done:
             return None
         output = self._finish(request)
+        self._aborted_outputs.append(output)
         if self._subscribers:
             self._emit(output.metrics)
         return output
+
+    def _take_aborted(self) -> list[RequestOutput]:
+        taken, self._aborted_outputs = self._aborted_outputs, []
+        return taken
 
     def _live_request(self, request_id) -> RequestState:
         rid = as_int(request_id, "request_id must be an int")
@@ -275,24 +280,20 @@ class Engine:
             raise ValueError(f"request {rid} already finished; there is nothing to abort")
         raise ValueError(f"unknown request id {rid} (ids so far: 0 .. {self._next_request_id - 1})")
 
-    def _abort_seq(self, request: RequestState, seq: Seq, now: float) -> None:
-        self.scheduler.abort(seq)  # frees its blocks (or its CPU blocks), finish_reason = "abort"
-        seq.finish_time = now
-        self.sampler.remove(request.request_id, seq.sample_index)
-        if seq.sample_index not in request.aborted:
-            request.finished[seq.sample_index] = seq
-
-    def _drop_aborted_forks(self, now: float) -> None:
-        """Samples aborted before their fork were just forked: abort them, with nothing generated."""
+    def _drop_aborted_forks(self) -> None:
+        """Samples aborted before their request forked them were just forked: they end, empty."""
         for seq in list(self.scheduler.running):
             request = self._requests.get(seq.request_id)
-            if request is not None and seq.sample_index in request.aborted and not seq.is_finished:
-                self._abort_seq(request, seq, now)
+            if request is not None and seq.sample_index in request.aborted:
+                self.scheduler.abort(seq)
+                self.sampler.remove(request.request_id, seq.sample_index)
+        self._pending_fork_aborts.clear()
 
     # -- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; return the requests that finished in it."""
+        """Run one iteration; return the requests that finished in it (and any that
+        :meth:`abort_request` completed since the last step)."""
         phases: dict[str, float] = {}
         t_start = self.now()
         sched = self.scheduler.schedule()  # 1. what runs this step
@@ -304,18 +305,15 @@ class Engine:
                     f"({self.allocator.num_blocks} blocks, {self.allocator.num_free_blocks} free) or "
                     f"max_num_seqs={self.scheduler.max_num_seqs} is too small for the next request"
                 )
-            return []
-        copied = self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
-        self.num_blocks_swapped_out += copied["swap_out"]
-        self.num_blocks_copied += copied["copy"]
-        self.num_blocks_swapped_in += copied["swap_in"]
+            return self._take_aborted()
+        self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
 
         chunks = []
         emitting = []  # (index in scheduled, seq, number of samples to draw)
         for i, item in enumerate(sched.scheduled):
             seq = item.seq
             table = self.allocator.block_table(seq.seq_id)
-            chunks.append(BatchChunk(_token_slice(seq, item.start, item.end), item.start, table))
+            chunks.append(BatchChunk(token_slice(seq, item.start, item.end), item.start, table))
             if item.emits_token:
                 n = seq.num_samples if (seq.num_samples > 1 and not seq.output_token_ids) else 1
                 emitting.append((i, seq, n))
@@ -327,9 +325,9 @@ class Engine:
         t = self._lap(phases, "sample", t)
 
         finished_seqs = self.scheduler.update(sched.scheduled, sampled, t)  # 5. append, finish, free
-        if any(r.aborted for r in self._requests.values()):
-            self._drop_aborted_forks(t)
-        outputs = self._collect(finished_seqs)
+        if self._pending_fork_aborts:
+            self._drop_aborted_forks()
+        outputs = self._take_aborted() + self._collect(finished_seqs)
         now = self._lap(phases, "update", t)
         metrics = None
         if self._subscribers:
@@ -368,22 +366,10 @@ class Engine:
         self.sampler.remove_request(request.request_id, request.params.n)
         return request.output()
 
-    # -- offline batches: paged_edu.engine.offline ----------------------------------------------
-    def run(self, prompts: Sequence[Sequence[int]], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-            *, use_tqdm: bool | None = None) -> list[RequestOutput]:
-        """Add every prompt (all or nothing), step until all are done; outputs in the order of ``prompts``."""
-        return offline.run(self, prompts, sampling_params, use_tqdm=use_tqdm)
-
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32,
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, use_tqdm: bool | None = None) -> list[list[int]]:
-        """New tokens for each prompt (greedy, ``max_new_tokens``, unless ``sampling_params``); one sample each."""
-        return offline.generate(self, prompts, max_new_tokens, sampling_params, use_tqdm=use_tqdm)
-
-    def chat(self, conversations, tokenizer, sampling_params: SamplingParams | None = None,
-             *, max_new_tokens: int = 64) -> list[str]:
-        """Reply to chat conversations through the tokenizer's chat template (see :func:`offline.chat`)."""
-        return offline.chat(self, conversations, tokenizer, sampling_params, max_new_tokens=max_new_tokens)
+    # -- offline batches (vLLM's LLM.generate): functions of paged_edu.engine.offline, as methods
+    run = offline.run
+    generate = offline.generate
+    chat = offline.chat
 
     def _collect(self, finished_seqs: list[Seq]) -> list[RequestOutput]:
         outputs = []
@@ -412,13 +398,3 @@ class Engine:
         return (f"Engine(num_blocks={a.num_blocks}, block_size={a.block_size}, "
                 f"prefix_caching={a.enable_prefix_caching}, preemption_mode={self.scheduler.preemption_mode!r}, "
                 f"device={self.device}, dtype={self.model.dtype})")
-
-
-def _token_slice(seq: Seq, start: int, end: int) -> list[int]:
-    """``seq.token_ids[start:end]`` without building the whole prompt + output list."""
-    p = seq.num_prompt_tokens
-    if start >= p:
-        return seq.output_token_ids[start - p:end - p]
-    if end <= p:
-        return seq.prompt_token_ids[start:end]
-    return seq.prompt_token_ids[start:] + seq.output_token_ids[:end - p]

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
+from paged_edu.kernels import kernel_support
 from paged_edu.models.llama import ForwardBatch, PagedLlama
 
-__all__ = ["BatchChunk", "DecodeCudaGraphs", "ModelRunner", "prepare_batch"]
+__all__ = ["BatchChunk", "DecodeCudaGraphs", "ModelRunner", "prepare_batch", "token_slice"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -45,6 +46,16 @@ class BatchChunk:
     start: int
     block_table: list[int]
 
+
+
+def token_slice(seq, start: int, end: int) -> list[int]:
+    """``seq.token_ids[start:end]`` without building the whole prompt + output list."""
+    p = seq.num_prompt_tokens
+    if start >= p:
+        return seq.output_token_ids[start - p:end - p]
+    if end <= p:
+        return seq.prompt_token_ids[start:end]
+    return seq.prompt_token_ids[start:] + seq.output_token_ids[:end - p]
 
 
 def prepare_batch(chunks: Sequence[BatchChunk], block_size: int, device: torch.device | str = "cpu") -> ForwardBatch:
@@ -202,8 +213,19 @@ class ModelRunner:
     it fails the runner warns, records why in ``graph_error`` and runs every step eagerly.
     """
 
-    def __init__(self, model: PagedLlama, kv_cache: PagedKVCache, *, cuda_graphs: bool = False,
-                 max_num_seqs: int = 256, max_model_len: int = 2048) -> None:
+    def __init__(self, model: PagedLlama, kv_cache: PagedKVCache, *, attn_impl: str | None = None,
+                 prefill_impl: str | None = None, cuda_graphs: bool = False, max_num_seqs: int = 256,
+                 max_model_len: int = 2048) -> None:
+        on_gpu = model.device.type == "cuda"
+        # The kernels, checked now rather than at the first forward pass. Default: "auto" on CUDA
+        # (Triton where kernel_support says it runs), PyTorch on a CPU, where the Triton
+        # interpreter is exact but far too slow for a whole model.
+        model.attn_impl = _check_impl("attn_impl", attn_impl or ("auto" if on_gpu else "torch"), "decode",
+                                      ("auto", "triton", "torch", "loop"), model.device)
+        model.prefill_impl = _check_impl("prefill_impl", prefill_impl or ("auto" if on_gpu else "torch"), "prefill",
+                                         ("auto", "triton", "torch"), model.device)
+        if not isinstance(cuda_graphs, bool):
+            raise TypeError(f"cuda_graphs must be True, False or None, got {cuda_graphs!r}")
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
@@ -212,6 +234,7 @@ class ModelRunner:
         self.graphs: DecodeCudaGraphs | None = None
         self.graph_error: str | None = None
         self.num_graph_steps = 0  # forward passes served by a CUDA-graph replay
+        self.num_blocks = {"swap_out": 0, "copy": 0, "swap_in": 0}  # blocks copied by apply_block_ops, ever
         if cuda_graphs:
             if self.device.type != "cuda":
                 raise ValueError("cuda_graphs=True needs the model on a CUDA device")
@@ -226,7 +249,7 @@ class ModelRunner:
         ``("copy", src, dst)``, ``("swap_in", cpu, gpu)`` -- each run of one kind as one batched
         copy per layer. Returns the number of blocks of each kind."""
         apply = {"swap_out": self.kv_cache.swap_out, "copy": self.kv_cache.copy_blocks, "swap_in": self.kv_cache.swap_in}
-        counts = dict.fromkeys(apply, 0)
+        counts = dict.fromkeys(apply, 0)  # this call's
         i = 0
         while i < len(block_ops):
             kind = block_ops[i][0]
@@ -237,6 +260,7 @@ class ModelRunner:
                 j += 1
             apply[kind]([(a, b) for _, a, b in block_ops[i:j]])
             counts[kind] += j - i
+            self.num_blocks[kind] += j - i
             i = j
         return counts
 
@@ -254,3 +278,12 @@ class ModelRunner:
         """fp32 logits ``(len(chunk_indices), vocab)`` at the last token of each listed chunk."""
         rows = batch.logits_rows[torch.tensor(list(chunk_indices), device=self.device)]
         return self.model.compute_logits(hidden[rows])
+
+
+def _check_impl(name: str, impl, kernel: str, allowed: tuple[str, ...], device: torch.device) -> str:
+    if not isinstance(impl, str) or impl not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {impl!r}")
+    if impl == "triton" and not getattr(kernel_support(device), kernel):
+        raise ValueError(f"{name}='triton', but the Triton {kernel} kernel cannot run on {device} here "
+                         "(see paged_edu.kernels.kernel_support); use 'auto' or 'torch'")
+    return impl

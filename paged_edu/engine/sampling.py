@@ -137,6 +137,9 @@ class Sampler:
     """Per-sample random streams: one CPU ``torch.Generator`` per (request, sample index), seeded once."""
 
     def __init__(self, seed: int = 0) -> None:
+        seed = as_int(seed, "seed must be an int")
+        if not 0 <= seed < SEED_LIMIT:
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
         self._seed_source = torch.Generator().manual_seed(seed)  # for requests without a seed
         self._generators: dict[tuple[int, int], torch.Generator] = {}
 

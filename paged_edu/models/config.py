@@ -7,6 +7,9 @@ memory a token costs in the cache all read this one record.
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 from dataclasses import asdict, dataclass
 
 __all__ = ["LlamaConfig", "describe", "smollm2_config"]
@@ -46,8 +49,13 @@ class LlamaConfig:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim", "max_position_embeddings"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if isinstance(value, bool) or not hasattr(value, "__index__") or operator.index(value) < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+            setattr(self, name, operator.index(value))  # numpy ints become plain ints
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
