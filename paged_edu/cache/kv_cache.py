@@ -373,6 +373,8 @@ def store_kv(
         store_kv_triton(key, value, k_cache, v_cache, slot_mapping)
         return
     keep = slot_mapping >= 0  # (num_tokens,)
-    slots = slot_mapping[keep].long()
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key[keep])  # (num_blocks * B, H_kv, D)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value[keep])
+    if not bool(keep.all()):  # padding rows: drop them (the Triton kernel skips them in place)
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    slots = slot_mapping.long()
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key)  # (num_blocks * B, H_kv, D)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value)

@@ -206,11 +206,18 @@ class DecodeCudaGraphs:
 
 
 class ModelRunner:
-    """One model over one paged KV cache: ``prepare(chunks)`` then ``forward(batch)`` then ``logits``.
+    """One model over one paged KV cache: ``apply_block_ops``, ``prepare(chunks)``, ``forward(batch)``,
+    ``logits``, in that order each step. Each piece exists for speed, and says why:
 
-    ``cuda_graphs=True`` captures :class:`DecodeCudaGraphs` for batches of up to ``max_num_seqs``
-    decodes with block tables up to ``max_model_len`` tokens wide. Capture is an optimisation: if
-    it fails the runner warns, records why in ``graph_error`` and runs every step eagerly.
+    * :meth:`apply_block_ops` -- a run of same-kind block copies is one ``index_copy_`` per layer
+      and tensor, not one per block (a preemption can swap hundreds of blocks at once);
+    * :meth:`prepare` -- one host-to-device copy per batch field, not one per token;
+    * ``cuda_graphs=True`` -- :class:`DecodeCudaGraphs` for batches of up to ``max_num_seqs``
+      decodes with block tables up to ``max_model_len`` tokens wide: a decode step of small
+      kernels is bound by their launches, which a replay removes. Capture is an optimisation: if it
+      fails the runner warns, records why in ``graph_error`` and runs every step eagerly;
+    * :meth:`logits` -- the LM head only for the rows that sample (one per sequence), not for
+      every token of a prompt chunk (a 49,152-wide matmul per row).
     """
 
     def __init__(self, model: PagedLlama, kv_cache: PagedKVCache, *, attn_impl: str | None = None,
