@@ -376,9 +376,12 @@ def test_add_request_and_run_are_all_or_nothing(hf_model, prompts):
     assert_untouched(engine, 0)
     # The scheduler refuses the third (a 45-token prefill cannot run without chunking under a
     # 40-token budget) after two were queued: run() takes the two back.
+    events = []
+    engine.subscribe(events.append)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         engine.run([prompts[0][:10], prompts[1][:10], [5] * 42], good)
     assert_untouched(engine, 0)
+    assert events == [] and engine.step() == []  # withdrawn without a trace: no event, no output
     assert engine.add_request(prompts[0][:10], good) == 0  # the ids were given back too
     assert engine.run([prompts[1][:10]], good)[0].request_id == 1
 

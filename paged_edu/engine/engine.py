@@ -114,7 +114,9 @@ class Engine:
         self.device = model.device
         on_gpu = self.device.type == "cuda"
         self.max_model_len = check_max_model_len(max_model_len, c.max_position_embeddings, num_blocks, block_size)
-        self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
+        # A prompt computed over several steps must not be hit in the prefix cache before its K/V
+        # exists: the allocator publishes a block when the scheduler marks it computed.
+        self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching, cache_when_computed=True)
         self.scheduler = Scheduler(
             self.allocator, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             enable_chunked_prefill=enable_chunked_prefill, preemption_mode=preemption_mode,
@@ -200,14 +202,12 @@ class Engine:
         return request_id
 
     def _check_request(self, prompt_token_ids, params) -> list[int]:
-        """The engine's limits (the scheduler checks its own in ``Scheduler.add``); the clean prompt."""
-        return check_request(prompt_token_ids, params, self.config, max_model_len=self.max_model_len,
-                             max_num_seqs=self.scheduler.max_num_seqs, num_blocks=self.allocator.num_blocks,
-                             block_size=self.block_size)
+        """The model's limits (the scheduler checks its own in ``Scheduler.add``); the clean prompt."""
+        return check_request(prompt_token_ids, params, self.config, max_model_len=self.max_model_len)
 
     def add_requests(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list[int]:
         """Queue several requests, all or nothing: every one is checked before the first is queued,
-        and if the scheduler refuses one, those queued before it are taken back."""
+        and if the scheduler refuses one, those queued before it are withdrawn without a trace."""
         for p, sp in zip(prompts, params, strict=True):
             self._check_request(p, sp)
         ids: list[int] = []
@@ -215,8 +215,10 @@ class Engine:
             for p, sp in zip(prompts, params):
                 ids.append(self.add_request(p, sp))
         except Exception:
-            for rid in reversed(ids):
-                self.abort_request(rid)
+            for rid in ids:  # still waiting (no step ran): no block, no event, no output
+                seq = next(s for s in self.scheduler.waiting if s.request_id == rid)
+                self.scheduler.abort(seq)
+                self.sampler.remove_request(rid, self._requests.pop(rid).params.n)
             self._next_request_id -= len(ids)
             raise
         return ids
@@ -227,13 +229,11 @@ class Engine:
     def abort_request(self, request_id: int, sample_index: int | None = None) -> RequestOutput | None:
         """Stop a live request (every sample, or only ``sample_index`` of an ``n > 1`` request).
 
-        Its blocks are freed at once and its random streams dropped; what each aborted sample
-        generated so far is kept, with ``finish_reason="abort"`` (a sample aborted before the
-        request's first token forked it has ``[]``). Returns the request's :class:`RequestOutput`
-        when this completes it -- the next :meth:`step` reports it too, with the requests that
-        finish there, so a loop over ``step()`` (and :meth:`run`) sees every request end; ``None``
-        when other samples still run (the step that finishes them returns the request). An unknown
-        or finished request or sample raises ``ValueError`` and changes nothing.
+        Its blocks are freed at once, its random streams dropped; what each aborted sample generated
+        is kept, with ``finish_reason="abort"`` (``[]`` if aborted before the fork). Returns the
+        :class:`RequestOutput` when this completes the request (the next :meth:`step` reports it
+        too, so a loop over steps sees every request end), else ``None`` (a later step returns
+        it). An unknown or finished request or sample raises ``ValueError``, changing nothing.
         """
         request = self._live_request(request_id)
         n = request.params.n

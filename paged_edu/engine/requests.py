@@ -1,9 +1,9 @@
 """Is a request servable? The engine's checks, made before anything is queued.
 
 A request is refused with a message naming the limit it breaks -- the vocabulary, the model's
-positions (``max_model_len``), the whole pool, ``max_num_seqs`` for its ``n`` samples -- so that
-nothing fails half-way through a run. (The scheduler checks its own limits in ``Scheduler.add``;
-:class:`~paged_edu.engine.sampling.SamplingParams` checks its fields when it is made.)
+positions (``max_model_len``) -- so that nothing fails half-way through a run. The scheduler checks
+its own limits (the whole pool, ``max_num_seqs`` for ``n`` samples, the prefill budget) in
+``Scheduler.add``; :class:`~paged_edu.engine.sampling.SamplingParams` checks its fields when made.
 """
 
 from __future__ import annotations
@@ -16,29 +16,23 @@ from paged_edu.engine.sampling import SamplingParams
 __all__ = ["check_max_model_len", "check_request", "check_tokens"]
 
 
-def check_request(prompt_token_ids, params, config, *, max_model_len: int, max_num_seqs: int, num_blocks: int,
-                  block_size: int) -> list[int]:
-    """Everything that can be wrong with a request against the model (``config``, a LlamaConfig)
-    and the pool, before anything is queued; returns the prompt as a list of ints."""
+def check_request(prompt_token_ids, params, config, *, max_model_len: int) -> list[int]:
+    """What can be wrong with a request against the model (``config``, a LlamaConfig): its types,
+    its token ids, its length against ``max_model_len``. Returns the prompt as a list of ints.
+
+    The pool and ``max_num_seqs`` are the scheduler's limits: ``Scheduler.add`` checks them.
+    """
     if not isinstance(params, SamplingParams):
         raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
     prompt = check_tokens(prompt_token_ids, "prompt", config.vocab_size)
     if not prompt:
         raise ValueError("a prompt needs at least one token")
     check_tokens(params.stop_token_ids, "stop_token_ids", config.vocab_size)
-    if params.n > max_num_seqs:
-        raise ValueError(f"n={params.n} samples can never run at once with max_num_seqs={max_num_seqs}")
     longest = len(prompt) + params.max_tokens
     if longest > max_model_len:
         raise ValueError(
             f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}) = {longest} tokens exceeds "
             f"max_model_len={max_model_len} (the model has {config.max_position_embeddings} positions)"
-        )
-    needed = -(-longest // block_size)
-    if needed > num_blocks:
-        raise ValueError(
-            f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}) = {longest} tokens needs {needed} blocks "
-            f"of {block_size}, more than the whole pool ({num_blocks} blocks)"
         )
     return prompt
 
