@@ -69,6 +69,13 @@ even under ``TRITON_INTERPRET=1``; tests call ``impl="triton"`` explicitly).
 
 The package imports without Triton (macOS, Windows): ``"auto"`` then means ``"torch"`` and
 ``impl="triton"`` raises a ``RuntimeError`` that says what to install.
+
+Which kernels can run here
+--------------------------
+:func:`kernel_support(device) <kernel_support>` is the one answer to "is Triton usable": which of
+the decode, prefill and store kernels run on that device, and whether interpreted. Every
+``"auto"`` -- the dispatch here, :meth:`PagedKVCache.store <paged_edu.cache.kv_cache.PagedKVCache.store>`,
+the engine's choice of kernels -- asks it.
 """
 
 from __future__ import annotations
