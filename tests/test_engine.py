@@ -428,9 +428,9 @@ def test_abort_a_running_and_a_waiting_request(hf_model, prompts, reference):
     assert done.finish_reasons == ["length"]
 
 
-@pytest.mark.parametrize("when", ["after the fork", "before the fork"])
-def test_abort_one_sample_of_n(hf_model, prompts, when):
-    """Sample 1 of n = 3 is aborted; the other two finish and equal their replays; the request
+@pytest.mark.parametrize("when,k", [("after the fork", 1), ("before the fork", 1), ("before the fork", 0)])
+def test_abort_one_sample_of_n(hf_model, prompts, when, k):
+    """Sample k of n = 3 is aborted; the other two finish and equal their replays; the request
     completes with the aborted sample's tokens (none if it never started) and no stream left."""
     params = SamplingParams(max_tokens=8, temperature=1.0, seed=5, n=3)
     engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=64, block_size=4)
@@ -438,17 +438,18 @@ def test_abort_one_sample_of_n(hf_model, prompts, when):
     steps = 3 if when == "after the fork" else 0
     for _ in range(steps):
         engine.step()
-    assert engine.abort_request(rid, sample_index=1) is None  # the others still run
-    with pytest.raises(ValueError, match="sample 1 .* already finished"):
-        engine.abort_request(rid, sample_index=1)
+    assert engine.abort_request(rid, sample_index=k) is None  # the others still run
+    with pytest.raises(ValueError, match=f"sample {k} .* already finished"):
+        engine.abort_request(rid, sample_index=k)
     with pytest.raises(ValueError, match="sample_index"):
         engine.abort_request(rid, sample_index=3)
     outputs = []
     while engine.has_unfinished():
         outputs += engine.step()
     (out,) = outputs
-    assert out.finish_reasons == ["length", "abort", "length"]
-    assert len(out.outputs[1]) == steps and all(len(out.outputs[i]) == 8 for i in (0, 2))
+    others = [i for i in range(3) if i != k]
+    assert [out.finish_reasons[i] for i in others] == ["length", "length"] and out.finish_reasons[k] == "abort"
+    assert len(out.outputs[k]) == steps and all(len(out.outputs[i]) == 8 for i in others)
     for i in (0, 1, 2):
         assert out.outputs[i] == replay_sample(hf_model, prompts[3], out.outputs[i], params, i)
     assert len(engine.sampler) == 0
