@@ -44,7 +44,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
-from paged_edu.models.llama import LlamaConfig, PagedLlama, random_hf_llama, smollm2_config  # noqa: E402
+from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
+from paged_edu.models.llama import PagedLlama  # noqa: E402
+from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.sim.workloads import L_MAX, sharegpt  # noqa: E402
 
@@ -147,9 +149,15 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
     w = durations / durations.sum()
     ttft = [o.metrics.ttft for o in outs]
     itl = [x for o in outs for x in o.metrics.inter_token_latencies]
+    # Where a step's time goes (host wall time per phase; without sync_timing the GPU's work lands
+    # in whichever phase waits for it first, usually "sample", which copies the tokens back).
+    phase_ms = {k: float(np.mean([s.phase_times[k] for s in steps]) * 1e3) for k in steps[0].phase_times}
+    decode_phase_ms = ({k: float(np.mean([s.phase_times[k] for s, d in zip(steps, decode_steps) if d]) * 1e3)
+                        for k in steps[0].phase_times} if decode_steps.any() else None)
     log(f"  engine: {len(prompts)} requests, {len(steps)} steps, {dt:.1f} s, {useful / dt:,.0f} tok/s, "
         f"peak {running.max()} running, {engine.scheduler.num_preemptions} preemptions, "
         f"{engine.num_graph_steps} graph steps" + (f" (graphs failed: {engine.graph_error})" if engine.graph_error else ""))
+    log("  mean step phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in phase_ms.items()))
     return dict(
         seconds=dt, useful_tokens=useful, tokens_per_s=useful / dt, num_requests=len(prompts), num_steps=len(steps),
         peak_concurrency=int(running.max()), mean_concurrency=float((running * w).sum()),
@@ -159,6 +167,8 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
         kv_use_vs_pool=float((in_cache / (num_blocks * block_size) * w).sum()),
         peak_kv_usage=float(max(s.kv_usage for s in steps)),
         mean_decode_step_ms=float(durations[decode_steps].mean() * 1e3) if decode_steps.any() else None,
+        share_of_steps_with_graph=engine.num_graph_steps / len(steps),
+        mean_phase_ms=phase_ms, mean_decode_phase_ms=decode_phase_ms,
         ttft_p50=float(np.median(ttft)), ttft_p90=float(np.percentile(ttft, 90)),
         itl_p50_ms=float(np.median(itl) * 1e3) if itl else None,
         timeline=dict(time=[round(s.time - steps[0].time + steps[0].duration, 4) for s in steps][::max(1, len(steps) // 400)],
@@ -172,7 +182,7 @@ def check_kernels(model, device, block_size=16, require_cuda=True):
     """One mixed step (prompt chunks + decodes) through the Triton kernels and through the PyTorch
     references, on the same pool contents: the largest logit difference of each row kind."""
     from paged_edu.kernels import triton_available
-    from paged_edu.models.llama import BatchChunk, prepare_batch
+    from paged_edu.engine.runner import BatchChunk, prepare_batch
     from paged_edu.cache.kv_cache import PagedKVCache
 
     if (require_cuda and device.type != "cuda") or not triton_available():

@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from paged_edu.engine import Engine, RequestMetrics, StepMetrics
-from paged_edu.models.llama import LlamaConfig, PagedLlama, random_hf_llama
+from paged_edu.models.config import LlamaConfig
+from paged_edu.models.llama import PagedLlama
+from paged_edu.models.loaders import random_hf_llama
 from paged_edu.engine.sampling import SamplingParams, sample
 
 transformers = pytest.importorskip("transformers")
@@ -250,6 +252,24 @@ def test_metrics_stream(hf_model, prompts):
     assert len([e for e in events if isinstance(e, StepMetrics)]) == len(steps)
 
 
+PHASES = ("schedule", "prepare", "forward", "sample", "update")
+
+
+@pytest.mark.parametrize("sync_timing", [False, True])
+def test_phase_times_split_each_step(hf_model, prompts, sync_timing):
+    """Every step reports the five phases; they are non-negative and add up to (at most) its duration."""
+    engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=64, block_size=4, sync_timing=sync_timing)
+    steps: list[StepMetrics] = []
+    engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
+    engine.generate(prompts[:3], max_new_tokens=4)
+    assert steps
+    for s in steps:
+        assert tuple(s.phase_times) == PHASES
+        assert all(v >= 0 for v in s.phase_times.values())
+        assert sum(s.phase_times.values()) == pytest.approx(s.duration, rel=1e-6, abs=1e-9)
+    assert sum(s.phase_times["forward"] for s in steps) > 0
+
+
 def test_bad_requests_raise_and_leave_the_engine_untouched(hf_model, prompts):
     engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=8, block_size=4)
     for bad, err in [("hello", TypeError), ([], ValueError), ([1, VOCAB], ValueError), ([1, 2.5], TypeError),
@@ -264,6 +284,190 @@ def test_bad_requests_raise_and_leave_the_engine_untouched(hf_model, prompts):
     with pytest.raises(ValueError, match="preemption_mode"):
         Engine(PagedLlama.from_hf(hf_model), num_blocks=8, preemption_mode="drop")
     assert engine.generate([prompts[0][:20]], max_new_tokens=3)  # still works
+    assert_no_leaks(engine)
+
+
+# ----------------------------------------------------------------------------------------------
+# Every edge all or nothing: limits, admission, subscribers, abort
+# ----------------------------------------------------------------------------------------------
+
+
+def assert_untouched(engine: Engine, next_id: int) -> None:
+    """Nothing queued, no block held, no sampler stream, the next request id unchanged."""
+    assert not engine.has_unfinished() and not engine._requests and len(engine.sampler) == 0
+    assert all(engine.allocator.ref_count(b) == 0 for b in range(engine.allocator.num_blocks))
+    assert engine._next_request_id == next_id
+
+
+def test_limits_are_checked_up_front(hf_model):
+    """A 512-position model: max_model_len above 512 is refused when the engine is built, and a
+    request that could outgrow the positions or the pool is refused at add_request."""
+    model = PagedLlama.from_hf(hf_model)
+    for bad, err in ((10**6, ValueError), (513, ValueError), (0, ValueError), (True, TypeError), (64.0, TypeError)):
+        with pytest.raises(err, match="max_model_len"):
+            Engine(model, num_blocks=256, block_size=4, max_model_len=bad)
+    engine = Engine(model, num_blocks=256, block_size=4)  # 1,024 slots: the positions are the limit
+    assert engine.max_model_len == 512
+    with pytest.raises(ValueError, match="max_model_len=512"):
+        engine.add_request([1] * 505, SamplingParams(max_tokens=20))
+    small = Engine(model, num_blocks=8, block_size=4)
+    with pytest.raises(ValueError, match="max_model_len=32"):  # the pool: 8 blocks of 4
+        small.add_request([1] * 20, SamplingParams(max_tokens=13))
+    for e in (engine, small):
+        assert_untouched(e, 0)
+    (out,) = engine.run([[1] * 500], SamplingParams(max_tokens=12))  # the longest that fits runs to the end
+    assert len(out.outputs[0]) == 12 and out.finish_reasons == ["length"]
+
+
+def test_engine_arguments_are_checked_when_it_is_built(hf_model):
+    """A kernel name, a seed or a flag that would fail at the first step fails at construction."""
+    model = PagedLlama.from_hf(hf_model)
+    for kwargs, err, words in ((dict(attn_impl="flash"), ValueError, "attn_impl"),
+                               (dict(prefill_impl="loop"), ValueError, "prefill_impl"),
+                               (dict(seed=-1), ValueError, "seed"), (dict(seed=1.5), TypeError, "seed"),
+                               (dict(sync_timing="yes"), TypeError, "sync_timing"),
+                               (dict(cuda_graphs=True), ValueError, "CUDA")):
+        with pytest.raises(err, match=words):
+            Engine(model, num_blocks=8, block_size=4, **kwargs)
+    from paged_edu.kernels import kernel_support
+
+    if not kernel_support("cpu").prefill:
+        with pytest.raises(ValueError, match="cannot run"):
+            Engine(model, num_blocks=8, block_size=4, prefill_impl="triton")
+
+
+def test_a_request_aborted_during_run_is_returned_by_run(hf_model, prompts, reference):
+    """A subscriber aborts request 1 after its third token: run() still returns every request,
+    request 1 with the tokens it had and finish_reason "abort"."""
+    engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=64, block_size=4)
+    aborted = []
+
+    def stop_request_1(event):
+        seq = next((s for s in engine.scheduler.running if s.request_id == 1), None)
+        if isinstance(event, StepMetrics) and seq is not None and len(seq.output_token_ids) == 3:
+            aborted.append(engine.abort_request(1))
+
+    engine.subscribe(stop_request_1)
+    outs = engine.run(prompts[:3], SamplingParams(max_tokens=24))
+    assert [o.request_id for o in outs] == [0, 1, 2] and outs[1] is aborted[0]
+    assert outs[1].finish_reasons == ["abort"] and outs[1].outputs[0] == reference[1][:3]
+    assert [o.outputs[0] for o in (outs[0], outs[2])] == [reference[0], reference[2]]
+    assert not engine.subscriber_errors
+    assert_no_leaks(engine)
+
+
+@pytest.mark.parametrize("bad", [
+    dict(seed=2**64, temperature=1.0), dict(seed=2**64 - 1, n=2, temperature=1.0), dict(temperature=True),
+    dict(top_p=float("nan")), dict(n=0), dict(max_tokens=-1), dict(stop_token_ids=[1.5]),
+])
+def test_bad_sampling_params_never_reach_the_queue(hf_model, bad):
+    with pytest.raises((TypeError, ValueError)):
+        SamplingParams(**bad)
+
+
+def test_add_request_and_run_are_all_or_nothing(hf_model, prompts):
+    engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=64, block_size=4, max_num_batched_tokens=40,
+                    enable_chunked_prefill=False)
+    good = SamplingParams(max_tokens=4)
+    with pytest.raises(ValueError, match="outside the vocabulary"):  # a stop token the model can never emit
+        engine.add_request(prompts[0], SamplingParams(stop_token_ids=(VOCAB,)))
+    with pytest.raises(TypeError, match="position 1"):
+        engine.run([prompts[0], [1, 2.5]], good)
+    assert_untouched(engine, 0)
+    # The scheduler refuses the third (a 45-token prefill cannot run without chunking under a
+    # 40-token budget) after two were queued: run() takes the two back.
+    events = []
+    engine.subscribe(events.append)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        engine.run([prompts[0][:10], prompts[1][:10], [5] * 42], good)
+    assert_untouched(engine, 0)
+    assert events == [] and engine.step() == []  # withdrawn without a trace: no event, no output
+    assert engine.add_request(prompts[0][:10], good) == 0  # the ids were given back too
+    assert engine.run([prompts[1][:10]], good)[0].request_id == 1
+
+
+def test_a_subscriber_that_raises_loses_no_output_and_no_block(hf_model, prompts, reference):
+    engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=12, block_size=8)
+    seen = []
+
+    def broken(event):
+        if isinstance(event, RequestMetrics):
+            raise RuntimeError("a widget bug")
+
+    engine.subscribe(broken)
+    engine.subscribe(seen.append)  # the others still hear every event
+    with pytest.warns(UserWarning, match="a widget bug"):
+        out = engine.generate(prompts, max_new_tokens=24)
+    assert out == reference
+    assert len(engine.subscriber_errors) == len(prompts)
+    assert sum(isinstance(e, RequestMetrics) for e in seen) == len(prompts)
+    assert_no_leaks(engine)
+
+
+def test_abort_a_running_and_a_waiting_request(hf_model, prompts, reference):
+    engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=64, block_size=4, max_num_seqs=1)
+    a = engine.add_request(prompts[0], SamplingParams(max_tokens=24))
+    b = engine.add_request(prompts[1], SamplingParams(max_tokens=24))
+    for _ in range(5):
+        engine.step()
+    assert engine.allocator.num_used_blocks > 0
+    out = engine.abort_request(a)
+    assert out.finish_reasons == ["abort"] and out.outputs[0] == reference[0][:5]  # what it had generated
+    assert out.metrics.num_output_tokens == 5
+    out_b = engine.abort_request(b)  # still waiting (max_num_seqs=1): nothing generated
+    assert out_b.outputs == [[]] and out_b.finish_reasons == ["abort"]
+    assert_untouched(engine, 2)
+    with pytest.raises(ValueError, match="already finished"):
+        engine.abort_request(a)
+    assert out.finish_reasons == ["abort"]
+    with pytest.raises(ValueError, match="unknown request id 7"):
+        engine.abort_request(7)
+    done = engine.run([prompts[2]], SamplingParams(max_tokens=3))[0]
+    with pytest.raises(ValueError, match="already finished"):
+        engine.abort_request(done.request_id)
+    assert done.finish_reasons == ["length"]
+
+
+@pytest.mark.parametrize("when,k", [("after the fork", 1), ("before the fork", 1), ("before the fork", 0)])
+def test_abort_one_sample_of_n(hf_model, prompts, when, k):
+    """Sample k of n = 3 is aborted; the other two finish and equal their replays; the request
+    completes with the aborted sample's tokens (none if it never started) and no stream left."""
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=5, n=3)
+    engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=64, block_size=4)
+    rid = engine.add_request(prompts[3], params)
+    steps = 3 if when == "after the fork" else 0
+    for _ in range(steps):
+        engine.step()
+    assert engine.abort_request(rid, sample_index=k) is None  # the others still run
+    with pytest.raises(ValueError, match=f"sample {k} .* already finished"):
+        engine.abort_request(rid, sample_index=k)
+    with pytest.raises(ValueError, match="sample_index"):
+        engine.abort_request(rid, sample_index=3)
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    (out,) = outputs
+    others = [i for i in range(3) if i != k]
+    assert [out.finish_reasons[i] for i in others] == ["length", "length"] and out.finish_reasons[k] == "abort"
+    assert len(out.outputs[k]) == steps and all(len(out.outputs[i]) == 8 for i in others)
+    for i in (0, 1, 2):
+        assert out.outputs[i] == replay_sample(hf_model, prompts[3], out.outputs[i], params, i)
+    assert len(engine.sampler) == 0
+    assert_no_leaks(engine)
+
+
+def test_abort_a_swapped_request_frees_its_cpu_blocks(hf_model, prompts):
+    engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=10, block_size=8, preemption_mode="swap")
+    ids = [engine.add_request(p, SamplingParams(max_tokens=24)) for p in prompts]
+    while not engine.scheduler.swapped:
+        engine.step()
+    victim = engine.scheduler.swapped[0].request_id
+    out = engine.abort_request(victim)
+    assert out.finish_reasons == ["abort"] and out.outputs[0]
+    finished = {victim}
+    while engine.has_unfinished():
+        finished |= {o.request_id for o in engine.step()}
+    assert finished == set(ids)
     assert_no_leaks(engine)
 
 
@@ -294,7 +498,7 @@ def test_gpu_engine_with_cuda_graphs_matches_transformers(hf_model, prompts, ref
 def test_gpu_smollm2_geometry_graphs_and_eager_match_transformers():
     """SmolLM2's geometry (2 of its 30 layers: 9 query / 3 KV heads of 64), fp32 on the GPU: with
     and without CUDA graphs, with Triton decode and prefill, token-identical to HF generate."""
-    from paged_edu.models.llama import smollm2_config
+    from paged_edu.models.config import smollm2_config
 
     hf = random_hf_llama(smollm2_config(num_layers=2), seed=0, device="cuda", initializer_range=0.1)
     rng = random.Random(0)
@@ -321,7 +525,7 @@ def test_gpu_smollm2_geometry_graphs_and_eager_match_transformers():
 def test_smollm2_engine_matches_transformers_generate():
     """SmolLM2-135M-Instruct: three chat prompts sharing the system prompt, greedy, 8 new tokens,
     prefix caching on and a pool small enough to preempt -- identical to HF ``generate``."""
-    from paged_edu.models.llama import load_smollm2_hf
+    from paged_edu.models.loaders import load_smollm2_hf
 
     hf, tokenizer = load_smollm2_hf()
     system = {"role": "system", "content": "You are a concise assistant. Answer in one short sentence."}

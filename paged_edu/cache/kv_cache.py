@@ -15,7 +15,8 @@ from the tensor's real strides and ``data_ptr()``, so a lesson can check it agai
 What the cache does, each as one method:
 
 * :meth:`store` -- write new tokens' K/V to their slots (``BlockAllocator.slot_mapping``): a small
-  Triton kernel on CUDA, a PyTorch scatter elsewhere;
+  Triton kernel on CUDA, a PyTorch scatter elsewhere. It checks its input, then calls
+  :func:`store_kv`, the one store path: the model's attention layers call it too;
 * :meth:`copy_blocks` -- apply copy-on-write copies ``(src, dst)`` from
   ``BlockAllocator.take_copies()``, on the device;
 * :meth:`swap_out` / :meth:`swap_in` -- move blocks to and from a CPU pool (preemption by swapping);
@@ -34,74 +35,26 @@ from collections.abc import Sequence
 import torch
 
 from paged_edu.core.validation import as_int
+from paged_edu.cache.sizing import format_gib, bytes_per_block, kv_budget_from_free_memory, num_blocks_for_budget
+from paged_edu.kernels import kernel_support
 
 __all__ = [
     "PagedKVCache",
     "bytes_per_block",
     "kv_budget_from_free_memory",
     "num_blocks_for_budget",
+    "store_kv",
 ]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+def _int_in(name: str, value, low: int, high: int | None = None) -> int:
+    """``value`` as an int in ``[low, high)``: numpy and torch integers too, never a bool or a float."""
+    value = as_int(value, f"{name} must be an int")
+    if value < low or (high is not None and value >= high):
+        raise ValueError(f"{name} must be {f'in [{low}, {high})' if high is not None else f'>= {low}'}, got {value}")
     return value
-
-
-# ----------------------------------------------------------------------------------------------
-# Sizing: how many blocks fit in a budget
-# ----------------------------------------------------------------------------------------------
-
-
-def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Bytes one block costs over all layers, K and V: ``2 * N_layers * B * N_kv * d_head * sizeof``."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
-
-
-def num_blocks_for_budget(budget_bytes: int, block_bytes: int, *, min_blocks: int = 1, what: str = "") -> int:
-    """``floor(budget / block_bytes)``, or a ``ValueError`` that names the numbers when < min_blocks."""
-    num_blocks = int(budget_bytes // block_bytes) if budget_bytes > 0 else 0
-    if num_blocks < min_blocks:
-        raise ValueError(
-            f"the KV cache does not fit: {what}a budget of {budget_bytes:,} bytes ({_gib(budget_bytes)}) holds "
-            f"{num_blocks} blocks of {block_bytes:,} bytes, fewer than the {min_blocks} needed "
-            f"({min_blocks * block_bytes:,} bytes)"
-        )
-    return num_blocks
-
-
-def kv_budget_from_free_memory(free_bytes: int, gpu_memory_utilization: float, reserve_bytes: int = 0) -> int:
-    """The KV budget: ``gpu_memory_utilization * free - reserve`` (free measured after the model loads).
-
-    ``reserve_bytes`` is what the forward pass still needs beside the cache (activations, CUDA
-    graphs, the sampler). The rest, ``(1 - gpu_memory_utilization) * free``, is headroom for
-    everything nobody measured -- the seed's troubleshooting case 1 is a utilisation of 0.98 that
-    leaves too little of it. (vLLM states the same rule over the *total* memory: the cache gets
-    ``utilization * total - used``, with ``used`` measured by a profiling forward pass.)
-    """
-    if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, (int, float)):
-        raise TypeError(f"gpu_memory_utilization must be a float, got {type(gpu_memory_utilization).__name__}")
-    if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    if reserve_bytes < 0:
-        raise ValueError(f"reserve_bytes must be >= 0, got {reserve_bytes}")
-    if reserve_bytes > free_bytes * gpu_memory_utilization:
-        raise ValueError(
-            f"the KV cache does not fit: gpu_memory_utilization={gpu_memory_utilization} of {_gib(free_bytes)} free "
-            f"is {_gib(free_bytes * gpu_memory_utilization)}, less than the {_gib(reserve_bytes)} reserved for "
-            f"activations; free memory (smaller model, fewer max tokens) or raise gpu_memory_utilization"
-        )
-    return int(free_bytes * gpu_memory_utilization) - reserve_bytes
 
 
 # ----------------------------------------------------------------------------------------------
@@ -129,11 +82,11 @@ class PagedKVCache:
         device: str | torch.device = "cpu",
         num_cpu_blocks: int = 0,
     ) -> None:
-        for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks), ("block_size", block_size),
-                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            _positive_int(name, value)
-        if isinstance(num_cpu_blocks, bool) or not isinstance(num_cpu_blocks, int) or num_cpu_blocks < 0:
-            raise ValueError(f"num_cpu_blocks must be an int >= 0, got {num_cpu_blocks!r}")
+        num_layers, num_blocks, block_size, num_kv_heads, head_dim = (
+            _int_in(name, value, 1) for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks),
+                                                         ("block_size", block_size), ("num_kv_heads", num_kv_heads),
+                                                         ("head_dim", head_dim)))
+        num_cpu_blocks = _int_in("num_cpu_blocks", num_cpu_blocks, 0)
         if dtype not in _FLOAT_DTYPES:
             raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
         self.num_layers = num_layers
@@ -173,7 +126,7 @@ class PagedKVCache:
         """As many blocks as ``budget_bytes`` holds (all layers, K and V)."""
         for name, value in (("num_layers", num_layers), ("block_size", block_size),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            _positive_int(name, value)
+            _int_in(name, value, 1)
         block_bytes = bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
         num_blocks = num_blocks_for_budget(budget_bytes, block_bytes, min_blocks=min_blocks)
         return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device,
@@ -206,8 +159,8 @@ class PagedKVCache:
         free, total = torch.cuda.mem_get_info(device)
         budget = kv_budget_from_free_memory(free, gpu_memory_utilization, reserve_bytes)
         block_bytes = bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
-        what = (f"{device} has {_gib(free)} free of {_gib(total)}; gpu_memory_utilization={gpu_memory_utilization} "
-                f"minus {_gib(reserve_bytes)} reserved gives ")
+        what = (f"{device} has {format_gib(free)} free of {format_gib(total)}; gpu_memory_utilization={gpu_memory_utilization} "
+                f"minus {format_gib(reserve_bytes)} reserved gives ")
         num_blocks = num_blocks_for_budget(budget, block_bytes, min_blocks=min_blocks, what=what)
         return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device,
                    num_cpu_blocks=num_cpu_blocks)
@@ -229,9 +182,7 @@ class PagedKVCache:
 
     # -- checks ----------------------------------------------------------------------------------
     def _layer(self, layer: int) -> int:
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer must be an int in [0, {self.num_layers}), got {layer!r}")
-        return layer
+        return _int_in("layer", layer, 0, self.num_layers)
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(k_cache, v_cache)`` of one layer, each ``(num_blocks, B, num_kv_heads, head_dim)``."""
@@ -300,21 +251,22 @@ class PagedKVCache:
             raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} entries for {key.shape[0]} tokens")
         if slot_mapping.device != self.device:
             slot_mapping = slot_mapping.to(self.device)
-        num_slots = self.num_blocks * self.block_size
         capturing = slot_mapping.is_cuda and torch.cuda.is_current_stream_capturing()
         if slot_mapping.numel() and not capturing:
-            lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
-            if lo < -1 or hi >= num_slots:
-                raise ValueError(f"slot_mapping values must be in [-1, {num_slots}), got [{lo}, {hi}]")
+            self._check_slots(slot_mapping)
+        store_kv(key, value, self.k_caches[layer], self.v_caches[layer], slot_mapping, impl)
 
-        k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
-        use_triton = impl == "triton" or (impl == "auto" and self.device.type == "cuda" and _triton_ok())
-        if use_triton:
-            from paged_edu.kernels.triton_store import store_kv_triton
-
-            store_kv_triton(key, value, k_cache, v_cache, slot_mapping)
-        else:
-            store_kv_torch(key, value, k_cache, v_cache, slot_mapping)
+    def _check_slots(self, slot_mapping: torch.Tensor) -> None:
+        """Every slot in ``[-1, num_slots)`` and none twice (two rows racing for one slot would
+        leave whichever the hardware wrote last)."""
+        num_slots = self.num_blocks * self.block_size
+        lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
+        if lo < -1 or hi >= num_slots:
+            raise ValueError(f"slot_mapping values must be in [-1, {num_slots}), got [{lo}, {hi}]")
+        used = slot_mapping[slot_mapping >= 0]
+        values, counts = used.unique(return_counts=True)
+        if bool((counts > 1).any()):
+            raise ValueError(f"slot_mapping holds slot {int(values[counts > 1][0])} more than once")
 
     # -- copy-on-write ---------------------------------------------------------------------------
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
@@ -354,8 +306,7 @@ class PagedKVCache:
 
     # -- reading ---------------------------------------------------------------------------------
     def _table(self, block_table, seq_len: int) -> list[int]:
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-            raise ValueError(f"seq_len must be an int >= 1, got {seq_len!r}")
+        seq_len = _int_in("seq_len", seq_len, 1)
         if isinstance(block_table, torch.Tensor):
             block_table = block_table.tolist()
         needed = -(-seq_len // self.block_size)
@@ -391,10 +342,8 @@ class PagedKVCache:
         layer = self._layer(layer)
         if which not in ("k", "v"):
             raise ValueError(f"which must be 'k' or 'v', got {which!r}")
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ValueError(f"token position must be an int >= 0, got {t!r}")
-        if isinstance(kv_head, bool) or not isinstance(kv_head, int) or not 0 <= kv_head < self.num_kv_heads:
-            raise ValueError(f"kv_head must be an int in [0, {self.num_kv_heads}), got {kv_head!r}")
+        t = _int_in("token position t", t, 0)
+        kv_head = _int_in("kv_head", kv_head, 0, self.num_kv_heads)
         table = self._table(block_table, t + 1)
         cache = (self.k_caches if which == "k" else self.v_caches)[layer]
         strides = self.strides_bytes()
@@ -403,21 +352,29 @@ class PagedKVCache:
                 + kv_head * strides["S_head"])
 
 
-def store_kv_torch(
+def store_kv(
     key: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
     value: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
     k_cache: torch.Tensor,  # (num_blocks, B, num_kv_heads, head_dim), contiguous
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,  # (num_tokens,) -1 = skip
+    v_cache: torch.Tensor,  # (num_blocks, B, num_kv_heads, head_dim), contiguous
+    slot_mapping: torch.Tensor,  # (num_tokens,) int: slot = block_id * B + offset; -1 = skip
+    impl: str = "auto",
 ) -> None:
-    """The PyTorch fallback of the store kernel: a scatter over the flattened slots."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key[keep])  # (num_blocks * B, H_kv, D)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value[keep])
+    """The one K/V store: row ``i`` of ``key``/``value`` goes to slot ``slot_mapping[i]``.
 
+    Slot ``-1`` is skipped on every path (padding rows of a captured CUDA graph carry it).
+    ``impl="auto"`` takes the Triton kernel where :func:`paged_edu.kernels.kernel_support` says it
+    runs compiled, the PyTorch scatter elsewhere. No checks: the model calls this with slots the
+    runner built; :meth:`PagedKVCache.store` checks a caller's input first, then calls this.
+    """
+    if impl == "triton" or (impl == "auto" and kernel_support(key.device).use_triton("store")):
+        from paged_edu.kernels.triton_store import store_kv_triton
 
-def _triton_ok() -> bool:
-    from paged_edu.kernels import triton_available
-
-    return triton_available()
+        store_kv_triton(key, value, k_cache, v_cache, slot_mapping)
+        return
+    keep = slot_mapping >= 0  # (num_tokens,)
+    if not bool(keep.all()):  # padding rows: drop them (the Triton kernel skips them in place)
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    slots = slot_mapping.long()
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key)  # (num_blocks * B, H_kv, D)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value)

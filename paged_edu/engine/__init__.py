@@ -4,7 +4,11 @@
 * :mod:`~paged_edu.engine.scheduler` -- continuous batching, chunked prefill, prefix hits,
   preemption by recompute or swap; plain Python, shared with the simulator;
 * :mod:`~paged_edu.engine.sampling` -- seeded, batch-independent sampling;
-* :mod:`~paged_edu.engine.engine` -- the ``Engine``: scheduler + model + paged KV cache.
+* :mod:`~paged_edu.engine.runner` -- the model runner: batch preparation and CUDA graphs;
+* :mod:`~paged_edu.engine.requests` -- is a request servable (checked before it is queued);
+* :mod:`~paged_edu.engine.outputs` -- what the engine hands back: outputs and metrics;
+* :mod:`~paged_edu.engine.engine` -- the ``Engine``: scheduler + runner + paged KV cache;
+* :mod:`~paged_edu.engine.offline` -- ``run`` / ``generate`` / ``chat`` over a batch of prompts.
 
 The scheduler and sequence need no torch (the simulator uses them); the engine's torch-side names
 load on first use.
@@ -12,9 +16,9 @@ load on first use.
 
 _LAZY = {
     "Engine": "paged_edu.engine.engine",
-    "RequestMetrics": "paged_edu.engine.engine",
-    "RequestOutput": "paged_edu.engine.engine",
-    "StepMetrics": "paged_edu.engine.engine",
+    "RequestMetrics": "paged_edu.engine.outputs",
+    "RequestOutput": "paged_edu.engine.outputs",
+    "StepMetrics": "paged_edu.engine.outputs",
     "SamplingParams": "paged_edu.engine.sampling",
 }
 

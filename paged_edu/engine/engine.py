@@ -20,9 +20,13 @@ A prefix-cache hit needs no special case here: the allocator reports ``num_cache
 admission and the scheduler starts the prompt's first chunk after them, so their K/V is never
 computed again.
 
-Metrics: every step emits a :class:`StepMetrics` and every finished request a
-:class:`RequestMetrics` to the callbacks given to :meth:`Engine.subscribe` -- the stream the
-lesson widgets draw live.
+The speed machinery (packing the flat batch, CUDA-graph replays) lives in the
+:class:`~paged_edu.engine.runner.ModelRunner`, so that :meth:`Engine.step` reads as the five steps above.
+Every step emits a :class:`StepMetrics` (``phase_times``: where its time went) and every finished
+request a :class:`RequestMetrics` to the callbacks of :meth:`Engine.subscribe` -- the stream the
+lesson widgets draw live -- after the step's state is committed; a callback that raises is isolated.
+A request is checked in full before it is queued (:meth:`Engine.add_request`);
+:meth:`Engine.abort_request` stops a request, or one of its samples, at any point.
 
 The fixed contract::
 
@@ -34,100 +38,24 @@ The fixed contract::
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
+from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.allocator import BlockAllocator
 from paged_edu.core.validation import as_int
-from paged_edu.cache.kv_cache import PagedKVCache
-from paged_edu.models.llama import BatchChunk, PagedLlama, prepare_batch
+from paged_edu.engine import offline
+from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
+from paged_edu.engine.requests import check_max_model_len, check_request
+from paged_edu.engine.runner import BatchChunk, ModelRunner, token_slice
 from paged_edu.engine.sampling import Sampler, SamplingParams, sample
-from paged_edu.engine.scheduler import Scheduler, SchedulerOutput
+from paged_edu.engine.scheduler import Scheduler
 from paged_edu.engine.sequence import Sequence as Seq
+from paged_edu.models.llama import PagedLlama
 
 __all__ = ["Engine", "RequestMetrics", "RequestOutput", "SamplingParams", "StepMetrics"]
-
-
-# ----------------------------------------------------------------------------------------------
-# Records
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class RequestMetrics:
-    """Latency and size of one finished request (times in seconds since the engine started)."""
-
-    request_id: int
-    arrival_time: float
-    first_scheduled_time: float | None
-    first_token_time: float | None
-    finish_time: float | None
-    num_prompt_tokens: int
-    num_output_tokens: int  # all samples together
-    num_cached_tokens: int  # prompt tokens served by the prefix cache
-    num_preemptions: int
-    inter_token_latencies: list[float] = field(default_factory=list)
-    kind: str = "request"
-
-    @property
-    def ttft(self) -> float | None:
-        """Time to first token."""
-        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
-
-    @property
-    def mean_itl(self) -> float | None:
-        """Mean inter-token latency over every sample's consecutive tokens."""
-        itl = self.inter_token_latencies
-        return sum(itl) / len(itl) if itl else None
-
-    @property
-    def latency(self) -> float | None:
-        return None if self.finish_time is None else self.finish_time - self.arrival_time
-
-
-@dataclass(slots=True)
-class StepMetrics:
-    """What one engine step did and the state it left (one event of the stream)."""
-
-    step: int
-    time: float  # seconds since the engine started, at the step's end
-    duration: float  # seconds spent in the step
-    num_running: int
-    num_waiting: int
-    num_swapped: int
-    num_batched_tokens: int
-    num_prefill_tokens: int
-    num_decode_seqs: int
-    num_preempted: int  # this step
-    num_preemptions: int  # since the start
-    num_finished: int  # sequences finished this step
-    kv_usage: float  # fraction of GPU blocks held by live sequences
-    num_used_blocks: int
-    num_tokens_in_cache: int  # computed tokens of live sequences (a shared block counts once per sequence)
-    prefix_hit_rate: float  # cached / queried prompt tokens since the start
-    kind: str = "step"
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    """A finished request: its ``n`` samples (new tokens only) and its metrics."""
-
-    request_id: int
-    prompt_token_ids: list[int]
-    outputs: list[list[int]]  # by sample index
-    finish_reasons: list[str]
-    metrics: RequestMetrics
-
-
-@dataclass(slots=True)
-class _Request:
-    request_id: int
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    arrival_time: float
-    finished: list[Seq] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -147,11 +75,13 @@ class Engine:
         ``"auto"``: vLLM's rule -- recompute a lone sequence, swap parallel samples that share blocks.
     num_cpu_blocks: the swap space (default: as many as the GPU pool in swap or auto mode, else 0).
     max_num_seqs, max_num_batched_tokens, enable_chunked_prefill: the scheduler's limits.
-    attn_impl, prefill_impl: kernels for decode and prefill rows (default: Triton on CUDA, the
-        vectorised PyTorch reference on a CPU, where the Triton interpreter would be too slow).
+    attn_impl, prefill_impl: kernels for decode and prefill rows (default: ``"auto"`` on CUDA, the
+        PyTorch reference on a CPU; see :class:`~paged_edu.engine.runner.ModelRunner`).
     cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
-    max_model_len: the longest sequence (prompt + output) accepted; sets the graphs' table width
-        (default: the model's positions, capped by what the pool holds).
+    max_model_len: the longest sequence (prompt + output) accepted: at most the model's positions
+        (more is refused); default: those positions, capped by what the pool holds.
+    sync_timing: synchronise the device at every phase boundary so that ``StepMetrics.phase_times``
+        attributes GPU time to the phase that launched it (slower; for measuring, not serving).
     """
 
     def __init__(
@@ -171,6 +101,7 @@ class Engine:
         cuda_graphs: bool | None = None,
         max_model_len: int | None = None,
         seed: int = 0,
+        sync_timing: bool = False,
     ) -> None:
         if not isinstance(model, PagedLlama):
             raise TypeError(f"model must be a PagedLlama (use PagedLlama.from_hf), got {type(model).__name__}")
@@ -179,74 +110,84 @@ class Engine:
         if num_cpu_blocks is None:
             num_cpu_blocks = num_blocks if preemption_mode in ("swap", "auto") else 0
         self.model = model
-        self.config = model.config
+        self.config = c = model.config
         self.device = model.device
         on_gpu = self.device.type == "cuda"
-        model.attn_impl = attn_impl or ("auto" if on_gpu else "torch")
-        model.prefill_impl = prefill_impl or ("auto" if on_gpu and _has_triton_prefill() else "torch")
-        self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
+        self.max_model_len = check_max_model_len(max_model_len, c.max_position_embeddings, num_blocks, block_size)
+        # A prompt computed over several steps must not be hit in the prefix cache before its K/V
+        # exists: the allocator publishes a block when the scheduler marks it computed.
+        self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching, cache_when_computed=True)
         self.scheduler = Scheduler(
             self.allocator, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             enable_chunked_prefill=enable_chunked_prefill, preemption_mode=preemption_mode,
             num_cpu_blocks=num_cpu_blocks,
         )
-        c = self.config
         self.kv_cache = PagedKVCache(
             c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim,
             dtype=model.dtype, device=self.device, num_cpu_blocks=num_cpu_blocks,
         )
-        self._kv_pairs = list(zip(self.kv_cache.k_caches, self.kv_cache.v_caches))
         self.block_size = block_size
-        if max_model_len is None:
-            max_model_len = min(c.max_position_embeddings, num_blocks * block_size)
-        if not isinstance(max_model_len, int) or max_model_len < 1:
-            raise ValueError(f"max_model_len must be an int >= 1, got {max_model_len!r}")
-        self.max_model_len = max_model_len
-        self.graphs = None
-        self.graph_error: str | None = None
-        if cuda_graphs is None:
-            cuda_graphs = on_gpu
-        if cuda_graphs:
-            if not on_gpu:
-                raise ValueError("cuda_graphs=True needs the model on a CUDA device")
-            from paged_edu.models.llama import DecodeCudaGraphs
-
-            try:
-                self.graphs = DecodeCudaGraphs(model, self._kv_pairs, max_num_seqs, -(-max_model_len // block_size))
-            except Exception as exc:  # capture is an optimisation: fall back to eager steps, say why
-                import warnings
-
-                self.graph_error = f"{type(exc).__name__}: {exc}"
-                warnings.warn(f"CUDA-graph capture failed, decode steps run eagerly: {self.graph_error}")
+        self.runner = ModelRunner(model, self.kv_cache, attn_impl=attn_impl, prefill_impl=prefill_impl,
+                                  cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs, max_num_seqs=max_num_seqs,
+                                  max_model_len=min(self.max_model_len, num_blocks * block_size))
         self.sampler = Sampler(seed)
-        self._requests: dict[int, _Request] = {}
+        if not isinstance(sync_timing, bool):
+            raise TypeError(f"sync_timing must be True or False, got {sync_timing!r}")
+        self.sync_timing = sync_timing
+        self.subscriber_errors: list[tuple[Callable, Exception]] = []  # callbacks that raised, isolated
+        self._requests: dict[int, RequestState] = {}  # live requests by id
+        self._pending_fork_aborts: set[int] = set()  # requests with samples aborted before their fork
+        self._aborted_outputs: list[RequestOutput] = []  # completed by abort_request, reported by the next step
         self._subscribers: list[Callable] = []
         self._next_request_id = 0
         self._t0 = time.perf_counter()
         self.step_count = 0
         self.num_generated_tokens = 0
-        self.num_blocks_swapped_out = 0
-        self.num_blocks_swapped_in = 0
-        self.num_blocks_copied = 0  # copy-on-write
-        self.num_graph_steps = 0  # decode steps served by a CUDA-graph replay
+
+    # The runner's counters and CUDA-graph state, read by tests, stats() and the benchmark.
+    num_blocks_swapped_out = property(lambda self: self.runner.num_blocks["swap_out"])
+    num_blocks_swapped_in = property(lambda self: self.runner.num_blocks["swap_in"])
+    num_blocks_copied = property(lambda self: self.runner.num_blocks["copy"])  # copy-on-write
+    graphs = property(lambda self: self.runner.graphs)
+    graph_error = property(lambda self: self.runner.graph_error)
+    num_graph_steps = property(lambda self: self.runner.num_graph_steps)
 
     # -- events --------------------------------------------------------------------------------
     def subscribe(self, callback: Callable[[StepMetrics | RequestMetrics], None]) -> Callable[[], None]:
         """Call ``callback(event)`` after every step (:class:`StepMetrics`) and for every finished
-        request (:class:`RequestMetrics`); returns a function that unsubscribes."""
+        request (:class:`RequestMetrics`); returns a function that unsubscribes.
+
+        Events are emitted after the step's state is committed. A callback that raises is
+        isolated: the error is recorded in ``subscriber_errors`` and warned about, the other
+        callbacks still run, and the step returns its outputs as usual.
+        """
         self._subscribers.append(callback)
         return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
 
     def _emit(self, event) -> None:
         for callback in list(self._subscribers):
-            callback(event)
+            try:
+                callback(event)
+            except Exception as exc:  # a view must not lose the engine's outputs
+                self.subscriber_errors.append((callback, exc))
+                warnings.warn(f"engine subscriber {callback!r} raised {type(exc).__name__}: {exc} "
+                              f"(on {event.kind} event; isolated, see Engine.subscriber_errors)", stacklevel=3)
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
 
+    def _lap(self, phase_times: dict[str, float], phase: str, since: float) -> float:
+        """Book the time since ``since`` to ``phase``; returns now (synchronised if ``sync_timing``)."""
+        if self.sync_timing and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = self.now()
+        phase_times[phase] = phase_times.get(phase, 0.0) + (now - since)
+        return now
+
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None) -> int:
-        """Queue a request; returns its id. Checks the prompt against the model and the pool."""
+        """Queue a request; returns its id. All or nothing: a request the model, the pool or the
+        scheduler can never serve raises (naming the limit) and leaves the engine as it was."""
         params = SamplingParams() if params is None else params
         prompt = self._check_request(prompt_token_ids, params)
         request_id = self._next_request_id
@@ -254,54 +195,109 @@ class Engine:
             self.scheduler.new_seq_id(), prompt, params.max_tokens, arrival_time=self.now(),
             stop_token_ids=params.stop_token_ids, request_id=request_id, num_samples=params.n,
         )
-        self.scheduler.add(seq)
+        self.scheduler.add(seq)  # the scheduler's admission checks; raises before queueing
         self._next_request_id += 1
-        self._requests[request_id] = _Request(request_id, prompt, params, seq.arrival_time)
-        self.sampler.add(request_id, params)
+        self._requests[request_id] = RequestState(request_id, prompt, params, seq.arrival_time)
+        self.sampler.add(request_id, params)  # cannot fail: SamplingParams checked the seed's range
         return request_id
 
     def _check_request(self, prompt_token_ids, params) -> list[int]:
-        """Everything that can be wrong with a request, checked before anything is queued."""
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
-        prompt = self._check_prompt(prompt_token_ids)
-        if params.n > self.scheduler.max_num_seqs:
-            raise ValueError(f"n={params.n} samples can never run at once with max_num_seqs={self.scheduler.max_num_seqs}")
-        longest = len(prompt) + params.max_tokens
-        if longest > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}) = {longest} tokens exceeds "
-                f"max_model_len={self.max_model_len} (the model has {self.config.max_position_embeddings} positions)"
-            )
-        needed = -(-longest // self.block_size)
-        if needed > self.allocator.num_blocks:
-            raise ValueError(
-                f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}) = {longest} tokens needs {needed} blocks "
-                f"of {self.block_size}, more than the whole pool ({self.allocator.num_blocks} blocks)"
-            )
-        return prompt
+        """The model's limits (the scheduler checks its own in ``Scheduler.add``); the clean prompt."""
+        return check_request(prompt_token_ids, params, self.config, max_model_len=self.max_model_len)
 
-    def _check_prompt(self, prompt_token_ids) -> list[int]:
-        if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
-            raise TypeError(f"a prompt must be a list of token ids, got {type(prompt_token_ids).__name__}")
-        prompt = [as_int(t, "token ids must be ints") for t in prompt_token_ids]
-        if not prompt:
-            raise ValueError("a prompt needs at least one token")
-        vocab = self.config.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        return prompt
+    def add_requests(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list[int]:
+        """Queue several requests, all or nothing: every one is checked before the first is queued,
+        and if the scheduler refuses one, those queued before it are withdrawn without a trace."""
+        for p, sp in zip(prompts, params, strict=True):
+            self._check_request(p, sp)
+        ids: list[int] = []
+        try:
+            for p, sp in zip(prompts, params):
+                ids.append(self.add_request(p, sp))
+        except Exception:
+            for rid in ids:  # still waiting (no step ran): no block, no event, no output
+                seq = next(s for s in self.scheduler.waiting if s.request_id == rid)
+                self.scheduler.abort(seq)
+                self.sampler.remove_request(rid, self._requests.pop(rid).params.n)
+            self._next_request_id -= len(ids)
+            raise
+        return ids
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def abort_request(self, request_id: int, sample_index: int | None = None) -> RequestOutput | None:
+        """Stop a live request (every sample, or only ``sample_index`` of an ``n > 1`` request).
+
+        Its blocks are freed at once, its random streams dropped; what each aborted sample generated
+        is kept, with ``finish_reason="abort"`` (``[]`` if aborted before the fork). Returns the
+        :class:`RequestOutput` when this completes the request (the next :meth:`step` reports it
+        too, so a loop over steps sees every request end), else ``None`` (a later step returns
+        it). An unknown or finished request or sample raises ``ValueError``, changing nothing.
+        """
+        request = self._live_request(request_id)
+        n = request.params.n
+        live = [s for s in (*self.scheduler.waiting, *self.scheduler.running, *self.scheduler.swapped)
+                if s.request_id == request.request_id]
+        unforked = next((s for s in live if s.num_samples > 1 and not s.output_token_ids), None)
+        if sample_index is not None:
+            i = as_int(sample_index, "sample_index must be an int")
+            if not 0 <= i < n:
+                raise ValueError(f"sample_index must be in [0, {n}) for request {request_id}, got {i}")
+            if i in request.finished or i in request.aborted:
+                reason = request.finished[i].finish_reason if i in request.finished else "abort"
+                raise ValueError(f"sample {i} of request {request_id} already finished (finish_reason={reason!r})")
+            if unforked is not None:  # sample i has no sequence yet: drop it when the request forks
+                request.aborted.add(i)
+                self._pending_fork_aborts.add(request.request_id)
+            live = [s for s in live if s.sample_index == i and s is not unforked]
+        if unforked is not None and (sample_index is None or len(request.aborted) == n):
+            live = [unforked]  # none of its samples started: all of them end here, with nothing
+            request.aborted = set(range(1, n))
+        now = self.now()
+        for seq in live:
+            self.scheduler.abort(seq)  # frees its blocks (or CPU blocks); finish_reason = "abort"
+            seq.finish_time = now
+            self.sampler.remove(request.request_id, seq.sample_index)
+            request.finished[seq.sample_index] = seq
+        if not request.done:
+            return None
+        output = self._finish(request)
+        self._aborted_outputs.append(output)
+        if self._subscribers:
+            self._emit(output.metrics)
+        return output
+
+    def _take_aborted(self) -> list[RequestOutput]:
+        taken, self._aborted_outputs = self._aborted_outputs, []
+        return taken
+
+    def _live_request(self, request_id) -> RequestState:
+        rid = as_int(request_id, "request_id must be an int")
+        if rid in self._requests:
+            return self._requests[rid]
+        if 0 <= rid < self._next_request_id:
+            raise ValueError(f"request {rid} already finished; there is nothing to abort")
+        raise ValueError(f"unknown request id {rid} (ids so far: 0 .. {self._next_request_id - 1})")
+
+    def _drop_aborted_forks(self) -> None:
+        """Samples aborted before their request forked them were just forked: they end, empty."""
+        for seq in list(self.scheduler.running):
+            request = self._requests.get(seq.request_id)
+            if request is not None and seq.sample_index in request.aborted:
+                self.scheduler.abort(seq)
+                self.sampler.remove(request.request_id, seq.sample_index)
+        self._pending_fork_aborts.clear()
+
     # -- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; return the requests that finished in it."""
+        """Run one iteration; return the requests that finished in it (and any that
+        :meth:`abort_request` completed since the last step)."""
+        phases: dict[str, float] = {}
         t_start = self.now()
-        sched = self.scheduler.schedule()
+        sched = self.scheduler.schedule()  # 1. what runs this step
+        t = self._lap(phases, "schedule", t_start)
         if sched.is_empty:
             if self.scheduler.has_unfinished():
                 raise RuntimeError(
@@ -309,192 +305,83 @@ class Engine:
                     f"({self.allocator.num_blocks} blocks, {self.allocator.num_free_blocks} free) or "
                     f"max_num_seqs={self.scheduler.max_num_seqs} is too small for the next request"
                 )
-            return []
-        self._apply_block_ops(sched)
+            return self._take_aborted()
+        self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
 
         chunks = []
         emitting = []  # (index in scheduled, seq, number of samples to draw)
         for i, item in enumerate(sched.scheduled):
             seq = item.seq
             table = self.allocator.block_table(seq.seq_id)
-            chunks.append(BatchChunk(_token_slice(seq, item.start, item.end), item.start, table))
+            chunks.append(BatchChunk(token_slice(seq, item.start, item.end), item.start, table))
             if item.emits_token:
                 n = seq.num_samples if (seq.num_samples > 1 and not seq.output_token_ids) else 1
                 emitting.append((i, seq, n))
+        batch = self.runner.prepare(chunks)
+        t = self._lap(phases, "prepare", t)
+        hidden = self.runner.forward(batch)  # 3. one forward pass: (T, hidden)
+        t = self._lap(phases, "forward", t)
+        sampled = self._sample(hidden, batch, emitting)  # 4. the next token of every emitting row
+        t = self._lap(phases, "sample", t)
 
-        batch = prepare_batch(chunks, self.block_size, self.device)
-        if self.graphs is not None and self.graphs.can_run(batch):
-            hidden = self.graphs.run(batch)  # (T, hidden), one graph replay
-            self.num_graph_steps += 1
-        else:
-            hidden = self.model(batch, self._kv_pairs)  # (T, hidden)
-
-        sampled: dict[int, int | list[int]] = {}
-        if emitting:
-            rows, temps, top_ps, uniforms = [], [], [], []
-            for i, seq, n in emitting:
-                params = self._requests[seq.request_id].params
-                for k in range(n):
-                    rows.append(i)
-                    temps.append(params.temperature)
-                    top_ps.append(params.top_p)
-                    index = k if n > 1 else seq.sample_index
-                    uniforms.append(self.sampler.uniform(seq.request_id, index))
-            row_ids = batch.logits_rows[torch.tensor(rows, device=self.device)]
-            logits = self.model.compute_logits(hidden[row_ids])  # (num_samples, vocab) fp32
-            tokens = sample(logits, temps, top_ps, uniforms)
-            pos = 0
-            for i, seq, n in emitting:
-                sampled[seq.seq_id] = tokens[pos] if n == 1 else tokens[pos:pos + n]
-                pos += n
-            self.num_generated_tokens += len(tokens)
-
-        now = self.now()
-        finished_seqs = self.scheduler.update(sched.scheduled, sampled, now)
-        outputs = self._collect(finished_seqs)
+        finished_seqs = self.scheduler.update(sched.scheduled, sampled, t)  # 5. append, finish, free
+        if self._pending_fork_aborts:
+            self._drop_aborted_forks()
+        outputs = self._take_aborted() + self._collect(finished_seqs)
+        now = self._lap(phases, "update", t)
+        metrics = None
         if self._subscribers:
-            self._emit(self._step_metrics(sched, now, now - t_start, len(finished_seqs)))
+            metrics = step_metrics(self.step_count, sched, self.scheduler, now, now - t_start, len(finished_seqs), phases)
+        self.step_count += 1
+        if metrics is not None:  # the step's state is committed: now tell the views
+            self._emit(metrics)
             for out in outputs:
                 self._emit(out.metrics)
-        self.step_count += 1
         return outputs
 
-    def _apply_block_ops(self, sched: SchedulerOutput) -> None:
-        """Swap-outs, copy-on-write copies and swap-ins, in the scheduler's order (runs of one kind batched)."""
-        ops = sched.block_ops
-        i = 0
-        while i < len(ops):
-            kind = ops[i][0]
-            j = i
-            while j < len(ops) and ops[j][0] == kind:
-                j += 1
-            pairs = [(a, b) for _, a, b in ops[i:j]]
-            if kind == "swap_out":
-                self.kv_cache.swap_out(pairs)
-                self.num_blocks_swapped_out += len(pairs)
-            elif kind == "copy":
-                self.kv_cache.copy_blocks(pairs)
-                self.num_blocks_copied += len(pairs)
-            elif kind == "swap_in":
-                self.kv_cache.swap_in(pairs)
-                self.num_blocks_swapped_in += len(pairs)
-            else:
-                raise ValueError(f"unknown block op {kind!r}")
-            i = j
+    def _sample(self, hidden: torch.Tensor, batch, emitting) -> dict[int, int | list[int]]:
+        """One token per emitting sequence (``n`` for a parallel-sampling prompt that just ended)."""
+        if not emitting:
+            return {}
+        rows, temps, top_ps, uniforms = [], [], [], []
+        for i, seq, n in emitting:
+            params = self._requests[seq.request_id].params
+            for k in range(n):
+                rows.append(i)
+                temps.append(params.temperature)
+                top_ps.append(params.top_p)
+                uniforms.append(self.sampler.uniform(seq.request_id, k if n > 1 else seq.sample_index))
+        tokens = sample(self.runner.logits(hidden, batch, rows), temps, top_ps, uniforms)
+        self.num_generated_tokens += len(tokens)
+        sampled: dict[int, int | list[int]] = {}
+        pos = 0
+        for i, seq, n in emitting:
+            sampled[seq.seq_id] = tokens[pos] if n == 1 else tokens[pos:pos + n]
+            pos += n
+        return sampled
+
+    def _finish(self, request: RequestState) -> RequestOutput:
+        """The finished request's output; it leaves the engine (and the sampler) for good."""
+        del self._requests[request.request_id]
+        self.sampler.remove_request(request.request_id, request.params.n)
+        return request.output()
+
+    # -- offline batches (vLLM's LLM.generate): functions of paged_edu.engine.offline, as methods
+    run = offline.run
+    generate = offline.generate
+    chat = offline.chat
 
     def _collect(self, finished_seqs: list[Seq]) -> list[RequestOutput]:
         outputs = []
         for seq in finished_seqs:
             request = self._requests[seq.request_id]
-            request.finished.append(seq)
             self.sampler.remove(seq.request_id, seq.sample_index)
-            if len(request.finished) < request.params.n:
-                continue
-            del self._requests[seq.request_id]
-            samples = sorted(request.finished, key=lambda s: s.sample_index)
-            itl = [x for s in samples for x in s.inter_token_latencies]
-            first = samples[0]
-            metrics = RequestMetrics(
-                request_id=request.request_id,
-                arrival_time=request.arrival_time,
-                first_scheduled_time=first.first_scheduled_time,
-                first_token_time=min(s.first_token_time for s in samples if s.first_token_time is not None),
-                finish_time=max(s.finish_time for s in samples if s.finish_time is not None),
-                num_prompt_tokens=len(request.prompt_token_ids),
-                num_output_tokens=sum(len(s.output_token_ids) for s in samples),
-                num_cached_tokens=first.num_cached_tokens,
-                num_preemptions=sum(s.num_preemptions for s in samples),
-                inter_token_latencies=itl,
-            )
-            outputs.append(RequestOutput(
-                request.request_id, request.prompt_token_ids, [list(s.output_token_ids) for s in samples],
-                [s.finish_reason for s in samples], metrics,
-            ))
+            if seq.sample_index in request.aborted:
+                continue  # aborted before its fork: it keeps nothing
+            request.finished[seq.sample_index] = seq
+            if request.done:
+                outputs.append(self._finish(request))
         return outputs
-
-    def _step_metrics(self, sched: SchedulerOutput, now: float, duration: float, num_finished: int) -> StepMetrics:
-        stats = self.scheduler.stats()
-        decodes = sum(1 for s in sched.scheduled if not s.is_prefill)
-        prefill_tokens = sum(s.num_new_tokens for s in sched.scheduled if s.is_prefill)
-        in_cache = sum(s.num_computed_tokens for s in self.scheduler.running)
-        return StepMetrics(
-            step=self.step_count, time=now, duration=duration,
-            num_running=stats["running"], num_waiting=stats["waiting"], num_swapped=stats["swapped"],
-            num_batched_tokens=sched.num_batched_tokens, num_prefill_tokens=prefill_tokens,
-            num_decode_seqs=decodes, num_preempted=len(sched.preempted), num_preemptions=stats["preemptions"],
-            num_finished=num_finished, kv_usage=stats["kv_usage"], num_used_blocks=self.allocator.num_used_blocks,
-            num_tokens_in_cache=in_cache, prefix_hit_rate=stats["prefix_hit_rate"],
-        )
-
-    # -- batch helpers -------------------------------------------------------------------------
-    def run(self, prompts: Sequence[Sequence[int]], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-            *, use_tqdm: bool | None = None) -> list[RequestOutput]:
-        """Add every prompt, step until all are done; outputs in the order of ``prompts``."""
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-            raise TypeError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            params_list = list(sampling_params)
-            if len(params_list) != len(prompts):
-                raise ValueError(f"{len(params_list)} sampling params for {len(prompts)} prompts")
-        for p, sp in zip(prompts, params_list):  # validate everything before queueing anything
-            self._check_request(p, sp)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
-        wanted = set(ids)
-        results: dict[int, RequestOutput] = {}
-        show = len(prompts) >= 64 if use_tqdm is None else use_tqdm
-        bar = None
-        if show:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(ids), desc="requests", unit="req")
-        try:
-            while len(results) < len(ids):
-                for out in self.step():
-                    if out.request_id in wanted:
-                        results[out.request_id] = out
-                        if bar is not None:
-                            bar.update(1)
-                if not self.has_unfinished() and len(results) < len(ids):
-                    raise RuntimeError("the engine stopped with requests unfinished")
-        finally:
-            if bar is not None:
-                bar.close()
-        return [results[i] for i in ids]
-
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32,
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, use_tqdm: bool | None = None) -> list[list[int]]:
-        """New tokens for each prompt: greedy with ``max_new_tokens`` unless ``sampling_params`` say otherwise.
-
-        One sample per prompt; for ``n > 1`` use :meth:`run`, which returns every sample.
-        """
-        if sampling_params is None:
-            sampling_params = SamplingParams(max_tokens=max_new_tokens)
-        params = [sampling_params] if isinstance(sampling_params, SamplingParams) else list(sampling_params)
-        if any(p.n != 1 for p in params):
-            raise ValueError("generate returns one sample per prompt; use Engine.run for n > 1")
-        return [out.outputs[0] for out in self.run(prompts, sampling_params, use_tqdm=use_tqdm)]
-
-    def chat(self, conversations, tokenizer, sampling_params: SamplingParams | None = None,
-             *, max_new_tokens: int = 64) -> list[str]:
-        """Reply to chat conversations: apply the tokenizer's chat template, generate, decode.
-
-        ``conversations`` is one conversation (a list of ``{"role", "content"}`` dicts) or a list of
-        them; the tokenizer's end-of-sequence token stops a reply. Returns one string each.
-        """
-        if conversations and isinstance(conversations[0], dict):
-            conversations = [conversations]
-        eos = tokenizer.eos_token_id
-        if sampling_params is None:
-            sampling_params = SamplingParams(max_tokens=max_new_tokens, stop_token_ids=(eos,) if eos is not None else ())
-        prompts = []
-        for messages in conversations:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            prompts.append(tokenizer.encode(text, add_special_tokens=False))
-        replies = self.generate(prompts, sampling_params=sampling_params)
-        return [tokenizer.decode(r, skip_special_tokens=True) for r in replies]
 
     # -- inspection ----------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -511,21 +398,3 @@ class Engine:
         return (f"Engine(num_blocks={a.num_blocks}, block_size={a.block_size}, "
                 f"prefix_caching={a.enable_prefix_caching}, preemption_mode={self.scheduler.preemption_mode!r}, "
                 f"device={self.device}, dtype={self.model.dtype})")
-
-
-def _has_triton_prefill() -> bool:
-    try:
-        import paged_edu.kernels.triton_prefill  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _token_slice(seq: Seq, start: int, end: int) -> list[int]:
-    """``seq.token_ids[start:end]`` without building the whole prompt + output list."""
-    p = seq.num_prompt_tokens
-    if start >= p:
-        return seq.output_token_ids[start - p:end - p]
-    if end <= p:
-        return seq.prompt_token_ids[start:end]
-    return seq.prompt_token_ids[start:] + seq.output_token_ids[:end - p]

@@ -11,13 +11,16 @@ What you will learn
   on which other requests share its batch, so a fixed seed reproduces its samples in any batch,
   on any device.
 
-All rows of a step are sampled together: one sort and one cumulative sum for the whole batch.
+All rows of a step are sampled together: one sort and one cumulative sum for the whole batch. The
+inverse CDF runs in token-id order (see :func:`sample`), so a rounding-level change of the logits
+between batch compositions cannot reorder it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -27,13 +30,31 @@ from paged_edu.core.validation import as_int
 __all__ = ["SamplingParams", "Sampler", "sample"]
 
 
-@dataclass(slots=True)
+SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes seeds in [0, 2**64)
+
+
+def _real(name: str, value) -> float:
+    """A real number (numpy floats too) as a Python float; never a bool, a string or a tensor."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _count(name: str, value) -> int:
+    value = as_int(value, f"{name} must be an int")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+@dataclass(slots=True, frozen=True)
 class SamplingParams:
-    """How one request is decoded.
+    """How one request is decoded; every field is checked here, once, and cannot change after.
 
     ``temperature = 0`` is greedy. ``n > 1`` asks for ``n`` samples of the same prompt: they share
     the prompt's blocks (fork) and diverge by copy-on-write. ``seed`` makes sampling reproducible;
-    sample ``i`` of a request draws from ``torch.Generator().manual_seed(seed + i)``.
+    sample ``i`` of a request draws from ``torch.Generator().manual_seed(seed + i)``, so
+    ``seed + n - 1`` must be a valid generator seed (``< 2**64``).
     """
 
     max_tokens: int = 16
@@ -44,22 +65,34 @@ class SamplingParams:
     n: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+        max_tokens = _count("max_tokens", self.max_tokens)
+        n = _count("n", self.n)
+        temperature = _real("temperature", self.temperature)
+        if not math.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        top_p = _real("top_p", self.top_p)
+        if not 0 < top_p <= 1:  # NaN fails this too
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+        seed = self.seed
+        if seed is not None:
+            seed = as_int(seed, "seed must be an int or None")
+            if not 0 <= seed <= SEED_LIMIT - n:
+                raise ValueError(
+                    f"seed must be in [0, 2**64 - n] = [0, {SEED_LIMIT - n}] (sample i uses seed + i), got {seed}"
+                )
+        if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable):
+            raise TypeError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}")
         try:  # integers only (numpy and torch ones too): int() would turn 1.5 or "7" into a token id
-            self.stop_token_ids = tuple(as_int(t, "stop token ids must be ints") for t in self.stop_token_ids)
+            stop = tuple(as_int(t, "stop token ids must be ints") for t in self.stop_token_ids)
         except (TypeError, ValueError):
             raise TypeError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}") from None
-        if self.n > 1 and self.temperature == 0:
+        if any(t < 0 for t in stop):
+            raise ValueError(f"stop_token_ids must be token ids >= 0, got {stop!r}")
+        if n > 1 and temperature == 0:
             raise ValueError("n > 1 with temperature 0 would give n identical greedy samples; set temperature > 0")
+        for name, value in (("max_tokens", max_tokens), ("n", n), ("temperature", temperature),
+                            ("top_p", top_p), ("seed", seed), ("stop_token_ids", stop)):
+            object.__setattr__(self, name, value)  # the checked, plain-Python values
 
     @property
     def greedy(self) -> bool:
@@ -72,7 +105,15 @@ def sample(
     top_ps: Sequence[float],  # (N,)
     uniforms: Sequence[float],  # (N,): one draw in [0, 1) per row (ignored for greedy rows)
 ) -> list[int]:
-    """One token per row. Greedy rows take the argmax; the others sample by inverse CDF."""
+    """One token per row. Greedy rows take the argmax; the others sample by inverse CDF.
+
+    The nucleus is found in sorted order (a stable sort: tied probabilities keep token-id order);
+    the inverse CDF then runs over the nucleus in *token-id* order, not in sorted order. So two
+    nearly tied tokens that swap places in the sort when a different batch shifts their logits by
+    a rounding error (1e-6) pick the same token for the same ``u``: only a ``u`` within a rounding
+    error of a CDF boundary can change the outcome, where in sorted order any ``u`` in the pair's
+    mass could.
+    """
     N, vocab = logits.shape
     greedy_tokens = logits.argmax(dim=-1)  # (N,)
     if all(t == 0 for t in temperatures):
@@ -80,14 +121,14 @@ def sample(
     device = logits.device
     temp = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=device)  # (N,)
     probs = torch.softmax(logits / temp[:, None], dim=-1)  # (N, vocab)
-    sorted_p, sorted_idx = probs.sort(dim=-1, descending=True)  # (N, vocab) each
-    mass_before = sorted_p.cumsum(dim=-1) - sorted_p  # (N, vocab): mass of strictly more likely tokens
+    sorted_p, sorted_idx = probs.sort(dim=-1, descending=True, stable=True)  # (N, vocab) each
+    mass_before = sorted_p.cumsum(dim=-1) - sorted_p  # (N, vocab): mass of more likely tokens
     top_p = torch.tensor(list(top_ps), device=device, dtype=sorted_p.dtype)  # (N,)
-    sorted_p = sorted_p * (mass_before < top_p[:, None])  # the nucleus; the most likely token always stays
-    cdf = sorted_p.cumsum(dim=-1)  # (N, vocab)
+    in_nucleus = torch.zeros_like(probs, dtype=torch.bool).scatter_(
+        -1, sorted_idx, mass_before < top_p[:, None])  # (N, vocab) in token-id order; the top token always stays
+    cdf = (probs * in_nucleus).cumsum(dim=-1)  # (N, vocab), token-id order
     target = torch.tensor(list(uniforms), device=device, dtype=cdf.dtype)[:, None] * cdf[:, -1:]  # (N, 1)
-    choice = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1)  # first index with cdf > target
-    sampled = sorted_idx.gather(-1, choice).squeeze(-1)  # (N,)
+    sampled = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1).squeeze(-1)  # first id with cdf > target
     is_greedy = torch.tensor([t == 0 for t in temperatures], device=device)
     return torch.where(is_greedy, greedy_tokens, sampled).tolist()
 
@@ -96,6 +137,9 @@ class Sampler:
     """Per-sample random streams: one CPU ``torch.Generator`` per (request, sample index), seeded once."""
 
     def __init__(self, seed: int = 0) -> None:
+        seed = as_int(seed, "seed must be an int")
+        if not 0 <= seed < SEED_LIMIT:
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
         self._seed_source = torch.Generator().manual_seed(seed)  # for requests without a seed
         self._generators: dict[tuple[int, int], torch.Generator] = {}
 
@@ -111,6 +155,15 @@ class Sampler:
 
     def remove(self, request_id: int, sample_index: int) -> None:
         self._generators.pop((request_id, sample_index), None)
+
+    def remove_request(self, request_id: int, num_samples: int) -> None:
+        """Drop every stream of a request (an abort)."""
+        for i in range(num_samples):
+            self._generators.pop((request_id, i), None)
+
+    def __len__(self) -> int:
+        """Live streams (a finished or aborted request leaves none behind)."""
+        return len(self._generators)
 
     def uniform(self, request_id: int, sample_index: int = 0) -> float:
         """The next draw in [0, 1) of one sample's stream (0.0 for a greedy request)."""

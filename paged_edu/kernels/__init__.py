@@ -71,6 +71,13 @@ even under ``TRITON_INTERPRET=1``; tests call ``impl="triton"`` explicitly).
 
 The package imports without Triton (macOS, Windows): ``"auto"`` then means ``"torch"`` and
 ``impl="triton"`` raises a ``RuntimeError`` that says what to install.
+
+Which kernels can run here
+--------------------------
+:func:`kernel_support(device) <kernel_support>` is the one answer to "is Triton usable": which of
+the decode, prefill and store kernels run on that device, and whether interpreted. Every
+``"auto"`` -- the dispatch here, :meth:`PagedKVCache.store <paged_edu.cache.kv_cache.PagedKVCache.store>`,
+the engine's choice of kernels -- asks it.
 """
 
 from __future__ import annotations
@@ -78,6 +85,8 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import numbers
+from dataclasses import dataclass
 
 import torch
 
@@ -89,6 +98,8 @@ from paged_edu.kernels.reference import (
 
 __all__ = [
     "IMPLS",
+    "KernelSupport",
+    "kernel_support",
     "paged_attention_decode",
     "paged_attention_prefill",
     "triton_available",
@@ -105,7 +116,7 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 # ----------------------------------------------------------------------------------------------
-# Is Triton here, and is it interpreting?
+# Which kernels can run here: the one probe
 # ----------------------------------------------------------------------------------------------
 
 
@@ -133,17 +144,57 @@ def triton_interpreting() -> bool:
     return INTERPRETING
 
 
+@dataclass(frozen=True, slots=True)
+class KernelSupport:
+    """Which Triton kernels can run on tensors of one device type (see :func:`kernel_support`)."""
+
+    device_type: str
+    decode: bool  # paged_edu.kernels.triton_decode
+    prefill: bool  # paged_edu.kernels.triton_prefill
+    store: bool  # paged_edu.kernels.triton_store
+    interpreted: bool  # they would run in Triton's interpreter: exact, but far too slow to serve a model
+
+    def use_triton(self, kernel: str) -> bool:
+        """What ``impl="auto"`` means for ``kernel`` (``"decode"``, ``"prefill"``, ``"store"``).
+
+        Compiled kernels always. Interpreted ones only for decode, where tests and lessons want
+        the kernel's own arithmetic on a CPU; prefill and store run PyTorch there (the interpreted
+        prefill takes seconds per prompt, and a store is a plain scatter).
+        """
+        runs = getattr(self, kernel)
+        return runs and (not self.interpreted or kernel == "decode")
+
+
+def kernel_support(device: torch.device | str) -> KernelSupport:
+    """The one answer to "is Triton usable": which kernels can run on ``device``.
+
+    Triton compiles for CUDA tensors; under ``TRITON_INTERPRET=1`` (set before the first import)
+    it interprets on CPU tensors instead -- never both. Every caller (the dispatch below, the KV
+    cache's store, the engine's choice of kernels) asks here.
+    """
+    return _support(torch.device(device).type)
+
+
+@functools.lru_cache(maxsize=None)
+def _support(device_type: str) -> KernelSupport:
+    interpreting = triton_interpreting()
+    runs_here = (device_type == "cuda" and not interpreting) or (device_type == "cpu" and interpreting)
+    return KernelSupport(
+        device_type=device_type,
+        decode=runs_here and _importable("triton_decode"),
+        prefill=runs_here and _importable("triton_prefill"),
+        store=runs_here and _importable("triton_store"),
+        interpreted=runs_here and interpreting,
+    )
+
+
 def _pick(impl: str, q: torch.Tensor, allowed: tuple[str, ...], prefill: bool = False) -> str:
     """Check ``impl`` and resolve ``"auto"`` (kept for a non-tensor ``q``: the input checks reject it)."""
     if not isinstance(impl, str) or impl not in allowed:
         raise ValueError(f"impl must be one of {allowed}, got {impl!r}")
     if impl != "auto" or not isinstance(q, torch.Tensor):
         return impl
-    if prefill:  # the interpreted prefill kernel is far too slow for whole prompts: CUDA only
-        return "triton" if q.is_cuda and not triton_interpreting() and _importable("triton_prefill") else "torch"
-    if triton_available() and (q.is_cuda != triton_interpreting()):
-        return "triton"  # CUDA tensors with a compiled kernel, or CPU tensors under the interpreter
-    return "torch"
+    return "triton" if kernel_support(q.device).use_triton("prefill" if prefill else "decode") else "torch"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -174,8 +225,8 @@ def _check_cache_and_tables(q, k_cache, v_cache, block_tables, seq_lens, num_seq
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape")
     _, _, num_kv_heads, head_dim = k_cache.shape
-    if k_cache.shape[0] < 1 or k_cache.shape[1] < 1 or num_kv_heads < 1:
-        raise ValueError(f"k_cache must be non-empty, got shape {tuple(k_cache.shape)}")
+    if min(k_cache.shape) < 1:
+        raise ValueError(f"k_cache must be non-empty in every dimension (head_dim >= 1 too), got shape {tuple(k_cache.shape)}")
     if q.shape[2] != head_dim:
         raise ValueError(f"q head_dim {q.shape[2]} differs from the cache's head_dim {head_dim}")
     if q.shape[1] % num_kv_heads != 0:
@@ -258,11 +309,16 @@ def check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens
 
 
 def _check_scale(scale, head_dim: int) -> float:
+    """The softmax scale: ``1/sqrt(head_dim)`` by default, else a finite real number > 0 (numpy
+    floats included). A NaN or infinite scale would silently turn every output into NaN."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    return float(scale)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__} {scale!r}")
+    value = float(scale)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+    return value
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,118 @@
+"""A Llama-family model's numbers: :class:`LlamaConfig`, its Hugging Face names, SmolLM2's geometry.
+
+Everything that fixes a decoder's shapes lives here, with no torch: the engine's limits
+(``max_position_embeddings``), the cache's geometry (``num_kv_heads``, ``head_dim``) and the
+memory a token costs in the cache all read this one record.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from dataclasses import asdict, dataclass
+
+__all__ = ["LlamaConfig", "describe", "smollm2_config"]
+
+
+# The fields a Hugging Face config holds as they are, ours -> theirs (three under other names): the
+# one table from_hf and to_hf both read. head_dim, rms_norm_eps, rope_theta and tie_word_embeddings
+# are spelled out in each instead: from_hf derives or converts them (an HF config may lack them).
+_HF_NAMES = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "max_position_embeddings": "max_position_embeddings",
+}
+
+
+@dataclass(slots=True)
+class LlamaConfig:
+    """The numbers that fix a Llama-family decoder's shapes (Hugging Face names in comments)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int  # num_hidden_layers
+    num_heads: int  # num_attention_heads: query heads
+    num_kv_heads: int  # num_key_value_heads: K/V heads, shared by num_heads // num_kv_heads queries
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = True
+    max_position_embeddings: int = 2048
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not hasattr(value, "__index__") or operator.index(value) < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            setattr(self, name, operator.index(value))  # numpy ints become plain ints
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token takes in the cache at 2 bytes a value: ``2 * N_layers * N_kv * d_head * 2``."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 2
+
+    @classmethod
+    def from_hf(cls, hf_config) -> LlamaConfig:
+        # Scaled RoPE variants (llama3, yarn, ...) only change the inverse frequencies, which
+        # PagedLlama.from_hf copies from the HF model itself; the config records the base.
+        rope = getattr(hf_config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+        return cls(
+            **{ours: getattr(hf_config, theirs) for ours, theirs in _HF_NAMES.items()},
+            head_dim=head_dim,
+            rms_norm_eps=float(hf_config.rms_norm_eps),
+            rope_theta=float(theta),
+            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        )
+
+    def to_hf(self, **overrides):
+        """The equivalent ``transformers.LlamaConfig`` (needs transformers)."""
+        from transformers import LlamaConfig as HFLlamaConfig
+
+        kwargs = dict(
+            **{theirs: getattr(self, ours) for ours, theirs in _HF_NAMES.items()},
+            head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            tie_word_embeddings=self.tie_word_embeddings,
+            hidden_act="silu",
+            attention_bias=False,
+            mlp_bias=False,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=2,
+        )
+        kwargs.update(overrides)
+        return HFLlamaConfig(**kwargs)
+
+
+def smollm2_config(**overrides) -> LlamaConfig:
+    """SmolLM2-135M's geometry: 30 layers, 9 query / 3 KV heads of 64, vocab 49,152, tied embeddings."""
+    config = dict(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+        num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    )
+    config.update(overrides)
+    return LlamaConfig(**config)
+
+
+def describe(config: LlamaConfig) -> dict:
+    """The config as a plain dict (for JSON results)."""
+    return asdict(config)
