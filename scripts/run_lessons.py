@@ -39,7 +39,9 @@ def lesson_device(executed: Path) -> str:
     return "?"
 
 
-def run(path: Path, out_dir: Path, device: str, timeout: int) -> dict:
+def run(path: Path, out_dir: Path, device: str, timeout: int, *, store_widget_state: bool = False) -> dict:
+    """Execute one lesson into ``out_dir``; ``store_widget_state=True`` keeps the widgets' final state
+    in the copy's metadata (the site renders a static view of each widget from it)."""
     import papermill
 
     dst = out_dir / path.name
@@ -49,7 +51,8 @@ def run(path: Path, out_dir: Path, device: str, timeout: int) -> dict:
     try:
         papermill.execute_notebook(
             str(path), str(dst), parameters={"device": device}, kernel_name="python3", cwd=str(path.parent),
-            execution_timeout=timeout, progress_bar=False, log_output=False, store_widget_state=False,
+            execution_timeout=timeout, progress_bar=False, log_output=False,
+            store_widget_state=store_widget_state,
         )
         record["ok"] = True
     except Exception as exc:  # one failed lesson must not stop the others
