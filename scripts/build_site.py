@@ -268,6 +268,10 @@ def header_markdown(notebook: Path, record: dict) -> str:
             f'<span class="device">{where}</span></div>')
 
 
+def _markdown_cell(cell_id: str, source: str) -> dict:
+    return {"cell_type": "markdown", "id": re.sub(r"[^A-Za-z0-9_-]", "-", cell_id), "metadata": {}, "source": source}
+
+
 def site_notebook(notebook: Path, record: dict) -> dict:
     """The executed copy as its page shows it (the stored notebook is never touched)."""
     nb = json.loads((EXECUTED / notebook.name).read_text())
@@ -282,11 +286,11 @@ def site_notebook(notebook: Path, record: dict) -> dict:
             cell["outputs"] = site_outputs(cell.get("outputs", []), models)
         cells.append(cell)
         if cell["cell_type"] == "markdown" and not has_header:  # right under the title
-            cells.append({"cell_type": "markdown", "metadata": {}, "source": header_markdown(notebook, record)})
+            cells.append(_markdown_cell("site-header", header_markdown(notebook, record)))
             has_header = True
         if cell["cell_type"] == "code":
             for name in dict.fromkeys(EXERCISE.findall("".join(cell["source"]))):
-                cells.append({"cell_type": "markdown", "metadata": {}, "source": solution_markdown(name)})
+                cells.append(_markdown_cell(f"site-solution-{name}", solution_markdown(name)))
     nb["cells"] = cells
     return nb
 
