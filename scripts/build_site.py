@@ -281,7 +281,7 @@ def site_notebook(notebook: Path, record: dict) -> dict:
     for cell in nb["cells"]:
         cell = copy.deepcopy(cell)
         if cell["cell_type"] == "markdown":
-            cell["source"] = COLAB_BADGE.sub("", "".join(cell["source"]))
+            cell["source"] = repository_links(COLAB_BADGE.sub("", "".join(cell["source"])), NOTEBOOKS, ("notebooks/",))
         if cell["cell_type"] == "code":
             cell["outputs"] = site_outputs(cell.get("outputs", []), models)
         cells.append(cell)
@@ -295,9 +295,28 @@ def site_notebook(notebook: Path, record: dict) -> dict:
     return nb
 
 
+def repository_links(text: str, base: Path, in_site: tuple[str, ...]) -> str:
+    """Point markdown links to files of the repository that are not part of the site (code,
+    benchmarks, tests) at the repository on GitHub, so that none of them breaks on the site."""
+    from paged_edu.lessons.setup import REPO_URL
+
+    def link(match: re.Match) -> str:
+        target = match.group(1)
+        path = (base / target.split("#")[0]).resolve()
+        if re.match(r"^[a-z]+:|#", target) or not path.is_relative_to(ROOT) or not path.exists():
+            return match.group(0)
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(in_site):
+            return match.group(0)
+        kind = "tree" if path.is_dir() else "blob"
+        return f"]({REPO_URL.removesuffix('.git')}/{kind}/main/{rel})"
+
+    return re.sub(r"\]\(([^)\s]+)\)", link, text)
+
+
 def landing_page(records: list[dict]) -> str:
     """The README, with links to the notebooks pointing at the lesson pages, and where each page was run."""
-    text = (ROOT / "README.md").read_text()
+    text = repository_links((ROOT / "README.md").read_text(), ROOT, ("figures/", "notebooks/"))
     text = re.sub(r"\]\(notebooks/([0-9][0-9]_[^)]+\.ipynb)\)", r"](lessons/\1)", text)
     rows = "\n".join(
         f"| [{r['lesson']}](lessons/{r['lesson']}.ipynb) | {r['device']} | {r.get('machine', '?')} | "
