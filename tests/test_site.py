@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import re
 import sys
 import threading
@@ -21,27 +22,85 @@ from pathlib import Path
 import pytest
 from browser_helpers import HAS_CHROMIUM, SKIP_REASON, browser, free_port  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.browser
-
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "build" / "site"
 SHOTS = ROOT / "build" / "site-shots"
 LESSONS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
-if not HAS_CHROMIUM:
-    pytest.skip(SKIP_REASON, allow_module_level=True)
-pytest.importorskip("myst_nb")
-pytest.importorskip("sphinx")
+sys.path.insert(0, str(ROOT / "scripts"))
+try:
+    import build_site
+finally:
+    sys.path.remove(str(ROOT / "scripts"))
+
+
+
+def needs_chromium(test):
+    """A test in the real browser: marked ``browser``, skipped where Chromium is absent."""
+    return pytest.mark.browser(pytest.mark.skipif(not HAS_CHROMIUM, reason=SKIP_REASON)(test))
+
+
+# ----------------------------------------------------------------------------------------------
+# What the build turns outputs into (no browser)
+# ----------------------------------------------------------------------------------------------
+
+
+def _spec_of(html_text: str) -> dict:
+    body = re.search(r'<script type="application/json">(.*?)</script>', html_text, re.S).group(1)
+    return json.loads(body)
+
+
+def test_a_plotly_figure_cannot_close_its_script_early():
+    spec = {"data": [{"type": "bar", "y": [1, 2], "name": "</script><b>x</b>"}], "layout": {"title": {"text": "t"}}}
+    out = build_site.plotly_html(spec)
+    assert out.count("</script>") == 1 and _spec_of(out) == spec
+
+
+def test_a_widget_becomes_a_static_view_of_its_state_and_never_a_placeholder():
+    models = {
+        "box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_html", "IPY_MODEL_row", "IPY_MODEL_fig"]}},
+        "html": {"model_name": "HTMLModel", "state": {"value": "<b>3 blocks in use</b>"}},
+        "row": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_button", "IPY_MODEL_slider"]}},
+        "button": {"model_name": "ButtonModel", "state": {"description": "add request"}},
+        "slider": {"model_name": "IntSliderModel", "state": {"description": "len", "value": 6, "min": 1, "max": 9}},
+        "fig": {"model_name": "AnyModel", "state": {"_widget_data": [{"type": "heatmap", "z": [[1]]}],
+                                                    "_widget_layout": {"height": 200}, "_config": {}}},
+    }
+    view = {"output_type": "execute_result", "execution_count": 1, "metadata": {},
+            "data": {build_site.WIDGET_VIEW_MIME: {"model_id": "box", "version_major": 2}, "text/plain": "VBox(...)"}}
+    (shown,) = build_site.site_outputs([view], models)
+    page = shown["data"]["text/html"]
+    assert set(shown["data"]) == {"text/html"}
+    assert "<b>3 blocks in use</b>" in page and '<button type="button" disabled>add request</button>' in page
+    assert 'value="6"' in page and "to interact" in page
+    assert _spec_of(page) == {"data": [{"type": "heatmap", "z": [[1]]}], "layout": {"height": 200}, "config": {}}
+    view["data"][build_site.WIDGET_VIEW_MIME]["model_id"] = "gone"   # no saved state: the note alone
+    (shown,) = build_site.site_outputs([view], models)
+    assert "to interact" in shown["data"]["text/html"] and "plotly-figure" not in shown["data"]["text/html"]
+
+
+def test_links_to_repository_files_leave_the_site_and_pages_stay():
+    text = ("[a](paged_edu/core/allocator.py) [b](figures/utilisation.png) [c](#sources) "
+            "[d](notebooks/01_kv_cache_memory.ipynb) [e](no/such/file.py) [f](https://x.org/y)")
+    out = build_site.repository_links(text, ROOT, ("figures/", "notebooks/"))
+    from paged_edu.lessons.setup import REPO_URL
+
+    assert f"[a]({REPO_URL}/blob/main/paged_edu/core/allocator.py)" in out
+    for kept in ("[b](figures/utilisation.png)", "[c](#sources)", "[d](notebooks/01_kv_cache_memory.ipynb)",
+                 "[e](no/such/file.py)", "[f](https://x.org/y)"):
+        assert kept in out
+
+
+# ----------------------------------------------------------------------------------------------
+# The built site in Chromium
+# ----------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def site() -> Path:
     """build/site/, built from CPU-executed lessons (copies newer than notebook and library are reused)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import build_site
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    pytest.importorskip("myst_nb")
+    pytest.importorskip("sphinx")
     assert build_site.build("cpu", out=SITE) == 0, "python3 dev.py site failed; see its output above"
     return SITE
 
@@ -92,6 +151,7 @@ def _ids(html_text: str) -> set[str]:
     return set(re.findall(r'\bid="([^"]+)"', html_text))
 
 
+@needs_chromium
 def test_every_page_loads_clean_and_every_internal_link_and_image_resolves(site, url, browser):
     pages = _pages(site)
     assert {"index.html", "search.html"} | {f"lessons/{name}.html" for name in LESSONS} <= set(pages)
@@ -123,6 +183,7 @@ def test_every_page_loads_clean_and_every_internal_link_and_image_resolves(site,
         assert not missing, f"{target}: no anchors {sorted(missing)}"
 
 
+@needs_chromium
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_lesson_page_draws_plotly_typesets_math_and_folds_solutions(site, url, browser, lesson):
     page, problems = _open(browser, url, f"lessons/{lesson}.html")
@@ -176,6 +237,7 @@ def test_lesson_page_draws_plotly_typesets_math_and_folds_solutions(site, url, b
         page.close()
 
 
+@needs_chromium
 def test_landing_page_search_and_next_previous(site, url, browser):
     page, problems = _open(browser, url, "index.html")
     try:
