@@ -8,9 +8,9 @@
    that device. ``--device auto`` (the default) runs on the GPU when there is one.
 2. **Prepare** ``build/site-src/``, a Sphinx project: the README as the landing page (its links to
    the notebooks turned into links to the lesson pages), and one page per executed lesson in
-   order, where plotly figures become ``<div class="plotly-figure">`` drawn by the bundled
-   plotly.js, each widget becomes a static view of its final state (HTML, the plot, the controls
-   greyed out) with a note to run the lesson to interact, every exercise gets its solution (from
+   order, whose plotly figures and widgets become what ``scripts/lesson_outputs.py`` makes of them
+   (figures drawn by the bundled plotly.js, widgets as static views of their final state with a
+   note to run the lesson to interact), every exercise gets its solution (from
    ``ex.solution``) folded in a ``<details>``, and a header links to Colab (from
    ``paged_edu.lessons.setup.REPO_URL``) and to the clean notebook, and says which device ran it.
 3. **Render** with Sphinx + MyST-NB (furo theme, MathJax and plotly.js inside the site) into
@@ -46,11 +46,9 @@ CONFIG = Path(__file__).resolve().parent / "site"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run_lessons  # noqa: E402  (scripts/ is not a package)
+from lesson_outputs import site_outputs  # noqa: E402
 
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
-WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
-RUN_IT = "run the lesson (Open in Colab, or JupyterLab) to interact"
 COLAB_BADGE = re.compile(r"\[!\[Open [Ii]n Colab\]\([^)]*\)\]\([^)]*\)\s*")
 EXERCISE = re.compile(r"""ex\.check\(\s*["']([^"']+)["']""")
 
@@ -153,94 +151,6 @@ def colab_url(notebook_name: str) -> str:
 
     path = REPO_URL.removeprefix("https://github.com/").removesuffix(".git")
     return f"https://colab.research.google.com/github/{path}/blob/main/notebooks/{notebook_name}"
-
-
-def plotly_html(spec: dict) -> str:
-    """A figure as a ``<div class="plotly-figure">`` with its JSON (drawn by plotly-figures.js)."""
-    text = json.dumps(spec, separators=(",", ":")).replace("</", "<\\/")
-    return f'<div class="plotly-figure"><script type="application/json">{text}</script></div>'
-
-
-def _label(state: dict) -> str:
-    return html.escape(state.get("description") or "")
-
-
-def widget_html(model_id: str, models: dict) -> str:
-    """A static view of one widget from its saved state: boxes laid out, HTML and plots as they
-    were at the end of the run, controls shown greyed out."""
-    model = models.get(model_id)
-    if model is None:
-        return ""
-    name, state = model["model_name"], model["state"]
-    children = [c.removeprefix("IPY_MODEL_") for c in state.get("children", [])]
-    if name in ("VBoxModel", "BoxModel", "GridBoxModel", "TabModel", "AccordionModel", "StackModel"):
-        return '<div class="vbox">' + "".join(widget_html(c, models) for c in children) + "</div>"
-    if name == "HBoxModel":
-        return '<div class="hbox">' + "".join(widget_html(c, models) for c in children) + "</div>"
-    if name in ("HTMLModel", "HTMLMathModel"):
-        return f"<div>{state.get('value', '')}</div>"
-    if name == "LabelModel":
-        return f"<span>{html.escape(str(state.get('value', '')))}</span>"
-    if name == "ButtonModel":
-        return f'<button type="button" disabled>{_label(state)}</button>'
-    if name == "ToggleButtonsModel":
-        chosen = state.get("index")
-        buttons = "".join(f'<button type="button" disabled{" class=chosen" if i == chosen else ""}>'
-                          f"{'&#10003; ' if i == chosen else ''}{html.escape(str(o))}</button>"
-                          for i, o in enumerate(state.get("_options_labels", [])))
-        return f"<span>{_label(state)} {buttons}</span>"
-    if name in ("DropdownModel", "SelectModel", "RadioButtonsModel"):
-        chosen = state.get("index")
-        options = "".join(f"<option{' selected' if i == chosen else ''}>{html.escape(str(o))}</option>"
-                          for i, o in enumerate(state.get("_options_labels", [])))
-        return f"<label>{_label(state)} <select disabled>{options}</select></label>"
-    if name.endswith("SliderModel") and not isinstance(state.get("value"), list):
-        return (f"<label>{_label(state)} <input type=\"range\" disabled min=\"{state.get('min', 0)}\" "
-                f"max=\"{state.get('max', 100)}\" step=\"{state.get('step', 1)}\" value=\"{state.get('value', 0)}\"> "
-                f"{html.escape(str(state.get('value', '')))}</label>")
-    if name == "CheckboxModel":
-        return f"<label><input type=\"checkbox\" disabled{' checked' if state.get('value') else ''}> {_label(state)}</label>"
-    if name in ("TextModel", "IntTextModel", "FloatTextModel", "BoundedIntTextModel", "BoundedFloatTextModel"):
-        return f"<label>{_label(state)} <input disabled value=\"{html.escape(str(state.get('value', '')))}\"></label>"
-    if name == "OutputModel":
-        return "".join(output_html(o) for o in state.get("outputs", []))
-    if "_widget_data" in state:  # plotly's FigureWidget (an anywidget)
-        return plotly_html({"data": state["_widget_data"], "layout": state.get("_widget_layout", {}),
-                            "config": state.get("_config", {})})
-    return ""
-
-
-def output_html(output: dict) -> str:
-    """One output captured inside a widget (an ``Output`` widget) as HTML."""
-    if output.get("output_type") == "stream":
-        return f"<pre>{html.escape(''.join(output.get('text', '')))}</pre>"
-    data = output.get("data", {})
-    if PLOTLY_MIME in data:
-        return plotly_html(data[PLOTLY_MIME])
-    if "text/html" in data:
-        return "".join(data["text/html"])
-    if "image/png" in data:
-        return f'<img alt="output" src="data:image/png;base64,{data["image/png"]}">'
-    if "text/plain" in data:
-        return f"<pre>{html.escape(''.join(data['text/plain']))}</pre>"
-    return ""
-
-
-def site_outputs(outputs: list, models: dict) -> list:
-    """The outputs as the site shows them: plotly as plotly-figure divs, widgets as static views."""
-    shown = []
-    for output in outputs:
-        data = output.get("data", {})
-        if PLOTLY_MIME in data:
-            output = {"output_type": "display_data", "metadata": {}, "data": {"text/html": plotly_html(data[PLOTLY_MIME])}}
-        elif WIDGET_VIEW_MIME in data:
-            view = widget_html(data[WIDGET_VIEW_MIME].get("model_id", ""), models)
-            note = (f'<div class="note">A live widget, shown as it was at the end of the run; {RUN_IT}.</div>'
-                    if view else f'<div class="note">A live widget: {RUN_IT}.</div>')
-            output = {"output_type": "display_data", "metadata": {},
-                      "data": {"text/html": f'<div class="widget-snapshot">{note}{view}</div>'}}
-        shown.append(output)
-    return shown
 
 
 def solution_markdown(name: str) -> str:

@@ -30,6 +30,7 @@ LESSONS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")
 sys.path.insert(0, str(ROOT / "scripts"))
 try:
     import build_site
+    import lesson_outputs
 finally:
     sys.path.remove(str(ROOT / "scripts"))
 
@@ -52,7 +53,7 @@ def _spec_of(html_text: str) -> dict:
 
 def test_a_plotly_figure_cannot_close_its_script_early():
     spec = {"data": [{"type": "bar", "y": [1, 2], "name": "</script><b>x</b>"}], "layout": {"title": {"text": "t"}}}
-    out = build_site.plotly_html(spec)
+    out = lesson_outputs.plotly_html(spec)
     assert out.count("</script>") == 1 and _spec_of(out) == spec
 
 
@@ -67,15 +68,15 @@ def test_a_widget_becomes_a_static_view_of_its_state_and_never_a_placeholder():
                                                     "_widget_layout": {"height": 200}, "_config": {}}},
     }
     view = {"output_type": "execute_result", "execution_count": 1, "metadata": {},
-            "data": {build_site.WIDGET_VIEW_MIME: {"model_id": "box", "version_major": 2}, "text/plain": "VBox(...)"}}
-    (shown,) = build_site.site_outputs([view], models)
+            "data": {lesson_outputs.WIDGET_VIEW_MIME: {"model_id": "box", "version_major": 2}, "text/plain": "VBox(...)"}}
+    (shown,) = lesson_outputs.site_outputs([view], models)
     page = shown["data"]["text/html"]
     assert set(shown["data"]) == {"text/html"}
     assert "<b>3 blocks in use</b>" in page and '<button type="button" disabled>add request</button>' in page
     assert 'value="6"' in page and "to interact" in page
     assert _spec_of(page) == {"data": [{"type": "heatmap", "z": [[1]]}], "layout": {"height": 200}, "config": {}}
-    view["data"][build_site.WIDGET_VIEW_MIME]["model_id"] = "gone"   # no saved state: the note alone
-    (shown,) = build_site.site_outputs([view], models)
+    view["data"][lesson_outputs.WIDGET_VIEW_MIME]["model_id"] = "gone"   # no saved state: the note alone
+    (shown,) = lesson_outputs.site_outputs([view], models)
     assert "to interact" in shown["data"]["text/html"] and "plotly-figure" not in shown["data"]["text/html"]
 
 

@@ -6,7 +6,7 @@ the plotly package, both copied into the site, so it works offline and from a pl
 """
 
 project = "paged_edu"
-html_title = "paged_edu: PagedAttention you can see, poke and measure"
+html_title = "paged_edu"
 extensions = ["myst_nb", "sphinx-mathjax-offline"]
 
 # The lessons arrive executed (scripts/run_lessons.py); the site only renders them.
