@@ -43,6 +43,7 @@ EXECUTED = ROOT / "build" / "lessons"
 SRC = ROOT / "build" / "site-src"
 DOCTREES = ROOT / "build" / "site-doctrees"
 CONFIG = Path(__file__).resolve().parent / "site"
+KERNEL_STARTUP = Path(__file__).resolve().parent / "site_kernel_startup.py"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run_lessons  # noqa: E402  (scripts/ is not a package)
@@ -104,11 +105,29 @@ def drop_widget_code(executed: Path) -> None:
     executed.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
+@contextlib.contextmanager
+def site_kernels():
+    """Kernels started inside run with scripts/site_kernel_startup.py (FigureWidgets save their
+    current figure into the widget state), from a throw-away IPYTHONDIR under build/."""
+    ipython_dir = ROOT / "build" / "site-ipython"
+    copy_if_changed(KERNEL_STARTUP, ipython_dir / "profile_default" / "startup" / KERNEL_STARTUP.name)
+    before = os.environ.get("IPYTHONDIR")
+    os.environ["IPYTHONDIR"] = str(ipython_dir)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("IPYTHONDIR")
+        else:
+            os.environ["IPYTHONDIR"] = before
+
+
 def run_lesson(notebook: Path, device: str, timeout: int) -> dict:
     # scripts/run_lessons.py's run() takes the device, or (with per-lesson parameters) a dict of
     # parameters holding it; pass what this copy of it asks for.
     third = {"device": device} if "parameters" in inspect.signature(run_lessons.run).parameters else device
-    record = run_lessons.run(notebook, EXECUTED, third, timeout, store_widget_state=True)
+    with site_kernels():
+        record = run_lessons.run(notebook, EXECUTED, third, timeout, store_widget_state=True)
     record["widget_state"] = record["ok"]
     record["machine"] = machine(record["device"]) if record["device"] != "?" else "?"
     record["executed_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -80,6 +80,27 @@ def test_a_widget_becomes_a_static_view_of_its_state_and_never_a_placeholder():
     assert "to interact" in shown["data"]["text/html"] and "plotly-figure" not in shown["data"]["text/html"]
 
 
+def test_a_figure_widget_saves_the_figure_the_run_left_not_the_first_one(tmp_path):
+    """Without the site's kernel start-up file the saved state keeps z = [[0, 0]] (plotly sends
+    later changes as one-off messages); with it the static view shows z = [[5, 6]]."""
+    papermill = pytest.importorskip("papermill")
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("plotly")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import plotly.graph_objects as go\n"
+                                          "fig = go.FigureWidget(data=[go.Heatmap(z=[[0, 0]])])\nfig"),
+                nbformat.v4.new_code_cell("with fig.batch_update():\n    fig.data[0].z = [[5, 6]]")]
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    with build_site.site_kernels():
+        papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
+                                   progress_bar=False, store_widget_state=True)
+    executed = json.loads((tmp_path / "out.ipynb").read_text())
+    models = executed["metadata"]["widgets"][build_site.WIDGET_STATE_MIME]["state"]
+    (output,) = executed["cells"][0]["outputs"]
+    (shown,) = lesson_outputs.site_outputs([output], models)
+    assert _spec_of(shown["data"]["text/html"])["data"][0]["z"] == [[5, 6]]
+
+
 def test_links_to_repository_files_leave_the_site_and_pages_stay():
     text = ("[a](paged_edu/core/allocator.py) [b](figures/utilisation.png) [c](#sources) "
             "[d](notebooks/01_kv_cache_memory.ipynb) [e](no/such/file.py) [f](https://x.org/y)")
