@@ -68,14 +68,14 @@ def library_mtime() -> float:
 
 
 def reusable(notebook: Path, record: dict | None, device: str) -> bool:
-    """An executed copy counts when it is newer than the notebook and the library, ran clean and
-    kept its widget state -- and, for an explicit ``--device``, ran there."""
+    """An executed copy counts when it is newer than the notebook, the library and the site's kernel
+    start-up file, ran clean and kept its widget state -- and, for an explicit ``--device``, ran there."""
     executed = EXECUTED / notebook.name
     if record is None or not executed.exists() or not record.get("ok") or not record.get("widget_state"):
         return False
     if device != "auto" and not str(record.get("device", "")).startswith(device):
         return False
-    return executed.stat().st_mtime > max(notebook.stat().st_mtime, library_mtime())
+    return executed.stat().st_mtime > max(notebook.stat().st_mtime, library_mtime(), KERNEL_STARTUP.stat().st_mtime)
 
 
 def machine(device: str) -> str:
