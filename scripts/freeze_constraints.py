@@ -19,11 +19,14 @@ import argparse
 import importlib.metadata as md
 import platform
 import sys
-import tomllib
 from pathlib import Path
 
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+if sys.version_info < (3, 11):
+    sys.exit("scripts/freeze_constraints.py reads pyproject.toml with tomllib: run it with Python 3.11 or newer")
+import tomllib  # noqa: E402
+
+from packaging.requirements import Requirement  # noqa: E402
+from packaging.utils import canonicalize_name  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {"torch", "triton", "sympy", "mpmath", "pip", "setuptools", "wheel", "paged-edu"}
