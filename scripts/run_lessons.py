@@ -74,7 +74,12 @@ def unknown_parameters(path: Path, parameters: dict) -> tuple[list[str], list[st
     return sorted(set(parameters) - set(known)), known
 
 
-def run(path: Path, out_dir: Path, parameters: dict, timeout: int) -> dict:
+def run(path: Path, out_dir: Path, parameters: dict | str, timeout: int, *, store_widget_state: bool = False) -> dict:
+    """Execute one lesson into ``out_dir`` with ``parameters`` (a dict, or just the device name);
+    ``store_widget_state=True`` keeps the widgets' final state in the copy's metadata (the site
+    renders a static view of each widget from it)."""
+    if isinstance(parameters, str):
+        parameters = {"device": parameters}
     import papermill
 
     dst = out_dir / path.name
@@ -84,7 +89,8 @@ def run(path: Path, out_dir: Path, parameters: dict, timeout: int) -> dict:
     try:
         papermill.execute_notebook(
             str(path), str(dst), parameters=parameters, kernel_name="python3", cwd=str(path.parent),
-            execution_timeout=timeout, progress_bar=False, log_output=False, store_widget_state=False,
+            execution_timeout=timeout, progress_bar=False, log_output=False,
+            store_widget_state=store_widget_state,
         )
         record["ok"] = True
     except Exception as exc:  # one failed lesson must not stop the others

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,23 +24,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from browser_helpers import HAS_CHROMIUM, SKIP_REASON, browser, free_port as _free_port  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
 SHOTS = ROOT / "build" / "browser"
 LESSONS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 RUN_TIMEOUT_S = 150
 
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is absent (the README's test command installs Debian's chromium)", allow_module_level=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+if not HAS_CHROMIUM:
+    pytest.skip(SKIP_REASON, allow_module_level=True)
 
 
 def _write_settings(config_dir: Path) -> None:
@@ -107,18 +100,6 @@ def lab(tmp_path_factory):
     finally:
         _stop(proc)
         log.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"])
-        yield b
-        b.close()
 
 
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook tab on show

@@ -1,0 +1,335 @@
+"""Build the course as a static website: every lesson executed and rendered (``python3 dev.py site``).
+
+    python scripts/build_site.py [--device auto|cpu|cuda] [--force] [--out build/site]
+
+1. **Execute.** Each ``notebooks/[0-9][0-9]_*.ipynb`` is executed by ``scripts/run_lessons.py``
+   into ``build/lessons/`` -- unless the copy there is newer than the notebook and every module of
+   the library, ran without error, kept its widgets' state, and (with ``--device cpu|cuda``) ran on
+   that device. ``--device auto`` (the default) runs on the GPU when there is one.
+2. **Prepare** ``build/site-src/``, a Sphinx project: the README as the landing page (its links to
+   the notebooks turned into links to the lesson pages), and one page per executed lesson in
+   order, whose plotly figures and widgets become what ``scripts/lesson_outputs.py`` makes of them
+   (figures drawn by the bundled plotly.js, widgets as static views of their final state with a
+   note to run the lesson to interact), every exercise gets its solution (from
+   ``ex.solution``) folded in a ``<details>``, and a header links to Colab (from
+   ``paged_edu.lessons.setup.REPO_URL``) and to the clean notebook, and says which device ran it.
+3. **Render** with Sphinx + MyST-NB (furo theme, MathJax and plotly.js inside the site) into
+   ``build/site/``; serve it with any file server, e.g. ``python -m http.server -d build/site``.
+
+The stored notebooks are only read; everything written lies under ``build/`` (git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import html
+import inspect
+import io
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+EXECUTED = ROOT / "build" / "lessons"
+SRC = ROOT / "build" / "site-src"
+DOCTREES = ROOT / "build" / "site-doctrees"
+CONFIG = Path(__file__).resolve().parent / "site"
+KERNEL_STARTUP = Path(__file__).resolve().parent / "site_kernel_startup.py"
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run_lessons  # noqa: E402  (scripts/ is not a package)
+from lesson_outputs import site_outputs  # noqa: E402
+
+WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
+COLAB_BADGE = re.compile(r"\[!\[Open [Ii]n Colab\]\([^)]*\)\]\([^)]*\)\s*")
+EXERCISE = re.compile(r"""ex\.check\(\s*["']([^"']+)["']""")
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. Execute (or reuse) the lessons
+# ----------------------------------------------------------------------------------------------
+
+
+def lessons() -> list[Path]:
+    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+def library_mtime() -> float:
+    return max(p.stat().st_mtime for p in (ROOT / "paged_edu").rglob("*.py"))
+
+
+def reusable(notebook: Path, record: dict | None, device: str) -> bool:
+    """An executed copy counts when it is newer than the notebook, the library and the site's kernel
+    start-up file, ran clean and kept its widget state -- and, for an explicit ``--device``, ran there."""
+    executed = EXECUTED / notebook.name
+    if record is None or not executed.exists() or not record.get("ok") or not record.get("widget_state"):
+        return False
+    if device != "auto" and not str(record.get("device", "")).startswith(device):
+        return False
+    return executed.stat().st_mtime > max(notebook.stat().st_mtime, library_mtime(), KERNEL_STARTUP.stat().st_mtime)
+
+
+def machine(device: str) -> str:
+    """Which hardware a device string means here, e.g. ``NVIDIA H200`` or ``AMD EPYC 7B13, 2 cores``."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    model = platform.processor() or "CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def drop_widget_code(executed: Path) -> None:
+    """Keep the widgets' state but not anywidget's JavaScript bundles (about 5 MB per plotly
+    FigureWidget): the site draws a static view from the state and never loads the widget code."""
+    nb = json.loads(executed.read_text())
+    state = nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE_MIME, {}).get("state", {})
+    for model in state.values():
+        for key in ("_esm", "_css"):
+            if isinstance(model.get("state", {}).get(key), str):
+                model["state"][key] = ""
+    executed.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
+@contextlib.contextmanager
+def site_kernels():
+    """Kernels started inside run with scripts/site_kernel_startup.py (FigureWidgets save their
+    current figure into the widget state), from a throw-away IPYTHONDIR under build/."""
+    ipython_dir = ROOT / "build" / "site-ipython"
+    copy_if_changed(KERNEL_STARTUP, ipython_dir / "profile_default" / "startup" / KERNEL_STARTUP.name)
+    before = os.environ.get("IPYTHONDIR")
+    os.environ["IPYTHONDIR"] = str(ipython_dir)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("IPYTHONDIR")
+        else:
+            os.environ["IPYTHONDIR"] = before
+
+
+def run_lesson(notebook: Path, device: str, timeout: int) -> dict:
+    # scripts/run_lessons.py's run() takes the device, or (with per-lesson parameters) a dict of
+    # parameters holding it; pass what this copy of it asks for.
+    third = {"device": device} if "parameters" in inspect.signature(run_lessons.run).parameters else device
+    with site_kernels():
+        record = run_lessons.run(notebook, EXECUTED, third, timeout, store_widget_state=True)
+    record["widget_state"] = record["ok"]
+    record["machine"] = machine(record["device"]) if record["device"] != "?" else "?"
+    record["executed_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if (EXECUTED / notebook.name).exists():
+        drop_widget_code(EXECUTED / notebook.name)
+    return record
+
+
+def execute(device: str, timeout: int, force: bool) -> list[dict]:
+    """The run record of every lesson, executing those without a reusable copy."""
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    summary_path = EXECUTED / "summary.json"
+    previous = {}
+    if summary_path.exists():
+        with contextlib.suppress(ValueError):
+            previous = {r["lesson"]: r for r in json.loads(summary_path.read_text())}
+    records = []
+    for notebook in lessons():
+        record = previous.get(notebook.stem)
+        if force or not reusable(notebook, record, device):
+            record = run_lesson(notebook, device, timeout)
+            how = f"executed in {record['seconds']:.1f} s"
+        else:
+            how = f"reused (executed {record.get('executed_at', '?')} in {record['seconds']:.1f} s)"
+        status = "ok" if record["ok"] else f"FAILED ({record['error']})"
+        print(f"{notebook.stem:<32} device={record['device']:<5} {how}  {status}", flush=True)
+        records.append(record)
+    merged = {**previous, **{r["lesson"]: r for r in records}}
+    summary_path.write_text(json.dumps([merged[k] for k in sorted(merged)], indent=2) + "\n")
+    return records
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. Prepare the Sphinx project
+# ----------------------------------------------------------------------------------------------
+
+
+def colab_url(notebook_name: str) -> str:
+    from paged_edu.lessons.setup import REPO_URL
+
+    path = REPO_URL.removeprefix("https://github.com/").removesuffix(".git")
+    return f"https://colab.research.google.com/github/{path}/blob/main/notebooks/{notebook_name}"
+
+
+def solution_markdown(name: str) -> str:
+    """The reference solution of exercise ``name`` (``ex.solution``), folded until clicked."""
+    from paged_edu.lessons import exercises as ex
+
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            ex.solution(name)
+    except Exception as exc:  # an exercise without a printable solution: say so, do not break the page
+        return f"*(No solution to show for exercise {name}: {type(exc).__name__}.)*"
+    source = buffer.getvalue().strip("\n")
+    return (f'<details class="solution"><summary>Solution to exercise {html.escape(name)} (click to show)</summary>\n\n'
+            f"```python\n{source}\n```\n\n</details>")
+
+
+def header_markdown(notebook: Path, record: dict) -> str:
+    where = (f"Executed on <b>{html.escape(record.get('device', '?'))}</b> ({html.escape(record.get('machine', '?'))}), "
+             f"{record.get('seconds', 0):.1f} s, {html.escape(record.get('executed_at', '?'))}")
+    if not record.get("ok"):
+        where += f" -- <b>the run failed</b>: {html.escape(str(record.get('error')))}"
+    return (f'<div class="lesson-meta"><a class="button colab" href="{colab_url(notebook.name)}">Open in Colab</a> '
+            f'<a class="button download" href="../notebooks/{notebook.name}" download>Download notebook</a> '
+            f'<span class="device">{where}</span></div>')
+
+
+def _markdown_cell(cell_id: str, source: str) -> dict:
+    return {"cell_type": "markdown", "id": re.sub(r"[^A-Za-z0-9_-]", "-", cell_id), "metadata": {}, "source": source}
+
+
+def site_notebook(notebook: Path, record: dict) -> dict:
+    """The executed copy as its page shows it (the stored notebook is never touched)."""
+    nb = json.loads((EXECUTED / notebook.name).read_text())
+    widgets = nb.get("metadata", {}).pop("widgets", {})
+    models = widgets.get(WIDGET_STATE_MIME, {}).get("state", {})
+    cells, has_header = [], False
+    for cell in nb["cells"]:
+        cell = copy.deepcopy(cell)
+        if cell["cell_type"] == "markdown":
+            cell["source"] = repository_links(COLAB_BADGE.sub("", "".join(cell["source"])), NOTEBOOKS, ("notebooks/",))
+        if cell["cell_type"] == "code":
+            cell["outputs"] = site_outputs(cell.get("outputs", []), models)
+        cells.append(cell)
+        if cell["cell_type"] == "markdown" and not has_header:  # right under the title
+            cells.append(_markdown_cell("site-header", header_markdown(notebook, record)))
+            has_header = True
+        if cell["cell_type"] == "code":
+            for name in dict.fromkeys(EXERCISE.findall("".join(cell["source"]))):
+                cells.append(_markdown_cell(f"site-solution-{name}", solution_markdown(name)))
+    nb["cells"] = cells
+    return nb
+
+
+def repository_links(text: str, base: Path, in_site: tuple[str, ...]) -> str:
+    """Point markdown links to files of the repository that are not part of the site (code,
+    benchmarks, tests) at the repository on GitHub, so that none of them breaks on the site."""
+    from paged_edu.lessons.setup import REPO_URL
+
+    def link(match: re.Match) -> str:
+        target = match.group(1)
+        path = (base / target.split("#")[0]).resolve()
+        if re.match(r"^[a-z]+:|#", target) or not path.is_relative_to(ROOT) or not path.exists():
+            return match.group(0)
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(in_site):
+            return match.group(0)
+        kind = "tree" if path.is_dir() else "blob"
+        return f"]({REPO_URL.removesuffix('.git')}/{kind}/main/{rel})"
+
+    return re.sub(r"\]\(([^)\s]+)\)", link, text)
+
+
+def landing_page(records: list[dict]) -> str:
+    """The README, with links to the notebooks pointing at the lesson pages, and where each page was run."""
+    text = repository_links((ROOT / "README.md").read_text(), ROOT, ("figures/", "notebooks/"))
+    text = re.sub(r"\]\(notebooks/([0-9][0-9]_[^)]+\.ipynb)\)", r"](lessons/\1)", text)
+    rows = "\n".join(
+        f"| [{r['lesson']}](lessons/{r['lesson']}.ipynb) | {r['device']} | {r.get('machine', '?')} | "
+        f"{r['seconds']:.1f} s | {r.get('executed_at', '?')} | {'ok' if r['ok'] else 'failed'} |" for r in records)
+    return (text.rstrip() + "\n\n## About this site\n\nBuilt by `python3 dev.py site` (Sphinx + MyST-NB from the "
+            "executed lessons; plotly.js and MathJax are part of the site). Each lesson page was produced on:\n\n"
+            "| lesson | device | machine | seconds | executed | status |\n|---|---|---|---:|---|---|\n" + rows + "\n")
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    """Leave unchanged sources untouched, so Sphinx rebuilds only the pages that changed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def copy_if_changed(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if not dst.exists() or dst.read_bytes() != src.read_bytes():
+        shutil.copy2(src, dst)
+
+
+def prepare(records: list[dict]) -> None:
+    import plotly
+
+    for path in CONFIG.rglob("*"):
+        if path.is_file():
+            copy_if_changed(path, SRC / path.relative_to(CONFIG))
+    copy_if_changed(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", SRC / "_static" / "plotly.min.js")
+    for path in (ROOT / "figures").rglob("*"):
+        if path.is_file():
+            copy_if_changed(path, SRC / "figures" / path.relative_to(ROOT / "figures"))
+    names = set()
+    for record, notebook in zip(records, lessons()):
+        copy_if_changed(notebook, SRC / "_extra" / "notebooks" / notebook.name)
+        if (EXECUTED / notebook.name).exists():
+            write_if_changed(SRC / "lessons" / notebook.name, json.dumps(site_notebook(notebook, record), indent=1) + "\n")
+            names.add(notebook.name)
+    for stale in (SRC / "lessons").glob("*.ipynb"):  # a lesson renamed or removed since the last build
+        if stale.name not in names:
+            stale.unlink()
+    toc = "\n".join(f"lessons/{Path(n).stem}" for n in sorted(names))
+    write_if_changed(SRC / "index.md", landing_page(records) +
+                     f"\n```{{toctree}}\n:hidden:\n:caption: Lessons\n:maxdepth: 1\n\n{toc}\n```\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Render
+# ----------------------------------------------------------------------------------------------
+
+
+def render(out: Path) -> int:
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-d", str(DOCTREES), str(SRC), str(out)]
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=ROOT).returncode
+
+
+def build(device: str = "auto", *, force: bool = False, out: Path = ROOT / "build" / "site", timeout: int = 600) -> int:
+    """Execute (or reuse) the lessons, prepare the Sphinx sources and render; 0 when all went well."""
+    start = time.perf_counter()
+    records = execute(device, timeout, force)
+    executed_s = time.perf_counter() - start
+    prepare(records)
+    code = render(out)
+    print(f"site: {len(records)} lessons, execution {executed_s:.1f} s, total {time.perf_counter() - start:.1f} s "
+          f"-> {out}/index.html (serve it: python -m http.server -d {out})", flush=True)
+    failed = [r["lesson"] for r in records if not r["ok"]]
+    if failed:
+        print(f"lessons that failed (their pages show the error): {', '.join(failed)}", file=sys.stderr)
+    return code or (1 if failed else 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="auto", help="auto (default: the GPU when there is one), cpu or cuda")
+    parser.add_argument("--force", action="store_true", help="execute every lesson again")
+    parser.add_argument("--out", default=str(ROOT / "build" / "site"))
+    parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
+    args = parser.parse_args(argv)
+    # This checkout's library, in this process and in the kernels that run the lessons.
+    sys.path.insert(0, str(ROOT))
+    os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    return build(args.device, force=args.force, out=Path(args.out).resolve(), timeout=args.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""The course website in a real browser: build (or reuse) build/site/ from CPU-executed lessons with
+``scripts/build_site.py``, serve it on 127.0.0.1 with a plain file server, and open every page in
+headless Chromium (Playwright): no console errors, no request leaves the machine, every internal
+link, anchor and image resolves, each lesson page draws plotly figures and typesets its math, a
+plot answers a hover, solutions stay folded until clicked, search and next/previous work.
+Screenshots of the landing page and a lesson go to ``build/site-shots/``.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import re
+import sys
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from browser_helpers import HAS_CHROMIUM, SKIP_REASON, browser, free_port  # noqa: F401 (a fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE = ROOT / "build" / "site"
+SHOTS = ROOT / "build" / "site-shots"
+LESSONS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+sys.path.insert(0, str(ROOT / "scripts"))
+try:
+    import build_site
+    import lesson_outputs
+finally:
+    sys.path.remove(str(ROOT / "scripts"))
+
+
+
+def needs_chromium(test):
+    """A test in the real browser: marked ``browser``, skipped where Chromium is absent."""
+    return pytest.mark.browser(pytest.mark.skipif(not HAS_CHROMIUM, reason=SKIP_REASON)(test))
+
+
+# ----------------------------------------------------------------------------------------------
+# What the build turns outputs into (no browser)
+# ----------------------------------------------------------------------------------------------
+
+
+def _spec_of(html_text: str) -> dict:
+    body = re.search(r'<script type="application/json">(.*?)</script>', html_text, re.S).group(1)
+    return json.loads(body)
+
+
+def test_a_plotly_figure_cannot_close_its_script_early():
+    spec = {"data": [{"type": "bar", "y": [1, 2], "name": "</script><b>x</b>"}], "layout": {"title": {"text": "t"}}}
+    out = lesson_outputs.plotly_html(spec)
+    assert out.count("</script>") == 1 and _spec_of(out) == spec
+
+
+def test_a_widget_becomes_a_static_view_of_its_state_and_never_a_placeholder():
+    models = {
+        "box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_html", "IPY_MODEL_row", "IPY_MODEL_fig"]}},
+        "html": {"model_name": "HTMLModel", "state": {"value": "<b>3 blocks in use</b>"}},
+        "row": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_button", "IPY_MODEL_slider"]}},
+        "button": {"model_name": "ButtonModel", "state": {"description": "add request"}},
+        "slider": {"model_name": "IntSliderModel", "state": {"description": "len", "value": 6, "min": 1, "max": 9}},
+        "fig": {"model_name": "AnyModel", "state": {"_widget_data": [{"type": "heatmap", "z": [[1]]}],
+                                                    "_widget_layout": {"height": 200}, "_config": {}}},
+    }
+    view = {"output_type": "execute_result", "execution_count": 1, "metadata": {},
+            "data": {lesson_outputs.WIDGET_VIEW_MIME: {"model_id": "box", "version_major": 2}, "text/plain": "VBox(...)"}}
+    (shown,) = lesson_outputs.site_outputs([view], models)
+    page = shown["data"]["text/html"]
+    assert set(shown["data"]) == {"text/html"}
+    assert "<b>3 blocks in use</b>" in page and '<button type="button" disabled>add request</button>' in page
+    assert 'value="6"' in page and "to interact" in page
+    assert _spec_of(page) == {"data": [{"type": "heatmap", "z": [[1]]}], "layout": {"height": 200}, "config": {}}
+    view["data"][lesson_outputs.WIDGET_VIEW_MIME]["model_id"] = "gone"   # no saved state: the note alone
+    (shown,) = lesson_outputs.site_outputs([view], models)
+    assert "to interact" in shown["data"]["text/html"] and "plotly-figure" not in shown["data"]["text/html"]
+
+
+def test_a_figure_widget_saves_the_figure_the_run_left_not_the_first_one(tmp_path):
+    """Without the site's kernel start-up file the saved state keeps z = [[0, 0]] (plotly sends
+    later changes as one-off messages); with it the static view shows z = [[5, 6]]."""
+    papermill = pytest.importorskip("papermill")
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("plotly")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import plotly.graph_objects as go\n"
+                                          "fig = go.FigureWidget(data=[go.Heatmap(z=[[0, 0]])])\nfig"),
+                nbformat.v4.new_code_cell("with fig.batch_update():\n    fig.data[0].z = [[5, 6]]")]
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    with build_site.site_kernels():
+        papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
+                                   progress_bar=False, store_widget_state=True)
+    executed = json.loads((tmp_path / "out.ipynb").read_text())
+    models = executed["metadata"]["widgets"][build_site.WIDGET_STATE_MIME]["state"]
+    (output,) = executed["cells"][0]["outputs"]
+    (shown,) = lesson_outputs.site_outputs([output], models)
+    assert _spec_of(shown["data"]["text/html"])["data"][0]["z"] == [[5, 6]]
+
+
+def test_links_to_repository_files_leave_the_site_and_pages_stay():
+    text = ("[a](paged_edu/core/allocator.py) [b](figures/utilisation.png) [c](#sources) "
+            "[d](notebooks/01_kv_cache_memory.ipynb) [e](no/such/file.py) [f](https://x.org/y)")
+    out = build_site.repository_links(text, ROOT, ("figures/", "notebooks/"))
+    from paged_edu.lessons.setup import REPO_URL
+
+    assert f"[a]({REPO_URL}/blob/main/paged_edu/core/allocator.py)" in out
+    for kept in ("[b](figures/utilisation.png)", "[c](#sources)", "[d](notebooks/01_kv_cache_memory.ipynb)",
+                 "[e](no/such/file.py)", "[f](https://x.org/y)"):
+        assert kept in out
+
+
+# ----------------------------------------------------------------------------------------------
+# The built site in Chromium
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def site() -> Path:
+    """build/site/, built from CPU-executed lessons (copies newer than notebook and library are reused)."""
+    pytest.importorskip("myst_nb")
+    pytest.importorskip("sphinx")
+    assert build_site.build("cpu", out=SITE) == 0, "python3 dev.py site failed; see its output above"
+    return SITE
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def url(site):
+    """The site behind a plain file server on 127.0.0.1 (stopped at the end of the module)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()),
+                                             functools.partial(_QuietHandler, directory=str(site)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def _pages(site: Path) -> list[str]:
+    return sorted(str(p.relative_to(site)) for p in site.rglob("*.html") if "_static" not in p.parts)
+
+
+def _open(browser, url: str, path: str):
+    """A page at ``path`` with its console errors, page errors, failed and outside requests recorded."""
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} {r.failure}"))
+    page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+
+    def outside(route):  # the site must need nothing from outside (offline, plain file server)
+        problems.append(f"outside request: {route.request.url}")
+        route.abort()
+
+    page.route(re.compile(r"^(?!http://127\.0\.0\.1:).*"), outside)
+    page.goto(f"{url}/{path}", wait_until="load")
+    return page, problems
+
+
+def _ids(html_text: str) -> set[str]:
+    return set(re.findall(r'\bid="([^"]+)"', html_text))
+
+
+@needs_chromium
+def test_every_page_loads_clean_and_every_internal_link_and_image_resolves(site, url, browser):
+    pages = _pages(site)
+    assert {"index.html", "search.html"} | {f"lessons/{name}.html" for name in LESSONS} <= set(pages)
+    targets: dict[str, set[str]] = {}
+    broken_images = {}
+    for path in pages:
+        page, problems = _open(browser, url, path)
+        try:
+            page.wait_for_load_state("networkidle")
+            assert not problems, (path, problems)
+            links = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
+            images = page.eval_on_selector_all("img", "els => els.map(e => [e.src, e.complete && e.naturalWidth > 0])")
+        finally:
+            page.close()
+        broken_images.update({src: path for src, ok in images if not ok})
+        for link in links:
+            if link.startswith(url):
+                target, _, fragment = link[len(url):].partition("#")
+                targets.setdefault(target.split("?")[0] or "/", set()).add(fragment)
+    assert not broken_images, broken_images
+    assert len(targets) > len(pages) // 2
+    for target, fragments in sorted(targets.items()):
+        try:
+            with urllib.request.urlopen(url + target, timeout=10) as response:
+                body = response.read().decode("utf-8", "replace") if target.endswith((".html", "/")) else ""
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(f"{target} -> HTTP {exc.code}") from None
+        missing = {f for f in fragments if f and body and urllib.parse.unquote(f) not in _ids(body)}
+        assert not missing, f"{target}: no anchors {sorted(missing)}"
+
+
+@needs_chromium
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_lesson_page_draws_plotly_typesets_math_and_folds_solutions(site, url, browser, lesson):
+    page, problems = _open(browser, url, f"lessons/{lesson}.html")
+    shots = lesson == LESSONS[min(1, len(LESSONS) - 1)]   # screenshots of one lesson page
+    try:
+        page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+        page.wait_for_selector("mjx-container", timeout=30_000)
+        assert page.locator(".js-plotly-plot").count() >= 1
+        if shots:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / f"{lesson}.png"))
+        assert page.locator("mjx-container").count() >= 1
+        assert page.locator("a", has_text="Open in Colab").first.get_attribute("href").startswith(
+            "https://colab.research.google.com/github/")
+        download = page.locator("a", has_text="Download notebook").first.get_attribute("href")
+        assert download.endswith(f"{lesson}.ipynb")
+        assert page.locator(".lesson-meta .device", has_text="Executed on").count() == 1
+        # a widget is never a broken placeholder: a static view and a note saying how to interact
+        text = page.inner_text("article")
+        assert "Error displaying widget" not in text and "Loading widget" not in text
+        if page.locator(".widget-snapshot").count():
+            assert "to interact" in page.locator(".widget-snapshot .note").first.inner_text()
+        # solutions: folded until their summary is clicked
+        solutions = page.locator("details.solution")
+        if solutions.count():
+            first = solutions.first
+            assert first.get_attribute("open") is None and not first.locator("pre").first.is_visible()
+            first.locator("summary").click()
+            assert first.locator("pre").first.is_visible()
+        # a plot answers the mouse: sweep over a plot with hoverable traces until a hover label appears
+        hoverable = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].findIndex(
+            p => (p.data || []).some(t => t.hoverinfo !== 'skip' && t.hoverinfo !== 'none'))""")
+        assert hoverable >= 0, "no plot on the page has a trace that shows hover labels"
+        plot = page.locator(".js-plotly-plot").nth(hoverable)
+        plot.scroll_into_view_if_needed()
+        box = plot.locator(".nsewdrag").first.bounding_box()
+        hovered = False
+        for fy in (0.5, 0.25, 0.75, 0.9, 0.1):
+            for fx in [i / 24 for i in range(1, 24)]:
+                page.mouse.move(box["x"] + fx * box["width"], box["y"] + fy * box["height"])
+                if plot.locator(".hoverlayer .hovertext").count():
+                    hovered = True
+                    break
+            if hovered:
+                break
+        assert hovered, f"no hover label on plot {hoverable}"
+        if shots:
+            page.screenshot(path=str(SHOTS / f"{lesson}_hover.png"))
+        assert not problems, problems
+    finally:
+        page.close()
+
+
+@needs_chromium
+def test_landing_page_search_and_next_previous(site, url, browser):
+    page, problems = _open(browser, url, "index.html")
+    try:
+        assert page.locator("img").count() >= 2          # the README's figures
+        assert page.locator("table").count() >= 2        # its lesson and benchmark tables
+        nxt = page.locator("a.next-page").first
+        assert LESSONS[0] in nxt.get_attribute("href")
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "index.png"))
+        nxt.click()
+        page.wait_for_url(f"**/lessons/{LESSONS[0]}.html")
+        assert page.locator("a.prev-page").count() and page.locator("a.next-page").count() == (len(LESSONS) > 1)
+        page.goto(f"{url}/search.html?q=allocator")
+        page.wait_for_selector("#search-results ul.search li", timeout=30_000)
+        hits = page.eval_on_selector_all("#search-results ul.search li a", "els => els.map(e => e.href)")
+        assert any("/lessons/" in h for h in hits), hits
+        assert not problems, problems
+    finally:
+        page.close()
