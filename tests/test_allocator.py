@@ -25,9 +25,9 @@ def snapshot(a: BlockAllocator):
         {s: (a.block_table(s), a.token_ids(s), a.num_cached_tokens(s)) for s in a.seq_ids},
         [a.ref_count(b) for b in range(a.num_blocks)],
         [a.block_hash(b) for b in range(a.num_blocks)],
-        copy.deepcopy(a._hash_to_block),
-        list(a._evictable),
-        list(a._free_block_ids),
+        copy.deepcopy(a.pool.hash_to_block),
+        list(a.pool.evictable),
+        list(a.pool.free_block_ids),
         (a.stats.queried_tokens, a.stats.hit_tokens),
         list(a._copies),
     )
@@ -203,7 +203,7 @@ def test_lru_evicts_least_recently_freed_and_tail_first():
     old_hash = a.block_hash(ta[1])
     a.free("a")  # a's tail full block is freed first, then its head
     a.free("b")
-    assert list(a._evictable) == [ta[1], ta[0], tb[1], tb[0]]
+    assert list(a.pool.evictable) == [ta[1], ta[0], tb[1], tb[0]]
     # Exhaust: free plain blocks first (the two partials), then evict in that order.
     x = a.allocate("x", [3] * 12)
     assert a.num_evictable_blocks == 3
