@@ -26,14 +26,14 @@ Plain Python, no torch, so a learner can read and test it anywhere.
 
 from __future__ import annotations
 
-import warnings
 from array import array
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from paged_edu.core.block_hash import ROOT_HASH, chained_block_hashes, extend_chain, full_blocks, hash_block, hash_chain
-from paged_edu.core.block_pool import BlockPool, OutOfBlocksError
-from paged_edu.core.validation import MAX_TOKEN_ID, integer, token_array, token_id as check_token_id
+from paged_edu.core.block_events import BlockEvent, Subscribers
+from paged_edu.core.block_pool import BlockPool, OutOfBlocksError, PrefixCacheStats
+from paged_edu.core.validation import MAX_TOKEN_ID, integer, new_id, token_array, token_id as check_token_id
 
 __all__ = [
     "BlockAllocator",
@@ -53,36 +53,6 @@ class UnknownSequenceError(KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message; we want it readable.
         return str(self.args[0]) if self.args else "unknown sequence id"
-
-
-@dataclass(slots=True)
-class BlockEvent:
-    """One thing the allocator did, for widgets, the engine and the simulator.
-
-    ``kind`` is one of ``allocate``, ``cache_hit``, ``append``, ``copy_on_write``, ``fork``,
-    ``free``, ``evict``. ``block_ids`` are the physical blocks involved: the new table
-    (allocate, fork), the reused blocks (cache_hit), the block written (append), ``[src, dst]``
-    (copy_on_write), the released blocks (free) or the blocks evicted to make room (evict, once per
-    operation, before that operation's other events).
-    """
-
-    kind: str
-    seq_id: SeqId | None
-    block_ids: list[int]
-    num_tokens: int = 0  # tokens involved: cached tokens for cache_hit, the prompt for allocate
-    slot: int = -1  # the physical slot written (append)
-
-
-@dataclass(slots=True)
-class PrefixCacheStats:
-    """Prefix-cache statistics in tokens: how many prompt tokens were looked up, how many hit."""
-
-    queried_tokens: int = 0
-    hit_tokens: int = 0
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
 
 
 @dataclass(slots=True)
@@ -123,7 +93,7 @@ class BlockAllocator:
         self.pool = BlockPool(self.num_blocks, self.block_size)
         self._seqs: dict[SeqId, _SeqBlocks] = {}
         self._copies: list[tuple[int, int]] = []
-        self._subscribers: tuple[Callable[[BlockEvent], None], ...] = ()
+        self._subscribers = Subscribers("allocator")
         self.stats = PrefixCacheStats()
 
     # -- events --------------------------------------------------------------------------------
@@ -134,24 +104,7 @@ class BlockAllocator:
         An exception in a callback does not reach the allocator's caller: it is reported with
         ``warnings.warn`` (a ``RuntimeWarning``) and the other subscribers still get the event.
         """
-        if not callable(callback):
-            raise TypeError(f"callback must be callable, got {type(callback).__name__}")
-        self._subscribers = (*self._subscribers, callback)
-
-        def unsubscribe() -> None:
-            self._subscribers = tuple(cb for cb in self._subscribers if cb is not callback)
-
-        return unsubscribe
-
-    def _emit(self, event: BlockEvent) -> None:
-        """Deliver ``event`` to every subscriber, isolating their failures (see :meth:`subscribe`)."""
-        for callback in self._subscribers:  # a tuple: (un)subscribing inside a callback is safe
-            try:
-                callback(event)
-            except Exception as exc:  # noqa: BLE001 -- isolate subscribers, see subscribe()
-                name = getattr(callback, "__qualname__", repr(callback))
-                warnings.warn(f"allocator subscriber {name} raised {exc!r} on a {event.kind!r} event; "
-                              "the allocator's state is unaffected", RuntimeWarning, stacklevel=3)
+        return self._subscribers.add(callback)
 
     # -- queries -------------------------------------------------------------------------------
     def _seq(self, seq_id: SeqId) -> _SeqBlocks:
@@ -298,14 +251,6 @@ class BlockAllocator:
                 self.pool.cache(seq.block_table[i], seq.block_hashes[i])
         seq.num_published_blocks = max(seq.num_published_blocks, num_blocks)
 
-    def _check_new_id(self, seq_id: SeqId) -> None:
-        try:
-            exists = seq_id in self._seqs
-        except TypeError:
-            raise TypeError(f"sequence id must be hashable, got {type(seq_id).__name__}") from None
-        if exists:
-            raise ValueError(f"sequence id {seq_id!r} already exists")
-
     # -- operations ----------------------------------------------------------------------------
     def allocate(self, seq_id: SeqId, token_ids: Sequence[int], *, record_stats: bool = True) -> list[int]:
         """Admit a prompt: reuse cached leading blocks, take fresh ones for the rest.
@@ -314,7 +259,7 @@ class BlockAllocator:
         changed) when the pool cannot supply the fresh blocks. ``record_stats=False`` (a swap-in,
         whose prompt was counted at its first admission) leaves :attr:`stats` alone.
         """
-        self._check_new_id(seq_id)
+        new_id("sequence id", seq_id, self._seqs)
         packed = token_array("token_ids", token_ids)
         n, B = len(packed), self.block_size
         if n == 0:
@@ -343,12 +288,12 @@ class BlockAllocator:
             self.stats.queried_tokens += n
             self.stats.hit_tokens += num_cached
 
-        if self._subscribers:
+        if self._subscribers.callbacks:
             if evicted:
-                self._emit(BlockEvent("evict", None, evicted))
+                self._subscribers.deliver(BlockEvent("evict", None, evicted))
             if hits:
-                self._emit(BlockEvent("cache_hit", seq_id, list(hits), num_cached))
-            self._emit(BlockEvent("allocate", seq_id, list(table), n))
+                self._subscribers.deliver(BlockEvent("cache_hit", seq_id, list(hits), num_cached))
+            self._subscribers.deliver(BlockEvent("allocate", seq_id, list(table), n))
         return list(table)
 
     def append(self, seq_id: SeqId, token_id: int) -> int:
@@ -373,10 +318,10 @@ class BlockAllocator:
             self._seal_last_block(seq)
         slot = block_id * self.block_size + offset
 
-        if self._subscribers:
+        if self._subscribers.callbacks:
             for event in events:  # evict, copy_on_write: when a block was taken
-                self._emit(event)
-            self._emit(BlockEvent("append", seq_id, [block_id], 1, slot))
+                self._subscribers.deliver(event)
+            self._subscribers.deliver(BlockEvent("append", seq_id, [block_id], 1, slot))
         return slot
 
     def _take_last_block(self, seq_id: SeqId, seq: _SeqBlocks) -> tuple[int, list[BlockEvent]]:
@@ -417,13 +362,13 @@ class BlockAllocator:
     def fork(self, parent_id: SeqId, child_id: SeqId) -> list[int]:
         """A child that shares every block of its parent (parallel sampling, beam search)."""
         parent = self._seq(parent_id)
-        self._check_new_id(child_id)
+        new_id("sequence id", child_id, self._seqs)
         for block_id in parent.block_table:
             self.pool.share(block_id)
         self._seqs[child_id] = _SeqBlocks(list(parent.block_table), array("q", parent.tail), list(parent.block_hashes),
                                           parent.num_cached_tokens, parent.num_published_blocks)
-        if self._subscribers:
-            self._emit(BlockEvent("fork", child_id, list(parent.block_table), self._length(parent)))
+        if self._subscribers.callbacks:
+            self._subscribers.deliver(BlockEvent("fork", child_id, list(parent.block_table), self._length(parent)))
         return list(parent.block_table)
 
     def free(self, seq_id: SeqId) -> None:
@@ -432,8 +377,8 @@ class BlockAllocator:
         del self._seqs[seq_id]
         for block_id in reversed(seq.block_table):
             self.pool.release(block_id)
-        if self._subscribers:
-            self._emit(BlockEvent("free", seq_id, list(seq.block_table), self._length(seq)))
+        if self._subscribers.callbacks:
+            self._subscribers.deliver(BlockEvent("free", seq_id, list(seq.block_table), self._length(seq)))
 
     def __repr__(self) -> str:
         return (

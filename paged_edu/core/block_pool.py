@@ -20,12 +20,25 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 
-__all__ = ["BlockPool", "OutOfBlocksError"]
+__all__ = ["BlockPool", "OutOfBlocksError", "PrefixCacheStats"]
 
 
 class OutOfBlocksError(MemoryError):
     """Raised when the pool has too few free blocks; nothing was changed."""
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Prefix-cache statistics in tokens: how many prompt tokens were looked up, how many hit."""
+
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
 
 
 class BlockPool:

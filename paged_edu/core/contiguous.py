@@ -21,6 +21,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from paged_edu.core.allocator import OutOfBlocksError, UnknownSequenceError
+from paged_edu.core.validation import new_id
 
 __all__ = ["ContiguousAllocator", "FragmentationError", "Reservation"]
 
@@ -126,12 +127,7 @@ class ContiguousAllocator:
         in total but no gap does, :class:`OutOfBlocksError` when they do not suffice at all; in both
         cases nothing changes.
         """
-        try:
-            exists = seq_id in self._seqs
-        except TypeError:
-            raise TypeError(f"sequence id must be hashable, got {type(seq_id).__name__}") from None
-        if exists:
-            raise ValueError(f"sequence id {seq_id!r} already exists")
+        new_id("sequence id", seq_id, self._seqs)
         tokens = list(token_ids)
         if not tokens:
             raise ValueError("cannot allocate an empty prompt: it needs at least one token")

@@ -19,7 +19,7 @@ import operator
 from array import array
 from collections.abc import Iterable, Mapping, Set
 
-__all__ = ["MAX_TOKEN_ID", "SEED_LIMIT", "as_int", "integer", "seed", "token_array", "token_id", "token_list"]
+__all__ = ["MAX_TOKEN_ID", "SEED_LIMIT", "as_int", "integer", "new_id", "seed", "token_array", "token_id", "token_list"]
 
 MAX_TOKEN_ID = 2**63 - 1  # token ids are hashed as int64 (``array('q')``)
 SEED_LIMIT = 2**64  # seeds are unsigned 64-bit, as ``numpy.random.SeedSequence`` and torch take them
@@ -57,19 +57,25 @@ def integer(name: str, value: object, *, low: int | None = None, high: int | Non
 
 def seed(name: str, value: object) -> int:
     """A random seed: an integer in ``[0, 2**64)``."""
-    value = as_int(value, f"{name} must be an integer")
-    if not 0 <= value < SEED_LIMIT:
-        raise ValueError(f"{name} must be in [0, 2**64), got {value}")
-    return value
+    return integer(name, value, low=0, high=SEED_LIMIT - 1)
 
 
 def token_id(name: str, value: object) -> int:
     """One token id: an integer in ``[0, 2**63)``."""
-    value = as_int(value, f"{name} must be an integer")
-    if value < 0:
-        raise ValueError(f"{name} must be a non-negative token id, got {value}")
+    value = integer(name, value, low=0)
     if value > MAX_TOKEN_ID:
         raise ValueError(f"{name} must fit in 64 bits (< 2**63), got {value}")
+    return value
+
+
+def new_id(name: str, value: object, existing) -> object:
+    """``value`` as a key for ``existing`` (a dict or set): hashable and not in it yet."""
+    try:
+        taken = value in existing
+    except TypeError:
+        raise TypeError(f"{name} must be hashable, got {type(value).__name__}") from None
+    if taken:
+        raise ValueError(f"{name} {value!r} already exists")
     return value
 
 
