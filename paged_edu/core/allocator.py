@@ -69,6 +69,17 @@ class _SeqBlocks:
     num_published_blocks: int = 0  # leading full blocks already offered to the prefix cache
 
 
+@dataclass(slots=True)
+class _Plan:
+    """What admitting a prompt takes (:meth:`BlockAllocator._plan`)."""
+
+    blocks: list[array]  # the tokens of each full block
+    hashes: list[bytes]  # their chained hashes
+    hits: list[int]  # cached blocks for the leading full blocks
+    num_fresh: int  # blocks to take from the free pool for the rest
+    num_revived: int  # hits that are free now (ref count 0): sharing them takes them out of the pool
+
+
 class BlockAllocator:
     """A pool of ``num_blocks`` KV blocks of ``block_size`` slots, with prefix caching and CoW.
 
@@ -199,8 +210,8 @@ class BlockAllocator:
 
     def num_new_blocks_for(self, token_ids: Sequence[int]) -> int:
         """Free blocks an :meth:`allocate` of ``token_ids`` would consume now (cache hits counted)."""
-        _, _, hits, num_fresh = self._plan(token_array("token_ids", token_ids))
-        return num_fresh + self._num_revived(hits)
+        plan = self._plan(token_array("token_ids", token_ids))
+        return plan.num_fresh + plan.num_revived
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The ``(src_block, dst_block)`` copy-on-write copies made since the last call."""
@@ -220,29 +231,24 @@ class BlockAllocator:
         self._cache_when_computed = bool(value)
 
     # -- internals -----------------------------------------------------------------------------
-    def _plan(self, packed: array) -> tuple[list[array], list[bytes], list[int], int]:
-        """What admitting ``packed`` takes: ``(blocks, hashes, hits, num_fresh)``.
-
-        ``blocks``: the tokens of every full block; ``hashes``: their chained hashes. ``hits``: cached blocks for the leading
-        full blocks, stopping at the first miss -- at most ``ceil(n/B) - 1`` of them, since the
-        prompt's last token is always computed, so its block is never a shared one.
-        ``num_fresh``: blocks to take from the free pool for the rest.
-        """
+    def _plan(self, packed: array) -> _Plan:
+        """What admitting ``packed`` takes (see :class:`_Plan`). The cache is looked up for the
+        leading full blocks, stopping at the first miss -- for at most ``ceil(n/B) - 1`` of them,
+        since the prompt's last token is always computed, so its block is never a shared one."""
         n, B = len(packed), self.block_size
         blocks = full_blocks(packed, B)
         hashes = hash_chain(blocks)
         hits: list[int] = []
+        num_revived = 0
         if self.enable_prefix_caching:
             for block_hash in hashes[: (n - 1) // B]:
-                block_id = self.pool.lookup(block_hash)
+                block_id = self.pool.hash_to_block.get(block_hash)
                 if block_id is None:
                     break
                 hits.append(block_id)
-        return blocks, hashes, hits, -(-n // B) - len(hits)
-
-    def _num_revived(self, hits: list[int]) -> int:
-        """Hits that are free now (ref count 0): sharing them takes them out of the free pool too."""
-        return sum(1 for block_id in hits if self.pool.ref_count[block_id] == 0)
+                if self.pool.ref_count[block_id] == 0:
+                    num_revived += 1
+        return _Plan(blocks, hashes, hits, -(-n // B) - len(hits), num_revived)
 
     def _publish(self, seq: _SeqBlocks, num_blocks: int) -> None:
         """Offer the sequence's first ``num_blocks`` full blocks (``<= len(block_hashes)``) to the cache."""
@@ -264,26 +270,27 @@ class BlockAllocator:
         n, B = len(packed), self.block_size
         if n == 0:
             raise ValueError("cannot allocate an empty prompt: it needs at least one token")
-        blocks, hashes, hits, num_fresh = self._plan(packed)
-        available = self.pool.num_free - self._num_revived(hits)
-        if num_fresh > available:
+        plan = self._plan(packed)
+        available = self.pool.num_free - plan.num_revived
+        if plan.num_fresh > available:
             raise OutOfBlocksError(
-                f"sequence {seq_id!r} needs {num_fresh} free blocks for {n} tokens "
-                f"({len(hits)} cached), only {available} available"
+                f"sequence {seq_id!r} needs {plan.num_fresh} free blocks for {n} tokens "
+                f"({len(plan.hits)} cached), only {available} available"
             )
 
         # Commit: nothing below can fail.
+        hits = plan.hits
         for block_id in hits:
             self.pool.share(block_id)
-        fresh, evicted = self.pool.take(num_fresh)
+        fresh, evicted = self.pool.take(plan.num_fresh)
         table = hits + fresh
-        for i in range(len(hits), len(blocks)):  # the full blocks' tokens (hits hold theirs already)
-            self.pool.token_ids[table[i]] = blocks[i]
+        for i in range(len(hits), len(plan.blocks)):  # the full blocks' tokens (hits hold theirs already)
+            self.pool.token_ids[table[i]] = plan.blocks[i]
         num_cached = len(hits) * B
-        seq = _SeqBlocks(table, packed[len(hashes) * B:], hashes, num_cached, len(hits))
+        seq = _SeqBlocks(table, packed[len(plan.blocks) * B:], plan.hashes, num_cached, len(hits))
         self._seqs[seq_id] = seq
         if not self._cache_when_computed:
-            self._publish(seq, len(hashes))
+            self._publish(seq, len(plan.hashes))
         if record_stats:
             self.stats.queried_tokens += n
             self.stats.hit_tokens += num_cached
@@ -302,21 +309,20 @@ class BlockAllocator:
         Takes a new block when the last one is full; copies a shared, partly filled last block
         first (copy-on-write, queued for :meth:`take_copies`).
         """
-        try:  # the lookup of _seq(), without a call: append is the hot path
-            seq = self._seqs[seq_id]
-        except (KeyError, TypeError):
-            seq = self._seq(seq_id)  # raises the readable error
-        if not (type(token_id) is int and 0 <= token_id <= MAX_TOKEN_ID):  # the common case passes at once
+        seq = self._seq(seq_id)
+        if not (type(token_id) is int and 0 <= token_id <= MAX_TOKEN_ID):  # a plain int in range needs no more
             token_id = check_token_id("token id", token_id)
+        B = self.block_size
         offset = len(seq.tail)  # the new token's place in the last block
-        if offset and self.pool.ref_count[seq.block_table[-1]] == 1:  # room in a block of its own
-            block_id, events = seq.block_table[-1], ()
-        else:  # the last block is full, or shared: a new block, or a private copy
+        block_id = seq.block_table[-1]
+        if offset == 0 or self.pool.ref_count[block_id] > 1:  # full, or shared: a new block, or a copy
             block_id, events = self._take_last_block(seq_id, seq)
+        else:
+            events = ()
         seq.tail.append(token_id)
-        if offset == self.block_size - 1:
+        if offset == B - 1:
             self._seal_last_block(seq)
-        slot = block_id * self.block_size + offset
+        slot = block_id * B + offset
 
         if self._subscribers.callbacks:
             for event in events:  # evict, copy_on_write: when a block was taken

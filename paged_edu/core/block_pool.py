@@ -96,10 +96,6 @@ class BlockPool:
             else:
                 self.free_block_ids.append(block_id)
 
-    def lookup(self, block_hash: bytes) -> int | None:
-        """The block cached under ``block_hash``, or None."""
-        return self.hash_to_block.get(block_hash)
-
     def cache(self, block_id: int, block_hash: bytes) -> None:
         """Publish a full block under its chained hash. The first writer wins: a block whose hash is
         already cached (the same prefix computed twice) stays uncached."""
