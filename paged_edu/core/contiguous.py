@@ -21,7 +21,6 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from paged_edu.core.allocator import OutOfBlocksError, UnknownSequenceError
-from paged_edu.core.validation import new_id
 
 __all__ = ["ContiguousAllocator", "FragmentationError", "Reservation"]
 
@@ -127,7 +126,12 @@ class ContiguousAllocator:
         in total but no gap does, :class:`OutOfBlocksError` when they do not suffice at all; in both
         cases nothing changes.
         """
-        new_id("sequence id", seq_id, self._seqs)
+        try:
+            exists = seq_id in self._seqs
+        except TypeError:
+            raise TypeError(f"sequence id must be hashable, got {type(seq_id).__name__}") from None
+        if exists:
+            raise ValueError(f"sequence id {seq_id!r} already exists")
         tokens = list(token_ids)
         if not tokens:
             raise ValueError("cannot allocate an empty prompt: it needs at least one token")
