@@ -339,14 +339,18 @@ class BlockAllocator:
             purpose = "a new block" if shared is None else "copy-on-write"
             raise OutOfBlocksError(f"no free block for {purpose} in sequence {seq_id!r}")
         [block_id], evicted = self.pool.take(1)
-        events = [BlockEvent("evict", None, evicted)] if evicted else []
         if shared is None:
             seq.block_table.append(block_id)
         else:  # copy on write: the K/V is copied by the cache; the tail's tokens are already ours
             self.pool.release(shared)
             seq.block_table[-1] = block_id
             self._copies.append((shared, block_id))
-            events.append(BlockEvent("copy_on_write", seq_id, [shared, block_id]))
+        events = []
+        if self._subscribers.callbacks:
+            if evicted:
+                events.append(BlockEvent("evict", None, evicted))
+            if shared is not None:
+                events.append(BlockEvent("copy_on_write", seq_id, [shared, block_id]))
         return block_id, events
 
     def _seal_last_block(self, seq: _SeqBlocks) -> None:
