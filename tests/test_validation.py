@@ -121,3 +121,8 @@ def test_one_token_id(value, exc):
     else:
         with pytest.raises(exc, match="^token id must"):
             check.token_id("token id", value)
+
+
+def test_the_seed_range_is_stated_as_a_power_of_two():
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64\), got 18446744073709551616"):
+        check.seed("seed", 2**64)

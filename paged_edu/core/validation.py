@@ -57,7 +57,10 @@ def integer(name: str, value: object, *, low: int | None = None, high: int | Non
 
 def seed(name: str, value: object) -> int:
     """A random seed: an integer in ``[0, 2**64)``."""
-    return integer(name, value, low=0, high=SEED_LIMIT - 1)
+    value = as_int(value, f"{name} must be an integer")
+    if not 0 <= value < SEED_LIMIT:
+        raise ValueError(f"{name} must be in [0, 2**64), got {value}")
+    return value
 
 
 def token_id(name: str, value: object) -> int:
