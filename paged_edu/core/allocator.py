@@ -296,8 +296,8 @@ class BlockAllocator:
             self.stats.hit_tokens += num_cached
 
         if self._subscribers.callbacks:
-            if evicted:
-                self._subscribers.deliver(BlockEvent("evict", None, evicted))
+            for block_id in evicted:
+                self._subscribers.deliver(BlockEvent("evict", None, [block_id]))
             if hits:
                 self._subscribers.deliver(BlockEvent("cache_hit", seq_id, list(hits), num_cached))
             self._subscribers.deliver(BlockEvent("allocate", seq_id, list(table), n))
@@ -347,8 +347,8 @@ class BlockAllocator:
             self._copies.append((shared, block_id))
         events = []
         if self._subscribers.callbacks:
-            if evicted:
-                events.append(BlockEvent("evict", None, evicted))
+            if evicted:  # the block just taken was evicted from the cache
+                events.append(BlockEvent("evict", None, [block_id]))
             if shared is not None:
                 events.append(BlockEvent("copy_on_write", seq_id, [shared, block_id]))
         return block_id, events

@@ -26,8 +26,8 @@ class BlockEvent:
     ``kind`` is one of ``allocate``, ``cache_hit``, ``append``, ``copy_on_write``, ``fork``,
     ``free``, ``evict``. ``block_ids`` are the physical blocks involved: the new table
     (allocate, fork), the reused blocks (cache_hit), the block written (append), ``[src, dst]``
-    (copy_on_write), the released blocks (free) or the blocks evicted to make room (evict, once per
-    operation, before that operation's other events).
+    (copy_on_write), the released blocks (free) or the block evicted to make room (evict: one event
+    per block, before the other events of the operation that evicted it).
     """
 
     kind: str
