@@ -280,8 +280,7 @@ class BlockAllocator:
 
         # Commit: nothing below can fail.
         hits = plan.hits
-        for block_id in hits:
-            self.pool.share(block_id)
+        self.pool.share(hits)
         fresh, evicted = self.pool.take(plan.num_fresh)
         table = hits + fresh
         for i in range(len(hits), len(plan.blocks)):  # the full blocks' tokens (hits hold theirs already)
@@ -342,7 +341,7 @@ class BlockAllocator:
         if shared is None:
             seq.block_table.append(block_id)
         else:  # copy on write: the K/V is copied by the cache; the tail's tokens are already ours
-            self.pool.release(shared)
+            self.pool.release([shared])
             seq.block_table[-1] = block_id
             self._copies.append((shared, block_id))
         events = []
@@ -373,8 +372,7 @@ class BlockAllocator:
         """A child that shares every block of its parent (parallel sampling, beam search)."""
         parent = self._seq(parent_id)
         new_id("sequence id", child_id, self._seqs)
-        for block_id in parent.block_table:
-            self.pool.share(block_id)
+        self.pool.share(parent.block_table)
         self._seqs[child_id] = _SeqBlocks(list(parent.block_table), array("q", parent.tail), list(parent.block_hashes),
                                           parent.num_cached_tokens, parent.num_published_blocks)
         if self._subscribers.callbacks:
@@ -385,8 +383,7 @@ class BlockAllocator:
         """Release a sequence. Blocks go tail first, so a prompt's tail is evicted before its head."""
         seq = self._seq(seq_id)
         del self._seqs[seq_id]
-        for block_id in reversed(seq.block_table):
-            self.pool.release(block_id)
+        self.pool.release(reversed(seq.block_table))
         if self._subscribers.callbacks:
             self._subscribers.deliver(BlockEvent("free", seq_id, list(seq.block_table), self._length(seq)))
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = ["BlockPool", "OutOfBlocksError", "PrefixCacheStats"]
@@ -81,20 +82,23 @@ class BlockPool:
             taken.append(block_id)
         return taken, evicted
 
-    def share(self, block_id: int) -> None:
-        """One more block table holds ``block_id``; a cached free block comes back from ``evictable``."""
-        if self.ref_count[block_id] == 0:
-            del self.evictable[block_id]
-        self.ref_count[block_id] += 1
+    def share(self, block_ids: Iterable[int]) -> None:
+        """One more block table holds each of ``block_ids``; a cached free one leaves ``evictable``."""
+        for block_id in block_ids:
+            if self.ref_count[block_id] == 0:
+                del self.evictable[block_id]
+            self.ref_count[block_id] += 1
 
-    def release(self, block_id: int) -> None:
-        """One block table fewer holds ``block_id``; at 0 it is free (evictable if it is cached)."""
-        self.ref_count[block_id] -= 1
-        if self.ref_count[block_id] == 0:
-            if self.block_hash[block_id] is not None:
-                self.evictable[block_id] = None  # the most recently freed: evicted last
-            else:
-                self.free_block_ids.append(block_id)
+    def release(self, block_ids: Iterable[int]) -> None:
+        """One block table fewer holds each of ``block_ids``, in order; at 0 a block is free
+        (evictable if it is cached, the most recently freed being evicted last)."""
+        for block_id in block_ids:
+            self.ref_count[block_id] -= 1
+            if self.ref_count[block_id] == 0:
+                if self.block_hash[block_id] is not None:
+                    self.evictable[block_id] = None
+                else:
+                    self.free_block_ids.append(block_id)
 
     def cache(self, block_id: int, block_hash: bytes) -> None:
         """Publish a full block under its chained hash. The first writer wins: a block whose hash is
