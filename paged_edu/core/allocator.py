@@ -334,10 +334,11 @@ class BlockAllocator:
         full, else a copy of the shared last block (queued for :meth:`take_copies`).
         Returns ``(block id, the events to emit once the append is done)``."""
         shared = seq.block_table[-1] if seq.tail else None
-        if not self.pool.num_free:
+        try:
+            [block_id], evicted = self.pool.take(1)
+        except OutOfBlocksError:
             purpose = "a new block" if shared is None else "copy-on-write"
-            raise OutOfBlocksError(f"no free block for {purpose} in sequence {seq_id!r}")
-        [block_id], evicted = self.pool.take(1)
+            raise OutOfBlocksError(f"no free block for {purpose} in sequence {seq_id!r}") from None
         if shared is None:
             seq.block_table.append(block_id)
         else:  # copy on write: the K/V is copied by the cache; the tail's tokens are already ours
