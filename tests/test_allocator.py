@@ -5,10 +5,12 @@ definitions (ceil(n/B) blocks, chained hashes, copy-on-write), not read back fro
 """
 
 import copy
+import warnings
 import hashlib
 import math
 from array import array
 
+import numpy as np
 import pytest
 
 from paged_edu import BlockAllocator, OutOfBlocksError
@@ -25,11 +27,12 @@ def snapshot(a: BlockAllocator):
         {s: (a.block_table(s), a.token_ids(s), a.num_cached_tokens(s)) for s in a.seq_ids},
         [a.ref_count(b) for b in range(a.num_blocks)],
         [a.block_hash(b) for b in range(a.num_blocks)],
-        copy.deepcopy(a._hash_to_block),
-        list(a._evictable),
-        list(a._free_block_ids),
+        copy.deepcopy(a.pool.hash_to_block),
+        list(a.pool.evictable),
+        list(a.pool.free_block_ids),
         (a.stats.queried_tokens, a.stats.hit_tokens),
         list(a._copies),
+        [a.pool.token_ids[b] for b in range(a.num_blocks)],
     )
 
 
@@ -203,7 +206,7 @@ def test_lru_evicts_least_recently_freed_and_tail_first():
     old_hash = a.block_hash(ta[1])
     a.free("a")  # a's tail full block is freed first, then its head
     a.free("b")
-    assert list(a._evictable) == [ta[1], ta[0], tb[1], tb[0]]
+    assert list(a.pool.evictable) == [ta[1], ta[0], tb[1], tb[0]]
     # Exhaust: free plain blocks first (the two partials), then evict in that order.
     x = a.allocate("x", [3] * 12)
     assert a.num_evictable_blocks == 3
@@ -433,3 +436,128 @@ def test_block_queries_take_any_integer_and_refuse_bools_and_floats():
     for bad, exc in ((True, TypeError), (1.0, TypeError), ("1", TypeError), (4, ValueError), (-1, ValueError)):
         with pytest.raises(exc, match="block id"):
             a.ref_count(bad)
+
+
+# -- issue 15: prompts, positions and counts of the wrong type -----------------------------------
+
+
+@pytest.mark.parametrize("make_prompt, exc, words", [
+    (lambda: b"abcdefgh", TypeError, "bytes"),  # once stored as ONE token, 7523094288207667809
+    (lambda: bytearray(b"abcd"), TypeError, "bytearray"),
+    (lambda: "abcd", TypeError, "str"),
+    (lambda: (t for t in [1, 2, True]), TypeError, "element 2 is bool"),  # a generator's bools too
+    (lambda: [np.int64(1), 2.5], TypeError, "element 1 is float"),  # the float, not the numpy int
+])
+def test_prompts_that_are_not_integer_sequences_are_refused_and_change_nothing(make_prompt, exc, words):
+    a = BlockAllocator(8, B)
+    a.allocate("a", [1, 2, 3, 4, 5])
+    before = snapshot(a)
+    with pytest.raises(exc, match=words):
+        a.allocate("x", make_prompt())
+    with pytest.raises(exc, match=words):
+        a.num_new_blocks_for(make_prompt())
+    assert snapshot(a) == before and "x" not in a
+
+
+@pytest.mark.parametrize("prompt", [np.array([1, 2, 3, 4, 5]), (t for t in [1, 2, 3, 4, 5]), range(1, 6),
+                                    [np.int64(1), 2, np.uint8(3), 4, 5]])
+def test_any_integer_sequence_is_a_prompt(prompt):
+    a = BlockAllocator(8, B)
+    a.allocate("x", prompt)
+    assert a.token_ids("x") == [1, 2, 3, 4, 5] and all(type(t) is int for t in a.token_ids("x"))
+
+
+def test_mark_computed_takes_numpy_integers_and_refuses_bools_and_floats():
+    a = BlockAllocator(16, B, cache_when_computed=True)
+    a.allocate("a", list(range(9)))
+    before = snapshot(a)
+    for bad, exc in ((True, TypeError), (1.5, TypeError), ("4", TypeError), (-1, ValueError), (10, ValueError)):
+        with pytest.raises(exc, match="num_computed_tokens"):
+            a.mark_computed("a", bad)
+    assert snapshot(a) == before
+    a.mark_computed("a", np.int64(8))  # two full blocks computed: both published
+    a.allocate("b", list(range(9)))
+    assert a.num_cached_tokens("b") == 8
+
+
+def test_positions_must_be_integers():
+    a = BlockAllocator(8, B)
+    a.allocate("a", list(range(6)))
+    table = a.block_table("a")
+    assert a.slot("a", np.int64(5)) == table[1] * B + 1
+    assert a.slot_mapping("a", np.int64(4), np.int32(6)) == [table[1] * B, table[1] * B + 1]
+    for call in (lambda: a.slot("a", 1.5), lambda: a.slot("a", True), lambda: a.slot_mapping("a", 1.5),
+                 lambda: a.slot_mapping("a", 0, 2.0)):
+        with pytest.raises(TypeError, match="position|start|end"):
+            call()
+
+
+def test_num_blocks_may_be_a_numpy_integer():
+    a = BlockAllocator(np.int64(4), np.int64(2))
+    assert (a.num_blocks, a.block_size) == (4, 2) and type(a.num_blocks) is int
+
+
+# -- issue 15: a subscriber that raises loses nothing ---------------------------------------------
+
+
+def _raise_on(kind):
+    def callback(event):
+        if event.kind == kind:
+            raise RuntimeError(f"subscriber failed on {kind}")
+    return callback
+
+
+def _consistent(a: BlockAllocator):
+    holders = [0] * a.num_blocks
+    for s in a.seq_ids:
+        for b in a.block_table(s):
+            holders[b] += 1
+    assert holders == [a.ref_count(b) for b in range(a.num_blocks)]
+    assert a.num_free_blocks == holders.count(0)
+    assert a.num_free_blocks + a.num_used_blocks == a.num_blocks
+
+
+def test_a_subscriber_raising_on_evict_during_allocate_loses_no_block():
+    a = BlockAllocator(2, B)
+    a.subscribe(_raise_on("evict"))
+    seen = []
+    a.subscribe(seen.append)  # a second subscriber still gets every event
+    a.allocate("a", [1, 2, 3, 4, 5, 6, 7, 8])  # two full blocks, cached
+    a.free("a")
+    with pytest.warns(RuntimeWarning, match="evict"):
+        table = a.allocate("b", [9] * 8)  # both blocks must be evicted
+    _consistent(a)
+    assert a.block_table("b") == table and a.token_ids("b") == [9] * 8
+    assert [e.kind for e in seen][-2:] == ["evict", "allocate"]
+    a.free("b")
+    assert a.num_free_blocks == 2  # before the fix both blocks were lost for good
+    with pytest.warns(RuntimeWarning, match="evict"):
+        a.allocate("c", [5] * 8)
+
+
+@pytest.mark.parametrize("kind", ["evict", "copy_on_write", "append", "fork", "free", "cache_hit", "allocate"])
+def test_a_raising_subscriber_leaves_the_same_state_as_no_subscriber(kind):
+    """The same operations on two allocators, one with a subscriber that raises on ``kind``:
+    the observable states must agree after every step (the quiet twin is the oracle)."""
+    quiet, noisy = BlockAllocator(4, B), BlockAllocator(4, B)
+    noisy.subscribe(_raise_on(kind))
+    ops = [("allocate", "a", [1, 2, 3, 4, 5, 6]), ("fork", "a", "b"), ("append", "b", 7), ("append", "a", 8),
+           ("free", "a"), ("allocate", "c", [1, 2, 3, 4, 9]), ("free", "b"), ("allocate", "d", [3] * 12),
+           ("append", "d", 1), ("free", "c"), ("allocate", "e", [1, 2, 3, 4, 5]), ("free", "e"),
+           ("allocate", "f", [7] * 16)]  # the last one evicts every cached block
+    raised = []
+    for op, *args in ops:
+        results = []
+        for a in (quiet, noisy):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    results.append(getattr(a, op)(*args))
+                except (OutOfBlocksError, KeyError) as exc:  # the same refusal on both
+                    results.append(type(exc).__name__)
+            raised += [w for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert results[0] == results[1], (op, args)
+        assert snapshot(quiet) == snapshot(noisy), (op, args)
+        assert quiet.take_copies() == noisy.take_copies()
+        _consistent(noisy)
+    assert raised, f"the operations never produced a {kind!r} event: the test would prove nothing"

@@ -150,9 +150,9 @@ def test_the_machine_can_catch_a_position_blind_hash(monkeypatch):
     """Sanity check of the oracle: with the seed's per-block hash the machine must fail."""
     import hashlib
 
-    import paged_edu.core.allocator as alloc
+    import paged_edu.core.block_hash as block_hash
 
-    monkeypatch.setattr(alloc, "hash_block", lambda parent, data: hashlib.sha256(data).digest())
+    monkeypatch.setattr(block_hash, "hash_block", lambda parent, data: hashlib.sha256(data).digest())
     try:
         run_state_machine_as_test(AllocatorMachine, settings=settings(STEPS, max_examples=200, database=None))
     except AssertionError:

@@ -2,10 +2,14 @@
 
 * :mod:`~paged_edu.core.memory` -- bytes per token, ``M_KV``, ``eta_naive`` and ``eta_paged`` (lesson 1);
 * :mod:`~paged_edu.core.contiguous` -- the contiguous ``L_max`` baseline and its three pathologies (lesson 1);
-* :mod:`~paged_edu.core.allocator` -- the paged block allocator: block tables, ref counts, chained
-  prefix hashes, copy-on-write (lessons 2-3);
+* the paged block allocator (lessons 2-3), in four modules read in this order:
+  :mod:`~paged_edu.core.block_hash` (the chained hash that names a full block),
+  :mod:`~paged_edu.core.block_pool` (the physical blocks: ref counts, free list, prefix cache),
+  :mod:`~paged_edu.core.allocator` (block tables, allocate / append / fork / free, copy-on-write) and
+  :mod:`~paged_edu.core.block_events` (what it reports to widgets, after each change);
 * :mod:`~paged_edu.core.seed_allocator` -- the seed's allocator, kept with its defects as the
-  cautionary example of lesson 3.
+  cautionary example of lesson 3;
+* :mod:`~paged_edu.core.validation` -- the one set of input checks (integers, token lists, seeds).
 
 Nothing here imports the rest of the package, so ``pip install paged_edu`` without extras runs it.
 """

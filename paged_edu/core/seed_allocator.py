@@ -34,6 +34,8 @@ import hashlib
 import math
 from collections import deque
 
+from paged_edu.core.validation import integer
+
 __all__ = ["SeedAllocator"]
 
 
@@ -41,10 +43,8 @@ class SeedAllocator:
     """The seed's allocator, defects included (see the module docstring). Teaching use only."""
 
     def __init__(self, num_blocks: int, block_size: int = 16) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
+        self.num_blocks = integer("num_blocks", num_blocks, low=1)
+        self.block_size = integer("block_size", block_size, low=1)
         self.free_blocks: deque[int] = deque(range(num_blocks))
         self.block_tables: dict[str, list[int]] = {}
         self.ref_counts: dict[int, int] = {i: 0 for i in range(num_blocks)}

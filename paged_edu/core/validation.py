@@ -1,55 +1,129 @@
 """One place for input checks on integers, token lists and seeds, used by every module.
 
-Each check returns the clean value or raises ``TypeError`` / ``ValueError`` whose message names the
-argument, so bad input is refused before any state changes. Plain Python, no torch.
+Each check returns the clean value or raises ``TypeError`` (wrong kind of value) / ``ValueError``
+(right kind, out of range) with a message that names the argument, so a caller can check every
+input before it changes any state. "An integer" means any integer type -- Python ``int``, numpy and
+torch integers (anything with ``__index__``) -- and never a ``bool``, a float or a string.
+
+    from paged_edu.core import validation as check
+    n = check.integer("num_blocks", n, low=1)
+    tokens = check.token_list("prompt_token_ids", prompt)   # list[int]
+    seed = check.seed("seed", seed)                         # 0 <= seed < 2**64
+
+Plain Python, no torch.
 """
 
 from __future__ import annotations
 
 import operator
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Set
 
-__all__ = ["as_int", "token_array"]
+__all__ = ["MAX_TOKEN_ID", "SEED_LIMIT", "as_int", "integer", "new_id", "seed", "token_array", "token_id", "token_list"]
+
+MAX_TOKEN_ID = 2**63 - 1  # token ids are hashed as int64 (``array('q')``)
+SEED_LIMIT = 2**64  # seeds are unsigned 64-bit, as ``numpy.random.SeedSequence`` and torch take them
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 def as_int(value: object, rule: str) -> int:
     """``value`` as a Python int: any integer type (numpy and torch integers too), never a bool,
     a float or anything else -- those raise ``TypeError(f"{rule}, got <type> <value>")``."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{rule}, got {type(value).__name__} {value!r}")
-    return operator.index(value)
-
-
-def token_array(token_ids: Sequence[int]) -> array:
-    """Validate token ids and pack them as int64 (``array('q')``): non-negative integers only."""
+        raise TypeError(f"{rule}, got {_describe(value)}")
     try:
-        packed = array("q", token_ids)
-    except TypeError as exc:
-        bad = next((t for t in token_ids if not isinstance(t, int)), None)
-        raise TypeError(
-            f"token ids must be integers, got {type(bad).__name__} {bad!r}"
-        ) from exc
-    except OverflowError as exc:
-        raise ValueError("token ids must fit in 64 bits") from exc
-    if packed:
-        low = min(packed)
-        if low < 0:
-            raise ValueError(f"token ids must be non-negative, got {low}")
-        if low <= 1 and isinstance(token_ids, (list, tuple)):
-            _refuse_bools(token_ids, packed)
+        return operator.index(value)
+    except TypeError:  # e.g. numpy.bool_ has __index__ but refuses to be one
+        raise TypeError(f"{rule}, got {_describe(value)}") from None
+
+
+def integer(name: str, value: object, *, low: int | None = None, high: int | None = None) -> int:
+    """``value`` as an int in ``[low, high]`` (either bound optional, both inclusive)."""
+    value = as_int(value, f"{name} must be an integer")
+    if (low is not None and value < low) or (high is not None and value > high):
+        if high is None:
+            bounds = f">= {low}"
+        elif low is None:
+            bounds = f"<= {high}"
+        else:
+            bounds = f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {bounds}, got {value}")
+    return value
+
+
+def seed(name: str, value: object) -> int:
+    """A random seed: an integer in ``[0, 2**64)``."""
+    value = as_int(value, f"{name} must be an integer")
+    if not 0 <= value < SEED_LIMIT:
+        raise ValueError(f"{name} must be in [0, 2**64), got {value}")
+    return value
+
+
+def token_id(name: str, value: object) -> int:
+    """One token id: an integer in ``[0, 2**63)``."""
+    value = integer(name, value, low=0)
+    if value > MAX_TOKEN_ID:
+        raise ValueError(f"{name} must fit in 64 bits (< 2**63), got {value}")
+    return value
+
+
+def new_id(name: str, value: object, existing) -> object:
+    """``value`` as a key for ``existing`` (a dict or set): hashable and not in it yet."""
+    try:
+        taken = value in existing
+    except TypeError:
+        raise TypeError(f"{name} must be hashable, got {type(value).__name__}") from None
+    if taken:
+        raise ValueError(f"{name} {value!r} already exists")
+    return value
+
+
+def token_array(name: str, value: object) -> array:
+    """A sequence of token ids, checked and packed as int64 (``array('q')``).
+
+    Accepts any ordered collection of integers -- a list, tuple, range, numpy array, ``array('q')``
+    -- and any iterator (a generator is read once, then checked like a list). Refuses ``str``,
+    ``bytes`` and other byte buffers (``array('q', b"abcdefgh")`` would read the bytes as one
+    token), sets and mappings (no order), bools and everything that is not an integer; the message
+    names the first bad element and its position.
+    """
+    if isinstance(value, (str, bytes, bytearray, memoryview, Set, Mapping)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a sequence of integer token ids, got {_describe(value)}")
+    if not hasattr(value, "__len__"):
+        value = list(value)  # a generator or iterator: read it once
+    try:
+        packed = array("q", value)  # C speed; refuses floats and strings, not bools
+    except (TypeError, OverflowError):
+        packed = None
+    # Bools are ints to ``array``: look at the element types (one pass at C speed).
+    if packed is None or bool in map(type, value) or (packed and min(packed) < 0):
+        _raise_first_bad(name, value)
     return packed
 
 
-def _refuse_bools(token_ids: Sequence, packed: array) -> None:
-    """``True``/``False`` pack as 1/0; refuse them as append does. Only 0s and 1s need a look, found
-    by ``array.index`` at C speed, so a prompt pays nothing unless it holds such ids."""
-    for value in (0, 1):
-        pos = -1
-        while True:
-            try:
-                pos = packed.index(value, pos + 1)
-            except ValueError:
-                break
-            if type(token_ids[pos]) is bool:
-                raise TypeError(f"token ids must be integers, got a bool at position {pos}")
+def token_list(name: str, value: object) -> list[int]:
+    """:func:`token_array` as a list of Python ints."""
+    return token_array(name, value).tolist()
+
+
+def _raise_first_bad(name: str, values: Iterable) -> None:
+    """Raise for the first element of ``values`` that is not a token id, naming it and its position."""
+    try:
+        values = list(values)
+    except TypeError:  # e.g. a 0-d numpy array
+        raise TypeError(f"{name} must be a sequence of integer token ids, got {_describe(values)}") from None
+    for position, value in enumerate(values):
+        where = f"element {position} is {_describe(value)}"
+        try:
+            value = as_int(value, "")
+        except TypeError:
+            raise TypeError(f"{name} must be a sequence of integers: {where}") from None
+        if value < 0:
+            raise ValueError(f"{name} must hold non-negative token ids: {where}")
+        if value > MAX_TOKEN_ID:
+            raise ValueError(f"{name} must hold token ids that fit in 64 bits (< 2**63): {where}")
+    raise AssertionError(f"{name}: no bad element found")  # unreachable: the caller saw one

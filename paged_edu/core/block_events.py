@@ -1,0 +1,69 @@
+"""What the allocator reports: :class:`BlockEvent`, and the :class:`Subscribers` that receive them.
+
+Widgets draw the block grid from these events, the engine's tests count copy-on-writes with them,
+and the simulator could trace memory with them. The allocator builds an event only when someone
+subscribes, and delivers it only after the operation that it reports has committed.
+
+A subscriber that raises must not break the allocator's caller half-way through its own work (a
+scheduler step, a widget callback): :meth:`Subscribers.deliver` catches the exception, reports it
+with ``warnings.warn`` (a ``RuntimeWarning`` naming the callback, the event and the error) and goes
+on with the other subscribers. The allocator's state is already complete when that happens.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+__all__ = ["BlockEvent", "Subscribers"]
+
+
+@dataclass(slots=True)
+class BlockEvent:
+    """One thing the allocator did.
+
+    ``kind`` is one of ``allocate``, ``cache_hit``, ``append``, ``copy_on_write``, ``fork``,
+    ``free``, ``evict``. ``block_ids`` are the physical blocks involved: the new table
+    (allocate, fork), the reused blocks (cache_hit), the block written (append), ``[src, dst]``
+    (copy_on_write), the released blocks (free) or the block evicted to make room (evict: one event
+    per block, before the other events of the operation that evicted it).
+    """
+
+    kind: str
+    seq_id: Hashable | None
+    block_ids: list[int]
+    num_tokens: int = 0  # tokens involved: cached tokens for cache_hit, the prompt for allocate
+    slot: int = -1  # the physical slot written (append)
+
+
+class Subscribers:
+    """The callbacks listening to one publisher. ``callbacks`` is a tuple, empty when nobody listens
+    (test it before building an event), replaced on every change, so (un)subscribing from inside a
+    callback is safe."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source  # who publishes, for the warning: "allocator"
+        self.callbacks: tuple[Callable, ...] = ()
+
+    def add(self, callback: Callable) -> Callable[[], None]:
+        """Add ``callback``; returns a function that removes it again."""
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+        self.callbacks = (*self.callbacks, callback)
+
+        def unsubscribe() -> None:
+            self.callbacks = tuple(cb for cb in self.callbacks if cb is not callback)
+
+        return unsubscribe
+
+    def deliver(self, event: object) -> None:
+        """Call every callback with ``event``; one that raises is reported, not propagated."""
+        for callback in self.callbacks:
+            try:
+                callback(event)
+            except Exception as exc:  # noqa: BLE001 -- isolating subscribers is the point
+                name = getattr(callback, "__qualname__", repr(callback))
+                kind = getattr(event, "kind", type(event).__name__)
+                warnings.warn(f"{self.source} subscriber {name} raised {exc!r} on a {kind!r} event; "
+                              f"the {self.source}'s state is unaffected", RuntimeWarning, stacklevel=3)

@@ -1,0 +1,128 @@
+"""The one validation module: integers, token lists, seeds.
+
+Expected outcomes are stated from the rule ("an integer is anything with __index__ except bool;
+a token list is an ordered collection of integers in [0, 2**63)"), not read back from the code.
+"""
+
+from array import array
+
+import numpy as np
+import pytest
+
+from paged_edu.core import validation as check
+
+
+# -- as_int / integer ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [3, np.int64(3), np.uint8(3), np.int32(3)])
+def test_integers_of_any_integer_type_are_python_ints(value):
+    assert check.as_int(value, "n must be an integer") == 3
+    assert type(check.integer("n", value)) is int
+
+
+@pytest.mark.parametrize("value", [True, False, np.True_, 3.0, np.float64(3), "3", None, [3]])
+def test_bools_floats_and_strings_are_not_integers(value):
+    with pytest.raises(TypeError, match="^n must be an integer, got"):
+        check.integer("n", value)
+
+
+def test_integer_bounds_are_inclusive_and_named():
+    assert check.integer("n", 1, low=1, high=5) == 1 and check.integer("n", 5, low=1, high=5) == 5
+    with pytest.raises(ValueError, match=r"n must be >= 1, got 0"):
+        check.integer("n", 0, low=1)
+    with pytest.raises(ValueError, match=r"n must be in \[1, 5\], got 6"):
+        check.integer("n", 6, low=1, high=5)
+    with pytest.raises(ValueError, match=r"n must be <= 5, got 6"):
+        check.integer("n", 6, high=5)
+
+
+# -- seed ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, 1, 2**64 - 1, np.uint64(2**64 - 1), np.int64(7)])
+def test_seeds_are_integers_in_0_to_2_pow_64(value):
+    assert check.seed("seed", value) == int(value)
+
+
+@pytest.mark.parametrize("value, exc", [
+    (2**64, ValueError), (-1, ValueError), (True, TypeError), (1.0, TypeError), ("1", TypeError), (None, TypeError),
+])
+def test_bad_seeds_are_refused_naming_the_argument(value, exc):
+    with pytest.raises(exc, match="^seed must"):
+        check.seed("seed", value)
+
+
+# -- token lists ---------------------------------------------------------------------------------
+
+
+def _gen(values):
+    yield from values
+
+
+@pytest.mark.parametrize("value", [
+    [1, 2, 3], (1, 2, 3), range(1, 4), np.array([1, 2, 3]), np.array([1, 2, 3], dtype=np.uint16),
+    [np.int64(1), np.int32(2), 3], array("q", [1, 2, 3]), _gen([1, 2, 3]), iter([1, 2, 3]),
+])
+def test_any_ordered_collection_of_integers_is_a_token_list(value):
+    tokens = check.token_list("prompt", value)
+    assert tokens == [1, 2, 3] and all(type(t) is int for t in tokens)
+    assert check.token_array("prompt", [1, 2, 3]) == array("q", [1, 2, 3])
+
+
+def test_the_empty_list_is_a_token_list_and_the_largest_int64_is_a_token():
+    assert check.token_list("prompt", []) == []
+    assert check.token_list("prompt", [2**63 - 1]) == [2**63 - 1]
+
+
+@pytest.mark.parametrize("value", [b"abcdefgh", bytearray(b"abcdefgh"), memoryview(b"abcdefgh"), "abc",
+                                   {1, 2}, frozenset({1}), {1: 2}, 5, None, 2.5, np.array(3)])
+def test_bytes_strings_unordered_collections_and_scalars_are_refused(value):
+    # array('q', b"abcdefgh") would read the 8 bytes as ONE token, 7523094288207667809.
+    with pytest.raises(TypeError, match="^prompt must be a sequence of integer token ids, got"):
+        check.token_list("prompt", value)
+
+
+@pytest.mark.parametrize("value, position, kind", [
+    ([np.int64(1), 2.5], 1, "float"),  # the float is to blame, not the numpy int before it
+    ([1, 2, True], 2, "bool"),
+    ((1, False), 1, "bool"),
+    (_gen([1, 2, True]), 2, "bool"),  # a generator is read once, then checked like a list
+    ([0, 1, np.True_], 2, "bool"),
+    (np.array([True, False]), 0, "bool"),
+    ([1, "2"], 1, "str"),
+    ([1, None], 1, "NoneType"),
+    ([1, [2]], 1, "list"),
+    (np.array([1.0, 2.0]), 0, "float"),
+    (np.array([[1, 2]]), 0, "ndarray"),
+])
+def test_the_first_element_that_is_not_an_integer_is_named_with_its_position(value, position, kind):
+    with pytest.raises(TypeError, match=rf"^prompt must be a sequence of integers: element {position} is {kind}"):
+        check.token_list("prompt", value)
+
+
+@pytest.mark.parametrize("value, position, words", [
+    ([1, -2, -3], 1, "non-negative"),
+    ([5, 2**63], 1, "64 bits"),
+    ([2**70], 0, "64 bits"),
+    ([np.uint64(2**63)], 0, "64 bits"),
+    (_gen([3, -1]), 1, "non-negative"),
+])
+def test_out_of_range_token_ids_are_named_with_their_position(value, position, words):
+    with pytest.raises(ValueError, match=rf"{words}.*element {position} is"):
+        check.token_list("prompt", value)
+
+
+@pytest.mark.parametrize("value, exc", [(5, None), (np.int64(5), None), (True, TypeError), (5.0, TypeError),
+                                        (-1, ValueError), (2**63, ValueError)])
+def test_one_token_id(value, exc):
+    if exc is None:
+        assert check.token_id("token id", value) == 5
+    else:
+        with pytest.raises(exc, match="^token id must"):
+            check.token_id("token id", value)
+
+
+def test_the_seed_range_is_stated_as_a_power_of_two():
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64\), got 18446744073709551616"):
+        check.seed("seed", 2**64)
