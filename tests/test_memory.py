@@ -90,3 +90,20 @@ def test_bad_specs(kwargs):
 def test_bad_lengths(call):
     with pytest.raises(ValueError):
         call()
+
+
+def test_one_hardware_table_read_by_memory_and_cost_model():
+    """The GPU sizes are nvidia-smi's MiB exactly; memory presets and cost models are views of one table."""
+    from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
+    from paged_edu.sim.costmodel import GPUS, MODELS
+
+    assert GPU_TABLE["h200"].memory_bytes == 143_771 * 1024 * 1024 == 150_754_820_096
+    assert GPU_TABLE["h100"].memory_bytes == 85_520_809_984  # nvidia-smi's 81,559 MiB
+    assert GPUS is GPU_TABLE and set(PRESETS) == set(MODEL_TABLE)
+    for geometry in MODEL_TABLE.values():
+        assert geometry.source and PRESETS[geometry.name].num_layers == geometry.num_layers
+        if geometry.key in MODELS:
+            assert MODELS[geometry.key].kv_bytes_per_token == PRESETS[geometry.name].bytes_per_token
+    for gpu in GPU_TABLE.values():
+        assert gpu.source and gpu.hbm_bandwidth <= gpu.datasheet_bandwidth
+        assert gpu.memory_bytes % (1 << 20) == 0

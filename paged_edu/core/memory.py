@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from paged_edu.core.hardware import MODEL_TABLE, ModelGeometry
+
 __all__ = [
     "DTYPE_BYTES",
     "KVSpec",
@@ -83,20 +85,13 @@ class KVSpec:
         return self.bytes_per_token * block_size
 
 
-PRESETS: dict[str, KVSpec] = {
-    spec.name: spec
-    for spec in (
-        KVSpec("Seed 70B example", 80, 8, 128, "fp16", note="the seed's worked example (Llama-2/3-70B geometry)"),
-        KVSpec("Llama-3-8B", 32, 8, 128, "bf16", note="GQA: 32 query heads share 8 KV heads"),
-        KVSpec("Llama-2-7B", 32, 32, 128, "fp16", note="no GQA: one KV head per query head"),
-        KVSpec("OPT-13B", 40, 40, 128, "fp16", note="the PagedAttention paper's example: 800 KB per token"),
-        KVSpec("SmolLM2-135M", 30, 3, 64, "bf16", note="the model our engine runs: 9 query / 3 KV heads"),
-        KVSpec(
-            "DeepSeek-V3 (MLA)", 61, 1, 64, "bf16", latent_dim=512, rope_dim=64,
-            note="MLA: a 512-dim latent + 64-dim RoPE key per layer, shared by all 128 heads",
-        ),
-    )
-}
+def _kv_spec(m: ModelGeometry) -> KVSpec:
+    return KVSpec(m.name, m.num_layers, m.num_kv_heads, m.head_dim, m.dtype,
+                  latent_dim=m.latent_dim, rope_dim=m.rope_dim, note=m.note)
+
+
+# The presets are the one model table (paged_edu.core.hardware), seen as KV geometry.
+PRESETS: dict[str, KVSpec] = {name: _kv_spec(m) for name, m in MODEL_TABLE.items()}
 
 
 def kv_bytes(spec: KVSpec, num_tokens: int) -> int:

@@ -25,9 +25,9 @@ Assumptions are numbers on dataclasses, printed by :meth:`CostModel.describe` an
 ``CostModel.calibrate`` fits the efficiencies and overhead to measured step times (for example the
 engine's per-step metrics on the H200, through ``StepShape.from_step_metrics``).
 
-Default GPU numbers (NVIDIA H200 SXM datasheet; bandwidth as measured on our H200, see
-``shared/guides/gpu.md``): 989 TFLOP/s dense bf16, a device-to-device copy ceiling of 4.24 TB/s
-(counting read + write; 4.8 TB/s on the datasheet), 143,771 MiB of HBM3e ("141 GB"). The best paged decode kernels
+GPU and model figures come from the one table in :mod:`paged_edu.core.hardware` (sources there).
+The default GPU is our H200: 989 TFLOP/s dense bf16, a device-to-device copy ceiling of 4.24 TB/s
+measured here (counting read + write; 4.8 TB/s on the datasheet), 143,771 MiB of HBM3e ("141 GB"). The best paged decode kernels
 there reach 82-87% of the copy ceiling, so ``memory_efficiency = 0.85``; large prefill GEMMs reach
 about 60% of peak, so ``compute_efficiency = 0.6``; a CUDA-graph engine spends about 1 ms per step
 outside the GPU kernels (``step_overhead_s``). All three are assumptions until calibrated.
@@ -37,33 +37,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from paged_edu.core.hardware import GPU, GPU_TABLE, MODEL_TABLE, ModelGeometry
+from paged_edu.core.memory import DTYPE_BYTES
+
 __all__ = ["GPUS", "MODELS", "CostModel", "GPUSpec", "ModelSpec", "StepShape"]
 
 
-@dataclass(frozen=True, slots=True)
-class GPUSpec:
-    """The roofline of one GPU."""
-
-    name: str
-    peak_flops: float  # dense bf16/fp16 FLOP/s
-    hbm_bandwidth: float  # bytes/s a device copy reaches (read + write counted)
-    memory_bytes: float  # HBM capacity in bytes
-    pcie_bandwidth: float = 50e9  # bytes/s host <-> device, for swapping
-    source: str = ""
-
-
-MiB = 1 << 20
-GPUS = {
-    # Memory sizes are what nvidia-smi reports (the "141 GB" / "40 GB" of the datasheets are
-    # rounded); FLOP/s are dense bf16/fp16 datasheet numbers.
-    "h200": GPUSpec("NVIDIA H200", 989e12, 4.24e12, 143_771 * MiB, 55e9,
-                    "datasheet FLOP/s; 143,771 MiB; copy ceiling 4.24 TB/s measured on our H200 (gpu.md)"),
-    "h100": GPUSpec("NVIDIA H100 SXM", 989e12, 3.0e12, 81_559 * MiB, 55e9,
-                    "datasheet FLOP/s; 81,559 MiB; 3.35 TB/s datasheet bandwidth derated to 90%"),
-    "a100-40gb": GPUSpec("NVIDIA A100 40GB", 312e12, 1.4e12, 40_536 * MiB, 25e9,
-                         "the PagedAttention paper's GPU: datasheet FLOP/s; 40,536 MiB; "
-                         "1.555 TB/s derated to 90%"),
-}
+# One GPU table for the whole package (paged_edu.core.hardware): memory as nvidia-smi reports it,
+# dense bf16 FLOP/s and bandwidth from the datasheets, every figure's source beside it.
+GPUSpec = GPU
+GPUS: dict[str, GPU] = GPU_TABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +72,16 @@ class ModelSpec:
     def weight_bytes(self) -> float:
         return self.num_params * self.dtype_bytes
 
+    @classmethod
+    def from_geometry(cls, m: ModelGeometry) -> "ModelSpec":
+        return cls(m.name, m.num_layers, m.num_q_heads, m.num_kv_heads, m.head_dim, m.d_model,
+                   m.vocab_size, m.matmul_params, DTYPE_BYTES[m.dtype])
 
-MODELS = {
-    # OPT-13B: the paper's main model, 800 KiB of KV per token (Kwon et al. §3).
-    "opt-13b": ModelSpec("OPT-13B", 40, 40, 40, 128, 5120, 50272, 12.85e9),
-    "llama-2-7b": ModelSpec("Llama-2-7B", 32, 32, 32, 128, 4096, 32000, 6.61e9),
-    "llama-3-8b": ModelSpec("Llama-3-8B", 32, 32, 8, 128, 4096, 128256, 7.50e9),
-    "smollm2-135m": ModelSpec("SmolLM2-135M", 30, 9, 3, 64, 576, 49152, 0.1065e9),
+
+# The one model table (paged_edu.core.hardware), seen by the cost model, keyed by --model. MLA
+# models are left out: this roofline counts K and V per KV head.
+MODELS: dict[str, ModelSpec] = {
+    m.key: ModelSpec.from_geometry(m) for m in MODEL_TABLE.values() if not m.latent_dim
 }
 
 
