@@ -24,7 +24,8 @@ class Sequence:
 
     ``num_computed_tokens`` leading tokens have their K/V in the cache; the allocator holds
     ``num_placed_tokens`` of them (one more than computed while a decode's new token waits for its
-    step). A sequence with ``num_samples = n > 1`` forks into ``n`` sequences when its prompt is
+    step). Its CPU blocks while swapped out belong to the scheduler's
+    :class:`~paged_edu.engine.swap.SwapSpace`. A sequence with ``num_samples = n > 1`` forks into ``n`` sequences when its prompt is
     done (parallel sampling); the children share ``request_id`` and get ``sample_index`` 1 .. n-1.
     """
 
@@ -42,7 +43,6 @@ class Sequence:
     num_placed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at the last admission
     num_preemptions: int = 0
-    cpu_blocks: list[int] = field(default_factory=list)  # while SWAPPED
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -74,6 +74,13 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_computed_tokens
+
+    @property
+    def max_num_running_seqs(self) -> int:
+        """Sequences this one stands for in the batch: ``num_samples`` until it forks them at its
+        first token (so ``max_num_seqs`` counts a request of ``n`` samples as ``n`` from admission,
+        as vLLM does), then 1. Also how many tokens the executor samples for it at that token."""
+        return self.num_samples if self.num_samples > 1 and not self.output_token_ids else 1
 
     @property
     def is_finished(self) -> bool:
