@@ -46,11 +46,16 @@ PREEMPTION_MODES = ("recompute", "swap", "auto")
 
 @dataclass(slots=True)
 class ScheduledSeq:
-    """Compute K/V for ``seq.token_ids[start : start + num_new_tokens]`` this step."""
+    """Compute K/V for ``seq.token_ids[start : start + num_new_tokens]`` this step.
+
+    ``emits_token``: the chunk reaches the last known token, so the executor samples the next one
+    (fixed when the chunk is scheduled; the sequence grows by that token in update).
+    """
 
     seq: Sequence
     num_new_tokens: int
     start: int
+    emits_token: bool
 
     @property
     def end(self) -> int:
@@ -60,11 +65,6 @@ class ScheduledSeq:
     def is_prefill(self) -> bool:
         """More than one token, or any token of the prompt: a prefill (or recompute) chunk."""
         return self.start < self.seq.num_prompt_tokens or self.num_new_tokens > 1
-
-    @property
-    def emits_token(self) -> bool:
-        """The chunk reaches the last known token, so the executor samples the next one."""
-        return self.end == self.seq.num_tokens
 
 
 @dataclass(slots=True)
@@ -184,7 +184,7 @@ class Scheduler:
         if seq.seq_id in self._live or seq.status is not SequenceStatus.WAITING or seq.num_computed_tokens:
             raise ValueError(f"sequence {seq.seq_id} was already added")
         try:
-            self.check_request(seq.num_prompt_tokens, seq.max_new_tokens, seq.num_samples)
+            self.check_request(seq.num_prompt_tokens, seq.max_new_tokens, seq.max_num_running_seqs)
         except ValueError as exc:
             raise ValueError(f"sequence {seq.seq_id}: {exc}") from None
         self._live[seq.seq_id] = seq
@@ -293,7 +293,7 @@ class Scheduler:
                 continue
             num_new = remaining if remaining <= budget else budget
             budget -= num_new
-            scheduled = ScheduledSeq(seq, num_new, seq.num_computed_tokens)
+            scheduled = ScheduledSeq(seq, num_new, seq.num_computed_tokens, num_new == remaining)
             (decodes if remaining == 1 else prefills).append(scheduled)
         self.running = kept
         # Sequences running once every parallel sample due to fork at its first token exists: what
@@ -334,7 +334,7 @@ class Scheduler:
                 num_new = min(remaining, budget)
                 if num_new == remaining or chunked:
                     budget -= num_new
-                    decodes.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens))
+                    decodes.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens, num_new == remaining))
 
         # 4. Waiting sequences, first come first served.
         if not self.swapped and not preempted_any:
@@ -357,7 +357,7 @@ class Scheduler:
                 remaining = seq.num_tokens - cached
                 num_new = min(remaining, budget)
                 budget -= num_new
-                prefills.append(ScheduledSeq(seq, num_new, cached))
+                prefills.append(ScheduledSeq(seq, num_new, cached, num_new == remaining))
 
         self._record_copies(out)
         out.scheduled = decodes + prefills
@@ -380,9 +380,10 @@ class Scheduler:
                 continue
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
-            seq.num_computed_tokens = item.end
-            if item.end // block_size > item.start // block_size:  # a block was completed
-                self.allocator.mark_computed(seq.seq_id, item.end)
+            end = item.end
+            seq.num_computed_tokens = end
+            if end // block_size > item.start // block_size:  # a block was completed
+                self.allocator.mark_computed(seq.seq_id, end)
             if not item.emits_token:
                 continue  # a prefill chunk in the middle of the prompt
             try:
@@ -392,9 +393,9 @@ class Scheduler:
             family = [seq]
             if isinstance(token, (list, tuple)):
                 tokens = list(token)
-                if len(tokens) != seq.max_num_running_seqs:
+                if len(tokens) != seq.num_tokens_to_sample:
                     raise ValueError(
-                        f"sequence {seq.seq_id} takes {seq.max_num_running_seqs} token(s) this step, got {len(tokens)}"
+                        f"sequence {seq.seq_id} takes {seq.num_tokens_to_sample} token(s) this step, got {len(tokens)}"
                     )
                 token = tokens[0]
                 family += [self._fork_child(seq, i, t) for i, t in enumerate(tokens[1:], start=1)]
@@ -419,6 +420,8 @@ class Scheduler:
             raise ValueError(f"can only fork a running sequence; {parent.seq_id} is {parent.status.value}")
         if child.seq_id in self._live:
             raise ValueError(f"sequence {child.seq_id} already exists")
+        if parent.num_pending_forks:  # a branch it reserved room for at admission
+            parent.num_pending_forks -= 1
         self.allocator.fork(parent.seq_id, child.seq_id)
         child.output_token_ids = list(parent.output_token_ids)
         child.num_computed_tokens = parent.num_computed_tokens

@@ -36,6 +36,7 @@ class Sequence:
     stop_token_ids: tuple[int, ...] = ()
     request_id: int | None = None
     num_samples: int = 1
+    num_pending_forks: int = 0  # branches it will fork later (beam search), counted from admission
     sample_index: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
@@ -56,6 +57,8 @@ class Sequence:
             raise ValueError(f"sequence {self.seq_id}: max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
         if not isinstance(self.num_samples, int) or self.num_samples < 1:
             raise ValueError(f"sequence {self.seq_id}: num_samples must be an int >= 1, got {self.num_samples!r}")
+        if not isinstance(self.num_pending_forks, int) or self.num_pending_forks < 0:
+            raise ValueError(f"sequence {self.seq_id}: num_pending_forks must be an int >= 0, got {self.num_pending_forks!r}")
         if self.request_id is None:
             self.request_id = self.seq_id
 
@@ -76,11 +79,17 @@ class Sequence:
         return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_computed_tokens
 
     @property
-    def max_num_running_seqs(self) -> int:
-        """Sequences this one stands for in the batch: ``num_samples`` until it forks them at its
-        first token (so ``max_num_seqs`` counts a request of ``n`` samples as ``n`` from admission,
-        as vLLM does), then 1. Also how many tokens the executor samples for it at that token."""
+    def num_tokens_to_sample(self) -> int:
+        """Tokens the executor samples when this sequence's chunk emits: ``num_samples`` at its first
+        token (one per parallel sample; the scheduler forks the others from it), then 1."""
         return self.num_samples if self.num_samples > 1 and not self.output_token_ids else 1
+
+    @property
+    def max_num_running_seqs(self) -> int:
+        """Sequences this one stands for against ``max_num_seqs``: its samples not forked yet and its
+        pending beam branches count from admission (as vLLM counts a request of ``n`` samples as
+        ``n``), so a later fork never pushes the batch over the limit."""
+        return self.num_tokens_to_sample + self.num_pending_forks
 
     @property
     def is_finished(self) -> bool:

@@ -45,9 +45,15 @@ class PagedManager(BlockAllocator):
         super().__init__(num_blocks, block_size, enable_prefix_caching, cache_when_computed=True)
         self.final_len: dict[int, int] = {}  # seq_id -> tokens it will have stored at its end
         self.last_free: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, slots) at its last free
+        self.fragmented: set[int] = set()  # paging never refuses a request for fragmentation
 
-    def expect(self, seq_id: int, final_len: int, num_samples: int = 1) -> None:
+    def expect(self, seq_id: int, final_len: int, num_samples: int = 1, prompt_len: int | None = None) -> None:
+        """Register the tokens a sequence will have stored at its end (for the memory breakdown)."""
         self.final_len[seq_id] = final_len
+
+    def slots_to_admit(self, prompt_len: int, total_len: int, num_samples: int) -> int:
+        """Slots a request needs free to be admitted: its samples share the prompt's blocks."""
+        return num_samples * prompt_len
 
     def fork(self, parent_id, child_id):
         table = super().fork(parent_id, child_id)
@@ -163,6 +169,10 @@ class ContiguousManager:
         if self.policy == "oracle":
             return max(final, num_tokens)
         return max(num_tokens, min(self.max_seq_len, prompt + _next_pow2(max(final - prompt, 1))))
+
+    def slots_to_admit(self, prompt_len: int, total_len: int, num_samples: int) -> int:
+        """Slots a request needs free to be admitted: one sub-range per sample, as the policy sizes it."""
+        return num_samples * max(total_len, self.reserve_for(total_len - 1, prompt_len, prompt_len))
 
     def admission_size(self, seq_id: int, num_tokens: int) -> int:
         """Slots an admission of ``seq_id`` asks for: one sub-range per sample still to come."""
