@@ -15,16 +15,11 @@ Every step the scheduler decides which tokens are computed, in this order:
    token budget ``max_num_batched_tokens`` and the pool allow: ``allocator.allocate`` gives the
    block table and the prefix-cache hit, whose tokens are not computed again.
 
-The executor (the engine's model, or the simulator's cost model) then runs the step: it applies
-``block_ops`` in order (swap-out, copy-on-write and swap-in copies), computes K/V for every
-:class:`ScheduledSeq`, samples one token for each that ``emits_token``, and hands the tokens to
-:meth:`Scheduler.update`.
-
-The memory manager is anything that implements :class:`~paged_edu.engine.memory_manager.MemoryManager`
-(the paged allocator, the simulator's contiguous reservations, ...); the CPU swap pool is a
-:class:`~paged_edu.engine.swap.SwapSpace` the scheduler owns. A request that could never run
-(longer than ``max_model_len`` or the whole pool, more samples than ``max_num_seqs``) is refused by
-:meth:`Scheduler.check_request` before anything is queued. Plain Python, no torch.
+The executor (the engine's model, or the simulator's cost model) runs the
+:class:`~paged_edu.engine.scheduler_output.SchedulerOutput` and hands the sampled tokens to
+:meth:`Scheduler.update`. The memory manager is any :class:`~paged_edu.engine.memory_manager.MemoryManager`;
+the CPU swap pool is the scheduler's :class:`~paged_edu.engine.swap.SwapSpace`; a request that could
+never run is refused when it is added (:mod:`~paged_edu.engine.admission`). Plain Python, no torch.
 """
 
 from __future__ import annotations
@@ -32,56 +27,16 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
-
 from paged_edu.core.allocator import OutOfBlocksError
+from paged_edu.engine.admission import check_request
 from paged_edu.engine.memory_manager import MemoryManager, publishes_before_computed
+from paged_edu.engine.scheduler_output import ScheduledSeq, SchedulerOutput
 from paged_edu.engine.sequence import Sequence, SequenceStatus
 from paged_edu.engine.swap import SwapSpace
 
 __all__ = ["ScheduledSeq", "Scheduler", "SchedulerOutput"]
 
 PREEMPTION_MODES = ("recompute", "swap", "auto")
-
-
-@dataclass(slots=True)
-class ScheduledSeq:
-    """Compute K/V for ``seq.token_ids[start : start + num_new_tokens]`` this step.
-
-    ``emits_token``: the chunk reaches the last known token, so the executor samples the next one
-    (fixed when the chunk is scheduled; the sequence grows by that token in update).
-    """
-
-    seq: Sequence
-    num_new_tokens: int
-    start: int
-    emits_token: bool
-
-    @property
-    def end(self) -> int:
-        return self.start + self.num_new_tokens
-
-    @property
-    def is_prefill(self) -> bool:
-        """More than one token, or any token of the prompt: a prefill (or recompute) chunk."""
-        return self.start < self.seq.num_prompt_tokens or self.num_new_tokens > 1
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)  # decodes first, then prefill chunks
-    preempted: list[Sequence] = field(default_factory=list)
-    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu_block, cpu_block)
-    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu_block, gpu_block)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
-    # Every copy above, in the order it must be applied before the step runs:
-    # ("swap_out", gpu, cpu), ("copy", src, dst), ("swap_in", cpu, gpu).
-    block_ops: list[tuple[str, int, int]] = field(default_factory=list)
-    num_batched_tokens: int = 0
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
 
 
 class Scheduler:
@@ -100,12 +55,11 @@ class Scheduler:
     ) -> None:
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
-        for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
+        limits = (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                  ("max_model_len", 1 if max_model_len is None else max_model_len))
+        for name, value in limits:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
-                                          or max_model_len < 1):
-            raise ValueError(f"max_model_len must be an int >= 1 or None, got {max_model_len!r}")
         swap_space = SwapSpace(num_cpu_blocks)
         if preemption_mode == "swap" and num_cpu_blocks == 0:  # "auto" recomputes without swap space
             raise ValueError("preemption_mode='swap' needs num_cpu_blocks > 0 to swap into")
@@ -148,36 +102,14 @@ class Scheduler:
         return seq
 
     def check_request(self, num_prompt_tokens: int, max_new_tokens: int, num_samples: int = 1) -> None:
-        """Refuse a request that could never run here, naming the limit; changes nothing.
-
-        The limits: ``max_model_len`` (prompt + output tokens), the whole pool (one sequence's
-        blocks at its longest), ``max_num_seqs`` (samples that run at once), and without chunked
-        prefill ``max_num_batched_tokens`` (the longest prefill, a recompute after preemption).
-        """
-        longest = num_prompt_tokens + max_new_tokens
-        if self.max_model_len is not None and longest > self.max_model_len:
-            raise ValueError(
-                f"prompt ({num_prompt_tokens}) + max_tokens ({max_new_tokens}) = {longest} tokens exceeds "
-                f"max_model_len={self.max_model_len}"
-            )
-        block_size, capacity = self.allocator.block_size, self.allocator.num_blocks
-        needed = -(-longest // block_size)
-        if needed > capacity:
-            raise ValueError(
-                f"prompt ({num_prompt_tokens}) + max_tokens ({max_new_tokens}) = {longest} tokens needs {needed} "
-                f"blocks of {block_size}, more than the whole pool holds ({capacity} blocks)"
-            )
-        if num_samples > self.max_num_seqs:
-            raise ValueError(
-                f"n={num_samples} parallel samples can never run at once with max_num_seqs={self.max_num_seqs}"
-            )
-        longest_prefill = longest - 1  # prompt plus generated tokens, recomputed after a preemption
-        if not self.enable_chunked_prefill and longest_prefill > self.max_num_batched_tokens:
-            raise ValueError(
-                f"the request may need a {longest_prefill}-token prefill (prompt plus generated tokens, after a "
-                f"preemption), more than max_num_batched_tokens={self.max_num_batched_tokens}; "
-                "enable chunked prefill or raise the budget"
-            )
+        """Refuse a request that could never run here, naming the limit; changes nothing (see
+        :func:`~paged_edu.engine.admission.check_request` for the limits)."""
+        check_request(
+            num_prompt_tokens, max_new_tokens, num_samples, max_model_len=self.max_model_len,
+            block_size=self.allocator.block_size, num_blocks=self.allocator.num_blocks,
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+        )
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence, after :meth:`check_request`."""
@@ -304,29 +236,9 @@ class Scheduler:
         if not preempted_any:
             while self.swapped and num_seqs + self.swapped[0].max_num_running_seqs <= self.max_num_seqs and budget > 0:
                 seq = self.swapped[0]
-                placed = seq.token_ids[: seq.num_placed_tokens]
-                try:
-                    table = allocator.allocate(seq.seq_id, placed, record_stats=False)
-                except OutOfBlocksError:
+                if not self._swap_in(seq, out):
                     break
-                if seq.num_placed_tokens < seq.num_tokens:  # its pending token needs a slot too
-                    try:
-                        allocator.append(seq.seq_id, seq.output_token_ids[-1])
-                    except OutOfBlocksError:
-                        allocator.free(seq.seq_id)
-                        break
-                    seq.num_placed_tokens += 1
-                    table = allocator.block_table(seq.seq_id)
                 self.swapped.popleft()
-                # Leading blocks hit in the prefix cache are shared and already hold their K/V: never
-                # recompute (write) into them, even when this sequence had computed less before its swap.
-                seq.num_computed_tokens = max(seq.num_computed_tokens, allocator.num_cached_tokens(seq.seq_id))
-                allocator.mark_computed(seq.seq_id, seq.num_computed_tokens)  # its K/V is copied back first
-                self._record_copies(out)
-                first_copied = allocator.num_cached_tokens(seq.seq_id) // allocator.block_size
-                for cpu, gpu in self.swap_space.swap_in(seq.seq_id, table, first_copied):
-                    out.blocks_to_swap_in.append((cpu, gpu))
-                    out.block_ops.append(("swap_in", cpu, gpu))
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
                 num_seqs += seq.max_num_running_seqs
@@ -363,6 +275,33 @@ class Scheduler:
         out.scheduled = decodes + prefills
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         return out
+
+    def _swap_in(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """Give a swapped sequence GPU blocks again and ask for its K/V to be copied back; False
+        (nothing changed) when the pool is too full."""
+        allocator = self.allocator
+        try:
+            table = allocator.allocate(seq.seq_id, seq.token_ids[: seq.num_placed_tokens], record_stats=False)
+        except OutOfBlocksError:
+            return False
+        if seq.num_placed_tokens < seq.num_tokens:  # its pending token needs a slot too
+            try:
+                allocator.append(seq.seq_id, seq.output_token_ids[-1])
+            except OutOfBlocksError:
+                allocator.free(seq.seq_id)
+                return False
+            seq.num_placed_tokens += 1
+            table = allocator.block_table(seq.seq_id)
+        # Leading blocks hit in the prefix cache are shared and already hold their K/V: never
+        # recompute (write) into them, even when this sequence had computed less before its swap.
+        num_cached = allocator.num_cached_tokens(seq.seq_id)
+        seq.num_computed_tokens = max(seq.num_computed_tokens, num_cached)
+        allocator.mark_computed(seq.seq_id, seq.num_computed_tokens)  # its K/V is copied back first
+        self._record_copies(out)
+        for cpu, gpu in self.swap_space.swap_in(seq.seq_id, table, num_cached // allocator.block_size):
+            out.blocks_to_swap_in.append((cpu, gpu))
+            out.block_ops.append(("swap_in", cpu, gpu))
+        return True
 
     # -- after the step ------------------------------------------------------------------------
     def update(self, scheduled: list[ScheduledSeq], sampled: dict, now: float = 0.0) -> list[Sequence]:
