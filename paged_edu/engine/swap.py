@@ -25,16 +25,19 @@ class SwapSpace:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
             raise ValueError(f"num_cpu_blocks must be an int >= 0, got {num_blocks!r}")
         self.num_blocks = num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        # Free ids: those given back (reused first), then every id from _next_unused on -- so a
+        # swap space of any size costs nothing until it is used.
+        self._free: deque[int] = deque()
+        self._next_unused = 0
         self._held: dict[Hashable, list[int]] = {}  # seq_id -> its CPU blocks, in block-table order
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + self.num_blocks - self._next_unused
 
     @property
     def free_block_ids(self) -> list[int]:
-        return list(self._free)
+        return [*self._free, *range(self._next_unused, self.num_blocks)]
 
     def __contains__(self, seq_id: object) -> bool:
         return seq_id in self._held
@@ -44,15 +47,21 @@ class SwapSpace:
         return list(self._held.get(seq_id, ()))
 
     def can_swap_out(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._free)
+        return num_blocks <= self.num_free_blocks
+
+    def _take_free(self) -> int:
+        if self._free:
+            return self._free.popleft()
+        self._next_unused += 1
+        return self._next_unused - 1
 
     def swap_out(self, seq_id: Hashable, gpu_blocks: Sequence[int]) -> list[tuple[int, int]]:
         """Take one CPU block per GPU block of ``seq_id``; return the ``(gpu, cpu)`` copies to make."""
         if seq_id in self._held:
             raise ValueError(f"sequence {seq_id!r} is already swapped out")
-        if len(gpu_blocks) > len(self._free):
-            raise ValueError(f"sequence {seq_id!r} needs {len(gpu_blocks)} CPU blocks, {len(self._free)} are free")
-        cpu_blocks = [self._free.popleft() for _ in gpu_blocks]
+        if not self.can_swap_out(len(gpu_blocks)):
+            raise ValueError(f"sequence {seq_id!r} needs {len(gpu_blocks)} CPU blocks, {self.num_free_blocks} are free")
+        cpu_blocks = [self._take_free() for _ in gpu_blocks]
         self._held[seq_id] = cpu_blocks
         return list(zip(gpu_blocks, cpu_blocks))
 

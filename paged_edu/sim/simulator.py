@@ -66,6 +66,7 @@ __all__ = [
     "format_table",
     "latency_vs_rate",
     "make_manager",
+    "prepare",
     "simulate",
     "step_shape",
 ]
@@ -166,22 +167,14 @@ def _check_pool(num_slots: int, cost: CostModel) -> None:
         )
 
 
-def simulate(
-    requests: list[Request],
-    config: SimConfig | None = None,
-    cost_model: CostModel | None = None,
-    progress=None,
-) -> SimResult:
-    """Serve ``requests`` with one memory manager; return what was measured.
+def prepare(requests: list[Request], config: SimConfig, cost: CostModel):
+    """The server ``simulate`` would run: ``(num_kv_slots, cost model, manager, scheduler)``.
 
-    ``progress`` is an optional callable ``progress(num_requests_finished_now)`` (a tqdm's
-    ``update``) called as requests finish.
+    Everything that makes the run impossible -- no requests, a pool the GPU could not hold, a
+    request that could never be admitted -- raises ``ValueError`` here, before the run starts.
     """
-    config = config or SimConfig()
-    cost = cost_model or CostModel()
     if not requests:
         raise ValueError("simulate needs at least one request")
-    wall0 = time.perf_counter()
     num_slots = config.num_kv_slots
     if num_slots is None:
         num_slots = cost.kv_capacity_tokens(config.gpu_memory_utilization)
@@ -197,6 +190,23 @@ def simulate(
         num_cpu_blocks=config.num_cpu_blocks,
     )
     _check_requests(requests, config, manager, scheduler, num_slots)
+    return num_slots, cost, manager, scheduler
+
+
+def simulate(
+    requests: list[Request],
+    config: SimConfig | None = None,
+    cost_model: CostModel | None = None,
+    progress=None,
+) -> SimResult:
+    """Serve ``requests`` with one memory manager; return what was measured.
+
+    ``progress`` is an optional callable ``progress(num_requests_finished_now)`` (a tqdm's
+    ``update``) called as requests finish.
+    """
+    config = config or SimConfig()
+    wall0 = time.perf_counter()
+    num_slots, cost, manager, scheduler = prepare(requests, config, cost_model or CostModel())
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_time)
     prompts = prompt_token_ids(requests)
 
@@ -346,5 +356,13 @@ def _request_record(r: Request, seqs: list[Sequence], manager) -> RequestRecord:
     )
 
 
-# The comparisons live in paged_edu.sim.compare; importable from here as before.
-from paged_edu.sim.compare import compare, default_configs, format_table, latency_vs_rate  # noqa: E402
+_MOVED_TO_COMPARE = ("compare", "default_configs", "format_table", "latency_vs_rate")
+
+
+def __getattr__(name: str):
+    """The comparisons live in :mod:`paged_edu.sim.compare`; importable from here as before."""
+    if name in _MOVED_TO_COMPARE:
+        from paged_edu.sim import compare
+
+        return getattr(compare, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
