@@ -453,3 +453,14 @@ def test_sim_and_core_run_without_torch(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ok without torch" in done.stdout
+
+
+@pytest.mark.parametrize("manager", ["paged", "paged-prefix", "contiguous-oracle"])
+@pytest.mark.parametrize("max_num_seqs", [8, 64])
+def test_beam_branches_respect_max_num_seqs(manager, max_num_seqs):
+    """A beam request forks later, but its branches count against max_num_seqs from admission, as
+    the engine's parallel samples do: the batch never holds more sequences than the limit."""
+    reqs = workloads.parallel(120, rate=math.inf, seed=3, n=6, fork="beam", dataset="alpaca")
+    res = simulate(reqs, SimConfig(manager=manager, num_kv_slots=40_000, max_num_seqs=max_num_seqs, sample_every=1), A100)
+    assert len(res.requests) == 120 and res.num_output_tokens == sum(r.n * r.output_len for r in reqs)
+    assert res.max_concurrent <= max_num_seqs  # the unlimited forks ran 22 and 109 at once here
