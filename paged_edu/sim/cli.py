@@ -193,7 +193,8 @@ def _flag_for(message: str, args) -> str:
 
 def cmd_simulate(args) -> int:
     from paged_edu.sim import workloads
-    from paged_edu.sim.simulator import compare, default_configs, format_table, prepare
+    from paged_edu.sim.compare import compare, default_configs, format_table
+    from paged_edu.sim.simulator import prepare
 
     cost = _cost_model(args)
     if args.trace:

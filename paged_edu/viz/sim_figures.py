@@ -23,7 +23,8 @@ import plotly.graph_objects as go
 
 from paged_edu.sim import workloads
 from paged_edu.sim.costmodel import CostModel
-from paged_edu.sim.simulator import SimConfig, SimResult, compare, latency_vs_rate, simulate
+from paged_edu.sim.compare import compare, latency_vs_rate
+from paged_edu.sim.simulator import SimConfig, SimResult, simulate
 
 __all__ = [
     "PAPER_BATCHED_SHAREGPT",
