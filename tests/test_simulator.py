@@ -464,3 +464,10 @@ def test_beam_branches_respect_max_num_seqs(manager, max_num_seqs):
     res = simulate(reqs, SimConfig(manager=manager, num_kv_slots=40_000, max_num_seqs=max_num_seqs, sample_every=1), A100)
     assert len(res.requests) == 120 and res.num_output_tokens == sum(r.n * r.output_len for r in reqs)
     assert res.max_concurrent <= max_num_seqs  # the unlimited forks ran 22 and 109 at once here
+
+
+def test_a_pool_the_gpu_could_never_hold_is_refused_before_allocating():
+    with pytest.raises(ValueError, match="more than the NVIDIA A100-SXM4-40GB"):
+        simulate(TINY, SimConfig(manager="paged", block_size=1, num_kv_slots=10**10), A100)  # was a MemoryError
+    with pytest.raises(ValueError, match="num_kv_slots must be a positive int"):
+        simulate(TINY, SimConfig(manager="paged", num_kv_slots=1e4), A100)

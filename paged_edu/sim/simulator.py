@@ -11,8 +11,8 @@ affords. Each step:
 4. every sequence that emitted a token gets one (a made-up id: the simulator knows each request's
    output length in advance) and :meth:`Scheduler.update` finishes the ones that are done.
 
-Memory managers (:mod:`paged_edu.sim.managers`, all with the allocator methods the scheduler
-calls)::
+Memory managers (:mod:`paged_edu.sim.managers`, each a
+:class:`~paged_edu.engine.memory_manager.MemoryManager`)::
 
     contiguous-max     reserve L_max slots per request          (FasterTransformer, Orca (Max))
     contiguous-pow2    reserve prompt + next power of 2 of the output (Orca (Pow2))
