@@ -36,6 +36,7 @@ outside the GPU kernels (``step_overhead_s``). All three are assumptions until c
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from operator import mul
 
 import numpy as np
 
@@ -87,6 +88,11 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+def _attention_pairs(start: int, num_new_tokens: int) -> int:
+    """Query-key pairs of a causal chunk: ``n * c + n (n + 1) / 2`` for ``n`` new tokens after ``c``."""
+    return num_new_tokens * start + num_new_tokens * (num_new_tokens + 1) // 2
+
+
 @dataclass(slots=True)
 class StepShape:
     """What one step computes, summed over its scheduled sequences (the cost model's input)."""
@@ -118,11 +124,24 @@ class StepShape:
         shape.num_emitting = shape.num_seqs
         return shape
 
+    @classmethod
+    def of_chunks(cls, starts: list[int], counts: list[int], num_emitting: int, **copies: int) -> "StepShape":
+        """A step of chunks: chunk ``i`` computes ``counts[i]`` new tokens on top of ``starts[i]`` cached ones.
+
+        Sums over whole lists (the simulator builds one shape per step, millions of chunks per run);
+        ``copies``: ``swapped_blocks`` / ``copied_blocks``.
+        """
+        num_new_tokens = sum(counts)
+        # sum n_i c_i + n_i (n_i + 1) / 2 = sum n_i c_i + (sum n_i^2 + sum n_i) / 2, each sum at C speed
+        pairs = sum(map(mul, counts, starts)) + (sum(map(mul, counts, counts)) + num_new_tokens) // 2
+        return cls(len(counts), num_new_tokens, sum(starts), pairs, num_emitting, **copies)
+
     def add(self, start: int, num_new_tokens: int, emits: bool) -> None:
+        """One more chunk: ``num_new_tokens`` new tokens on top of ``start`` cached ones."""
         self.num_seqs += 1
         self.num_new_tokens += num_new_tokens
         self.num_context_tokens += start
-        self.attention_pairs += num_new_tokens * start + num_new_tokens * (num_new_tokens + 1) // 2
+        self.attention_pairs += _attention_pairs(start, num_new_tokens)
         self.num_emitting += emits
 
 

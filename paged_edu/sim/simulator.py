@@ -66,6 +66,7 @@ __all__ = [
     "format_table",
     "latency_vs_rate",
     "make_manager",
+    "MadeUpTokens",
     "prepare",
     "simulate",
     "step_shape",
@@ -76,30 +77,46 @@ _OUTPUT_TOKEN_BASE = 1 << 40  # sampled ids live far above any prompt id: no acc
 
 def step_shape(out: SchedulerOutput) -> StepShape:
     """What the cost model needs of one scheduled step: each chunk's new and cached tokens, the copies."""
-    shape = StepShape(
+    chunks = out.scheduled
+    return StepShape.of_chunks(
+        [item.start for item in chunks],
+        [item.num_new_tokens for item in chunks],
+        sum([item.emits_token for item in chunks]),
         swapped_blocks=len(out.blocks_to_swap_out) + len(out.blocks_to_swap_in),
         copied_blocks=len(out.blocks_to_copy),
     )
-    for item in out.scheduled:
-        shape.add(item.start, item.num_new_tokens, item.emits_token)
-    return shape
 
 
-def made_up_tokens(out: SchedulerOutput) -> dict[int, int | list[int]]:
+class MadeUpTokens:
     """The "model output": a token for every sequence whose chunk emits one.
 
-    The simulator knows each request's output length, not its text, so a token is a made-up id,
-    unique per sequence and far above every prompt id (blocks of different sequences never hash
-    alike). A sequence that forks ``n`` parallel samples at its first token gets ``n`` tokens.
+    The simulator knows each request's output length, not its text, so a sequence's tokens are one
+    made-up id, unique to it and far above every prompt id (blocks of different sequences never
+    hash alike), made once and then reused (a run of a million tokens holds a few thousand ints).
+    A sequence that forks ``n`` parallel samples at its first token gets ``n`` tokens.
     """
-    tokens: dict[int, int | list[int]] = {}
-    for item in out.scheduled:
-        if item.emits_token:
-            seq = item.seq
-            base = _OUTPUT_TOKEN_BASE + seq.seq_id * 8
-            n = seq.num_tokens_to_sample
-            tokens[seq.seq_id] = base if n == 1 else [base + j for j in range(n)]
-    return tokens
+
+    def __init__(self) -> None:
+        self._token_of: dict[int, int] = {}  # seq_id -> its made-up token
+
+    def token(self, seq_id: int) -> int:
+        token = self._token_of.get(seq_id)
+        if token is None:
+            token = self._token_of[seq_id] = _OUTPUT_TOKEN_BASE + seq_id * 8
+        return token
+
+    def for_step(self, out: SchedulerOutput) -> dict[int, int | list[int]]:
+        tokens: dict[int, int | list[int]] = {}
+        for item in out.scheduled:
+            if item.emits_token:
+                seq = item.seq
+                n = seq.num_tokens_to_sample
+                first = self.token(seq.seq_id)
+                tokens[seq.seq_id] = first if n == 1 else [first + j for j in range(n)]
+        return tokens
+
+    def forget(self, seq_id: int) -> None:
+        self._token_of.pop(seq_id, None)
 
 
 @dataclass(slots=True)
@@ -216,6 +233,7 @@ def simulate(
     records: list[RequestRecord | None] = [None] * len(requests)
     beams = _BeamForks()
     meters = _Meters()
+    model = MadeUpTokens()
     now, step, next_arrival, num_done, preemptions = 0.0, 0, 0, 0, 0
 
     while num_done < len(requests):
@@ -247,10 +265,11 @@ def simulate(
         step += 1
 
         # 4. Tokens in, finished sequences out; beam branches fork when they are due.
-        finished = scheduler.update(out.scheduled, made_up_tokens(out), now)
+        finished = scheduler.update(out.scheduled, model.for_step(out), now)
         meters.after_step(scheduler.running)
-        beams.fork_due(scheduler)
+        beams.fork_due(scheduler, model)
         for seq in finished:
+            model.forget(seq.seq_id)
             i = owner[seq.request_id]
             done_seqs[i].append(seq)
             if len(done_seqs[i]) == requests[i].n:
@@ -318,7 +337,7 @@ class _BeamForks:
     def add(self, parent: Sequence, fork_points: list[int]) -> None:
         self._due[parent.seq_id] = (parent, fork_points)
 
-    def fork_due(self, scheduler: Scheduler) -> None:
+    def fork_due(self, scheduler: Scheduler, model: MadeUpTokens) -> None:
         for parent_id, (parent, points) in list(self._due.items()):
             if parent.status is SequenceStatus.FINISHED:
                 raise RuntimeError(f"beam request {parent.request_id} finished before all its branches forked")
@@ -332,7 +351,7 @@ class _BeamForks:
                     arrival_time=parent.arrival_time, request_id=parent.request_id, sample_index=len(points) + 1,
                 )
                 scheduler.fork(parent, child)
-                child.output_token_ids[-1] = _OUTPUT_TOKEN_BASE + child.seq_id * 8  # its own branch
+                child.output_token_ids[-1] = model.token(child.seq_id)  # its own branch
             if not points:
                 del self._due[parent_id]
 
