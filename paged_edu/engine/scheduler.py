@@ -319,7 +319,7 @@ class Scheduler:
                 continue
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
-            end = item.end
+            end = item.start + item.num_new_tokens
             seq.num_computed_tokens = end
             if end // block_size > item.start // block_size:  # a block was completed
                 self.allocator.mark_computed(seq.seq_id, end)

@@ -110,8 +110,8 @@ class MadeUpTokens:
         for item in out.scheduled:
             if item.emits_token:
                 seq = item.seq
+                first = self._token_of.get(seq.seq_id) or self.token(seq.seq_id)
                 n = seq.num_tokens_to_sample
-                first = self.token(seq.seq_id)
                 tokens[seq.seq_id] = first if n == 1 else [first + j for j in range(n)]
         return tokens
 
