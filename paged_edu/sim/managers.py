@@ -257,7 +257,7 @@ class ContiguousManager:
         return []
 
     def mark_computed(self, seq_id, num_computed_tokens: int) -> None:
-        self._slot(seq_id)  # nothing is shared, so nothing waits to be published
+        """Nothing is shared, so nothing waits to be published (called for every token: B = 1)."""
 
     def __contains__(self, seq_id) -> bool:
         return seq_id in self._slots
