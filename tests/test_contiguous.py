@@ -66,3 +66,26 @@ def test_reservation_overflow_and_errors():
         c.free("ghost")
     with pytest.raises(ValueError):
         ContiguousAllocator(0, 4)
+
+
+def test_reserve_takes_a_range_with_no_tokens_and_fails_changing_nothing():
+    c = ContiguousAllocator(10, 4)
+    assert c.reserve("family", 6) == 0  # first fit, holds no token yet
+    assert c.num_tokens("family") == 0 and c.reservation("family") == (0, 6) and c.used_slots == 0
+    assert c.append("family", 7) == 0 and c.num_tokens("family") == 1
+    before = (c.free_gaps, c.reserved_slots)
+    with pytest.raises(OutOfBlocksError, match="needs 5 slots, only 4"):
+        c.reserve("big", 5)
+    with pytest.raises(ValueError, match="already exists"):
+        c.reserve("family", 1)
+    with pytest.raises(ValueError, match="size"):
+        c.reserve("zero", 0)
+    assert (c.free_gaps, c.reserved_slots) == before and "big" not in c
+    d = ContiguousAllocator(10, 4)
+    for name, size in (("a", 3), ("b", 3), ("c", 4)):
+        d.reserve(name, size)
+    d.free("a")
+    d.free("c")  # gaps of 3 and 4: 7 slots free, no 5 in a row
+    with pytest.raises(FragmentationError, match="largest gap is 4"):
+        d.reserve("e", 5)
+    assert d.free_gaps == [(0, 3), (6, 4)]

@@ -113,7 +113,7 @@ def make_requests(rng, num, shared_prefix):
 def test_outputs_equal_the_sequential_oracle(mode, num_blocks, budget, chunked, caching):
     rng = random.Random(num_blocks * 100 + budget)
     shared = [rng.randrange(VOCAB) for _ in range(11)]
-    a = BlockAllocator(num_blocks, B, enable_prefix_caching=caching)
+    a = BlockAllocator(num_blocks, B, enable_prefix_caching=caching, cache_when_computed=True)
     s = Scheduler(a, max_num_seqs=5, max_num_batched_tokens=budget, enable_chunked_prefill=chunked,
                   preemption_mode=mode, num_cpu_blocks=64)
     reqs = make_requests(rng, 12, shared)
@@ -129,7 +129,7 @@ def test_outputs_equal_the_sequential_oracle(mode, num_blocks, budget, chunked, 
 
 
 def test_parallel_samples_share_prompt_blocks_then_copy_on_write():
-    a = BlockAllocator(40, B)
+    a = BlockAllocator(40, B, cache_when_computed=True)
     s = Scheduler(a, max_num_batched_tokens=64)
     prompt = list(range(10))  # 2 full blocks + a partial one
     parent = s.make_sequence(prompt, 5, num_samples=3)
@@ -162,7 +162,7 @@ def test_parallel_samples_share_prompt_blocks_then_copy_on_write():
 
 def test_swap_mode_swaps_and_recompute_mode_requeues():
     for mode in ("recompute", "swap"):
-        a = BlockAllocator(6, B)
+        a = BlockAllocator(6, B, cache_when_computed=True)
         s = Scheduler(a, max_num_seqs=4, max_num_batched_tokens=32, preemption_mode=mode, num_cpu_blocks=16)
         seqs = [s.make_sequence([i] * 5, 10) for i in range(3)]
         ex = BruteForceExecutor(s)
@@ -180,7 +180,7 @@ def test_swap_mode_swaps_and_recompute_mode_requeues():
 
 
 def test_bad_configuration_and_requests():
-    a = BlockAllocator(4, B)
+    a = BlockAllocator(4, B, cache_when_computed=True)
     with pytest.raises(ValueError, match="preemption_mode"):
         Scheduler(a, preemption_mode="drop")
     with pytest.raises(ValueError, match="num_cpu_blocks"):
@@ -199,7 +199,7 @@ def test_bad_configuration_and_requests():
 
 
 def test_auto_mode_swaps_parallel_samples_and_recomputes_lone_sequences():
-    a = BlockAllocator(8, B)
+    a = BlockAllocator(8, B, cache_when_computed=True)
     s = Scheduler(a, max_num_batched_tokens=64, preemption_mode="auto", num_cpu_blocks=32)
     family = s.make_sequence([2] * 6, 12, num_samples=2)
     lone = [s.make_sequence([1] * 6, 12), s.make_sequence([3] * 5, 12)]
@@ -241,7 +241,7 @@ def test_swapped_in_prefill_never_recomputes_into_a_shared_cached_block():
             ([48, 42, 10, 23, 14, 33, 29, 1, 24, 38, 37], 2, (30,), 2),
             ([48, 42, 32, 32, 10, 16, 4, 0, 33], 1, (3,), 2),
             ([48, 42, 10, 23, 14, 33, 25, 30, 21, 32], 4, (3,), 2)]
-    a = BlockAllocator(13, B)
+    a = BlockAllocator(13, B, cache_when_computed=True)
     s = Scheduler(a, max_num_seqs=6, max_num_batched_tokens=40, preemption_mode="swap", num_cpu_blocks=64)
     seqs = [s.make_sequence(p, m, stop_token_ids=stop, num_samples=n) for p, m, stop, n in reqs]
     ex = BruteForceExecutor(s)
@@ -259,7 +259,7 @@ def test_parallel_samples_count_against_max_num_seqs(mode):
     # A request of n samples becomes n running sequences at its first token, so admission counts it
     # as n (vLLM does the same); the executor checks len(running) <= max_num_seqs after every step.
     reqs = [([1, 2, 3, 4, 5], 6, 3), ([7] * 6, 4, 1), ([1, 2, 3, 9], 5, 2), ([1, 2, 3, 4, 8], 6, 3)]
-    a = BlockAllocator(24, B)
+    a = BlockAllocator(24, B, cache_when_computed=True)
     s = Scheduler(a, max_num_seqs=4, max_num_batched_tokens=16, preemption_mode=mode, num_cpu_blocks=32)
     seqs = [s.make_sequence(p, m, num_samples=n) for p, m, n in reqs]
     ex = BruteForceExecutor(s)
@@ -280,7 +280,7 @@ def test_parallel_samples_count_against_max_num_seqs(mode):
 
 def test_swap_in_does_not_count_towards_the_prefix_hit_rate():
     """The hit rate counts each admitted prompt once (brute force: the sum over first admissions)."""
-    a = BlockAllocator(7, B)
+    a = BlockAllocator(7, B, cache_when_computed=True)
     s = Scheduler(a, max_num_batched_tokens=64, preemption_mode="swap", num_cpu_blocks=32)
     seqs = [s.make_sequence([5] * 8 + [i], 10) for i in range(3)]
     ex = BruteForceExecutor(s)
@@ -297,7 +297,7 @@ def test_swap_in_does_not_count_towards_the_prefix_hit_rate():
 
 
 def test_abort_releases_memory_wherever_the_sequence_is():
-    a = BlockAllocator(7, B)
+    a = BlockAllocator(7, B, cache_when_computed=True)
     s = Scheduler(a, max_num_batched_tokens=64, preemption_mode="swap", num_cpu_blocks=32)
     seqs = [s.make_sequence([5] * 8 + [i], 10) for i in range(3)]
     ex = BruteForceExecutor(s)
@@ -308,10 +308,82 @@ def test_abort_releases_memory_wherever_the_sequence_is():
         s.abort(seq)
         assert seq.is_finished and seq.finish_reason == "abort"
     # the aborted one's CPU blocks came back; only sequences still swapped hold any
-    assert len(s.free_cpu_blocks) == 32 - sum(len(q.cpu_blocks) for q in s.swapped)
+    assert len(s.free_cpu_blocks) == 32 - sum(len(s.swap_space.blocks_of(q.seq_id)) for q in s.swapped)
     assert victims[0] not in s.swapped and victims[1] not in s.running
     ex.run()
     assert a.num_free_blocks == 7
     for seq in seqs:
         if seq not in victims:
             assert seq.output_token_ids == oracle(seq.prompt_token_ids, 10)[0]
+
+
+def _state(s: Scheduler):
+    """Everything abort could disturb: queues, free GPU blocks and block tables, free CPU blocks."""
+    a = s.allocator
+    return ([q.seq_id for q in s.waiting], [q.seq_id for q in s.running], [q.seq_id for q in s.swapped],
+            a.num_free_blocks, {i: a.block_table(i) for i in a.seq_ids}, s.free_cpu_blocks, s.has_unfinished())
+
+
+def test_abort_of_an_unknown_or_finished_sequence_is_refused_and_changes_nothing():
+    from paged_edu.engine.sequence import Sequence
+
+    a = BlockAllocator(16, B, cache_when_computed=True)
+    s = Scheduler(a, max_num_batched_tokens=64, preemption_mode="swap", num_cpu_blocks=8)
+    done = s.make_sequence([1, 2, 3], 1)
+    live = s.make_sequence([4, 5, 6], 6)
+    ex = BruteForceExecutor(s)
+    ex.step()
+    assert done.is_finished and done.finish_reason == "length" and not live.is_finished
+    before = _state(s)
+    with pytest.raises(ValueError, match="already finished"):
+        s.abort(done)
+    assert done.finish_reason == "length"  # not rewritten to "abort"
+    stranger = Sequence(live.seq_id, [4, 5, 6], 6)  # same id, never added here
+    with pytest.raises(ValueError, match="not in this scheduler"):
+        s.abort(stranger)
+    assert _state(s) == before
+    s.abort(live)
+    with pytest.raises(ValueError, match="already finished"):  # twice: refused, no leak, no double free
+        s.abort(live)
+    assert a.num_free_blocks == 16 and not s.has_unfinished() and not a.seq_ids
+
+
+def test_abort_of_a_family_leaves_nothing_behind():
+    a = BlockAllocator(32, B, cache_when_computed=True)
+    s = Scheduler(a, max_num_batched_tokens=64)
+    parent = s.make_sequence([1, 2, 3, 4, 5], 8, num_samples=3)
+    ex = BruteForceExecutor(s)
+    ex.step()
+    family = list(s.running)
+    assert len(family) == 3
+    for seq in family:
+        s.abort(seq)
+    assert parent.finish_reason == "abort" and not s.has_unfinished()
+    assert a.num_free_blocks == 32 and not a.seq_ids
+
+
+def test_requests_that_can_never_run_are_refused_at_add_naming_the_limit():
+    a = BlockAllocator(8, B, cache_when_computed=True)
+    s = Scheduler(a, max_num_seqs=2, max_model_len=20)
+    with pytest.raises(ValueError, match="max_model_len=20"):
+        s.make_sequence([1] * 15, 6)  # 21 tokens
+    with pytest.raises(ValueError, match=r"whole pool holds \(8 blocks\)"):
+        Scheduler(a).make_sequence([1] * 30, 3)  # 33 tokens > 32 slots
+    with pytest.raises(ValueError, match="max_num_seqs=2"):
+        s.make_sequence([1], 2, num_samples=3)
+    s.check_request(15, 5, 2)  # exactly at every limit: fine
+    assert not s.has_unfinished() and a.num_free_blocks == 8
+    with pytest.raises(ValueError, match="max_model_len"):
+        Scheduler(a, max_model_len=0)
+
+
+def test_memory_managers_implement_the_protocol_and_early_publishing_is_refused():
+    from paged_edu.engine.memory_manager import MemoryManager
+    from paged_edu.sim.managers import make_manager
+
+    for name in ("paged", "paged-prefix", "contiguous-max"):
+        assert isinstance(make_manager(name, 4096, 16), MemoryManager)
+    assert isinstance(BlockAllocator(4, B), MemoryManager)
+    with pytest.raises(ValueError, match="cache_when_computed=True"):
+        Scheduler(BlockAllocator(4, B))  # would share blocks of half-computed prompts
+    Scheduler(BlockAllocator(4, B, enable_prefix_caching=False))  # no cache: nothing published early

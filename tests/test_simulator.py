@@ -7,6 +7,7 @@ prompts, and the PagedAttention paper's qualitative findings on ShareGPT-like tr
 
 import json
 import math
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -372,3 +373,101 @@ def test_request_with_more_samples_than_max_num_seqs_is_refused_up_front():
         simulate([Request(0.0, 8, 4), Request(0.0, 8, 4, n=3)], SimConfig(manager="paged", num_kv_slots=400, max_num_seqs=2))
     res = simulate([Request(0.0, 8, 4), Request(0.0, 8, 4, n=3)], SimConfig(manager="paged", num_kv_slots=400, max_num_seqs=3))
     assert res.num_output_tokens == 4 + 3 * 4 and res.max_concurrent <= 3
+
+
+BAD_FLAGS = [
+    # (argv, flag the one-line error must name)
+    (["--managers", ""], "--managers"), (["--managers", ",,,"], "--managers"), (["--managers", "paged,buddy"], "--managers"),
+    (["--block-sizes", ""], "--block-sizes"), (["--block-sizes", "16,,32"], "--block-sizes"), (["--block-sizes", "0"], "--block-sizes"),
+    (["--block-sizes", "x"], "--block-sizes"), (["--seed", "-1"], "--seed"), (["--seed", "1.5"], "--seed"),
+    (["--seed", str(2**64)], "--seed"), (["--kv-slots", "1e10"], "--kv-slots"), (["--kv-slots", "0"], "--kv-slots"),
+    (["--kv-slots", "10000000000"], "--kv-slots"), (["--kv-slots", "10"], "--kv-slots"), (["--num-requests", "0"], "--num-requests"),
+    (["--num-requests", "-3"], "--num-requests"), (["--rate", "0"], "--rate"), (["--rate", "nan"], "--rate"),
+    (["--rate", "-1"], "--rate"), (["--rate", "fast"], "--rate"), (["--n", "0"], "--n"),
+    (["--system-prompt-len", "0"], "--system-prompt-len"), (["--system-prompt-len", "5000"], "--system-prompt-len"),
+    (["--num-groups", "0"], "--num-groups"), (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"), (["--gpu-memory-utilization", "0.01"], "--gpu-memory-utilization"),
+    (["--max-num-seqs", "0"], "--max-num-seqs"), (["--max-num-seqs", "2", "--workload", "parallel", "--n", "4"], "--max-num-seqs"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"), (["--cpu-blocks", "-1"], "--cpu-blocks"),
+    (["--preemption", "swap"], "--cpu-blocks"), (["--preemption", "drop"], "--preemption"), (["--model", "gpt-5"], "--model"),
+    (["--gpu", "a100"], "--gpu"), (["--workload", "nope"], "--workload"), (["--fork", "tree"], "--fork"),
+    (["--dataset", "wiki"], "--dataset"), (["--trace", "/no/such/trace.jsonl"], "--trace"),
+    (["--json", "/proc/no/such/dir/x.json", "--managers", "paged", "--block-sizes", "16"], "--json"),
+]
+
+
+@pytest.mark.parametrize("argv, flag", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_cli_every_bad_value_exits_2_with_one_line_naming_the_flag(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        code = main(["simulate", "--num-requests", "5", "--no-progress", *argv])
+        raise SystemExit(code)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("paged-edu simulate: error:") and flag in err, err
+    assert "Traceback" not in err
+
+
+def test_cli_a_huge_swap_space_costs_nothing_until_used(capsys):
+    argv = ["simulate", "--num-requests", "5", "--no-progress", "--managers", "paged", "--block-sizes", "16",
+            "--preemption", "swap", "--cpu-blocks", str(10**12)]
+    assert main(argv) == 0
+
+
+def test_cli_does_not_disguise_a_bug_as_a_user_error(monkeypatch):
+    from paged_edu.sim import compare as compare_module
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug inside the simulator")
+
+    monkeypatch.setattr(compare_module, "simulate", broken)
+    with pytest.raises(KeyError, match="a bug inside"):
+        main(["simulate", "--num-requests", "5", "--no-progress", "--managers", "paged", "--block-sizes", "16"])
+
+
+def test_sim_and_core_run_without_torch(tmp_path):
+    """The core install has no torch: import every paged_edu.sim module and simulate with torch blocked."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_torch.py"
+    script.write_text(
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.') or name == 'triton':\n"
+        "            raise ImportError(f'blocked: {name}')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import pkgutil, importlib, paged_edu.sim, paged_edu.core\n"
+        "for pkg in (paged_edu.sim, paged_edu.core):\n"
+        "    for m in pkgutil.iter_modules(pkg.__path__):\n"
+        "        importlib.import_module(f'{pkg.__name__}.{m.name}')\n"
+        "import paged_edu.engine.scheduler\n"
+        "from paged_edu.sim.cli import main\n"
+        "code = main(['simulate', '--workload', 'sharegpt', '--num-requests', '30', '--rate', 'inf',\n"
+        "             '--gpu', 'a100-40gb', '--no-progress', '--managers', 'paged,contiguous-max', '--block-sizes', '16'])\n"
+        "assert code == 0, code\n"
+        "assert not any(m == 'torch' or m.startswith('torch.') for m in sys.modules)\n"
+        "print('ok without torch')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ok without torch" in done.stdout
+
+
+@pytest.mark.parametrize("manager", ["paged", "paged-prefix", "contiguous-oracle"])
+@pytest.mark.parametrize("max_num_seqs", [8, 64])
+def test_beam_branches_respect_max_num_seqs(manager, max_num_seqs):
+    """A beam request forks later, but its branches count against max_num_seqs from admission, as
+    the engine's parallel samples do: the batch never holds more sequences than the limit."""
+    reqs = workloads.parallel(120, rate=math.inf, seed=3, n=6, fork="beam", dataset="alpaca")
+    res = simulate(reqs, SimConfig(manager=manager, num_kv_slots=40_000, max_num_seqs=max_num_seqs, sample_every=1), A100)
+    assert len(res.requests) == 120 and res.num_output_tokens == sum(r.n * r.output_len for r in reqs)
+    assert res.max_concurrent <= max_num_seqs  # the unlimited forks ran 22 and 109 at once here
+
+
+def test_a_pool_the_gpu_could_never_hold_is_refused_before_allocating():
+    with pytest.raises(ValueError, match="more than the NVIDIA A100-SXM4-40GB"):
+        simulate(TINY, SimConfig(manager="paged", block_size=1, num_kv_slots=10**10), A100)  # was a MemoryError
+    with pytest.raises(ValueError, match="num_kv_slots must be a positive int"):
+        simulate(TINY, SimConfig(manager="paged", num_kv_slots=1e4), A100)

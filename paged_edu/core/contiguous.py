@@ -126,28 +126,44 @@ class ContiguousAllocator:
         in total but no gap does, :class:`OutOfBlocksError` when they do not suffice at all; in both
         cases nothing changes.
         """
+        tokens = list(token_ids) if isinstance(token_ids, (list, tuple, range)) else None
+        if tokens is None:
+            raise TypeError(f"token_ids must be a list of token ids, got {type(token_ids).__name__}")
+        if not tokens:
+            raise ValueError("cannot allocate an empty prompt: it needs at least one token")
+        for i, t in enumerate(tokens):
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise ValueError(f"token ids must be non-negative integers, got {t!r} at position {i}")
+        size = self.max_seq_len if reserve is None else reserve
+        if isinstance(size, bool) or not isinstance(size, int) or size < len(tokens):
+            raise ValueError(f"reserve must be an int >= the prompt's {len(tokens)} tokens, got {size!r}")
+        start = self.reserve(seq_id, size)
+        self._seqs[seq_id].token_ids = tokens
+        return start, size
+
+    def reserve(self, seq_id: Hashable, size: int) -> int:
+        """Reserve ``size`` consecutive slots for ``seq_id`` by first fit, holding no token yet.
+
+        Returns the first slot. What a server without paging does at admission; the tokens come
+        with :meth:`append` (or :meth:`allocate`, which stores a prompt too). Raises
+        :class:`FragmentationError` / :class:`OutOfBlocksError` as :meth:`allocate`, changing nothing.
+        """
         try:
             exists = seq_id in self._seqs
         except TypeError:
             raise TypeError(f"sequence id must be hashable, got {type(seq_id).__name__}") from None
         if exists:
             raise ValueError(f"sequence id {seq_id!r} already exists")
-        tokens = list(token_ids)
-        if not tokens:
-            raise ValueError("cannot allocate an empty prompt: it needs at least one token")
-        if any(not isinstance(t, int) or t < 0 for t in tokens):
-            raise ValueError("token ids must be non-negative integers")
-        size = self.max_seq_len if reserve is None else reserve
-        if not isinstance(size, int) or size < len(tokens):
-            raise ValueError(f"reserve must be an int >= the prompt's {len(tokens)} tokens, got {size!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be a positive int, got {size!r}")
         for i, (start, gap) in enumerate(self._free):
             if gap >= size:
                 if gap == size:
                     del self._free[i]
                 else:
                     self._free[i] = (start + size, gap - size)
-                self._seqs[seq_id] = Reservation(start, size, tokens)
-                return start, size
+                self._seqs[seq_id] = Reservation(start, size, [])
+                return start
         free = self.free_slots
         if free >= size:
             raise FragmentationError(

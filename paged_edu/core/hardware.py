@@ -29,9 +29,9 @@ class ModelGeometry:
     """A decoder's shape: what the KV cache, the cost model and the weight budget need.
 
     ``num_params`` counts every weight (what the weights take in memory); ``matmul_params`` the
-    weights one token multiplies through outside the input embedding (the cost model's ``P``).
-    An MLA model (DeepSeek-V2/V3) caches a ``latent_dim`` latent plus a ``rope_dim`` RoPE key per
-    layer instead of K and V per KV head.
+    weights one token multiplies through outside the input embedding (the cost model's ``P``). An MLA model
+    (DeepSeek-V2/V3) caches a ``latent_dim`` latent plus a ``rope_dim`` RoPE key per layer instead
+    of K and V per KV head. :attr:`kv_spec` is the memory model's view of the same geometry.
     """
 
     name: str  # the memory model's preset name, e.g. "Llama-3-8B"
@@ -49,6 +49,25 @@ class ModelGeometry:
     rope_dim: int = 0
     note: str = ""
     source: str = ""
+
+    @property
+    def kv_spec(self):
+        """This geometry as the memory model's :class:`~paged_edu.core.memory.KVSpec`."""
+        from paged_edu.core.memory import KVSpec  # memory reads this table: import it late
+
+        return KVSpec(self.name, self.num_layers, self.num_kv_heads, self.head_dim, self.dtype,
+                      latent_dim=self.latent_dim, rope_dim=self.rope_dim, note=self.note)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """``M_KV``: bytes one token's K/V takes, all layers (the memory model's formula)."""
+        return self.kv_spec.bytes_per_token
+
+    @property
+    def dtype_bytes(self) -> int:
+        from paged_edu.core.memory import DTYPE_BYTES
+
+        return DTYPE_BYTES[self.dtype]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +91,7 @@ MODEL_TABLE: dict[str, ModelGeometry] = {
         ModelGeometry(
             "Seed 70B example", "llama-2-70b", 80, 64, 8, 128, 8192, 32000, 70.6e9, 68.7e9, "fp16",
             note="the seed's worked example (Llama-2/3-70B geometry)",
-            source="meta-llama/Llama-2-70b-hf config.json; matmul params = total - 32000 x 8192 embedding",
+            source="meta-llama/Llama-2-70b-hf config.json; matmul params = total - the 32000 x 8192 input embedding",
         ),
         ModelGeometry(
             "Llama-3-8B", "llama-3-8b", 32, 32, 8, 128, 4096, 128256, 8.03e9, 7.50e9, "bf16",

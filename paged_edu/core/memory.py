@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from paged_edu.core.hardware import MODEL_TABLE, ModelGeometry
+from paged_edu.core.hardware import MODEL_TABLE
 
 __all__ = [
     "DTYPE_BYTES",
@@ -85,13 +85,7 @@ class KVSpec:
         return self.bytes_per_token * block_size
 
 
-def _kv_spec(m: ModelGeometry) -> KVSpec:
-    return KVSpec(m.name, m.num_layers, m.num_kv_heads, m.head_dim, m.dtype,
-                  latent_dim=m.latent_dim, rope_dim=m.rope_dim, note=m.note)
-
-
-# The presets are the one model table (paged_edu.core.hardware), seen as KV geometry.
-PRESETS: dict[str, KVSpec] = {name: _kv_spec(m) for name, m in MODEL_TABLE.items()}
+PRESETS: dict[str, KVSpec] = {name: m.kv_spec for name, m in MODEL_TABLE.items()}
 
 
 def kv_bytes(spec: KVSpec, num_tokens: int) -> int:

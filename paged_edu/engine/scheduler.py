@@ -15,13 +15,11 @@ Every step the scheduler decides which tokens are computed, in this order:
    token budget ``max_num_batched_tokens`` and the pool allow: ``allocator.allocate`` gives the
    block table and the prefix-cache hit, whose tokens are not computed again.
 
-The executor (the engine's model, or the simulator's cost model) then runs the step: it applies
-``block_ops`` in order (swap-out, copy-on-write and swap-in copies), computes K/V for every
-:class:`ScheduledSeq`, samples one token for each that ``emits_token``, and hands the tokens to
-:meth:`Scheduler.update`.
-
-The memory manager is pluggable: anything with the allocator's ``allocate``, ``append``, ``fork``,
-``free``, ``num_cached_tokens``, ``block_table`` and ``take_copies`` works. Plain Python, no torch.
+The executor (the engine's model, or the simulator's cost model) runs the
+:class:`~paged_edu.engine.scheduler_output.SchedulerOutput` and hands the sampled tokens to
+:meth:`Scheduler.update`. The memory manager is any :class:`~paged_edu.engine.memory_manager.MemoryManager`;
+the CPU swap pool is the scheduler's :class:`~paged_edu.engine.swap.SwapSpace`; a request that could
+never run is refused when it is added (:mod:`~paged_edu.engine.admission`). Plain Python, no torch.
 """
 
 from __future__ import annotations
@@ -29,95 +27,69 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
-
 from paged_edu.core.allocator import OutOfBlocksError
+from paged_edu.engine.admission import check_request
+from paged_edu.engine.memory_manager import MemoryManager, publishes_before_computed
+from paged_edu.engine.scheduler_output import ScheduledSeq, SchedulerOutput
 from paged_edu.engine.sequence import Sequence, SequenceStatus
+from paged_edu.engine.swap import SwapSpace
 
 __all__ = ["ScheduledSeq", "Scheduler", "SchedulerOutput"]
 
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 
 
-@dataclass(slots=True)
-class ScheduledSeq:
-    """Compute K/V for ``seq.token_ids[start : start + num_new_tokens]`` this step."""
-
-    seq: Sequence
-    num_new_tokens: int
-    start: int
-
-    @property
-    def end(self) -> int:
-        return self.start + self.num_new_tokens
-
-    @property
-    def is_prefill(self) -> bool:
-        """More than one token, or any token of the prompt: a prefill (or recompute) chunk."""
-        return self.start < self.seq.num_prompt_tokens or self.num_new_tokens > 1
-
-    @property
-    def emits_token(self) -> bool:
-        """The chunk reaches the last known token, so the executor samples the next one."""
-        return self.end == self.seq.num_tokens
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)  # decodes first, then prefill chunks
-    preempted: list[Sequence] = field(default_factory=list)
-    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu_block, cpu_block)
-    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu_block, gpu_block)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
-    # Every copy above, in the order it must be applied before the step runs:
-    # ("swap_out", gpu, cpu), ("copy", src, dst), ("swap_in", cpu, gpu).
-    block_ops: list[tuple[str, int, int]] = field(default_factory=list)
-    num_batched_tokens: int = 0
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-
 class Scheduler:
-    """Waiting, running and swapped queues over one memory manager."""
+    """Waiting, running and swapped queues over one memory manager and one swap space."""
 
     def __init__(
         self,
-        allocator,
+        allocator: MemoryManager,
         *,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 2048,
         enable_chunked_prefill: bool = True,
         preemption_mode: str = "recompute",
         num_cpu_blocks: int = 0,
+        max_model_len: int | None = None,
     ) -> None:
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
-        for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
-            if not isinstance(value, int) or value < 1:
+        limits = (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                  ("max_model_len", 1 if max_model_len is None else max_model_len))
+        for name, value in limits:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if not isinstance(num_cpu_blocks, int) or num_cpu_blocks < 0:
-            raise ValueError(f"num_cpu_blocks must be an int >= 0, got {num_cpu_blocks!r}")
+        swap_space = SwapSpace(num_cpu_blocks)
         if preemption_mode == "swap" and num_cpu_blocks == 0:  # "auto" recomputes without swap space
             raise ValueError("preemption_mode='swap' needs num_cpu_blocks > 0 to swap into")
+        if publishes_before_computed(allocator):
+            raise ValueError(
+                "the memory manager shares blocks before their K/V is computed, but this scheduler computes "
+                "prompts over several steps: build it with BlockAllocator(..., cache_when_computed=True)"
+            )
         self.allocator = allocator
-        # A prompt computed over several steps must not be hit in the prefix cache before its K/V
-        # exists: the allocator publishes blocks when update() marks them computed.
-        self._mark_computed = getattr(allocator, "mark_computed", None)
-        if self._mark_computed is not None:
-            allocator.cache_when_computed = True
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
         self.preemption_mode = preemption_mode
-        self.num_cpu_blocks = num_cpu_blocks
-        self.free_cpu_blocks: deque[int] = deque(range(num_cpu_blocks))
+        self.max_model_len = max_model_len
+        self.swap_space = swap_space
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
+        self._live: dict[int, Sequence] = {}  # seq_id -> every unfinished sequence, wherever it is
         self._ids = itertools.count()
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        return self.swap_space.num_blocks
+
+    @property
+    def free_cpu_blocks(self) -> list[int]:
+        """The free CPU block ids (read-only view of the swap space)."""
+        return self.swap_space.free_block_ids
 
     # -- requests ------------------------------------------------------------------------------
     def new_seq_id(self) -> int:
@@ -129,47 +101,54 @@ class Scheduler:
         self.add(seq)
         return seq
 
+    def check_request(self, num_prompt_tokens: int, max_new_tokens: int, num_samples: int = 1) -> None:
+        """Refuse a request that could never run here, naming the limit; changes nothing (see
+        :func:`~paged_edu.engine.admission.check_request` for the limits)."""
+        check_request(
+            num_prompt_tokens, max_new_tokens, num_samples, max_model_len=self.max_model_len,
+            block_size=self.allocator.block_size, num_blocks=self.allocator.num_blocks,
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+        )
+
     def add(self, seq: Sequence) -> None:
-        capacity = getattr(self.allocator, "num_blocks", None)
-        block_size = getattr(self.allocator, "block_size", None)
-        if capacity is not None and block_size is not None:
-            longest = seq.num_prompt_tokens + seq.max_new_tokens
-            if -(-longest // block_size) > capacity:
-                raise ValueError(
-                    f"sequence {seq.seq_id} can grow to {longest} tokens, more than the whole pool holds "
-                    f"({capacity} blocks of {block_size})"
-                )
-        if seq.num_samples > self.max_num_seqs:
-            raise ValueError(
-                f"sequence {seq.seq_id} asks for {seq.num_samples} parallel samples, more than "
-                f"max_num_seqs={self.max_num_seqs} can ever run at once"
-            )
-        longest_prefill = seq.num_prompt_tokens + seq.max_new_tokens - 1  # a recompute after preemption
-        if not self.enable_chunked_prefill and longest_prefill > self.max_num_batched_tokens:
-            raise ValueError(
-                f"sequence {seq.seq_id} may need a {longest_prefill}-token prefill (prompt plus generated "
-                f"tokens, after a preemption), more than max_num_batched_tokens={self.max_num_batched_tokens}; "
-                "enable chunked prefill or raise the budget"
-            )
-        seq.status = SequenceStatus.WAITING
+        """Queue a new sequence, after :meth:`check_request`."""
+        if seq.seq_id in self._live or seq.status is not SequenceStatus.WAITING or seq.num_computed_tokens:
+            raise ValueError(f"sequence {seq.seq_id} was already added")
+        try:
+            self.check_request(seq.num_prompt_tokens, seq.max_new_tokens, seq.max_num_running_seqs)
+        except ValueError as exc:
+            raise ValueError(f"sequence {seq.seq_id}: {exc}") from None
+        self._live[seq.seq_id] = seq
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
+        return bool(self._live)
 
     def abort(self, seq: Sequence) -> None:
-        """Drop a sequence wherever it is, releasing its memory."""
+        """Drop an unfinished sequence wherever it is, releasing its GPU and CPU blocks.
+
+        An unknown or already finished sequence raises ``ValueError`` and nothing changes (a
+        finished sequence keeps its ``finish_reason``).
+        """
+        if self._live.get(seq.seq_id) is not seq:
+            state = f"already finished ({seq.finish_reason})" if seq.is_finished else "not in this scheduler"
+            raise ValueError(f"cannot abort sequence {seq.seq_id}: it is {state}")
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
             self.allocator.free(seq.seq_id)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
-        elif seq.status is SequenceStatus.SWAPPED:
+        else:
             self.swapped.remove(seq)
-            self.free_cpu_blocks.extend(seq.cpu_blocks)
-            seq.cpu_blocks = []
+            self.swap_space.release(seq.seq_id)
+        self._finish(seq, "abort", seq.finish_time)
+
+    def _finish(self, seq: Sequence, reason: str, now: float | None) -> None:
+        del self._live[seq.seq_id]
         seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = "abort"
+        seq.finish_reason = reason
+        seq.finish_time = now
 
     # -- preemption ----------------------------------------------------------------------------
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
@@ -178,13 +157,11 @@ class Scheduler:
         out.preempted.append(seq)
         table = self.allocator.block_table(seq.seq_id)
         swap = self.preemption_mode == "swap" or (self.preemption_mode == "auto" and self._has_siblings(seq))
-        if swap and len(table) <= len(self.free_cpu_blocks):
+        if swap and self.swap_space.can_swap_out(len(table)):
             self._record_copies(out)  # a pending copy into this sequence's blocks must land first
-            cpu_blocks = [self.free_cpu_blocks.popleft() for _ in table]
-            for gpu, cpu in zip(table, cpu_blocks):
+            for gpu, cpu in self.swap_space.swap_out(seq.seq_id, table):
                 out.blocks_to_swap_out.append((gpu, cpu))
                 out.block_ops.append(("swap_out", gpu, cpu))
-            seq.cpu_blocks = cpu_blocks
             self.allocator.free(seq.seq_id)
             seq.status = SequenceStatus.SWAPPED
             self.swapped.append(seq)
@@ -222,7 +199,7 @@ class Scheduler:
         preempted_any = False
         while queue:
             seq = queue.popleft()
-            num_tokens = len(seq.prompt_token_ids) + len(seq.output_token_ids)
+            num_tokens = seq.num_tokens
             if seq.num_placed_tokens < num_tokens:  # the token sampled last step needs a slot
                 if budget == 0:
                     kept.append(seq)
@@ -248,55 +225,32 @@ class Scheduler:
                 continue
             num_new = remaining if remaining <= budget else budget
             budget -= num_new
-            scheduled = ScheduledSeq(seq, num_new, seq.num_computed_tokens)
+            scheduled = ScheduledSeq(seq, num_new, seq.num_computed_tokens, num_new == remaining)
             (decodes if remaining == 1 else prefills).append(scheduled)
         self.running = kept
         # Sequences running once every parallel sample due to fork at its first token exists: what
         # max_num_seqs bounds (as vLLM counts a request of n samples as n sequences from admission).
-        num_seqs = sum(_width(s) for s in kept)
+        num_seqs = sum(s.max_num_running_seqs for s in kept)
 
         # 3. Swapped sequences come back when nothing had to be preempted this step.
         if not preempted_any:
-            while self.swapped and num_seqs + _width(self.swapped[0]) <= self.max_num_seqs and budget > 0:
+            while self.swapped and num_seqs + self.swapped[0].max_num_running_seqs <= self.max_num_seqs and budget > 0:
                 seq = self.swapped[0]
-                placed = seq.token_ids[: seq.num_placed_tokens]
-                try:
-                    table = allocator.allocate(seq.seq_id, placed, record_stats=False)
-                except OutOfBlocksError:
+                if not self._swap_in(seq, out):
                     break
-                if seq.num_placed_tokens < seq.num_tokens:  # its pending token needs a slot too
-                    try:
-                        allocator.append(seq.seq_id, seq.output_token_ids[-1])
-                    except OutOfBlocksError:
-                        allocator.free(seq.seq_id)
-                        break
-                    seq.num_placed_tokens += 1
-                    table = allocator.block_table(seq.seq_id)
                 self.swapped.popleft()
-                # Leading blocks hit in the prefix cache are shared and already hold their K/V: never
-                # recompute (write) into them, even when this sequence had computed less before its swap.
-                seq.num_computed_tokens = max(seq.num_computed_tokens, allocator.num_cached_tokens(seq.seq_id))
-                if self._mark_computed is not None:
-                    self._mark_computed(seq.seq_id, seq.num_computed_tokens)  # its K/V is copied back first
-                self._record_copies(out)
-                first_copied = allocator.num_cached_tokens(seq.seq_id) // allocator.block_size
-                for i in range(first_copied, len(seq.cpu_blocks)):
-                    out.blocks_to_swap_in.append((seq.cpu_blocks[i], table[i]))
-                    out.block_ops.append(("swap_in", seq.cpu_blocks[i], table[i]))
-                self.free_cpu_blocks.extend(seq.cpu_blocks)
-                seq.cpu_blocks = []
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
-                num_seqs += _width(seq)
+                num_seqs += seq.max_num_running_seqs
                 remaining = seq.num_tokens - seq.num_computed_tokens
                 num_new = min(remaining, budget)
                 if num_new == remaining or chunked:
                     budget -= num_new
-                    decodes.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens))
+                    decodes.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens, num_new == remaining))
 
         # 4. Waiting sequences, first come first served.
         if not self.swapped and not preempted_any:
-            while self.waiting and num_seqs + _width(self.waiting[0]) <= self.max_num_seqs and budget > 0:
+            while self.waiting and num_seqs + self.waiting[0].max_num_running_seqs <= self.max_num_seqs and budget > 0:
                 seq = self.waiting[0]
                 if not chunked and seq.num_tokens > budget:
                     break
@@ -311,16 +265,43 @@ class Scheduler:
                 seq.num_placed_tokens = seq.num_tokens
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
-                num_seqs += _width(seq)
+                num_seqs += seq.max_num_running_seqs
                 remaining = seq.num_tokens - cached
                 num_new = min(remaining, budget)
                 budget -= num_new
-                prefills.append(ScheduledSeq(seq, num_new, cached))
+                prefills.append(ScheduledSeq(seq, num_new, cached, num_new == remaining))
 
         self._record_copies(out)
         out.scheduled = decodes + prefills
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         return out
+
+    def _swap_in(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """Give a swapped sequence GPU blocks again and ask for its K/V to be copied back; False
+        (nothing changed) when the pool is too full."""
+        allocator = self.allocator
+        try:
+            table = allocator.allocate(seq.seq_id, seq.token_ids[: seq.num_placed_tokens], record_stats=False)
+        except OutOfBlocksError:
+            return False
+        if seq.num_placed_tokens < seq.num_tokens:  # its pending token needs a slot too
+            try:
+                allocator.append(seq.seq_id, seq.output_token_ids[-1])
+            except OutOfBlocksError:
+                allocator.free(seq.seq_id)
+                return False
+            seq.num_placed_tokens += 1
+            table = allocator.block_table(seq.seq_id)
+        # Leading blocks hit in the prefix cache are shared and already hold their K/V: never
+        # recompute (write) into them, even when this sequence had computed less before its swap.
+        num_cached = allocator.num_cached_tokens(seq.seq_id)
+        seq.num_computed_tokens = max(seq.num_computed_tokens, num_cached)
+        allocator.mark_computed(seq.seq_id, seq.num_computed_tokens)  # its K/V is copied back first
+        self._record_copies(out)
+        for cpu, gpu in self.swap_space.swap_in(seq.seq_id, table, num_cached // allocator.block_size):
+            out.blocks_to_swap_in.append((cpu, gpu))
+            out.block_ops.append(("swap_in", cpu, gpu))
+        return True
 
     # -- after the step ------------------------------------------------------------------------
     def update(self, scheduled: list[ScheduledSeq], sampled: dict, now: float = 0.0) -> list[Sequence]:
@@ -331,21 +312,18 @@ class Scheduler:
         tokens: the first is its own, the others start forked children.
         """
         finished: list[Sequence] = []
-        mark_computed = self._mark_computed
-        block_size = self.allocator.block_size if mark_computed is not None else 1
-        RUNNING = SequenceStatus.RUNNING
+        block_size = self.allocator.block_size
         for item in scheduled:
             seq = item.seq
-            if seq.status is not RUNNING:
+            if seq.status is not SequenceStatus.RUNNING:
                 continue
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
-            start = item.start
-            end = start + item.num_new_tokens
+            end = item.start + item.num_new_tokens
             seq.num_computed_tokens = end
-            if mark_computed is not None and end // block_size > start // block_size:
-                mark_computed(seq.seq_id, end)
-            if end < len(seq.prompt_token_ids) + len(seq.output_token_ids):
+            if end // block_size > item.start // block_size:  # a block was completed
+                self.allocator.mark_computed(seq.seq_id, end)
+            if not item.emits_token:
                 continue  # a prefill chunk in the middle of the prompt
             try:
                 token = sampled[seq.seq_id]
@@ -354,22 +332,13 @@ class Scheduler:
             family = [seq]
             if isinstance(token, (list, tuple)):
                 tokens = list(token)
-                if seq.num_samples > 1 and not seq.output_token_ids:
-                    if len(tokens) != seq.num_samples:
-                        raise ValueError(
-                            f"sequence {seq.seq_id} asks for {seq.num_samples} samples, got {len(tokens)} tokens"
-                        )
-                    token = tokens[0]
-                    family += [self._fork_child(seq, i, t) for i, t in enumerate(tokens[1:], start=1)]
-                elif len(tokens) == 1:
-                    token = tokens[0]
-                else:
-                    raise ValueError(f"sequence {seq.seq_id} takes one token this step, got {len(tokens)}")
-            seq.output_token_ids.append(token if type(token) is int else int(token))
-            if len(family) == 1 and seq.first_token_time is not None and not seq.stop_token_ids \
-                    and len(seq.output_token_ids) < seq.max_new_tokens:
-                seq.token_times.append(now)  # the common case of _after_token, inlined
-                continue
+                if len(tokens) != seq.num_tokens_to_sample:
+                    raise ValueError(
+                        f"sequence {seq.seq_id} takes {seq.num_tokens_to_sample} token(s) this step, got {len(tokens)}"
+                    )
+                token = tokens[0]
+                family += [self._fork_child(seq, i, t) for i, t in enumerate(tokens[1:], start=1)]
+            seq.output_token_ids.append(int(token))
             for member in family:
                 self._after_token(member, now, finished)
         return finished
@@ -388,6 +357,10 @@ class Scheduler:
         """Start ``child`` as a copy of ``parent`` that shares every block (parallel sampling)."""
         if parent.status is not SequenceStatus.RUNNING:
             raise ValueError(f"can only fork a running sequence; {parent.seq_id} is {parent.status.value}")
+        if child.seq_id in self._live:
+            raise ValueError(f"sequence {child.seq_id} already exists")
+        if parent.num_pending_forks:  # a branch it reserved room for at admission
+            parent.num_pending_forks -= 1
         self.allocator.fork(parent.seq_id, child.seq_id)
         child.output_token_ids = list(parent.output_token_ids)
         child.num_computed_tokens = parent.num_computed_tokens
@@ -395,6 +368,7 @@ class Scheduler:
         child.num_cached_tokens = parent.num_cached_tokens
         child.first_scheduled_time = parent.first_scheduled_time
         child.status = SequenceStatus.RUNNING
+        self._live[child.seq_id] = child
         self.running.append(child)
 
     def _after_token(self, seq: Sequence, now: float, finished: list[Sequence]) -> None:
@@ -408,27 +382,19 @@ class Scheduler:
             seq.finish_reason = "length"
         else:
             return
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_time = now
         self.running.remove(seq)
         self.allocator.free(seq.seq_id)
+        self._finish(seq, seq.finish_reason, now)
         finished.append(seq)
 
     # -- metrics -------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
         """Queue lengths, KV usage and prefix hit rate now (for per-step metrics)."""
-        usage = getattr(self.allocator, "usage", None)
-        cache = getattr(self.allocator, "stats", None)
         return {
             "running": len(self.running),
             "waiting": len(self.waiting),
             "swapped": len(self.swapped),
-            "kv_usage": usage if usage is not None else float("nan"),
-            "prefix_hit_rate": cache.hit_rate if cache is not None else 0.0,
+            "kv_usage": self.allocator.usage,
+            "prefix_hit_rate": self.allocator.stats.hit_rate,
             "preemptions": self.num_preemptions,
         }
-
-
-def _width(seq: Sequence) -> int:
-    """Sequences ``seq`` stands for: ``num_samples`` until it forks them at its first token, then 1."""
-    return seq.num_samples if seq.num_samples > 1 and not seq.output_token_ids else 1

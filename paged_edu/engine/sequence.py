@@ -24,7 +24,8 @@ class Sequence:
 
     ``num_computed_tokens`` leading tokens have their K/V in the cache; the allocator holds
     ``num_placed_tokens`` of them (one more than computed while a decode's new token waits for its
-    step). A sequence with ``num_samples = n > 1`` forks into ``n`` sequences when its prompt is
+    step). Its CPU blocks while swapped out belong to the scheduler's
+    :class:`~paged_edu.engine.swap.SwapSpace`. A sequence with ``num_samples = n > 1`` forks into ``n`` sequences when its prompt is
     done (parallel sampling); the children share ``request_id`` and get ``sample_index`` 1 .. n-1.
     """
 
@@ -35,6 +36,7 @@ class Sequence:
     stop_token_ids: tuple[int, ...] = ()
     request_id: int | None = None
     num_samples: int = 1
+    num_pending_forks: int = 0  # branches it will fork later (beam search), counted from admission
     sample_index: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
@@ -42,7 +44,6 @@ class Sequence:
     num_placed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at the last admission
     num_preemptions: int = 0
-    cpu_blocks: list[int] = field(default_factory=list)  # while SWAPPED
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -56,6 +57,8 @@ class Sequence:
             raise ValueError(f"sequence {self.seq_id}: max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
         if not isinstance(self.num_samples, int) or self.num_samples < 1:
             raise ValueError(f"sequence {self.seq_id}: num_samples must be an int >= 1, got {self.num_samples!r}")
+        if not isinstance(self.num_pending_forks, int) or self.num_pending_forks < 0:
+            raise ValueError(f"sequence {self.seq_id}: num_pending_forks must be an int >= 0, got {self.num_pending_forks!r}")
         if self.request_id is None:
             self.request_id = self.seq_id
 
@@ -74,6 +77,19 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_computed_tokens
+
+    @property
+    def num_tokens_to_sample(self) -> int:
+        """Tokens the executor samples when this sequence's chunk emits: ``num_samples`` at its first
+        token (one per parallel sample; the scheduler forks the others from it), then 1."""
+        return self.num_samples if self.num_samples > 1 and not self.output_token_ids else 1
+
+    @property
+    def max_num_running_seqs(self) -> int:
+        """Sequences this one stands for against ``max_num_seqs``: its samples not forked yet and its
+        pending beam branches count from admission (as vLLM counts a request of ``n`` samples as
+        ``n``), so a later fork never pushes the batch over the limit."""
+        return self.num_tokens_to_sample + self.num_pending_forks
 
     @property
     def is_finished(self) -> bool:

@@ -22,13 +22,66 @@ import sys
 __all__ = ["main"]
 
 
-def _csv(kind):
-    def parse(text: str):
+class UserError(Exception):
+    """A problem with what the user asked for (a flag, a trace, a path): one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad values end in one line naming the flag (``paged-edu simulate: error: argument --seed: ...``), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _int(low: int, high: int | None = None):
+    """An argparse type: an integer in ``[low, high]``."""
+    def parse(text: str) -> int:
         try:
-            return [kind(x) for x in text.split(",") if x.strip()]
+            value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"must be an integer {bound}, got {value}")
+        return value
     return parse
+
+
+def _float(low: float, high: float, *, low_open: bool = True):
+    """An argparse type: a number in ``(low, high]`` (``[low, high]`` when not ``low_open``); inf allowed if high is."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if math.isnan(value) or value > high or value < low or (low_open and value == low):
+            raise argparse.ArgumentTypeError(f"must be in {'(' if low_open else '['}{low:g}, {high:g}], got {text!r}")
+        return value
+    return parse
+
+
+def _csv(item, what: str):
+    """An argparse type: a non-empty comma-separated list, each item parsed by ``item``."""
+    def parse(text: str) -> list:
+        parts = [x.strip() for x in text.split(",")]
+        if not any(parts):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}, got {text!r}")
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"empty item in {text!r}; expected a comma-separated list of {what}")
+        return [item(x) for x in parts]
+    return parse
+
+
+def _choice(choices):
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"unknown {text!r}; choose from {','.join(choices)}")
+        return text
+    return parse
+
+
+POSITIVE = _int(1)
+SEED = _int(0, 2**64 - 1)
 
 
 def _add_server_args(p: argparse.ArgumentParser) -> None:
@@ -36,12 +89,34 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--model", default="opt-13b", choices=sorted(MODELS), help="model geometry for the cost model (default: the paper's OPT-13B)")
     p.add_argument("--gpu", default="h200", choices=sorted(GPUS), help="GPU roofline (default: h200)")
-    p.add_argument("--kv-slots", type=int, default=None, help="KV pool in token slots (default: what the GPU holds after the weights)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory for weights + KV (default 0.9)")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--kv-slots", type=POSITIVE, default=None, help="KV pool in token slots (default: what the GPU holds after the weights)")
+    p.add_argument("--gpu-memory-utilization", type=_float(0.0, 1.0), default=0.9, help="share of GPU memory for weights + KV (default 0.9)")
+    p.add_argument("--max-num-seqs", type=POSITIVE, default=256)
+    p.add_argument("--max-num-batched-tokens", type=POSITIVE, default=2048)
     p.add_argument("--preemption", choices=("recompute", "swap", "auto"), default="recompute")
-    p.add_argument("--cpu-blocks", type=int, default=0, help="CPU swap space in blocks (for --preemption swap)")
+    p.add_argument("--cpu-blocks", type=_int(0), default=0, help="CPU swap space in blocks (for --preemption swap)")
+
+
+def _check_server_args(args) -> None:
+    """Limits that involve several flags, checked before anything is built or allocated."""
+
+    def error(message: str):
+        raise UserError(message)
+
+    cost = _cost_model(args)
+    most = cost.gpu.memory_bytes // cost.model.kv_bytes_per_token
+    if args.kv_slots is not None and args.kv_slots > most:
+        error(
+            f"argument --kv-slots: {args.kv_slots:,} slots of {cost.model.kv_bytes_per_token:,} bytes ({cost.model.name}) "
+            f"are more than the whole {cost.gpu.name} holds ({most:,} slots)"
+        )
+    if args.kv_slots is None:
+        try:
+            cost.kv_capacity_tokens(args.gpu_memory_utilization)
+        except ValueError as exc:
+            error(f"argument --gpu-memory-utilization: {exc}")
+    if args.preemption == "swap" and args.cpu_blocks == 0:
+        error("argument --cpu-blocks: --preemption swap needs --cpu-blocks > 0 to swap into")
 
 
 def _cost_model(args):
@@ -52,32 +127,33 @@ def _cost_model(args):
 
 def _build_parser() -> argparse.ArgumentParser:
     from paged_edu.sim.simulator import BLOCK_SIZES, MANAGERS
+    from paged_edu.sim.workloads import L_MAX
 
-    parser = argparse.ArgumentParser(prog="paged-edu", description="PagedAttention you can see, poke and measure.")
+    parser = _Parser(prog="paged-edu", description="PagedAttention you can see, poke and measure.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sim = sub.add_parser("simulate", help="simulate serving a workload with every memory manager")
     sim.add_argument("--workload", choices=("sharegpt", "alpaca", "chat", "parallel"), default="sharegpt")
     sim.add_argument("--trace", help="a JSONL trace to serve instead of a generated workload")
-    sim.add_argument("--num-requests", type=int, default=1000)
-    sim.add_argument("--rate", type=float, default=10.0, help="Poisson arrivals per second (inf: all at t=0)")
-    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--num-requests", type=POSITIVE, default=1000)
+    sim.add_argument("--rate", type=_float(0.0, math.inf), default=10.0, help="Poisson arrivals per second (inf: all at t=0)")
+    sim.add_argument("--seed", type=SEED, default=0)
     sim.add_argument("--json", dest="json_path", help="write the records here (.jsonl: one per line; else a JSON list)")
     sim.add_argument("--save-trace", help="also write the generated workload as a JSONL trace")
-    sim.add_argument("--managers", type=_csv(str), default=list(MANAGERS), help=f"comma-separated subset of {','.join(MANAGERS)}")
-    sim.add_argument("--block-sizes", type=_csv(int), default=list(BLOCK_SIZES), help="paged block sizes (default 8,16,32,64,128)")
-    sim.add_argument("--n", type=int, default=4, help="samples per request (parallel workload)")
+    sim.add_argument("--managers", type=_csv(_choice(MANAGERS), "managers"), default=list(MANAGERS), help=f"comma-separated subset of {','.join(MANAGERS)}")
+    sim.add_argument("--block-sizes", type=_csv(POSITIVE, "positive integers"), default=list(BLOCK_SIZES), help="paged block sizes (default 8,16,32,64,128)")
+    sim.add_argument("--n", type=POSITIVE, default=4, help="samples per request (parallel workload)")
     sim.add_argument("--fork", choices=("parallel", "beam"), default="parallel", help="parallel workload: independent samples or a beam-style tree")
     sim.add_argument("--dataset", choices=("sharegpt", "alpaca"), default="sharegpt", help="lengths for the parallel workload")
-    sim.add_argument("--system-prompt-len", type=int, default=512, help="chat workload: shared system prompt tokens")
-    sim.add_argument("--num-groups", type=int, default=1, help="chat workload: distinct system prompts")
+    sim.add_argument("--system-prompt-len", type=_int(1, L_MAX - 2), default=512, help="chat workload: shared system prompt tokens")
+    sim.add_argument("--num-groups", type=POSITIVE, default=1, help="chat workload: distinct system prompts")
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_server_args(sim)
 
     fig = sub.add_parser("figures-sim", help="write the simulator's figures under figures/")
     fig.add_argument("--out", default="figures", help="output folder (default figures/)")
-    fig.add_argument("--num-requests", type=int, default=1000)
-    fig.add_argument("--seed", type=int, default=0)
+    fig.add_argument("--num-requests", type=POSITIVE, default=1000)
+    fig.add_argument("--seed", type=SEED, default=0)
     fig.add_argument("--format", choices=("png", "html", "both"), default="both")
     fig.add_argument("--no-progress", action="store_true")
     _add_server_args(fig)
@@ -87,8 +163,6 @@ def _build_parser() -> argparse.ArgumentParser:
 def _workload(args):
     from paged_edu.sim import workloads
 
-    if args.trace:
-        return workloads.load_trace(args.trace)
     kwargs = {}
     if args.workload == "parallel":
         kwargs = {"n": args.n, "fork": args.fork, "dataset": args.dataset}
@@ -108,15 +182,36 @@ def _server_kwargs(args) -> dict:
     }
 
 
+def _flag_for(message: str, args) -> str:
+    """The flag to change when a request cannot be served (the message names the limit)."""
+    for limit, flag in (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-num-batched-tokens"),
+                        ("max_seq_len", "--trace" if args.trace else "--workload")):
+        if limit in message:
+            return f"argument {flag}"
+    return "argument --kv-slots" if args.kv_slots is not None else "argument --gpu-memory-utilization"
+
+
 def cmd_simulate(args) -> int:
     from paged_edu.sim import workloads
-    from paged_edu.sim.simulator import compare, default_configs, format_table
+    from paged_edu.sim.compare import compare, default_configs, format_table
+    from paged_edu.sim.simulator import prepare
 
     cost = _cost_model(args)
-    requests = _workload(args)
-    if args.save_trace:
-        workloads.save_trace(requests, args.save_trace)
+    if args.trace:
+        try:
+            requests = workloads.load_trace(args.trace)
+        except (ValueError, TypeError, KeyError, OSError) as exc:  # the message names the file and line
+            raise UserError(f"--trace: {exc}") from None
+    else:
+        requests = _workload(args)
     configs = default_configs(block_sizes=args.block_sizes, managers=args.managers, **_server_kwargs(args))
+    for config in configs:  # a request this server could never serve is refused before anything runs
+        try:
+            prepare(requests, config, cost)
+        except ValueError as exc:
+            raise UserError(f"{_flag_for(str(exc), args)}: {config.label}: {exc}") from None
+    if args.save_trace:
+        _write(args.save_trace, lambda path: workloads.save_trace(requests, path), "--save-trace")
     summary = workloads.summarize(requests)
     name = args.trace or args.workload
     print(cost.describe())
@@ -143,20 +238,35 @@ def cmd_simulate(args) -> int:
             rec.update({"workload": name, "rate": args.rate if math.isfinite(args.rate) else "inf", "seed": args.seed,
                         "num_requests": summary["num_requests"]})
             records.append(rec)
-        os.makedirs(os.path.dirname(os.path.abspath(args.json_path)), exist_ok=True)
-        with open(args.json_path, "w", encoding="utf-8") as f:
-            if args.json_path.endswith(".jsonl"):
-                f.writelines(json.dumps(r) + "\n" for r in records)
-            else:
-                json.dump(records, f, indent=1)
+        _write(args.json_path, lambda path: _write_records(path, records), "--json")
         print(f"wrote {len(records)} records to {args.json_path}")
     return 0
+
+
+def _write_records(path: str, records: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        if path.endswith(".jsonl"):
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        else:
+            json.dump(records, f, indent=1)
+
+
+def _write(path: str, write, flag: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        write(path)
+    except OSError as exc:
+        raise UserError(f"{flag}: cannot write {path!r}: {exc.strerror or exc}") from None
 
 
 def cmd_figures(args) -> int:
     from paged_edu.viz import sim_figures
 
     cost = _cost_model(args)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out: cannot create {args.out!r}: {exc.strerror or exc}") from None
     written = sim_figures.write_all(
         args.out, cost, num_requests=args.num_requests, seed=args.seed, fmt=args.format,
         server=_server_kwargs(args), progress=not args.no_progress,
@@ -170,11 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_server_args(args)
         if args.command == "simulate":
             return cmd_simulate(args)
         if args.command == "figures-sim":
             return cmd_figures(args)
-    except (ValueError, TypeError, KeyError, OSError) as exc:
+    except UserError as exc:  # anything else is a bug, and keeps its traceback
         print(f"paged-edu {args.command}: error: {exc}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command}")

@@ -36,9 +36,11 @@ outside the GPU kernels (``step_overhead_s``). All three are assumptions until c
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from operator import mul
+
+import numpy as np
 
 from paged_edu.core.hardware import GPU, GPU_TABLE, MODEL_TABLE, ModelGeometry
-from paged_edu.core.memory import DTYPE_BYTES
 
 __all__ = ["GPUS", "MODELS", "CostModel", "GPUSpec", "ModelSpec", "StepShape"]
 
@@ -60,7 +62,7 @@ class ModelSpec:
     head_dim: int
     d_model: int
     vocab_size: int
-    num_params: float  # parameters outside the input embedding (the matmuls of one token)
+    num_params: float  # P: parameters outside the input embedding (ModelGeometry.matmul_params)
     dtype_bytes: int = 2
 
     @property
@@ -74,8 +76,9 @@ class ModelSpec:
 
     @classmethod
     def from_geometry(cls, m: ModelGeometry) -> "ModelSpec":
+        """The cost model's view of a row of the one model table: ``num_params`` here is ``P``."""
         return cls(m.name, m.num_layers, m.num_q_heads, m.num_kv_heads, m.head_dim, m.d_model,
-                   m.vocab_size, m.matmul_params, DTYPE_BYTES[m.dtype])
+                   m.vocab_size, m.matmul_params, m.dtype_bytes)
 
 
 # The one model table (paged_edu.core.hardware), seen by the cost model, keyed by --model. MLA
@@ -83,6 +86,11 @@ class ModelSpec:
 MODELS: dict[str, ModelSpec] = {
     m.key: ModelSpec.from_geometry(m) for m in MODEL_TABLE.values() if not m.latent_dim
 }
+
+
+def _attention_pairs(start: int, num_new_tokens: int) -> int:
+    """Query-key pairs of a causal chunk: ``n * c + n (n + 1) / 2`` for ``n`` new tokens after ``c``."""
+    return num_new_tokens * start + num_new_tokens * (num_new_tokens + 1) // 2
 
 
 @dataclass(slots=True)
@@ -116,11 +124,24 @@ class StepShape:
         shape.num_emitting = shape.num_seqs
         return shape
 
+    @classmethod
+    def of_chunks(cls, starts: list[int], counts: list[int], num_emitting: int, **copies: int) -> "StepShape":
+        """A step of chunks: chunk ``i`` computes ``counts[i]`` new tokens on top of ``starts[i]`` cached ones.
+
+        Sums over whole lists (the simulator builds one shape per step, millions of chunks per run);
+        ``copies``: ``swapped_blocks`` / ``copied_blocks``.
+        """
+        num_new_tokens = sum(counts)
+        # sum n_i c_i + n_i (n_i + 1) / 2 = sum n_i c_i + (sum n_i^2 + sum n_i) / 2, each sum at C speed
+        pairs = sum(map(mul, counts, starts)) + (sum(map(mul, counts, counts)) + num_new_tokens) // 2
+        return cls(len(counts), num_new_tokens, sum(starts), pairs, num_emitting, **copies)
+
     def add(self, start: int, num_new_tokens: int, emits: bool) -> None:
+        """One more chunk: ``num_new_tokens`` new tokens on top of ``start`` cached ones."""
         self.num_seqs += 1
         self.num_new_tokens += num_new_tokens
         self.num_context_tokens += start
-        self.attention_pairs += num_new_tokens * start + num_new_tokens * (num_new_tokens + 1) // 2
+        self.attention_pairs += _attention_pairs(start, num_new_tokens)
         self.num_emitting += emits
 
 
@@ -253,28 +274,12 @@ class CostModel:
 
 
 def _least_squares(rows: list[tuple[float, ...]], y: list[float]) -> list[float]:
-    """Solve min ||A x - y|| by the normal equations (tiny systems; columns of zeros allowed)."""
-    k = len(rows[0])
-    ata = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
-    aty = [sum(r[i] * t for r, t in zip(rows, y)) for i in range(k)]
-    used = [i for i in range(k) if ata[i][i] > 0]
-    a = [[ata[i][j] for j in used] for i in used]
-    b = [aty[i] for i in used]
-    n = len(used)
-    for col in range(n):  # Gaussian elimination with partial pivoting
-        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
-        a[col], a[pivot], b[col], b[pivot] = a[pivot], a[col], b[pivot], b[col]
-        if abs(a[col][col]) < 1e-300:
-            raise ValueError("calibration samples do not determine the fit (too few distinct shapes)")
-        for r in range(col + 1, n):
-            f = a[r][col] / a[col][col]
-            for c in range(col, n):
-                a[r][c] -= f * a[col][c]
-            b[r] -= f * b[col]
-    x = [0.0] * n
-    for r in reversed(range(n)):
-        x[r] = (b[r] - sum(a[r][c] * x[c] for c in range(r + 1, n))) / a[r][r]
-    out = [0.0] * k
-    for i, v in zip(used, x):
-        out[i] = v
-    return out
+    """``argmin ||A x - y||`` (numpy's ``lstsq``); an all-zero column of ``A`` gets coefficient 0."""
+    a = np.asarray(rows, dtype=float)
+    used = np.flatnonzero(np.any(a != 0, axis=0))
+    x, _, rank, _ = np.linalg.lstsq(a[:, used], np.asarray(y, dtype=float), rcond=None)
+    if rank < len(used):
+        raise ValueError("calibration samples do not determine the fit (too few distinct shapes)")
+    out = np.zeros(a.shape[1])
+    out[used] = x
+    return out.tolist()

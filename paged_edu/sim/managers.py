@@ -1,7 +1,6 @@
 """Memory managers for the simulator: the paged allocator and contiguous reservations, one interface.
 
-The scheduler asks its memory manager for ``allocate``, ``append``, ``fork``, ``free``,
-``block_table``, ``num_cached_tokens`` and ``take_copies``. Two kinds answer:
+Both implement the scheduler's :class:`~paged_edu.engine.memory_manager.MemoryManager` protocol:
 
 * :class:`PagedManager` -- the real :class:`~paged_edu.core.allocator.BlockAllocator` (blocks of ``B``
   slots, optional prefix caching), plus the bookkeeping the memory breakdown needs;
@@ -21,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paged_edu.core.allocator import BlockAllocator, OutOfBlocksError, UnknownSequenceError
+from paged_edu.core.allocator import BlockAllocator, OutOfBlocksError, PrefixCacheStats, UnknownSequenceError
 from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
 from paged_edu.engine.sequence import Sequence
 from paged_edu.sim.workloads import L_MAX
@@ -42,12 +41,19 @@ class PagedManager(BlockAllocator):
     kind = "paged"
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
-        super().__init__(num_blocks, block_size, enable_prefix_caching)
+        # The scheduler computes prompts over several steps: publish blocks once their K/V exists.
+        super().__init__(num_blocks, block_size, enable_prefix_caching, cache_when_computed=True)
         self.final_len: dict[int, int] = {}  # seq_id -> tokens it will have stored at its end
         self.last_free: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, slots) at its last free
+        self.fragmented: set[int] = set()  # paging never refuses a request for fragmentation
 
-    def expect(self, seq_id: int, final_len: int, num_samples: int = 1) -> None:
+    def expect(self, seq_id: int, final_len: int, num_samples: int = 1, prompt_len: int | None = None) -> None:
+        """Register the tokens a sequence will have stored at its end (for the memory breakdown)."""
         self.final_len[seq_id] = final_len
+
+    def slots_to_admit(self, prompt_len: int, total_len: int, num_samples: int) -> int:
+        """Slots a request needs free to be admitted: its samples share the prompt's blocks."""
+        return num_samples * prompt_len
 
     def fork(self, parent_id, child_id):
         table = super().fork(parent_id, child_id)
@@ -142,6 +148,7 @@ class ContiguousManager:
         self._reserved_slots = 0
         self.fragmented: set[int] = set()  # sequences refused although enough slots were free
         self.last_free: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, slots) at its last free
+        self.stats = PrefixCacheStats()  # no prefix cache: never queried, never hit
 
     # -- policy --------------------------------------------------------------------------------
     def expect(self, seq_id: int, final_len: int, num_samples: int = 1, prompt_len: int | None = None) -> None:
@@ -163,6 +170,10 @@ class ContiguousManager:
             return max(final, num_tokens)
         return max(num_tokens, min(self.max_seq_len, prompt + _next_pow2(max(final - prompt, 1))))
 
+    def slots_to_admit(self, prompt_len: int, total_len: int, num_samples: int) -> int:
+        """Slots a request needs free to be admitted: one sub-range per sample, as the policy sizes it."""
+        return num_samples * max(total_len, self.reserve_for(total_len - 1, prompt_len, prompt_len))
+
     def admission_size(self, seq_id: int, num_tokens: int) -> int:
         """Slots an admission of ``seq_id`` asks for: one sub-range per sample still to come."""
         return self.reserve_size(seq_id, num_tokens) * (1 + self._pending.get(seq_id, 0))
@@ -178,7 +189,8 @@ class ContiguousManager:
         spare = self._pending.get(seq_id, 0)
         key = self._next_key
         try:
-            start, size = self.space.allocate(key, [0], cap * (1 + spare))
+            size = cap * (1 + spare)
+            start = self.space.reserve(key, size)
         except FragmentationError:
             self.fragmented.add(seq_id)
             raise
@@ -243,6 +255,9 @@ class ContiguousManager:
 
     def take_copies(self) -> list[tuple[int, int]]:
         return []
+
+    def mark_computed(self, seq_id, num_computed_tokens: int) -> None:
+        """Nothing is shared, so nothing waits to be published (called for every token: B = 1)."""
 
     def __contains__(self, seq_id) -> bool:
         return seq_id in self._slots

@@ -11,8 +11,8 @@ affords. Each step:
 4. every sequence that emitted a token gets one (a made-up id: the simulator knows each request's
    output length in advance) and :meth:`Scheduler.update` finishes the ones that are done.
 
-Memory managers (:mod:`paged_edu.sim.managers`, all with the allocator methods the scheduler
-calls)::
+Memory managers (:mod:`paged_edu.sim.managers`, each a
+:class:`~paged_edu.engine.memory_manager.MemoryManager`)::
 
     contiguous-max     reserve L_max slots per request          (FasterTransformer, Orca (Max))
     contiguous-pow2    reserve prompt + next power of 2 of the output (Orca (Pow2))
@@ -45,17 +45,15 @@ every few steps, every slot of the pool is one of:
 
 from __future__ import annotations
 
-import contextlib
-import math
 import time
-from dataclasses import asdict, dataclass, field
-from operator import mul
+from dataclasses import dataclass, field, replace
 
-from paged_edu.sim.costmodel import CostModel
-from paged_edu.sim.managers import BLOCK_SIZES, MANAGERS, ContiguousManager, PagedManager, make_manager
-from paged_edu.engine.scheduler import Scheduler
+from paged_edu.engine.scheduler import Scheduler, SchedulerOutput
 from paged_edu.engine.sequence import Sequence, SequenceStatus
-from paged_edu.sim.workloads import L_MAX, Request
+from paged_edu.sim.costmodel import CostModel, StepShape
+from paged_edu.sim.managers import BLOCK_SIZES, MANAGERS, ContiguousManager, PagedManager, make_manager
+from paged_edu.sim.results import RequestRecord, SimConfig, SimResult
+from paged_edu.sim.workloads import Request, prompt_token_ids
 
 __all__ = [
     "BLOCK_SIZES",
@@ -68,178 +66,148 @@ __all__ = [
     "format_table",
     "latency_vs_rate",
     "make_manager",
+    "MadeUpTokens",
+    "prepare",
     "simulate",
+    "step_shape",
 ]
 
 _OUTPUT_TOKEN_BASE = 1 << 40  # sampled ids live far above any prompt id: no accidental cache hit
 
 
-# ----------------------------------------------------------------------------------------------
-# Configuration and results
-# ----------------------------------------------------------------------------------------------
+def step_shape(out: SchedulerOutput) -> StepShape:
+    """What the cost model needs of one scheduled step: each chunk's new and cached tokens, the copies."""
+    chunks = out.scheduled
+    return StepShape.of_chunks(
+        [item.start for item in chunks],
+        [item.num_new_tokens for item in chunks],
+        sum([item.emits_token for item in chunks]),
+        swapped_blocks=len(out.blocks_to_swap_out) + len(out.blocks_to_swap_in),
+        copied_blocks=len(out.blocks_to_copy),
+    )
+
+
+class MadeUpTokens:
+    """The "model output": a token for every sequence whose chunk emits one.
+
+    The simulator knows each request's output length, not its text, so a sequence's tokens are one
+    made-up id, unique to it and far above every prompt id (blocks of different sequences never
+    hash alike), made once and then reused (a run of a million tokens holds a few thousand ints).
+    A sequence that forks ``n`` parallel samples at its first token gets ``n`` tokens.
+    """
+
+    def __init__(self) -> None:
+        self._token_of: dict[int, int] = {}  # seq_id -> its made-up token
+
+    def token(self, seq_id: int) -> int:
+        token = self._token_of.get(seq_id)
+        if token is None:
+            token = self._token_of[seq_id] = _OUTPUT_TOKEN_BASE + seq_id * 8
+        return token
+
+    def for_step(self, out: SchedulerOutput) -> dict[int, int | list[int]]:
+        tokens: dict[int, int | list[int]] = {}
+        for item in out.scheduled:
+            if item.emits_token:
+                seq = item.seq
+                first = self._token_of.get(seq.seq_id) or self.token(seq.seq_id)
+                n = seq.num_tokens_to_sample
+                tokens[seq.seq_id] = first if n == 1 else [first + j for j in range(n)]
+        return tokens
+
+    def forget(self, seq_id: int) -> None:
+        self._token_of.pop(seq_id, None)
 
 
 @dataclass(slots=True)
-class SimConfig:
-    """One simulated server: a memory manager, a pool size, and the scheduler's knobs."""
+class _Meters:
+    """Running sums the result is made of: batch sizes every step, memory every few steps."""
 
-    manager: str = "paged"
-    block_size: int = 16
-    num_kv_slots: int | None = None  # None: what the cost model's GPU holds after the weights
-    gpu_memory_utilization: float = 0.9
-    max_seq_len: int = L_MAX
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    enable_chunked_prefill: bool = True
-    preemption_mode: str = "recompute"
-    num_cpu_blocks: int = 0
-    sample_every: int = 4  # steps between memory snapshots
+    breakdown: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("token_states", "reserved", "internal_frag", "external_frag", "other", "idle"), 0))
+    util_tokens: int = 0
+    util_allocated: int = 0
+    live_len_sum: int = 0
+    live_len_n: int = 0
+    shared_used: int = 0
+    shared_unshared: int = 0
+    max_concurrent: int = 0
+    batched_sum: int = 0
 
-    def __post_init__(self) -> None:
-        if self.manager not in MANAGERS:
-            raise ValueError(f"unknown manager {self.manager!r}; choose one of {MANAGERS}")
-        if not isinstance(self.sample_every, int) or self.sample_every < 1:
-            raise ValueError(f"sample_every must be a positive int, got {self.sample_every!r}")
+    def after_step(self, running: list[Sequence]) -> None:
+        self.batched_sum += len(running)
+        self.max_concurrent = max(self.max_concurrent, len(running))
 
-    @property
-    def label(self) -> str:
-        return self.manager if self.manager.startswith("contiguous") else f"{self.manager} B={self.block_size}"
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """What happened to one request (its samples together)."""
-
-    arrival_time: float
-    prompt_len: int
-    output_len: int
-    num_samples: int
-    first_token_time: float
-    finish_time: float
-    num_preemptions: int
-    stored_tokens: list[int]  # per sample, K/V slots written by the end
-    held_slots: list[int]  # per sample, slots it held at the end
-
-    @property
-    def ttft(self) -> float:
-        return self.first_token_time - self.arrival_time
-
-    @property
-    def latency(self) -> float:
-        return self.finish_time - self.arrival_time
-
-    @property
-    def normalized_latency(self) -> float:
-        """End-to-end latency per output token (the paper's s/token)."""
-        return self.latency / self.output_len
+    def snapshot(self, manager, scheduler: Scheduler) -> None:
+        """Every slot of the pool in one category (the paper's Fig. 2), and how much sharing saves."""
+        running = scheduler.running
+        allocated, tokens, reserved, internal = manager.snapshot(running)
+        self.breakdown["token_states"] += tokens
+        self.breakdown["reserved"] += reserved
+        self.breakdown["internal_frag"] += internal
+        self.util_tokens += tokens
+        self.util_allocated += allocated
+        self.live_len_sum += sum(seq.num_placed_tokens for seq in running)
+        self.live_len_n += len(running)
+        if scheduler.waiting:
+            free, fragmented = manager.free_for(scheduler.waiting[0])
+            self.breakdown["external_frag" if fragmented else "other"] += free
+        else:
+            self.breakdown["idle"] += manager.capacity_slots - allocated
+        used, unshared = manager.sharing(running)
+        self.shared_used += used
+        self.shared_unshared += unshared
 
 
-@dataclass(slots=True)
-class SimResult:
-    """Everything one simulation measured; :meth:`record` is the JSON line."""
-
-    config: SimConfig
-    num_kv_slots: int
-    requests: list[RequestRecord]
-    makespan_s: float
-    num_steps: int
-    num_output_tokens: int
-    max_concurrent: int
-    mean_batched: float
-    preemptions: int
-    prefix_hit_rate: float
-    fragmentation_refusals: int  # sequences refused at least once although enough slots were free
-    breakdown: dict[str, float]  # slot-steps per category (idle included)
-    kv_utilization: float
-    sharing_saving: float
-    sim_wall_s: float
-    assumptions: dict = field(default_factory=dict)
-    live_lengths_mean: float = 0.0  # mean stored tokens of a live sequence over snapshots
-
-    @property
-    def kv_utilization_final(self) -> float:
-        stored = sum(sum(r.stored_tokens) for r in self.requests)
-        held = sum(sum(r.held_slots) for r in self.requests)
-        return stored / held if held else 0.0
-
-    def breakdown_fractions(self) -> dict[str, float]:
-        """The paper's Fig. 2: shares of the memory that was allocated or wanted (idle left out)."""
-        keys = ("token_states", "reserved", "internal_frag", "external_frag", "other")
-        total = sum(self.breakdown[k] for k in keys)
-        return {k: (self.breakdown[k] / total if total else 0.0) for k in keys}
-
-    def record(self) -> dict:
-        ttft = [r.ttft for r in self.requests]
-        norm = [r.normalized_latency for r in self.requests]
-        paged = not self.config.manager.startswith("contiguous")
-        return {
-            "manager": self.config.manager,
-            "block_size": self.config.block_size if paged else None,
-            "num_kv_slots": self.num_kv_slots,
-            "num_requests": len(self.requests),
-            "kv_utilization": self.kv_utilization,
-            "kv_utilization_final": self.kv_utilization_final,
-            "max_concurrent": self.max_concurrent,
-            "mean_batched": self.mean_batched,
-            "throughput_tokens_per_s": self.num_output_tokens / self.makespan_s if self.makespan_s else 0.0,
-            "throughput_requests_per_s": len(self.requests) / self.makespan_s if self.makespan_s else 0.0,
-            "ttft_p50_s": _percentile(ttft, 50),
-            "ttft_p99_s": _percentile(ttft, 99),
-            "norm_latency_p50_s": _percentile(norm, 50),
-            "norm_latency_p99_s": _percentile(norm, 99),
-            "norm_latency_mean_s": sum(norm) / len(norm) if norm else 0.0,
-            "preemptions": self.preemptions,
-            "prefix_hit_rate": self.prefix_hit_rate,
-            "fragmentation_refusals": self.fragmentation_refusals,
-            "sharing_saving": self.sharing_saving,
-            "memory_breakdown": self.breakdown_fractions(),
-            "makespan_s": self.makespan_s,
-            "num_steps": self.num_steps,
-            "num_output_tokens": self.num_output_tokens,
-            "sim_wall_s": self.sim_wall_s,
-            "config": asdict(self.config),
-            "cost_model": self.assumptions,
-        }
-
-
-def _percentile(values: list[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default) without numpy."""
-    if not values:
-        return float("nan")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-# ----------------------------------------------------------------------------------------------
-# The simulation loop
-# ----------------------------------------------------------------------------------------------
-
-
-def _prompt_tokens(requests: list[Request]) -> list[list[int]]:
-    """Token ids for every prompt: the trace's own, or unique ids plus each group's shared prefix."""
-    groups: dict[str, list[int]] = {}
-    next_id = 1
-    prompts = []
+def _check_requests(requests: list[Request], config: SimConfig, manager, scheduler: Scheduler, num_slots: int) -> None:
+    """Refuse, before anything runs, a request that could never be served by this server."""
     for r in requests:
-        if r.prompt is not None:
-            prompts.append(r.prompt)
-            continue
-        head: list[int] = []
-        if r.prefix_group is not None and r.prefix_len:
-            shared = groups.get(r.prefix_group)
-            if shared is None or len(shared) < r.prefix_len:
-                extra = r.prefix_len - (len(shared) if shared else 0)
-                shared = (shared or []) + list(range(next_id, next_id + extra))
-                next_id += extra
-                groups[r.prefix_group] = shared
-            head = shared[: r.prefix_len]
-        tail = r.prompt_len - len(head)
-        prompts.append(head + list(range(next_id, next_id + tail)))
-        next_id += tail
-    return prompts
+        if r.total_len - 1 > config.max_seq_len:  # the last sampled token is never stored
+            raise ValueError(
+                f"a request of {r.prompt_len} + {r.output_len} tokens exceeds max_seq_len={config.max_seq_len}"
+            )
+        scheduler.check_request(r.prompt_len, r.output_len, r.n)
+        if manager.slots_to_admit(r.prompt_len, r.total_len, r.n) > num_slots:
+            raise ValueError(f"a request of {r.total_len} tokens x {r.n} samples cannot fit in {num_slots} KV slots")
+
+
+def _check_pool(num_slots: int, cost: CostModel) -> None:
+    """A pool the GPU could never hold is refused before anything is allocated."""
+    gpu, model = cost.gpu, cost.model
+    if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
+        raise ValueError(f"num_kv_slots must be a positive int, got {num_slots!r}")
+    if num_slots * model.kv_bytes_per_token > gpu.memory_bytes:
+        raise ValueError(
+            f"num_kv_slots={num_slots:,} needs {num_slots * model.kv_bytes_per_token / 1e9:,.1f} GB of KV cache for "
+            f"{model.name}, more than the {gpu.name}'s {gpu.memory_bytes / 1e9:.1f} GB "
+            f"(at most {gpu.memory_bytes // model.kv_bytes_per_token:,} slots)"
+        )
+
+
+def prepare(requests: list[Request], config: SimConfig, cost: CostModel):
+    """The server ``simulate`` would run: ``(num_kv_slots, cost model, manager, scheduler)``.
+
+    Everything that makes the run impossible -- no requests, a pool the GPU could not hold, a
+    request that could never be admitted -- raises ``ValueError`` here, before the run starts.
+    """
+    if not requests:
+        raise ValueError("simulate needs at least one request")
+    num_slots = config.num_kv_slots
+    if num_slots is None:
+        num_slots = cost.kv_capacity_tokens(config.gpu_memory_utilization)
+    _check_pool(num_slots, cost)
+    manager = make_manager(config.manager, num_slots, config.block_size, config.max_seq_len)
+    cost = replace(cost, block_size=manager.block_size)  # swapped and copied blocks are this big
+    scheduler = Scheduler(
+        manager,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        preemption_mode=config.preemption_mode,
+        num_cpu_blocks=config.num_cpu_blocks,
+    )
+    _check_requests(requests, config, manager, scheduler, num_slots)
+    return num_slots, cost, manager, scheduler
 
 
 def simulate(
@@ -254,256 +222,138 @@ def simulate(
     ``update``) called as requests finish.
     """
     config = config or SimConfig()
-    cost = cost_model or CostModel()
-    if not requests:
-        raise ValueError("simulate needs at least one request")
     wall0 = time.perf_counter()
-    num_slots = config.num_kv_slots
-    if num_slots is None:
-        num_slots = cost.kv_capacity_tokens(config.gpu_memory_utilization)
-    manager = make_manager(config.manager, num_slots, config.block_size, config.max_seq_len)
-    for r in requests:
-        if r.total_len - 1 > config.max_seq_len:
-            raise ValueError(
-                f"a request of {r.prompt_len} + {r.output_len} tokens exceeds max_seq_len={config.max_seq_len}"
-            )
-        if r.n > config.max_num_seqs:
-            raise ValueError(f"a request of {r.n} samples can never run at once with max_num_seqs={config.max_num_seqs}")
-        if isinstance(manager, ContiguousManager):  # n sub-ranges of what the policy reserves
-            need = r.n * max(r.total_len, manager.reserve_for(r.total_len - 1, r.prompt_len, r.prompt_len))
-        else:
-            need = r.n * r.prompt_len
-        if need > num_slots:
-            raise ValueError(f"a request of {r.total_len} tokens x {r.n} samples cannot fit in {num_slots} KV slots")
-    scheduler = Scheduler(
-        manager,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        enable_chunked_prefill=config.enable_chunked_prefill,
-        preemption_mode=config.preemption_mode,
-        num_cpu_blocks=config.num_cpu_blocks,
-    )
+    num_slots, cost, manager, scheduler = prepare(requests, config, cost_model or CostModel())
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_time)
-    prompts = _prompt_tokens(requests)
-    arrivals = [requests[i].arrival_time for i in order]
+    prompts = prompt_token_ids(requests)
 
-    # Per request: its finished sequences. Every sample of a request carries the first sample's
-    # seq_id as its request_id, which maps back to the request.
-    done_seqs: list[list[Sequence]] = [[] for _ in requests]
+    # Every sample of a request carries the first sample's seq_id as its request_id.
     owner: dict[int, int] = {}  # request_id -> request index
-    beam_forks: dict[int, list[int]] = {}  # first sample's seq_id -> output lengths to fork at
-    beam_parents: dict[int, Sequence] = {}
+    done_seqs: list[list[Sequence]] = [[] for _ in requests]
     records: list[RequestRecord | None] = [None] * len(requests)
+    beams = _BeamForks()
+    meters = _Meters()
+    model = MadeUpTokens()
+    now, step, next_arrival, num_done, preemptions = 0.0, 0, 0, 0, 0
 
-    # Cost-model constants hoisted out of the loop (the per-step arithmetic is inlined below).
-    m, g = cost.model, cost.gpu
-    w_flops = 2.0 * m.num_params
-    head_flops = 2.0 * m.d_model * m.vocab_size
-    attn_flops = 4.0 * m.num_layers * m.num_q_heads * m.head_dim
-    inv_compute = 1.0 / (g.peak_flops * cost.compute_efficiency)
-    inv_memory = 1.0 / (g.hbm_bandwidth * cost.memory_efficiency)
-    weight_bytes = m.weight_bytes
-    kv_bytes = m.kv_bytes_per_token
-    overhead, per_seq = cost.step_overhead_s, cost.per_seq_overhead_s
-
-    breakdown = dict.fromkeys(("token_states", "reserved", "internal_frag", "external_frag", "other", "idle"), 0)
-    util_tokens = util_allocated = 0  # summed over snapshots
-    live_len_sum = live_len_n = 0
-    shared_used = shared_unshared = 0
-    max_concurrent = 0
-    batched_sum = 0
-    preemptions = 0
-    sample_every = config.sample_every
-    now = 0.0
-    step = 0
-    next_arrival = 0
-    num_requests = len(requests)
-    num_done = 0
-    paged = manager.kind == "paged"
-    sampler = _Sampler()
-
-    while num_done < num_requests:
-        # 1. Arrivals.
-        while next_arrival < num_requests and arrivals[next_arrival] <= now:
+    while num_done < len(requests):
+        # 1. Arrivals join the waiting queue.
+        while next_arrival < len(order) and requests[order[next_arrival]].arrival_time <= now:
             i = order[next_arrival]
-            r = requests[i]
-            # A one-token beam forks every branch at its first token: parallel sampling (a beam
-            # parent would finish at that token before its branches could fork from it).
-            beam = r.fork == "beam" and r.n > 1 and r.output_len > 1
-            seq = Sequence(
-                scheduler.new_seq_id(), prompts[i], r.output_len, arrival_time=r.arrival_time,
-                num_samples=1 if beam else r.n,
-            )
-            final = r.prompt_len + r.output_len - 1
-            if paged:
-                manager.expect(seq.seq_id, final)
-            else:
-                manager.expect(seq.seq_id, final, r.n, r.prompt_len)
-            if beam:  # sample j forks from sample 0 after j/n of the output
-                beam_forks[seq.seq_id] = [max(1, r.output_len * j // r.n) for j in range(r.n - 1, 0, -1)]
-                beam_parents[seq.seq_id] = seq
+            seq = _sequence_for(requests[i], prompts[i], scheduler, manager, beams)
             owner[seq.seq_id] = i
-            if seq.num_samples > 1:
-                sampler.fork_at_first_token[seq.seq_id] = seq.num_samples
             scheduler.add(seq)
             next_arrival += 1
-        if not (scheduler.running or scheduler.waiting or scheduler.swapped):
-            now = arrivals[next_arrival]
+        if not scheduler.has_unfinished():
+            now = requests[order[next_arrival]].arrival_time
             continue
 
         # 2. Schedule.
         out = scheduler.schedule()
-        if out.preempted:
-            preemptions += len(out.preempted)
-        scheduled = out.scheduled
-        if not scheduled:
-            if not scheduler.running and next_arrival < num_requests:
-                now = arrivals[next_arrival]
+        preemptions += len(out.preempted)
+        if not out.scheduled:
+            if not scheduler.running and next_arrival < len(order):
+                now = requests[order[next_arrival]].arrival_time
                 continue
             raise RuntimeError(
                 f"the scheduler is stuck at t={now:.3f}s: nothing can run with {len(scheduler.waiting)} waiting "
                 f"and {len(scheduler.running)} running (is the pool too small for one request?)"
             )
 
-        # 3. The step's cost: FLOPs and bytes summed over the scheduled chunks (n_i new tokens on
-        #    top of c_i cached ones), written as list sums because this loop runs millions of times.
-        starts = [item.start for item in scheduled]  # c_i
-        counts = [item.num_new_tokens for item in scheduled]  # n_i
-        new_tokens = out.num_batched_tokens  # sum n_i
-        context = sum(starts)
-        squares = sum([n * n for n in counts]) if len(counts) != new_tokens else new_tokens
-        pairs = sum(map(mul, counts, starts)) + (squares + new_tokens) // 2  # sum n c + n (n + 1) / 2
-        emitting = len(scheduled)
-        if squares != new_tokens:  # some prefill chunks: those ending inside the prompt emit nothing
-            for item in scheduled:
-                seq = item.seq
-                if item.start + item.num_new_tokens < len(seq.prompt_token_ids) + len(seq.output_token_ids):
-                    emitting -= 1
-        t_c = (w_flops * new_tokens + head_flops * emitting + attn_flops * pairs) * inv_compute
-        t_m = (weight_bytes + kv_bytes * (context + new_tokens)) * inv_memory
-        dt = (t_c if t_c > t_m else t_m) + overhead + per_seq * len(scheduled)
-        if out.block_ops:
-            swapped = len(out.blocks_to_swap_out) + len(out.blocks_to_swap_in)
-            block_bytes = kv_bytes * manager.block_size
-            dt += swapped * block_bytes / g.pcie_bandwidth + 2 * len(out.blocks_to_copy) * block_bytes * inv_memory
-        now += dt
+        # 3. The cost model says how long the step takes on the GPU.
+        now += cost.step_time(step_shape(out))
         step += 1
 
-        # 4. Tokens in, finished sequences out.
-        finished = scheduler.update(scheduled, sampler, now)
-
-        running = scheduler.running
-        num_running = len(running)
-        batched_sum += num_running
-        if num_running > max_concurrent:
-            max_concurrent = num_running
-
-        if beam_forks:
-            _beam_forks(scheduler, beam_forks, beam_parents)
-
+        # 4. Tokens in, finished sequences out; beam branches fork when they are due.
+        finished = scheduler.update(out.scheduled, model.for_step(out), now)
+        meters.after_step(scheduler.running)
+        beams.fork_due(scheduler, model)
         for seq in finished:
+            model.forget(seq.seq_id)
             i = owner[seq.request_id]
-            seqs = done_seqs[i]
-            seqs.append(seq)
-            if len(seqs) == requests[i].n:
-                records[i] = _request_record(requests[i], seqs, manager)
+            done_seqs[i].append(seq)
+            if len(done_seqs[i]) == requests[i].n:
+                records[i] = _request_record(requests[i], done_seqs[i], manager)
                 num_done += 1
                 if progress is not None:
                     progress(1)
 
-        # 5. Memory snapshot every few steps.
-        if step % sample_every == 0:
-            allocated, tokens, reserved, internal = manager.snapshot(running)
-            breakdown["token_states"] += tokens
-            breakdown["reserved"] += reserved
-            breakdown["internal_frag"] += internal
-            util_tokens += tokens
-            util_allocated += allocated
-            for seq in running:
-                live_len_sum += seq.num_placed_tokens
-            live_len_n += num_running
-            waiting = scheduler.waiting
-            if waiting:
-                free, fragmented = manager.free_for(waiting[0])
-                breakdown["external_frag" if fragmented else "other"] += free
-            else:
-                breakdown["idle"] += manager.capacity_slots - allocated
-            used, unshared = manager.sharing(running)
-            shared_used += used
-            shared_unshared += unshared
+        # 5. A memory snapshot every few steps.
+        if step % config.sample_every == 0:
+            meters.snapshot(manager, scheduler)
 
     done = [rec for rec in records if rec is not None]
-    makespan = now - arrivals[0]
-    cache = getattr(manager, "stats", None)
     return SimResult(
         config=config,
         num_kv_slots=num_slots,
         requests=done,
-        makespan_s=makespan,
+        makespan_s=now - requests[order[0]].arrival_time,
         num_steps=step,
         num_output_tokens=sum(r.num_samples * r.output_len for r in done),
-        max_concurrent=max_concurrent,
-        mean_batched=batched_sum / step if step else 0.0,
+        max_concurrent=meters.max_concurrent,
+        mean_batched=meters.batched_sum / step if step else 0.0,
         preemptions=preemptions,
-        prefix_hit_rate=cache.hit_rate if cache is not None else 0.0,
-        fragmentation_refusals=len(getattr(manager, "fragmented", ())),
-        breakdown=breakdown,
-        kv_utilization=util_tokens / util_allocated if util_allocated else 0.0,
-        sharing_saving=1 - shared_used / shared_unshared if shared_unshared else 0.0,
+        prefix_hit_rate=manager.stats.hit_rate,
+        fragmentation_refusals=len(manager.fragmented),
+        breakdown=meters.breakdown,
+        kv_utilization=meters.util_tokens / meters.util_allocated if meters.util_allocated else 0.0,
+        sharing_saving=1 - meters.shared_used / meters.shared_unshared if meters.shared_unshared else 0.0,
         sim_wall_s=time.perf_counter() - wall0,
         assumptions=cost.assumptions(),
-        live_lengths_mean=live_len_sum / live_len_n if live_len_n else 0.0,
+        live_lengths_mean=meters.live_len_sum / meters.live_len_n if meters.live_len_n else 0.0,
     )
 
 
-class _Sampler(dict):
-    """The "model output": a made-up token for whichever sequence :meth:`Scheduler.update` asks.
+def _sequence_for(r: Request, prompt: list[int], scheduler: Scheduler, manager, beams: "_BeamForks") -> Sequence:
+    """The sequence a request starts as, its final length told to the manager.
 
-    A dict with ``__missing__`` so nothing is built per step. The token is unique per sequence
-    (its id, far above every prompt id), so blocks of different sequences never hash alike. A
-    sequence that forks ``n`` samples gets ``n`` tokens for its first output, as update expects.
+    Parallel samples fork from it at its first token. A beam request starts as one sequence that
+    forks its other branches later (see :class:`_BeamForks`) -- with room for them reserved against
+    ``max_num_seqs`` from admission, as the parallel samples have. A one-token beam forks every
+    branch at its first token: parallel sampling (a beam parent would finish at that token before
+    its branches could fork from it).
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fork_at_first_token: dict[int, int] = {}
-
-    def __missing__(self, seq_id: int):
-        base = _OUTPUT_TOKEN_BASE + seq_id * 8
-        n = self.fork_at_first_token.pop(seq_id, 0)
-        if n:
-            return [base + j for j in range(n)]
-        self[seq_id] = base  # later steps hit the dict directly
-        return base
+    beam = r.fork == "beam" and r.n > 1 and r.output_len > 1
+    seq = Sequence(
+        scheduler.new_seq_id(), prompt, r.output_len, arrival_time=r.arrival_time,
+        num_samples=1 if beam else r.n, num_pending_forks=r.n - 1 if beam else 0,
+    )
+    manager.expect(seq.seq_id, r.prompt_len + r.output_len - 1, r.n, r.prompt_len)
+    if beam:  # sample j forks from sample 0 after j/n of the output
+        beams.add(seq, [max(1, r.output_len * j // r.n) for j in range(r.n - 1, 0, -1)])
+    return seq
 
 
-def _beam_forks(scheduler: Scheduler, beam_forks: dict[int, list[int]], parents: dict[int, Sequence]) -> None:
+class _BeamForks:
     """Beam-style trees: a new branch forks from sample 0 when it reaches the next fork point.
 
     The child shares every block of sample 0 (prompt and output so far) and replaces the token
     sample 0 has just sampled with its own, so the two diverge from here (copy-on-write).
     """
-    for parent_id in list(beam_forks):
-        points = beam_forks[parent_id]
-        parent = parents[parent_id]
-        if parent.status is not SequenceStatus.RUNNING:
+
+    def __init__(self) -> None:
+        self._due: dict[int, tuple[Sequence, list[int]]] = {}  # sample 0's seq_id -> (sample 0, fork points, the next one last)
+
+    def add(self, parent: Sequence, fork_points: list[int]) -> None:
+        self._due[parent.seq_id] = (parent, fork_points)
+
+    def fork_due(self, scheduler: Scheduler, model: MadeUpTokens) -> None:
+        for parent_id, (parent, points) in list(self._due.items()):
             if parent.status is SequenceStatus.FINISHED:
                 raise RuntimeError(f"beam request {parent.request_id} finished before all its branches forked")
-            continue
-        # Fork right after a token was sampled and before it is placed, at the next fork point(s).
-        if parent.num_placed_tokens != parent.num_tokens - 1:
-            continue
-        while points and len(parent.output_token_ids) >= points[-1]:
-            points.pop()
-            child = Sequence(
-                scheduler.new_seq_id(), parent.prompt_token_ids, parent.max_new_tokens,
-                arrival_time=parent.arrival_time, request_id=parent.request_id, sample_index=len(points) + 1,
-            )
-            scheduler.fork(parent, child)
-            child.output_token_ids[-1] = _OUTPUT_TOKEN_BASE + child.seq_id * 8  # its own branch
-        if not points:
-            del beam_forks[parent_id]
-            del parents[parent_id]
+            # Fork right after a token was sampled and before it is placed, at the next fork point(s).
+            if parent.status is not SequenceStatus.RUNNING or parent.num_placed_tokens != parent.num_tokens - 1:
+                continue
+            while points and len(parent.output_token_ids) >= points[-1]:
+                points.pop()
+                child = Sequence(
+                    scheduler.new_seq_id(), parent.prompt_token_ids, parent.max_new_tokens,
+                    arrival_time=parent.arrival_time, request_id=parent.request_id, sample_index=len(points) + 1,
+                )
+                scheduler.fork(parent, child)
+                child.output_token_ids[-1] = model.token(child.seq_id)  # its own branch
+            if not points:
+                del self._due[parent_id]
 
 
 def _request_record(r: Request, seqs: list[Sequence], manager) -> RequestRecord:
@@ -525,114 +375,13 @@ def _request_record(r: Request, seqs: list[Sequence], manager) -> RequestRecord:
     )
 
 
-# ----------------------------------------------------------------------------------------------
-# Comparisons, tables, sweeps
-# ----------------------------------------------------------------------------------------------
+_MOVED_TO_COMPARE = ("compare", "default_configs", "format_table", "latency_vs_rate")
 
 
-def default_configs(block_sizes=BLOCK_SIZES, managers=MANAGERS, **kwargs) -> list[SimConfig]:
-    """One config per (manager, block size): contiguous managers once, paged ones per ``B``."""
-    configs = []
-    for name in managers:
-        if name.startswith("contiguous"):
-            configs.append(SimConfig(manager=name, **kwargs))
-        else:
-            configs.extend(SimConfig(manager=name, block_size=b, **kwargs) for b in block_sizes)
-    return configs
+def __getattr__(name: str):
+    """The comparisons live in :mod:`paged_edu.sim.compare`; importable from here as before."""
+    if name in _MOVED_TO_COMPARE:
+        from paged_edu.sim import compare
 
-
-@contextlib.contextmanager
-def _progress_bar(show: bool, total: int, unit: str, desc: str):
-    """A tqdm bar while the ``with`` body runs, closed however it ends; ``None`` when not ``show``."""
-    if not show:
-        yield None
-        return
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=total, unit=unit, desc=desc, leave=False)
-    try:
-        yield bar
-    finally:
-        bar.close()
-
-
-def compare(requests: list[Request], configs: list[SimConfig] | None = None, cost_model: CostModel | None = None,
-            progress: bool = False) -> list[SimResult]:
-    """Simulate the same requests under every config (default: every manager and block size)."""
-    configs = configs if configs is not None else default_configs()
-    results = []
-    with _progress_bar(progress, len(configs) * len(requests), "req", "simulating") as bar:
-        for config in configs:
-            if bar is not None:
-                bar.set_postfix_str(config.label)
-            results.append(simulate(requests, config, cost_model, bar.update if bar is not None else None))
-    return results
-
-
-TABLE_COLUMNS = (
-    # (header, record key, format)
-    ("manager", "label", "{}"),
-    ("KV util", "kv_utilization", "{:.1%}"),
-    ("util@end", "kv_utilization_final", "{:.1%}"),
-    ("peak seqs", "max_concurrent", "{}"),
-    ("mean batch", "mean_batched", "{:.1f}"),
-    ("tok/s", "throughput_tokens_per_s", "{:,.0f}"),
-    ("req/s", "throughput_requests_per_s", "{:.2f}"),
-    ("TTFT p50", "ttft_p50_s", "{:.3f}"),
-    ("TTFT p99", "ttft_p99_s", "{:.3f}"),
-    ("s/tok p50", "norm_latency_p50_s", "{:.4f}"),
-    ("s/tok p99", "norm_latency_p99_s", "{:.4f}"),
-    ("preempt", "preemptions", "{}"),
-    ("prefix hit", "prefix_hit_rate", "{:.1%}"),
-    ("saved", "sharing_saving", "{:.1%}"),
-)
-BREAKDOWN_COLUMNS = (
-    ("tokens", "token_states"), ("reserved", "reserved"), ("int.frag", "internal_frag"),
-    ("ext.frag", "external_frag"), ("other", "other"),
-)
-
-
-def format_table(results: list[SimResult], markdown: bool = True) -> str:
-    """The seed's missing table, one row per (manager, block size), plus the Fig. 2 breakdown."""
-    headers = [c[0] for c in TABLE_COLUMNS] + [c[0] for c in BREAKDOWN_COLUMNS]
-    rows = []
-    for res in results:
-        rec = res.record()
-        rec["label"] = res.config.label
-        row = [fmt.format(rec[key]) for _, key, fmt in TABLE_COLUMNS]
-        row += [f"{rec['memory_breakdown'][key]:.1%}" for _, key in BREAKDOWN_COLUMNS]
-        rows.append(row)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    def line(cells):
-        body = " | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-        return f"| {body} |" if markdown else body
-    out = [line(headers)]
-    if markdown:
-        out.append("|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|")
-    out += [line(r) for r in rows]
-    return "\n".join(out)
-
-
-def latency_vs_rate(build, rates, configs: list[SimConfig], cost_model: CostModel | None = None,
-                    progress: bool = False) -> list[dict]:
-    """Mean normalised latency (s/token) against request rate, one curve per config.
-
-    ``build(rate)`` returns the requests for that rate (same seed, so only the arrivals change).
-    Returns one dict per (config, rate) with the record's main numbers.
-    """
-    points = []
-    with _progress_bar(progress, len(rates) * len(configs), "run", "rate sweep") as bar:
-        for rate in rates:
-            requests = build(rate)
-            for config in configs:
-                rec = simulate(requests, config, cost_model).record()
-                points.append({
-                    "label": config.label, "manager": config.manager, "block_size": rec["block_size"],
-                    "rate": rate, "norm_latency_mean_s": rec["norm_latency_mean_s"],
-                    "norm_latency_p50_s": rec["norm_latency_p50_s"], "ttft_p50_s": rec["ttft_p50_s"],
-                    "throughput_requests_per_s": rec["throughput_requests_per_s"],
-                    "mean_batched": rec["mean_batched"], "kv_utilization": rec["kv_utilization"],
-                })
-                if bar is not None:
-                    bar.update(1)
-    return points
+        return getattr(compare, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

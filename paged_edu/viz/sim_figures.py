@@ -23,7 +23,8 @@ import plotly.graph_objects as go
 
 from paged_edu.sim import workloads
 from paged_edu.sim.costmodel import CostModel
-from paged_edu.sim.simulator import SimConfig, SimResult, compare, latency_vs_rate, simulate
+from paged_edu.sim.compare import compare, latency_vs_rate
+from paged_edu.sim.simulator import SimConfig, SimResult, simulate
 
 __all__ = [
     "PAPER_BATCHED_SHAREGPT",
@@ -162,6 +163,29 @@ def _save(fig: go.Figure, path_stem: str, fmt: str, written: list[str]) -> None:
             print(f"  (PNG export failed: {type(exc).__name__}: {exc}; wrote HTML)")
 
 
+def sharing_rows(cost: CostModel, num_requests: int, seed: int, config: SimConfig) -> list[dict]:
+    """Memory saved by sharing, parallel sampling and beam-style forking, n = 2, 4, 6 (Fig. 15).
+
+    At a moderate load (40% of what paging sustains for single samples, divided by n): under memory
+    pressure the scheduler preempts samples one by one, and a recomputed sample no longer shares its
+    prompt's blocks. ``max_concurrent`` is the most sequences that ran at once (at most
+    ``config.max_num_seqs``, beam branches included).
+    """
+    rows = []
+    num = max(num_requests // 4, 50)
+    for dataset in ("alpaca", "sharegpt"):
+        single = simulate(workloads.make_workload(dataset, num, math.inf, seed), config, cost)
+        capacity = single.record()["throughput_requests_per_s"]
+        for fork in ("parallel", "beam"):
+            for n in (2, 4, 6):
+                rate = 0.4 * capacity / n
+                res = simulate(workloads.parallel(num, rate, seed, n=n, fork=fork, dataset=dataset), config, cost)
+                rows.append({"dataset": dataset, "fork": fork, "n": n, "rate": rate, "saving": res.sharing_saving,
+                             "mean_batched": res.mean_batched, "max_concurrent": res.max_concurrent,
+                             "preemptions": res.preemptions})
+    return rows
+
+
 def write_all(out_dir: str, cost: CostModel | None = None, num_requests: int = 1000, seed: int = 0,
               fmt: str = "both", server: dict | None = None, progress: bool = True) -> list[str]:
     """Run the simulations behind every figure and save them under ``out_dir``; return the paths."""
@@ -194,21 +218,8 @@ def write_all(out_dir: str, cost: CostModel | None = None, num_requests: int = 1
     data["latency_vs_rate"] = points
     _save(latency_rate_figure(points), os.path.join(out_dir, "sim_latency_vs_rate"), fmt, written)
 
-    # 4. Sharing: parallel sampling and beam-style forking, n = 2, 4, 6, at a moderate load (40% of
-    #    what paging sustains for single samples, divided by n): under memory pressure the scheduler
-    #    preempts samples one by one, and a recomputed sample no longer shares its prompt's blocks.
-    rows = []
-    num = max(num_requests // 4, 50)
-    for dataset in ("alpaca", "sharegpt"):
-        single = simulate(workloads.make_workload(dataset, num, math.inf, seed), cfg("paged"), cost)
-        capacity = single.record()["throughput_requests_per_s"]
-        for fork in ("parallel", "beam"):
-            for n in (2, 4, 6):
-                rate = 0.4 * capacity / n
-                reqs = workloads.parallel(num, rate, seed, n=n, fork=fork, dataset=dataset)
-                res = simulate(reqs, cfg("paged"), cost)
-                rows.append({"dataset": dataset, "fork": fork, "n": n, "rate": rate, "saving": res.sharing_saving,
-                             "mean_batched": res.mean_batched, "preemptions": res.preemptions})
+    # 4. Sharing: parallel sampling and beam-style forking.
+    rows = sharing_rows(cost, num_requests, seed, cfg("paged"))
     data["sharing"] = rows
     _save(sharing_figure(rows), os.path.join(out_dir, "sim_sharing"), fmt, written)
 

@@ -1,0 +1,84 @@
+"""What the scheduler needs of a memory manager: a ``typing.Protocol``.
+
+The scheduler never asks what kind of manager it holds. The paged
+:class:`~paged_edu.core.allocator.BlockAllocator` implements this protocol; so do the simulator's
+contiguous reservations (:class:`paged_edu.sim.managers.ContiguousManager`, whose "blocks" are
+single slots), and so can any other cache -- a radix-tree prefix cache, say -- that gives each
+sequence a block table.
+
+A manager's caching policy is its own constructor's business: a prefix cache that may publish a
+block before its K/V exists (``BlockAllocator(..., cache_when_computed=False)``) cannot serve a
+scheduler that computes prompts over several steps, and :class:`~paged_edu.engine.scheduler.Scheduler`
+refuses it (see :func:`publishes_before_computed`).
+
+Plain Python, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Protocol, runtime_checkable
+
+__all__ = ["CacheStats", "MemoryManager", "publishes_before_computed"]
+
+
+@runtime_checkable
+class CacheStats(Protocol):
+    """Prefix-cache counters: the share of looked-up prompt tokens that hit the cache."""
+
+    @property
+    def hit_rate(self) -> float: ...
+
+
+@runtime_checkable
+class MemoryManager(Protocol):
+    """Block tables for sequences, over a pool of ``num_blocks`` blocks of ``block_size`` slots.
+
+    Every call that cannot be served raises :class:`~paged_edu.core.allocator.OutOfBlocksError`
+    and changes nothing.
+    """
+
+    num_blocks: int
+    block_size: int
+    stats: CacheStats
+
+    def allocate(self, seq_id: Hashable, token_ids: Sequence[int], *, record_stats: bool = True) -> list[int]:
+        """A block table for a new sequence holding ``token_ids``; leading blocks may be cache hits."""
+
+    def append(self, seq_id: Hashable, token_id: int) -> int:
+        """Room for one more token; returns its slot (may copy a shared last block on write)."""
+
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> list[int]:
+        """A child sharing every block of its parent (parallel sampling, beams)."""
+
+    def free(self, seq_id: Hashable) -> None:
+        """Release a sequence's blocks."""
+
+    def block_table(self, seq_id: Hashable) -> list[int]: ...
+
+    def num_cached_tokens(self, seq_id: Hashable) -> int:
+        """Leading tokens served by the cache at the last allocate (their K/V exists already)."""
+
+    def mark_computed(self, seq_id: Hashable, num_computed_tokens: int) -> None:
+        """The first ``num_computed_tokens`` tokens' K/V is written: their full blocks may be shared."""
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """Copy-on-write ``(src_block, dst_block)`` copies made since the last call."""
+
+    def __contains__(self, seq_id: object) -> bool: ...
+
+    @property
+    def num_free_blocks(self) -> int: ...
+
+    @property
+    def usage(self) -> float:
+        """Share of the pool's blocks in use, in [0, 1]."""
+
+
+def publishes_before_computed(manager: MemoryManager) -> bool:
+    """Would ``manager`` offer a full block to other sequences before its K/V is computed?
+
+    True for a prefix-caching :class:`~paged_edu.core.allocator.BlockAllocator` built without
+    ``cache_when_computed=True``; managers without a prefix cache never publish anything.
+    """
+    return bool(getattr(manager, "enable_prefix_caching", False)) and not getattr(manager, "cache_when_computed", True)

@@ -1,0 +1,54 @@
+"""What one scheduling step hands its executor: the chunks to compute and the block copies to make.
+
+The engine (a real model) and the simulator (a cost model) both execute a
+:class:`SchedulerOutput`: apply ``block_ops`` in order, compute K/V for every :class:`ScheduledSeq`,
+sample a token for each that ``emits_token``. Plain Python, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from paged_edu.engine.sequence import Sequence
+
+__all__ = ["ScheduledSeq", "SchedulerOutput"]
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    """Compute K/V for ``seq.token_ids[start : start + num_new_tokens]`` this step.
+
+    ``emits_token``: the chunk reaches the last known token, so the executor samples the next one
+    (fixed when the chunk is scheduled; the sequence grows by that token in update).
+    """
+
+    seq: Sequence
+    num_new_tokens: int
+    start: int
+    emits_token: bool
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_new_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """More than one token, or any token of the prompt: a prefill (or recompute) chunk."""
+        return self.start < self.seq.num_prompt_tokens or self.num_new_tokens > 1
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)  # decodes first, then prefill chunks
+    preempted: list[Sequence] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu_block, cpu_block)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu_block, gpu_block)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    # Every copy above, in the order it must be applied before the step runs:
+    # ("swap_out", gpu, cpu), ("copy", src, dst), ("swap_in", cpu, gpu).
+    block_ops: list[tuple[str, int, int]] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled

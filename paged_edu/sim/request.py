@@ -1,0 +1,205 @@
+"""One request of a workload, its checks, and the JSONL trace format it is saved in.
+
+Trace format (one JSON object per line)::
+
+    {"arrival_time": 0.0, "prompt_len": 161, "output_len": 338}
+    {"arrival_time": 0.5, "prompt": [1, 2, 3], "output_len": 7, "prefix_group": "sys", "prefix_len": 2}
+    {"arrival_time": 0.9, "prompt_len": 40, "output_len": 20, "n": 4, "fork": "beam"}
+
+``prompt_len`` or ``prompt`` (token ids) is required, not both; ``prefix_group``, ``prefix_len``,
+``n`` (default 1) and ``fork`` (``"parallel"``/``"beam"``) are optional.
+
+Plain Python and numpy, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["FORK_MODES", "Request", "TraceKeyError", "load_trace", "prompt_token_ids", "save_trace"]
+
+FORK_MODES = ("parallel", "beam")
+
+
+@dataclass(slots=True)
+class Request:
+    """One request of a workload.
+
+    ``prompt_len`` is always set; ``prompt`` holds explicit token ids when the trace gave them
+    (else the simulator makes unique ids, so that only declared sharing can hit the prefix
+    cache). The first ``prefix_len`` prompt tokens are shared by every request of ``prefix_group``.
+    ``n`` samples are generated, each ``output_len`` tokens long.
+    """
+
+    arrival_time: float
+    prompt_len: int
+    output_len: int
+    prompt: list[int] | None = None
+    prefix_group: str | None = None
+    prefix_len: int = 0
+    n: int = 1
+    fork: str = "parallel"
+
+    def __post_init__(self) -> None:
+        _check_request(self)
+
+    @property
+    def total_len(self) -> int:
+        """``s`` at the end: prompt plus generated tokens of one sample."""
+        return self.prompt_len + self.output_len
+
+    def to_json(self) -> dict:
+        record: dict = {"arrival_time": self.arrival_time}
+        if self.prompt is not None:
+            record["prompt"] = list(self.prompt)
+        else:
+            record["prompt_len"] = self.prompt_len
+        record["output_len"] = self.output_len
+        if self.prefix_group is not None:
+            record["prefix_group"] = self.prefix_group
+            record["prefix_len"] = self.prefix_len
+        if self.n != 1:
+            record["n"] = self.n
+            record["fork"] = self.fork
+        return record
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_request(r: Request) -> None:
+    """Clear errors for impossible requests; normalises numpy scalars to Python ones."""
+    if isinstance(r.arrival_time, bool) or not isinstance(r.arrival_time, (int, float, np.floating, np.integer)):
+        raise TypeError(f"arrival_time must be a number, got {type(r.arrival_time).__name__}")
+    r.arrival_time = float(r.arrival_time)
+    if not math.isfinite(r.arrival_time) or r.arrival_time < 0:
+        raise ValueError(f"arrival_time must be finite and >= 0, got {r.arrival_time}")
+    if r.prompt is not None:
+        if not isinstance(r.prompt, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in r.prompt):
+            raise ValueError("prompt must be a list of non-negative integer token ids")
+        r.prompt = [int(t) for t in r.prompt]
+        if r.prompt_len != len(r.prompt):
+            raise ValueError(f"prompt_len {r.prompt_len} disagrees with the {len(r.prompt)} prompt tokens")
+    for name in ("prompt_len", "output_len", "n", "prefix_len"):
+        value = getattr(r, name)
+        if not _is_int(value):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        setattr(r, name, int(value))
+    if r.prompt_len < 1:
+        raise ValueError(f"prompt_len must be >= 1, got {r.prompt_len}")
+    if r.output_len < 1:
+        raise ValueError(f"output_len must be >= 1, got {r.output_len}")
+    if r.n < 1:
+        raise ValueError(f"n (samples per request) must be >= 1, got {r.n}")
+    if r.fork not in FORK_MODES:
+        raise ValueError(f"fork must be one of {FORK_MODES}, got {r.fork!r}")
+    if r.prefix_group is None:
+        if r.prefix_len:
+            raise ValueError("prefix_len given without a prefix_group")
+    else:
+        if not isinstance(r.prefix_group, (str, int)) or isinstance(r.prefix_group, bool):
+            raise TypeError(f"prefix_group must be a str or int, got {type(r.prefix_group).__name__}")
+        r.prefix_group = str(r.prefix_group)
+        if not 0 <= r.prefix_len <= r.prompt_len:
+            raise ValueError(f"prefix_len must be in [0, prompt_len={r.prompt_len}], got {r.prefix_len}")
+
+
+def prompt_token_ids(requests: list[Request]) -> list[list[int]]:
+    """Token ids for every prompt: the trace's own, or unique ids plus each group's shared prefix.
+
+    Unique ids mean only declared sharing (``prefix_group``) can ever hit a prefix cache.
+    """
+    groups: dict[str, list[int]] = {}
+    next_id = 1
+    prompts = []
+    for r in requests:
+        if r.prompt is not None:
+            prompts.append(r.prompt)
+            continue
+        head: list[int] = []
+        if r.prefix_group is not None and r.prefix_len:
+            shared = groups.get(r.prefix_group, [])
+            if len(shared) < r.prefix_len:  # the group's prefix grows to the longest asked for
+                extra = r.prefix_len - len(shared)
+                shared = shared + list(range(next_id, next_id + extra))
+                next_id += extra
+                groups[r.prefix_group] = shared
+            head = shared[: r.prefix_len]
+        tail = r.prompt_len - len(head)
+        prompts.append(head + list(range(next_id, next_id + tail)))
+        next_id += tail
+    return prompts
+
+
+class TraceKeyError(KeyError):
+    """A trace record misses a required field (a KeyError whose message reads plainly)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "missing field"
+
+
+_FIELDS = {"arrival_time", "prompt_len", "prompt", "output_len", "prefix_group", "prefix_len", "n", "fork"}
+
+
+def save_trace(requests: list[Request], path: str | os.PathLike) -> None:
+    """Write one JSON object per request (the format in the module doc)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for r in requests:
+            f.write(json.dumps(r.to_json()) + "\n")
+
+
+def load_trace(path: str | os.PathLike) -> list[Request]:
+    """Read a JSONL trace; a bad record raises ``ValueError``/``TypeError`` naming its line.
+
+    Requests are returned sorted by arrival time (stable, so ties keep file order).
+    """
+    requests = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                requests.append(_parse_record(json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            except KeyError as exc:
+                raise TraceKeyError(f"{path}:{lineno}: {exc.args[0] if exc.args else exc}") from None
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"{path}:{lineno}: {exc}") from None
+    if not requests:
+        raise ValueError(f"{path}: the trace holds no requests")
+    requests.sort(key=lambda r: r.arrival_time)
+    return requests
+
+
+def _parse_record(record: object) -> Request:
+    if not isinstance(record, dict):
+        raise TypeError(f"a trace record must be a JSON object, got {type(record).__name__}")
+    unknown = set(record) - _FIELDS
+    if unknown:
+        raise ValueError(f"unknown field(s) {sorted(unknown)}; allowed: {sorted(_FIELDS)}")
+    for key in ("arrival_time", "output_len"):
+        if key not in record:
+            raise KeyError(f"missing field {key!r}")
+    prompt = record.get("prompt")
+    if (prompt is None) == ("prompt_len" not in record):
+        raise ValueError("give exactly one of 'prompt_len' or 'prompt' (token ids)")
+    if prompt is not None and not isinstance(prompt, list):
+        raise TypeError(f"'prompt' must be a list of token ids, got {type(prompt).__name__}")
+    prompt_len = len(prompt) if prompt is not None else record["prompt_len"]
+    return Request(
+        arrival_time=record["arrival_time"],
+        prompt_len=prompt_len,
+        output_len=record["output_len"],
+        prompt=prompt,
+        prefix_group=record.get("prefix_group"),
+        prefix_len=record.get("prefix_len", 0),
+        n=record.get("n", 1),
+        fork=record.get("fork", "parallel"),
+    )
