@@ -120,7 +120,7 @@ class Engine:
         self.scheduler = Scheduler(
             self.allocator, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             enable_chunked_prefill=enable_chunked_prefill, preemption_mode=preemption_mode,
-            num_cpu_blocks=num_cpu_blocks,
+            num_cpu_blocks=num_cpu_blocks, max_model_len=self.max_model_len,
         )
         self.kv_cache = PagedKVCache(
             c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim,
@@ -239,7 +239,7 @@ class Engine:
         n = request.params.n
         live = [s for s in (*self.scheduler.waiting, *self.scheduler.running, *self.scheduler.swapped)
                 if s.request_id == request.request_id]
-        unforked = next((s for s in live if s.num_samples > 1 and not s.output_token_ids), None)
+        unforked = next((s for s in live if s.num_tokens_to_sample > 1), None)
         if sample_index is not None:
             i = as_int(sample_index, "sample_index must be an int")
             if not 0 <= i < n:
@@ -315,8 +315,7 @@ class Engine:
             table = self.allocator.block_table(seq.seq_id)
             chunks.append(BatchChunk(token_slice(seq, item.start, item.end), item.start, table))
             if item.emits_token:
-                n = seq.num_samples if (seq.num_samples > 1 and not seq.output_token_ids) else 1
-                emitting.append((i, seq, n))
+                emitting.append((i, seq, seq.num_tokens_to_sample))
         batch = self.runner.prepare(chunks)
         t = self._lap(phases, "prepare", t)
         hidden = self.runner.forward(batch)  # 3. one forward pass: (T, hidden)

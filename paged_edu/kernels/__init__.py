@@ -314,7 +314,7 @@ def _check_scale(scale, head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__} {scale!r}")
+        raise TypeError(f"scale must be a float (any real number) or None, got {type(scale).__name__} {scale!r}")
     value = float(scale)
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
