@@ -69,6 +69,10 @@ PARAMETERS: dict[str, IntParameter] = {
     "num_requests": IntParameter(1, 100_000, "lesson 2: requests per block size in the utilisation experiment"),
     "s_max": IntParameter(1, 65_536, "lesson 2: the longest request length drawn, in tokens"),
     "num_chats": IntParameter(1, 10_000, "lesson 3: chat requests in the hit-rate experiment"),
+    "seq_len": IntParameter(1, 4096, "lesson 4: tokens of the sequence in the online-softmax stepper"),
+    "block_size": IntParameter(1, 256, "lesson 4: B, tokens per block in the stepper"),
+    "cpu_seq_len": IntParameter(1, 4096, "lesson 4: per-sequence length of the CPU ladder (Triton's interpreter)"),
+    "gpu_reps": IntParameter(1, 10_000, "lesson 4: timed replays per measurement on a GPU"),
 }
 
 
