@@ -250,6 +250,24 @@ def test_metrics_stream(hf_model, prompts):
     assert len([e for e in events if isinstance(e, StepMetrics)]) == len(steps)
 
 
+PHASES = ("schedule", "prepare", "forward", "sample", "update")
+
+
+@pytest.mark.parametrize("sync_timing", [False, True])
+def test_phase_times_split_each_step(hf_model, prompts, sync_timing):
+    """Every step reports the five phases; they are non-negative and add up to (at most) its duration."""
+    engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=64, block_size=4, sync_timing=sync_timing)
+    steps: list[StepMetrics] = []
+    engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
+    engine.generate(prompts[:3], max_new_tokens=4)
+    assert steps
+    for s in steps:
+        assert tuple(s.phase_times) == PHASES
+        assert all(v >= 0 for v in s.phase_times.values())
+        assert sum(s.phase_times.values()) == pytest.approx(s.duration, rel=1e-6, abs=1e-9)
+    assert sum(s.phase_times["forward"] for s in steps) > 0
+
+
 def test_bad_requests_raise_and_leave_the_engine_untouched(hf_model, prompts):
     engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=8, block_size=4)
     for bad, err in [("hello", TypeError), ([], ValueError), ([1, VOCAB], ValueError), ([1, 2.5], TypeError),

@@ -107,6 +107,9 @@ class StepMetrics:
     num_used_blocks: int
     num_tokens_in_cache: int  # computed tokens of live sequences (a shared block counts once per sequence)
     prefix_hit_rate: float  # cached / queried prompt tokens since the start
+    # seconds per phase of the step: "schedule", "prepare", "forward", "sample", "update" (host wall
+    # time; exact per phase only with Engine(sync_timing=True), else GPU work lands where it syncs)
+    phase_times: dict[str, float] = field(default_factory=dict)
     kind: str = "step"
 
 
@@ -152,6 +155,8 @@ class Engine:
     cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
     max_model_len: the longest sequence (prompt + output) accepted; sets the graphs' table width
         (default: the model's positions, capped by what the pool holds).
+    sync_timing: synchronise the device at every phase boundary so that ``StepMetrics.phase_times``
+        attributes GPU time to the phase that launched it (slower; for measuring, not serving).
     """
 
     def __init__(
@@ -171,6 +176,7 @@ class Engine:
         cuda_graphs: bool | None = None,
         max_model_len: int | None = None,
         seed: int = 0,
+        sync_timing: bool = False,
     ) -> None:
         if not isinstance(model, PagedLlama):
             raise TypeError(f"model must be a PagedLlama (use PagedLlama.from_hf), got {type(model).__name__}")
@@ -219,6 +225,7 @@ class Engine:
                 self.graph_error = f"{type(exc).__name__}: {exc}"
                 warnings.warn(f"CUDA-graph capture failed, decode steps run eagerly: {self.graph_error}")
         self.sampler = Sampler(seed)
+        self.sync_timing = bool(sync_timing)
         self._requests: dict[int, _Request] = {}
         self._subscribers: list[Callable] = []
         self._next_request_id = 0
@@ -243,6 +250,14 @@ class Engine:
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
+
+    def _lap(self, phase_times: dict[str, float], phase: str, since: float) -> float:
+        """Book the time since ``since`` to ``phase``; returns now (synchronised if ``sync_timing``)."""
+        if self.sync_timing and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = self.now()
+        phase_times[phase] = phase_times.get(phase, 0.0) + (now - since)
+        return now
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None) -> int:
@@ -300,8 +315,10 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return the requests that finished in it."""
+        phases: dict[str, float] = {}
         t_start = self.now()
         sched = self.scheduler.schedule()
+        t = self._lap(phases, "schedule", t_start)
         if sched.is_empty:
             if self.scheduler.has_unfinished():
                 raise RuntimeError(
@@ -323,11 +340,13 @@ class Engine:
                 emitting.append((i, seq, n))
 
         batch = prepare_batch(chunks, self.block_size, self.device)
+        t = self._lap(phases, "prepare", t)
         if self.graphs is not None and self.graphs.can_run(batch):
             hidden = self.graphs.run(batch)  # (T, hidden), one graph replay
             self.num_graph_steps += 1
         else:
             hidden = self.model(batch, self._kv_pairs)  # (T, hidden)
+        t = self._lap(phases, "forward", t)
 
         sampled: dict[int, int | list[int]] = {}
         if emitting:
@@ -348,12 +367,13 @@ class Engine:
                 sampled[seq.seq_id] = tokens[pos] if n == 1 else tokens[pos:pos + n]
                 pos += n
             self.num_generated_tokens += len(tokens)
+        t = self._lap(phases, "sample", t)
 
-        now = self.now()
-        finished_seqs = self.scheduler.update(sched.scheduled, sampled, now)
+        finished_seqs = self.scheduler.update(sched.scheduled, sampled, t)
         outputs = self._collect(finished_seqs)
+        now = self._lap(phases, "update", t)
         if self._subscribers:
-            self._emit(self._step_metrics(sched, now, now - t_start, len(finished_seqs)))
+            self._emit(self._step_metrics(sched, now, now - t_start, len(finished_seqs), phases))
             for out in outputs:
                 self._emit(out.metrics)
         self.step_count += 1
@@ -412,7 +432,8 @@ class Engine:
             ))
         return outputs
 
-    def _step_metrics(self, sched: SchedulerOutput, now: float, duration: float, num_finished: int) -> StepMetrics:
+    def _step_metrics(self, sched: SchedulerOutput, now: float, duration: float, num_finished: int,
+                      phase_times: dict[str, float]) -> StepMetrics:
         stats = self.scheduler.stats()
         decodes = sum(1 for s in sched.scheduled if not s.is_prefill)
         prefill_tokens = sum(s.num_new_tokens for s in sched.scheduled if s.is_prefill)
@@ -423,7 +444,7 @@ class Engine:
             num_batched_tokens=sched.num_batched_tokens, num_prefill_tokens=prefill_tokens,
             num_decode_seqs=decodes, num_preempted=len(sched.preempted), num_preemptions=stats["preemptions"],
             num_finished=num_finished, kv_usage=stats["kv_usage"], num_used_blocks=self.allocator.num_used_blocks,
-            num_tokens_in_cache=in_cache, prefix_hit_rate=stats["prefix_hit_rate"],
+            num_tokens_in_cache=in_cache, prefix_hit_rate=stats["prefix_hit_rate"], phase_times=phase_times,
         )
 
     # -- batch helpers -------------------------------------------------------------------------
