@@ -120,6 +120,7 @@ class ContractModel:
                  f"sequence {seq_id}: {cached} cached tokens of a {len(tokens)}-token prompt; a hit must be whole "
                  f"blocks of {self.block_size} and leave the last token to compute")
         self.tokens[seq_id] = list(tokens)
+        self._check_table(seq_id)  # before writing through the table
         self._write(seq_id, cached)  # the cached head must already hold these prefixes: check() sees it
         return seq_id
 
@@ -137,6 +138,7 @@ class ContractModel:
         self.history.append(f"append({seq_id}, {token})")
         self._apply_copies()
         self.tokens[seq_id].append(token)
+        self._check_table(seq_id)
         position = len(self.tokens[seq_id]) - 1
         _require(slot == self.a.slot(seq_id, position),
                  f"append({seq_id}) returned slot {slot}, but the block table puts token {position} in slot "
@@ -179,13 +181,17 @@ class ContractModel:
         _require(self.a.num_free_blocks == holders.count(0),
                  f"num_free_blocks is {self.a.num_free_blocks}, but {holders.count(0)} blocks are held by nobody")
 
+    def _check_table(self, s) -> None:
+        tokens = self.tokens[s]
+        n_blocks = len(self.a.block_table(s))
+        _require(n_blocks == math.ceil(len(tokens) / self.block_size),
+                 f"sequence {s} has {len(tokens)} tokens but {n_blocks} blocks (expected ceil(n/B) = "
+                 f"{math.ceil(len(tokens) / self.block_size)})")
+        _require(list(self.a.token_ids(s)) == tokens, f"sequence {s}: token_ids differ from what was given")
+
     def check_tables(self) -> None:
-        for s, tokens in self.tokens.items():
-            n_blocks = len(self.a.block_table(s))
-            _require(n_blocks == math.ceil(len(tokens) / self.block_size),
-                     f"sequence {s} has {len(tokens)} tokens but {n_blocks} blocks (expected ceil(n/B) = "
-                     f"{math.ceil(len(tokens) / self.block_size)})")
-            _require(list(self.a.token_ids(s)) == tokens, f"sequence {s}: token_ids differ from what was given")
+        for s in self.tokens:
+            self._check_table(s)
 
     def check_reads(self) -> None:
         for s, tokens in self.tokens.items():

@@ -117,15 +117,18 @@ def run_static(model, requests, *, kv_slots: int, block_size: int = 16, max_seq_
     """Batches of ``b = kv_slots // max_seq_len`` in arrival order, each run to its longest output.
 
     ``max_seq_len`` (``L_max``, what a contiguous cache reserves per sequence) defaults to the
-    workload's longest prompt + output -- generous to the static baseline, which in practice must
-    reserve the model's maximum.
+    workload's longest prompt plus its longest output: the most a padded row can reach, and
+    generous to the static baseline, which in practice must reserve the model's maximum. The KV
+    accounting is that contiguous reservation; the engine that computes the batches is only given
+    blocks enough for ``b`` rows of ``L_max``, so it never preempts.
     """
     if max_seq_len is None:
-        max_seq_len = max(len(p) + n for p, n in requests)
+        max_seq_len = max(len(p) for p, _ in requests) + max(n for _, n in requests)
     b = kv_slots // max_seq_len
     if b < 1:
         raise ValueError(f"kv_slots={kv_slots} cannot hold even one sequence of L_max={max_seq_len} tokens")
-    engine = _engine(model, kv_slots, block_size, b, max_num_batched_tokens=max_num_batched_tokens)
+    engine = _engine(model, b * -(-max_seq_len // block_size) * block_size, block_size, b,
+                     max_num_batched_tokens=max_num_batched_tokens)
     timeline: list[list[int]] = [[] for _ in requests]
     outputs: list[list[int]] = [[] for _ in requests]
     batch_size, live, computed = [], [], 0

@@ -91,6 +91,15 @@ def static_finish_steps(max_tokens=MAX_TOKENS_5_2, batch=MAX_NUM_SEQS_5_2) -> li
     return steps
 
 
+def _static_answers() -> set[int]:
+    """What static batching would say for the last request: its batch's end, or its own end inside
+    its batch (both also counted from 1)."""
+    batch_end = static_finish_steps()[-1]
+    last_batch_start = batch_end - max(MAX_TOKENS_5_2[-MAX_NUM_SEQS_5_2:]) + 1
+    own_end = last_batch_start + MAX_TOKENS_5_2[-1] - 1
+    return {batch_end, batch_end + 1, own_end, own_end + 1}
+
+
 FINISH_STEP_5_2 = 14  # r0, r1 from step 0; r1 ends in 2, r2 starts in 3 (ends 10); r0 ends in 4, r3 runs 5-6;
 # r4 starts in 7 (ends 12); r5 starts in 11 and its 4 tokens end in step 14.
 
@@ -105,7 +114,7 @@ def _check_5_2(answer) -> Verdict:
         return verdict
     if answer == expected + 1:
         verdict.lines.append("    Steps count from 0 here: the first step (which prefills the first two) is step 0.")
-    elif answer in (static_finish_steps()[-1], static_finish_steps()[-1] + 1):
+    elif answer in _static_answers():
         verdict.lines.append("    That is static batching (each pair runs to its longest request). Continuous batching "
                              "admits a waiting request in the step after any running one finishes.")
     elif answer == expected - 1 or answer == expected - 2:
