@@ -2,7 +2,7 @@
 
 For each lesson: open it in JupyterLab, Run All Cells, wait until every code cell has run, and check
 that widgets (``.jupyter-widgets``, a slider) and plotly plots (``.js-plotly-plot``) rendered; then
-interact -- lesson 1 picks another model preset, lessons 2 and 3 click a button -- and check that a
+interact -- lesson 1 picks another model preset, lessons 2, 3 and 5 click a button -- and check that a
 plot's data changed in the page (browser -> kernel -> browser). The notebook is then saved and its
 outputs read back: no cell may hold an error. Screenshots go to ``build/browser/``.
 
@@ -137,6 +137,8 @@ def _interact(page, lesson: str) -> None:
         page.locator(f"{PANEL} .widget-dropdown select").first.select_option(label="Llama-2-7B")
     elif lesson.startswith("02_"):
         page.locator(f"{PANEL} .widget-button", has_text="add request").first.click()
+    elif lesson.startswith("05_"):  # one engine step: the pool, the tables and the metrics all move
+        page.locator(f"{PANEL} .widget-button", has_text="step").first.click()
     else:
         page.locator(f"{PANEL} .widget-button", has_text="new chat request").first.click()
 
