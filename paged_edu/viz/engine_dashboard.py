@@ -63,7 +63,7 @@ class EngineDashboard:
         self.metrics = _figure_widget(EF.engine_metrics_figure(self.history))
         controls = W.VBox([W.HBox([self.prompt, self.max_tokens, self.add_button]),
                            W.HBox([self.step_button, self.run10_button, self.end_button]), self.status])
-        self.ui = W.VBox([controls, W.HBox([W.VBox([self.queues, self.grid]), self.table]), self.texts, self.metrics])
+        self.ui = W.VBox([controls, self.queues, self.grid, self.table, self.texts, self.metrics])
         self.refresh()
 
     # -- callbacks (also the headless API) ---------------------------------------------------------
