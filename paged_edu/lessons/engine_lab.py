@@ -105,10 +105,11 @@ def engine_on(model: PagedLlama, allocator, **engine_kwargs) -> Engine:
     engine = Engine(model, num_blocks=allocator.num_blocks, block_size=allocator.block_size,
                     enable_prefix_caching=bool(getattr(allocator, "enable_prefix_caching", False)), **engine_kwargs)
     old = engine.scheduler
+    limits = {"max_model_len": old.max_model_len} if hasattr(old, "max_model_len") else {}  # newer schedulers
     engine.scheduler = Scheduler(
         allocator, max_num_seqs=old.max_num_seqs, max_num_batched_tokens=old.max_num_batched_tokens,
         enable_chunked_prefill=old.enable_chunked_prefill, preemption_mode=old.preemption_mode,
-        num_cpu_blocks=old.num_cpu_blocks,
+        num_cpu_blocks=old.num_cpu_blocks, **limits,
     )
     engine.allocator = allocator
     return engine
