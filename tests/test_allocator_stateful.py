@@ -69,6 +69,20 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.model.check_reads()
 
 
+def _use_position_blind_hash(monkeypatch):
+    """The seed's per-block hash, ``sha256(block)``, wherever the allocator's chain is hashed."""
+    import hashlib
+    import importlib
+
+    for name in ("paged_edu.core.allocator", "paged_edu.core.block_hash"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "hash_block"):
+            monkeypatch.setattr(module, "hash_block", lambda parent, data: hashlib.sha256(data).digest())
+
+
 def test_random_operations_keep_every_invariant():
     AllocatorMachine.steps_run = 0
     run_state_machine_as_test(AllocatorMachine, settings=STEPS)
@@ -77,11 +91,7 @@ def test_random_operations_keep_every_invariant():
 
 def test_the_machine_can_catch_a_position_blind_hash(monkeypatch):
     """Sanity check of the oracle: with the seed's per-block hash the machine must fail."""
-    import hashlib
-
-    import paged_edu.core.allocator as alloc
-
-    monkeypatch.setattr(alloc, "hash_block", lambda parent, data: hashlib.sha256(data).digest())
+    _use_position_blind_hash(monkeypatch)
     try:
         run_state_machine_as_test(AllocatorMachine, settings=settings(STEPS, max_examples=200, database=None))
     except AssertionError:
@@ -91,12 +101,8 @@ def test_the_machine_can_catch_a_position_blind_hash(monkeypatch):
 
 def test_the_plain_driver_passes_the_library_allocator_and_catches_the_same_bug(monkeypatch):
     """check_contract (no hypothesis, what lesson 5 runs) agrees with the machine on both."""
-    import hashlib
-
-    import paged_edu.core.allocator as alloc
-
     report = check_contract(BlockAllocator)
     assert report.ok and report.num_ops >= 2000, report.error
-    monkeypatch.setattr(alloc, "hash_block", lambda parent, data: hashlib.sha256(data).digest())
+    _use_position_blind_hash(monkeypatch)
     report = check_contract(BlockAllocator)
     assert not report.ok and "expected" in report.error
