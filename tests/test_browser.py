@@ -3,7 +3,7 @@
 For each lesson: open it in JupyterLab, Run All Cells, wait until every code cell has run, and check
 that widgets (``.jupyter-widgets``, a slider) and plotly plots (``.js-plotly-plot``) rendered; then
 interact -- one entry per lesson in ``INTERACTIONS`` (lesson 1 picks another model preset, lessons 2
-and 3 click a button, 4 steps the online softmax) -- and check that a plot's data changed in the page (browser -> kernel -> browser). The notebook is then saved and its
+and 3 click a button, 4 steps the online softmax, 5 steps the engine) -- and check that a plot's data changed in the page (browser -> kernel -> browser). The notebook is then saved and its
 outputs read back: no cell may hold an error. Screenshots go to ``build/browser/``.
 
 JupyterLab runs on 127.0.0.1 with throw-away JUPYTER_* and IPYTHONDIR folders, over a copy of
@@ -133,6 +133,7 @@ INTERACTIONS = {
     "02_": _click("add request"),          # the block-table widget
     "03_": _click("new chat request"),     # the prefix-sharing widget
     "04_": _click("next block"),           # the online-softmax stepper
+    "05_": _click("step"),                 # one engine step: the pool, the tables and the metrics move
 }
 
 

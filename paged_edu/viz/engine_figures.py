@@ -1,0 +1,112 @@
+"""Figures of the engine at work (lesson 5): pure functions of measured runs, no widgets.
+
+* :func:`timeline_figure` -- who is in the batch at each step, static against continuous batching;
+* :func:`batching_bars_figure` -- useful tokens per second and KV slots holding a token, side by side;
+* :func:`chunked_prefill_figure` -- tokens per step, decodes and prompt chunks, under the budget;
+* :func:`phase_figure` -- where each step's time goes, against the cost model's roofline;
+* :func:`engine_metrics_figure` -- the dashboard's live gauges over steps.
+
+Each ``*_data`` function returns what its figure draws, so a widget can update a ``FigureWidget``
+in place and a test can compare.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from paged_edu.viz.figures import SEQ_COLORS
+
+__all__ = ["batching_bars_figure", "chunked_prefill_data", "chunked_prefill_figure", "engine_metrics_data",
+           "engine_metrics_figure", "phase_figure", "timeline_figure", "PHASE_COLORS"]
+
+# Timeline codes (paged_edu.lessons.batching): waiting, useful, wasted (finished, still computed), done.
+_TIMELINE_COLORS = ["#e8e8e8", "#17a398", "#e4572e", "#ffffff"]
+_TIMELINE_SCALE = [[v, c] for k, c in enumerate(_TIMELINE_COLORS) for v in (k / 4, (k + 1) / 4)]
+PHASE_COLORS = {"schedule": "#6a4c93", "prepare": "#1982c4", "forward": "#17a398", "sample": "#f3a712",
+                "update": "#e4572e"}
+
+
+def timeline_figure(*runs, max_rows: int = 40) -> go.Figure:
+    """One panel per run: rows are requests, columns steps; teal = computed and useful, red = finished
+    but still computed (static batching's padding), grey = waiting, white = done."""
+    fig = make_subplots(rows=len(runs), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=[f"{r.name}: {r.num_steps} steps, {r.wasted_fraction:.0%} of computed tokens "
+                                        "wasted" for r in runs])
+    for k, run in enumerate(runs, start=1):
+        z = run.timeline[:max_rows]
+        fig.add_trace(go.Heatmap(z=z, zmin=-0.5, zmax=3.5, colorscale=_TIMELINE_SCALE, showscale=False, xgap=1,
+                                 ygap=1, hovertemplate="request %{y}, step %{x}<extra></extra>"), k, 1)
+        fig.update_yaxes(autorange="reversed", title_text="request", row=k, col=1)
+    fig.update_xaxes(title_text="step", row=len(runs), col=1)
+    fig.update_layout(height=180 + 220 * len(runs), margin={"t": 60, "l": 60, "r": 20, "b": 40},
+                      title="Who is in the batch at each step (teal: useful, red: finished but still computed, "
+                            "grey: waiting)")
+    return fig
+
+
+def batching_bars_figure(*runs) -> go.Figure:
+    """Useful output tokens per second, and the KV slots of the budget holding a live token."""
+    names = [r.name for r in runs]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("useful output tokens / s", "KV slots holding a token"))
+    colors = ["#999999", "#17a398", "#1982c4"][: len(runs)]
+    fig.add_trace(go.Bar(x=names, y=[r.tokens_per_s for r in runs], marker_color=colors,
+                         text=[f"{r.tokens_per_s:,.0f}" for r in runs], textposition="auto"), 1, 1)
+    fig.add_trace(go.Bar(x=names, y=[100 * r.kv_holding_token for r in runs], marker_color=colors,
+                         text=[f"{100 * r.kv_holding_token:.0f}%" for r in runs], textposition="auto"), 1, 2)
+    fig.update_yaxes(title_text="%", range=[0, 100], row=1, col=2)
+    fig.update_layout(height=340, showlegend=False, margin={"t": 50, "b": 40})
+    return fig
+
+
+def chunked_prefill_data(trace: dict) -> dict[str, list]:
+    return {"x": trace["step"], "decode": trace["decode_tokens"], "prefill": trace["prefill_tokens"],
+            "budget": [trace["budget"]] * len(trace["step"]), "done": trace["long_done"]}
+
+
+def chunked_prefill_figure(trace: dict) -> go.Figure:
+    """Stacked tokens per step (decodes, prompt chunks) under ``max_num_batched_tokens``."""
+    d = chunked_prefill_data(trace)
+    fig = go.Figure([
+        go.Bar(x=d["x"], y=d["decode"], name="decode tokens (one per running request)", marker_color=SEQ_COLORS[1]),
+        go.Bar(x=d["x"], y=d["prefill"], name="prefill tokens (prompt chunks)", marker_color=SEQ_COLORS[0]),
+        go.Scatter(x=d["x"], y=d["budget"], mode="lines", name="max_num_batched_tokens", line={"dash": "dash",
+                   "color": "#333"}),
+    ])
+    fig.update_layout(barmode="stack", height=340, xaxis_title="step", yaxis_title="tokens in the step",
+                      title=f"A {trace['long_prompt_len']}-token prompt arrives in step 2 while 3 requests decode",
+                      margin={"t": 50, "b": 40}, legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def phase_figure(profile: dict, phases=tuple(PHASE_COLORS)) -> go.Figure:
+    """Milliseconds per step by phase (stacked bars) and the roofline for the same batch (a line)."""
+    x = profile["step"]
+    fig = go.Figure([go.Bar(x=x, y=[1e3 * t for t in profile[p]], name=p, marker_color=PHASE_COLORS[p])
+                     for p in phases])
+    fig.add_trace(go.Scatter(x=x, y=[1e3 * t for t in profile["roofline"]], mode="lines+markers", name=
+                             f"roofline on {profile['gpu']} (same batch)", line={"color": "#111", "dash": "dot"}))
+    fig.update_layout(barmode="stack", height=380, xaxis_title="step", yaxis_title="ms", yaxis_type="log",
+                      title="Where each step's time goes (log scale)", margin={"t": 50, "b": 40},
+                      legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def engine_metrics_data(history: list) -> dict[str, list]:
+    """From a list of :class:`~paged_edu.engine.StepMetrics`: the gauges the dashboard plots."""
+    return {"x": [m.step for m in history], "kv_usage": [m.kv_usage for m in history],
+            "hit_rate": [m.prefix_hit_rate for m in history], "tokens": [m.num_batched_tokens for m in history],
+            "running": [m.num_running for m in history]}
+
+
+def engine_metrics_figure(history: list) -> go.Figure:
+    d = engine_metrics_data(history)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("KV usage and prefix hit rate", "tokens and sequences per step"))
+    fig.add_trace(go.Scatter(x=d["x"], y=d["kv_usage"], mode="lines+markers", name="KV usage"), 1, 1)
+    fig.add_trace(go.Scatter(x=d["x"], y=d["hit_rate"], mode="lines+markers", name="prefix hit rate"), 1, 1)
+    fig.add_trace(go.Bar(x=d["x"], y=d["tokens"], name="tokens in the step", marker_color="#9ecae1"), 1, 2)
+    fig.add_trace(go.Scatter(x=d["x"], y=d["running"], mode="lines+markers", name="running"), 1, 2)
+    fig.update_yaxes(range=[0, 1.02], row=1, col=1)
+    fig.update_xaxes(title_text="step")
+    fig.update_layout(height=300, margin={"t": 40, "b": 40}, legend={"orientation": "h", "y": -0.3})
+    return fig
