@@ -544,3 +544,23 @@ def test_smollm2_engine_matches_transformers_generate():
     assert_no_leaks(engine)
     replies = engine.chat([[system, {"role": "user", "content": questions[0]}]], tokenizer, max_new_tokens=8)
     assert "Paris" in replies[0]
+
+
+def test_engine_runs_on_a_given_allocator_and_refuses_one_of_another_size(hf_model, prompts, reference):
+    """``allocator=`` (lesson 5's bring-your-own allocator): the engine's own block tables are the
+    given allocator's, and the greedy output is the same as on a fresh one."""
+    from paged_edu.core.allocator import BlockAllocator
+
+    model = PagedLlama.from_hf(hf_model)
+    mine = BlockAllocator(64, 4, enable_prefix_caching=False)
+    engine = Engine(model, num_blocks=64, block_size=4, enable_prefix_caching=False, allocator=mine)
+    assert engine.allocator is mine
+    assert engine.generate(prompts, max_new_tokens=8) == [r[:8] for r in reference]
+    assert_no_leaks(engine)
+    for wrong in (BlockAllocator(32, 4), BlockAllocator(64, 8)):
+        with pytest.raises(ValueError, match="allocator must be an empty pool"):
+            Engine(model, num_blocks=64, block_size=4, allocator=wrong)
+    busy = BlockAllocator(64, 4)
+    busy.allocate("x", [1, 2, 3])
+    with pytest.raises(ValueError, match="allocator must be an empty pool"):
+        Engine(model, num_blocks=64, block_size=4, allocator=busy)

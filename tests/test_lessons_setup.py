@@ -73,3 +73,15 @@ def test_run_lessons_reports_a_bad_value_by_name(tmp_path, capsys):
     assert code == 1
     record = json.loads((tmp_path / "summary.json").read_text())[0]
     assert "num_requests=0 is out of range" in record["error"] and "ZeroDivision" not in record["error"]
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("batching_model", "big", "one of 'auto', 'tiny', 'lesson'"), ("batching_model", 1, "one of"),
+    ("question", "", "a non-empty string"), ("question", None, "a non-empty string"),
+    ("block_size", 0, "from 1 to 256"), ("max_new_tokens", 0, "from 1 to 512"),
+])
+def test_lessons_4_and_5_parameters_are_refused_with_the_values_they_take(name, value, words):
+    with pytest.raises(ValueError) as err:
+        S.setup("cpu", quiet=True, **{"seed": 0, name: value})
+    assert str(err.value).startswith(f"{name}={value!r}") and words in str(err.value), str(err.value)
+    assert S.check_parameters(batching_model="tiny", question="Hi?") == {"batching_model": "tiny", "question": "Hi?"}

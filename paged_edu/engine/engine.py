@@ -16,9 +16,8 @@ One call of :meth:`Engine.step` is one *iteration* of iteration-level scheduling
 5. :meth:`Scheduler.update` appends the tokens and finishes sequences on ``max_tokens`` or a stop
    token, freeing their blocks at once -- the next step can admit a waiting request into them.
 
-A prefix-cache hit needs no special case here: the allocator reports ``num_cached_tokens`` at
-admission and the scheduler starts the prompt's first chunk after them, so their K/V is never
-computed again.
+A prefix-cache hit needs no special case: the scheduler starts the prompt's first chunk after the
+``num_cached_tokens`` the allocator reports at admission, so their K/V is never computed again.
 
 The speed machinery (packing the flat batch, CUDA-graph replays) lives in the
 :class:`~paged_edu.engine.runner.ModelRunner`, so that :meth:`Engine.step` reads as the five steps above.
@@ -50,17 +49,13 @@ from paged_edu.engine import offline
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
 from paged_edu.engine.requests import check_max_model_len, check_request
 from paged_edu.engine.runner import BatchChunk, ModelRunner, token_slice
+from paged_edu.engine.memory_manager import MemoryManager
 from paged_edu.engine.sampling import Sampler, SamplingParams, sample
 from paged_edu.engine.scheduler import Scheduler
 from paged_edu.engine.sequence import Sequence as Seq
 from paged_edu.models.llama import PagedLlama
 
 __all__ = ["Engine", "RequestMetrics", "RequestOutput", "SamplingParams", "StepMetrics"]
-
-
-# ----------------------------------------------------------------------------------------------
-# The engine
-# ----------------------------------------------------------------------------------------------
 
 
 class Engine:
@@ -82,6 +77,8 @@ class Engine:
         (more is refused); default: those positions, capped by what the pool holds.
     sync_timing: synchronise the device at every phase boundary so that ``StepMetrics.phase_times``
         attributes GPU time to the phase that launched it (slower; for measuring, not serving).
+    allocator: a memory manager of ``num_blocks`` x ``block_size`` to run on instead of a new
+        :class:`BlockAllocator` (lesson 5 runs a learner's); it must hold no sequence yet.
     """
 
     def __init__(
@@ -102,6 +99,7 @@ class Engine:
         max_model_len: int | None = None,
         seed: int = 0,
         sync_timing: bool = False,
+        allocator: MemoryManager | None = None,
     ) -> None:
         if not isinstance(model, PagedLlama):
             raise TypeError(f"model must be a PagedLlama (use PagedLlama.from_hf), got {type(model).__name__}")
@@ -116,7 +114,10 @@ class Engine:
         self.max_model_len = check_max_model_len(max_model_len, c.max_position_embeddings, num_blocks, block_size)
         # A prompt computed over several steps must not be hit in the prefix cache before its K/V
         # exists: the allocator publishes a block when the scheduler marks it computed.
-        self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching, cache_when_computed=True)
+        a = self.allocator = allocator if allocator is not None else BlockAllocator(
+            num_blocks, block_size, enable_prefix_caching, cache_when_computed=True)
+        if (a.num_blocks, a.block_size, a.num_free_blocks) != (num_blocks, block_size, num_blocks):
+            raise ValueError(f"allocator must be an empty pool of num_blocks={num_blocks} x block_size={block_size}")
         self.scheduler = Scheduler(
             self.allocator, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             enable_chunked_prefill=enable_chunked_prefill, preemption_mode=preemption_mode,

@@ -18,13 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from paged_edu.engine import Engine
-from paged_edu.engine.scheduler import Scheduler
 
-try:  # the models package after its split into config / llama / loaders
-    from paged_edu.models.config import LlamaConfig, smollm2_config
-    from paged_edu.models.loaders import load_smollm2_hf, random_hf_llama
-except ImportError:  # pragma: no cover - the one-module layout before the split
-    from paged_edu.models.llama import LlamaConfig, load_smollm2_hf, random_hf_llama, smollm2_config
+from paged_edu.models.config import LlamaConfig, smollm2_config
+from paged_edu.models.loaders import load_smollm2_hf, random_hf_llama
 from paged_edu.models.llama import PagedLlama
 
 __all__ = ["LessonModel", "chat_prompt", "engine_on", "hf_greedy", "lesson_model", "tiny_model"]
@@ -102,14 +98,6 @@ def engine_on(model: PagedLlama, allocator, **engine_kwargs) -> Engine:
     The pool's size and block size are the allocator's; the other keyword arguments are
     :class:`~paged_edu.engine.Engine`'s (``max_num_seqs``, ``max_num_batched_tokens``, ...).
     """
-    engine = Engine(model, num_blocks=allocator.num_blocks, block_size=allocator.block_size,
-                    enable_prefix_caching=bool(getattr(allocator, "enable_prefix_caching", False)), **engine_kwargs)
-    old = engine.scheduler
-    limits = {"max_model_len": old.max_model_len} if hasattr(old, "max_model_len") else {}  # newer schedulers
-    engine.scheduler = Scheduler(
-        allocator, max_num_seqs=old.max_num_seqs, max_num_batched_tokens=old.max_num_batched_tokens,
-        enable_chunked_prefill=old.enable_chunked_prefill, preemption_mode=old.preemption_mode,
-        num_cpu_blocks=old.num_cpu_blocks, **limits,
-    )
-    engine.allocator = allocator
-    return engine
+    return Engine(model, num_blocks=allocator.num_blocks, block_size=allocator.block_size,
+                  enable_prefix_caching=bool(getattr(allocator, "enable_prefix_caching", False)),
+                  allocator=allocator, **engine_kwargs)

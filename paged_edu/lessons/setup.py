@@ -22,7 +22,7 @@ import sys
 
 from dataclasses import dataclass
 
-__all__ = ["PARAMETERS", "REPO_URL", "IntParameter", "check_device", "check_parameters", "colab_cell_source",
+__all__ = ["PARAMETERS", "REPO_URL", "IntParameter", "TextParameter", "check_device", "check_parameters", "colab_cell_source",
            "default_dtype", "pick_device", "setup"]
 
 REPO_URL = "https://github.com/paged-edu/paged_edu"
@@ -62,17 +62,39 @@ class IntParameter:
         return value
 
 
+@dataclass(frozen=True, slots=True)
+class TextParameter:
+    """A string lesson parameter: any non-empty text, or one of ``choices`` when they are given."""
+
+    meaning: str
+    choices: tuple[str, ...] = ()
+
+    def check(self, name: str, value) -> str:
+        takes = f"one of {', '.join(map(repr, self.choices))}" if self.choices else "a non-empty string"
+        if not isinstance(value, str) or not value.strip() or (self.choices and value not in self.choices):
+            raise ValueError(f"{name}={value!r} is not allowed; {name} takes {takes} ({self.meaning})")
+        return value
+
+
 # One rule per lesson parameter name; a lesson that adds a parameter adds its rule here.
-PARAMETERS: dict[str, IntParameter] = {
+PARAMETERS: dict[str, IntParameter | TextParameter] = {
     "seed": IntParameter(0, 2**32 - 1, "the random seed"),
     "L_max": IntParameter(1, 1024, "lesson 1: the contiguous reservation per request, in tokens"),
-    "num_requests": IntParameter(1, 100_000, "lesson 2: requests per block size in the utilisation experiment"),
+    "num_requests": IntParameter(1, 100_000, "lesson 2: requests per block size in the utilisation experiment; "
+                                 "lesson 5: requests in the static-vs-continuous measurement"),
     "s_max": IntParameter(1, 65_536, "lesson 2: the longest request length drawn, in tokens"),
     "num_chats": IntParameter(1, 10_000, "lesson 3: chat requests in the hit-rate experiment"),
     "seq_len": IntParameter(1, 4096, "lesson 4: tokens of the sequence in the online-softmax stepper"),
     "block_size": IntParameter(1, 256, "lesson 4: B, tokens per block in the stepper"),
     "cpu_seq_len": IntParameter(1, 4096, "lesson 4: per-sequence length of the CPU ladder (Triton's interpreter)"),
     "gpu_reps": IntParameter(1, 10_000, "lesson 4: timed replays per measurement on a GPU"),
+    "question": TextParameter("lesson 5: the chat prompt the real model answers"),
+    "max_new_tokens": IntParameter(1, 512, "lesson 5: tokens the model may generate for the question"),
+    "max_output_len": IntParameter(2, 4096, "lesson 5: the longest output drawn in the batching measurement"),
+    "static_batch": IntParameter(1, 1024, "lesson 5: the KV budget, in contiguous reservations of L_max tokens"),
+    "batching_model": TextParameter("lesson 5: the model of the batching measurement", ("auto", "tiny", "lesson")),
+    "profile_requests": IntParameter(1, 1024, "lesson 5: requests in the step-phase profile"),
+    "profile_max_tokens": IntParameter(2, 4096, "lesson 5: the longest output in the step-phase profile"),
 }
 
 
