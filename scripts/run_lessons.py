@@ -55,6 +55,16 @@ def unexpected_errors(executed: Path) -> list[str]:
             for o in c.get("outputs", []) if o.get("output_type") == "error"]
 
 
+def drop_error_banners(executed: Path) -> None:
+    """Remove the "An Exception was encountered" cells papermill adds when a cell raises: for a cell
+    that is meant to raise (tagged ``raises-exception``) they would tell a reader the lesson broke."""
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    nb.cells = [c for c in nb.cells if "papermill-error-cell-tag" not in c.metadata.get("tags", [])]
+    nbformat.write(nb, executed)
+
+
 def parse_value(text: str):
     """papermill's ``-p`` reading of a value: an int, else a float, else the string itself."""
     for kind in (int, float):
@@ -99,6 +109,7 @@ def run(path: Path, out_dir: Path, parameters: dict | str, timeout: int, *, stor
         # end: a lesson whose only errors are in such cells -- meant to fail, e.g. lesson 4 -- ran fine.
         if type(exc).__name__ == "PapermillExecutionError" and dst.exists() and not unexpected_errors(dst):
             record["ok"], record["error"] = True, None
+            drop_error_banners(dst)
     record["seconds"] = round(time.perf_counter() - start, 2)
     if dst.exists():
         record["device"] = lesson_device(dst)

@@ -85,3 +85,26 @@ def test_lessons_4_and_5_parameters_are_refused_with_the_values_they_take(name, 
         S.setup("cpu", quiet=True, **{"seed": 0, name: value})
     assert str(err.value).startswith(f"{name}={value!r}") and words in str(err.value), str(err.value)
     assert S.check_parameters(batching_model="tiny", question="Hi?") == {"batching_model": "tiny", "question": "Hi?"}
+
+
+def test_a_lesson_whose_only_error_is_meant_runs_ok_without_papermills_error_banner(tmp_path):
+    """Lesson 4 shows the seed's kernel failing in a cell tagged raises-exception: the run is ok, and
+    the executed copy (which the site renders) carries no "An Exception was encountered" banner."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    nb.cells = [nbformat.v4.new_code_cell("device = 'cpu'", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("1 / 0", metadata={"tags": ["raises-exception"]}),
+                nbformat.v4.new_code_cell("print('after')")]
+    src = tmp_path / "99_meant.ipynb"
+    nbformat.write(nb, src)
+    (tmp_path / "out").mkdir(), (tmp_path / "out2").mkdir()
+    record = run_lessons.run(src, tmp_path / "out", "cpu", 60)
+    assert record["ok"] and record["error"] is None
+    done = nbformat.read(tmp_path / "out" / src.name, as_version=4)
+    assert not [c for c in done.cells if "papermill-error-cell-tag" in c.metadata.get("tags", [])]
+    assert "after" in done.cells[-1].outputs[0]["text"]
+    nb.cells[1].metadata["tags"] = []  # the same error, not meant: the run fails
+    nbformat.write(nb, src)
+    assert not run_lessons.run(src, tmp_path / "out2", "cpu", 60)["ok"]
