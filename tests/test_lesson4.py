@@ -307,3 +307,18 @@ def test_every_piece_of_the_kernel_the_lesson_shows_is_still_in_its_source():
     assert len(calls) >= 5
     for call in calls:
         assert eval(call, {"ladder": ladder, "td": td}).strip(), call  # noqa: S307 -- our own notebook
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times CUDA graphs on a GPU")
+def test_gpu_ladder_and_split_sweep_measure_correct_kernels():
+    """The lesson's live GPU cells: every implementation's output checked against the fp32 oracle,
+    the copy ceiling positive, and the kernel's own split count among the measured points."""
+    from paged_edu.lessons.kernel_ladder import gpu_ladder, split_sweep
+
+    (row,) = gpu_ladder([(2, 512)], num_q_heads=8, num_kv_heads=2, head_dim=64, loop_cases=[(2, 512)], reps=5, warmup=2)
+    assert row["ceiling_us"] > 0 and set(row["impls"]) == {"seed", "loop", "torch", "triton"}
+    assert all(r["rel_err"] < 2e-2 and r["us"] > 0 for r in row["impls"].values()), row
+    sweep = split_sweep(1, 2048, [1, 2, 4], num_q_heads=8, num_kv_heads=2, head_dim=64, reps=5, warmup=2)
+    assert {p["splits"] for p in sweep["points"]} >= {1, 2, 4, sweep["chosen_splits"]}
+    assert all(p["rel_err"] < 2e-2 for p in sweep["points"]), sweep

@@ -41,20 +41,27 @@ def _impl_fn(impl: str, case, scale: float):
     return lambda: paged_attention_decode(q, k, v, t, lens, impl="triton", validate=False)
 
 
+def _measured_case(timer, num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size):
+    """A random paged decode case on the GPU with what every timing of it needs: the bytes one call must
+    move, the copy ceiling for its K/V (µs and GB/s, measured now), the scale and the fp32 oracle's output."""
+    case = random_paged_case(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size)
+    k = case[1]
+    kv_bytes = 2 * k.numel() * k.element_size()
+    io_bytes = decode_bytes(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, k.element_size())
+    ceil_us = copy_ceiling_us(timer, kv_bytes)
+    scale = head_dim ** -0.5
+    ref = paged_attention_torch(*case, scale=scale).float()
+    return case, io_bytes, ceil_us, 2 * kv_bytes / ceil_us / 1e3, scale, ref
+
+
 def gpu_ladder(cases, *, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, loop_cases=(),
                reps=50, warmup=10) -> list[dict]:
     """Per case ``(num_seqs, seq_len)``: the copy ceiling and each implementation's µs, GB/s, % of ceiling."""
     timer = Timer(reps, warmup)
     rows = []
     for num_seqs, seq_len in cases:
-        case = random_paged_case(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size)
-        q, k = case[0], case[1]
-        kv_bytes = 2 * k.numel() * k.element_size()
-        io_bytes = decode_bytes(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, k.element_size())
-        ceil_us = copy_ceiling_us(timer, kv_bytes)
-        ceil_gbs = 2 * kv_bytes / ceil_us / 1e3
-        scale = head_dim ** -0.5
-        ref = paged_attention_torch(*case, scale=scale).float()
+        case, io_bytes, ceil_us, ceil_gbs, scale, ref = _measured_case(
+            timer, num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size)
         row = {"case": f"{num_seqs}x{seq_len}", "bytes": io_bytes, "ceiling_us": ceil_us, "ceiling_GBps": ceil_gbs,
                "impls": {}}
         for impl in ("seed", "loop", "torch", "triton"):
@@ -66,7 +73,7 @@ def gpu_ladder(cases, *, num_q_heads=32, num_kv_heads=8, head_dim=128, block_siz
             row["impls"][impl] = {"us": us, "GBps": gbs, "pct_of_ceiling": 100 * gbs / ceil_gbs,
                                   "rel_err": rel_err(out, ref)}
         rows.append(row)
-        del case, q, k, ref
+        del case, ref
         torch.cuda.empty_cache()
     return rows
 
@@ -78,14 +85,9 @@ def split_sweep(num_seqs: int, seq_len: int, splits, *, num_q_heads=32, num_kv_h
     from paged_edu.kernels.triton_decode import _num_sms, choose_num_splits, decode_config, paged_attention_triton
 
     timer = Timer(reps, warmup)
-    case = random_paged_case(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size)
-    q, k = case[0], case[1]
-    kv_bytes = 2 * k.numel() * k.element_size()
-    io_bytes = decode_bytes(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, k.element_size())
-    ceil_us = copy_ceiling_us(timer, kv_bytes)
-    ceil_gbs = 2 * kv_bytes / ceil_us / 1e3
-    scale = head_dim ** -0.5
-    ref = paged_attention_torch(*case, scale=scale).float()
+    case, io_bytes, ceil_us, ceil_gbs, scale, ref = _measured_case(
+        timer, num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size)
+    q = case[0]
     cfg = decode_config(head_dim, num_q_heads // num_kv_heads, on_gpu=True)
     chosen = choose_num_splits(num_seqs, num_kv_heads, seq_len, cfg["TILE"], _num_sms(q.device.index or 0))
     points = []
@@ -93,7 +95,7 @@ def split_sweep(num_seqs: int, seq_len: int, splits, *, num_q_heads=32, num_kv_h
         us, _, out = timer.graph(lambda: paged_attention_triton(*case, scale=scale, num_splits=n))
         points.append({"splits": n, "us": us, "pct_of_ceiling": 100 * io_bytes / us / 1e3 / ceil_gbs,
                        "rel_err": rel_err(out, ref)})
-    del case, q, k, ref
+    del case, q, ref
     torch.cuda.empty_cache()
     return {"case": f"{num_seqs}x{seq_len}", "ceiling_us": ceil_us, "programs_without_splits": num_seqs * num_kv_heads,
             "chosen_splits": chosen, "points": points}
