@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import torch
 
-from paged_edu.core.validation import as_int
+from paged_edu.core.validation import as_int, integer
 from paged_edu.cache.sizing import format_gib, bytes_per_block, kv_budget_from_free_memory, num_blocks_for_budget
 from paged_edu.kernels import kernel_support
 
@@ -47,14 +47,6 @@ __all__ = [
 ]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _int_in(name: str, value, low: int, high: int | None = None) -> int:
-    """``value`` as an int in ``[low, high)``: numpy and torch integers too, never a bool or a float."""
-    value = as_int(value, f"{name} must be an int")
-    if value < low or (high is not None and value >= high):
-        raise ValueError(f"{name} must be {f'in [{low}, {high})' if high is not None else f'>= {low}'}, got {value}")
-    return value
 
 
 # ----------------------------------------------------------------------------------------------
@@ -83,10 +75,10 @@ class PagedKVCache:
         num_cpu_blocks: int = 0,
     ) -> None:
         num_layers, num_blocks, block_size, num_kv_heads, head_dim = (
-            _int_in(name, value, 1) for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks),
+            integer(name, value, low=1) for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks),
                                                          ("block_size", block_size), ("num_kv_heads", num_kv_heads),
                                                          ("head_dim", head_dim)))
-        num_cpu_blocks = _int_in("num_cpu_blocks", num_cpu_blocks, 0)
+        num_cpu_blocks = integer("num_cpu_blocks", num_cpu_blocks, low=0)
         if dtype not in _FLOAT_DTYPES:
             raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
         self.num_layers = num_layers
@@ -126,7 +118,7 @@ class PagedKVCache:
         """As many blocks as ``budget_bytes`` holds (all layers, K and V)."""
         for name, value in (("num_layers", num_layers), ("block_size", block_size),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            _int_in(name, value, 1)
+            integer(name, value, low=1)
         block_bytes = bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
         num_blocks = num_blocks_for_budget(budget_bytes, block_bytes, min_blocks=min_blocks)
         return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device,
@@ -182,7 +174,7 @@ class PagedKVCache:
 
     # -- checks ----------------------------------------------------------------------------------
     def _layer(self, layer: int) -> int:
-        return _int_in("layer", layer, 0, self.num_layers)
+        return integer("layer", layer, low=0, high=self.num_layers - 1)
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(k_cache, v_cache)`` of one layer, each ``(num_blocks, B, num_kv_heads, head_dim)``."""
@@ -306,7 +298,7 @@ class PagedKVCache:
 
     # -- reading ---------------------------------------------------------------------------------
     def _table(self, block_table, seq_len: int) -> list[int]:
-        seq_len = _int_in("seq_len", seq_len, 1)
+        seq_len = integer("seq_len", seq_len, low=1)
         if isinstance(block_table, torch.Tensor):
             block_table = block_table.tolist()
         needed = -(-seq_len // self.block_size)
@@ -342,8 +334,8 @@ class PagedKVCache:
         layer = self._layer(layer)
         if which not in ("k", "v"):
             raise ValueError(f"which must be 'k' or 'v', got {which!r}")
-        t = _int_in("token position t", t, 0)
-        kv_head = _int_in("kv_head", kv_head, 0, self.num_kv_heads)
+        t = integer("token position t", t, low=0)
+        kv_head = integer("kv_head", kv_head, low=0, high=self.num_kv_heads - 1)
         table = self._table(block_table, t + 1)
         cache = (self.k_caches if which == "k" else self.v_caches)[layer]
         strides = self.strides_bytes()

@@ -25,12 +25,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paged_edu.core.validation import as_int
+from paged_edu.core.validation import SEED_LIMIT, as_int, integer
+from paged_edu.core.validation import seed as check_seed
 
 __all__ = ["SamplingParams", "Sampler", "sample"]
-
-
-SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes seeds in [0, 2**64)
 
 
 def _real(name: str, value) -> float:
@@ -38,13 +36,6 @@ def _real(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     return float(value)
-
-
-def _count(name: str, value) -> int:
-    value = as_int(value, f"{name} must be an int")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
 
 
 @dataclass(slots=True, frozen=True)
@@ -65,8 +56,8 @@ class SamplingParams:
     n: int = 1
 
     def __post_init__(self) -> None:
-        max_tokens = _count("max_tokens", self.max_tokens)
-        n = _count("n", self.n)
+        max_tokens = integer("max_tokens", self.max_tokens, low=1)
+        n = integer("n", self.n, low=1)
         temperature = _real("temperature", self.temperature)
         if not math.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
@@ -137,9 +128,7 @@ class Sampler:
     """Per-sample random streams: one CPU ``torch.Generator`` per (request, sample index), seeded once."""
 
     def __init__(self, seed: int = 0) -> None:
-        seed = as_int(seed, "seed must be an int")
-        if not 0 <= seed < SEED_LIMIT:
-            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+        seed = check_seed("seed", seed)
         self._seed_source = torch.Generator().manual_seed(seed)  # for requests without a seed
         self._generators: dict[tuple[int, int], torch.Generator] = {}
 
