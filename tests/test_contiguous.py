@@ -89,3 +89,24 @@ def test_reserve_takes_a_range_with_no_tokens_and_fails_changing_nothing():
     with pytest.raises(FragmentationError, match="largest gap is 4"):
         d.reserve("e", 5)
     assert d.free_gaps == [(0, 3), (6, 4)]
+
+
+def test_bad_input_is_refused_naming_it_and_numpy_integers_are_taken():
+    """The same checks as the paged allocator's (paged_edu.core.validation): bytes are not a prompt,
+    bools are not tokens or sizes, numpy integers are integers; nothing changes on a refusal."""
+    import numpy as np
+
+    c = ContiguousAllocator(np.int64(20), 8)
+    for bad, kind, words in ((b"abc", TypeError, "token_ids"), ([1, True], TypeError, "element 1"),
+                             ([1, 2.5], TypeError, "element 1"), ([1, -3], ValueError, "1")):
+        with pytest.raises(kind, match=words):
+            c.allocate("x", bad)
+    with pytest.raises(TypeError, match="reserve"):
+        c.allocate("x", [1], reserve=True)
+    with pytest.raises(TypeError, match="hashable"):
+        c.reserve(["unhashable"], 2)
+    assert c.seq_ids == [] and c.free_slots == 20
+    assert c.allocate("x", [np.int64(1), 2], reserve=np.int32(4)) == (0, 4)
+    with pytest.raises(TypeError, match="token id"):
+        c.append("x", True)
+    assert c.append("x", np.int64(3)) == 2 and c.num_tokens("x") == 3

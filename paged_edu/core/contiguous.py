@@ -21,6 +21,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from paged_edu.core.allocator import OutOfBlocksError, UnknownSequenceError
+from paged_edu.core.validation import integer, new_id, token_list
+from paged_edu.core.validation import token_id as check_token_id
 
 __all__ = ["ContiguousAllocator", "FragmentationError", "Reservation"]
 
@@ -40,11 +42,8 @@ class ContiguousAllocator:
     """First-fit contiguous reservations over ``num_slots`` token slots."""
 
     def __init__(self, num_slots: int, max_seq_len: int) -> None:
-        for name, value in (("num_slots", num_slots), ("max_seq_len", max_seq_len)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        self.num_slots = num_slots
-        self.max_seq_len = max_seq_len
+        self.num_slots = num_slots = integer("num_slots", num_slots, low=1)
+        self.max_seq_len = integer("max_seq_len", max_seq_len, low=1)
         self._free: list[tuple[int, int]] = [(0, num_slots)]  # sorted (start, size) gaps
         self._seqs: dict[Hashable, Reservation] = {}
 
@@ -126,17 +125,10 @@ class ContiguousAllocator:
         in total but no gap does, :class:`OutOfBlocksError` when they do not suffice at all; in both
         cases nothing changes.
         """
-        tokens = list(token_ids) if isinstance(token_ids, (list, tuple, range)) else None
-        if tokens is None:
-            raise TypeError(f"token_ids must be a list of token ids, got {type(token_ids).__name__}")
+        tokens = token_list("token_ids", token_ids)
         if not tokens:
             raise ValueError("cannot allocate an empty prompt: it needs at least one token")
-        for i, t in enumerate(tokens):
-            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                raise ValueError(f"token ids must be non-negative integers, got {t!r} at position {i}")
-        size = self.max_seq_len if reserve is None else reserve
-        if isinstance(size, bool) or not isinstance(size, int) or size < len(tokens):
-            raise ValueError(f"reserve must be an int >= the prompt's {len(tokens)} tokens, got {size!r}")
+        size = integer("reserve", self.max_seq_len if reserve is None else reserve, low=len(tokens))
         start = self.reserve(seq_id, size)
         self._seqs[seq_id].token_ids = tokens
         return start, size
@@ -148,14 +140,8 @@ class ContiguousAllocator:
         with :meth:`append` (or :meth:`allocate`, which stores a prompt too). Raises
         :class:`FragmentationError` / :class:`OutOfBlocksError` as :meth:`allocate`, changing nothing.
         """
-        try:
-            exists = seq_id in self._seqs
-        except TypeError:
-            raise TypeError(f"sequence id must be hashable, got {type(seq_id).__name__}") from None
-        if exists:
-            raise ValueError(f"sequence id {seq_id!r} already exists")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"size must be a positive int, got {size!r}")
+        new_id("sequence id", seq_id, self._seqs)
+        size = integer("size", size, low=1)
         for i, (start, gap) in enumerate(self._free):
             if gap >= size:
                 if gap == size:
@@ -175,8 +161,7 @@ class ContiguousAllocator:
     def append(self, seq_id: Hashable, token_id: int) -> int:
         """Store one more token inside the reservation; return its slot."""
         res = self._res(seq_id)
-        if not isinstance(token_id, int) or token_id < 0:
-            raise ValueError(f"token id must be a non-negative int, got {token_id!r}")
+        token_id = check_token_id("token id", token_id)
         if len(res.token_ids) >= res.size:
             raise OutOfBlocksError(
                 f"sequence {seq_id!r} is full: its reservation holds {res.size} tokens"
