@@ -11,6 +11,8 @@ import numbers
 
 import torch
 
+from paged_edu.core.memory import KVSpec
+
 __all__ = ["bytes_per_block", "kv_budget_from_free_memory", "num_blocks_for_budget"]
 
 
@@ -20,9 +22,12 @@ def format_gib(n: float) -> str:
 
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Bytes one block costs over all layers, K and V: ``2 * N_layers * B * N_kv * d_head * sizeof``."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+    """Bytes one block costs over all layers, K and V: ``2 * N_layers * B * N_kv * d_head * sizeof`` --
+    the memory model's :meth:`~paged_edu.core.memory.KVSpec.block_bytes` for this torch dtype."""
+    name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype)
+    if name is None:
+        raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+    return KVSpec("cache", num_layers, num_kv_heads, head_dim, name).block_bytes(block_size)
 
 
 def num_blocks_for_budget(budget_bytes: int, block_bytes: int, *, min_blocks: int = 1, what: str = "") -> int:

@@ -12,6 +12,8 @@ import numbers
 import operator
 from dataclasses import asdict, dataclass
 
+from paged_edu.core.memory import KVSpec
+
 __all__ = ["LlamaConfig", "describe", "smollm2_config"]
 
 
@@ -61,10 +63,14 @@ class LlamaConfig:
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
+    def kv_spec(self, dtype: str = "bf16") -> KVSpec:
+        """This model's cache geometry for the memory model (lesson 1's ``M_KV``), in ``dtype``."""
+        return KVSpec("this model", self.num_layers, self.num_kv_heads, self.head_dim, dtype)
+
     @property
     def kv_bytes_per_token(self) -> int:
-        """Bytes one token takes in the cache at 2 bytes a value: ``2 * N_layers * N_kv * d_head * 2``."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 2
+        """Bytes one token takes in a bf16 / fp16 cache, ``M_KV(1)``; other dtypes: :meth:`kv_spec`."""
+        return self.kv_spec().bytes_per_token
 
     @classmethod
     def from_hf(cls, hf_config) -> LlamaConfig:
