@@ -213,6 +213,10 @@ class BlockAllocator:
         plan = self._plan(token_array("token_ids", token_ids))
         return plan.num_fresh + plan.num_revived
 
+    def num_cached_tokens_for(self, token_ids: Sequence[int]) -> int:
+        """Leading tokens of ``token_ids`` an :meth:`allocate` now would hit (changes nothing)."""
+        return len(self._plan(token_array("token_ids", token_ids)).hits) * self.block_size
+
     def take_copies(self) -> list[tuple[int, int]]:
         """The ``(src_block, dst_block)`` copy-on-write copies made since the last call."""
         copies, self._copies = self._copies, []

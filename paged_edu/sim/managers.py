@@ -253,6 +253,9 @@ class ContiguousManager:
         self._slot(seq_id)
         return 0  # nothing is shared
 
+    def num_cached_tokens_for(self, token_ids) -> int:
+        return 0  # no prefix cache
+
     def take_copies(self) -> list[tuple[int, int]]:
         return []
 
