@@ -164,7 +164,8 @@ class RadixAllocator:
                 self._free.append(block_id)
 
     def _publish(self, seq: _RadixSeq, num_blocks: int) -> None:
-        """Insert the sequence's first ``num_blocks`` full blocks into the tree and lock them."""
+        """Insert the sequence's first ``num_blocks`` full blocks into the tree and lock them; a
+        block the tree already holds in another block is swapped for the tree's (same K/V)."""
         if num_blocks <= seq.num_published:
             return
         for i in range(num_blocks):  # a block a fork shares cannot join the tree:
@@ -173,9 +174,13 @@ class RadixAllocator:
                 num_blocks = i
                 break
         blocks = seq.block_table[:num_blocks]
-        node, adopted = self.tree.insert(self._prefix_tokens(seq, num_blocks), blocks)
+        node, adopted, replaced = self.tree.insert(self._prefix_tokens(seq, num_blocks), blocks)
         for block_id in adopted:
             self._in_tree[block_id] = True
+        for i, tree_block in replaced:  # computed twice: hold the tree's copy, drop our own
+            self._ref_count[tree_block] += 1
+            self._release([seq.block_table[i]])
+            seq.block_table[i] = tree_block
         self.tree.lock(node)
         if seq.node is not None:
             self.tree.unlock(seq.node)

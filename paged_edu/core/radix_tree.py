@@ -100,15 +100,15 @@ class RadixTree:
         node, m = path[-1]
         return self.split(node, m) if m < len(node.blocks) else node
 
-    def insert(self, packed: array, blocks: list[int]) -> tuple[RadixNode, list[int]]:
+    def insert(self, packed: array, blocks: list[int]) -> tuple[RadixNode, list[int], list[tuple[int, int]]]:
         """Add the prefix ``packed`` (``len(blocks)`` blocks) held in ``blocks``.
 
-        Walks the cached part, which must be held in the *same* blocks; where the tree holds this
-        prefix in other blocks (computed twice), the walk stops: the first writer wins, as in the
-        hash cache. Returns ``(the deepest node whose blocks are ``blocks``' leading ones, the blocks
-        newly adopted by the tree)``."""
+        Where the tree already holds these tokens in other blocks (the same prefix computed twice),
+        the tree's blocks stay and the caller is told to use them instead (SGLang frees the
+        duplicate the same way in ``cache_finished_req``). Returns ``(the deepest node, the blocks
+        newly adopted by the tree, [(position, the tree's block) to use instead of the caller's]``."""
         self.clock += 1
-        node, pos, n = self.root, 0, len(blocks)
+        node, pos, n, replaced = self.root, 0, len(blocks), []
         while pos < n:
             node.last_access = self.clock
             child = node.children.get(self._child_key(packed, pos))
@@ -118,21 +118,15 @@ class RadixTree:
                 leaf.last_access = self.clock
                 node.children[leaf.key[:B].tobytes()] = leaf
                 self.num_evictable += n - pos  # unlocked until the caller locks it
-                return leaf, blocks[pos:]
+                return leaf, blocks[pos:], replaced
             m = edge_match(child.key, packed, pos, n - pos, self.block_size)
-            same = 0
-            while same < m and child.blocks[same] == blocks[pos + same]:
-                same += 1
-            if same == 0:
-                return node, []
-            if same < len(child.blocks):
-                child = self.split(child, same)
-            pos += same
+            if m < len(child.blocks):
+                child = self.split(child, m)
+            replaced += [(pos + j, b) for j, b in enumerate(child.blocks) if b != blocks[pos + j]]
+            pos += m
             node = child
-            if same < m:  # the same tokens in other blocks: stop here
-                break
         node.last_access = self.clock
-        return node, []
+        return node, [], replaced
 
     def touch(self, path: list[tuple[RadixNode, int]]) -> None:
         self.clock += 1
