@@ -124,6 +124,10 @@ class RadixAllocator:
         return len(self._free) + self.tree.num_evictable
 
     @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
     def num_cached_blocks(self) -> int:
         return sum(self._in_tree)
 

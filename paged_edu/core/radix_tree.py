@@ -9,8 +9,9 @@ At ``B = 1`` the tree is token-granular, as SGLang's default ``page_size=1``.
 * ``lock_ref`` -- how many live sequences use the node (and so its ancestors): SGLang's
   ``inc_lock_ref`` / ``dec_lock_ref`` walk from a node to the root. A locked node is never evicted.
 * ``last_access`` -- a logical clock, for least-recently-used eviction of unlocked *leaves*
-  (SGLang's ``evict`` pops leaves from a heap by ``last_access_time``). Here a leaf loses blocks
-  from its tail, one block at a time, so eviction frees exactly what is needed.
+  (SGLang's ``evict`` builds a heap of the leaves by ``last_access_time`` at each call; here one
+  heap is kept, with stale entries skipped). A leaf loses blocks from its tail, one block at a
+  time, so eviction frees exactly what is needed.
 * a node is split when a lookup or an insertion ends inside its edge (SGLang's ``_split_node``).
 
 Source read: sgl-project/sglang, ``python/sglang/srt/mem_cache/radix_cache.py`` (``TreeNode``,
@@ -58,6 +59,10 @@ class RadixTree:
         self.root.lock_ref = 1  # the root is never evicted
         self.num_evictable = 0  # blocks in unlocked nodes: freeable by evicting leaves
         self.clock = 0
+        # Eviction candidates, (last_access, id, node), pushed whenever a node becomes an unlocked
+        # leaf; an entry gone stale (the node got children, was locked, touched or removed) is
+        # skipped when popped -- so evicting costs O(log n) per block, not a walk over the tree.
+        self._candidates: list[tuple[int, int, RadixNode]] = []
 
     def _child_key(self, packed: array, block: int) -> bytes:
         B = self.block_size
@@ -110,7 +115,7 @@ class RadixTree:
         self.clock += 1
         node, pos, n, replaced = self.root, 0, len(blocks), []
         while pos < n:
-            node.last_access = self.clock
+            self._stamp(node)
             child = node.children.get(self._child_key(packed, pos))
             if child is None:
                 B = self.block_size
@@ -118,6 +123,7 @@ class RadixTree:
                 leaf.last_access = self.clock
                 node.children[leaf.key[:B].tobytes()] = leaf
                 self.num_evictable += n - pos  # unlocked until the caller locks it
+                self._push(leaf)
                 return leaf, blocks[pos:], replaced
             m = edge_match(child.key, packed, pos, n - pos, self.block_size)
             if m < len(child.blocks):
@@ -125,13 +131,19 @@ class RadixTree:
             replaced += [(pos + j, b) for j, b in enumerate(child.blocks) if b != blocks[pos + j]]
             pos += m
             node = child
-        node.last_access = self.clock
+        self._stamp(node)
         return node, [], replaced
 
     def touch(self, path: list[tuple[RadixNode, int]]) -> None:
         self.clock += 1
         for node, _ in path:
-            node.last_access = self.clock
+            self._stamp(node)
+
+    def _stamp(self, node: RadixNode) -> None:
+        """Mark ``node`` used now; an unlocked leaf's old heap entry goes stale, so push a new one."""
+        node.last_access = self.clock
+        if node.lock_ref == 0 and not node.children and node is not self.root:
+            self._push(node)
 
     def lock(self, node: RadixNode) -> None:
         while node is not self.root:
@@ -145,17 +157,29 @@ class RadixTree:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self.num_evictable += len(node.blocks)
+                if not node.children:
+                    self._push(node)
             node = node.parent
+
+    def _push(self, node: RadixNode) -> None:
+        heapq.heappush(self._candidates, (node.last_access, id(node), node))
+
+    def _is_candidate(self, entry: tuple[int, int, RadixNode]) -> bool:
+        last_access, _, node = entry
+        return (node.parent is not None and not node.children and node.lock_ref == 0 and node.blocks != []
+                and node.last_access == last_access)
 
     def evict(self, num_blocks: int) -> list[int]:
         """Free ``num_blocks`` (``<= num_evictable``) blocks from unlocked leaves, least recently
         used first, each leaf from its tail; returns them."""
-        heap = [(n.last_access, id(n), n) for n in self._nodes() if not n.children and n.lock_ref == 0]
-        heapq.heapify(heap)
+        heap = self._candidates
         freed: list[int] = []
         B = self.block_size
         while len(freed) < num_blocks:
-            _, _, leaf = heapq.heappop(heap)
+            entry = heapq.heappop(heap)
+            if not self._is_candidate(entry):
+                continue
+            leaf = entry[2]
             k = min(num_blocks - len(freed), len(leaf.blocks))
             edge = leaf.key[:B].tobytes()
             freed += leaf.blocks[len(leaf.blocks) - k:]
@@ -164,15 +188,10 @@ class RadixTree:
             if not leaf.blocks:
                 parent = leaf.parent
                 del parent.children[edge]
-                if not parent.children and parent.lock_ref == 0:
-                    heapq.heappush(heap, (parent.last_access, id(parent), parent))
+                leaf.parent = None  # removed: its stale entries are skipped
+                if not parent.children and parent.lock_ref == 0 and parent is not self.root:
+                    self._push(parent)
+            else:
+                self._push(leaf)  # what is left of it stays a candidate
         self.num_evictable -= len(freed)
         return freed
-
-    def _nodes(self):
-        stack = [self.root]
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if node is not self.root:
-                yield node
