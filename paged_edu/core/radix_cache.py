@@ -27,9 +27,9 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from paged_edu.core.allocator import UnknownSequenceError
 from paged_edu.core.block_pool import OutOfBlocksError, PrefixCacheStats
 from paged_edu.core.radix_tree import RadixNode, RadixTree
+from paged_edu.core.seq_lookup import SequenceLookup
 from paged_edu.core.validation import integer, new_id, token_array, token_id as check_token_id
 
 __all__ = ["RadixAllocator"]
@@ -47,7 +47,7 @@ class _RadixSeq:
     num_published: int = 0  # leading full blocks already offered to the tree
 
 
-class RadixAllocator:
+class RadixAllocator(SequenceLookup):
     """A pool of ``num_blocks`` KV blocks of ``block_size`` slots with a radix-tree prefix cache."""
 
     enable_prefix_caching = True
@@ -66,25 +66,6 @@ class RadixAllocator:
         self.stats = PrefixCacheStats()
 
     # -- queries -------------------------------------------------------------------------------
-    def _seq(self, seq_id: SeqId) -> _RadixSeq:
-        try:
-            return self._seqs[seq_id]
-        except (KeyError, TypeError):
-            raise UnknownSequenceError(f"unknown sequence id {seq_id!r}") from None
-
-    def __contains__(self, seq_id: object) -> bool:
-        try:
-            return seq_id in self._seqs
-        except TypeError:
-            return False
-
-    @property
-    def seq_ids(self) -> list[SeqId]:
-        return list(self._seqs)
-
-    def block_table(self, seq_id: SeqId) -> list[int]:
-        return list(self._seq(seq_id).block_table)
-
     def _length(self, seq: _RadixSeq) -> int:
         return seq.num_full * self.block_size + len(seq.tail)
 
@@ -134,14 +115,6 @@ class RadixAllocator:
     @property
     def usage(self) -> float:
         return 1 - self.num_free_blocks / self.num_blocks
-
-    def slot(self, seq_id: SeqId, position: int) -> int:
-        seq = self._seq(seq_id)
-        position = integer("position", position)
-        if not 0 <= position < self._length(seq):
-            raise ValueError(f"position {position} is outside sequence {seq_id!r} of {self._length(seq)} tokens")
-        B = self.block_size
-        return seq.block_table[position // B] * B + position % B
 
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self._copies = self._copies, []
