@@ -45,6 +45,7 @@ class _RadixSeq:
     node: RadixNode | None  # the deepest tree node this sequence locks (None: none)
     num_cached_tokens: int = 0
     num_published: int = 0  # leading full blocks already offered to the tree
+    node_depth: int = 0  # blocks on the tree path down to ``node``: the leading blocks it holds from the tree
 
 
 class RadixAllocator(SequenceLookup):
@@ -145,24 +146,29 @@ class RadixAllocator(SequenceLookup):
         block the tree already holds in another block is swapped for the tree's (same K/V)."""
         if num_blocks <= seq.num_published:
             return
-        for i in range(num_blocks):  # a block a fork shares cannot join the tree:
+        start = seq.node_depth if seq.node is not None else 0  # blocks before it are on the tree path
+        for i in range(start, num_blocks):  # a block a fork shares cannot join the tree:
             block_id = seq.block_table[i]  # the other holder would hold it unlocked
             if not self._in_tree[block_id] and self._ref_count[block_id] > 1:
                 num_blocks = i
                 break
-        blocks = seq.block_table[:num_blocks]
-        node, adopted, replaced = self.tree.insert(self._prefix_tokens(seq, num_blocks), blocks)
+        seq.num_published = max(seq.num_published, num_blocks)
+        if num_blocks <= start:
+            return
+        tokens = array("q")
+        for block_id in seq.block_table[start:num_blocks]:
+            tokens += self._block_tokens[block_id]
+        node, adopted, replaced = self.tree.insert(tokens, seq.block_table[start:num_blocks], seq.node)
         for block_id in adopted:
             self._in_tree[block_id] = True
         for i, tree_block in replaced:  # computed twice: hold the tree's copy, drop our own
             self._ref_count[tree_block] += 1
-            self._release([seq.block_table[i]])
-            seq.block_table[i] = tree_block
+            self._release([seq.block_table[start + i]])
+            seq.block_table[start + i] = tree_block
         self.tree.lock(node)
         if seq.node is not None:
             self.tree.unlock(seq.node)
-        seq.node = node
-        seq.num_published = max(seq.num_published, num_blocks)
+        seq.node, seq.node_depth = node, num_blocks
 
     # -- operations ----------------------------------------------------------------------------
     def allocate(self, seq_id: SeqId, token_ids: Sequence[int], *, record_stats: bool = True) -> list[int]:
@@ -196,7 +202,7 @@ class RadixAllocator(SequenceLookup):
         num_full = n // B
         for i in range(len(hits), num_full):
             self._block_tokens[table[i]] = packed[i * B:(i + 1) * B]
-        seq = _RadixSeq(table, packed[num_full * B:], num_full, node, len(hits) * B, len(hits))
+        seq = _RadixSeq(table, packed[num_full * B:], num_full, node, len(hits) * B, len(hits), len(hits))
         self._seqs[seq_id] = seq
         if not self.cache_when_computed:
             self._publish(seq, num_full)
@@ -248,7 +254,8 @@ class RadixAllocator(SequenceLookup):
         if parent.node is not None:
             self.tree.lock(parent.node)
         self._seqs[child_id] = _RadixSeq(list(parent.block_table), array("q", parent.tail), parent.num_full,
-                                         parent.node, parent.num_cached_tokens, parent.num_published)
+                                         parent.node, parent.num_cached_tokens, parent.num_published,
+                                         parent.node_depth)
         return list(parent.block_table)
 
     def free(self, seq_id: SeqId) -> None:

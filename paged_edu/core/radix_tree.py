@@ -105,15 +105,17 @@ class RadixTree:
         node, m = path[-1]
         return self.split(node, m) if m < len(node.blocks) else node
 
-    def insert(self, packed: array, blocks: list[int]) -> tuple[RadixNode, list[int], list[tuple[int, int]]]:
-        """Add the prefix ``packed`` (``len(blocks)`` blocks) held in ``blocks``.
+    def insert(self, packed: array, blocks: list[int], below: RadixNode | None = None
+               ) -> tuple[RadixNode, list[int], list[tuple[int, int]]]:
+        """Add the prefix ``packed`` (``len(blocks)`` blocks) held in ``blocks``, below the node
+        ``below`` (the root by default: then ``packed`` continues the prefix ``below`` spells).
 
         Where the tree already holds these tokens in other blocks (the same prefix computed twice),
         the tree's blocks stay and the caller is told to use them instead (SGLang frees the
         duplicate the same way in ``cache_finished_req``). Returns ``(the deepest node, the blocks
         newly adopted by the tree, [(position, the tree's block) to use instead of the caller's]``."""
         self.clock += 1
-        node, pos, n, replaced = self.root, 0, len(blocks), []
+        node, pos, n, replaced = below or self.root, 0, len(blocks), []
         while pos < n:
             self._stamp(node)
             child = node.children.get(self._child_key(packed, pos))
