@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from paged_edu import BlockAllocator  # noqa: E402
 from paged_edu.core.seed_allocator import SeedAllocator  # noqa: E402
+from paged_edu.core.radix_cache import RadixAllocator  # noqa: E402
 
 
 class SeedHarness:
@@ -71,8 +72,11 @@ def make_trace(num_requests: int, seed: int = 0):
 
 
 def replay(trace, *, subscribe: bool, max_running: int = 64, num_blocks: int = 8192, block_size: int = 16,
-           seed: bool = False, clock=time.perf_counter):
-    a = SeedHarness(num_blocks, block_size) if seed else BlockAllocator(num_blocks, block_size)
+           seed: bool = False, radix: bool = False, clock=time.perf_counter):
+    if radix:
+        a = RadixAllocator(num_blocks, block_size)
+    else:
+        a = SeedHarness(num_blocks, block_size) if seed else BlockAllocator(num_blocks, block_size)
     events = [0]
     if subscribe:
         def on_event(event):
@@ -130,19 +134,20 @@ def main() -> None:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     rows = []
     configs = (
-        ("no subscriber", False, False),
-        ("event stream on (1 subscriber)", True, False),
-        ("the seed's allocator (defective; same run, for scale)", False, True),
+        ("no subscriber", False, False, False),
+        ("event stream on (1 subscriber)", True, False, False),
+        ("the seed's allocator (defective; same run, for scale)", False, True, False),
+        ("radix-tree prefix cache (RadixAllocator)", False, False, True),
     )
     # Round robin over the configurations, so that a change in the machine's load between
     # replays touches every configuration alike; keep each one's best replay.
     best: dict[str, dict] = {}
     for _ in range(args.repeat):
-        for label, subscribe, seed in configs:
-            r = replay(trace, subscribe=subscribe, seed=seed, clock=clock)
+        for label, subscribe, seed, radix in configs:
+            r = replay(trace, subscribe=subscribe, seed=seed, radix=radix, clock=clock)
             if label not in best or r["admit_s"] + r["append_s"] < best[label]["admit_s"] + best[label]["append_s"]:
                 best[label] = r
-    for label, _, _ in configs:
+    for label, *_ in configs:
         r = best[label]
         r["label"] = label
         r["appends_per_s"] = r["appends"] / r["append_s"]

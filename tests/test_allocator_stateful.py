@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule, run_state_machine_as_test
 
 from paged_edu import BlockAllocator
+from paged_edu.core import radix_tree
+from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.lessons.allocator_contract import B, NUM_BLOCKS, PREFIXES, ContractModel, check_contract
 
 # Stateful runs: max_examples * stateful_step_count >= 2,000 steps in CI.
@@ -106,3 +108,45 @@ def test_the_plain_driver_passes_the_library_allocator_and_catches_the_same_bug(
     _use_position_blind_hash(monkeypatch)
     report = check_contract(BlockAllocator)
     assert not report.ok and "expected" in report.error
+
+
+class RadixMachine(AllocatorMachine):
+    """The same machine over the radix-tree prefix cache (block size 4 and token-granular B = 1)."""
+
+    factory = staticmethod(lambda num_blocks, block_size: RadixAllocator(num_blocks, block_size))
+
+
+class TokenRadixMachine(AllocatorMachine):
+    factory = staticmethod(lambda num_blocks, block_size: RadixAllocator(num_blocks, 1))
+
+
+def _match_first_block_only(monkeypatch):
+    """A broken radix cache: an edge whose first block matches is taken as matched whole."""
+    def broken(key, packed, start, limit, block_size):
+        return min(len(key) // block_size, limit) if key[:block_size] == packed[start * block_size:(start + 1) * block_size] else 0
+    monkeypatch.setattr(radix_tree, "edge_match", broken)
+
+
+def test_random_operations_keep_every_invariant_on_the_radix_cache():
+    for machine in (RadixMachine, TokenRadixMachine):
+        AllocatorMachine.steps_run = 0
+        run_state_machine_as_test(machine, settings=STEPS)
+        assert AllocatorMachine.steps_run >= 2000
+
+
+def test_the_machine_catches_a_radix_cache_that_matches_only_an_edges_first_block(monkeypatch):
+    _match_first_block_only(monkeypatch)
+    try:
+        run_state_machine_as_test(RadixMachine, settings=settings(STEPS, max_examples=200, database=None))
+    except AssertionError:
+        return
+    raise AssertionError("the stateful test did not notice a radix cache matching only an edge's first block")
+
+
+def test_the_plain_driver_passes_the_radix_cache_and_catches_the_broken_match(monkeypatch):
+    for factory in (RadixAllocator, lambda n, b: RadixAllocator(n, 1), lambda n, b: RadixAllocator(n, b, True)):
+        report = check_contract(factory)
+        assert report.ok and report.num_ops >= 2000, report.error
+    _match_first_block_only(monkeypatch)
+    report = check_contract(RadixAllocator)
+    assert not report.ok and ("expected" in report.error or "differ" in report.error), report

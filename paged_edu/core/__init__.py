@@ -7,6 +7,10 @@
   :mod:`~paged_edu.core.block_pool` (the physical blocks: ref counts, free list, prefix cache),
   :mod:`~paged_edu.core.allocator` (block tables, allocate / append / fork / free, copy-on-write) and
   :mod:`~paged_edu.core.block_events` (what it reports to widgets, after each change);
+* the radix-tree prefix cache (SGLang's RadixAttention), the same interface:
+  :mod:`~paged_edu.core.radix_tree` (the tree, locks, LRU leaf eviction) and
+  :mod:`~paged_edu.core.radix_cache` (``RadixAllocator``); :mod:`~paged_edu.core.seq_lookup` holds
+  what both allocators answer about their sequences;
 * :mod:`~paged_edu.core.seed_allocator` -- the seed's allocator, kept with its defects as the
   cautionary example of lesson 3;
 * :mod:`~paged_edu.core.validation` -- the one set of input checks (integers, token lists, seeds).

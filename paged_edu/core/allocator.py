@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from paged_edu.core.block_hash import ROOT_HASH, chained_block_hashes, extend_chain, full_blocks, hash_block, hash_chain
 from paged_edu.core.block_events import BlockEvent, Subscribers
 from paged_edu.core.block_pool import BlockPool, OutOfBlocksError, PrefixCacheStats
+from paged_edu.core.seq_lookup import SequenceLookup, UnknownSequenceError
 from paged_edu.core.validation import MAX_TOKEN_ID, integer, new_id, token_array, token_id as check_token_id
 
 __all__ = [
@@ -46,13 +47,6 @@ __all__ = [
 ]
 
 SeqId = Hashable
-
-
-class UnknownSequenceError(KeyError):
-    """Raised for a sequence id the allocator does not hold."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message; we want it readable.
-        return str(self.args[0]) if self.args else "unknown sequence id"
 
 
 @dataclass(slots=True)
@@ -80,7 +74,7 @@ class _Plan:
     num_revived: int  # hits that are free now (ref count 0): sharing them takes them out of the pool
 
 
-class BlockAllocator:
+class BlockAllocator(SequenceLookup):
     """A pool of ``num_blocks`` KV blocks of ``block_size`` slots, with prefix caching and CoW.
 
     ``cache_when_computed`` is the caching policy: off (the default), a block enters the prefix
@@ -118,25 +112,6 @@ class BlockAllocator:
         return self._subscribers.add(callback)
 
     # -- queries -------------------------------------------------------------------------------
-    def _seq(self, seq_id: SeqId) -> _SeqBlocks:
-        try:
-            return self._seqs[seq_id]
-        except (KeyError, TypeError):  # TypeError: an unhashable id
-            raise UnknownSequenceError(f"unknown sequence id {seq_id!r}") from None
-
-    def __contains__(self, seq_id: SeqId) -> bool:
-        try:
-            return seq_id in self._seqs
-        except TypeError:  # unhashable: certainly not held
-            return False
-
-    @property
-    def seq_ids(self) -> list[SeqId]:
-        return list(self._seqs)
-
-    def block_table(self, seq_id: SeqId) -> list[int]:
-        return list(self._seq(seq_id).block_table)
-
     def token_ids(self, seq_id: SeqId) -> list[int]:
         """The sequence's tokens, read from its blocks (as attention reads K/V through the table)."""
         seq = self._seq(seq_id)
@@ -188,15 +163,6 @@ class BlockAllocator:
         """Fraction of blocks held by live sequences."""
         return self.num_used_blocks / self.num_blocks
 
-    def slot(self, seq_id: SeqId, position: int) -> int:
-        """Physical slot of token ``position``: ``B(position // B) * B + position % B``."""
-        seq = self._seq(seq_id)
-        position = integer("position", position)
-        if not 0 <= position < self._length(seq):
-            raise ValueError(f"position {position} is outside sequence {seq_id!r} of {self._length(seq)} tokens")
-        B = self.block_size
-        return seq.block_table[position // B] * B + position % B
-
     def slot_mapping(self, seq_id: SeqId, start: int = 0, end: int | None = None) -> list[int]:
         """Physical slots of tokens ``start .. end-1`` (all of them by default)."""
         seq = self._seq(seq_id)
@@ -212,6 +178,10 @@ class BlockAllocator:
         """Free blocks an :meth:`allocate` of ``token_ids`` would consume now (cache hits counted)."""
         plan = self._plan(token_array("token_ids", token_ids))
         return plan.num_fresh + plan.num_revived
+
+    def num_cached_tokens_for(self, token_ids: Sequence[int]) -> int:
+        """Leading tokens of ``token_ids`` an :meth:`allocate` now would hit (changes nothing)."""
+        return len(self._plan(token_array("token_ids", token_ids)).hits) * self.block_size
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The ``(src_block, dst_block)`` copy-on-write copies made since the last call."""

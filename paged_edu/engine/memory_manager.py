@@ -3,8 +3,7 @@
 The scheduler never asks what kind of manager it holds. The paged
 :class:`~paged_edu.core.allocator.BlockAllocator` implements this protocol; so do the simulator's
 contiguous reservations (:class:`paged_edu.sim.managers.ContiguousManager`, whose "blocks" are
-single slots), and so can any other cache -- a radix-tree prefix cache, say -- that gives each
-sequence a block table.
+single slots), and the radix-tree prefix cache :class:`~paged_edu.core.radix_cache.RadixAllocator`.
 
 A manager's caching policy is its own constructor's business: a prefix cache that may publish a
 block before its K/V exists (``BlockAllocator(..., cache_when_computed=False)``) cannot serve a
@@ -58,6 +57,9 @@ class MemoryManager(Protocol):
 
     def num_cached_tokens(self, seq_id: Hashable) -> int:
         """Leading tokens served by the cache at the last allocate (their K/V exists already)."""
+
+    def num_cached_tokens_for(self, token_ids: Sequence[int]) -> int:
+        """Leading tokens of ``token_ids`` an allocate now would hit; changes nothing (LPM asks it)."""
 
     def mark_computed(self, seq_id: Hashable, num_computed_tokens: int) -> None:
         """The first ``num_computed_tokens`` tokens' K/V is written: their full blocks may be shared."""

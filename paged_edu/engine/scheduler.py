@@ -11,15 +11,16 @@ Every step the scheduler decides which tokens are computed, in this order:
    recomputing those would lose what they share.
 2. **running prefills** -- the next chunk of a prompt that did not fit in one step (chunked prefill).
 3. **swapped sequences** come back (only in a step that preempted nothing).
-4. **waiting sequences** are admitted first come, first served while ``max_num_seqs``, the step's
-   token budget ``max_num_batched_tokens`` and the pool allow: ``allocator.allocate`` gives the
+4. **waiting sequences** are admitted in ``policy`` order -- ``fcfs``, or ``lpm``: longest cached
+   prefix first, starvation bounded (:mod:`~paged_edu.engine.policy`) -- while ``max_num_seqs``,
+   the token budget ``max_num_batched_tokens`` and the pool allow: ``allocator.allocate`` gives the
    block table and the prefix-cache hit, whose tokens are not computed again.
 
 The executor (the engine's model, or the simulator's cost model) runs the
 :class:`~paged_edu.engine.scheduler_output.SchedulerOutput` and hands the sampled tokens to
 :meth:`Scheduler.update`. The memory manager is any :class:`~paged_edu.engine.memory_manager.MemoryManager`;
-the CPU swap pool is the scheduler's :class:`~paged_edu.engine.swap.SwapSpace`; a request that could
-never run is refused when it is added (:mod:`~paged_edu.engine.admission`). Plain Python, no torch.
+CPU swap is a :class:`~paged_edu.engine.swap.SwapSpace`; a request that could never run is refused
+when it is added (:mod:`~paged_edu.engine.admission`). Plain Python, no torch.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Sequence as Seq
 from paged_edu.core.allocator import OutOfBlocksError
 from paged_edu.engine.admission import check_request
 from paged_edu.engine.memory_manager import MemoryManager, publishes_before_computed
+from paged_edu.engine.policy import POLICIES, LongestPrefixFirst
 from paged_edu.engine.scheduler_output import ScheduledSeq, SchedulerOutput
 from paged_edu.engine.sequence import Sequence, SequenceStatus
 from paged_edu.engine.swap import SwapSpace
@@ -52,9 +54,11 @@ class Scheduler:
         preemption_mode: str = "recompute",
         num_cpu_blocks: int = 0,
         max_model_len: int | None = None,
+        policy: str = "fcfs",
     ) -> None:
-        if preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
+        for name, value, choices in (("preemption_mode", preemption_mode, PREEMPTION_MODES), ("policy", policy, POLICIES)):
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {value!r}")
         limits = (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
                   ("max_model_len", 1 if max_model_len is None else max_model_len))
         for name, value in limits:
@@ -64,10 +68,8 @@ class Scheduler:
         if preemption_mode == "swap" and num_cpu_blocks == 0:  # "auto" recomputes without swap space
             raise ValueError("preemption_mode='swap' needs num_cpu_blocks > 0 to swap into")
         if publishes_before_computed(allocator):
-            raise ValueError(
-                "the memory manager shares blocks before their K/V is computed, but this scheduler computes "
-                "prompts over several steps: build it with BlockAllocator(..., cache_when_computed=True)"
-            )
+            raise ValueError("the memory manager shares blocks before their K/V is computed, but this scheduler computes "
+                             "prompts over several steps: build it with BlockAllocator(..., cache_when_computed=True)")
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -75,6 +77,7 @@ class Scheduler:
         self.preemption_mode = preemption_mode
         self.max_model_len = max_model_len
         self.swap_space = swap_space
+        self.policy, self._lpm = policy, (LongestPrefixFirst() if policy == "lpm" else None)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
@@ -87,8 +90,7 @@ class Scheduler:
         return self.swap_space.num_blocks
 
     @property
-    def free_cpu_blocks(self) -> list[int]:
-        """The free CPU block ids (read-only view of the swap space)."""
+    def free_cpu_blocks(self) -> list[int]:  # read-only view of the swap space
         return self.swap_space.free_block_ids
 
     # -- requests ------------------------------------------------------------------------------
@@ -102,8 +104,7 @@ class Scheduler:
         return seq
 
     def check_request(self, num_prompt_tokens: int, max_new_tokens: int, num_samples: int = 1) -> None:
-        """Refuse a request that could never run here, naming the limit; changes nothing (see
-        :func:`~paged_edu.engine.admission.check_request` for the limits)."""
+        """Refuse a request that could never run here, naming the limit (see :func:`check_request`)."""
         check_request(
             num_prompt_tokens, max_new_tokens, num_samples, max_model_len=self.max_model_len,
             block_size=self.allocator.block_size, num_blocks=self.allocator.num_blocks,
@@ -174,10 +175,8 @@ class Scheduler:
 
     def _has_siblings(self, seq: Sequence) -> bool:
         """Does another live sample of the same request exist (or will one, at its first token)?"""
-        if seq.num_samples > 1:
-            return True
-        return any(other is not seq and other.request_id == seq.request_id
-                   for other in (*self.running, *self.swapped))
+        return seq.num_samples > 1 or any(other is not seq and other.request_id == seq.request_id
+                                          for other in (*self.running, *self.swapped))
 
     def _record_copies(self, out: SchedulerOutput) -> None:
         for src, dst in self.allocator.take_copies():
@@ -248,8 +247,10 @@ class Scheduler:
                     budget -= num_new
                     decodes.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens, num_new == remaining))
 
-        # 4. Waiting sequences, first come first served.
+        # 4. Waiting sequences, in policy order.
         if not self.swapped and not preempted_any:
+            if self._lpm is not None and self.waiting:
+                self._lpm.order(self.waiting, allocator)
             while self.waiting and num_seqs + self.waiting[0].max_num_running_seqs <= self.max_num_seqs and budget > 0:
                 seq = self.waiting[0]
                 if not chunked and seq.num_tokens > budget:
@@ -325,10 +326,9 @@ class Scheduler:
                 self.allocator.mark_computed(seq.seq_id, end)
             if not item.emits_token:
                 continue  # a prefill chunk in the middle of the prompt
-            try:
-                token = sampled[seq.seq_id]
-            except KeyError:
-                raise KeyError(f"no sampled token for sequence {seq.seq_id}, whose chunk emits one") from None
+            if seq.seq_id not in sampled:
+                raise KeyError(f"no sampled token for sequence {seq.seq_id}, whose chunk emits one")
+            token = sampled[seq.seq_id]
             family = [seq]
             if isinstance(token, (list, tuple)):
                 tokens = list(token)

@@ -8,6 +8,7 @@ Examples::
     paged-edu simulate --workload sharegpt --num-requests 1000 --rate 10 --seed 0 --json build/sim.json
     paged-edu simulate --workload parallel --n 4 --fork beam --num-requests 300 --rate 4
     paged-edu simulate --trace my_trace.jsonl --managers paged,contiguous-max
+    paged-edu simulate --workload multiturn --managers paged-prefix,paged-radix --policy lpm
     paged-edu figures-sim --out figures
 """
 
@@ -95,6 +96,7 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=POSITIVE, default=2048)
     p.add_argument("--preemption", choices=("recompute", "swap", "auto"), default="recompute")
     p.add_argument("--cpu-blocks", type=_int(0), default=0, help="CPU swap space in blocks (for --preemption swap)")
+    p.add_argument("--policy", choices=("fcfs", "lpm"), default="fcfs", help="admission order: first come first served, or longest cached prefix first")
 
 
 def _check_server_args(args) -> None:
@@ -133,7 +135,8 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     sim = sub.add_parser("simulate", help="simulate serving a workload with every memory manager")
-    sim.add_argument("--workload", choices=("sharegpt", "alpaca", "chat", "parallel"), default="sharegpt")
+    sim.add_argument("--workload", choices=("sharegpt", "alpaca", "chat", "parallel", "multiturn", "fewshot", "agents"),
+                     default="sharegpt")
     sim.add_argument("--trace", help="a JSONL trace to serve instead of a generated workload")
     sim.add_argument("--num-requests", type=POSITIVE, default=1000)
     sim.add_argument("--rate", type=_float(0.0, math.inf), default=10.0, help="Poisson arrivals per second (inf: all at t=0)")
@@ -179,6 +182,7 @@ def _server_kwargs(args) -> dict:
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "preemption_mode": args.preemption,
         "num_cpu_blocks": args.cpu_blocks,
+        "policy": args.policy,
     }
 
 

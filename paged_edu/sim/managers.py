@@ -4,6 +4,7 @@ Both implement the scheduler's :class:`~paged_edu.engine.memory_manager.MemoryMa
 
 * :class:`PagedManager` -- the real :class:`~paged_edu.core.allocator.BlockAllocator` (blocks of ``B``
   slots, optional prefix caching), plus the bookkeeping the memory breakdown needs;
+  :class:`RadixManager` the same over the radix-tree cache (``paged-radix``);
 * :class:`ContiguousManager` -- one contiguous range per request, placed by first fit in one
   address space (:class:`~paged_edu.core.contiguous.ContiguousAllocator`), sized by a policy:
   ``max`` reserves ``L_max`` (FasterTransformer, Orca (Max)), ``pow2`` the prompt plus the next
@@ -21,13 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paged_edu.core.allocator import BlockAllocator, OutOfBlocksError, PrefixCacheStats, UnknownSequenceError
+from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
 from paged_edu.engine.sequence import Sequence
 from paged_edu.sim.workloads import L_MAX
 
-__all__ = ["BLOCK_SIZES", "MANAGERS", "ContiguousManager", "PagedManager", "make_manager"]
+__all__ = ["BLOCK_SIZES", "MANAGERS", "ContiguousManager", "PagedManager", "RadixManager", "make_manager"]
 
-MANAGERS = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix")
+MANAGERS = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "paged-radix")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 
 
@@ -35,14 +37,12 @@ def _next_pow2(x: int) -> int:
     return 1 << (x - 1).bit_length()
 
 
-class PagedManager(BlockAllocator):
-    """The paged allocator, plus the bookkeeping the simulator's memory breakdown needs."""
+class _PagedBookkeeping:
+    """What the simulator's memory breakdown needs of a paged manager, over any block allocator."""
 
     kind = "paged"
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
-        # The scheduler computes prompts over several steps: publish blocks once their K/V exists.
-        super().__init__(num_blocks, block_size, enable_prefix_caching, cache_when_computed=True)
+    def _init_bookkeeping(self) -> None:
         self.final_len: dict[int, int] = {}  # seq_id -> tokens it will have stored at its end
         self.last_free: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, slots) at its last free
         self.fragmented: set[int] = set()  # paging never refuses a request for fragmentation
@@ -98,6 +98,23 @@ class PagedManager(BlockAllocator):
         B = self.block_size
         unshared = sum(-(-seq.num_placed_tokens // B) for seq in running)
         return self.num_blocks - self.num_free_blocks, unshared
+
+
+class PagedManager(_PagedBookkeeping, BlockAllocator):
+    """The paged allocator (chained-hash prefix cache), plus the simulator's bookkeeping."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        # The scheduler computes prompts over several steps: publish blocks once their K/V exists.
+        super().__init__(num_blocks, block_size, enable_prefix_caching, cache_when_computed=True)
+        self._init_bookkeeping()
+
+
+class RadixManager(_PagedBookkeeping, RadixAllocator):
+    """The radix-tree prefix cache (:mod:`~paged_edu.core.radix_cache`), plus the simulator's bookkeeping."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size, cache_when_computed=True)
+        self._init_bookkeeping()
 
 
 @dataclass(slots=True)
@@ -253,6 +270,9 @@ class ContiguousManager:
         self._slot(seq_id)
         return 0  # nothing is shared
 
+    def num_cached_tokens_for(self, token_ids) -> int:
+        return 0  # no prefix cache
+
     def take_copies(self) -> list[tuple[int, int]]:
         return []
 
@@ -310,4 +330,6 @@ def make_manager(name: str, num_kv_slots: int, block_size: int = 16, max_seq_len
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     if num_kv_slots < block_size:
         raise ValueError(f"num_kv_slots={num_kv_slots} holds not even one block of {block_size}")
+    if name == "paged-radix":
+        return RadixManager(num_kv_slots // block_size, block_size)
     return PagedManager(num_kv_slots // block_size, block_size, name == "paged-prefix")

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from paged_edu.engine.policy import POLICIES
 from paged_edu.sim.managers import MANAGERS
 from paged_edu.sim.workloads import L_MAX
 
@@ -30,17 +31,21 @@ class SimConfig:
     enable_chunked_prefill: bool = True
     preemption_mode: str = "recompute"
     num_cpu_blocks: int = 0
+    policy: str = "fcfs"  # admission order: "fcfs" or "lpm" (paged_edu.engine.policy)
     sample_every: int = 4  # steps between memory snapshots
 
     def __post_init__(self) -> None:
         if self.manager not in MANAGERS:
             raise ValueError(f"unknown manager {self.manager!r}; choose one of {MANAGERS}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if not isinstance(self.sample_every, int) or self.sample_every < 1:
             raise ValueError(f"sample_every must be a positive int, got {self.sample_every!r}")
 
     @property
     def label(self) -> str:
-        return self.manager if self.manager.startswith("contiguous") else f"{self.manager} B={self.block_size}"
+        label = self.manager if self.manager.startswith("contiguous") else f"{self.manager} B={self.block_size}"
+        return label if self.policy == "fcfs" else f"{label} {self.policy}"
 
 
 @dataclass(slots=True)
@@ -112,6 +117,7 @@ class SimResult:
         return {
             "manager": self.config.manager,
             "block_size": self.config.block_size if paged else None,
+            "policy": self.config.policy,
             "num_kv_slots": self.num_kv_slots,
             "num_requests": len(self.requests),
             "kv_utilization": self.kv_utilization,

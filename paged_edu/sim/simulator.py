@@ -19,6 +19,7 @@ Memory managers (:mod:`paged_edu.sim.managers`, each a
     contiguous-oracle  reserve exactly the tokens it will store   (Orca (Oracle))
     paged              BlockAllocator, block size B, no prefix caching   (vLLM)
     paged-prefix       BlockAllocator with prefix caching
+    paged-radix        RadixAllocator: the radix-tree prefix cache
 
 Every manager gets the same pool of ``num_kv_slots`` token slots (paged: ``num_kv_slots // B``
 blocks). The contiguous ones place their reservations by first fit in one address space
@@ -205,6 +206,7 @@ def prepare(requests: list[Request], config: SimConfig, cost: CostModel):
         enable_chunked_prefill=config.enable_chunked_prefill,
         preemption_mode=config.preemption_mode,
         num_cpu_blocks=config.num_cpu_blocks,
+        policy=config.policy,
     )
     _check_requests(requests, config, manager, scheduler, num_slots)
     return num_slots, cost, manager, scheduler

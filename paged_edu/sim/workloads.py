@@ -255,12 +255,20 @@ def parallel(
 WORKLOADS = {"sharegpt": sharegpt, "alpaca": alpaca, "chat": chat, "parallel": parallel}
 
 
+def _prefix_workloads() -> dict:
+    from paged_edu.sim.prefix_workloads import agents, fewshot, multiturn  # they build on this module
+
+    return {"multiturn": multiturn, "fewshot": fewshot, "agents": agents}
+
+
 def make_workload(name: str, num_requests: int, rate: float = math.inf, seed: int = 0, **kwargs) -> list[Request]:
-    """Build a named workload: ``sharegpt``, ``alpaca``, ``chat`` or ``parallel``."""
+    """Build a named workload: ``sharegpt``, ``alpaca``, ``chat``, ``parallel``, or one of
+    :mod:`~paged_edu.sim.prefix_workloads`: ``multiturn``, ``fewshot``, ``agents``."""
+    builders = {**WORKLOADS, **_prefix_workloads()}
     try:
-        build = WORKLOADS[name]
+        build = builders[name]
     except KeyError:
-        raise ValueError(f"unknown workload {name!r}; choose one of {sorted(WORKLOADS)}") from None
+        raise ValueError(f"unknown workload {name!r}; choose one of {sorted(builders)}") from None
     return build(num_requests, rate, seed, **kwargs)
 
 

@@ -1,0 +1,51 @@
+"""What every block allocator answers about its sequences, from ``self._seqs`` (id -> state with a
+``block_table``) and ``self._length(state)``: shared by the hash-cache and radix-cache allocators."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from paged_edu.core.validation import integer
+
+__all__ = ["SequenceLookup", "UnknownSequenceError"]
+
+
+class UnknownSequenceError(KeyError):
+    """Raised for a sequence id the allocator does not hold."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message; we want it readable.
+        return str(self.args[0]) if self.args else "unknown sequence id"
+
+
+class SequenceLookup:
+    """Lookups by sequence id: the state, membership, ids, block table and the slot of a token."""
+
+    _seqs: dict
+
+    def _seq(self, seq_id: Hashable):
+        try:
+            return self._seqs[seq_id]
+        except (KeyError, TypeError):  # TypeError: an unhashable id
+            raise UnknownSequenceError(f"unknown sequence id {seq_id!r}") from None
+
+    def __contains__(self, seq_id: object) -> bool:
+        try:
+            return seq_id in self._seqs
+        except TypeError:  # unhashable: certainly not held
+            return False
+
+    @property
+    def seq_ids(self) -> list:
+        return list(self._seqs)
+
+    def block_table(self, seq_id: Hashable) -> list[int]:
+        return list(self._seq(seq_id).block_table)
+
+    def slot(self, seq_id: Hashable, position: int) -> int:
+        """Physical slot of token ``position``: ``B(position // B) * B + position % B``."""
+        seq = self._seq(seq_id)
+        position = integer("position", position)
+        if not 0 <= position < self._length(seq):
+            raise ValueError(f"position {position} is outside sequence {seq_id!r} of {self._length(seq)} tokens")
+        B = self.block_size
+        return seq.block_table[position // B] * B + position % B

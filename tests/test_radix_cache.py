@@ -1,0 +1,120 @@
+"""The radix-tree prefix cache: hits against a brute-force longest-shared-prefix oracle, the hash
+cache as a second oracle, LRU eviction, the computed-only rule, side-effect-free lookups, bad input."""
+
+import random
+
+import pytest
+
+from paged_edu import BlockAllocator
+from paged_edu.core.allocator import OutOfBlocksError, UnknownSequenceError
+from paged_edu.core.radix_cache import RadixAllocator
+from paged_edu.lessons.allocator_contract import observable
+
+
+def _brute_force_hit(prompt, computed, B):
+    """Whole blocks of the longest prefix ``prompt`` shares with a computed sequence, < len(prompt)."""
+    best = 0
+    for tokens in computed:
+        n = 0
+        while n < min(len(tokens), len(prompt)) and tokens[n] == prompt[n]:
+            n += 1
+        best = max(best, n // B * B)
+    return min(best, (len(prompt) - 1) // B * B)
+
+
+@pytest.mark.parametrize("B", [1, 2, 4])
+def test_hits_equal_the_longest_computed_prefix_and_the_hash_caches_hits(B):
+    """No eviction (a big pool): the radix cache hits exactly the brute-force prefix, as the hash cache does."""
+    rng = random.Random(B)
+    radix, hashed = RadixAllocator(4096, B), BlockAllocator(4096, B)
+    computed, live = [], {}
+    for step in range(400):
+        if live and rng.random() < 0.4:
+            seq = rng.choice(list(live))
+            tok = rng.randrange(3)
+            radix.append(seq, tok)
+            hashed.append(seq, tok)
+            live[seq].append(tok)
+        elif live and rng.random() < 0.3:
+            seq = rng.choice(list(live))
+            computed.append(live.pop(seq))
+            radix.free(seq)
+            hashed.free(seq)
+        else:
+            base = rng.choice(computed + list(live.values())) if (computed or live) and rng.random() < 0.8 else []
+            prompt = base[: rng.randrange(len(base) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(1, 6))]
+            expected = _brute_force_hit(prompt, computed + list(live.values()), B)
+            assert radix.num_cached_tokens_for(prompt) == expected
+            radix.allocate(step, prompt)
+            hashed.allocate(step, prompt)
+            assert radix.num_cached_tokens(step) == expected == hashed.num_cached_tokens(step)
+            live[step] = list(prompt)
+        for seq, tokens in live.items():
+            assert radix.token_ids(seq) == tokens
+
+
+def test_a_block_is_hit_only_once_its_kv_is_computed():
+    a = RadixAllocator(16, 4, cache_when_computed=True)
+    a.allocate("x", list(range(12)))
+    assert a.num_cached_tokens_for(list(range(13))) == 0
+    a.mark_computed("x", 9)  # two full blocks computed
+    assert a.num_cached_tokens_for(list(range(13))) == 8
+    a.free("x")  # a finished sequence's blocks stay in the tree
+    assert a.num_cached_tokens_for(list(range(13))) == 8 and a.num_free_blocks == 16
+
+
+def test_eviction_takes_the_least_recently_used_leaf_first():
+    a = RadixAllocator(6, 4, cache_when_computed=False)
+    old, new = [1] * 8 + [9], [2] * 8 + [9]
+    for name, prompt in (("old", old), ("new", new)):
+        a.allocate(name, prompt)
+        a.free(name)
+    a.allocate("hit-old", old)  # touches "old": now "new" is the least recently used
+    a.free("hit-old")
+    a.allocate("big", [3] * 16)  # needs 4 blocks: the 2 free tails + "new"'s 2 cached blocks
+    assert a.num_cached_tokens_for(old) == 8
+    assert a.num_cached_tokens_for(new) == 0
+
+
+def test_locked_prefixes_are_not_evicted_and_a_full_pool_changes_nothing():
+    a = RadixAllocator(4, 4)
+    a.allocate("x", [1] * 9)  # 3 blocks, 2 cached and locked
+    before = observable(a)
+    with pytest.raises(OutOfBlocksError):
+        a.allocate("y", [5] * 8)
+    assert observable(a) == before
+    a.allocate("y", [1] * 8 + [2])  # shares the locked head: 1 fresh block
+    assert a.num_cached_tokens("y") == 8 and a.num_free_blocks == 0
+
+
+def test_lookups_change_nothing_and_agree_with_allocate():
+    a = RadixAllocator(32, 4)
+    a.allocate(0, list(range(20)))
+    before = observable(a)
+    probe = list(range(10)) + [99]
+    got = a.num_cached_tokens_for(probe)
+    assert observable(a) == before
+    a.allocate(1, probe)
+    assert got == a.num_cached_tokens(1) == 8
+
+
+def test_bad_input_is_refused_naming_the_problem_and_changes_nothing():
+    a = RadixAllocator(8, 4)
+    a.allocate("x", [1, 2, 3])
+    before = observable(a)
+    for call, error, words in [
+        (lambda: a.allocate("y", []), ValueError, "empty"),
+        (lambda: a.allocate("y", [1, -2]), ValueError, "token"),
+        (lambda: a.allocate("y", [1, 2.5]), TypeError, "token"),
+        (lambda: a.allocate("x", [1]), ValueError, "sequence id"),
+        (lambda: a.append("x", -1), ValueError, "token id"),
+        (lambda: a.append("nope", 1), UnknownSequenceError, "unknown sequence"),
+        (lambda: a.mark_computed("x", 4), ValueError, "num_computed_tokens"),
+        (lambda: a.fork("x", "x"), ValueError, "sequence id"),
+        (lambda: a.ref_count(8), ValueError, "block id"),
+    ]:
+        with pytest.raises(error, match=words):
+            call()
+        assert observable(a) == before
+    with pytest.raises(ValueError, match="block_size"):
+        RadixAllocator(8, 0)
