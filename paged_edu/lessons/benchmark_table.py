@@ -25,7 +25,7 @@ from paged_edu.sim.workloads import L_MAX
 
 __all__ = ["TABLE_ROWS", "batch_ratio_formula", "benchmark_table", "contiguous_max_utilization",
            "final_lengths", "kernel_block_fit", "markdown_table", "p99_ttft_crossing", "paper_cost_model",
-           "simulated_batch_ratio", "table_rows", "workload"]
+           "simulated_batch_ratio", "table_rows", "workload", "block_size_sweep", "paper_comparison", "PAPER"]
 
 FIGURES = os.path.join(os.path.dirname(__file__), "..", "..", "figures")
 KERNEL_BENCHES = ("kernel_bench.json", "kernel_sweep.json")
@@ -133,3 +133,46 @@ def p99_ttft_crossing(dataset: str, rates, num_requests: int = 200, seed: int = 
                 out[manager] = rate
                 break
     return out
+
+
+def block_size_sweep(dataset: str = "alpaca", num_requests: int = 300, rate: float = math.inf, seed: int = 0,
+                     gpu: str = "a100-40gb", block_sizes=(8, 16, 32, 64, 128), per_block_s: float | None = None) -> list[dict]:
+    """Fig. 18: per block size, the mean normalised latency with the per-block kernel cost off and on.
+
+    ``per_block_s``: the cost to use when on (default: the fit from the stored H200 kernel benchmark).
+    """
+    off = paper_cost_model(gpu, per_block=False)
+    on = replace(off, per_block_s=kernel_block_fit().per_block_s if per_block_s is None else per_block_s)
+    requests = workload(dataset, num_requests, rate, seed)
+    rows = []
+    for b in block_sizes:
+        config = SimConfig(manager="paged", block_size=b)
+        r_off, r_on = simulate(requests, config, off).record(), simulate(requests, config, on).record()
+        rows.append({"block_size": b, "latency_off_s": r_off["norm_latency_mean_s"],
+                     "latency_on_s": r_on["norm_latency_mean_s"], "tok_s_off": r_off["throughput_tokens_per_s"],
+                     "tok_s_on": r_on["throughput_tokens_per_s"], "kv_utilization": r_on["kv_utilization"],
+                     "per_block_s": on.per_block_s})
+    return rows
+
+
+# The paper's numbers (Kwon et al., SOSP 2023, OPT-13B on an A100-40GB), as the README lists them.
+PAPER = {
+    "Fig. 2 token states": {"contiguous-max": 0.204, "contiguous-pow2": 0.268, "contiguous-oracle": 0.382, "paged": 0.963},
+    "Fig. 13a mean batched (ShareGPT)": {"contiguous-max": 7.00, "contiguous-pow2": 9.81, "contiguous-oracle": 13.62,
+                                         "paged": 30.42},
+}
+
+
+def paper_comparison(saturated: list[SimResult]) -> str:
+    """Ours against the paper's Fig. 2 and Fig. 13a, from a saturated ShareGPT-like run (B = 16 for paged)."""
+    by_manager = {r.config.manager: r for r in saturated if r.config.manager in PAPER["Fig. 2 token states"]
+                  and (r.config.manager != "paged" or r.config.block_size == 16)}
+    lines = ["| quantity | manager | simulated | paper |", "|---|---|--:|--:|"]
+    for manager, paper in PAPER["Fig. 2 token states"].items():
+        if manager in by_manager:
+            ours = by_manager[manager].breakdown_fractions()["token_states"]
+            lines.append(f"| Fig. 2 token states | {manager} | {ours:.1%} | {paper:.1%} |")
+    for manager, paper in PAPER["Fig. 13a mean batched (ShareGPT)"].items():
+        if manager in by_manager:
+            lines.append(f"| Fig. 13a mean batched | {manager} | {by_manager[manager].mean_batched:.2f} | {paper:.2f} |")
+    return "\n".join(lines)
