@@ -120,6 +120,12 @@ def _select_preset(page) -> None:
     page.locator(f"{PANEL} .widget-dropdown select").first.select_option(label="Llama-2-7B")
 
 
+def _select(label: str):
+    def select(page) -> None:
+        page.locator(f"{PANEL} .widget-dropdown select").first.select_option(label=label)
+    return select
+
+
 def _click(label: str):
     def click(page) -> None:
         page.locator(f"{PANEL} .widget-button", has_text=label).first.click()
@@ -134,6 +140,7 @@ INTERACTIONS = {
     "03_": _click("new chat request"),     # the prefix-sharing widget
     "04_": _click("next block"),           # the online-softmax stepper
     "05_": _click("step"),                 # one engine step: the pool, the tables and the metrics move
+    "07_": _select("contiguous-max"),      # the simulator explorer's manager: both plots redraw
 }
 
 

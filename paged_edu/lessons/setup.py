@@ -95,6 +95,9 @@ PARAMETERS: dict[str, IntParameter | TextParameter] = {
     "batching_model": TextParameter("lesson 5: the model of the batching measurement", ("auto", "tiny", "lesson")),
     "profile_requests": IntParameter(1, 1024, "lesson 5: requests in the step-phase profile"),
     "profile_max_tokens": IntParameter(2, 4096, "lesson 5: the longest output in the step-phase profile"),
+    "table_requests": IntParameter(20, 10_000, "lesson 7: simulated requests per row of the benchmark table"),
+    "explorer_requests": IntParameter(20, 10_000, "lesson 7: simulated requests per redraw of the explorer"),
+    "real_requests": IntParameter(2, 1024, "lesson 7: requests of the real engine run compared with the simulator"),
 }
 
 

@@ -104,6 +104,7 @@ class StepShape:
     num_emitting: int = 0  # sequences that sample a token this step
     swapped_blocks: int = 0  # blocks copied between host and device before the step
     copied_blocks: int = 0  # copy-on-write copies on the device
+    num_blocks_read: int = 0  # KV blocks the attention kernel walks (only counted when per_block_s > 0)
 
     @classmethod
     def from_step_metrics(cls, m) -> "StepShape":
@@ -156,13 +157,16 @@ class CostModel:
     step_overhead_s: float = 1e-3
     per_seq_overhead_s: float = 0.0
     block_size: int = 16  # for the bytes of swapped / copied blocks
+    # The paged kernel's cost per KV block it walks, per layer and KV head (block-table lookup,
+    # a short tile, the running-softmax rescale). 0 (off) by default; see fit_per_block_cost.
+    per_block_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {value}")
-        for name in ("step_overhead_s", "per_seq_overhead_s"):
+        for name in ("step_overhead_s", "per_seq_overhead_s", "per_block_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -186,6 +190,8 @@ class CostModel:
         t_compute = self.flops(s) / (self.gpu.peak_flops * self.compute_efficiency)
         t_memory = self.bytes_moved(s) / (self.gpu.hbm_bandwidth * self.memory_efficiency)
         t = max(t_compute, t_memory) + self.step_overhead_s + self.per_seq_overhead_s * s.num_seqs
+        if self.per_block_s:
+            t += self.per_block_s * self.model.num_layers * self.model.num_kv_heads * s.num_blocks_read
         if s.swapped_blocks or s.copied_blocks:
             block_bytes = self.model.kv_bytes_per_token * self.block_size
             t += s.swapped_blocks * block_bytes / self.gpu.pcie_bandwidth
@@ -257,6 +263,7 @@ class CostModel:
             "memory_efficiency": self.memory_efficiency,
             "step_overhead_s": self.step_overhead_s,
             "per_seq_overhead_s": self.per_seq_overhead_s,
+            "per_block_s": self.per_block_s,
         }
 
     def describe(self) -> str:
@@ -264,7 +271,8 @@ class CostModel:
         return "\n".join([
             f"cost model: t_step = max(FLOPs / ({g.peak_flops / 1e12:.0f} TFLOP/s x {self.compute_efficiency:.2f}), "
             f"bytes / ({g.hbm_bandwidth / 1e12:.2f} TB/s x {self.memory_efficiency:.2f})) "
-            f"+ {self.step_overhead_s * 1e3:.2f} ms/step + {self.per_seq_overhead_s * 1e6:.1f} us/seq",
+            f"+ {self.step_overhead_s * 1e3:.2f} ms/step + {self.per_seq_overhead_s * 1e6:.1f} us/seq"
+            + (f" + {self.per_block_s * 1e9:.2f} ns per block x layer x KV head" if self.per_block_s else ""),
             f"  GPU: {g.name} ({g.source})" if g.source else f"  GPU: {g.name}",
             f"  model: {m.name}, {m.num_params / 1e9:.2f}B params ({m.weight_bytes / 1e9:.1f} GB), "
             f"{m.num_layers} layers, {m.num_q_heads}/{m.num_kv_heads} q/kv heads x {m.head_dim}, "

@@ -76,16 +76,26 @@ __all__ = [
 _OUTPUT_TOKEN_BASE = 1 << 40  # sampled ids live far above any prompt id: no accidental cache hit
 
 
-def step_shape(out: SchedulerOutput) -> StepShape:
-    """What the cost model needs of one scheduled step: each chunk's new and cached tokens, the copies."""
+def step_shape(out: SchedulerOutput, block_size: int | None = None, count_blocks: bool = False) -> StepShape:
+    """What the cost model needs of one scheduled step: each chunk's new and cached tokens, the copies.
+
+    With ``count_blocks``, also the KV blocks the kernel walks: ``sum ceil((c_i + n_i) / B)`` for a
+    paged cache of block size ``block_size``, one span per chunk for a contiguous one (``None``).
+    """
     chunks = out.scheduled
-    return StepShape.of_chunks(
+    shape = StepShape.of_chunks(
         [item.start for item in chunks],
         [item.num_new_tokens for item in chunks],
         sum([item.emits_token for item in chunks]),
         swapped_blocks=len(out.blocks_to_swap_out) + len(out.blocks_to_swap_in),
         copied_blocks=len(out.blocks_to_copy),
     )
+    if count_blocks:
+        if block_size is None:
+            shape.num_blocks_read = len(chunks)
+        else:
+            shape.num_blocks_read = sum(-(-(item.start + item.num_new_tokens) // block_size) for item in chunks)
+    return shape
 
 
 class MadeUpTokens:
@@ -237,6 +247,8 @@ def simulate(
     meters = _Meters()
     model = MadeUpTokens()
     now, step, next_arrival, num_done, preemptions = 0.0, 0, 0, 0, 0
+    count_blocks = cost.per_block_s > 0  # the per-block kernel cost is off by default
+    block_size = None if config.manager.startswith("contiguous") else manager.block_size
 
     while num_done < len(requests):
         # 1. Arrivals join the waiting queue.
@@ -263,7 +275,7 @@ def simulate(
             )
 
         # 3. The cost model says how long the step takes on the GPU.
-        now += cost.step_time(step_shape(out))
+        now += cost.step_time(step_shape(out, block_size, count_blocks))
         step += 1
 
         # 4. Tokens in, finished sequences out; beam branches fork when they are due.

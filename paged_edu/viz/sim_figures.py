@@ -30,6 +30,7 @@ __all__ = [
     "PAPER_BATCHED_SHAREGPT",
     "PAPER_TOKEN_STATES",
     "batched_figure",
+    "block_latency_figure",
     "block_size_figure",
     "latency_rate_figure",
     "memory_breakdown_figure",
@@ -228,3 +229,17 @@ def write_all(out_dir: str, cost: CostModel | None = None, num_requests: int = 1
         json.dump(data, f, indent=1, default=str)
     written.append(path)
     return written
+
+
+def block_latency_figure(rows: list[dict], title: str = "") -> go.Figure:
+    """Fig. 18: mean normalised latency against block size, per-block kernel cost off and on."""
+    sizes = [r["block_size"] for r in rows]
+    fig = go.Figure()
+    fig.add_scatter(x=sizes, y=[r["latency_off_s"] * 1e3 for r in rows], mode="lines+markers",
+                    name="roofline only (per-block cost off)")
+    fig.add_scatter(x=sizes, y=[r["latency_on_s"] * 1e3 for r in rows], mode="lines+markers",
+                    name=f"+ {rows[0]['per_block_s'] * 1e9:.3g} ns per block x layer x KV head" if rows else "on")
+    fig.update_layout(title=title or "Block size against latency (cf. the paper's Fig. 18)", xaxis_type="log",
+                      xaxis=dict(tickvals=sizes, title="block size B (tokens)"),
+                      yaxis_title="mean normalised latency (ms/token)", height=400, width=800)
+    return fig

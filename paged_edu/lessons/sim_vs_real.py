@@ -1,0 +1,115 @@
+"""Lesson 7: the simulator against a real engine run on the same trace.
+
+:func:`sim_vs_real` runs the real :class:`~paged_edu.engine.Engine` (on the CPU: the tiny 2-layer
+Llama of :mod:`paged_edu.lessons.engine_lab`; on a GPU the same code on the device), fits the cost
+model to the engine's measured steps (:meth:`CostModel.calibrate` on
+:meth:`StepShape.from_step_metrics`), then simulates the *same* requests with the same pool, block
+size and scheduler limits, and puts the two side by side: output tokens per second, TTFT and the
+number of preemptions. :func:`h200_engine_calibration` does the fit on the stored H200 engine
+benchmark (``figures/engine_bench.json``), whose per-step records were summarised, not kept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import replace
+
+import numpy as np
+
+from paged_edu.engine import Engine, RequestMetrics, SamplingParams, StepMetrics
+from paged_edu.lessons.batching import make_requests, model_spec
+from paged_edu.sim.costmodel import GPUS, CostModel, StepShape
+from paged_edu.sim.request import Request
+from paged_edu.sim.results import SimConfig
+from paged_edu.sim.simulator import simulate
+
+__all__ = ["error_table", "fit_engine_steps", "h200_engine_summary", "sim_vs_real"]
+
+FIGURES = os.path.join(os.path.dirname(__file__), "..", "..", "figures")
+
+
+def _p(values, q):
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def sim_vs_real(model, *, num_requests: int = 24, num_blocks: int = 24, block_size: int = 16, max_num_seqs: int = 16,
+                max_num_batched_tokens: int = 256, seed: int = 0, gpu: str = "h200") -> dict:
+    """Run the engine on ``num_requests`` requests (all at t = 0), calibrate, simulate the same trace.
+
+    Returns ``{"measured": {...}, "simulated": {...}, "cost": CostModel, "steps": int}``; each side
+    has ``tokens_per_s``, ``ttft_p50_s``, ``ttft_p99_s``, ``preemptions``, ``num_steps``, ``seconds``.
+    ``gpu`` only names the roofline the efficiencies are fitted against (on a CPU they come out tiny).
+    """
+    requests = make_requests(num_requests, seed=seed, vocab_size=model.config.vocab_size,
+                             prompt_len=(8, 96), output_len=(8, 64))
+    engine = Engine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens)
+    steps: list[StepMetrics] = []
+    finished: list[RequestMetrics] = []
+    engine.subscribe(lambda e: (steps if isinstance(e, StepMetrics) else finished).append(e))
+    engine.run([p for p, _ in requests], [SamplingParams(max_tokens=n) for _, n in requests])
+    seconds = sum(s.duration for s in steps)
+    out_tokens = sum(r.num_output_tokens for r in finished)
+    t0 = min(r.arrival_time for r in finished)
+    measured = {"tokens_per_s": out_tokens / seconds, "ttft_p50_s": _p([r.first_token_time - t0 for r in finished], 50),
+                "ttft_p99_s": _p([r.first_token_time - t0 for r in finished], 99),
+                "preemptions": steps[-1].num_preemptions, "num_steps": len(steps), "seconds": seconds}
+
+    base = CostModel(model=model_spec(model.config, model.dtype), gpu=GPUS[gpu])
+    cost = fit_engine_steps(base, steps)
+    trace = [Request(0.0, len(p), n, prompt=list(p)) for p, n in requests]
+    config = SimConfig(manager="paged", block_size=block_size, num_kv_slots=num_blocks * block_size,
+                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    rec = simulate(trace, config, cost).record()
+    simulated = {"tokens_per_s": rec["throughput_tokens_per_s"], "ttft_p50_s": rec["ttft_p50_s"],
+                 "ttft_p99_s": rec["ttft_p99_s"], "preemptions": rec["preemptions"], "num_steps": rec["num_steps"],
+                 "seconds": rec["makespan_s"]}
+    durations = [s.duration for s in steps]
+    predicted = [cost.step_time(StepShape.from_step_metrics(s)) for s in steps]
+    return {"measured": measured, "simulated": simulated, "cost": cost, "num_requests": num_requests,
+            "step_rel_error_p50": _p([abs(p - d) / d for p, d in zip(predicted, durations)], 50),
+            "step_durations": durations, "step_predicted": predicted,
+            "step_batched_tokens": [s.num_batched_tokens for s in steps]}
+
+
+def fit_engine_steps(base: CostModel, steps: list[StepMetrics]) -> CostModel:
+    """Fit ``t = step_overhead + per_seq_overhead * seqs + FLOPs / (peak * compute_efficiency)`` to measured steps.
+
+    A small model's step is launch- and Python-bound: the roofline's byte term is mostly the weights,
+    the same every step, so it cannot be told apart from the fixed overhead (what
+    :meth:`CostModel.calibrate` would try). Here the bytes are left at full bandwidth (negligible)
+    and the per-sequence overhead is fitted instead. Least squares; negative terms clamped to 0.
+    """
+    if len(steps) < 3:
+        raise ValueError(f"fit_engine_steps needs at least 3 measured steps, got {len(steps)}")
+    shapes = [StepShape.from_step_metrics(s) for s in steps]
+    a = np.array([[1.0, sh.num_seqs, base.flops(sh) / base.gpu.peak_flops] for sh in shapes])
+    y = np.array([s.duration for s in steps])
+    (overhead, per_seq, inv_c), *_ = np.linalg.lstsq(a, y, rcond=None)
+    return replace(base, step_overhead_s=max(float(overhead), 0.0), per_seq_overhead_s=max(float(per_seq), 0.0),
+                   compute_efficiency=min(1.0, 1.0 / inv_c) if inv_c > 0 else 1.0, memory_efficiency=1.0)
+
+
+def error_table(result: dict) -> str:
+    """Measured against simulated, with the relative error, as a markdown table."""
+    lines = ["| | real engine | simulator | error |", "|---|--:|--:|--:|"]
+    for key, fmt in (("tokens_per_s", "{:,.0f}"), ("ttft_p50_s", "{:.4f}"), ("ttft_p99_s", "{:.4f}"),
+                     ("num_steps", "{}"), ("preemptions", "{}"), ("seconds", "{:.3f}")):
+        m, s = result["measured"][key], result["simulated"][key]
+        err = f"{(s - m) / m:+.1%}" if m else ("0" if s == m else f"{s - m:+}")
+        lines.append(f"| {key} | {fmt.format(m)} | {fmt.format(s)} | {err} |")
+    return "\n".join(lines)
+
+
+def h200_engine_summary(path: str | None = None) -> dict:
+    """What the stored H200 engine benchmark measured (SmolLM2-135M geometry, 512 ShareGPT-like requests)."""
+    with open(path or os.path.join(FIGURES, "engine_bench.json"), encoding="utf-8") as f:
+        bench = json.load(f)
+    e = bench["engine"]
+    return {"device": bench["device_name"], "tokens_per_s": e["tokens_per_s"], "num_steps": e["num_steps"],
+            "mean_decode_step_ms": e["mean_decode_step_ms"], "ttft_p50_s": e["ttft_p50"],
+            "preemptions": e["num_preemptions"], "mean_concurrency": e["mean_concurrency"],
+            "kv_tokens": bench["kv_budget"]["tokens"], "block_size": bench["kv_budget"]["block_size"],
+            "num_requests": bench["workload"]["num_requests"]}
