@@ -128,7 +128,7 @@ def _cost_model(args):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from paged_edu.sim.simulator import BLOCK_SIZES, MANAGERS
+    from paged_edu.sim.managers import BLOCK_SIZES, DEFAULT_MANAGERS, MANAGERS
     from paged_edu.sim.workloads import L_MAX
 
     parser = _Parser(prog="paged-edu", description="PagedAttention you can see, poke and measure.")
@@ -143,7 +143,8 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=SEED, default=0)
     sim.add_argument("--json", dest="json_path", help="write the records here (.jsonl: one per line; else a JSON list)")
     sim.add_argument("--save-trace", help="also write the generated workload as a JSONL trace")
-    sim.add_argument("--managers", type=_csv(_choice(MANAGERS), "managers"), default=list(MANAGERS), help=f"comma-separated subset of {','.join(MANAGERS)}")
+    sim.add_argument("--managers", type=_csv(_choice(MANAGERS), "managers"), default=list(DEFAULT_MANAGERS),
+                     help=f"comma-separated subset of {','.join(MANAGERS)} (default: all but paged-radix)")
     sim.add_argument("--block-sizes", type=_csv(POSITIVE, "positive integers"), default=list(BLOCK_SIZES), help="paged block sizes (default 8,16,32,64,128)")
     sim.add_argument("--n", type=POSITIVE, default=4, help="samples per request (parallel workload)")
     sim.add_argument("--fork", choices=("parallel", "beam"), default="parallel", help="parallel workload: independent samples or a beam-style tree")

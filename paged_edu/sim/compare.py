@@ -8,14 +8,14 @@ from __future__ import annotations
 import contextlib
 
 from paged_edu.sim.costmodel import CostModel
-from paged_edu.sim.managers import BLOCK_SIZES, MANAGERS
+from paged_edu.sim.managers import BLOCK_SIZES, DEFAULT_MANAGERS
 from paged_edu.sim.results import SimConfig, SimResult
 from paged_edu.sim.simulator import simulate
 from paged_edu.sim.workloads import Request
 
 __all__ = ["compare", "default_configs", "format_table", "latency_vs_rate"]
 
-def default_configs(block_sizes=BLOCK_SIZES, managers=MANAGERS, **kwargs) -> list[SimConfig]:
+def default_configs(block_sizes=BLOCK_SIZES, managers=DEFAULT_MANAGERS, **kwargs) -> list[SimConfig]:
     """One config per (manager, block size): contiguous managers once, paged ones per ``B``."""
     configs = []
     for name in managers:

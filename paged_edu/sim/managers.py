@@ -30,6 +30,9 @@ from paged_edu.sim.workloads import L_MAX
 __all__ = ["BLOCK_SIZES", "MANAGERS", "ContiguousManager", "PagedManager", "RadixManager", "make_manager"]
 
 MANAGERS = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "paged-radix")
+# What runs when no manager is named: the paper's baselines and the paged cache with and without
+# prefix caching (the seed's table); the radix tree is asked for by name (lesson 8 compares it).
+DEFAULT_MANAGERS = MANAGERS[:-1]
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 
 
