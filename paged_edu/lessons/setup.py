@@ -89,12 +89,16 @@ PARAMETERS: dict[str, IntParameter | TextParameter] = {
     "cpu_seq_len": IntParameter(1, 4096, "lesson 4: per-sequence length of the CPU ladder (Triton's interpreter)"),
     "gpu_reps": IntParameter(1, 10_000, "lesson 4: timed replays per measurement on a GPU"),
     "question": TextParameter("lesson 5: the chat prompt the real model answers"),
-    "max_new_tokens": IntParameter(1, 512, "lesson 5: tokens the model may generate for the question"),
+    "max_new_tokens": IntParameter(1, 512, "lesson 5: tokens the model may generate for the question; "
+                                   "lesson 6: tokens every request of the pressure runs generates"),
     "max_output_len": IntParameter(2, 4096, "lesson 5: the longest output drawn in the batching measurement"),
     "static_batch": IntParameter(1, 1024, "lesson 5: the KV budget, in contiguous reservations of L_max tokens"),
     "batching_model": TextParameter("lesson 5: the model of the batching measurement", ("auto", "tiny", "lesson")),
     "profile_requests": IntParameter(1, 1024, "lesson 5: requests in the step-phase profile"),
     "profile_max_tokens": IntParameter(2, 4096, "lesson 5: the longest output in the step-phase profile"),
+    "pressure_requests": IntParameter(2, 256, "lesson 6: requests queued at once in the preemption runs"),
+    "pressure_prompt_len": IntParameter(1, 1024, "lesson 6: prompt tokens of every request in the preemption runs"),
+    "pool_blocks": IntParameter(1, 4096, "lesson 6: KV blocks of 8 tokens in the pressured pool"),
 }
 
 
