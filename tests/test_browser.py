@@ -134,6 +134,7 @@ INTERACTIONS = {
     "03_": _click("new chat request"),     # the prefix-sharing widget
     "04_": _click("next block"),           # the online-softmax stepper
     "05_": _click("step"),                 # one engine step: the pool, the tables and the metrics move
+    "06_": _click("swap"),                 # the preemption mode: the timeline is rerun in swap mode
 }
 
 

@@ -27,7 +27,7 @@ import torch
 from paged_edu.engine import Engine, SamplingParams
 from paged_edu.engine.outputs import RequestMetrics, StepMetrics
 
-__all__ = ["PressureRun", "blocks_needed", "output_mismatches", "pressure_prompts", "run_under_pressure",
+__all__ = ["PressureRun", "blocks_needed", "output_mismatches", "pressure_prompts", "remedy_rows", "run_under_pressure",
            "victim_rule_violations"]
 
 
@@ -204,3 +204,24 @@ def victim_rule_violations(run: PressureRun) -> list[str]:
                 problems.append(f"step {s.step}: request {rid} (admitted at step {last_admission(rid)}) was preempted "
                                 f"while {younger} (admitted later) kept running")
     return problems
+
+
+def remedy_rows(model, prompts, num_blocks: int, cases: dict[str, dict], *, max_new_tokens: int = 32,
+                block_size: int = 8) -> list[dict]:
+    """One run per case (``{label: {"mode": ..., engine knobs...}}``) on the same requests and pool:
+    preemptions, the longest stall in steps, ITL median / p99 / max (ms), KV bytes moved, recomputed
+    prompt tokens and wall time."""
+    rows = []
+    base_prefill = sum(len(p) for p in prompts)
+    for label, knobs in cases.items():
+        knobs = dict(knobs)
+        mode = knobs.pop("mode", "recompute")
+        run = run_under_pressure(model, prompts, num_blocks, mode, max_new_tokens=max_new_tokens,
+                                 block_size=block_size, **knobs)
+        itl = run.itl_summary()
+        gaps = [g for v in run.itl_steps().values() for g in v]
+        rows.append({"case": label, "preemptions": run.num_preemptions, "max_gap_steps": max(gaps),
+                     "itl_median_ms": 1e3 * itl["median"], "itl_p99_ms": 1e3 * itl["p99"],
+                     "itl_max_ms": 1e3 * itl["max"], "bytes_moved": run.bytes_moved,
+                     "recomputed_tokens": run.prefill_tokens - base_prefill, "wall_s": run.wall_time, "run": run})
+    return rows
