@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from paged_edu.lessons.preemption import blocks_needed, output_mismatches, run_under_pressure
 from paged_edu.viz.widgets.base import _figure_widget
 
-__all__ = ["PreemptionExplorer", "timeline_data", "timeline_figure"]
+__all__ = ["PreemptionExplorer", "remedy_figure", "timeline_data", "timeline_figure"]
 
 
 def timeline_data(run) -> dict[str, list]:
@@ -127,3 +127,13 @@ class PreemptionExplorer:
         self.summary.value = "<div style='font-family:monospace;font-size:12px'>" + "<br>".join(
             html.escape(x).replace("&lt;b&gt;", "<b>").replace("&lt;/b&gt;", "</b>") if "span" not in x else x
             for x in lines) + "</div>"
+
+
+def remedy_figure(rows: list[dict]) -> go.Figure:
+    """Troubleshooting 3's remedies: the longest stall (engine steps) and the preemptions of each case."""
+    cases = [r["case"] for r in rows]
+    fig = go.Figure([go.Bar(x=cases, y=[r["max_gap_steps"] for r in rows], name="longest stall (steps)"),
+                     go.Bar(x=cases, y=[r["preemptions"] for r in rows], name="preemptions")])
+    fig.update_layout(barmode="group", height=380, margin={"t": 50, "l": 60, "r": 20, "b": 140},
+                      title="Swap thrashing and its remedies (same requests, same pool)")
+    return fig
