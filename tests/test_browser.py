@@ -126,6 +126,12 @@ def _click(label: str):
     return click
 
 
+def _toggle(label: str):
+    def toggle(page) -> None:
+        page.locator(f"{PANEL} .widget-toggle-button", has_text=label).first.click()
+    return toggle
+
+
 # The one interaction per lesson whose effect on a plot we check: lesson prefix -> interaction.
 # A new lesson adds one entry.
 INTERACTIONS = {
@@ -134,7 +140,7 @@ INTERACTIONS = {
     "03_": _click("new chat request"),     # the prefix-sharing widget
     "04_": _click("next block"),           # the online-softmax stepper
     "05_": _click("step"),                 # one engine step: the pool, the tables and the metrics move
-    "06_": _click("swap"),                 # the preemption mode: the timeline is rerun in swap mode
+    "06_": _toggle("swap"),                # the preemption mode: the timeline is rerun in swap mode
 }
 
 
