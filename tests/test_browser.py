@@ -116,10 +116,6 @@ PLOT_DATA = """() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mo
   p => JSON.stringify((p.data || []).map(t => [t.x, t.y, t.z, t.text])))"""
 
 
-def _select_preset(page) -> None:
-    page.locator(f"{PANEL} .widget-dropdown select").first.select_option(label="Llama-2-7B")
-
-
 def _select(label: str):
     def select(page) -> None:
         page.locator(f"{PANEL} .widget-dropdown select").first.select_option(label=label)
@@ -132,14 +128,21 @@ def _click(label: str):
     return click
 
 
+def _toggle(label: str):
+    def toggle(page) -> None:
+        page.locator(f"{PANEL} .widget-toggle-button", has_text=label).first.click()
+    return toggle
+
+
 # The one interaction per lesson whose effect on a plot we check: lesson prefix -> interaction.
 # A new lesson adds one entry.
 INTERACTIONS = {
-    "01_": _select_preset,                 # the calculator's model preset
+    "01_": _select("Llama-2-7B"),          # the calculator's model preset
     "02_": _click("add request"),          # the block-table widget
     "03_": _click("new chat request"),     # the prefix-sharing widget
     "04_": _click("next block"),           # the online-softmax stepper
     "05_": _click("step"),                 # one engine step: the pool, the tables and the metrics move
+    "06_": _toggle("swap"),                # the preemption mode: the timeline is rerun in swap mode
     "07_": _select("contiguous-max"),      # the simulator explorer's manager: both plots redraw
 }
 

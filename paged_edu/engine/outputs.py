@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from paged_edu.engine.sampling import SamplingParams
-from paged_edu.engine.sequence import Sequence as Seq
+from paged_edu.engine.sequence import Sequence as Seq, SequenceStatus
 
 __all__ = ["RequestMetrics", "RequestOutput", "RequestState", "StepMetrics", "step_metrics"]
 
@@ -72,6 +72,13 @@ class StepMetrics:
     # seconds per phase of the step: "schedule", "prepare", "forward", "sample", "update" (host wall
     # time; exact per phase only with Engine(sync_timing=True), else GPU work lands where it syncs)
     phase_times: dict[str, float] = field(default_factory=dict)
+    # Who this step preempted, as (request_id, seq_id, "swap" | "recompute"), youngest-admitted first
+    # (the scheduler's victim order), and the request ids it computed tokens for -- a preempted
+    # request's resumption is the next step that schedules it again (lesson 6's timeline).
+    preempted: list[tuple[int, int, str]] = field(default_factory=list)
+    scheduled_request_ids: list[int] = field(default_factory=list)
+    num_blocks_swapped_out: int = 0  # this step, GPU -> CPU
+    num_blocks_swapped_in: int = 0  # this step, CPU -> GPU
     kind: str = "step"
 
 
@@ -139,4 +146,8 @@ def step_metrics(step: int, sched, scheduler, now: float, duration: float, num_f
         num_decode_seqs=decodes, num_preempted=len(sched.preempted), num_preemptions=stats["preemptions"],
         num_finished=num_finished, kv_usage=stats["kv_usage"], num_used_blocks=scheduler.allocator.num_used_blocks,
         num_tokens_in_cache=in_cache, prefix_hit_rate=stats["prefix_hit_rate"], phase_times=phase_times,
+        preempted=[(s.request_id, s.seq_id, "swap" if s.status is SequenceStatus.SWAPPED else "recompute")
+                   for s in sched.preempted],
+        scheduled_request_ids=sorted({item.seq.request_id for item in sched.scheduled}),
+        num_blocks_swapped_out=len(sched.blocks_to_swap_out), num_blocks_swapped_in=len(sched.blocks_to_swap_in),
     )

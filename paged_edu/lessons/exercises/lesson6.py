@@ -1,0 +1,95 @@
+"""Lesson 6's exercises: the knob that removes preemptions, the pool a utilisation leaves, the first victim."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, MiB
+from paged_edu.lessons.exercises.framework import Verdict, compare, register
+
+# The run of 6.1 and 6.3: 6 requests of 24 prompt + 32 new tokens (7 blocks of 8 each at full
+# length, 42 in all) on a pool of 24 blocks, recompute preemption, every limit at its default.
+SCENARIO = {"num_requests": 6, "prompt_len": 24, "max_new_tokens": 32, "block_size": 8, "num_blocks": 24}
+KNOBS = ("max_num_seqs", "max_num_batched_tokens", "num_cpu_blocks", "preemption_mode")
+
+
+@lru_cache(maxsize=None)
+def _scenario_run(knob: tuple = ()):
+    from paged_edu.lessons.engine_lab import tiny_model
+    from paged_edu.lessons.preemption import pressure_prompts, run_under_pressure
+
+    s = SCENARIO
+    prompts = pressure_prompts(s["num_requests"], s["prompt_len"], 512, seed=6)
+    kwargs = dict(knob)
+    mode = kwargs.pop("preemption_mode", "recompute")
+    return run_under_pressure(_model(), prompts, s["num_blocks"], mode, max_new_tokens=s["max_new_tokens"],
+                              block_size=s["block_size"], **kwargs)
+
+
+@lru_cache(maxsize=1)
+def _model():
+    from paged_edu.lessons.engine_lab import tiny_model
+
+    return tiny_model(seed=0)
+
+
+@register("6.1", "The scenario run (ex.EXERCISES['6.1'], SCENARIO in lesson6.py) preempts. Give ONE engine knob as "
+          "{name: value} (max_num_seqs, max_num_batched_tokens, num_cpu_blocks or preemption_mode) that makes it "
+          "run with no preemption at all, keeping the pool at 24 blocks.", {"max_num_seqs": 3})
+def _check_6_1(answer) -> Verdict:
+    if not isinstance(answer, dict) or len(answer) != 1 or next(iter(answer)) not in KNOBS:
+        return Verdict(False, [f"give one knob as {{name: value}}, name one of {KNOBS}; got {answer!r}"])
+    base = _scenario_run()
+    try:
+        run = _scenario_run(tuple(answer.items()))
+    except (ValueError, TypeError) as exc:
+        return Verdict(False, [f"the engine refused {answer}: {exc}"])
+    if run.num_preemptions == 0:
+        return Verdict(True, [f"right: with {answer} the run has 0 preemptions (it had {base.num_preemptions})"])
+    name, value = next(iter(answer.items()))
+    why = {"preemption_mode": "the mode decides HOW a victim is preempted (swap or recompute), not WHETHER",
+           "num_cpu_blocks": "swap space only matters in swap mode, and it changes how, not whether",
+           "max_num_batched_tokens": "the token budget limits prompt chunks per step, while every running decode "
+                                     "still grows; the number of sequences holding blocks is what overflows"}.get(name, "")
+    if name == "max_num_seqs" and isinstance(value, int) and value > 3:
+        why = (f"{value} sequences at 7 blocks each need {7 * value} blocks at full length; the pool has 24 "
+               "(more concurrency, as the seed advises, makes it worse)")
+    return Verdict(False, [f"not right: with {answer} the run still has {run.num_preemptions} preemptions "
+                           f"(was {base.num_preemptions}). {why}"])
+
+
+def kv_blocks_left(gpu_key="h200", model_key="Llama-3-8B", gpu_memory_utilization=0.9, block_size=16,
+                   context_mib=512):
+    """6.2's reference: the library's sizing over what is free after the context and the weights."""
+    from paged_edu.lessons.troubleshooting import plan_memory
+
+    return plan_memory(gpu_key, model_key, gpu_memory_utilization, context_bytes=context_mib * MiB,
+                       activation_bytes=0, block_size=block_size).num_blocks
+
+
+@register("6.2", "On an H200 (143,771 MiB) with Llama-3-8B in bf16, a 512 MiB CUDA context, block_size 16 and "
+          "gpu_memory_utilization = 0.9 of the memory free after the weights: how many KV blocks does the pool get?",
+          kv_blocks_left())
+def _check_6_2(answer) -> Verdict:
+    g, gpu = MODEL_TABLE["Llama-3-8B"], GPU_TABLE["h200"]
+    right = kv_blocks_left()
+    block = g.kv_spec.block_bytes(16)
+    free = gpu.memory_bytes - 512 * MiB - int(g.num_params * 2)
+    return compare("KV blocks at 0.9 on an H200 for Llama-3-8B", answer, right, hints={
+        int(0.9 * gpu.memory_bytes) // block: "0.9 of the TOTAL memory; the library takes 0.9 of what is free after "
+                                              "the context and the weights",
+        int(0.9 * free) // (block // 2): "K only: a block holds K and V",
+        int(free) // block: "all the free memory; 0.9 of it is the budget",
+        int(0.9 * free) // (block * 2): "fp32; Llama-3-8B's cache is bf16 (2 bytes)"})
+
+
+@register("6.3", "In the scenario run of 6.1 (unchanged), which request id is preempted first?",
+          lambda: _scenario_run().first_victim())
+def _check_6_3(answer) -> Verdict:
+    run = _scenario_run()
+    right = run.first_victim()
+    return compare("the first victim's request id", answer, right, hints={
+        0: "request 0 is the OLDEST; vLLM preempts the most recently admitted running sequence",
+        SCENARIO["num_requests"] - 1: "the last request may not be running yet when the pool runs out: only "
+                                      "running sequences are preempted"} if right != SCENARIO["num_requests"] - 1
+        else {0: "request 0 is the OLDEST; vLLM preempts the most recently admitted running sequence"})
