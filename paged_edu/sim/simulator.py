@@ -90,11 +90,9 @@ def step_shape(out: SchedulerOutput, block_size: int | None = None, count_blocks
         swapped_blocks=len(out.blocks_to_swap_out) + len(out.blocks_to_swap_in),
         copied_blocks=len(out.blocks_to_copy),
     )
-    if count_blocks:
-        if block_size is None:
-            shape.num_blocks_read = len(chunks)
-        else:
-            shape.num_blocks_read = sum(-(-(item.start + item.num_new_tokens) // block_size) for item in chunks)
+    if count_blocks:  # a contiguous cache (block_size None) is one span per chunk
+        shape.num_blocks_read = len(chunks) if block_size is None else sum(
+            -(-(item.start + item.num_new_tokens) // block_size) for item in chunks)
     return shape
 
 
