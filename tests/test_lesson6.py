@@ -120,3 +120,15 @@ def test_exercises_right_and_wrong():
     assert ex.check("6.3", right)
     v = ex.check("6.3", 0)
     assert not v and "OLDEST" in str(v)
+
+
+def test_the_plan_on_the_measured_h200_figures_predicts_what_the_h200_did():
+    """The oracle is the real run: cuda_oom_child on the H200 (figures/h200/oom_child.json)."""
+    from paged_edu.lessons import troubleshooting as T
+
+    m = T.h200_measured_warmup()
+    for run in m["runs"]:
+        plan = T.plan_memory("h200", "SmolLM2-135M", run["gpu_memory_utilization"], context_bytes=m["context"],
+                             activation_bytes=m["activations"], total_bytes=m["total"])
+        assert plan.fits == run["ok"], run
+        assert abs(plan.kv / 2**30 - run["kv_gib"]) < 0.05, (plan.kv / 2**30, run["kv_gib"])
