@@ -132,3 +132,18 @@ def test_the_plan_on_the_measured_h200_figures_predicts_what_the_h200_did():
                              activation_bytes=m["activations"], total_bytes=m["total"])
         assert plan.fits == run["ok"], run
         assert abs(plan.kv / 2**30 - run["kv_gib"]) < 0.05, (plan.kv / 2**30, run["kv_gib"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["recompute", "swap", "auto"])
+def test_preemption_on_a_gpu_keeps_the_output(prompts, mode):
+    """The lesson's device run: the pool on the GPU, swap over PCIe; same tokens as the unpressured run."""
+    gpu_model = tiny_model("cuda", torch.float32, seed=0)
+    enough = P.blocks_needed(prompts, 32, block_size=8)
+    ref = P.run_under_pressure(gpu_model, prompts, enough, "recompute", max_new_tokens=32)
+    run = P.run_under_pressure(gpu_model, prompts, 20, mode, max_new_tokens=32)
+    assert run.num_preemptions > 0
+    assert not P.output_mismatches(run, ref)
+    assert not P.victim_rule_violations(run)
+    if mode == "swap":
+        assert run.bytes_moved > 0
