@@ -151,6 +151,7 @@ def _launch(key, value, k_cache, v_cache, slot_mapping, q=None, q_out=None, posi
         BLOCK_SIZE=k_cache.shape[1], ROTARY=rotary, NUM_Q_HEADS=num_q_heads,
         Q_HEADS_PAD=triton.next_power_of_2(num_q_heads), HALF_PAD=triton.next_power_of_2(max(1, head_dim // 2)),
         BY_HAND=by_hand(key.dtype), num_warps=4 if width >= 2048 else (2 if width >= 512 else 1),
+        enable_fp_fusion=False,  # no a * b + c contracted into one FMA: PyTorch rounds the product first
     )
 
 
