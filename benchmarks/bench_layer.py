@@ -230,6 +230,14 @@ def markdown(rows) -> str:
                      f"| {r['unfused_profile']['kernels_per_step']:.0f} -> {r['fused_profile']['kernels_per_step']:.0f} "
                      f"| {r['roofline_us']:.0f} | {r['fused_over_roofline']:.2f}x | {r['cost_model_us']:.0f} "
                      f"| {r['logits_rel_err']:.1e} |")
+    lines += ["", "GPU time per step by kind of kernel, unfused -> fused (us, kernels):", "",
+              "| batch | GEMM | attention | fused kernels | other elementwise |", "|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        cells = []
+        for kind in ("gemm", "attention", "fused", "other"):
+            a, b = (r[f"{n}_profile"]["by_kind"].get(kind, {"us": 0, "kernels": 0}) for n in ("unfused", "fused"))
+            cells.append(f"{a['us']:.0f} ({a['kernels']:.0f}) -> {b['us']:.0f} ({b['kernels']:.0f})")
+        lines.append(f"| {r['batch']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

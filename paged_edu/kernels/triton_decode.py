@@ -287,17 +287,19 @@ def decode_config(head_dim: int, group: int, on_gpu: bool) -> dict:
     """Tile length, warps and pipeline depth.
 
     We do not autotune (a decode kernel is captured in CUDA graphs and must launch the same way
-    every time). The fixed choice keeps 16 KiB of K and 16 KiB of V per tile -- 64 tokens at
-    head_dim 128 -- with the loads of the next tile in flight while this one is used
-    (``num_stages=2``). A sweep on an H200 (``benchmarks/bench_kernels.py --sweep``) found this the
-    best or within 3% of the best for every anchor case; three stages were up to 15% slower on
-    long sequences.
+    every time). The fixed choice: 64 tokens per tile, at most 16 KiB of K and 16 KiB of V (fewer
+    tokens for heads wider than 128), with the loads of the next tile in flight while this one is
+    used (``num_stages=2``). A sweep on an H200 (``benchmarks/bench_kernels.py --sweep``) found this
+    the best or within 3% of the best for every anchor case (32/8 heads of 128); three stages were
+    up to 15% slower on long sequences. For SmolLM2's 9/3 heads of 64 (``benchmarks/bench_layer.py
+    --sweep-decode``, contexts of 512 in an 8192-wide table) 64-token tiles beat 128: 38.8 against
+    43.9 us at batch 256, the best of 72 configurations within 1% (11.5-11.9 us at batch 16).
     """
     head_dim_pad = triton.next_power_of_2(head_dim)
     group_pad = triton.next_power_of_2(group)
     if on_gpu:
         group_pad = max(16, group_pad)  # a 16-bit tl.dot needs M >= 16 on the tensor cores
-    tile = max(16, min(128, 8192 // head_dim_pad))
+    tile = max(16, min(64, 8192 // head_dim_pad))
     return dict(TILE=tile, GROUP_PAD=group_pad, HEAD_DIM_PAD=head_dim_pad, HEADS_FASTEST=True,
                 num_warps=4, num_stages=2)
 
