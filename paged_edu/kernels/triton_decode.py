@@ -291,9 +291,8 @@ def decode_config(head_dim: int, group: int, on_gpu: bool) -> dict:
     tokens for heads wider than 128), with the loads of the next tile in flight while this one is
     used (``num_stages=2``). A sweep on an H200 (``benchmarks/bench_kernels.py --sweep``) found this
     the best or within 3% of the best for every anchor case (32/8 heads of 128); three stages were
-    up to 15% slower on long sequences. For SmolLM2's 9/3 heads of 64 (``benchmarks/bench_layer.py
-    --sweep-decode``, contexts of 512 in an 8192-wide table) 64-token tiles beat 128: 38.8 against
-    43.9 us at batch 256, the best of 72 configurations within 1% (11.5-11.9 us at batch 16).
+    up to 15% slower on long sequences. At head_dim 64 (SmolLM2, ``bench_layer.py --sweep-decode``)
+    64-token tiles beat 128: 38.8 against 43.9 us at 256 x 512, within 1% of the best of 72 configs.
     """
     head_dim_pad = triton.next_power_of_2(head_dim)
     group_pad = triton.next_power_of_2(group)
@@ -333,6 +332,7 @@ def paged_attention_triton(
     scale: float,
     num_splits: int | None = None,  # None: choose_num_splits; tests force values
     config: dict | None = None,  # overrides of decode_config (benchmark sweeps)
+    packed: bool | None = None,  # None: whole token rows per program where they are small, on a GPU
 ) -> torch.Tensor:  # (num_seqs, num_q_heads, head_dim)
     """Launch the kernel on validated inputs (see :func:`paged_edu.kernels.paged_attention_decode`)."""
     if not INTERPRETING and not q.is_cuda:
@@ -341,6 +341,11 @@ def paged_attention_triton(
             "TRITON_INTERPRET=1 before importing paged_edu (slow, for learning and tests), "
             "or use impl='torch'"
         )
+    from paged_edu.kernels import triton_decode_packed as tp  # small heads (SmolLM2): see that module
+
+    if packed or (packed is None and not INTERPRETING and tp.packs(q.shape[1], k_cache, v_cache)):
+        return tp.paged_attention_packed(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
+                                         num_splits=num_splits, config=config)
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
