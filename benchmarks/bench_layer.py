@@ -17,9 +17,9 @@ The roofline is :class:`paged_edu.sim.costmodel.CostModel` for the same batch: a
 and peak FLOP/s with no overhead (``roofline_us``), and with the model's default assumptions
 (85 % of the bandwidth, 1 ms of overhead per step: ``cost_model_us``).
 
-``--sweep-decode`` also times the paged decode kernel alone at SmolLM2's shape: the default (the
-packed kernel of :mod:`paged_edu.kernels.triton_decode_packed`), the per-KV-head kernel, and the
-packed kernel over a grid of tiles, warps, pipeline stages and splits.
+``--sweep-decode`` also times the paged decode kernel alone at SmolLM2's shape: the default
+(one program per KV head) and the whole-row kernel of :mod:`paged_edu.kernels.triton_decode_packed`
+over a grid of tiles, warps, pipeline stages and splits.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def time_replays(graph, reps: int, flush: torch.Tensor) -> float:
 
 def kind_of(kernel: str) -> str:
     name = kernel.lower()
-    if "paged_decode" in name or "merge_splits" in name:
+    if "_decode_kernel" in name or "merge_splits" in name:
         return "attention"
     if any(w in name for w in ("add_rms_norm", "silu_and_mul", "store_kv")):
         return "fused"
@@ -197,8 +197,8 @@ def sweep_decode(batch, context, width, flush, reps=30) -> dict:
         us = time_replays(graph, reps, flush)
         return us, rel_err(out, ref)
 
-    default_us, default_err = run()  # what the model runs (the packed kernel where it applies)
-    per_head_us, per_head_err = run(packed=False)  # one program per KV head, decode_config
+    default_us, default_err = run()  # what the model runs: one program per KV head, decode_config
+    per_head_us, per_head_err = run(packed=False)  # the same (kept apart: it was not always the default)
     cfg = decode_config(c.head_dim, c.num_heads // c.num_kv_heads, on_gpu=True)
     per_head_splits = choose_num_splits(batch, c.num_kv_heads, width * BLOCK, cfg["TILE"], _num_sms(0))
     results = []

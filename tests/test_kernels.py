@@ -179,6 +179,11 @@ def test_packed_kernel_applies_to_small_contiguous_rows_only():
     assert not packs(32, torch.zeros(4, 16, 8, 128), torch.zeros(4, 16, 8, 128))  # 1024-value rows: per head
     strided = torch.zeros(4, 16, 3, 128)[..., :64]  # rows not contiguous
     assert not packs(9, strided, strided)
+    from paged_edu.kernels.triton_decode import paged_attention_triton
+
+    q, k, v, t, lens = make_case(1, 32, 8, 128, B, [5], torch.float32)
+    with pytest.raises(ValueError, match="contiguous token rows"):
+        paged_attention_triton(q, k, v, t, lens, scale=1.0, packed=True)
 
 
 @needs_triton

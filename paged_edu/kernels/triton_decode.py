@@ -332,7 +332,7 @@ def paged_attention_triton(
     scale: float,
     num_splits: int | None = None,  # None: choose_num_splits; tests force values
     config: dict | None = None,  # overrides of decode_config (benchmark sweeps)
-    packed: bool | None = None,  # None: whole token rows per program where they are small, on a GPU
+    packed: bool = False,  # True: the whole-row kernel of triton_decode_packed (opt-in: slower on an H200)
 ) -> torch.Tensor:  # (num_seqs, num_q_heads, head_dim)
     """Launch the kernel on validated inputs (see :func:`paged_edu.kernels.paged_attention_decode`)."""
     if not INTERPRETING and not q.is_cuda:
@@ -341,11 +341,11 @@ def paged_attention_triton(
             "TRITON_INTERPRET=1 before importing paged_edu (slow, for learning and tests), "
             "or use impl='torch'"
         )
-    from paged_edu.kernels import triton_decode_packed as tp  # small heads (SmolLM2): see that module
+    if packed:  # an experiment for small heads, measured slower (see that module)
+        from paged_edu.kernels.triton_decode_packed import paged_attention_packed
 
-    if packed or (packed is None and not INTERPRETING and tp.packs(q.shape[1], k_cache, v_cache)):
-        return tp.paged_attention_packed(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
-                                         num_splits=num_splits, config=config)
+        return paged_attention_packed(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
+                                      num_splits=num_splits, config=config)
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads

@@ -8,7 +8,7 @@ What you will learn
   model: SmolLM2 has 3 KV heads of 64, so a token's row in the pool is 384 bytes and a program
   reads a 128-byte third of it; at 256 sequences x 512 tokens each of the 768 programs streams
   only 128 KiB, and their fixed costs (the first loads, the pipeline's fill, the tail) rather than
-  the bytes set the time -- 44 us per layer where the bytes need 12;
+  the bytes set the time -- 39-44 us per layer where the bytes need 12 (the hypothesis tested here);
 * a trick that turns "every KV head of a token" into one matrix product: put the ``H`` queries of
   a sequence into an ``(H, H_kv * D)`` matrix ``Q~`` whose row ``h`` holds ``q_h`` in the columns
   of *its* KV head ``h // G`` and zeros elsewhere. With ``K~`` the tile's whole rows
@@ -23,8 +23,18 @@ What you will learn
 * that nothing else changes: the tile step is :func:`triton_decode._attend_tile` itself (a
   "head" of ``H_kv * D`` columns), the split-KV merge is the same second kernel.
 
-Grid: one program per (sequence, split). Used when a token's row is small (``H_kv * D <= 256``)
-and contiguous; :func:`paged_edu.kernels.triton_decode.paged_attention_triton` decides.
+Grid: one program per (sequence, split), for small contiguous token rows (:func:`packs`).
+
+Measured: it does not pay
+-------------------------
+On an H200 (``python benchmarks/bench_layer.py --sweep-decode``: SmolLM2's shape, bf16, 512
+tokens per sequence, an 8192-token-wide table, L2 flushed) the per-KV-head kernel with 64-token
+tiles stays faster at every batch -- 256 x 512: 38.7 us against 46.3 us (41.6 us for the best of
+72 packed configurations); 64: 20.2 / 21.1; 16: 12.9 / 14.4; 1: 9.5 / 10.3. Fewer, longer
+programs with wider loads do not stream faster: what the short programs pay is latency per tile
+(block-table lookup, then the loads, then the softmax), which the packed program pays too, with
+fewer programs to hide it. So it is opt-in (``paged_attention_triton(..., packed=True)``), kept
+with its tests as the measured answer to "why not read whole rows?".
 """
 
 from __future__ import annotations
@@ -152,6 +162,9 @@ def paged_attention_packed(
     config: dict | None = None,  # overrides of packed_config (benchmark sweeps)
 ) -> torch.Tensor:  # (num_seqs, num_q_heads, head_dim)
     """Launch the packed kernel on validated inputs for which :func:`packs` holds."""
+    if not packs(q.shape[1], k_cache, v_cache):
+        raise ValueError(f"the packed kernel needs contiguous token rows of at most 256 values and at most 64 "
+                         f"query heads, got cache {tuple(k_cache.shape)} with {q.shape[1]} query heads")
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     row = num_kv_heads * head_dim
