@@ -15,7 +15,8 @@ Rotary embedding on the way in (``ROTARY=True``)
 ------------------------------------------------
 Just before the store, a Llama layer rotates q and k by their token's position (RoPE): for each
 pair ``(x_i, x_{i+D/2})`` of a head and ``c = cos(p * inv_freq_i)``, ``s = sin(p * inv_freq_i)``
-(one row of the model's fp32 ``cos_table`` / ``sin_table``, both ``(max_positions, D)``)::
+(one row of the model's ``cos_table`` / ``sin_table``, both ``(max_positions, D)``, fp32 or already
+in the model's dtype)::
 
     x'_i       = round(round(x_i * c) - round(x_{i+D/2} * s))
     x'_{i+D/2} = round(round(x_{i+D/2} * c) + round(x_i * s))      (c, s rounded to x's dtype first)
@@ -174,8 +175,8 @@ def rotary_store_kv_triton(
     v_cache: torch.Tensor,  # (num_blocks, B, num_kv_heads, head_dim)
     slot_mapping: torch.Tensor,  # int (num_tokens,): -1 = store nothing
     positions: torch.Tensor,  # int (num_tokens,)
-    cos_table: torch.Tensor,  # fp32 (max_positions, head_dim)
-    sin_table: torch.Tensor,  # fp32 (max_positions, head_dim)
+    cos_table: torch.Tensor,  # (max_positions, head_dim), fp32 or the model's dtype
+    sin_table: torch.Tensor,  # (max_positions, head_dim), fp32 or the model's dtype
 ) -> torch.Tensor:  # q rotated, (num_tokens, num_q_heads, head_dim) contiguous
     """Rotate q and k by their positions (RoPE), store the rotated k and v at their slots, return q.
 

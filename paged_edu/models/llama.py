@@ -108,8 +108,9 @@ class RMSNorm(nn.Module):
 class Rotary(nn.Module):
     """RoPE: rotate each (i, i + D/2) pair of q and k by ``position * inv_freq_i``.
 
-    The cos/sin table for every position is built once in fp32; a step indexes it by ``positions``
-    (the fused kernel reads its rows itself).
+    The cos/sin table for every position is built once in fp32 (``model.to(dtype)`` then rounds it,
+    exactly as the ``.to(dtype)`` below would); a step indexes it by ``positions`` (the fused
+    kernel reads its rows itself).
     """
 
     def __init__(self, inv_freq: torch.Tensor, max_positions: int, attention_scaling: float = 1.0) -> None:
@@ -159,7 +160,7 @@ class PagedAttention(nn.Module):
         v = v.view(T, H_kv, D)  # (T, H_kv, D)
         if kernels.fused:
             # One kernel rotates q and k and stores k, v at their slots: the three lines below
-            # (ten small kernels) with the same rounding. cos, sin are the whole fp32 tables here.
+            # (ten small kernels) with the same rounding. cos, sin are the whole (L, D) tables here.
             from paged_edu.kernels.triton_store import rotary_store_kv_triton
 
             q = rotary_store_kv_triton(q, k, v, k_cache, v_cache, batch.slot_mapping, batch.positions, cos, sin)
@@ -290,7 +291,7 @@ class PagedLlama(nn.Module):
             raise ValueError(f"need one (k_cache, v_cache) pair per layer ({len(self.layers)}), got {len(kv_caches)}")
         kernels = Kernels(self.attn_impl, self.prefill_impl, self._fused(self.device))
         h = self.embed_tokens(batch.input_ids)  # (T, hidden)
-        if kernels.fused:  # the rotary kernel reads each token's row of the fp32 tables itself
+        if kernels.fused:  # the rotary kernel reads each token's row of the tables itself
             cos, sin = self.rotary.cos_table, self.rotary.sin_table  # (L, D) each
         else:
             cos, sin = self.rotary(batch.positions, h.dtype)  # (T, 1, D) each
