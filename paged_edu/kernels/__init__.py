@@ -152,14 +152,16 @@ class KernelSupport:
     decode: bool  # paged_edu.kernels.triton_decode
     prefill: bool  # paged_edu.kernels.triton_prefill
     store: bool  # paged_edu.kernels.triton_store
+    fused: bool  # paged_edu.kernels.triton_fused + the rotary store: a Llama layer's per-token ops
     interpreted: bool  # they would run in Triton's interpreter: exact, but far too slow to serve a model
 
     def use_triton(self, kernel: str) -> bool:
-        """What ``impl="auto"`` means for ``kernel`` (``"decode"``, ``"prefill"``, ``"store"``).
+        """What ``impl="auto"`` means for ``kernel`` (``"decode"``, ``"prefill"``, ``"store"``, ``"fused"``).
 
         Compiled kernels always. Interpreted ones only for decode, where tests and lessons want
-        the kernel's own arithmetic on a CPU; prefill and store run PyTorch there (the interpreted
-        prefill takes seconds per prompt, and a store is a plain scatter).
+        the kernel's own arithmetic on a CPU; prefill, store and the fused per-token ops run
+        PyTorch there (the interpreted prefill takes seconds per prompt, a store is a plain
+        scatter, and the fused ops exist only to save kernel launches on a GPU).
         """
         runs = getattr(self, kernel)
         return runs and (not self.interpreted or kernel == "decode")
@@ -184,6 +186,7 @@ def _support(device_type: str) -> KernelSupport:
         decode=runs_here and _importable("triton_decode"),
         prefill=runs_here and _importable("triton_prefill"),
         store=runs_here and _importable("triton_store"),
+        fused=runs_here and _importable("triton_fused") and _importable("triton_store"),
         interpreted=runs_here and interpreting,
     )
 

@@ -287,17 +287,18 @@ def decode_config(head_dim: int, group: int, on_gpu: bool) -> dict:
     """Tile length, warps and pipeline depth.
 
     We do not autotune (a decode kernel is captured in CUDA graphs and must launch the same way
-    every time). The fixed choice keeps 16 KiB of K and 16 KiB of V per tile -- 64 tokens at
-    head_dim 128 -- with the loads of the next tile in flight while this one is used
-    (``num_stages=2``). A sweep on an H200 (``benchmarks/bench_kernels.py --sweep``) found this the
-    best or within 3% of the best for every anchor case; three stages were up to 15% slower on
-    long sequences.
+    every time). The fixed choice: 64 tokens per tile, at most 16 KiB of K and 16 KiB of V (fewer
+    tokens for heads wider than 128), with the loads of the next tile in flight while this one is
+    used (``num_stages=2``). A sweep on an H200 (``benchmarks/bench_kernels.py --sweep``) found this
+    the best or within 3% of the best for every anchor case (32/8 heads of 128); three stages were
+    up to 15% slower on long sequences. At head_dim 64 (SmolLM2, ``bench_layer.py --sweep-decode``)
+    64-token tiles beat 128: 38.8 against 43.9 us at 256 x 512, within 1% of the best of 72 configs.
     """
     head_dim_pad = triton.next_power_of_2(head_dim)
     group_pad = triton.next_power_of_2(group)
     if on_gpu:
         group_pad = max(16, group_pad)  # a 16-bit tl.dot needs M >= 16 on the tensor cores
-    tile = max(16, min(128, 8192 // head_dim_pad))
+    tile = max(16, min(64, 8192 // head_dim_pad))
     return dict(TILE=tile, GROUP_PAD=group_pad, HEAD_DIM_PAD=head_dim_pad, HEADS_FASTEST=True,
                 num_warps=4, num_stages=2)
 
@@ -331,6 +332,7 @@ def paged_attention_triton(
     scale: float,
     num_splits: int | None = None,  # None: choose_num_splits; tests force values
     config: dict | None = None,  # overrides of decode_config (benchmark sweeps)
+    packed: bool = False,  # True: the whole-row kernel of triton_decode_packed (opt-in: slower on an H200)
 ) -> torch.Tensor:  # (num_seqs, num_q_heads, head_dim)
     """Launch the kernel on validated inputs (see :func:`paged_edu.kernels.paged_attention_decode`)."""
     if not INTERPRETING and not q.is_cuda:
@@ -339,6 +341,11 @@ def paged_attention_triton(
             "TRITON_INTERPRET=1 before importing paged_edu (slow, for learning and tests), "
             "or use impl='torch'"
         )
+    if packed:  # an experiment for small heads, measured slower (see that module)
+        from paged_edu.kernels.triton_decode_packed import paged_attention_packed
+
+        return paged_attention_packed(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
+                                      num_splits=num_splits, config=config)
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads

@@ -1,6 +1,6 @@
 """
-Writing new tokens into the paged KV cache: a 20-line Triton kernel
-===================================================================
+Writing new tokens into the paged KV cache: a 20-line Triton kernel (and its rotary variant)
+============================================================================================
 
 Every forward pass produces K and V for its new tokens, packed as ``(num_tokens, num_kv_heads,
 head_dim)``. The allocator has already said where each token goes: its *slot*
@@ -10,6 +10,22 @@ head_dim)``. The allocator has already said where each token goes: its *slot*
 vLLM), which lets a CUDA graph captured for a fixed batch carry unused rows.
 
 No arithmetic happens, so bf16 is safe even in the interpreter (raw bits are copied).
+
+Rotary embedding on the way in (``ROTARY=True``)
+------------------------------------------------
+Just before the store, a Llama layer rotates q and k by their token's position (RoPE): for each
+pair ``(x_i, x_{i+D/2})`` of a head and ``c = cos(p * inv_freq_i)``, ``s = sin(p * inv_freq_i)``
+(one row of the model's ``cos_table`` / ``sin_table``, both ``(max_positions, D)``, fp32 or already
+in the model's dtype)::
+
+    x'_i       = round(round(x_i * c) - round(x_{i+D/2} * s))
+    x'_{i+D/2} = round(round(x_{i+D/2} * c) + round(x_i * s))      (c, s rounded to x's dtype first)
+
+-- exactly the rounding of PyTorch's ``x * cos + rotate_half(x) * sin`` in bf16, so the result is
+bit-identical. In PyTorch that is ten small kernels for q and k; here the same program that
+stores the token's K/V first rotates its q (written out for the attention kernel, padding rows
+too) and its k (stored rotated). One kernel, one store mechanism: :func:`store_kv_triton` is the
+same kernel with ``ROTARY=False``.
 """
 
 from __future__ import annotations
@@ -18,25 +34,50 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["store_kv_triton"]
+from paged_edu.kernels.triton_fused import by_hand, round_to
+
+__all__ = ["rotary_store_kv_triton", "store_kv_triton"]
+
+
+@triton.jit
+def _rotate(x_ptrs, half, c1, s1, c2, s2, mask, dtype: tl.constexpr, BY_HAND: tl.constexpr):
+    """Load both halves of some heads' rows at ``x_ptrs`` / ``x_ptrs + half``; return them rotated.
+
+    ``c1, s1`` (pairs' first halves) and ``c2, s2`` arrive already rounded to ``dtype`` (in fp32)."""
+    x1 = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)  # x_i, i < D/2
+    x2 = tl.load(x_ptrs + half, mask=mask, other=0.0).to(tl.float32)  # x_{i + D/2}
+    out1 = round_to(round_to(x1 * c1, dtype, BY_HAND) - round_to(x2 * s1, dtype, BY_HAND), dtype, BY_HAND)
+    out2 = round_to(round_to(x2 * c2, dtype, BY_HAND) + round_to(x1 * s2, dtype, BY_HAND), dtype, BY_HAND)
+    return out1.to(dtype), out2.to(dtype)
 
 
 @triton.jit
 def _store_kv_kernel(
-    key_ptr,  # (num_tokens, num_kv_heads, head_dim) new keys
+    key_ptr,  # (num_tokens, num_kv_heads, head_dim) new keys (before rotation when ROTARY)
     value_ptr,  # (num_tokens, num_kv_heads, head_dim) new values
     k_cache_ptr,  # (num_blocks, B, num_kv_heads, head_dim)
     v_cache_ptr,  # (num_blocks, B, num_kv_heads, head_dim)
     slot_mapping_ptr,  # int32/int64 (num_tokens,): destination slot, -1 = skip
+    q_ptr,  # ROTARY: (num_tokens, num_q_heads, head_dim) queries to rotate
+    q_out_ptr,  # ROTARY: (num_tokens, num_q_heads, head_dim) out, contiguous
+    positions_ptr,  # ROTARY: int64 (num_tokens,) each token's position p
+    cos_ptr, sin_ptr,  # ROTARY: (max_positions, head_dim) tables, fp32 (or the model's dtype after .to)
     stride_key_tok, stride_key_head,  # key strides (head_dim stride is 1)
     stride_value_tok, stride_value_head,  # value strides
     stride_k_block, stride_k_tok, stride_k_head,  # k_cache strides
     stride_v_block, stride_v_tok, stride_v_head,  # v_cache strides
+    stride_q_tok, stride_q_head,  # q strides (ROTARY)
+    stride_table,  # cos/sin row stride (ROTARY)
     NUM_KV_HEADS: tl.constexpr,  # H_kv
     HEAD_DIM: tl.constexpr,  # D
     HEADS_PAD: tl.constexpr,  # H_kv rounded up to a power of two
     HEAD_DIM_PAD: tl.constexpr,  # D rounded up to a power of two
     BLOCK_SIZE: tl.constexpr,  # B, tokens per block
+    ROTARY: tl.constexpr,  # rotate q and k first (the model's fused path)
+    NUM_Q_HEADS: tl.constexpr,  # H (ROTARY)
+    Q_HEADS_PAD: tl.constexpr,  # H rounded up to a power of two (ROTARY)
+    HALF_PAD: tl.constexpr,  # D / 2 rounded up to a power of two (ROTARY)
+    BY_HAND: tl.constexpr,  # round_to rounds by hand (the interpreter, bf16)
 ):
     tok = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + tok).to(tl.int64)
@@ -46,20 +87,37 @@ def _store_kv_kernel(
     d = tl.arange(0, HEAD_DIM_PAD)[None, :]  # (1, HEAD_DIM_PAD)
     # (HEADS_PAD, HEAD_DIM_PAD); the slot test is broadcast as a tensor (the interpreter refuses a scalar bool).
     mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM) & ((h * 0 + slot) >= 0)
-    k = tl.load(key_ptr + tok * stride_key_tok + h * stride_key_head + d, mask=mask)
+    k_dst = k_cache_ptr + block * stride_k_block + offset * stride_k_tok + h * stride_k_head
+    if ROTARY:
+        HALF = HEAD_DIM // 2
+        i = tl.arange(0, HALF_PAD)[None, :]  # (1, HALF_PAD): pair index
+        table = tl.load(positions_ptr + tok).to(tl.int64) * stride_table + i  # this token's row of the tables
+        dtype = q_out_ptr.dtype.element_ty
+        # (1, HALF_PAD) each, rounded to the activation dtype as the PyTorch path's .to(dtype) does
+        c1 = round_to(tl.load(cos_ptr + table, mask=i < HALF, other=0.0).to(tl.float32), dtype, BY_HAND)
+        s1 = round_to(tl.load(sin_ptr + table, mask=i < HALF, other=0.0).to(tl.float32), dtype, BY_HAND)
+        c2 = round_to(tl.load(cos_ptr + table + HALF, mask=i < HALF, other=0.0).to(tl.float32), dtype, BY_HAND)
+        s2 = round_to(tl.load(sin_ptr + table + HALF, mask=i < HALF, other=0.0).to(tl.float32), dtype, BY_HAND)
+        # q: every row, padding too (its attention output is dropped).
+        hq = tl.arange(0, Q_HEADS_PAD)[:, None]  # (Q_HEADS_PAD, 1)
+        q_mask = (hq < NUM_Q_HEADS) & (i < HALF)
+        q1, q2 = _rotate(q_ptr + tok * stride_q_tok + hq * stride_q_head + i, HALF, c1, s1, c2, s2, q_mask, dtype, BY_HAND)
+        q_dst = q_out_ptr + tok * (NUM_Q_HEADS * HEAD_DIM) + hq * HEAD_DIM + i
+        tl.store(q_dst, q1, mask=q_mask)
+        tl.store(q_dst + HALF, q2, mask=q_mask)
+        # k: rotated, then stored at the slot like V below.
+        k_mask = (h < NUM_KV_HEADS) & (i < HALF) & ((h * 0 + slot) >= 0)
+        k1, k2 = _rotate(key_ptr + tok * stride_key_tok + h * stride_key_head + i, HALF, c1, s1, c2, s2, k_mask, dtype, BY_HAND)
+        tl.store(k_dst + i, k1, mask=k_mask)
+        tl.store(k_dst + i + HALF, k2, mask=k_mask)
+    else:
+        k = tl.load(key_ptr + tok * stride_key_tok + h * stride_key_head + d, mask=mask)
+        tl.store(k_dst + d, k, mask=mask)
     v = tl.load(value_ptr + tok * stride_value_tok + h * stride_value_head + d, mask=mask)
-    tl.store(k_cache_ptr + block * stride_k_block + offset * stride_k_tok + h * stride_k_head + d, k, mask=mask)
     tl.store(v_cache_ptr + block * stride_v_block + offset * stride_v_tok + h * stride_v_head + d, v, mask=mask)
 
 
-def store_kv_triton(
-    key: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
-    value: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
-    k_cache: torch.Tensor,  # (num_blocks, B, num_kv_heads, head_dim)
-    v_cache: torch.Tensor,  # (num_blocks, B, num_kv_heads, head_dim)
-    slot_mapping: torch.Tensor,  # int (num_tokens,)
-) -> None:
-    """Scatter validated ``key``/``value`` rows into the caches (see the module docstring)."""
+def _launch(key, value, k_cache, v_cache, slot_mapping, q=None, q_out=None, positions=None, cos=None, sin=None):
     from paged_edu.kernels.triton_decode import INTERPRETING
 
     if not INTERPRETING and not key.is_cuda:
@@ -75,12 +133,58 @@ def store_kv_triton(
         key = key.contiguous()
     if value.stride(-1) != 1:
         value = value.contiguous()
+    rotary = q is not None
+    if not rotary:  # placeholders for the unused ROTARY arguments
+        q = q_out = cos = sin = key
+        positions = slot_mapping
+    elif q.stride(-1) != 1:
+        q = q.contiguous()
+    num_q_heads = q.shape[1]
+    width = (num_q_heads + 2 * num_kv_heads if rotary else 2 * num_kv_heads) * head_dim  # values per token
     _store_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping,
+        key, value, k_cache, v_cache, slot_mapping, q, q_out, positions, cos, sin,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        q.stride(0), q.stride(1), cos.stride(0),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         HEADS_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
-        BLOCK_SIZE=k_cache.shape[1], num_warps=4 if num_kv_heads * head_dim >= 1024 else 1,
+        BLOCK_SIZE=k_cache.shape[1], ROTARY=rotary, NUM_Q_HEADS=num_q_heads,
+        Q_HEADS_PAD=triton.next_power_of_2(num_q_heads), HALF_PAD=triton.next_power_of_2(max(1, head_dim // 2)),
+        BY_HAND=by_hand(key.dtype), num_warps=4 if width >= 2048 else (2 if width >= 512 else 1),
+        enable_fp_fusion=False,  # no a * b + c contracted into one FMA: PyTorch rounds the product first
     )
+
+
+def store_kv_triton(
+    key: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    value: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    k_cache: torch.Tensor,  # (num_blocks, B, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,  # (num_blocks, B, num_kv_heads, head_dim)
+    slot_mapping: torch.Tensor,  # int (num_tokens,)
+) -> None:
+    """Scatter validated ``key``/``value`` rows into the caches (see the module docstring)."""
+    _launch(key, value, k_cache, v_cache, slot_mapping)
+
+
+def rotary_store_kv_triton(
+    q: torch.Tensor,  # (num_tokens, num_q_heads, head_dim)
+    key: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim), not yet rotated
+    value: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    k_cache: torch.Tensor,  # (num_blocks, B, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,  # (num_blocks, B, num_kv_heads, head_dim)
+    slot_mapping: torch.Tensor,  # int (num_tokens,): -1 = store nothing
+    positions: torch.Tensor,  # int (num_tokens,)
+    cos_table: torch.Tensor,  # (max_positions, head_dim), fp32 or the model's dtype
+    sin_table: torch.Tensor,  # (max_positions, head_dim), fp32 or the model's dtype
+) -> torch.Tensor:  # q rotated, (num_tokens, num_q_heads, head_dim) contiguous
+    """Rotate q and k by their positions (RoPE), store the rotated k and v at their slots, return q.
+
+    The model's fused path (see the module docstring); the caller guarantees positions inside the
+    tables and slots inside the pool (the runner built them).
+    """
+    if q.shape[0] != key.shape[0] or q.shape[2] != key.shape[2] or key.shape[2] % 2:
+        raise ValueError(f"q {tuple(q.shape)} and key {tuple(key.shape)} need the same tokens and an even head_dim")
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _launch(key, value, k_cache, v_cache, slot_mapping, q, q_out, positions.contiguous(), cos_table, sin_table)
+    return q_out

@@ -15,6 +15,13 @@ What you will learn
   :func:`paged_edu.kernels.paged_attention_prefill` call for the prompt chunks. Everything else
   (norms, projections, MLP) is per token and never sees the cache.
 
+* why a GPU runs the per-token ops *fused*: on a small model a decode step is a thousand tiny
+  kernels, so where Triton compiles (:func:`paged_edu.kernels.kernel_support`) the residual add
+  and RMSNorm are one kernel, the rotary embedding and the K/V store one, SiLU and the product
+  one (:mod:`paged_edu.kernels.triton_fused`, :mod:`paged_edu.kernels.triton_store`) -- with the
+  PyTorch path's rounding, so both paths give the same numbers. On a CPU the model runs plain
+  PyTorch.
+
 ``PagedLlama.from_hf(hf_model)`` copies the weights of any Hugging Face ``LlamaForCausalLM``; the
 config lives in :mod:`paged_edu.models.config`, random and real (SmolLM2) weights in
 :mod:`paged_edu.models.loaders`.
@@ -29,10 +36,10 @@ import torch
 from torch import nn
 
 from paged_edu.cache.kv_cache import store_kv
-from paged_edu.kernels import paged_attention_decode, paged_attention_prefill
+from paged_edu.kernels import kernel_support, paged_attention_decode, paged_attention_prefill
 from paged_edu.models.config import LlamaConfig
 
-__all__ = ["ForwardBatch", "LlamaConfig", "PagedLlama"]
+__all__ = ["ForwardBatch", "Kernels", "LlamaConfig", "PagedLlama"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -61,25 +68,49 @@ class ForwardBatch:
 # ----------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """Which implementation each op of one forward pass runs (:meth:`PagedLlama.forward` decides)."""
+
+    decode: str  # paged_attention_decode's impl
+    prefill: str  # paged_attention_prefill's impl
+    fused: bool  # the fused Triton kernels for the per-token ops (norm, rotary + store, SiLU-and-mul)
+
+
 class RMSNorm(nn.Module):
-    """``y = w * x / sqrt(mean(x^2) + eps)``, the statistics in fp32 (as Hugging Face computes it)."""
+    """``y = w * x / sqrt(mean(x^2) + eps)``, the statistics in fp32 (as Hugging Face computes it).
+
+    ``norm(h, residual)`` first adds the sub-layer output ``h`` to the residual stream and returns
+    ``(y, h + residual)``: the add belongs to the norm, as in vLLM, so that on a GPU both are one
+    kernel (``fused=True``: :func:`~paged_edu.kernels.triton_fused.add_rms_norm_triton`, nine
+    PyTorch kernels in one, the same rounding). ``residual=None`` (the first layer) normalises ``h``.
+    """
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        if fused:
+            from paged_edu.kernels.triton_fused import add_rms_norm_triton
+
+            return add_rms_norm_triton(x, self.weight, self.eps, residual)
+        if residual is not None:
+            x = x + residual  # (T, hidden): the residual stream after this sub-layer
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return self.weight * x32.to(dtype), x
 
 
 class Rotary(nn.Module):
     """RoPE: rotate each (i, i + D/2) pair of q and k by ``position * inv_freq_i``.
 
-    The cos/sin table for every position is built once in fp32; a step indexes it by ``positions``.
+    The cos/sin table for every position is built once in fp32 (``model.to(dtype)`` then rounds it,
+    exactly as the ``.to(dtype)`` below would); a step indexes it by ``positions`` (the fused
+    kernel reads its rows itself).
     """
 
     def __init__(self, inv_freq: torch.Tensor, max_positions: int, attention_scaling: float = 1.0) -> None:
@@ -120,30 +151,37 @@ class PagedAttention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, (config.num_heads + 2 * config.num_kv_heads) * config.head_dim, bias=False)
         self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, batch: ForwardBatch, decode_impl: str, prefill_impl: str):
+    def forward(self, x, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels):
         T = x.shape[0]
         H, H_kv, D = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = self.qkv_proj(x).split([H * D, H_kv * D, H_kv * D], dim=-1)
         q = q.view(T, H, D)  # (T, H, D)
         k = k.view(T, H_kv, D)  # (T, H_kv, D)
         v = v.view(T, H_kv, D)  # (T, H_kv, D)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        store_kv(k, v, k_cache, v_cache, batch.slot_mapping)  # the pool now holds every token up to each row
+        if kernels.fused:
+            # One kernel rotates q and k and stores k, v at their slots: the three lines below
+            # (ten small kernels) with the same rounding. cos, sin are the whole (L, D) tables here.
+            from paged_edu.kernels.triton_store import rotary_store_kv_triton
+
+            q = rotary_store_kv_triton(q, k, v, k_cache, v_cache, batch.slot_mapping, batch.positions, cos, sin)
+        else:
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            store_kv(k, v, k_cache, v_cache, batch.slot_mapping)  # the pool now holds every token up to each row
 
         Dn = batch.num_decodes
         if Dn == T:  # a pure decode step: one kernel call, no copy
             out = paged_attention_decode(q, k_cache, v_cache, batch.decode_block_tables, batch.decode_seq_lens,
-                                         scale=self.scale, impl=decode_impl, validate=False)
+                                         scale=self.scale, impl=kernels.decode, validate=False)
         else:
             out = torch.empty_like(q)  # (T, H, D)
             if Dn:
                 out[:Dn] = paged_attention_decode(q[:Dn], k_cache, v_cache, batch.decode_block_tables,
-                                                  batch.decode_seq_lens, scale=self.scale, impl=decode_impl,
+                                                  batch.decode_seq_lens, scale=self.scale, impl=kernels.decode,
                                                   validate=False)
             out[Dn:] = paged_attention_prefill(q[Dn:], k_cache, v_cache, batch.prefill_block_tables,
                                                batch.prefill_seq_lens, batch.prefill_cu_seqlens_q,
-                                               scale=self.scale, impl=prefill_impl, validate=False)
+                                               scale=self.scale, impl=kernels.prefill, validate=False)
         return self.o_proj(out.reshape(T, H * D))
 
 
@@ -156,8 +194,13 @@ class SwiGLU(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # (T, I) each
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)  # (T, 2I): gate, then up
+        if fused:  # silu and the product in one kernel, the same rounding
+            from paged_edu.kernels.triton_fused import silu_and_mul_triton
+
+            return self.down_proj(silu_and_mul_triton(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)  # (T, I) each
         return self.down_proj(nn.functional.silu(gate) * up)
 
 
@@ -169,9 +212,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config)
 
-    def forward(self, h, cos, sin, k_cache, v_cache, batch, decode_impl, prefill_impl):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, k_cache, v_cache, batch, decode_impl, prefill_impl)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h, residual, cos, sin, k_cache, v_cache, batch, kernels: Kernels):
+        """``h``: the previous sub-layer's output; ``residual``: the stream before it (``None`` at
+        the first layer). Each norm adds the two first, so the pair passes on to the next layer:
+        ``h_out + residual_out`` is the classic ``x + attn(norm(x)) + mlp(norm(...))``."""
+        x, residual = self.input_layernorm(h, residual, kernels.fused)  # residual += h; x = norm(residual)
+        h = self.self_attn(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, hidden)
+        x, residual = self.post_attention_layernorm(h, residual, kernels.fused)
+        return self.mlp(x, kernels.fused), residual
 
 
 # ----------------------------------------------------------------------------------------------
@@ -190,7 +238,9 @@ class PagedLlama(nn.Module):
     ``attn_impl`` picks the decode kernel (``"auto"``, ``"triton"``, ``"torch"``, ``"loop"``) and
     ``prefill_impl`` the prefill path (``"auto"``, ``"triton"``, ``"torch"``); ``"auto"`` follows
     :mod:`paged_edu.kernels` (Triton on CUDA). On a CPU the engine asks for ``"torch"``: the
-    Triton interpreter is exact but far too slow for a 30-layer model.
+    Triton interpreter is exact but far too slow for a 30-layer model. ``fused_impl`` picks the
+    per-token ops: ``"auto"`` (the fused Triton kernels where they compile, PyTorch elsewhere),
+    ``"triton"`` (also under the interpreter: tests) or ``"torch"``.
     """
 
     def __init__(self, config: LlamaConfig, *, inv_freq: torch.Tensor | None = None, attention_scaling: float = 1.0,
@@ -199,6 +249,7 @@ class PagedLlama(nn.Module):
         self.config = config
         self.attn_impl = "auto"
         self.prefill_impl = "auto"
+        self.fused_impl = "auto"
         with torch.device("meta"):  # shapes only: no time spent on an init that is overwritten
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
             self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
@@ -238,11 +289,29 @@ class PagedLlama(nn.Module):
     def forward(self, batch: ForwardBatch, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"need one (k_cache, v_cache) pair per layer ({len(self.layers)}), got {len(kv_caches)}")
+        kernels = Kernels(self.attn_impl, self.prefill_impl, self._fused(self.device))
         h = self.embed_tokens(batch.input_ids)  # (T, hidden)
-        cos, sin = self.rotary(batch.positions, h.dtype)  # (T, 1, D) each
+        if kernels.fused:  # the rotary kernel reads each token's row of the tables itself
+            cos, sin = self.rotary.cos_table, self.rotary.sin_table  # (L, D) each
+        else:
+            cos, sin = self.rotary(batch.positions, h.dtype)  # (T, 1, D) each
+        residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            h = layer(h, cos, sin, k_cache, v_cache, batch, self.attn_impl, self.prefill_impl)
-        return self.norm(h)  # (T, hidden)
+            h, residual = layer(h, residual, cos, sin, k_cache, v_cache, batch, kernels)
+        hidden, _ = self.norm(h, residual, kernels.fused)
+        return hidden  # (T, hidden)
+
+    def _fused(self, device: torch.device) -> bool:
+        """Whether this pass runs the fused per-token kernels (``fused_impl``, see the class)."""
+        impl = self.fused_impl
+        if impl not in ("auto", "triton", "torch"):
+            raise ValueError(f"fused_impl must be 'auto', 'triton' or 'torch', got {impl!r}")
+        if impl == "auto":
+            return kernel_support(device).use_triton("fused")
+        if impl == "triton" and not kernel_support(device).fused:
+            raise ValueError(f"fused_impl='triton', but the fused Triton kernels cannot run on {device} here "
+                             "(see paged_edu.kernels.kernel_support); use 'auto' or 'torch'")
+        return impl == "triton"
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()  # (N, vocab) fp32

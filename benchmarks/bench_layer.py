@@ -1,0 +1,304 @@
+"""One decode step of the SmolLM2-135M geometry on a GPU: plain PyTorch ops against the fused kernels.
+
+    python benchmarks/bench_layer.py --out figures/layer_bench.json               # table + JSON
+    python benchmarks/bench_layer.py --sweep-decode --out figures/layer_bench.json  # + decode configs
+
+What a decode step of the engine computes on the GPU, measured alone: the 30-layer model (random
+bf16 weights, 9 query / 3 KV heads of 64, hidden 576) over a paged pool, one new token for each of
+``batch`` sequences that already hold ``context - 1`` tokens, then the LM head for every row.
+The step is captured in a CUDA graph as the engine's runner captures it (block tables as wide as
+``--max-model-len``, so the decode kernel sizes its splits as it does in the engine) and replayed
+with the L2 cache flushed before each replay; the median of CUDA-event times is reported.
+
+For each batch, both paths (``fused_impl="torch"`` and ``"triton"``) run on the same weights, pool
+and inputs and their logits are compared in the same run; ``torch.profiler`` over replays counts
+the kernels per step and books their GPU time to GEMMs, attention, the fused kernels and the rest.
+The roofline is :class:`paged_edu.sim.costmodel.CostModel` for the same batch: at full bandwidth
+and peak FLOP/s with no overhead (``roofline_us``), and with the model's default assumptions
+(85 % of the bandwidth, 1 ms of overhead per step: ``cost_model_us``).
+
+``--sweep-decode`` also times the paged decode kernel alone at SmolLM2's shape: the default
+(one program per KV head) and the whole-row kernel of :mod:`paged_edu.kernels.triton_decode_packed`
+over a grid of tiles, warps, pipeline stages and splits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from paged_edu.kernels import paged_attention_decode  # noqa: E402
+from paged_edu.kernels.timing import random_paged_case, rel_err  # noqa: E402
+from paged_edu.models.config import smollm2_config  # noqa: E402
+from paged_edu.models.llama import ForwardBatch  # noqa: E402
+from paged_edu.models.loaders import random_llama  # noqa: E402
+from paged_edu.sim.costmodel import GPUS, MODELS, CostModel  # noqa: E402
+
+BATCHES = (1, 16, 64, 256)
+BLOCK = 16
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing a captured step
+# ----------------------------------------------------------------------------------------------
+
+
+def capture(fn):
+    """``fn`` captured in a CUDA graph after two warm-up calls (compiles, allocations): (graph, output)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out
+
+
+def time_replays(graph, reps: int, flush: torch.Tensor) -> float:
+    """Median microseconds of ``reps`` replays, L2 flushed (a 256 MiB write) before each."""
+    for _ in range(5):
+        graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        flush.zero_()
+        starts[i].record()
+        graph.replay()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+
+
+def kind_of(kernel: str) -> str:
+    name = kernel.lower()
+    if "_decode_kernel" in name or "merge_splits" in name:
+        return "attention"
+    if any(w in name for w in ("add_rms_norm", "silu_and_mul", "store_kv")):
+        return "fused"
+    if any(w in name for w in ("gemm", "gemv", "cutlass", "nvjet", "sm90", "cublas", "splitk")):
+        return "gemm"
+    return "other"
+
+
+def profile_replays(graph, fn, n: int = 10) -> dict:
+    """Kernels per replay and their GPU microseconds per replay, by kind and the top names.
+
+    If the profiler sees no kernels inside graph replays (older CUPTI), eager calls of ``fn`` --
+    the same kernels, launched one by one -- are profiled instead (``"source"`` says which)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernels_of(step):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                step()
+            torch.cuda.synchronize()
+        return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                and not e.name.startswith(("Memcpy", "Memset"))]
+
+    source = "graph replay"
+    kernels = kernels_of(graph.replay)
+    if not kernels:
+        source, kernels = "eager", kernels_of(fn)
+    us = lambda e: getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0)  # noqa: E731
+    by_kind: dict[str, list] = {}
+    by_name: dict[str, list] = {}
+    for e in kernels:
+        for table, key in ((by_kind, kind_of(e.name)), (by_name, e.name[:60])):
+            entry = table.setdefault(key, [0, 0.0])
+            entry[0] += 1
+            entry[1] += us(e)
+    per = lambda d: {k: {"kernels": c / n, "us": t / n} for k, (c, t) in sorted(d.items(), key=lambda kv: -kv[1][1])}  # noqa: E731
+    return {"source": source, "kernels_per_step": len(kernels) / n, "gpu_busy_us": sum(us(e) for e in kernels) / n,
+            "by_kind": per(by_kind), "top": dict(list(per(by_name).items())[:12])}
+
+
+# ----------------------------------------------------------------------------------------------
+# The step
+# ----------------------------------------------------------------------------------------------
+
+
+def decode_batch(batch: int, context: int, width: int, num_blocks: int, device, seed: int) -> ForwardBatch:
+    """``batch`` sequences of ``context`` tokens, the last one new; shuffled, non-shared blocks."""
+    g = torch.Generator().manual_seed(seed)
+    per_seq = -(-context // BLOCK)
+    blocks = torch.randperm(num_blocks, generator=g)[:batch * per_seq].view(batch, per_seq)
+    tables = torch.zeros(batch, width, dtype=torch.int32)
+    tables[:, :per_seq] = blocks.to(torch.int32)
+    pos = context - 1
+    slots = blocks[:, pos // BLOCK] * BLOCK + pos % BLOCK  # (batch,)
+    return ForwardBatch(
+        input_ids=torch.randint(0, 49152, (batch,), generator=g).to(device),
+        positions=torch.full((batch,), pos, dtype=torch.long, device=device),
+        slot_mapping=slots.to(device), num_decodes=batch,
+        decode_block_tables=tables.to(device), decode_seq_lens=torch.full((batch,), context, dtype=torch.int32, device=device),
+        prefill_block_tables=None, prefill_seq_lens=None, prefill_cu_seqlens_q=None,
+        logits_rows=torch.arange(batch, device=device),
+    )
+
+
+def measure_step(model, kv_pairs, batch, context, width, reps, flush, roofline, cost) -> dict:
+    num_blocks = kv_pairs[0][0].shape[0]
+    fb = decode_batch(batch, context, width, num_blocks, model.device, seed=batch)
+    row = {"batch": batch, "context": context, "roofline_us": roofline.decode_step_time(batch, context - 1) * 1e6,
+           "cost_model_us": cost.decode_step_time(batch, context - 1) * 1e6}
+    logits = {}
+    for impl in ("torch", "triton"):
+        model.fused_impl = impl
+        step = lambda: model.compute_logits(model(fb, kv_pairs))  # noqa: E731  (batch, vocab) fp32
+        graph, out = capture(step)
+        graph.replay()
+        torch.cuda.synchronize()
+        logits[impl] = out.clone()
+        name = "unfused" if impl == "torch" else "fused"
+        row[f"{name}_us"] = time_replays(graph, reps, flush)
+        row[f"{name}_profile"] = profile_replays(graph, step)
+        del graph
+    ref, got = logits["torch"], logits["triton"]
+    row["logits_rel_err"] = rel_err(got, ref)
+    row["argmax_agree"] = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
+    row["ok"] = row["logits_rel_err"] < 2e-2
+    row["speedup"] = row["unfused_us"] / row["fused_us"]
+    row["fused_over_roofline"] = row["fused_us"] / row["roofline_us"]
+    return row
+
+
+# ----------------------------------------------------------------------------------------------
+# The decode kernel alone at SmolLM2's shape: a configuration sweep
+# ----------------------------------------------------------------------------------------------
+
+
+def sweep_decode(batch, context, width, flush, reps=30) -> dict:
+    from paged_edu.kernels.triton_decode import (_num_sms, choose_num_splits, decode_config,
+                                                 paged_attention_triton)
+
+    c = smollm2_config()
+    q, k, v, tables, lens = random_paged_case(batch, context, c.num_heads, c.num_kv_heads, c.head_dim, BLOCK,
+                                              dtype=torch.bfloat16, device="cuda", seed=batch)
+    wide = torch.zeros(batch, width, dtype=torch.int32, device="cuda")
+    wide[:, :tables.shape[1]] = tables
+    scale = c.head_dim ** -0.5
+    ref = paged_attention_decode(q.float(), k.float(), v.float(), wide, lens, impl="torch")
+
+    def run(config=None, splits=None, packed=None):
+        graph, out = capture(lambda: paged_attention_triton(q, k, v, wide, lens, scale=scale, num_splits=splits,
+                                                            config=config, packed=packed))
+        us = time_replays(graph, reps, flush)
+        return us, rel_err(out, ref)
+
+    default_us, default_err = run()  # what the model runs: one program per KV head, decode_config
+    per_head_us, per_head_err = run(packed=False)  # the same (kept apart: it was not always the default)
+    cfg = decode_config(c.head_dim, c.num_heads // c.num_kv_heads, on_gpu=True)
+    per_head_splits = choose_num_splits(batch, c.num_kv_heads, width * BLOCK, cfg["TILE"], _num_sms(0))
+    results = []
+    for tile, warps, stages, splits in itertools.product((16, 32, 64), (2, 4), (1, 2, 3), (1, 2, 4, 8)):
+        try:  # the packed kernel's grid
+            us, err = run(dict(TILE=tile, num_warps=warps, num_stages=stages), splits, packed=True)
+        except Exception as exc:  # a config that does not compile (shared memory): recorded, skipped
+            results.append({"tile": tile, "warps": warps, "stages": stages, "splits": splits, "error": repr(exc)[:120]})
+            continue
+        results.append({"tile": tile, "warps": warps, "stages": stages, "splits": splits, "us": us, "rel_err": err})
+    ok = sorted((r for r in results if "us" in r and r["rel_err"] < 2e-2), key=lambda r: r["us"])
+    kv_bytes = 2 * batch * context * c.num_kv_heads * c.head_dim * 2
+    return {"batch": batch, "context": context, "default_us": default_us, "default_rel_err": default_err,
+            "per_head_us": per_head_us, "per_head_rel_err": per_head_err,
+            "per_head_config": {**cfg, "splits": per_head_splits}, "kv_bytes": kv_bytes,
+            "default_TBps": kv_bytes / default_us / 1e6, "packed_best": ok[:8],
+            "errors": [r for r in results if "error" in r][:4]}
+
+
+# ----------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------
+
+
+def markdown(rows) -> str:
+    lines = ["| batch | unfused us | fused us | speedup | kernels/step unfused -> fused | roofline us | fused / roofline "
+             "| cost model us | logits rel err |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['batch']} | {r['unfused_us']:.0f} | {r['fused_us']:.0f} | {r['speedup']:.2f}x "
+                     f"| {r['unfused_profile']['kernels_per_step']:.0f} -> {r['fused_profile']['kernels_per_step']:.0f} "
+                     f"| {r['roofline_us']:.0f} | {r['fused_over_roofline']:.2f}x | {r['cost_model_us']:.0f} "
+                     f"| {r['logits_rel_err']:.1e} |")
+    lines += ["", "GPU time per step by kind of kernel, unfused -> fused (us, kernels):", "",
+              "| batch | GEMM | attention | fused kernels | other elementwise |", "|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        cells = []
+        for kind in ("gemm", "attention", "fused", "other"):
+            a, b = (r[f"{n}_profile"]["by_kind"].get(kind, {"us": 0, "kernels": 0}) for n in ("unfused", "fused"))
+            cells.append(f"{a['us']:.0f} ({a['kernels']:.0f}) -> {b['us']:.0f} ({b['kernels']:.0f})")
+        lines.append(f"| {r['batch']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="figures/layer_bench.json")
+    p.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    p.add_argument("--context", type=int, default=512, help="tokens per sequence, the new one included")
+    p.add_argument("--max-model-len", type=int, default=8192, help="block-table width x 16 (the engine's default for SmolLM2)")
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--sweep-decode", action="store_true")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_layer needs a CUDA GPU")
+        return 1
+    batches = [int(b) for b in args.batches.split(",")]
+    width = -(-args.max_model_len // BLOCK)
+    per_seq = -(-args.context // BLOCK)
+    model = random_llama(smollm2_config(), seed=0, dtype=torch.bfloat16, device="cuda")
+    c = model.config
+    num_blocks = max(batches) * per_seq + 16
+    g = torch.Generator(device="cuda").manual_seed(1)
+    kv_pairs = [tuple(torch.randn(num_blocks, BLOCK, c.num_kv_heads, c.head_dim, device="cuda", generator=g)
+                      .to(torch.bfloat16) for _ in range(2)) for _ in range(c.num_layers)]
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    spec, gpu = MODELS["smollm2-135m"], GPUS["h200"]
+    roofline = CostModel(model=spec, gpu=gpu, compute_efficiency=1.0, memory_efficiency=1.0, step_overhead_s=0.0)
+    cost = CostModel(model=spec, gpu=gpu)
+    rows = []
+    for b in batches:
+        rows.append(measure_step(model, kv_pairs, b, args.context, width, args.reps, flush, roofline, cost))
+        r = rows[-1]
+        print(f"batch {b}: unfused {r['unfused_us']:.0f} us ({r['unfused_profile']['kernels_per_step']:.0f} kernels), "
+              f"fused {r['fused_us']:.0f} us ({r['fused_profile']['kernels_per_step']:.0f} kernels), "
+              f"roofline {r['roofline_us']:.0f} us, logits rel err {r['logits_rel_err']:.1e}", flush=True)
+    result = {"command": "python benchmarks/bench_layer.py" + (" --sweep-decode" if args.sweep_decode else ""),
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "model": "SmolLM2-135M geometry, random bf16 weights", "block_size": BLOCK,
+              "max_model_len": args.max_model_len, "rows": rows}
+    print(markdown(rows))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+
+    def save():  # after the steps, and again after each sweep: a run cut short keeps what it measured
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+    save()
+    if args.sweep_decode:
+        result["decode_sweep"] = []
+        for b in sorted(batches, reverse=True):
+            s = sweep_decode(b, args.context, width, flush)
+            result["decode_sweep"].append(s)
+            save()
+            best = s["packed_best"][0] if s["packed_best"] else {}
+            print(f"decode {b} x {args.context}: default {s['default_us']:.1f} us ({s['default_TBps']:.2f} TB/s, "
+                  f"err {s['default_rel_err']:.1e}); per-head kernel {s['per_head_us']:.1f} us "
+                  f"({s['per_head_config']}); packed best {best}", flush=True)
+    print(f"wrote {args.out}")
+    return 0 if all(r["ok"] for r in rows) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
