@@ -1,7 +1,20 @@
 """Offline throughput: the paged engine against transformers ``generate`` with static batching.
 
-    python benchmarks/bench_engine.py                 # on a GPU: the README's numbers
+    python benchmarks/bench_engine.py                 # on a GPU: the README's numbers (~7 min on an H200)
+    python benchmarks/bench_engine.py --skip-peer --skip-static   # the engine alone (~1 min)
     python benchmarks/bench_engine.py --smoke         # a tiny run on a CPU, to check the script
+
+Peers, in the same process on the same requests, weights and KV budget: transformers' own
+continuous batching (``ContinuousBatchingManager``, driven like ``generate_batch``; once with CUDA
+graphs forced on, once with its defaults; ``--skip-peer``, ``--skip-cb-graphs``, ``--skip-cb-default``)
+and its static-batch ``generate`` (``--skip-static``). The JSON is rewritten after every system, so
+a run cut short keeps what finished.
+
+Per engine run: useful tokens/s, the mean decode step against the cost model's roofline for the
+same batches (:mod:`paged_edu.sim.costmodel`, no overhead term), the host time per step -- the
+step's wall time minus the time the host waited for the device (``StepMetrics.device_wait``: the
+copy of the sampled tokens, the step's one sync), so GPU time is excluded -- and the share of steps
+that replayed a captured CUDA graph.
 
 Workload: ``--num-requests`` ShareGPT-like requests (:func:`paged_edu.sim.workloads.sharegpt`: mean
 161 prompt / 338 output tokens, prompt + output <= L_max = 2048), random token ids, every request
@@ -158,7 +171,13 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
         f"peak {running.max()} running, {engine.scheduler.num_preemptions} preemptions, "
         f"{engine.num_graph_steps} graph steps" + (f" (graphs failed: {engine.graph_error})" if engine.graph_error else ""))
     log("  mean step phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in phase_ms.items()))
+    speed = step_speed(steps, decode_steps, running)
+    log(f"  host ms/step (wall - device wait): {speed['host_ms_per_step']:.3f} (decode steps "
+        f"{speed['host_ms_per_decode_step']:.3f}, at ~256 running {speed['host_ms_at_256_running']}); "
+        f"decode step {speed['mean_decode_step_ms']} ms vs roofline {speed['roofline_decode_step_ms']} ms, "
+        f"mixed {speed['mean_mixed_step_ms']} vs {speed['roofline_mixed_step_ms']} ms")
     return dict(
+        **speed, first_outputs=[o.outputs[0] for o in outs[:FIRST_COMPARED]],
         seconds=dt, useful_tokens=useful, tokens_per_s=useful / dt, num_requests=len(prompts), num_steps=len(steps),
         peak_concurrency=int(running.max()), mean_concurrency=float((running * w).sum()),
         num_preemptions=engine.scheduler.num_preemptions,
@@ -166,7 +185,6 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
         kv_use_vs_allocated=float((in_cache / np.maximum(slots_used, 1) * w).sum()),
         kv_use_vs_pool=float((in_cache / (num_blocks * block_size) * w).sum()),
         peak_kv_usage=float(max(s.kv_usage for s in steps)),
-        mean_decode_step_ms=float(durations[decode_steps].mean() * 1e3) if decode_steps.any() else None,
         share_of_steps_with_graph=engine.num_graph_steps / len(steps),
         mean_phase_ms=phase_ms, mean_decode_phase_ms=decode_phase_ms,
         ttft_p50=float(np.median(ttft)), ttft_p90=float(np.percentile(ttft, 90)),
@@ -175,6 +193,137 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
                       running=running.tolist()[::max(1, len(steps) // 400)],
                       kv_usage=[round(s.kv_usage, 4) for s in steps][::max(1, len(steps) // 400)]),
     )
+
+
+FIRST_COMPARED = 8  # requests whose greedy tokens are compared between the systems
+
+
+def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.ndarray) -> dict:
+    """Step times against the roofline of the same batches, and the host's share of each step.
+
+    Roofline: :class:`paged_edu.sim.costmodel.CostModel` for SmolLM2-135M on the H200 with no
+    overhead term, each step's shape from its metrics (``StepShape.from_step_metrics``). Host time:
+    ``duration - device_wait`` -- the step's wall time less the time the host sat waiting for the
+    GPU (the copy of the sampled tokens is the step's one sync).
+    """
+    from paged_edu.sim.costmodel import MODELS, CostModel, StepShape
+
+    cost = CostModel(model=MODELS["smollm2-135m"], step_overhead_s=0.0)
+    roof = np.array([cost.step_time(StepShape.from_step_metrics(m)) for m in steps])  # (steps,) seconds
+    dur = np.array([m.duration for m in steps])
+    host = dur - np.array([m.device_wait for m in steps])
+    mixed = ~decode_steps & np.array([m.num_decode_seqs > 0 for m in steps])
+    near_256 = decode_steps & (np.abs(running - 256) <= 32)
+
+    def ms(values, mask):
+        return round(float(values[mask].mean() * 1e3), 4) if mask.any() else None
+
+    out = dict(mean_decode_step_ms=ms(dur, decode_steps), roofline_decode_step_ms=ms(roof, decode_steps),
+               mean_mixed_step_ms=ms(dur, mixed), roofline_mixed_step_ms=ms(roof, mixed),
+               num_decode_steps=int(decode_steps.sum()), num_mixed_steps=int(mixed.sum()),
+               host_ms_per_step=ms(host, np.ones(len(steps), bool)), host_ms_per_decode_step=ms(host, decode_steps),
+               host_ms_at_256_running=ms(host, near_256), num_steps_near_256_running=int(near_256.sum()))
+    for kind in ("decode", "mixed"):
+        step, roofline = out[f"mean_{kind}_step_ms"], out[f"roofline_{kind}_step_ms"]
+        out[f"{kind}_step_vs_roofline"] = round(step / roofline, 3) if step and roofline else None
+    return out
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+# ----------------------------------------------------------------------------------------------
+# transformers, continuous batching (its ContinuousBatchingManager, driven like generate_batch)
+# ----------------------------------------------------------------------------------------------
+
+
+def cb_config(num_blocks: int, block_size: int, max_batch_tokens: int, max_requests: int, use_cuda_graph: bool | None):
+    """A ``ContinuousBatchingConfig`` for the installed transformers: the field names moved between
+    versions (``block_size`` became ``page_size`` in 5.17), so only the ones it has are set."""
+    import dataclasses
+
+    try:
+        from transformers import ContinuousBatchingConfig
+    except ImportError:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    names = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+    kw = dict(num_blocks=num_blocks, max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_requests)
+    kw["page_size" if "page_size" in names else "block_size"] = block_size
+    if use_cuda_graph is not None:
+        kw["use_cuda_graph"] = use_cuda_graph
+    if "auto_switch_to_flash" in names:
+        kw["auto_switch_to_flash"] = False  # stay on the attention asked for
+    return ContinuousBatchingConfig(**{k: v for k, v in kw.items() if k in names})
+
+
+@torch.inference_mode()
+def run_hf_cb(hf, prompts, outputs, num_blocks, block_size, max_batch_tokens, max_requests, use_cuda_graph, log):
+    """transformers' continuous batching: init, warm-up, start, one ``add_request`` per request with
+    its own ``max_new_tokens`` and ``eos_token_id=-1`` (so each generates exactly its length),
+    collect, stop -- what ``generate_batch`` does, with per-request lengths. Warm-up (graph capture
+    and a short untimed batch through the started manager) is excluded from the time."""
+    from transformers import GenerationConfig
+
+    original = hf.config._attn_implementation
+    errors = []
+    for attn in ("paged|sdpa", "sdpa"):  # 5.17 takes "paged|sdpa"; later versions only "sdpa"
+        try:
+            hf.set_attn_implementation(attn)
+            gen = GenerationConfig(do_sample=False, max_new_tokens=max(outputs), eos_token_id=-1, pad_token_id=0)
+            manager = hf.init_continuous_batching(
+                generation_config=gen,
+                continuous_batching_config=cb_config(num_blocks, block_size, max_batch_tokens, max_requests, use_cuda_graph))
+            if hasattr(manager, "warmup"):
+                manager.warmup()
+            manager.start()
+            break
+        except Exception as exc:  # try the next name; report all if none works
+            errors.append(f"{attn}: {type(exc).__name__}: {exc}")
+    else:
+        hf.set_attn_implementation(original)
+        raise RuntimeError("transformers continuous batching would not start: " + "; ".join(errors))
+
+    def serve(batch_prompts, batch_outputs, prefix):
+        for i, (p, o) in enumerate(zip(batch_prompts, batch_outputs)):
+            manager.add_request(list(p), request_id=f"{prefix}{i}", max_new_tokens=int(o), eos_token_id=-1)
+        done = {}
+        while len(done) < len(batch_prompts):
+            r = manager.get_result(timeout=1)
+            if r is None:
+                if not manager.is_running():
+                    raise RuntimeError(f"the generation thread stopped with {len(done)}/{len(batch_prompts)} done")
+                continue
+            if r.is_finished():
+                if getattr(r, "error", None):
+                    raise RuntimeError(f"request {r.request_id} failed: {r.error}")
+                done[r.request_id] = r
+        return [done[f"{prefix}{i}"].generated_tokens for i in range(len(batch_prompts))]
+
+    try:
+        serve(prompts[:8], [min(o, 16) for o in outputs[:8]], "warm")  # untimed
+        sync(hf.device)
+        t0 = time.perf_counter()
+        tokens = serve(prompts, outputs, "r")
+        sync(hf.device)
+        dt = time.perf_counter() - t0
+    finally:
+        manager.stop(block=True)
+        if hasattr(manager, "destroy"):
+            manager.destroy()
+        hf.set_attn_implementation(original)
+    useful = sum(min(len(t), o) for t, o in zip(tokens, outputs))
+    log(f"  transformers CB ({attn}, use_cuda_graph={use_cuda_graph}): {len(prompts)} requests, {dt:.1f} s, "
+        f"{useful / dt:,.0f} useful tok/s")
+    return dict(seconds=dt, useful_tokens=useful, tokens_per_s=useful / dt, num_requests=len(prompts),
+                attn_implementation=attn, use_cuda_graph=use_cuda_graph, attn_errors=errors,
+                generated_exactly=all(len(t) == o for t, o in zip(tokens, outputs)),
+                first_outputs=[list(t) for t in tokens[:FIRST_COMPARED]])
 
 
 @torch.inference_mode()

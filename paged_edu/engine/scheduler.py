@@ -229,7 +229,7 @@ class Scheduler:
         self.running = kept
         # Sequences running once every parallel sample due to fork at its first token exists: what
         # max_num_seqs bounds (as vLLM counts a request of n samples as n sequences from admission).
-        num_seqs = sum(s.max_num_running_seqs for s in kept)
+        num_seqs = len(kept) + sum(s.max_num_running_seqs - 1 for s in kept if s.num_samples > 1 or s.num_pending_forks)
 
         # 3. Swapped sequences come back when nothing had to be preempted this step.
         if not preempted_any:
