@@ -63,6 +63,9 @@ from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.sim.workloads import L_MAX, sharegpt  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_peers import FIRST_COMPARED, common_prefix, run_hf, run_hf_cb, sync  # noqa: E402
+
 
 def make_requests(num: int, seed: int, vocab: int, scale: float = 1.0):
     reqs = sharegpt(num, seed=seed)
@@ -74,63 +77,6 @@ def make_requests(num: int, seed: int, vocab: int, scale: float = 1.0):
         prompts.append(rng.integers(3, vocab, size=p).tolist())
         outputs.append(o)
     return prompts, outputs
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-# ----------------------------------------------------------------------------------------------
-# transformers, static batching
-# ----------------------------------------------------------------------------------------------
-
-
-@torch.inference_mode()
-def run_hf(hf, prompts, outputs, batch_size, num_batches, l_max, device, log):
-    results = []
-    for k in range(num_batches):
-        idx = list(range(k * batch_size, min((k + 1) * batch_size, len(prompts))))
-        if not idx:
-            break
-        batch_prompts = [prompts[i] for i in idx]
-        batch_out = [outputs[i] for i in idx]
-        p_max = max(len(p) for p in batch_prompts)
-        ids = torch.zeros(len(idx), p_max, dtype=torch.long)
-        mask = torch.zeros(len(idx), p_max, dtype=torch.long)
-        for row, p in enumerate(batch_prompts):  # left padding, as decoder-only generation needs
-            ids[row, p_max - len(p):] = torch.tensor(p)
-            mask[row, p_max - len(p):] = 1
-        steps = max(batch_out)
-        sync(device)
-        t0 = time.perf_counter()
-        hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=steps,
-                    min_new_tokens=steps, do_sample=False, pad_token_id=0)
-        sync(device)
-        dt = time.perf_counter() - t0
-        # KV use per decode step t = 1..steps: live tokens vs the L_max reservation and vs the grown cache.
-        lens_p = np.array([len(p) for p in batch_prompts])
-        lens_o = np.array(batch_out)
-        t = np.arange(1, steps + 1)
-        live = np.minimum(lens_p[None, :] + t[:, None], (lens_p + lens_o)[None, :]).sum(1)  # (steps,)
-        use_lmax = float((live / (len(idx) * l_max)).mean())
-        use_grown = float((live / (len(idx) * (p_max + t))).mean())
-        useful = int(lens_o.sum())
-        results.append(dict(batch=k, num_requests=len(idx), seconds=dt, steps=steps, useful_tokens=useful,
-                            computed_tokens=steps * len(idx), kv_use_vs_lmax=use_lmax, kv_use_vs_grown_cache=use_grown,
-                            peak_kv_bytes=len(idx) * (p_max + steps)))
-        log(f"  transformers batch {k}: {len(idx)} requests, {steps} steps, {dt:.1f} s, "
-            f"{useful / dt:,.0f} useful tok/s")
-    secs = sum(r["seconds"] for r in results)
-    useful = sum(r["useful_tokens"] for r in results)
-    computed = sum(r["computed_tokens"] for r in results)
-    return dict(
-        batches=results, seconds=secs, useful_tokens=useful, tokens_per_s=useful / secs,
-        wasted_fraction=1 - useful / computed, concurrency=batch_size,
-        kv_use_vs_lmax=float(np.mean([r["kv_use_vs_lmax"] for r in results])),
-        kv_use_vs_grown_cache=float(np.mean([r["kv_use_vs_grown_cache"] for r in results])),
-        num_requests=sum(r["num_requests"] for r in results),
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -195,9 +141,6 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
     )
 
 
-FIRST_COMPARED = 8  # requests whose greedy tokens are compared between the systems
-
-
 def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.ndarray) -> dict:
     """Step times against the roofline of the same batches, and the host's share of each step.
 
@@ -227,103 +170,6 @@ def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.n
         step, roofline = out[f"mean_{kind}_step_ms"], out[f"roofline_{kind}_step_ms"]
         out[f"{kind}_step_vs_roofline"] = round(step / roofline, 3) if step and roofline else None
     return out
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-# ----------------------------------------------------------------------------------------------
-# transformers, continuous batching (its ContinuousBatchingManager, driven like generate_batch)
-# ----------------------------------------------------------------------------------------------
-
-
-def cb_config(num_blocks: int, block_size: int, max_batch_tokens: int, max_requests: int, use_cuda_graph: bool | None):
-    """A ``ContinuousBatchingConfig`` for the installed transformers: the field names moved between
-    versions (``block_size`` became ``page_size`` in 5.17), so only the ones it has are set."""
-    import dataclasses
-
-    try:
-        from transformers import ContinuousBatchingConfig
-    except ImportError:
-        from transformers.generation.configuration_utils import ContinuousBatchingConfig
-    names = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
-    kw = dict(num_blocks=num_blocks, max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_requests)
-    kw["page_size" if "page_size" in names else "block_size"] = block_size
-    if use_cuda_graph is not None:
-        kw["use_cuda_graph"] = use_cuda_graph
-    if "auto_switch_to_flash" in names:
-        kw["auto_switch_to_flash"] = False  # stay on the attention asked for
-    return ContinuousBatchingConfig(**{k: v for k, v in kw.items() if k in names})
-
-
-@torch.inference_mode()
-def run_hf_cb(hf, prompts, outputs, num_blocks, block_size, max_batch_tokens, max_requests, use_cuda_graph, log):
-    """transformers' continuous batching: init, warm-up, start, one ``add_request`` per request with
-    its own ``max_new_tokens`` and ``eos_token_id=-1`` (so each generates exactly its length),
-    collect, stop -- what ``generate_batch`` does, with per-request lengths. Warm-up (graph capture
-    and a short untimed batch through the started manager) is excluded from the time."""
-    from transformers import GenerationConfig
-
-    original = hf.config._attn_implementation
-    errors = []
-    for attn in ("paged|sdpa", "sdpa"):  # 5.17 takes "paged|sdpa"; later versions only "sdpa"
-        try:
-            hf.set_attn_implementation(attn)
-            gen = GenerationConfig(do_sample=False, max_new_tokens=max(outputs), eos_token_id=-1, pad_token_id=0)
-            manager = hf.init_continuous_batching(
-                generation_config=gen,
-                continuous_batching_config=cb_config(num_blocks, block_size, max_batch_tokens, max_requests, use_cuda_graph))
-            if hasattr(manager, "warmup"):
-                manager.warmup()
-            manager.start()
-            break
-        except Exception as exc:  # try the next name; report all if none works
-            errors.append(f"{attn}: {type(exc).__name__}: {exc}")
-    else:
-        hf.set_attn_implementation(original)
-        raise RuntimeError("transformers continuous batching would not start: " + "; ".join(errors))
-
-    def serve(batch_prompts, batch_outputs, prefix):
-        for i, (p, o) in enumerate(zip(batch_prompts, batch_outputs)):
-            manager.add_request(list(p), request_id=f"{prefix}{i}", max_new_tokens=int(o), eos_token_id=-1)
-        done = {}
-        while len(done) < len(batch_prompts):
-            r = manager.get_result(timeout=1)
-            if r is None:
-                if not manager.is_running():
-                    raise RuntimeError(f"the generation thread stopped with {len(done)}/{len(batch_prompts)} done")
-                continue
-            if r.is_finished():
-                if getattr(r, "error", None):
-                    raise RuntimeError(f"request {r.request_id} failed: {r.error}")
-                done[r.request_id] = r
-        return [done[f"{prefix}{i}"].generated_tokens for i in range(len(batch_prompts))]
-
-    try:
-        serve(prompts[:8], [min(o, 16) for o in outputs[:8]], "warm")  # untimed
-        sync(hf.device)
-        t0 = time.perf_counter()
-        tokens = serve(prompts, outputs, "r")
-        sync(hf.device)
-        dt = time.perf_counter() - t0
-    finally:
-        manager.stop(block=True)
-        if hasattr(manager, "destroy"):
-            manager.destroy()
-        hf.set_attn_implementation(original)
-    useful = sum(min(len(t), o) for t, o in zip(tokens, outputs))
-    log(f"  transformers CB ({attn}, use_cuda_graph={use_cuda_graph}): {len(prompts)} requests, {dt:.1f} s, "
-        f"{useful / dt:,.0f} useful tok/s")
-    return dict(seconds=dt, useful_tokens=useful, tokens_per_s=useful / dt, num_requests=len(prompts),
-                attn_implementation=attn, use_cuda_graph=use_cuda_graph, attn_errors=errors,
-                generated_exactly=all(len(t) == o for t, o in zip(tokens, outputs)),
-                first_outputs=[list(t) for t in tokens[:FIRST_COMPARED]])
 
 
 @torch.inference_mode()
@@ -363,7 +209,7 @@ def check_kernels(model, device, block_size=16, require_cuda=True):
                 logit_scale=scale)
 
 
-def warm_up(hf, model, device, block_size, num_blocks, max_num_seqs, max_num_batched_tokens):
+def warm_up(hf, model, device, block_size, num_blocks, max_num_seqs, max_num_batched_tokens, static=True):
     """Compile the Triton kernels for every shape the timed runs meet, untimed.
 
     Triton compiles a kernel variant the first time it meets it (split counts, grid orders); a
@@ -379,8 +225,9 @@ def warm_up(hf, model, device, block_size, num_blocks, max_num_seqs, max_num_bat
                     max_num_batched_tokens=max_num_batched_tokens, cuda_graphs=False)
     engine.run(prompts[:32], [SamplingParams(max_tokens=min(o, 24)) for o in outputs[:32]], use_tqdm=False)
     with torch.inference_mode():
-        hf.generate(input_ids=torch.tensor([prompts[0]] * 2, device=device), max_new_tokens=4, min_new_tokens=4,
-                    do_sample=False, pad_token_id=0)
+        if static:
+            hf.generate(input_ids=torch.tensor([prompts[0]] * 2, device=device), max_new_tokens=4, min_new_tokens=4,
+                        do_sample=False, pad_token_id=0)
     sync(device)
 
 
@@ -438,6 +285,11 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="a tiny model and workload on the CPU")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps only")
     ap.add_argument("--skip-eager", action="store_true", help="skip the eager run beside the CUDA-graph one")
+    ap.add_argument("--skip-peer", action="store_true", help="skip transformers' continuous batching (both runs)")
+    ap.add_argument("--skip-cb-graphs", action="store_true", help="skip transformers CB with CUDA graphs forced on")
+    ap.add_argument("--skip-cb-default", action="store_true", help="skip transformers CB with its defaults")
+    ap.add_argument("--cb-requests", type=int, default=None, help="serve only the first N requests to transformers CB")
+    ap.add_argument("--skip-static", action="store_true", help="skip transformers' static-batch generate")
     args = ap.parse_args(argv)
 
     def log(msg):
@@ -470,6 +322,25 @@ def main(argv=None):
         f"mean output {np.mean(outputs):.1f}, max total {max(len(p) + o for p, o in zip(prompts, outputs))}")
     log(f"KV budget: {args.hf_batch} x L_max {l_max} = {budget_tokens:,} tokens = "
         f"{budget_tokens * bytes_per_token / 2**30:.2f} GiB = {num_blocks} blocks of {args.block_size}")
+    import transformers
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = dict(
+        command="python benchmarks/bench_engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        complete=False, device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        torch=torch.__version__, transformers=transformers.__version__, dtype=str(dtype).replace("torch.", ""),
+        model=dict(geometry="SmolLM2-135M" if not args.smoke else "tiny", weights="random", num_layers=config.num_layers,
+                   num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                   kv_bytes_per_token=bytes_per_token),
+        workload=dict(num_requests=len(prompts), mean_prompt=float(np.mean([len(p) for p in prompts])),
+                      mean_output=float(np.mean(outputs)), l_max=l_max, seed=args.seed, source="paged_edu.sim.workloads.sharegpt"),
+        kv_budget=dict(tokens=budget_tokens, bytes=budget_tokens * bytes_per_token, num_blocks=num_blocks,
+                       block_size=args.block_size, hf_batch=args.hf_batch),
+    )
+
+    def save():  # after every system: a run cut short keeps what finished
+        out.with_suffix(".json").write_text(json.dumps(result, indent=1))
 
     kernel_check = check_kernels(model, device, args.block_size)
     impls = {}
@@ -483,8 +354,10 @@ def main(argv=None):
         if kernel_check["decode_max_abs_diff"] > tol:
             impls["attn_impl"] = "torch"
             log("  the Triton decode disagrees: the engine uses the PyTorch decode path")
+    result.update(kernel_check=kernel_check, engine_impls=impls or "auto")
     t = time.perf_counter()
-    warm_up(hf, model, device, args.block_size, num_blocks, args.max_num_seqs, args.max_num_batched_tokens)
+    warm_up(hf, model, device, args.block_size, num_blocks, args.max_num_seqs, args.max_num_batched_tokens,
+            static=not args.skip_static)
     log(f"warm-up {time.perf_counter() - t:.1f} s")
 
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
@@ -501,67 +374,94 @@ def main(argv=None):
         log(f"engine with CUDA graphs failed ({exc}); running eagerly")
         graphs = False
         eng = run_engine(model, prompts, outputs, *common, cuda_graphs=False, **kw)
+    result["engine"] = eng
+    save()
+
+    # transformers' continuous batching: same requests, weights, KV budget (blocks of 16) and limits.
+    n_cb = len(prompts) if args.cb_requests is None else min(args.cb_requests, len(prompts))
+    cb_runs = [] if args.skip_peer else (
+        [("transformers_cb_graphs", True)] * (not args.skip_cb_graphs) + [("transformers_cb_default", None)] * (not args.skip_cb_default))
+    for name, use_graph in cb_runs:
+        try:
+            res = run_hf_cb(hf, prompts[:n_cb], outputs[:n_cb], num_blocks, args.block_size, args.max_num_batched_tokens,
+                            args.max_num_seqs, use_graph, log)
+            res["common_prefix_with_engine"] = [common_prefix(a, b) for a, b in zip(res["first_outputs"], eng["first_outputs"])]
+            res["compared_lengths"] = [len(b) for b in eng["first_outputs"]]
+            if n_cb < len(prompts):  # the engine on the same subset, for a like-for-like ratio
+                sub = result.get("engine_on_cb_requests") or run_engine(model, prompts[:n_cb], outputs[:n_cb], *common,
+                                                                         cuda_graphs=graphs, **kw)
+                sub.pop("timeline", None)
+                result["engine_on_cb_requests"] = sub
+                res["engine_speedup"] = sub["tokens_per_s"] / res["tokens_per_s"]
+            else:
+                res["engine_speedup"] = eng["tokens_per_s"] / res["tokens_per_s"]
+            log(f"  engine / transformers CB: {res['engine_speedup']:.1f}x; greedy tokens in common with the engine "
+                f"(first {FIRST_COMPARED} requests): {res['common_prefix_with_engine']}")
+        except Exception as exc:  # a peer that breaks must not lose the engine's numbers
+            import traceback
+
+            traceback.print_exc()
+            res = dict(error=f"{type(exc).__name__}: {exc}")
+        result[name] = res
+        save()
+
     n_hf = min(len(prompts), args.hf_batch * args.hf_batches)
-    eng_same = run_engine(model, prompts[:n_hf], outputs[:n_hf], *common, cuda_graphs=graphs, **kw)
-    eng_same.pop("timeline")
     eng_eager = None
     if device.type == "cuda" and graphs is None and not args.skip_eager:
         eng_eager = run_engine(model, prompts[:n_hf], outputs[:n_hf], *common, cuda_graphs=False, **kw)
         eng_eager.pop("timeline")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = dict(engine=eng, engine_on_hf_requests=eng_same, engine_eager_on_hf_requests=eng_eager)
-    out.with_suffix(".partial.json").write_text(json.dumps(partial, indent=1))  # in case the baseline is cut short
-    hf_res = run_hf(hf, prompts, outputs, args.hf_batch, args.hf_batches, l_max, device, log)
-
-    result = dict(
-        command="python benchmarks/bench_engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        torch=torch.__version__, dtype=str(dtype).replace("torch.", ""),
-        model=dict(geometry="SmolLM2-135M" if not args.smoke else "tiny", weights="random", num_layers=config.num_layers,
-                   num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-                   kv_bytes_per_token=bytes_per_token),
-        workload=dict(num_requests=len(prompts), mean_prompt=float(np.mean([len(p) for p in prompts])),
-                      mean_output=float(np.mean(outputs)), l_max=l_max, seed=args.seed, source="paged_edu.sim.workloads.sharegpt"),
-        kv_budget=dict(tokens=budget_tokens, bytes=budget_tokens * bytes_per_token, num_blocks=num_blocks,
-                       block_size=args.block_size, hf_batch=args.hf_batch),
-        kernel_check=kernel_check, engine_impls=impls or "auto",
-        engine=eng, engine_on_hf_requests=eng_same, engine_eager_on_hf_requests=eng_eager, transformers=hf_res,
-        speedup=eng["tokens_per_s"] / hf_res["tokens_per_s"],
-        speedup_same_requests=eng_same["tokens_per_s"] / hf_res["tokens_per_s"],
-        concurrency_ratio=eng["peak_concurrency"] / hf_res["concurrency"],
-        mean_concurrency_ratio=eng["mean_concurrency"] / hf_res["concurrency"],
-    )
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    out.with_suffix(".partial.json").unlink(missing_ok=True)
-    try:
-        plot(result, out.with_suffix(".png"))
-    except ImportError as exc:  # the figure is optional; the JSON holds every number
-        log(f"no figure ({exc}); pip install matplotlib")
-
-    rows = [
-        ("useful output tokens/s", f"{hf_res['tokens_per_s']:,.0f}", f"{eng['tokens_per_s']:,.0f}", f"{result['speedup']:.1f}x"),
-        ("  same requests as transformers", f"{hf_res['tokens_per_s']:,.0f}", f"{eng_same['tokens_per_s']:,.0f}",
-         f"{result['speedup_same_requests']:.1f}x"),
-        *([("  same requests, no CUDA graphs", f"{hf_res['tokens_per_s']:,.0f}", f"{eng_eager['tokens_per_s']:,.0f}",
-            f"{eng_eager['tokens_per_s'] / hf_res['tokens_per_s']:.1f}x")] if eng_eager else []),
-        ("decode step (ms, same requests)", "", f"{eng_same['mean_decode_step_ms']:.1f}"
-         + (f" (eager {eng_eager['mean_decode_step_ms']:.1f})" if eng_eager else ""), ""),
-        ("peak concurrent sequences", f"{hf_res['concurrency']}", f"{eng['peak_concurrency']}", f"{result['concurrency_ratio']:.1f}x"),
-        ("mean concurrent sequences", f"{hf_res['concurrency']}", f"{eng['mean_concurrency']:.0f}", f"{result['mean_concurrency_ratio']:.1f}x"),
-        ("KV slots holding a token", f"{100 * hf_res['kv_use_vs_lmax']:.0f}% of b*L_max "
-         f"({100 * hf_res['kv_use_vs_grown_cache']:.0f}% of its grown cache)",
-         f"{100 * eng['kv_use_vs_allocated']:.0f}% of allocated blocks ({100 * eng['kv_use_vs_pool']:.0f}% of the pool)", ""),
-        ("wasted computed tokens", f"{100 * hf_res['wasted_fraction']:.0f}%", "0%", ""),
-        ("preemptions", "-", f"{eng['num_preemptions']}", ""),
-    ]
-    log("")
-    log(f"| metric | transformers (static batch {args.hf_batch}) | paged engine | ratio |")
-    log("|---|---:|---:|---:|")
-    for r in rows:
-        log("| " + " | ".join(r) + " |")
-    log(f"\nwrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+        result["engine_eager_on_hf_requests"] = eng_eager
+        save()
+    hf_res = eng_same = None
+    if not args.skip_static:
+        eng_same = run_engine(model, prompts[:n_hf], outputs[:n_hf], *common, cuda_graphs=graphs, **kw)
+        eng_same.pop("timeline")
+        result["engine_on_hf_requests"] = eng_same
+        save()
+        hf_res = run_hf(hf, prompts, outputs, args.hf_batch, args.hf_batches, l_max, device, log)
+        result.update(
+            transformers=hf_res, speedup=eng["tokens_per_s"] / hf_res["tokens_per_s"],
+            speedup_same_requests=eng_same["tokens_per_s"] / hf_res["tokens_per_s"],
+            concurrency_ratio=eng["peak_concurrency"] / hf_res["concurrency"],
+            mean_concurrency_ratio=eng["mean_concurrency"] / hf_res["concurrency"],
+        )
+    result["complete"] = True
+    save()
+    if hf_res is not None:
+        try:
+            plot(result, out.with_suffix(".png"))
+        except ImportError as exc:  # the figure is optional; the JSON holds every number
+            log(f"no figure ({exc}); pip install matplotlib")
+    report(result, args, log)
+    log(f"\nwrote {out.with_suffix('.json')}")
     return result
+
+
+def report(result, args, log):
+    """The markdown tables the README shows."""
+    eng = result["engine"]
+    fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
+    log("")
+    log("| system | useful tokens/s | mean decode step (ms) | roofline (ms) | host ms/step | graph steps | engine speed-up |")
+    log("|---|---:|---:|---:|---:|---:|---:|")
+    log(f"| paged_edu Engine | {eng['tokens_per_s']:,.0f} | {fmt(eng['mean_decode_step_ms'])} | "
+        f"{fmt(eng['roofline_decode_step_ms'])} | {fmt(eng['host_ms_per_step'], '{:.3f}')} | "
+        f"{100 * eng['share_of_steps_with_graph']:.0f}% | |")
+    for name, label in (("transformers_cb_graphs", "transformers CB, CUDA graphs"),
+                        ("transformers_cb_default", "transformers CB, defaults")):
+        r = result.get(name)
+        if r and "error" not in r:
+            log(f"| {label} ({r['attn_implementation']}) | {r['tokens_per_s']:,.0f} | | | | | {r['engine_speedup']:.1f}x |")
+        elif r:
+            log(f"| {label} | failed: {r['error'][:80]} | | | | | |")
+    hf_res = result.get("transformers")
+    if hf_res:
+        log(f"| transformers generate, static batch {args.hf_batch} | {hf_res['tokens_per_s']:,.0f} | | | | | "
+            f"{result['speedup']:.1f}x |")
+    log(f"\nmixed prefill/decode steps: {fmt(eng['mean_mixed_step_ms'])} ms vs roofline "
+        f"{fmt(eng['roofline_mixed_step_ms'])} ms ({eng['num_mixed_steps']} steps); host ms at ~256 running: "
+        f"{fmt(eng['host_ms_at_256_running'], '{:.3f}')}; peak {eng['peak_concurrency']} running, "
+        f"{eng['num_preemptions']} preemptions")
 
 
 if __name__ == "__main__":
