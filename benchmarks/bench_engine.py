@@ -287,7 +287,7 @@ def main(argv=None):
     result = dict(
         command="python benchmarks/bench_engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         complete=False, device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        torch=torch.__version__, transformers=transformers.__version__, dtype=str(dtype).replace("torch.", ""),
+        torch=torch.__version__, transformers_version=transformers.__version__, dtype=str(dtype).replace("torch.", ""),
         model=dict(geometry="SmolLM2-135M" if not args.smoke else "tiny", weights="random", num_layers=config.num_layers,
                    num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
                    kv_bytes_per_token=bytes_per_token),
