@@ -157,14 +157,15 @@ def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.n
     mixed = ~decode_steps & np.array([m.num_decode_seqs > 0 for m in steps])
     near_256 = decode_steps & (np.abs(running - 256) <= 32)
 
-    def ms(values, mask):
-        return round(float(values[mask].mean() * 1e3), 4) if mask.any() else None
+    ms = lambda values, mask: round(float(values[mask].mean() * 1e3), 4) if mask.any() else None  # noqa: E731
 
     out = dict(mean_decode_step_ms=ms(dur, decode_steps), roofline_decode_step_ms=ms(roof, decode_steps),
                mean_mixed_step_ms=ms(dur, mixed), roofline_mixed_step_ms=ms(roof, mixed),
                num_decode_steps=int(decode_steps.sum()), num_mixed_steps=int(mixed.sum()),
                host_ms_per_step=ms(host, np.ones(len(steps), bool)), host_ms_per_decode_step=ms(host, decode_steps),
-               host_ms_at_256_running=ms(host, near_256), num_steps_near_256_running=int(near_256.sum()))
+               host_ms_at_256_running=ms(host, near_256), num_steps_near_256_running=int(near_256.sum()),
+               host_ms_decode_p50_p90_max=[round(float(np.percentile(host[decode_steps], q)) * 1e3, 4) for q in (50, 90, 100)]
+               if decode_steps.any() else None)
     for kind in ("decode", "mixed"):
         step, roofline = out[f"mean_{kind}_step_ms"], out[f"roofline_{kind}_step_ms"]
         out[f"{kind}_step_vs_roofline"] = round(step / roofline, 3) if step and roofline else None

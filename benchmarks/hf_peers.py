@@ -101,7 +101,7 @@ def cb_config(num_blocks: int, block_size: int, max_batch_tokens: int, max_reque
     return ContinuousBatchingConfig(**{k: v for k, v in kw.items() if k in names})
 
 
-@torch.inference_mode()
+@torch.no_grad()  # as generate_batch: tensors made under inference_mode break its generation thread (5.17)
 def run_hf_cb(hf, prompts, outputs, num_blocks, block_size, max_batch_tokens, max_requests, use_cuda_graph, log):
     """transformers' continuous batching: init, warm-up, start, one ``add_request`` per request with
     its own ``max_new_tokens`` and ``eos_token_id=-1`` (so each generates exactly its length),

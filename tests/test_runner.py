@@ -88,3 +88,15 @@ def test_prefetched_uniforms_are_the_generator_stream_one_draw_at_a_time():
     assert draws == [float(torch.rand((), generator=gen)) for _ in range(len(draws))]
     s.remove(0, 1)
     assert s.uniform(0, 1) == 0.0 and len(s) == 1
+
+
+def test_staged_views_are_aligned_for_triton():
+    """Every field of a staged batch starts on a 256-byte boundary of one buffer (Triton compiles a
+    new kernel variant for a pointer that is not 16-byte aligned)."""
+    chunks = [BatchChunk([5], 3, [0]), BatchChunk([1, 2, 3], 0, [2]), BatchChunk([7], 9, [4, 1, 3])]
+    batch = prepare_batch(chunks, 4)
+    fields = [batch.input_ids, batch.positions, batch.slot_mapping, batch.logits_rows, batch.decode_block_tables,
+              batch.decode_seq_lens, batch.prefill_block_tables, batch.prefill_seq_lens, batch.prefill_cu_seqlens_q]
+    base = batch.input_ids.untyped_storage().data_ptr()
+    assert all(f.untyped_storage().data_ptr() == base for f in fields)  # one buffer, one copy
+    assert all((f.data_ptr() - base) % 256 == 0 for f in fields)
