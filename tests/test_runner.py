@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -100,3 +101,52 @@ def test_staged_views_are_aligned_for_triton():
     base = batch.input_ids.untyped_storage().data_ptr()
     assert all(f.untyped_storage().data_ptr() == base for f in fields)  # one buffer, one copy
     assert all((f.data_ptr() - base) % 256 == 0 for f in fields)
+
+
+def test_the_graph_path_stages_pads_and_samples_like_the_eager_path():
+    """The CUDA-graph path without CUDA: a stand-in whose replay runs the captured forward eagerly on
+    the static staged inputs (padded to the captured sizes) gives transformers' greedy tokens, and
+    so does seeded sampling through the staged uniforms (same tokens as the eager engine)."""
+    from paged_edu.engine import Engine
+    from paged_edu.engine.batch import StaticStaging
+    from paged_edu.engine.runner import DecodeCudaGraphs
+    from paged_edu.models.config import LlamaConfig
+    from paged_edu.models.llama import PagedLlama
+    from paged_edu.models.loaders import random_hf_llama
+
+    class EagerGraphs(DecodeCudaGraphs):
+        def __init__(self, model, kv_caches, n, W):
+            self.model, self.kv_caches, self.max_blocks_per_seq, self.sizes = model, kv_caches, W, [1, 2, 4, 8]
+            i64, i32, f32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
+            n = self.sizes[-1]
+            self.staging = StaticStaging(torch.device("cpu"), dict(
+                input_ids=(i64, (n,)), positions=(i64, (n,)), slot_mapping=(i64, (n,)), seq_lens=(i32, (n,)),
+                sample_rows=(i64, (n,)), temperatures=(f32, (n,)), top_ps=(f32, (n,)), uniforms=(f32, (n,)),
+                block_tables=(i32, (n, W))))
+            self.replays = []
+
+        def replay(self, bs):
+            self.replays.append(bs)
+            return self._forward(self._batch(bs))
+
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
+                      head_dim=16, max_position_embeddings=256, tie_word_embeddings=False)
+    hf = random_hf_llama(cfg, seed=3, initializer_range=0.25)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(2, 30))] for _ in range(7)]
+    want = []
+    with torch.no_grad():
+        for p in prompts:
+            out = hf.generate(torch.tensor([p]), max_new_tokens=9, do_sample=False, eos_token_id=None, pad_token_id=0)
+            want.append(out[0, len(p):].tolist())
+    params = [SamplingParams(max_tokens=9, temperature=0.9, top_p=0.9, seed=5 + i) for i in range(len(prompts))]
+    runs = {}
+    for graphs in (False, True):
+        engine = Engine(PagedLlama.from_hf(hf), num_blocks=64, block_size=4, max_num_seqs=8)
+        if graphs:
+            engine.runner.graphs = EagerGraphs(engine.model, engine.runner.kv_pairs, 8, 64)
+        runs[graphs] = engine.run(prompts, params)
+        if graphs:
+            assert engine.generate(prompts, max_new_tokens=9) == want
+            assert 8 in engine.runner.graphs.replays  # 7 sequences padded to the captured 8
+    assert [o.outputs for o in runs[True]] == [o.outputs for o in runs[False]]

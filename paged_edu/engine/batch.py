@@ -32,7 +32,7 @@ import torch
 
 from paged_edu.models.llama import ForwardBatch
 
-__all__ = ["BatchChunk", "BatchStaging", "SamplingBatch", "pack_chunks", "prepare_batch", "token_slice"]
+__all__ = ["BatchChunk", "BatchStaging", "SamplingBatch", "StaticStaging", "pack_chunks", "prepare_batch", "token_slice"]
 
 
 @dataclass(slots=True)
@@ -170,6 +170,7 @@ class BatchStaging:
         self.dev = self.host if self.device.type == "cpu" else torch.empty(num_bytes, dtype=torch.uint8, device=self.device)
 
     def upload(self, arrays: dict[str, np.ndarray | None]) -> dict[str, torch.Tensor | None]:
+        _wait(self)  # the last copy out of the host buffer must be done before it is overwritten
         offsets, total = {}, 0
         for name, a in arrays.items():
             if a is not None:
@@ -182,6 +183,8 @@ class BatchStaging:
             self.host_np[off:off + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
         if self.dev is not self.host:
             self.dev[:total].copy_(self.host[:total], non_blocking=True)  # the one host-to-device copy
+            self.copied = torch.cuda.Event()
+            self.copied.record()
         out: dict[str, torch.Tensor | None] = {}
         for name, a in arrays.items():
             if a is None:
@@ -190,6 +193,51 @@ class BatchStaging:
             off = offsets[name]
             out[name] = self.dev[off:off + a.nbytes].view(_DTYPES[a.dtype]).view(a.shape)
         return out
+
+
+class StaticStaging:
+    """Fixed fields at fixed offsets of one pinned host buffer and its device twin (a captured CUDA
+    graph reads the device views, so they may never move): write the host views with numpy, then
+    :meth:`upload` copies the prefix that holds the step's rows in one ``copy_``. The last field is
+    the only 2-D one (``(rows, width)``); only its first ``rows`` rows travel."""
+
+    def __init__(self, device: torch.device, fields: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> None:
+        offsets, total = {}, 0
+        for name, (dtype, shape) in fields.items():
+            offsets[name] = total
+            total += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // BatchStaging.ALIGN) * BatchStaging.ALIGN
+        self.host = torch.zeros(total, dtype=torch.uint8, pin_memory=device.type == "cuda")  # (total,)
+        self.dev = torch.zeros(total, dtype=torch.uint8, device=device)  # (total,)
+        host_np = self.host.numpy()
+        self.np: dict[str, np.ndarray] = {}  # host views, written by numpy
+        self.views: dict[str, torch.Tensor] = {}  # device views, read by the graph
+        for name, (dtype, shape) in fields.items():
+            off, nbytes = offsets[name], int(np.prod(shape)) * np.dtype(dtype).itemsize
+            self.np[name] = host_np[off:off + nbytes].view(dtype).reshape(shape)
+            self.views[name] = self.dev[off:off + nbytes].view(_DTYPES[np.dtype(dtype)]).view(shape)
+        self._last_off, (_, last_shape) = offsets[name], fields[name]
+        self._row_bytes = int(np.prod(last_shape[1:])) * np.dtype(fields[name][0]).itemsize
+
+    def wait(self) -> None:
+        """Call before writing the host views: the last copy out of them must be done."""
+        _wait(self)
+
+    def upload(self, rows: int) -> None:
+        end = self._last_off + rows * self._row_bytes
+        self.dev[:end].copy_(self.host[:end], non_blocking=True)  # the one host-to-device copy
+        if self.dev.is_cuda:
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+
+
+def _wait(staging) -> None:
+    """A pinned buffer is read by its copy after ``copy_`` returns: wait for that copy before writing
+    it again. Free in steady state (the engine already waited for the step's tokens); needed after
+    a step that sampled nothing (a prompt chunk in the middle of its prompt), which never waits."""
+    event = getattr(staging, "copied", None)
+    if event is not None:
+        event.synchronize()
+        staging.copied = None
 
 
 def to_forward_batch(fields: dict, tensors: dict[str, torch.Tensor | None]) -> ForwardBatch:

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
-from paged_edu.engine.batch import (BatchChunk, BatchStaging, SamplingBatch, pack_chunks, prepare_batch,
-                                    to_forward_batch, token_slice)
+from paged_edu.engine.batch import (BatchChunk, BatchStaging, SamplingBatch, StaticStaging, pack_chunks,
+                                    prepare_batch, to_forward_batch, token_slice)
 from paged_edu.engine.sampling import sample_on_device
 from paged_edu.kernels import kernel_support
 from paged_edu.models.llama import ForwardBatch, PagedLlama
@@ -41,8 +41,8 @@ class StepBatch:
 
     __slots__ = ("forward", "sampling", "num_rows", "graph_size", "hidden", "greedy")
 
-    def __init__(self, forward: ForwardBatch, sampling: SamplingBatch, num_rows: int, graph_size: int | None):
-        self.forward = forward
+    def __init__(self, forward: ForwardBatch | None, sampling: SamplingBatch, num_rows: int, graph_size: int | None):
+        self.forward = forward  # None when a captured graph runs it (its inputs are staged in the graph's buffers)
         self.sampling = sampling
         self.num_rows = num_rows  # real rows; rows past it pad a captured graph's batch size
         self.graph_size = graph_size  # the captured size that runs it, or None (eager)
@@ -61,13 +61,14 @@ class DecodeCudaGraphs:
     Eagerly, a decode step of a 30-layer model launches about a thousand small kernels; at batch
     256 the GPU then waits on Python most of the time. A CUDA graph records the launches once per
     batch size and replays them with one call. Everything a replay reads sits in static buffers
-    that each step overwrites: token ids, positions, slots, block tables and lengths. A step of
-    ``D`` sequences runs the graph of the smallest captured size ``bs >= D``; the runner pads its
-    inputs to ``bs`` rows on the host (:meth:`ModelRunner.prepare`): the padding rows store to slot
-    -1 (skipped by the store kernel) and attend to one token of block 0 (harmless; their output is
-    dropped). The graph ends with the LM head and the argmax, so a greedy step needs no further
-    launch. The kernels must not sync with the host or size launches from data -- the decode
-    kernel picks its split count from the table *width*, which is fixed here.
+    that each step overwrites: token ids, positions, slots, block tables and lengths -- and they are
+    views of one :class:`~paged_edu.engine.batch.StaticStaging`, so :meth:`stage` fills them with
+    numpy and one host-to-device copy (no device-side copies, no tensors made per step). A step of
+    ``D`` sequences runs the graph of the smallest captured size ``bs >= D``; the padding rows store
+    to slot -1 (skipped by the store kernel) and attend to one token of block 0 (harmless; their
+    output is dropped). The graph ends with the LM head and the argmax, so a greedy step needs no
+    further launch. The kernels must not sync with the host or size launches from data -- the
+    decode kernel picks its split count from the table *width*, which is fixed here.
     """
 
     def __init__(self, model: PagedLlama, kv_caches, max_batch_size: int, max_blocks_per_seq: int) -> None:
@@ -79,12 +80,16 @@ class DecodeCudaGraphs:
         self.max_blocks_per_seq = max_blocks_per_seq
         sizes = [1, 2, 4, 8] + list(range(16, 129, 16)) + list(range(160, 1025, 32))
         self.sizes = [b for b in sizes if b < max_batch_size] + [max_batch_size]
-        n = max_batch_size
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)  # (n,)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)  # (n,)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)  # (n,)
-        self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)  # (n, W)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)  # (n,)
+        n, W = max_batch_size, max_blocks_per_seq
+        i64, i32, f32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
+        self.staging = StaticStaging(device, dict(
+            input_ids=(i64, (n,)), positions=(i64, (n,)), slot_mapping=(i64, (n,)), seq_lens=(i32, (n,)),
+            sample_rows=(i64, (n,)), temperatures=(f32, (n,)), top_ps=(f32, (n,)), uniforms=(f32, (n,)),
+            block_tables=(i32, (n, W)),  # last: only the rows of the step travel
+        ))
+        self.staging.np["seq_lens"][:] = 1
+        self.staging.np["slot_mapping"][:] = -1
+        self.staging.upload(n)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bs -> (hidden (bs, H), greedy (bs,))
         pool = None
@@ -108,11 +113,12 @@ class DecodeCudaGraphs:
         return hidden, self.model.compute_logits(hidden).argmax(dim=-1)  # (bs,) greedy tokens
 
     def _batch(self, bs: int) -> ForwardBatch:
+        v = self.staging.views
         return ForwardBatch(
-            input_ids=self.input_ids[:bs], positions=self.positions[:bs], slot_mapping=self.slot_mapping[:bs],
-            num_decodes=bs, decode_block_tables=self.block_tables[:bs], decode_seq_lens=self.seq_lens[:bs],
+            input_ids=v["input_ids"][:bs], positions=v["positions"][:bs], slot_mapping=v["slot_mapping"][:bs],
+            num_decodes=bs, decode_block_tables=v["block_tables"][:bs], decode_seq_lens=v["seq_lens"][:bs],
             prefill_block_tables=None, prefill_seq_lens=None, prefill_cu_seqlens_q=None,
-            logits_rows=torch.arange(bs, device=self.input_ids.device),
+            logits_rows=torch.arange(bs, device=v["input_ids"].device),
         )
 
     def size_for(self, num_decodes: int, width: int) -> int | None:
@@ -121,14 +127,30 @@ class DecodeCudaGraphs:
             return None
         return next(b for b in self.sizes if b >= num_decodes)
 
-    def run(self, batch: ForwardBatch, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hidden states ``(bs, hidden)`` and greedy tokens ``(bs,)`` of a decode batch padded to ``bs`` rows."""
-        width = batch.decode_block_tables.shape[1]
-        self.input_ids[:bs].copy_(batch.input_ids)
-        self.positions[:bs].copy_(batch.positions)
-        self.slot_mapping[:bs].copy_(batch.slot_mapping)
-        self.block_tables[:bs, :width].copy_(batch.decode_block_tables)  # columns past width: stale, unread
-        self.seq_lens[:bs].copy_(batch.decode_seq_lens)
+    def stage(self, fields: dict, bs: int, sample_rows: np.ndarray, sampling) -> SamplingBatch:
+        """Write a pure-decode batch (``pack_chunks``' fields) and its sampled rows into the graph's
+        inputs, padded to ``bs`` rows, in one copy; returns the sampled rows as device views."""
+        self.staging.wait()
+        h, v = self.staging.np, self.staging.views
+        D, N = len(fields["input_ids"]), len(sample_rows)
+        tables = fields["decode_block_tables"]
+        for name, key, pad in (("input_ids", "input_ids", 0), ("positions", "positions", 0),
+                               ("slot_mapping", "slot_mapping", -1), ("seq_lens", "decode_seq_lens", 1)):
+            h[name][:D] = fields[key]
+            h[name][D:bs] = pad
+        h["block_tables"][:D, :tables.shape[1]] = tables  # columns past the width: stale, unread
+        h["block_tables"][D:bs, 0] = 0
+        h["sample_rows"][:N] = sample_rows
+        if sampling is not None:
+            for name, values in zip(("temperatures", "top_ps", "uniforms"), sampling):
+                h[name][:N] = values
+        self.staging.upload(bs)
+        if sampling is None:
+            return SamplingBatch(v["sample_rows"][:N], None, None, None)
+        return SamplingBatch(v["sample_rows"][:N], v["temperatures"][:N], v["top_ps"][:N], v["uniforms"][:N])
+
+    def replay(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states ``(bs, hidden)`` and greedy tokens ``(bs,)`` of the staged batch."""
         self.graphs[bs].replay()
         return self.outputs[bs]
 
@@ -236,27 +258,27 @@ class ModelRunner:
         fields = pack_chunks(token_ids, [it.start for it in scheduled], [it.num_new_tokens for it in scheduled],
                              [block_table(it.seq.seq_id) for it in scheduled], self.block_size)
         rows = len(fields["input_ids"])
-        bs = None
+        sample_rows = fields["logits_rows"][np.asarray(sample_chunks, dtype=np.int64)]  # (N,) rows of the hidden states
         if self.graphs is not None and fields["num_decodes"] == rows:
             bs = self.graphs.size_for(rows, fields["decode_block_tables"].shape[1])
-            if bs is not None and bs > rows:
-                _pad_decodes(fields, bs)
+            if bs is not None:  # straight into the captured graph's inputs
+                return StepBatch(None, self.graphs.stage(fields, bs, sample_rows, sampling), rows, bs)
         arrays = {k: fields[k] for k in ("input_ids", "positions", "slot_mapping", "logits_rows", "decode_block_tables",
                                          "decode_seq_lens", "prefill_block_tables", "prefill_seq_lens",
                                          "prefill_cu_seqlens_q")}
-        arrays["sample_rows"] = fields["logits_rows"][np.asarray(sample_chunks, dtype=np.int64)]
+        arrays["sample_rows"] = sample_rows
         if sampling is not None:
             for name, values in zip(("temperatures", "top_ps", "uniforms"), sampling):
                 arrays[name] = np.asarray(values, dtype=np.float32)
         t = self.staging.upload(arrays)
         sampling_batch = SamplingBatch(t["sample_rows"], t.get("temperatures"), t.get("top_ps"), t.get("uniforms"))
-        return StepBatch(to_forward_batch(fields, t), sampling_batch, rows, bs)
+        return StepBatch(to_forward_batch(fields, t), sampling_batch, rows, None)
 
     def forward(self, batch: StepBatch) -> None:
         """Launch the forward pass; the new tokens' K/V land in the cache, the hidden states in ``batch``."""
         if batch.graph_size is not None:
             self.num_graph_steps += 1
-            batch.hidden, batch.greedy = self.graphs.run(batch.forward, batch.graph_size)  # one graph replay
+            batch.hidden, batch.greedy = self.graphs.replay(batch.graph_size)  # one graph replay
         else:
             batch.hidden = self.model(batch.forward, self.kv_pairs)  # (T, hidden)
 
@@ -282,19 +304,6 @@ class ModelRunner:
             torch.cuda.current_stream(self.device).synchronize()
         self.device_wait_s = time.perf_counter() - t0
         return host.numpy().tolist()
-
-
-def _pad_decodes(fields: dict, bs: int) -> None:
-    """Pad a decode batch to a captured size ``bs``: extra rows store to slot -1 and read one token of block 0."""
-    D = fields["num_decodes"]
-    extra = bs - D
-    fields["input_ids"] = np.concatenate([fields["input_ids"], np.zeros(extra, np.int64)])
-    fields["positions"] = np.concatenate([fields["positions"], np.zeros(extra, np.int64)])
-    fields["slot_mapping"] = np.concatenate([fields["slot_mapping"], np.full(extra, -1, np.int64)])
-    fields["decode_seq_lens"] = np.concatenate([fields["decode_seq_lens"], np.ones(extra, np.int32)])
-    tables = fields["decode_block_tables"]
-    fields["decode_block_tables"] = np.concatenate([tables, np.zeros((extra, tables.shape[1]), np.int32)])
-    fields["num_decodes"] = bs
 
 
 def _check_impl(name: str, impl, kernel: str, allowed: tuple[str, ...], device: torch.device) -> str:
