@@ -28,6 +28,8 @@ torch.set_num_threads(1)  # the host's work is single-threaded Python; keep torc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
+from paged_edu.engine.batch import StaticStaging  # noqa: E402
+from paged_edu.engine.runner import DecodeCudaGraphs  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.models.config import LlamaConfig  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
@@ -51,11 +53,34 @@ def stub_model(device: str = "cpu", vocab: int = 16) -> PagedLlama:
     return model
 
 
+class StubGraphs(DecodeCudaGraphs):
+    """The CUDA-graph path's host side on any device: the runner stages every pure-decode step into
+    the static buffers as for a real graph; the "replay" returns fixed outputs at once."""
+
+    def __init__(self, model, max_batch_size: int, max_blocks_per_seq: int) -> None:
+        device = model.device
+        self.model, self.max_blocks_per_seq = model, max_blocks_per_seq
+        self.sizes = [b for b in [1, 2, 4, 8, *range(16, 129, 16), *range(160, 1025, 32)] if b < max_batch_size]
+        self.sizes.append(max_batch_size)
+        n, W, i64, i32, f32 = max_batch_size, max_blocks_per_seq, np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
+        self.staging = StaticStaging(device, dict(
+            input_ids=(i64, (n,)), positions=(i64, (n,)), slot_mapping=(i64, (n,)), seq_lens=(i32, (n,)),
+            sample_rows=(i64, (n,)), temperatures=(f32, (n,)), top_ps=(f32, (n,)), uniforms=(f32, (n,)),
+            block_tables=(i32, (n, W))))
+        self.outputs = {b: (torch.zeros(b, model.config.hidden_size, device=device),
+                            torch.zeros(b, dtype=torch.long, device=device)) for b in self.sizes}
+
+    def replay(self, bs: int):
+        return self.outputs[bs]
+
+
 def measure(running: int = 256, steps: int = 200, prompt_len: int = 157, device: str = "cpu",
-            temperature: float = 0.0, profile: bool = False) -> dict:
+            temperature: float = 0.0, profile: bool = False, graph_path: bool = False) -> dict:
     model = stub_model(device)
     engine = Engine(model, num_blocks=8192, block_size=16, max_num_seqs=running, max_num_batched_tokens=4096,
                     cuda_graphs=False)
+    if graph_path:
+        engine.runner.graphs = StubGraphs(model, running, 2048 // 16)
     rng = np.random.default_rng(0)
     for _ in range(running):
         engine.add_request(rng.integers(3, 16, size=prompt_len).tolist(),
@@ -84,7 +109,7 @@ def measure(running: int = 256, steps: int = 200, prompt_len: int = 157, device:
     assert all(e.num_decode_seqs == running for e in events), "every timed step must decode every sequence"
     # Medians: this measures the host, and a shared CPU adds long stalls that are not the engine's.
     phases = {k: float(np.median([e.phase_times[k] for e in events]) * 1e3) for k in events[0].phase_times}
-    return dict(running=running, steps=steps, ms_per_step=float(np.median(walls) * 1e3),
+    return dict(running=running, steps=steps, graph_path=graph_path, ms_per_step=float(np.median(walls) * 1e3),
                 mean_ms_per_step=float(np.mean(walls) * 1e3), phase_ms=phases,
                 torch=torch.__version__, device=device)
 
@@ -96,9 +121,11 @@ def main(argv=None):
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--profile", action="store_true", help="cProfile the timed steps")
+    ap.add_argument("--graph-path", action="store_true", help="stage decode steps as for a CUDA graph (stub replay)")
     ap.add_argument("--out", default=None, help="write the result as JSON here")
     args = ap.parse_args(argv)
-    res = measure(args.running, args.steps, device=args.device, temperature=args.temperature, profile=args.profile)
+    res = measure(args.running, args.steps, device=args.device, temperature=args.temperature, profile=args.profile,
+                  graph_path=args.graph_path)
     print(f"{res['running']} running, {res['steps']} decode steps: median {res['ms_per_step']:.3f} ms host per step "
           f"(mean {res['mean_ms_per_step']:.3f}); median phases (ms): "
           + ", ".join(f"{k} {v:.3f}" for k, v in res["phase_ms"].items()))

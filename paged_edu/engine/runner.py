@@ -177,11 +177,13 @@ class ModelRunner:
       token of a prompt chunk (a 49,152-wide matmul per row); the tokens drawn on the device (the
       uniforms come from the host with the batch) and copied back once, into pinned memory.
 
-    What it does not do yet: overlap the host's work for step N+1 with the GPU's step N, as vLLM v1's
-    async scheduling and SGLang's overlap scheduler do (both schedule the next batch before the
-    current one's tokens are back, and patch the token ids in on the device). Here the scheduler's
-    block-table appends need the sampled token (the prefix cache hashes full blocks by their tokens),
-    so the engine waits for every step's tokens before it schedules the next one.
+    What it does not do yet: overlap the host's work for step N+1 with the GPU's step N. vLLM's async
+    scheduling runs the scheduler one step ahead with "output placeholders" for tokens not yet
+    generated (vllm-project/vllm#19970, after NanoFlow, arXiv:2408.12757); SGLang v0.4's
+    zero-overhead batch scheduler does the same with "future tokens" resolved on the device
+    (lmsys.org/blog/2024-12-04-sglang-v0-4). Here the scheduler's block-table appends need the
+    sampled token itself (the prefix cache hashes a full block by its tokens), so the engine waits
+    for every step's tokens before it schedules the next one; the wait is the step's only sync.
     """
 
     def __init__(self, model: PagedLlama, kv_cache: PagedKVCache, *, attn_impl: str | None = None,
