@@ -183,8 +183,7 @@ class BatchStaging:
             self.host_np[off:off + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
         if self.dev is not self.host:
             self.dev[:total].copy_(self.host[:total], non_blocking=True)  # the one host-to-device copy
-            self.copied = torch.cuda.Event()
-            self.copied.record()
+            _record(self)
         out: dict[str, torch.Tensor | None] = {}
         for name, a in arrays.items():
             if a is None:
@@ -226,18 +225,24 @@ class StaticStaging:
         end = self._last_off + rows * self._row_bytes
         self.dev[:end].copy_(self.host[:end], non_blocking=True)  # the one host-to-device copy
         if self.dev.is_cuda:
-            self.copied = torch.cuda.Event()
-            self.copied.record()
+            _record(self)
+
+
+def _record(staging) -> None:
+    """Mark the copy just queued out of ``staging.host`` (one CUDA event per buffer, re-recorded)."""
+    if getattr(staging, "copied", None) is None:
+        staging.copied = torch.cuda.Event()
+    staging.copied.record()
+    staging.copy_pending = True
 
 
 def _wait(staging) -> None:
     """A pinned buffer is read by its copy after ``copy_`` returns: wait for that copy before writing
     it again. Free in steady state (the engine already waited for the step's tokens); needed after
     a step that sampled nothing (a prompt chunk in the middle of its prompt), which never waits."""
-    event = getattr(staging, "copied", None)
-    if event is not None:
-        event.synchronize()
-        staging.copied = None
+    if getattr(staging, "copy_pending", False):
+        staging.copied.synchronize()
+        staging.copy_pending = False
 
 
 def to_forward_batch(fields: dict, tensors: dict[str, torch.Tensor | None]) -> ForwardBatch:
