@@ -50,7 +50,7 @@ from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState
 from paged_edu.engine.requests import check_max_model_len, check_request
 from paged_edu.engine.runner import ModelRunner
 from paged_edu.engine.memory_manager import MemoryManager
-from paged_edu.engine.sampling import Sampler, SamplingParams
+from paged_edu.engine.sampling import Sampler, SamplingParams, rows_to_sample, tokens_by_sequence
 from paged_edu.engine.scheduler import Scheduler
 from paged_edu.engine.sequence import Sequence as Seq
 from paged_edu.models.llama import PagedLlama
@@ -309,7 +309,7 @@ class Engine:
             return self._take_aborted()
         self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
 
-        emitting, sampling = self._sampling_rows(sched.scheduled)  # who samples, and how
+        emitting, sampling = rows_to_sample(sched.scheduled, self.sampler, self._requests)  # who samples, and how
         batch = self.runner.prepare(sched.scheduled, self.allocator.block_table, *sampling)
         t = self._lap(phases, "prepare", t)
         self.runner.forward(batch)  # 3. one forward pass over the flat batch
@@ -331,35 +331,13 @@ class Engine:
                 self._emit(out.metrics)
         return outputs
 
-    def _sampling_rows(self, scheduled):
-        """The chunks that emit a token -- ``(index, seq, samples to draw)`` -- and, per token drawn,
-        its chunk and ``(temperatures, top_ps, uniforms)`` (None when every live request is greedy)."""
-        if not len(self.sampler):  # no live request samples: all greedy (so n = 1), nothing to draw
-            emitting = [(i, item.seq, 1) for i, item in enumerate(scheduled) if item.emits_token]
-            return emitting, ([i for i, _, _ in emitting], None)
-        emitting = [(i, item.seq, item.seq.num_tokens_to_sample) for i, item in enumerate(scheduled) if item.emits_token]
-        rows, temps, top_ps, uniforms = [], [], [], []
-        for i, seq, n in emitting:
-            params = self._requests[seq.request_id].params
-            for k in range(n):
-                rows.append(i)
-                temps.append(params.temperature)
-                top_ps.append(params.top_p)
-                uniforms.append(self.sampler.uniform(seq.request_id, k if n > 1 else seq.sample_index))
-        return emitting, (rows, (temps, top_ps, uniforms))
-
     def _sample(self, batch, emitting) -> dict[int, int | list[int]]:
         """One token per emitting sequence (``n`` for a parallel-sampling prompt that just ended)."""
         if not emitting:
             return {}
         tokens = self.runner.sample(batch)  # drawn on the device, one copy back
         self.num_generated_tokens += len(tokens)
-        if len(tokens) == len(emitting):  # one each (no parallel-sampling prompt ended)
-            return {seq.seq_id: tok for (_, seq, _), tok in zip(emitting, tokens)}
-        sampled, pos = {}, 0
-        for i, seq, n in emitting:
-            sampled[seq.seq_id], pos = (tokens[pos] if n == 1 else tokens[pos:pos + n]), pos + n
-        return sampled
+        return tokens_by_sequence(tokens, emitting)
 
     def _finish(self, request: RequestState) -> RequestOutput:
         """The finished request's output; it leaves the engine (and the sampler) for good."""
