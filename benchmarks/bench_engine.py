@@ -143,10 +143,9 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
 def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.ndarray) -> dict:
     """Step times against the roofline of the same batches, and the host's share of each step.
 
-    Roofline: :class:`paged_edu.sim.costmodel.CostModel` for SmolLM2-135M on the H200 with no
-    overhead term, each step's shape from its metrics (``StepShape.from_step_metrics``). Host time:
-    ``duration - device_wait`` -- the step's wall time less the time the host sat waiting for the
-    GPU (the copy of the sampled tokens is the step's one sync).
+    Roofline: :class:`paged_edu.sim.costmodel.CostModel` (SmolLM2-135M, H200, no overhead term), each step's
+    shape from its metrics (``StepShape.from_step_metrics``). Host time: ``duration - device_wait``, the
+    wall time less the time the host waited for the GPU (the copy of the sampled tokens: the one sync).
     """
     from paged_edu.sim.costmodel import MODELS, CostModel, StepShape
 
@@ -162,6 +161,7 @@ def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.n
     out = dict(mean_decode_step_ms=ms(dur, decode_steps), roofline_decode_step_ms=ms(roof, decode_steps),
                mean_mixed_step_ms=ms(dur, mixed), roofline_mixed_step_ms=ms(roof, mixed),
                num_decode_steps=int(decode_steps.sum()), num_mixed_steps=int(mixed.sum()),
+               device_wait_ms_per_decode_step=ms(dur - host, decode_steps),  # ~ the GPU's share of a decode step
                host_ms_per_step=ms(host, np.ones(len(steps), bool)), host_ms_per_decode_step=ms(host, decode_steps),
                host_ms_at_256_running=ms(host, near_256), num_steps_near_256_running=int(near_256.sum()),
                host_ms_decode_p50_p90_max=[round(float(np.percentile(host[decode_steps], q)) * 1e3, 4) for q in (50, 90, 100)]
