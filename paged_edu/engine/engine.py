@@ -19,7 +19,8 @@ One call of :meth:`Engine.step` is one *iteration* of iteration-level scheduling
 A prefix-cache hit needs no special case: the scheduler starts the prompt's first chunk after the
 ``num_cached_tokens`` the allocator reports at admission, so their K/V is never computed again.
 
-The speed machinery (packing the flat batch, CUDA-graph replays) lives in the
+The speed machinery (packing the flat batch with numpy into one pinned buffer, CUDA-graph replays,
+sampling on the device with one copy back) lives in the
 :class:`~paged_edu.engine.runner.ModelRunner`, so that :meth:`Engine.step` reads as the five steps above.
 Every step emits a :class:`StepMetrics` (``phase_times``: where its time went) and every finished
 request a :class:`RequestMetrics` to the callbacks of :meth:`Engine.subscribe` -- the stream the
