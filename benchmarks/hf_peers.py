@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 FIRST_COMPARED = 8  # requests whose greedy tokens are compared between the systems
+STALL_S = 120  # give up on transformers' continuous batching after this long without a finished request
 
 
 def sync(device):
@@ -131,13 +132,16 @@ def run_hf_cb(hf, prompts, outputs, num_blocks, block_size, max_batch_tokens, ma
     def serve(batch_prompts, batch_outputs, prefix):
         for i, (p, o) in enumerate(zip(batch_prompts, batch_outputs)):
             manager.add_request(list(p), request_id=f"{prefix}{i}", max_new_tokens=int(o), eos_token_id=-1)
-        done = {}
+        done, last = {}, time.perf_counter()
         while len(done) < len(batch_prompts):
             r = manager.get_result(timeout=1)
             if r is None:
                 if not manager.is_running():
                     raise RuntimeError(f"the generation thread stopped with {len(done)}/{len(batch_prompts)} done")
+                if time.perf_counter() - last > STALL_S:  # a hung peer must not eat the whole GPU call
+                    raise RuntimeError(f"no result for {STALL_S} s with {len(done)}/{len(batch_prompts)} done")
                 continue
+            last = time.perf_counter()
             if r.is_finished():
                 if getattr(r, "error", None):
                     raise RuntimeError(f"request {r.request_id} failed: {r.error}")
@@ -152,7 +156,7 @@ def run_hf_cb(hf, prompts, outputs, num_blocks, block_size, max_batch_tokens, ma
         sync(hf.device)
         dt = time.perf_counter() - t0
     finally:
-        manager.stop(block=True)
+        manager.stop(block=True, timeout=30)  # generate_batch stops it so too (timeout=5)
         if hasattr(manager, "destroy"):
             manager.destroy()
         hf.set_attn_implementation(original)
