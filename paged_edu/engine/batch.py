@@ -16,9 +16,11 @@ block tables padded into one ``(C, W)`` matrix -- so it is built with numpy, not
 
 All fields then travel in **one** host-to-device copy: :class:`BatchStaging` packs them into one
 preallocated byte buffer (page-locked on CUDA, so the copy is a DMA that does not block the host)
-and hands out typed views of its device twin. vLLM v1 does the same with its persistent
-``InputBatch`` of pinned numpy buffers; a copy per field (ten of them) costs a launch and a
-synchronising pageable copy each.
+and hands out typed views of its device twin. vLLM v1's ``InputBatch``
+(``vllm/v1/worker/gpu_input_batch.py``) keeps its batch the same way: CPU torch tensors, pinned where
+they travel to the GPU, written through their numpy views. The alternative, ``torch.tensor(list,
+device="cuda")`` per field (ten of them), costs a conversion, a launch and a pageable copy that
+blocks the host, each.
 """
 
 from __future__ import annotations
