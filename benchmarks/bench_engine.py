@@ -1,7 +1,20 @@
 """Offline throughput: the paged engine against transformers ``generate`` with static batching.
 
-    python benchmarks/bench_engine.py                 # on a GPU: the README's numbers
+    python benchmarks/bench_engine.py                 # on a GPU: the README's numbers (~7 min on an H200)
+    python benchmarks/bench_engine.py --skip-peer --skip-static   # the engine alone (~1 min)
     python benchmarks/bench_engine.py --smoke         # a tiny run on a CPU, to check the script
+
+Peers, in the same process on the same requests, weights and KV budget: transformers' own
+continuous batching (``ContinuousBatchingManager``, driven like ``generate_batch``; once with CUDA
+graphs forced on, once with its defaults; ``--skip-peer``, ``--skip-cb-graphs``, ``--skip-cb-default``)
+and its static-batch ``generate`` (``--skip-static``). The JSON is rewritten after every system, so
+a run cut short keeps what finished.
+
+Per engine run: useful tokens/s, the mean decode step against the cost model's roofline for the
+same batches (:mod:`paged_edu.sim.costmodel`, no overhead term), the host time per step -- the
+step's wall time minus the time the host waited for the device (``StepMetrics.device_wait``: the
+copy of the sampled tokens, the step's one sync), so GPU time is excluded -- and the share of steps
+that replayed a captured CUDA graph.
 
 Workload: ``--num-requests`` ShareGPT-like requests (:func:`paged_edu.sim.workloads.sharegpt`: mean
 161 prompt / 338 output tokens, prompt + output <= L_max = 2048), random token ids, every request
@@ -41,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
 from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
@@ -49,6 +62,8 @@ from paged_edu.models.llama import PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.sim.workloads import L_MAX, sharegpt  # noqa: E402
+from engine_report import plot, report  # noqa: E402
+from hf_peers import FIRST_COMPARED, common_prefix, run_hf, run_hf_cb, sync  # noqa: E402
 
 
 def make_requests(num: int, seed: int, vocab: int, scale: float = 1.0):
@@ -61,63 +76,6 @@ def make_requests(num: int, seed: int, vocab: int, scale: float = 1.0):
         prompts.append(rng.integers(3, vocab, size=p).tolist())
         outputs.append(o)
     return prompts, outputs
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-# ----------------------------------------------------------------------------------------------
-# transformers, static batching
-# ----------------------------------------------------------------------------------------------
-
-
-@torch.inference_mode()
-def run_hf(hf, prompts, outputs, batch_size, num_batches, l_max, device, log):
-    results = []
-    for k in range(num_batches):
-        idx = list(range(k * batch_size, min((k + 1) * batch_size, len(prompts))))
-        if not idx:
-            break
-        batch_prompts = [prompts[i] for i in idx]
-        batch_out = [outputs[i] for i in idx]
-        p_max = max(len(p) for p in batch_prompts)
-        ids = torch.zeros(len(idx), p_max, dtype=torch.long)
-        mask = torch.zeros(len(idx), p_max, dtype=torch.long)
-        for row, p in enumerate(batch_prompts):  # left padding, as decoder-only generation needs
-            ids[row, p_max - len(p):] = torch.tensor(p)
-            mask[row, p_max - len(p):] = 1
-        steps = max(batch_out)
-        sync(device)
-        t0 = time.perf_counter()
-        hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=steps,
-                    min_new_tokens=steps, do_sample=False, pad_token_id=0)
-        sync(device)
-        dt = time.perf_counter() - t0
-        # KV use per decode step t = 1..steps: live tokens vs the L_max reservation and vs the grown cache.
-        lens_p = np.array([len(p) for p in batch_prompts])
-        lens_o = np.array(batch_out)
-        t = np.arange(1, steps + 1)
-        live = np.minimum(lens_p[None, :] + t[:, None], (lens_p + lens_o)[None, :]).sum(1)  # (steps,)
-        use_lmax = float((live / (len(idx) * l_max)).mean())
-        use_grown = float((live / (len(idx) * (p_max + t))).mean())
-        useful = int(lens_o.sum())
-        results.append(dict(batch=k, num_requests=len(idx), seconds=dt, steps=steps, useful_tokens=useful,
-                            computed_tokens=steps * len(idx), kv_use_vs_lmax=use_lmax, kv_use_vs_grown_cache=use_grown,
-                            peak_kv_bytes=len(idx) * (p_max + steps)))
-        log(f"  transformers batch {k}: {len(idx)} requests, {steps} steps, {dt:.1f} s, "
-            f"{useful / dt:,.0f} useful tok/s")
-    secs = sum(r["seconds"] for r in results)
-    useful = sum(r["useful_tokens"] for r in results)
-    computed = sum(r["computed_tokens"] for r in results)
-    return dict(
-        batches=results, seconds=secs, useful_tokens=useful, tokens_per_s=useful / secs,
-        wasted_fraction=1 - useful / computed, concurrency=batch_size,
-        kv_use_vs_lmax=float(np.mean([r["kv_use_vs_lmax"] for r in results])),
-        kv_use_vs_grown_cache=float(np.mean([r["kv_use_vs_grown_cache"] for r in results])),
-        num_requests=sum(r["num_requests"] for r in results),
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,7 +116,13 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
         f"peak {running.max()} running, {engine.scheduler.num_preemptions} preemptions, "
         f"{engine.num_graph_steps} graph steps" + (f" (graphs failed: {engine.graph_error})" if engine.graph_error else ""))
     log("  mean step phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in phase_ms.items()))
+    speed = step_speed(steps, decode_steps, running)
+    log(f"  host ms/step (wall - device wait): {speed['host_ms_per_step']:.3f} (decode steps "
+        f"{speed['host_ms_per_decode_step']:.3f}, at ~256 running {speed['host_ms_at_256_running']}); "
+        f"decode step {speed['mean_decode_step_ms']} ms vs roofline {speed['roofline_decode_step_ms']} ms, "
+        f"mixed {speed['mean_mixed_step_ms']} vs {speed['roofline_mixed_step_ms']} ms")
     return dict(
+        **speed, first_outputs=[o.outputs[0] for o in outs[:FIRST_COMPARED]],
         seconds=dt, useful_tokens=useful, tokens_per_s=useful / dt, num_requests=len(prompts), num_steps=len(steps),
         peak_concurrency=int(running.max()), mean_concurrency=float((running * w).sum()),
         num_preemptions=engine.scheduler.num_preemptions,
@@ -166,7 +130,6 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
         kv_use_vs_allocated=float((in_cache / np.maximum(slots_used, 1) * w).sum()),
         kv_use_vs_pool=float((in_cache / (num_blocks * block_size) * w).sum()),
         peak_kv_usage=float(max(s.kv_usage for s in steps)),
-        mean_decode_step_ms=float(durations[decode_steps].mean() * 1e3) if decode_steps.any() else None,
         share_of_steps_with_graph=engine.num_graph_steps / len(steps),
         mean_phase_ms=phase_ms, mean_decode_phase_ms=decode_phase_ms,
         ttft_p50=float(np.median(ttft)), ttft_p90=float(np.percentile(ttft, 90)),
@@ -175,6 +138,38 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
                       running=running.tolist()[::max(1, len(steps) // 400)],
                       kv_usage=[round(s.kv_usage, 4) for s in steps][::max(1, len(steps) // 400)]),
     )
+
+
+def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.ndarray) -> dict:
+    """Step times against the roofline of the same batches, and the host's share of each step.
+
+    Roofline: :class:`paged_edu.sim.costmodel.CostModel` (SmolLM2-135M, H200, no overhead term), each step's
+    shape from its metrics (``StepShape.from_step_metrics``). Host time: ``duration - device_wait``, the
+    wall time less the time the host waited for the GPU (the copy of the sampled tokens: the one sync).
+    """
+    from paged_edu.sim.costmodel import MODELS, CostModel, StepShape
+
+    cost = CostModel(model=MODELS["smollm2-135m"], step_overhead_s=0.0)
+    roof = np.array([cost.step_time(StepShape.from_step_metrics(m)) for m in steps])  # (steps,) seconds
+    dur = np.array([m.duration for m in steps])
+    host = dur - np.array([m.device_wait for m in steps])
+    mixed = ~decode_steps & np.array([m.num_decode_seqs > 0 for m in steps])
+    near_256 = decode_steps & (np.abs(running - 256) <= 32)
+
+    ms = lambda values, mask: round(float(values[mask].mean() * 1e3), 4) if mask.any() else None  # noqa: E731
+
+    out = dict(mean_decode_step_ms=ms(dur, decode_steps), roofline_decode_step_ms=ms(roof, decode_steps),
+               mean_mixed_step_ms=ms(dur, mixed), roofline_mixed_step_ms=ms(roof, mixed),
+               num_decode_steps=int(decode_steps.sum()), num_mixed_steps=int(mixed.sum()),
+               device_wait_ms_per_decode_step=ms(dur - host, decode_steps),  # ~ the GPU's share of a decode step
+               host_ms_per_step=ms(host, np.ones(len(steps), bool)), host_ms_per_decode_step=ms(host, decode_steps),
+               host_ms_at_256_running=ms(host, near_256), num_steps_near_256_running=int(near_256.sum()),
+               host_ms_decode_p50_p90_max=[round(float(np.percentile(host[decode_steps], q)) * 1e3, 4) for q in (50, 90, 100)]
+               if decode_steps.any() else None)
+    for kind in ("decode", "mixed"):
+        step, roofline = out[f"mean_{kind}_step_ms"], out[f"roofline_{kind}_step_ms"]
+        out[f"{kind}_step_vs_roofline"] = round(step / roofline, 3) if step and roofline else None
+    return out
 
 
 @torch.inference_mode()
@@ -214,7 +209,7 @@ def check_kernels(model, device, block_size=16, require_cuda=True):
                 logit_scale=scale)
 
 
-def warm_up(hf, model, device, block_size, num_blocks, max_num_seqs, max_num_batched_tokens):
+def warm_up(hf, model, device, block_size, num_blocks, max_num_seqs, max_num_batched_tokens, static=True):
     """Compile the Triton kernels for every shape the timed runs meet, untimed.
 
     Triton compiles a kernel variant the first time it meets it (split counts, grid orders); a
@@ -230,50 +225,10 @@ def warm_up(hf, model, device, block_size, num_blocks, max_num_seqs, max_num_bat
                     max_num_batched_tokens=max_num_batched_tokens, cuda_graphs=False)
     engine.run(prompts[:32], [SamplingParams(max_tokens=min(o, 24)) for o in outputs[:32]], use_tqdm=False)
     with torch.inference_mode():
-        hf.generate(input_ids=torch.tensor([prompts[0]] * 2, device=device), max_new_tokens=4, min_new_tokens=4,
-                    do_sample=False, pad_token_id=0)
+        if static:
+            hf.generate(input_ids=torch.tensor([prompts[0]] * 2, device=device), max_new_tokens=4, min_new_tokens=4,
+                        do_sample=False, pad_token_id=0)
     sync(device)
-
-
-# ----------------------------------------------------------------------------------------------
-# Report
-# ----------------------------------------------------------------------------------------------
-
-
-def plot(result, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    eng, hf = result["engine"], result["transformers"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    ax = axes[0]
-    bars = ax.bar(["transformers\nstatic batch", "paged engine"], [hf["tokens_per_s"], eng["tokens_per_s"]],
-                  color=["#999999", "#1f77b4"])
-    ax.bar_label(bars, fmt="{:,.0f}")
-    ax.set_ylabel("useful output tokens / s")
-    ax.set_title(f"Throughput ({result['speedup']:.1f}x)")
-    ax = axes[1]
-    tl = eng["timeline"]
-    ax.plot(tl["time"], tl["running"], color="#1f77b4", label="paged engine: running sequences")
-    ax.axhline(hf["concurrency"], color="#999999", ls="--", label=f"transformers: batch of {hf['concurrency']}")
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("sequences in the batch")
-    ax.set_title(f"Concurrency at the same KV budget ({result['concurrency_ratio']:.1f}x peak)")
-    ax.legend(loc="upper right", fontsize=8)
-    ax = axes[2]
-    labels = ["transformers\nvs L_max", "transformers\nvs grown cache", "engine\nvs allocated", "engine\nvs pool"]
-    vals = [hf["kv_use_vs_lmax"], hf["kv_use_vs_grown_cache"], eng["kv_use_vs_allocated"], eng["kv_use_vs_pool"]]
-    bars = ax.bar(labels, [100 * v for v in vals], color=["#999999", "#bbbbbb", "#1f77b4", "#6fa8dc"])
-    ax.bar_label(bars, fmt="{:.0f}%")
-    ax.set_ylim(0, 105)
-    ax.set_ylabel("KV slots holding a live token (%)")
-    ax.set_title("KV memory used by tokens")
-    fig.suptitle(f"{result['workload']['num_requests']} ShareGPT-like requests, SmolLM2-135M geometry "
-                 f"(random weights, {result['dtype']}), {result['device_name']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def main(argv=None):
@@ -289,6 +244,11 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="a tiny model and workload on the CPU")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps only")
     ap.add_argument("--skip-eager", action="store_true", help="skip the eager run beside the CUDA-graph one")
+    ap.add_argument("--skip-peer", action="store_true", help="skip transformers' continuous batching (both runs)")
+    ap.add_argument("--skip-cb-graphs", action="store_true", help="skip transformers CB with CUDA graphs forced on")
+    ap.add_argument("--skip-cb-default", action="store_true", help="skip transformers CB with its defaults")
+    ap.add_argument("--cb-requests", type=int, default=None, help="serve only the first N requests to transformers CB")
+    ap.add_argument("--skip-static", action="store_true", help="skip transformers' static-batch generate")
     args = ap.parse_args(argv)
 
     def log(msg):
@@ -321,6 +281,25 @@ def main(argv=None):
         f"mean output {np.mean(outputs):.1f}, max total {max(len(p) + o for p, o in zip(prompts, outputs))}")
     log(f"KV budget: {args.hf_batch} x L_max {l_max} = {budget_tokens:,} tokens = "
         f"{budget_tokens * bytes_per_token / 2**30:.2f} GiB = {num_blocks} blocks of {args.block_size}")
+    import transformers
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = dict(
+        command="python benchmarks/bench_engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        complete=False, device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        torch=torch.__version__, transformers_version=transformers.__version__, dtype=str(dtype).replace("torch.", ""),
+        model=dict(geometry="SmolLM2-135M" if not args.smoke else "tiny", weights="random", num_layers=config.num_layers,
+                   num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                   kv_bytes_per_token=bytes_per_token),
+        workload=dict(num_requests=len(prompts), mean_prompt=float(np.mean([len(p) for p in prompts])),
+                      mean_output=float(np.mean(outputs)), l_max=l_max, seed=args.seed, source="paged_edu.sim.workloads.sharegpt"),
+        kv_budget=dict(tokens=budget_tokens, bytes=budget_tokens * bytes_per_token, num_blocks=num_blocks,
+                       block_size=args.block_size, hf_batch=args.hf_batch),
+    )
+
+    def save():  # after every system: a run cut short keeps what finished
+        out.with_suffix(".json").write_text(json.dumps(result, indent=1))
 
     kernel_check = check_kernels(model, device, args.block_size)
     impls = {}
@@ -334,8 +313,10 @@ def main(argv=None):
         if kernel_check["decode_max_abs_diff"] > tol:
             impls["attn_impl"] = "torch"
             log("  the Triton decode disagrees: the engine uses the PyTorch decode path")
+    result.update(kernel_check=kernel_check, engine_impls=impls or "auto")
     t = time.perf_counter()
-    warm_up(hf, model, device, args.block_size, num_blocks, args.max_num_seqs, args.max_num_batched_tokens)
+    warm_up(hf, model, device, args.block_size, num_blocks, args.max_num_seqs, args.max_num_batched_tokens,
+            static=not args.skip_static)
     log(f"warm-up {time.perf_counter() - t:.1f} s")
 
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
@@ -352,66 +333,66 @@ def main(argv=None):
         log(f"engine with CUDA graphs failed ({exc}); running eagerly")
         graphs = False
         eng = run_engine(model, prompts, outputs, *common, cuda_graphs=False, **kw)
+    result["engine"] = eng
+    save()
+
+    # transformers' continuous batching: same requests, weights, KV budget (blocks of 16) and limits.
+    n_cb = len(prompts) if args.cb_requests is None else min(args.cb_requests, len(prompts))
+    cb_runs = [] if args.skip_peer else (
+        [("transformers_cb_graphs", True)] * (not args.skip_cb_graphs) + [("transformers_cb_default", None)] * (not args.skip_cb_default))
+    for name, use_graph in cb_runs:
+        try:
+            res = run_hf_cb(hf, prompts[:n_cb], outputs[:n_cb], num_blocks, args.block_size, args.max_num_batched_tokens,
+                            args.max_num_seqs, use_graph, log)
+            res["common_prefix_with_engine"] = [common_prefix(a, b) for a, b in zip(res["first_outputs"], eng["first_outputs"])]
+            res["compared_lengths"] = [len(b) for b in eng["first_outputs"]]
+            if n_cb < len(prompts):  # the engine on the same subset, for a like-for-like ratio
+                sub = result.get("engine_on_cb_requests") or run_engine(model, prompts[:n_cb], outputs[:n_cb], *common,
+                                                                         cuda_graphs=graphs, **kw)
+                sub.pop("timeline", None)
+                result["engine_on_cb_requests"] = sub
+                res["engine_speedup"] = sub["tokens_per_s"] / res["tokens_per_s"]
+            else:
+                res["engine_speedup"] = eng["tokens_per_s"] / res["tokens_per_s"]
+            log(f"  engine / transformers CB: {res['engine_speedup']:.1f}x; greedy tokens in common with the engine "
+                f"(first {FIRST_COMPARED} requests): {res['common_prefix_with_engine']}")
+        except Exception as exc:  # a peer that breaks must not lose the engine's numbers
+            import traceback
+
+            traceback.print_exc()
+            res = dict(error=f"{type(exc).__name__}: {exc}")
+        result[name] = res
+        save()
+
     n_hf = min(len(prompts), args.hf_batch * args.hf_batches)
-    eng_same = run_engine(model, prompts[:n_hf], outputs[:n_hf], *common, cuda_graphs=graphs, **kw)
-    eng_same.pop("timeline")
     eng_eager = None
     if device.type == "cuda" and graphs is None and not args.skip_eager:
         eng_eager = run_engine(model, prompts[:n_hf], outputs[:n_hf], *common, cuda_graphs=False, **kw)
         eng_eager.pop("timeline")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = dict(engine=eng, engine_on_hf_requests=eng_same, engine_eager_on_hf_requests=eng_eager)
-    out.with_suffix(".partial.json").write_text(json.dumps(partial, indent=1))  # in case the baseline is cut short
-    hf_res = run_hf(hf, prompts, outputs, args.hf_batch, args.hf_batches, l_max, device, log)
-
-    result = dict(
-        command="python benchmarks/bench_engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        torch=torch.__version__, dtype=str(dtype).replace("torch.", ""),
-        model=dict(geometry="SmolLM2-135M" if not args.smoke else "tiny", weights="random", num_layers=config.num_layers,
-                   num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-                   kv_bytes_per_token=bytes_per_token),
-        workload=dict(num_requests=len(prompts), mean_prompt=float(np.mean([len(p) for p in prompts])),
-                      mean_output=float(np.mean(outputs)), l_max=l_max, seed=args.seed, source="paged_edu.sim.workloads.sharegpt"),
-        kv_budget=dict(tokens=budget_tokens, bytes=budget_tokens * bytes_per_token, num_blocks=num_blocks,
-                       block_size=args.block_size, hf_batch=args.hf_batch),
-        kernel_check=kernel_check, engine_impls=impls or "auto",
-        engine=eng, engine_on_hf_requests=eng_same, engine_eager_on_hf_requests=eng_eager, transformers=hf_res,
-        speedup=eng["tokens_per_s"] / hf_res["tokens_per_s"],
-        speedup_same_requests=eng_same["tokens_per_s"] / hf_res["tokens_per_s"],
-        concurrency_ratio=eng["peak_concurrency"] / hf_res["concurrency"],
-        mean_concurrency_ratio=eng["mean_concurrency"] / hf_res["concurrency"],
-    )
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    out.with_suffix(".partial.json").unlink(missing_ok=True)
-    try:
-        plot(result, out.with_suffix(".png"))
-    except ImportError as exc:  # the figure is optional; the JSON holds every number
-        log(f"no figure ({exc}); pip install matplotlib")
-
-    rows = [
-        ("useful output tokens/s", f"{hf_res['tokens_per_s']:,.0f}", f"{eng['tokens_per_s']:,.0f}", f"{result['speedup']:.1f}x"),
-        ("  same requests as transformers", f"{hf_res['tokens_per_s']:,.0f}", f"{eng_same['tokens_per_s']:,.0f}",
-         f"{result['speedup_same_requests']:.1f}x"),
-        *([("  same requests, no CUDA graphs", f"{hf_res['tokens_per_s']:,.0f}", f"{eng_eager['tokens_per_s']:,.0f}",
-            f"{eng_eager['tokens_per_s'] / hf_res['tokens_per_s']:.1f}x")] if eng_eager else []),
-        ("decode step (ms, same requests)", "", f"{eng_same['mean_decode_step_ms']:.1f}"
-         + (f" (eager {eng_eager['mean_decode_step_ms']:.1f})" if eng_eager else ""), ""),
-        ("peak concurrent sequences", f"{hf_res['concurrency']}", f"{eng['peak_concurrency']}", f"{result['concurrency_ratio']:.1f}x"),
-        ("mean concurrent sequences", f"{hf_res['concurrency']}", f"{eng['mean_concurrency']:.0f}", f"{result['mean_concurrency_ratio']:.1f}x"),
-        ("KV slots holding a token", f"{100 * hf_res['kv_use_vs_lmax']:.0f}% of b*L_max "
-         f"({100 * hf_res['kv_use_vs_grown_cache']:.0f}% of its grown cache)",
-         f"{100 * eng['kv_use_vs_allocated']:.0f}% of allocated blocks ({100 * eng['kv_use_vs_pool']:.0f}% of the pool)", ""),
-        ("wasted computed tokens", f"{100 * hf_res['wasted_fraction']:.0f}%", "0%", ""),
-        ("preemptions", "-", f"{eng['num_preemptions']}", ""),
-    ]
-    log("")
-    log(f"| metric | transformers (static batch {args.hf_batch}) | paged engine | ratio |")
-    log("|---|---:|---:|---:|")
-    for r in rows:
-        log("| " + " | ".join(r) + " |")
-    log(f"\nwrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+        result["engine_eager_on_hf_requests"] = eng_eager
+        save()
+    hf_res = eng_same = None
+    if not args.skip_static:
+        eng_same = run_engine(model, prompts[:n_hf], outputs[:n_hf], *common, cuda_graphs=graphs, **kw)
+        eng_same.pop("timeline")
+        result["engine_on_hf_requests"] = eng_same
+        save()
+        hf_res = run_hf(hf, prompts, outputs, args.hf_batch, args.hf_batches, l_max, device, log)
+        result.update(
+            transformers=hf_res, speedup=eng["tokens_per_s"] / hf_res["tokens_per_s"],
+            speedup_same_requests=eng_same["tokens_per_s"] / hf_res["tokens_per_s"],
+            concurrency_ratio=eng["peak_concurrency"] / hf_res["concurrency"],
+            mean_concurrency_ratio=eng["mean_concurrency"] / hf_res["concurrency"],
+        )
+    result["complete"] = True
+    save()
+    if hf_res is not None:
+        try:
+            plot(result, out.with_suffix(".png"))
+        except ImportError as exc:  # the figure is optional; the JSON holds every number
+            log(f"no figure ({exc}); pip install matplotlib")
+    report(result, args, log)
+    log(f"\nwrote {out.with_suffix('.json')}")
     return result
 
 

@@ -19,7 +19,8 @@ One call of :meth:`Engine.step` is one *iteration* of iteration-level scheduling
 A prefix-cache hit needs no special case: the scheduler starts the prompt's first chunk after the
 ``num_cached_tokens`` the allocator reports at admission, so their K/V is never computed again.
 
-The speed machinery (packing the flat batch, CUDA-graph replays) lives in the
+The speed machinery (packing the flat batch with numpy into one pinned buffer, CUDA-graph replays,
+sampling on the device with one copy back) lives in the
 :class:`~paged_edu.engine.runner.ModelRunner`, so that :meth:`Engine.step` reads as the five steps above.
 Every step emits a :class:`StepMetrics` (``phase_times``: where its time went) and every finished
 request a :class:`RequestMetrics` to the callbacks of :meth:`Engine.subscribe` -- the stream the
@@ -48,9 +49,9 @@ from paged_edu.core.validation import as_int
 from paged_edu.engine import offline
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
 from paged_edu.engine.requests import check_max_model_len, check_request
-from paged_edu.engine.runner import BatchChunk, ModelRunner, token_slice
+from paged_edu.engine.runner import ModelRunner
 from paged_edu.engine.memory_manager import MemoryManager
-from paged_edu.engine.sampling import Sampler, SamplingParams, sample
+from paged_edu.engine.sampling import Sampler, SamplingParams, rows_to_sample, tokens_by_sequence
 from paged_edu.engine.scheduler import Scheduler
 from paged_edu.engine.sequence import Sequence as Seq
 from paged_edu.models.llama import PagedLlama
@@ -309,19 +310,12 @@ class Engine:
             return self._take_aborted()
         self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
 
-        chunks = []
-        emitting = []  # (index in scheduled, seq, number of samples to draw)
-        for i, item in enumerate(sched.scheduled):
-            seq = item.seq
-            table = self.allocator.block_table(seq.seq_id)
-            chunks.append(BatchChunk(token_slice(seq, item.start, item.end), item.start, table))
-            if item.emits_token:
-                emitting.append((i, seq, seq.num_tokens_to_sample))
-        batch = self.runner.prepare(chunks)
+        emitting, sampling = rows_to_sample(sched.scheduled, self.sampler, self._requests)  # who samples, and how
+        batch = self.runner.prepare(sched.scheduled, self.allocator.block_table, *sampling)
         t = self._lap(phases, "prepare", t)
-        hidden = self.runner.forward(batch)  # 3. one forward pass: (T, hidden)
+        self.runner.forward(batch)  # 3. one forward pass over the flat batch
         t = self._lap(phases, "forward", t)
-        sampled = self._sample(hidden, batch, emitting)  # 4. the next token of every emitting row
+        sampled = self._sample(batch, emitting)  # 4. the next token of every emitting row
         t = self._lap(phases, "sample", t)
 
         finished_seqs = self.scheduler.update(sched.scheduled, sampled, t)  # 5. append, finish, free
@@ -329,9 +323,8 @@ class Engine:
             self._drop_aborted_forks()
         outputs = self._take_aborted() + self._collect(finished_seqs)
         now = self._lap(phases, "update", t)
-        metrics = None
-        if self._subscribers:
-            metrics = step_metrics(self.step_count, sched, self.scheduler, now, now - t_start, len(finished_seqs), phases)
+        metrics = step_metrics(self.step_count, sched, self.scheduler, now, now - t_start, len(finished_seqs), phases,
+                               self.runner.device_wait_s) if self._subscribers else None
         self.step_count += 1
         if metrics is not None:  # the step's state is committed: now tell the views
             self._emit(metrics)
@@ -339,26 +332,13 @@ class Engine:
                 self._emit(out.metrics)
         return outputs
 
-    def _sample(self, hidden: torch.Tensor, batch, emitting) -> dict[int, int | list[int]]:
+    def _sample(self, batch, emitting) -> dict[int, int | list[int]]:
         """One token per emitting sequence (``n`` for a parallel-sampling prompt that just ended)."""
         if not emitting:
             return {}
-        rows, temps, top_ps, uniforms = [], [], [], []
-        for i, seq, n in emitting:
-            params = self._requests[seq.request_id].params
-            for k in range(n):
-                rows.append(i)
-                temps.append(params.temperature)
-                top_ps.append(params.top_p)
-                uniforms.append(self.sampler.uniform(seq.request_id, k if n > 1 else seq.sample_index))
-        tokens = sample(self.runner.logits(hidden, batch, rows), temps, top_ps, uniforms)
+        tokens = self.runner.sample(batch)  # drawn on the device, one copy back
         self.num_generated_tokens += len(tokens)
-        sampled: dict[int, int | list[int]] = {}
-        pos = 0
-        for i, seq, n in emitting:
-            sampled[seq.seq_id] = tokens[pos] if n == 1 else tokens[pos:pos + n]
-            pos += n
-        return sampled
+        return tokens_by_sequence(tokens, emitting)
 
     def _finish(self, request: RequestState) -> RequestOutput:
         """The finished request's output; it leaves the engine (and the sampler) for good."""

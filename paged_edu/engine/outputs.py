@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from paged_edu.engine.sampling import SamplingParams
 from paged_edu.engine.sequence import Sequence as Seq, SequenceStatus
@@ -79,6 +80,9 @@ class StepMetrics:
     scheduled_request_ids: list[int] = field(default_factory=list)
     num_blocks_swapped_out: int = 0  # this step, GPU -> CPU
     num_blocks_swapped_in: int = 0  # this step, CPU -> GPU
+    # seconds the host waited for the device (the copy of the sampled tokens): duration - device_wait
+    # is the step's host time, GPU time excluded (what the host could not overlap with the GPU)
+    device_wait: float = 0.0
     kind: str = "step"
 
 
@@ -133,12 +137,16 @@ class RequestState:
 
 
 def step_metrics(step: int, sched, scheduler, now: float, duration: float, num_finished: int,
-                 phase_times: dict[str, float]) -> StepMetrics:
+                 phase_times: dict[str, float], device_wait: float = 0.0) -> StepMetrics:
     """The :class:`StepMetrics` of a step that ran ``sched`` (a ``SchedulerOutput``) and left ``scheduler`` so."""
     stats = scheduler.stats()
-    decodes = sum(1 for s in sched.scheduled if not s.is_prefill)
-    prefill_tokens = sum(s.num_new_tokens for s in sched.scheduled if s.is_prefill)
-    in_cache = sum(s.num_computed_tokens for s in scheduler.running)
+    decodes = prefill_tokens = 0
+    for s in sched.scheduled:  # one pass (this runs every step a view is subscribed)
+        if s.start < s.seq.num_prompt_tokens or s.num_new_tokens > 1:  # ScheduledSeq.is_prefill
+            prefill_tokens += s.num_new_tokens
+        else:
+            decodes += 1
+    in_cache = sum(map(attrgetter("num_computed_tokens"), scheduler.running))
     return StepMetrics(
         step=step, time=now, duration=duration,
         num_running=stats["running"], num_waiting=stats["waiting"], num_swapped=stats["swapped"],
@@ -150,4 +158,5 @@ def step_metrics(step: int, sched, scheduler, now: float, duration: float, num_f
                    for s in sched.preempted],
         scheduled_request_ids=sorted({item.seq.request_id for item in sched.scheduled}),
         num_blocks_swapped_out=len(sched.blocks_to_swap_out), num_blocks_swapped_in=len(sched.blocks_to_swap_in),
+        device_wait=device_wait,
     )

@@ -1,14 +1,16 @@
-"""The model runner: from the scheduler's chunks to hidden states, as fast as the device allows.
+"""The model runner: from the scheduler's chunks to sampled tokens, as fast as the device allows.
 
 The engine's :meth:`~paged_edu.engine.engine.Engine.step` says *what* runs in a step (which tokens
-of which sequences); the runner makes it run:
+of which sequences); the runner makes it run. Per step the host does three things and waits once:
 
-* :func:`prepare_batch` packs the step's :class:`BatchChunk` s into the model's flat
-  :class:`~paged_edu.models.llama.ForwardBatch` -- token ids, positions, the slot of every new
-  token, block tables and lengths -- with one host-to-device copy per field;
-* :class:`DecodeCudaGraphs` replays captured CUDA graphs for pure-decode steps, which removes the
-  launch cost of a thousand small kernels per step (why: see the class);
-* :class:`ModelRunner` ties them to one model and one :class:`~paged_edu.cache.kv_cache.PagedKVCache`.
+1. :meth:`ModelRunner.prepare` -- the flat :class:`~paged_edu.models.llama.ForwardBatch` built with
+   numpy from the chunks and their block tables (:mod:`paged_edu.engine.batch`), plus the rows to
+   sample, in **one** host-to-device copy from a reused, pinned buffer;
+2. :meth:`ModelRunner.forward` -- launches the forward pass: one CUDA-graph replay for a pure-decode
+   step (:class:`DecodeCudaGraphs`; the graph also computes the greedy tokens), else the eager model;
+3. :meth:`ModelRunner.sample` -- sampling on the device (argmax, or the seeded inverse CDF of
+   :func:`~paged_edu.engine.sampling.sample_on_device`) and **one** device-to-host copy of the
+   tokens; the only point where the host waits for the GPU (timed: ``device_wait_s``).
 
 The runner imports the model, never the reverse: the model only knows its input record and the
 cache's one store call (:func:`paged_edu.cache.kv_cache.store_kv`).
@@ -16,106 +18,36 @@ cache's one store call (:func:`paged_edu.cache.kv_cache.store_kv`).
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
+from paged_edu.engine.batch import (BatchChunk, BatchStaging, SamplingBatch, StaticStaging, pack_chunks,
+                                    prepare_batch, to_forward_batch, token_slice)
+from paged_edu.engine.sampling import sample_on_device
 from paged_edu.kernels import kernel_support
 from paged_edu.models.llama import ForwardBatch, PagedLlama
 
-__all__ = ["BatchChunk", "DecodeCudaGraphs", "ModelRunner", "prepare_batch", "token_slice"]
+__all__ = ["BatchChunk", "DecodeCudaGraphs", "ModelRunner", "StepBatch", "prepare_batch", "token_slice"]
 
 
-# ----------------------------------------------------------------------------------------------
-# Batch preparation
-# ----------------------------------------------------------------------------------------------
+class StepBatch:
+    """What :meth:`ModelRunner.prepare` hands to ``forward`` and ``sample``: the model's inputs, the
+    rows to sample, and (after ``forward``) where the results are."""
 
+    __slots__ = ("forward", "sampling", "num_rows", "graph_size", "hidden", "greedy")
 
-@dataclass(slots=True)
-class BatchChunk:
-    """One sequence's share of a step: compute ``token_ids`` at positions ``start, start+1, ...``.
-
-    ``start`` tokens of the sequence already have K/V in the pool; ``block_table`` covers at least
-    ``start + len(token_ids)`` tokens (the allocator placed the new ones).
-    """
-
-    token_ids: list[int]
-    start: int
-    block_table: list[int]
-
-
-
-def token_slice(seq, start: int, end: int) -> list[int]:
-    """``seq.token_ids[start:end]`` without building the whole prompt + output list."""
-    p = seq.num_prompt_tokens
-    if start >= p:
-        return seq.output_token_ids[start - p:end - p]
-    if end <= p:
-        return seq.prompt_token_ids[start:end]
-    return seq.prompt_token_ids[start:] + seq.output_token_ids[:end - p]
-
-
-def prepare_batch(chunks: Sequence[BatchChunk], block_size: int, device: torch.device | str = "cpu") -> ForwardBatch:
-    """Pack the chunks of one step into a :class:`ForwardBatch` (one host-to-device copy per field).
-
-    One-token chunks -- decodes, and a prompt whose every other token hit the prefix cache -- are
-    moved to the front so that a single decode-kernel call serves them all.
-    """
-    if not chunks:
-        raise ValueError("a batch needs at least one chunk")
-    order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) != 1)  # stable: decodes first
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    row_of_last = [0] * len(chunks)
-    dec_tables, dec_lens, pre_tables, pre_lens, cu = [], [], [], [], [0]
-    B = block_size
-    for i in order:
-        c = chunks[i]
-        n = len(c.token_ids)
-        if n == 0:
-            raise ValueError(f"chunk {i} has no tokens")
-        end = c.start + n
-        if len(c.block_table) * B < end:
-            raise ValueError(f"chunk {i}: block table of {len(c.block_table)} blocks cannot hold {end} tokens")
-        table = c.block_table
-        input_ids.extend(c.token_ids)
-        positions.extend(range(c.start, end))
-        slots.extend(table[t // B] * B + t % B for t in range(c.start, end))
-        row_of_last[i] = len(input_ids) - 1
-        if n == 1:
-            dec_tables.append(table)
-            dec_lens.append(end)
-        else:
-            pre_tables.append(table)
-            pre_lens.append(end)
-            cu.append(cu[-1] + n)
-
-    def tables_tensor(tables):
-        if not tables:
-            return None
-        width = max(len(t) for t in tables)
-        return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
-
-    def int32(values):
-        return torch.tensor(values, dtype=torch.int32, device=device) if values else None
-
-    return ForwardBatch(
-        input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
-        positions=torch.tensor(positions, dtype=torch.long, device=device),
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-        num_decodes=len(dec_lens),
-        decode_block_tables=tables_tensor(dec_tables),
-        decode_seq_lens=int32(dec_lens),
-        prefill_block_tables=tables_tensor(pre_tables),
-        prefill_seq_lens=int32(pre_lens),
-        prefill_cu_seqlens_q=int32(cu) if pre_lens else None,
-        logits_rows=torch.tensor(row_of_last, dtype=torch.long, device=device),
-    )
-
+    def __init__(self, forward: ForwardBatch | None, sampling: SamplingBatch, num_rows: int, graph_size: int | None):
+        self.forward = forward  # None when a captured graph runs it (its inputs are staged in the graph's buffers)
+        self.sampling = sampling
+        self.num_rows = num_rows  # real rows; rows past it pad a captured graph's batch size
+        self.graph_size = graph_size  # the captured size that runs it, or None (eager)
+        self.hidden: torch.Tensor | None = None  # (rows, hidden), set by forward
+        self.greedy: torch.Tensor | None = None  # (rows,) argmax tokens, when the graph computed them
 
 
 # ----------------------------------------------------------------------------------------------
@@ -129,11 +61,14 @@ class DecodeCudaGraphs:
     Eagerly, a decode step of a 30-layer model launches about a thousand small kernels; at batch
     256 the GPU then waits on Python most of the time. A CUDA graph records the launches once per
     batch size and replays them with one call. Everything a replay reads sits in static buffers
-    that each step overwrites: token ids, positions, slots, block tables and lengths. A step of
-    ``D`` sequences runs the graph of the smallest captured size ``>= D``; the padding rows store
+    that each step overwrites: token ids, positions, slots, block tables and lengths -- and they are
+    views of one :class:`~paged_edu.engine.batch.StaticStaging`, so :meth:`stage` fills them with
+    numpy and one host-to-device copy (no device-side copies, no tensors made per step). A step of
+    ``D`` sequences runs the graph of the smallest captured size ``bs >= D``; the padding rows store
     to slot -1 (skipped by the store kernel) and attend to one token of block 0 (harmless; their
-    output is dropped). The kernels must not sync with the host or size launches from data --
-    the decode kernel picks its split count from the table *width*, which is fixed here.
+    output is dropped). The graph ends with the LM head and the argmax, so a greedy step needs no
+    further launch. The kernels must not sync with the host or size launches from data -- the
+    decode kernel picks its split count from the table *width*, which is fixed here.
     """
 
     def __init__(self, model: PagedLlama, kv_caches, max_batch_size: int, max_blocks_per_seq: int) -> None:
@@ -145,14 +80,18 @@ class DecodeCudaGraphs:
         self.max_blocks_per_seq = max_blocks_per_seq
         sizes = [1, 2, 4, 8] + list(range(16, 129, 16)) + list(range(160, 1025, 32))
         self.sizes = [b for b in sizes if b < max_batch_size] + [max_batch_size]
-        n = max_batch_size
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)  # (n,)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)  # (n,)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)  # (n,)
-        self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)  # (n, W)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)  # (n,)
+        n, W = max_batch_size, max_blocks_per_seq
+        i64, i32, f32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
+        self.staging = StaticStaging(device, dict(
+            input_ids=(i64, (n,)), positions=(i64, (n,)), slot_mapping=(i64, (n,)), seq_lens=(i32, (n,)),
+            sample_rows=(i64, (n,)), temperatures=(f32, (n,)), top_ps=(f32, (n,)), uniforms=(f32, (n,)),
+            block_tables=(i32, (n, W)),  # last: only the rows of the step travel
+        ))
+        self.staging.np["seq_lens"][:] = 1
+        self.staging.np["slot_mapping"][:] = -1
+        self.staging.upload(n)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bs -> (hidden (bs, H), greedy (bs,))
         pool = None
         for bs in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
             batch = self._batch(bs)
@@ -160,44 +99,60 @@ class DecodeCudaGraphs:
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm-up outside the graph (lazy inits, autotuning caches)
-                    model(batch, kv_caches)
+                    self._forward(batch)
             torch.cuda.current_stream(device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = model(batch, kv_caches)  # (bs, hidden)
+                self.outputs[bs] = self._forward(batch)
             pool = graph.pool()
             self.graphs[bs] = graph
         torch.cuda.synchronize(device)
 
+    def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.model(batch, self.kv_caches)  # (bs, hidden)
+        return hidden, self.model.compute_logits(hidden).argmax(dim=-1)  # (bs,) greedy tokens
+
     def _batch(self, bs: int) -> ForwardBatch:
+        v = self.staging.views
         return ForwardBatch(
-            input_ids=self.input_ids[:bs], positions=self.positions[:bs], slot_mapping=self.slot_mapping[:bs],
-            num_decodes=bs, decode_block_tables=self.block_tables[:bs], decode_seq_lens=self.seq_lens[:bs],
+            input_ids=v["input_ids"][:bs], positions=v["positions"][:bs], slot_mapping=v["slot_mapping"][:bs],
+            num_decodes=bs, decode_block_tables=v["block_tables"][:bs], decode_seq_lens=v["seq_lens"][:bs],
             prefill_block_tables=None, prefill_seq_lens=None, prefill_cu_seqlens_q=None,
-            logits_rows=torch.arange(bs, device=self.input_ids.device),
+            logits_rows=torch.arange(bs, device=v["input_ids"].device),
         )
 
-    def can_run(self, batch: ForwardBatch) -> bool:
-        T = batch.input_ids.shape[0]
-        return (batch.num_decodes == T and T <= self.sizes[-1]
-                and batch.decode_block_tables.shape[1] <= self.max_blocks_per_seq)
+    def size_for(self, num_decodes: int, width: int) -> int | None:
+        """The captured batch size that runs ``num_decodes`` decodes with tables ``width`` wide, or None."""
+        if num_decodes > self.sizes[-1] or width > self.max_blocks_per_seq:
+            return None
+        return next(b for b in self.sizes if b >= num_decodes)
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Hidden states ``(D, hidden)`` of a pure-decode batch (check :meth:`can_run` first)."""
-        D = batch.input_ids.shape[0]
-        bs = next(b for b in self.sizes if b >= D)
-        width = batch.decode_block_tables.shape[1]
-        self.input_ids[:D].copy_(batch.input_ids)
-        self.positions[:D].copy_(batch.positions)
-        self.slot_mapping[:D].copy_(batch.slot_mapping)
-        self.block_tables[:D, :width].copy_(batch.decode_block_tables)  # columns past width: stale, unread
-        self.seq_lens[:D].copy_(batch.decode_seq_lens)
-        if bs > D:
-            self.slot_mapping[D:bs].fill_(-1)
-            self.seq_lens[D:bs].fill_(1)
-            self.block_tables[D:bs, 0].fill_(0)
+    def stage(self, fields: dict, bs: int, sample_rows: np.ndarray, sampling) -> SamplingBatch:
+        """Write a pure-decode batch (``pack_chunks``' fields) and its sampled rows into the graph's
+        inputs, padded to ``bs`` rows, in one copy; returns the sampled rows as device views."""
+        self.staging.wait()
+        h, v = self.staging.np, self.staging.views
+        D, N = len(fields["input_ids"]), len(sample_rows)
+        tables = fields["decode_block_tables"]
+        for name, key, pad in (("input_ids", "input_ids", 0), ("positions", "positions", 0),
+                               ("slot_mapping", "slot_mapping", -1), ("seq_lens", "decode_seq_lens", 1)):
+            h[name][:D] = fields[key]
+            h[name][D:bs] = pad
+        h["block_tables"][:D, :tables.shape[1]] = tables  # columns past the width: stale, unread
+        h["block_tables"][D:bs, 0] = 0
+        h["sample_rows"][:N] = sample_rows
+        if sampling is not None:
+            for name, values in zip(("temperatures", "top_ps", "uniforms"), sampling):
+                h[name][:N] = values
+        self.staging.upload(bs)
+        if sampling is None:
+            return SamplingBatch(v["sample_rows"][:N], None, None, None)
+        return SamplingBatch(v["sample_rows"][:N], v["temperatures"][:N], v["top_ps"][:N], v["uniforms"][:N])
+
+    def replay(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states ``(bs, hidden)`` and greedy tokens ``(bs,)`` of the staged batch."""
         self.graphs[bs].replay()
-        return self.outputs[bs][:D]
+        return self.outputs[bs]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -206,18 +161,29 @@ class DecodeCudaGraphs:
 
 
 class ModelRunner:
-    """One model over one paged KV cache: ``apply_block_ops``, ``prepare(chunks)``, ``forward(batch)``,
-    ``logits``, in that order each step. Each piece exists for speed, and says why:
+    """One model over one paged KV cache: ``apply_block_ops``, ``prepare``, ``forward``, ``sample``,
+    in that order each step. Each piece exists for speed, and says why:
 
     * :meth:`apply_block_ops` -- a run of same-kind block copies is one ``index_copy_`` per layer
       and tensor, not one per block (a preemption can swap hundreds of blocks at once);
-    * :meth:`prepare` -- one host-to-device copy per batch field, not one per token;
+    * :meth:`prepare` -- the batch built by numpy array expressions, not a Python loop per token,
+      into a reused pinned buffer that reaches the device in one copy (:mod:`~paged_edu.engine.batch`;
+      at 256 running sequences this took the host's preparation from 0.84 to about 0.2 ms a step);
     * ``cuda_graphs=True`` -- :class:`DecodeCudaGraphs` for batches of up to ``max_num_seqs``
       decodes with block tables up to ``max_model_len`` tokens wide: a decode step of small
       kernels is bound by their launches, which a replay removes. Capture is an optimisation: if it
       fails the runner warns, records why in ``graph_error`` and runs every step eagerly;
-    * :meth:`logits` -- the LM head only for the rows that sample (one per sequence), not for
-      every token of a prompt chunk (a 49,152-wide matmul per row).
+    * :meth:`sample` -- the LM head only for the rows that sample (one per sequence), not for every
+      token of a prompt chunk (a 49,152-wide matmul per row); the tokens drawn on the device (the
+      uniforms come from the host with the batch) and copied back once, into pinned memory.
+
+    What it does not do yet: overlap the host's work for step N+1 with the GPU's step N. vLLM's async
+    scheduling runs the scheduler one step ahead with "output placeholders" for tokens not yet
+    generated (vllm-project/vllm#19970, after NanoFlow, arXiv:2408.12757); SGLang v0.4's
+    zero-overhead batch scheduler does the same with "future tokens" resolved on the device
+    (lmsys.org/blog/2024-12-04-sglang-v0-4). Here the scheduler's block-table appends need the
+    sampled token itself (the prefix cache hashes a full block by its tokens), so the engine waits
+    for every step's tokens before it schedules the next one; the wait is the step's only sync.
     """
 
     def __init__(self, model: PagedLlama, kv_cache: PagedKVCache, *, attn_impl: str | None = None,
@@ -238,9 +204,12 @@ class ModelRunner:
         self.block_size = kv_cache.block_size
         self.device = model.device
         self.kv_pairs = list(zip(kv_cache.k_caches, kv_cache.v_caches))  # (k_cache, v_cache) per layer
+        self.staging = BatchStaging(self.device)  # the step's inputs: one pinned buffer, one copy
+        self._tokens_host = torch.empty(1024, dtype=torch.long, pin_memory=on_gpu)  # the step's tokens come back here
         self.graphs: DecodeCudaGraphs | None = None
         self.graph_error: str | None = None
         self.num_graph_steps = 0  # forward passes served by a CUDA-graph replay
+        self.device_wait_s = 0.0  # how long the last sample() waited for the device
         self.num_blocks = {"swap_out": 0, "copy": 0, "swap_in": 0}  # blocks copied by apply_block_ops, ever
         if cuda_graphs:
             if self.device.type != "cuda":
@@ -271,20 +240,72 @@ class ModelRunner:
             i = j
         return counts
 
-    def prepare(self, chunks: Sequence[BatchChunk]) -> ForwardBatch:
-        return prepare_batch(chunks, self.block_size, self.device)
+    def prepare(self, scheduled, block_table, sample_chunks: Sequence[int],
+                sampling: tuple[Sequence[float], Sequence[float], Sequence[float]] | None = None) -> StepBatch:
+        """The step's inputs on the device, from the scheduler's ``ScheduledSeq`` s.
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Hidden states ``(T, hidden)`` of the batch's new tokens; their K/V are now in the cache."""
-        if self.graphs is not None and self.graphs.can_run(batch):
+        ``block_table(seq_id)`` gives each sequence's blocks (the allocator's); ``sample_chunks``
+        lists, per token to sample, the index of its chunk; ``sampling`` is ``(temperatures,
+        top_ps, uniforms)`` per sampled row, or None when every row is greedy.
+        """
+        self.device_wait_s = 0.0
+        token_ids: list[int] = []
+        for item in scheduled:  # the only loop over sequences: their new tokens
+            seq, s, n = item.seq, item.start, item.num_new_tokens
+            p = len(seq.prompt_token_ids)
+            if n == 1:
+                token_ids.append(seq.output_token_ids[s - p] if s >= p else seq.prompt_token_ids[s])
+            else:
+                token_ids += token_slice(seq, s, s + n)
+        fields = pack_chunks(token_ids, [it.start for it in scheduled], [it.num_new_tokens for it in scheduled],
+                             [block_table(it.seq.seq_id) for it in scheduled], self.block_size)
+        rows = len(fields["input_ids"])
+        sample_rows = fields["logits_rows"][np.asarray(sample_chunks, dtype=np.int64)]  # (N,) rows of the hidden states
+        if self.graphs is not None and fields["num_decodes"] == rows:
+            bs = self.graphs.size_for(rows, fields["decode_block_tables"].shape[1])
+            if bs is not None:  # straight into the captured graph's inputs
+                return StepBatch(None, self.graphs.stage(fields, bs, sample_rows, sampling), rows, bs)
+        arrays = {k: fields[k] for k in ("input_ids", "positions", "slot_mapping", "logits_rows", "decode_block_tables",
+                                         "decode_seq_lens", "prefill_block_tables", "prefill_seq_lens",
+                                         "prefill_cu_seqlens_q")}
+        arrays["sample_rows"] = sample_rows
+        if sampling is not None:
+            for name, values in zip(("temperatures", "top_ps", "uniforms"), sampling):
+                arrays[name] = np.asarray(values, dtype=np.float32)
+        t = self.staging.upload(arrays)
+        sampling_batch = SamplingBatch(t["sample_rows"], t.get("temperatures"), t.get("top_ps"), t.get("uniforms"))
+        return StepBatch(to_forward_batch(fields, t), sampling_batch, rows, None)
+
+    def forward(self, batch: StepBatch) -> None:
+        """Launch the forward pass; the new tokens' K/V land in the cache, the hidden states in ``batch``."""
+        if batch.graph_size is not None:
             self.num_graph_steps += 1
-            return self.graphs.run(batch)  # one graph replay
-        return self.model(batch, self.kv_pairs)
+            batch.hidden, batch.greedy = self.graphs.replay(batch.graph_size)  # one graph replay
+        else:
+            batch.hidden = self.model(batch.forward, self.kv_pairs)  # (T, hidden)
 
-    def logits(self, hidden: torch.Tensor, batch: ForwardBatch, chunk_indices: Sequence[int]) -> torch.Tensor:
-        """fp32 logits ``(len(chunk_indices), vocab)`` at the last token of each listed chunk."""
-        rows = batch.logits_rows[torch.tensor(list(chunk_indices), device=self.device)]
-        return self.model.compute_logits(hidden[rows])
+    def sample(self, batch: StepBatch) -> list[int]:
+        """One token per sampled row, drawn on the device, copied back in one go (the step's only wait)."""
+        s = batch.sampling
+        N = s.rows.shape[0]
+        if N == 0:
+            return []
+        if s.temperatures is None and batch.greedy is not None:
+            tokens = batch.greedy[s.rows]  # (N,) computed inside the graph
+        else:
+            logits = self.model.compute_logits(batch.hidden[s.rows])  # (N, vocab) fp32
+            greedy = batch.greedy[s.rows] if batch.greedy is not None else logits.argmax(dim=-1)  # (N,)
+            tokens = greedy if s.temperatures is None else sample_on_device(
+                logits, s.temperatures, s.top_ps, s.uniforms, greedy_tokens=greedy)
+        if N > self._tokens_host.numel():
+            self._tokens_host = torch.empty(2 * N, dtype=torch.long, pin_memory=self.device.type == "cuda")
+        host = self._tokens_host[:N]
+        host.copy_(tokens, non_blocking=True)  # the one device-to-host copy
+        t0 = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self.device_wait_s = time.perf_counter() - t0
+        return host.numpy().tolist()
 
 
 def _check_impl(name: str, impl, kernel: str, allowed: tuple[str, ...], device: torch.device) -> str:

@@ -28,7 +28,7 @@ import torch
 from paged_edu.core.validation import SEED_LIMIT, as_int, integer
 from paged_edu.core.validation import seed as check_seed
 
-__all__ = ["SamplingParams", "Sampler", "sample"]
+__all__ = ["SamplingParams", "Sampler", "rows_to_sample", "sample", "sample_on_device", "tokens_by_sequence"]
 
 
 def _real(name: str, value) -> float:
@@ -103,34 +103,57 @@ def sample(
     nearly tied tokens that swap places in the sort when a different batch shifts their logits by
     a rounding error (1e-6) pick the same token for the same ``u``: only a ``u`` within a rounding
     error of a CDF boundary can change the outcome, where in sorted order any ``u`` in the pair's
-    mass could.
+    mass could. (The engine calls :func:`sample_on_device`, the same math on tensors.)
     """
-    N, vocab = logits.shape
-    greedy_tokens = logits.argmax(dim=-1)  # (N,)
     if all(t == 0 for t in temperatures):
-        return greedy_tokens.tolist()
+        return logits.argmax(dim=-1).tolist()
     device = logits.device
-    temp = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=device)  # (N,)
+    as_tensor = lambda v: torch.tensor(list(v), device=device, dtype=torch.float32)  # noqa: E731
+    return sample_on_device(logits, as_tensor(temperatures), as_tensor(top_ps), as_tensor(uniforms)).tolist()
+
+
+def sample_on_device(
+    logits: torch.Tensor,  # (N, vocab) fp32
+    temperatures: torch.Tensor,  # (N,) fp32: 0 = greedy
+    top_ps: torch.Tensor,  # (N,) fp32
+    uniforms: torch.Tensor,  # (N,) fp32 in [0, 1)
+    greedy_tokens: torch.Tensor | None = None,  # (N,) the argmax, if already computed
+) -> torch.Tensor:
+    """:func:`sample` on tensors that stay on the device: no host round trip, no branch on data,
+    so it can run inside a captured CUDA graph. Returns ``(N,)`` int64 token ids."""
+    N, vocab = logits.shape
+    if greedy_tokens is None:
+        greedy_tokens = logits.argmax(dim=-1)  # (N,)
+    is_greedy = temperatures == 0  # (N,)
+    temp = torch.where(is_greedy, torch.ones_like(temperatures), temperatures)  # (N,)
     probs = torch.softmax(logits / temp[:, None], dim=-1)  # (N, vocab)
     sorted_p, sorted_idx = probs.sort(dim=-1, descending=True, stable=True)  # (N, vocab) each
     mass_before = sorted_p.cumsum(dim=-1) - sorted_p  # (N, vocab): mass of more likely tokens
-    top_p = torch.tensor(list(top_ps), device=device, dtype=sorted_p.dtype)  # (N,)
     in_nucleus = torch.zeros_like(probs, dtype=torch.bool).scatter_(
-        -1, sorted_idx, mass_before < top_p[:, None])  # (N, vocab) in token-id order; the top token always stays
+        -1, sorted_idx, mass_before < top_ps.to(sorted_p.dtype)[:, None])  # (N, vocab) token-id order; the top token stays
     cdf = (probs * in_nucleus).cumsum(dim=-1)  # (N, vocab), token-id order
-    target = torch.tensor(list(uniforms), device=device, dtype=cdf.dtype)[:, None] * cdf[:, -1:]  # (N, 1)
+    target = uniforms.to(cdf.dtype)[:, None] * cdf[:, -1:]  # (N, 1)
     sampled = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1).squeeze(-1)  # first id with cdf > target
-    is_greedy = torch.tensor([t == 0 for t in temperatures], device=device)
-    return torch.where(is_greedy, greedy_tokens, sampled).tolist()
+    return torch.where(is_greedy, greedy_tokens, sampled)
 
 
 class Sampler:
-    """Per-sample random streams: one CPU ``torch.Generator`` per (request, sample index), seeded once."""
+    """Per-sample random streams: one CPU ``torch.Generator`` per (request, sample index), seeded once.
+
+    A stream's ``k``-th draw is ``torch.rand`` element ``k`` of its generator. Drawing one scalar
+    per token costs a few microseconds of dispatch (milliseconds per step at 256 sampled rows), so
+    each stream draws :attr:`PREFETCH` at a time and hands them out in order: the CPU generator
+    produces the same numbers in one call of ``k`` as in ``k`` calls of one (a test checks it), so
+    the stream is unchanged.
+    """
+
+    PREFETCH = 64
 
     def __init__(self, seed: int = 0) -> None:
         seed = check_seed("seed", seed)
         self._seed_source = torch.Generator().manual_seed(seed)  # for requests without a seed
         self._generators: dict[tuple[int, int], torch.Generator] = {}
+        self._drawn: dict[tuple[int, int], list[float]] = {}  # prefetched draws, next one last
 
     def add(self, request_id: int, params: SamplingParams) -> None:
         """Seed the ``n`` streams of a request (nothing for greedy ones)."""
@@ -144,11 +167,12 @@ class Sampler:
 
     def remove(self, request_id: int, sample_index: int) -> None:
         self._generators.pop((request_id, sample_index), None)
+        self._drawn.pop((request_id, sample_index), None)
 
     def remove_request(self, request_id: int, num_samples: int) -> None:
         """Drop every stream of a request (an abort)."""
         for i in range(num_samples):
-            self._generators.pop((request_id, i), None)
+            self.remove(request_id, i)
 
     def __len__(self) -> int:
         """Live streams (a finished or aborted request leaves none behind)."""
@@ -156,5 +180,45 @@ class Sampler:
 
     def uniform(self, request_id: int, sample_index: int = 0) -> float:
         """The next draw in [0, 1) of one sample's stream (0.0 for a greedy request)."""
-        gen = self._generators.get((request_id, sample_index))
-        return 0.0 if gen is None else float(torch.rand((), generator=gen))
+        key = (request_id, sample_index)
+        gen = self._generators.get(key)
+        if gen is None:
+            return 0.0
+        drawn = self._drawn.get(key)
+        if not drawn:
+            drawn = self._drawn[key] = torch.rand(self.PREFETCH, generator=gen).tolist()[::-1]
+        return drawn.pop()
+
+
+def rows_to_sample(scheduled, sampler: Sampler, requests) -> tuple[list, tuple]:
+    """What a step samples: the chunks that emit a token -- ``(index, seq, tokens to draw)``, ``n``
+    for a parallel-sampling prompt that just ended -- and, per token drawn, its chunk index and
+    ``(temperatures, top_ps, uniforms)``, or None when no live request samples (all greedy: then
+    every ``n`` is 1 and there is nothing to draw). ``requests`` maps request ids to objects with
+    ``.params`` (the engine's live requests)."""
+    if not len(sampler):
+        emitting = [(i, item.seq, 1) for i, item in enumerate(scheduled) if item.emits_token]
+        return emitting, ([i for i, _, _ in emitting], None)
+    emitting = [(i, item.seq, item.seq.num_tokens_to_sample) for i, item in enumerate(scheduled) if item.emits_token]
+    rows, temps, top_ps, uniforms = [], [], [], []
+    for i, seq, n in emitting:
+        params = requests[seq.request_id].params
+        for k in range(n):
+            rows.append(i)
+            temps.append(params.temperature)
+            top_ps.append(params.top_p)
+            uniforms.append(sampler.uniform(seq.request_id, k if n > 1 else seq.sample_index))
+    return emitting, (rows, (temps, top_ps, uniforms))
+
+
+def tokens_by_sequence(tokens: list[int], emitting) -> dict[int, int | list[int]]:
+    """The drawn tokens, in :func:`rows_to_sample`'s order, by sequence id (a list of ``n`` for a
+    parallel-sampling prompt: the scheduler forks the others from it)."""
+    if len(tokens) == len(emitting):  # one each (no parallel-sampling prompt ended)
+        return {seq.seq_id: tok for (_, seq, _), tok in zip(emitting, tokens)}
+    sampled: dict[int, int | list[int]] = {}
+    pos = 0
+    for _, seq, n in emitting:
+        sampled[seq.seq_id] = tokens[pos] if n == 1 else tokens[pos:pos + n]
+        pos += n
+    return sampled

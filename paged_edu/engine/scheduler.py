@@ -198,7 +198,7 @@ class Scheduler:
         preempted_any = False
         while queue:
             seq = queue.popleft()
-            num_tokens = seq.num_tokens
+            num_tokens = len(seq.prompt_token_ids) + len(seq.output_token_ids)  # seq.num_tokens, without a call
             if seq.num_placed_tokens < num_tokens:  # the token sampled last step needs a slot
                 if budget == 0:
                     kept.append(seq)
@@ -229,7 +229,7 @@ class Scheduler:
         self.running = kept
         # Sequences running once every parallel sample due to fork at its first token exists: what
         # max_num_seqs bounds (as vLLM counts a request of n samples as n sequences from admission).
-        num_seqs = sum(s.max_num_running_seqs for s in kept)
+        num_seqs = len(kept) + sum(s.max_num_running_seqs - 1 for s in kept if s.num_samples > 1 or s.num_pending_forks)
 
         # 3. Swapped sequences come back when nothing had to be preempted this step.
         if not preempted_any:
@@ -313,32 +313,32 @@ class Scheduler:
         tokens: the first is its own, the others start forked children.
         """
         finished: list[Sequence] = []
-        block_size = self.allocator.block_size
+        block_size, mark_computed, running = self.allocator.block_size, self.allocator.mark_computed, SequenceStatus.RUNNING
         for item in scheduled:
             seq = item.seq
-            if seq.status is not SequenceStatus.RUNNING:
+            if seq.status is not running:
                 continue
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
             end = item.start + item.num_new_tokens
             seq.num_computed_tokens = end
             if end // block_size > item.start // block_size:  # a block was completed
-                self.allocator.mark_computed(seq.seq_id, end)
+                mark_computed(seq.seq_id, end)
             if not item.emits_token:
                 continue  # a prefill chunk in the middle of the prompt
-            if seq.seq_id not in sampled:
+            token = sampled.get(seq.seq_id)
+            if token is None:
                 raise KeyError(f"no sampled token for sequence {seq.seq_id}, whose chunk emits one")
-            token = sampled[seq.seq_id]
             family = [seq]
-            if isinstance(token, (list, tuple)):
-                tokens = list(token)
-                if len(tokens) != seq.num_tokens_to_sample:
-                    raise ValueError(
-                        f"sequence {seq.seq_id} takes {seq.num_tokens_to_sample} token(s) this step, got {len(tokens)}"
-                    )
-                token = tokens[0]
-                family += [self._fork_child(seq, i, t) for i, t in enumerate(tokens[1:], start=1)]
-            seq.output_token_ids.append(int(token))
+            if type(token) is not int:  # n tokens (the others start forked children), or a numpy/torch integer
+                if isinstance(token, (list, tuple)):
+                    tokens = list(token)
+                    if len(tokens) != seq.num_tokens_to_sample:
+                        raise ValueError(f"sequence {seq.seq_id} takes {seq.num_tokens_to_sample} token(s) this step, got {len(tokens)}")
+                    token = tokens[0]
+                    family += [self._fork_child(seq, i, t) for i, t in enumerate(tokens[1:], start=1)]
+                token = int(token)
+            seq.output_token_ids.append(token)
             for member in family:
                 self._after_token(member, now, finished)
         return finished

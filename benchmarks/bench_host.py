@@ -1,0 +1,138 @@
+"""Host time per engine step, with the GPU taken out: the real scheduler, allocator and runner
+around a stub model that returns at once.
+
+    python benchmarks/bench_host.py                    # 256 running sequences, 200 decode steps
+    python benchmarks/bench_host.py --running 512 --profile
+
+Every step of :meth:`Engine.step` except the model's kernels runs as in serving: scheduling,
+block-table appends, batch preparation, sampling bookkeeping, ``update``. The stub's forward
+returns zeros and its logits are a small fixed table, so what is timed is the host's share of a
+step -- the part issue 14 bounds by 0.5 ms at 256 running sequences. On a CPU the "device" is the
+CPU, so the runner's copies are memcpys; on a GPU the same script times the host side of real
+launches (with the model stubbed the GPU does almost nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+torch.set_num_threads(1)  # the host's work is single-threaded Python; keep torch's CPU kernels from competing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from paged_edu.engine import Engine, StepMetrics  # noqa: E402
+from paged_edu.engine.batch import StaticStaging  # noqa: E402
+from paged_edu.engine.runner import DecodeCudaGraphs  # noqa: E402
+from paged_edu.engine.sampling import SamplingParams  # noqa: E402
+from paged_edu.models.config import LlamaConfig  # noqa: E402
+from paged_edu.models.llama import PagedLlama  # noqa: E402
+
+
+def stub_model(device: str = "cpu", vocab: int = 16) -> PagedLlama:
+    """A 1-layer PagedLlama whose forward and logits do (almost) nothing."""
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=64, num_layers=1, num_heads=4,
+                      num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
+    model = PagedLlama(cfg, device=device)
+    logits_table = torch.randn(vocab, generator=torch.Generator().manual_seed(0)).to(device)
+
+    def forward(batch, kv_caches):  # (T, hidden) zeros: no kernels worth the name
+        return torch.zeros(batch.input_ids.shape[0], cfg.hidden_size, device=device)
+
+    def compute_logits(hidden):  # (N, vocab): the same row for every sequence
+        return logits_table.repeat(hidden.shape[0], 1)
+
+    model.forward = forward
+    model.compute_logits = compute_logits
+    return model
+
+
+class StubGraphs(DecodeCudaGraphs):
+    """The CUDA-graph path's host side on any device: the runner stages every pure-decode step into
+    the static buffers as for a real graph; the "replay" returns fixed outputs at once."""
+
+    def __init__(self, model, max_batch_size: int, max_blocks_per_seq: int) -> None:
+        device = model.device
+        self.model, self.max_blocks_per_seq = model, max_blocks_per_seq
+        self.sizes = [b for b in [1, 2, 4, 8, *range(16, 129, 16), *range(160, 1025, 32)] if b < max_batch_size]
+        self.sizes.append(max_batch_size)
+        n, W, i64, i32, f32 = max_batch_size, max_blocks_per_seq, np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
+        self.staging = StaticStaging(device, dict(
+            input_ids=(i64, (n,)), positions=(i64, (n,)), slot_mapping=(i64, (n,)), seq_lens=(i32, (n,)),
+            sample_rows=(i64, (n,)), temperatures=(f32, (n,)), top_ps=(f32, (n,)), uniforms=(f32, (n,)),
+            block_tables=(i32, (n, W))))
+        self.outputs = {b: (torch.zeros(b, model.config.hidden_size, device=device),
+                            torch.zeros(b, dtype=torch.long, device=device)) for b in self.sizes}
+
+    def replay(self, bs: int):
+        return self.outputs[bs]
+
+
+def measure(running: int = 256, steps: int = 200, prompt_len: int = 157, device: str = "cpu",
+            temperature: float = 0.0, profile: bool = False, graph_path: bool = False) -> dict:
+    model = stub_model(device)
+    engine = Engine(model, num_blocks=8192, block_size=16, max_num_seqs=running, max_num_batched_tokens=4096,
+                    cuda_graphs=False)
+    if graph_path:
+        engine.runner.graphs = StubGraphs(model, running, 2048 // 16)
+    rng = np.random.default_rng(0)
+    for _ in range(running):
+        engine.add_request(rng.integers(3, 16, size=prompt_len).tolist(),
+                           SamplingParams(max_tokens=steps + 64, temperature=temperature, seed=1 if temperature else None))
+    events: list[StepMetrics] = []
+    engine.subscribe(lambda e: events.append(e) if isinstance(e, StepMetrics) else None)
+    while any(e.num_prefill_tokens for e in events[-1:]) or not events:  # admit and prefill everyone
+        engine.step()
+    events.clear()
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    walls = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        engine.step()
+        walls.append(time.perf_counter() - t0)
+    if prof is not None:
+        prof.disable()
+        import pstats
+
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+    assert all(e.num_decode_seqs == running for e in events), "every timed step must decode every sequence"
+    # Medians: this measures the host, and a shared CPU adds long stalls that are not the engine's.
+    phases = {k: float(np.median([e.phase_times[k] for e in events]) * 1e3) for k in events[0].phase_times}
+    return dict(running=running, steps=steps, graph_path=graph_path, ms_per_step=float(np.median(walls) * 1e3),
+                mean_ms_per_step=float(np.mean(walls) * 1e3), phase_ms=phases,
+                torch=torch.__version__, device=device)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--running", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--profile", action="store_true", help="cProfile the timed steps")
+    ap.add_argument("--graph-path", action="store_true", help="stage decode steps as for a CUDA graph (stub replay)")
+    ap.add_argument("--out", default=None, help="write the result as JSON here")
+    args = ap.parse_args(argv)
+    res = measure(args.running, args.steps, device=args.device, temperature=args.temperature, profile=args.profile,
+                  graph_path=args.graph_path)
+    print(f"{res['running']} running, {res['steps']} decode steps: median {res['ms_per_step']:.3f} ms host per step "
+          f"(mean {res['mean_ms_per_step']:.3f}); median phases (ms): "
+          + ", ".join(f"{k} {v:.3f}" for k, v in res["phase_ms"].items()))
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=1))
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""The figure and the markdown table of ``bench_engine.py``, from its result dict."""
+
+from __future__ import annotations
+
+
+# ----------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------
+
+
+def plot(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    eng, hf = result["engine"], result["transformers"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax = axes[0]
+    bars = ax.bar(["transformers\nstatic batch", "paged engine"], [hf["tokens_per_s"], eng["tokens_per_s"]],
+                  color=["#999999", "#1f77b4"])
+    ax.bar_label(bars, fmt="{:,.0f}")
+    ax.set_ylabel("useful output tokens / s")
+    ax.set_title(f"Throughput ({result['speedup']:.1f}x)")
+    ax = axes[1]
+    tl = eng["timeline"]
+    ax.plot(tl["time"], tl["running"], color="#1f77b4", label="paged engine: running sequences")
+    ax.axhline(hf["concurrency"], color="#999999", ls="--", label=f"transformers: batch of {hf['concurrency']}")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("sequences in the batch")
+    ax.set_title(f"Concurrency at the same KV budget ({result['concurrency_ratio']:.1f}x peak)")
+    ax.legend(loc="upper right", fontsize=8)
+    ax = axes[2]
+    labels = ["transformers\nvs L_max", "transformers\nvs grown cache", "engine\nvs allocated", "engine\nvs pool"]
+    vals = [hf["kv_use_vs_lmax"], hf["kv_use_vs_grown_cache"], eng["kv_use_vs_allocated"], eng["kv_use_vs_pool"]]
+    bars = ax.bar(labels, [100 * v for v in vals], color=["#999999", "#bbbbbb", "#1f77b4", "#6fa8dc"])
+    ax.bar_label(bars, fmt="{:.0f}%")
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("KV slots holding a live token (%)")
+    ax.set_title("KV memory used by tokens")
+    fig.suptitle(f"{result['workload']['num_requests']} ShareGPT-like requests, SmolLM2-135M geometry "
+                 f"(random weights, {result['dtype']}), {result['device_name']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def report(result, args, log):
+    """The markdown tables the README shows."""
+    eng = result["engine"]
+    fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
+    log("")
+    log("| system | useful tokens/s | mean decode step (ms) | roofline (ms) | host ms/step | graph steps | engine speed-up |")
+    log("|---|---:|---:|---:|---:|---:|---:|")
+    log(f"| paged_edu Engine | {eng['tokens_per_s']:,.0f} | {fmt(eng['mean_decode_step_ms'])} | "
+        f"{fmt(eng['roofline_decode_step_ms'])} | {fmt(eng['host_ms_per_step'], '{:.3f}')} | "
+        f"{100 * eng['share_of_steps_with_graph']:.0f}% | |")
+    for name, label in (("transformers_cb_graphs", "transformers CB, CUDA graphs"),
+                        ("transformers_cb_default", "transformers CB, defaults")):
+        r = result.get(name)
+        if r and "error" not in r:
+            log(f"| {label} ({r['attn_implementation']}) | {r['tokens_per_s']:,.0f} | | | | | {r['engine_speedup']:.1f}x |")
+        elif r:
+            log(f"| {label} | failed: {r['error'][:80]} | | | | | |")
+    hf_res = result.get("transformers")
+    if hf_res:
+        log(f"| transformers generate, static batch {args.hf_batch} | {hf_res['tokens_per_s']:,.0f} | | | | | "
+            f"{result['speedup']:.1f}x |")
+    log(f"\nmixed prefill/decode steps: {fmt(eng['mean_mixed_step_ms'])} ms vs roofline "
+        f"{fmt(eng['roofline_mixed_step_ms'])} ms ({eng['num_mixed_steps']} steps); host ms at ~256 running: "
+        f"{fmt(eng['host_ms_at_256_running'], '{:.3f}')}; peak {eng['peak_concurrency']} running, "
+        f"{eng['num_preemptions']} preemptions")
