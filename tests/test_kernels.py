@@ -251,6 +251,18 @@ def test_triton_prefill_matches_reference(dtype):
 
 @needs_triton
 @needs_interp
+def test_triton_prefill_takes_the_longest_chunk_from_the_host():
+    q, k, v, t, lens, cu = make_prefill([1, 5, 20], [1, 37, 20], 6, 2, 64, torch.float32, seed=3)
+    ref = paged_attention_prefill(q, k, v, t, lens, cu, impl="triton")
+    for m in (20, 64):  # the longest chunk, or more (programs past a chunk's end do nothing)
+        assert torch.equal(paged_attention_prefill(q, k, v, t, lens, cu, impl="triton", max_q_len=m), ref)
+    for bad in (19, 0, 2.5, True):  # too short a grid would skip query rows: refused, named
+        with pytest.raises(ValueError, match="max_q_len"):
+            paged_attention_prefill(q, k, v, t, lens, cu, impl="triton", max_q_len=bad)
+
+
+@needs_triton
+@needs_interp
 @pytest.mark.parametrize(
     "q_lens,seq_lens,block_size,config",
     [

@@ -58,6 +58,9 @@ def test_vectorised_batch_equals_the_per_token_definition(seed):
         for c in pre:
             cu.append(cu[-1] + len(c.token_ids))
         assert batch.prefill_cu_seqlens_q.tolist() == cu
+        assert batch.prefill_max_q_len == max(len(c.token_ids) for c in pre)  # the grid's size, without a sync
+    else:
+        assert batch.prefill_max_q_len is None
     assert batch.input_ids.dtype == batch.positions.dtype == batch.slot_mapping.dtype == torch.int64
 
 

@@ -124,6 +124,7 @@ def pack_chunks(token_ids: Sequence[int], starts: Sequence[int], counts: Sequenc
         prefill_block_tables=table[D:, :Wp] if D < C else None,
         prefill_seq_lens=end_o[D:].astype(np.int32) if D < C else None,
         prefill_cu_seqlens_q=np.concatenate([[0], np.cumsum(n_o[D:])]).astype(np.int32) if D < C else None,
+        prefill_max_q_len=int(n_o[D:].max()) if D < C else None,
     )
 
 
@@ -137,7 +138,7 @@ def _pack_decodes(token_ids, c: np.ndarray, lens: np.ndarray, tables, B: int) ->
     return dict(input_ids=np.asarray(token_ids, dtype=np.int64), positions=c, slot_mapping=slots,
                 logits_rows=np.arange(C, dtype=np.int64), num_decodes=C, decode_block_tables=table,
                 decode_seq_lens=(c + 1).astype(np.int32), prefill_block_tables=None, prefill_seq_lens=None,
-                prefill_cu_seqlens_q=None)
+                prefill_cu_seqlens_q=None, prefill_max_q_len=None)
 
 
 _INT64 = ("input_ids", "positions", "slot_mapping", "logits_rows")
@@ -253,7 +254,7 @@ def to_forward_batch(fields: dict, tensors: dict[str, torch.Tensor | None]) -> F
         num_decodes=fields["num_decodes"], decode_block_tables=tensors["decode_block_tables"],
         decode_seq_lens=tensors["decode_seq_lens"], prefill_block_tables=tensors["prefill_block_tables"],
         prefill_seq_lens=tensors["prefill_seq_lens"], prefill_cu_seqlens_q=tensors["prefill_cu_seqlens_q"],
-        logits_rows=tensors["logits_rows"],
+        logits_rows=tensors["logits_rows"], prefill_max_q_len=fields["prefill_max_q_len"],
     )
 
 

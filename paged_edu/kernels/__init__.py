@@ -364,16 +364,24 @@ def paged_attention_prefill(
     scale: float | None = None,
     impl: str = "auto",
     validate: bool = True,
+    max_q_len: int | None = None,
 ) -> torch.Tensor:  # (num_q_tokens, num_q_heads, head_dim), q.dtype
-    """Causal attention of a chunk of new tokens per sequence over its paged KV (varlen)."""
+    """Causal attention of a chunk of new tokens per sequence over its paged KV (varlen).
+
+    ``max_q_len``, the longest chunk, is what the Triton kernel's grid needs; a caller that knows it on
+    the host (the engine's runner) passes it, else the kernel reads it off ``cu_seqlens_q`` (a sync)."""
     allowed = ("torch", "triton", "auto")
     impl = _pick(impl, q, allowed, prefill=True)
     check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, validate=validate)
+    if validate and max_q_len is not None:
+        longest = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if cu_seqlens_q.numel() > 1 else 0
+        if isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or max_q_len < longest:
+            raise ValueError(f"max_q_len={max_q_len!r}, but the longest chunk in cu_seqlens_q has {longest} tokens")
     scale = _check_scale(scale, q.shape[2])
     if impl == "torch":
         return paged_prefill_reference(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale)
     return _triton_module("triton_prefill").paged_prefill_triton(
-        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale
+        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale, max_q_len=max_q_len
     )
 
 

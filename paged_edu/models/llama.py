@@ -61,6 +61,7 @@ class ForwardBatch:
     prefill_seq_lens: torch.Tensor | None  # int32 (P,): cached prefix + chunk
     prefill_cu_seqlens_q: torch.Tensor | None  # int32 (P + 1,)
     logits_rows: torch.Tensor  # (num_chunks,) int64: the row of each chunk's last token, input order
+    prefill_max_q_len: int | None = None  # the longest prompt chunk, known on the host (None: the kernel reads it, a sync)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -181,7 +182,8 @@ class PagedAttention(nn.Module):
                                                   validate=False)
             out[Dn:] = paged_attention_prefill(q[Dn:], k_cache, v_cache, batch.prefill_block_tables,
                                                batch.prefill_seq_lens, batch.prefill_cu_seqlens_q,
-                                               scale=self.scale, impl=kernels.prefill, validate=False)
+                                               scale=self.scale, impl=kernels.prefill, validate=False,
+                                               max_q_len=batch.prefill_max_q_len)
         return self.o_proj(out.reshape(T, H * D))
 
 
