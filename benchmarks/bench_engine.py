@@ -57,6 +57,7 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
+from paged_edu.kernels.timing import compiled_variant_counter  # noqa: E402
 from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
@@ -89,8 +90,17 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
                     preemption_mode=preemption_mode, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, cuda_graphs=cuda_graphs, **(impls or {}))
     steps: list[StepMetrics] = []
-    engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
+    compiled_after: list[int] = []  # Triton kernel variants compiled so far, after each step
+    count_variants = compiled_variant_counter()
+
+    def on_event(e):
+        if isinstance(e, StepMetrics):
+            steps.append(e)
+            compiled_after.append(count_variants())
+
+    engine.subscribe(on_event)
     params = [SamplingParams(max_tokens=o) for o in outputs]
+    compiled_before = count_variants()
     sync(device)
     t0 = time.perf_counter()
     outs = engine.run(prompts, params, use_tqdm=False)
@@ -116,11 +126,16 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
         f"peak {running.max()} running, {engine.scheduler.num_preemptions} preemptions, "
         f"{engine.num_graph_steps} graph steps" + (f" (graphs failed: {engine.graph_error})" if engine.graph_error else ""))
     log("  mean step phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in phase_ms.items()))
-    speed = step_speed(steps, decode_steps, running)
+    # A step that compiled a new Triton variant (a shape, stride or split count not seen before) pays
+    # the compiler's time: step_speed counts them, and the mixed steps' mean without them.
+    new_variants = np.diff(np.array([compiled_before] + compiled_after)) > 0  # (steps,)
+    speed = step_speed(steps, decode_steps, running, new_variants)
     log(f"  host ms/step (wall - device wait): {speed['host_ms_per_step']:.3f} (decode steps "
         f"{speed['host_ms_per_decode_step']:.3f}, at ~256 running {speed['host_ms_at_256_running']}); "
         f"decode step {speed['mean_decode_step_ms']} ms vs roofline {speed['roofline_decode_step_ms']} ms, "
-        f"mixed {speed['mean_mixed_step_ms']} vs {speed['roofline_mixed_step_ms']} ms")
+        f"mixed {speed['mean_mixed_step_ms']} vs {speed['roofline_mixed_step_ms']} ms; steps that compiled a Triton "
+        f"variant {speed['steps_that_compiled']} ({speed['mixed_steps_that_compiled']} mixed), mixed step without "
+        f"them {speed['mean_mixed_step_ms_without_compiles']} ms")
     return dict(
         **speed, first_outputs=[o.outputs[0] for o in outs[:FIRST_COMPARED]],
         seconds=dt, useful_tokens=useful, tokens_per_s=useful / dt, num_requests=len(prompts), num_steps=len(steps),
@@ -140,7 +155,7 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
     )
 
 
-def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.ndarray) -> dict:
+def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.ndarray, new_variants: np.ndarray) -> dict:
     """Step times against the roofline of the same batches, and the host's share of each step.
 
     Roofline: :class:`paged_edu.sim.costmodel.CostModel` (SmolLM2-135M, H200, no overhead term), each step's
@@ -165,7 +180,9 @@ def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.n
                host_ms_per_step=ms(host, np.ones(len(steps), bool)), host_ms_per_decode_step=ms(host, decode_steps),
                host_ms_at_256_running=ms(host, near_256), num_steps_near_256_running=int(near_256.sum()),
                host_ms_decode_p50_p90_max=[round(float(np.percentile(host[decode_steps], q)) * 1e3, 4) for q in (50, 90, 100)]
-               if decode_steps.any() else None)
+               if decode_steps.any() else None,
+               steps_that_compiled=int(new_variants.sum()), mixed_steps_that_compiled=int((new_variants & mixed).sum()),
+               mean_mixed_step_ms_without_compiles=ms(dur, mixed & ~new_variants))
     for kind in ("decode", "mixed"):
         step, roofline = out[f"mean_{kind}_step_ms"], out[f"roofline_{kind}_step_ms"]
         out[f"{kind}_step_vs_roofline"] = round(step / roofline, 3) if step and roofline else None

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-__all__ = ["Timer", "copy_ceiling_us", "decode_bytes", "percentile", "random_paged_case", "rel_err", "wall_us"]
+__all__ = ["Timer", "compiled_variant_counter", "copy_ceiling_us", "decode_bytes", "percentile", "random_paged_case", "rel_err", "wall_us"]
 
 
 class Timer:
@@ -153,3 +153,18 @@ def wall_us(fn, reps: int = 3) -> tuple[float, object]:
             torch.cuda.synchronize()
         samples.append((time.perf_counter() - t0) * 1e6)
     return statistics.median(samples), out
+
+
+def compiled_variant_counter():
+    """A function returning how many kernel variants paged_edu's Triton kernels have compiled so far
+    (each ``@triton.jit`` function keeps one compiled kernel per specialisation, per device)."""
+    import importlib
+
+    fns = []
+    for name in ("triton_decode", "triton_prefill", "triton_store", "triton_fused", "triton_decode_packed"):
+        try:
+            mod = importlib.import_module(f"paged_edu.kernels.{name}")
+        except ImportError:  # no triton here (the --smoke run on a bare CPU)
+            continue
+        fns += [f for f in vars(mod).values() if hasattr(f, "device_caches")]
+    return lambda: sum(len(c[0]) for f in fns for c in f.device_caches.values())

@@ -133,7 +133,10 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
-@triton.jit
+# The table width and the split count change from one eager (mixed prefill/decode) step to the next;
+# Triton would compile a variant for every value class of an int argument (== 1, divisible by 16,
+# other), a compile in the middle of a step. They only index memory here, so no specialisation.
+@triton.jit(do_not_specialize=["num_splits", "stride_bt_seq"])
 def _paged_decode_kernel(
     q_ptr,  # (num_seqs, num_q_heads, head_dim)
     k_cache_ptr,  # (num_blocks, B, num_kv_heads, head_dim)
@@ -240,7 +243,7 @@ def _paged_decode_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _merge_splits_kernel(
     part_o_ptr,  # fp32 (num_seqs, num_q_heads, num_splits, HEAD_DIM_PAD)
     part_lse_ptr,  # fp32 (num_seqs, num_q_heads, num_splits)

@@ -128,7 +128,7 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt_seq"])  # the table width changes every step (see triton_decode)
 def _paged_prefill_kernel(
     q_ptr,  # (num_q_tokens, num_q_heads, head_dim)
     k_cache_ptr,  # (num_blocks, B, num_kv_heads, head_dim)
