@@ -117,8 +117,18 @@ def h200_engine_summary(path: str | None = None) -> dict:
     with open(path or os.path.join(FIGURES, "engine_bench.json"), encoding="utf-8") as f:
         bench = json.load(f)
     e = bench["engine"]
-    return {"device": bench["device_name"], "tokens_per_s": e["tokens_per_s"], "num_steps": e["num_steps"],
-            "mean_decode_step_ms": e["mean_decode_step_ms"], "ttft_p50_s": e["ttft_p50"],
-            "preemptions": e["num_preemptions"], "mean_concurrency": e["mean_concurrency"],
-            "kv_tokens": bench["kv_budget"]["tokens"], "block_size": bench["kv_budget"]["block_size"],
-            "num_requests": bench["workload"]["num_requests"]}
+    out = {"device": bench["device_name"], "tokens_per_s": e["tokens_per_s"], "num_steps": e["num_steps"],
+           "mean_decode_step_ms": e["mean_decode_step_ms"], "ttft_p50_s": e["ttft_p50"],
+           "preemptions": e["num_preemptions"], "mean_concurrency": e["mean_concurrency"],
+           "kv_tokens": bench["kv_budget"]["tokens"], "block_size": bench["kv_budget"]["block_size"],
+           "num_requests": bench["workload"]["num_requests"]}
+    # Runs since issue 14 also split the decode step (host work / waiting for the GPU), give its
+    # roofline, and ran transformers' continuous batching beside the engine.
+    for key in ("roofline_decode_step_ms", "host_ms_per_decode_step", "device_wait_ms_per_decode_step",
+                "mean_decode_phase_ms", "mean_mixed_step_ms", "num_mixed_steps", "share_of_steps_with_graph"):
+        if key in e:
+            out[key] = e[key]
+    for peer in ("transformers_cb_graphs", "transformers_cb_default"):
+        if isinstance(bench.get(peer), dict) and "tokens_per_s" in bench[peer]:
+            out[f"{peer}_tokens_per_s"] = bench[peer]["tokens_per_s"]
+    return out

@@ -110,3 +110,24 @@ def engine_metrics_figure(history: list) -> go.Figure:
     fig.update_xaxes(title_text="step")
     fig.update_layout(height=300, margin={"t": 40, "b": 40}, legend={"orientation": "h", "y": -0.3})
     return fig
+
+
+def h200_step_figure(now: dict, before: dict) -> go.Figure:
+    """The mean decode step of the stored H200 engine benchmarks (``sim_vs_real.h200_engine_summary``
+    of the run ``now`` and of one ``before`` it): the host's work and the wait for the GPU, stacked,
+    next to the cost model's roofline for the same batches."""
+    names = ["roofline (same batches)", "engine now", "engine before"]
+    host, wait = now["host_ms_per_decode_step"], now["device_wait_ms_per_decode_step"]
+    fig = go.Figure([
+        go.Bar(y=names, x=[now["roofline_decode_step_ms"], 0, 0], orientation="h", name="roofline",
+               marker_color="#111"),
+        go.Bar(y=names, x=[0, wait, 0], orientation="h", name="waiting for the GPU", marker_color=PHASE_COLORS["forward"]),
+        go.Bar(y=names, x=[0, host, 0], orientation="h", name="host work (schedule, prepare, launch, update)",
+               marker_color=PHASE_COLORS["prepare"]),
+        go.Bar(y=names, x=[0, 0, before["mean_decode_step_ms"]], orientation="h", name="before (not split)",
+               marker_color="#bbb"),
+    ])
+    fig.update_layout(barmode="stack", height=260, xaxis_title="ms per decode step", margin={"t": 50, "b": 40},
+                      title=f"Mean decode step on the {now['device']}: {now['tokens_per_s']:,.0f} vs "
+                            f"{before['tokens_per_s']:,.0f} useful tok/s", legend={"orientation": "h", "y": -0.45})
+    return fig
