@@ -286,3 +286,17 @@ def test_no_answer_crashes_a_check(name, answer):
     verdict = ex.check(name, answer)
     assert not verdict and str(verdict).startswith("[ ]")
     assert f"Exercise {name}" in ex.solution(name)
+
+
+def test_a_measured_total_and_the_pool_really_allocated():
+    g = MODEL_TABLE["SmolLM2-135M"]
+    total = int((g.num_params * 2 + 50e6) / 0.9)  # leaves 50 MB at 0.9
+    t = sf.translate("vllm serve HuggingFaceTB/SmolLM2-135M --max-model-len 256", gpu="t4", total_bytes=total)
+    per_block = 16 * 2 * 30 * 3 * 64 * 2
+    assert t.total_bytes == total and t.num_blocks == int((0.9 * total - g.num_params * 2) // per_block)
+    cache = sf.allocate_pool(t, "cpu")
+    assert cache.num_blocks == t.num_blocks and cache.nbytes == t.num_blocks * t.block_bytes
+    fp8 = sf.translate("vllm serve HuggingFaceTB/SmolLM2-135M --max-model-len 256 --kv-cache-dtype fp8", gpu="t4",
+                       total_bytes=total)
+    with pytest.raises(ValueError, match="--kv-cache-dtype: allocate_pool builds"):
+        sf.allocate_pool(fp8, "cpu")

@@ -55,7 +55,7 @@ from dataclasses import dataclass, replace
 
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, ModelGeometry
 
-__all__ = ["FLAGS", "VLLM_SOURCE", "ServeFlags", "Translation", "model_for", "parse_vllm_serve", "simulate_flags",
+__all__ = ["FLAGS", "VLLM_SOURCE", "ServeFlags", "Translation", "allocate_pool", "model_for", "parse_vllm_serve", "simulate_flags",
            "translate"]
 
 VLLM_SOURCE = "vLLM v0.11 (vllm-project/vllm main, late 2025: vllm/config/cache.py, vllm/engine/arg_utils.py)"
@@ -85,6 +85,8 @@ class ServeFlags:
         tokens = self.max_num_batched_tokens or (8192 if big else 2048)
         seqs = self.max_num_seqs or min(1024 if big else 256, tokens)
         length = self.max_model_len or geometry.max_position_embeddings
+        if not length:
+            raise ValueError(f"--max-model-len: the model table has no context length for {geometry.name}; give one")
         if self.max_model_len and geometry.max_position_embeddings and length > geometry.max_position_embeddings:
             raise ValueError(f"--max-model-len: User-specified max_model_len ({length}) is greater than the derived "
                              f"max_model_len (max_position_embeddings={geometry.max_position_embeddings} in "
@@ -244,6 +246,7 @@ class Translation:
     flags: ServeFlags  # resolved: every default filled in
     model: str
     gpu: str
+    total_bytes: int  # the GPU's memory: the table's, or a measured figure
     kv_dtype: str  # the memory model's dtype name of the cache
     bytes_per_token: int  # M_KV
     block_bytes: int  # B * M_KV
@@ -272,7 +275,7 @@ class Translation:
         gib = 2**30
         return [
             ("--gpu-memory-utilization", f"{f.gpu_memory_utilization:g}",
-             f"KV budget = {f.gpu_memory_utilization:g} x {GPU_TABLE[self.gpu].memory_bytes / gib:.1f} GiB - "
+             f"KV budget = {f.gpu_memory_utilization:g} x {self.total_bytes / gib:.1f} GiB - "
              f"{self.weight_bytes / gib:.1f} GiB weights = {self.budget_bytes / gib:.2f} GiB"),
             ("--kv-cache-dtype", f.kv_cache_dtype, f"{self.kv_dtype}: M_KV = {self.bytes_per_token:,} bytes per token"),
             ("--block-size", str(f.block_size),
@@ -299,17 +302,20 @@ class Translation:
 _KV_DTYPE = {"bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "fp8_inc": "fp8"}
 
 
-def _cost_model(geometry: ModelGeometry, gpu_key: str, kv_dtype: str):
+def _cost_model(geometry: ModelGeometry, gpu_key: str, kv_dtype: str, total_bytes: int | None = None):
     from paged_edu.core.memory import DTYPE_BYTES
     from paged_edu.sim.costmodel import CostModel, ModelSpec
 
     model = replace(ModelSpec.from_geometry(geometry), kv_dtype_bytes=DTYPE_BYTES[kv_dtype])
-    return CostModel(model=model, gpu=GPU_TABLE[gpu_key])
+    gpu = GPU_TABLE[gpu_key] if total_bytes is None else replace(GPU_TABLE[gpu_key], memory_bytes=int(total_bytes))
+    return CostModel(model=model, gpu=gpu)
 
 
-def translate(flags: ServeFlags | str, model: str | None = None, gpu: str = "h200") -> Translation:
+def translate(flags: ServeFlags | str, model: str | None = None, gpu: str = "h200",
+              total_bytes: int | None = None) -> Translation:
     """``flags`` (or a command line) on model ``model`` (a :data:`MODEL_TABLE` name or key; default:
-    the one the command names) and GPU ``gpu`` (a :data:`GPU_TABLE` key)."""
+    the one the command names) and GPU ``gpu`` (a :data:`GPU_TABLE` key); ``total_bytes`` replaces
+    the table's memory with a measured figure (``torch.cuda.mem_get_info()[1]``)."""
     from paged_edu.cache.sizing import num_blocks_for_budget
 
     if isinstance(flags, str):
@@ -322,7 +328,8 @@ def translate(flags: ServeFlags | str, model: str | None = None, gpu: str = "h20
     spec = replace(geometry.kv_spec, dtype=kv_dtype)
     weights = geometry.num_params * geometry.dtype_bytes  # every weight, as it sits in memory
     try:
-        budget = _cost_model(geometry, gpu, kv_dtype).kv_budget_bytes(flags.gpu_memory_utilization, weights)
+        cost = _cost_model(geometry, gpu, kv_dtype, total_bytes)
+        budget = cost.kv_budget_bytes(flags.gpu_memory_utilization, weights)
     except ValueError as exc:
         raise ValueError(f"--gpu-memory-utilization={flags.gpu_memory_utilization:g}: {exc}") from None
     block_bytes = spec.block_bytes(flags.block_size)
@@ -333,7 +340,7 @@ def translate(flags: ServeFlags | str, model: str | None = None, gpu: str = "h20
     except ValueError as exc:
         raise ValueError(f"--max-model-len / --gpu-memory-utilization: to serve at least one request of "
                          f"max_model_len={flags.max_model_len} ({exc})") from None
-    return Translation(flags, geometry.name, gpu, kv_dtype, spec.bytes_per_token, block_bytes, weights, budget,
+    return Translation(flags, geometry.name, gpu, cost.gpu.memory_bytes, kv_dtype, spec.bytes_per_token, block_bytes, weights, budget,
                        num_blocks, int(flags.swap_space * GiB // block_bytes))
 
 
@@ -357,4 +364,21 @@ def simulate_flags(translation: Translation, workload: str = "multiturn", num_re
     config = SimConfig(manager="paged-prefix" if f.enable_prefix_caching else "paged", block_size=f.block_size,
                        num_kv_slots=translation.kv_tokens, max_seq_len=f.max_model_len, max_num_seqs=f.max_num_seqs,
                        max_num_batched_tokens=f.max_num_batched_tokens)
-    return simulate(requests, config, _cost_model(geometry, translation.gpu, translation.kv_dtype))
+    return simulate(requests, config, _cost_model(geometry, translation.gpu, translation.kv_dtype,
+                                                  translation.total_bytes))
+
+
+def allocate_pool(translation: Translation, device):
+    """The pool the flags leave, really allocated: a :class:`~paged_edu.cache.kv_cache.PagedKVCache` of
+    ``translation.num_blocks`` blocks on ``device`` (a cache in the model's own dtype; fp8 is not
+    allocated here). Meant for a GPU whose memory the translation was made with."""
+    import torch
+
+    from paged_edu.cache.kv_cache import PagedKVCache
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if translation.kv_dtype not in dtypes:
+        raise ValueError(f"--kv-cache-dtype: allocate_pool builds {sorted(dtypes)} caches, not {translation.kv_dtype}")
+    g = MODEL_TABLE[translation.model]
+    return PagedKVCache(g.num_layers, translation.num_blocks, translation.flags.block_size, g.num_kv_heads, g.head_dim,
+                        dtype=dtypes[translation.kv_dtype], device=device)

@@ -65,7 +65,7 @@ class FlagsExplorer:
         gib = 2**30
         kv = t.num_blocks * t.block_bytes
         with self.memory.batch_update():
-            for trace, value in zip(self.memory.data, (t.weight_bytes, kv, gpu.memory_bytes - t.weight_bytes - kv)):
+            for trace, value in zip(self.memory.data, (t.weight_bytes, kv, t.total_bytes - t.weight_bytes - kv)):
                 trace.x = [value / gib]
             self.memory.layout.title.text = (f"{t.model} on {gpu.label}: {t.num_blocks:,} blocks of "
                                              f"{t.flags.block_size} tokens, max concurrency {t.max_concurrency:.1f}x")
