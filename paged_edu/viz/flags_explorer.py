@@ -23,7 +23,7 @@ from paged_edu.viz.widgets import _figure_widget
 
 __all__ = ["DEFAULT_COMMAND", "FlagsExplorer", "WORKLOADS"]
 
-DEFAULT_COMMAND = "vllm serve meta-llama/Meta-Llama-3-8B-Instruct --gpu-memory-utilization 0.9 --max-model-len 8192"
+DEFAULT_COMMAND = "vllm serve meta-llama/Meta-Llama-3-8B-Instruct --gpu-memory-utilization 0.9"
 WORKLOADS = ("multiturn", "fewshot", "agents", "sharegpt")
 FROM_COMMAND = "as in the command"
 PARTS = (("weights", IDLE), ("KV pool", OKABE_ITO["blue"]), ("the rest", EVICTABLE))
@@ -85,7 +85,8 @@ class FlagsExplorer:
         fig = go.Figure()
         for name, color in PARTS:
             fig.add_bar(y=["GPU memory"], x=[0], orientation="h", name=name, marker_color=color)
-        fig.update_layout(barmode="stack", xaxis_title="GiB", height=220, width=760, title="")
+        fig.update_layout(barmode="stack", xaxis_title="GiB", height=260, width=760, title="",
+                          legend=dict(orientation="h", yanchor="top", y=-0.45))
         return fig
 
     def _ttft_figure(self) -> go.Figure:
