@@ -40,6 +40,9 @@ Where the defaults and the checks come from -- vLLM v0.11 (the stored snapshot o
   serve at least one request with the models's max seq len ..." when not even that fits.
 * ``--max-model-len`` defaults to the model's ``max_position_embeddings``; a larger value is refused
   ("User-specified max_model_len ... is greater than the derived max_model_len", ``ModelConfig``).
+* Newer than these: the later snapshot of ``vllm/config/cache.py`` (002f10e) raises the default
+  ``gpu_memory_utilization`` to 0.92, adds ``float16`` and several 4-/8-bit formats to
+  ``CacheDType``, and has no ``swap_space`` field; the translator keeps to v0.11.
 * Swap: the V1 engine preempts by recomputation ("Preempted requests are recomputed",
   https://docs.vllm.ai/en/v0.10.1.1/configuration/optimization.html), so the simulated run
   recomputes; the CPU blocks ``--swap-space`` would give are reported (our engine's swap mode).
