@@ -92,3 +92,20 @@ def test_rows_and_bad_inputs():
             plan_kv_per_gpu(**kwargs)
     assert geometry("Llama-3-70B") is geometry("llama-3-70b")
     assert KVSpec("x", 2, 2, 8).per_gpu(2).num_kv_heads == 1
+
+
+def test_lesson_table_and_cited_claims():
+    import re
+
+    from paged_edu.lessons.past_one_gpu import MULTI_GPU_CLAIMS, kv_per_gpu_rows, kv_per_gpu_table_html, \
+        kv_per_gpu_table_markdown, multi_gpu_markdown
+
+    rows = kv_per_gpu_rows(models=("Llama-3-70B",), tensor_parallel_sizes=(1, 8), kv_cache_dtypes=(None,))
+    assert rows[0][-2:] == ("weights do not fit", "-")
+    assert rows[1][5] == "40,960" and rows[1][-1] == f"{plan_kv_per_gpu('llama-3-70b', tensor_parallel_size=8).num_tokens:,}"
+    md = kv_per_gpu_table_markdown(models=("Llama-3-8B",), tensor_parallel_sizes=(16,), kv_cache_dtypes=(None,))
+    assert "| 1 | 2 | 16,384 |" in md  # one head per GPU, each head on two GPUs
+    assert kv_per_gpu_table_html().count("<tr>") == 1 + 2 * 4 * 2
+    source = re.compile(r"^([\w.-]+/[\w.-]+:[\w./-]+( \(.+\))?|https?://\S+)$")
+    assert MULTI_GPU_CLAIMS and all(c.text and source.match(c.source) for c in MULTI_GPU_CLAIMS)
+    assert multi_gpu_markdown().count("\n- ") == len(MULTI_GPU_CLAIMS) - 1
