@@ -99,10 +99,13 @@ CONCEPTS: tuple[Concept, ...] = (
             (C("vLLM evicts single blocks off one queue; SGLang evicts tree leaves, so a prefix shrinks from its end",
                S_RADIX + " (RadixCache.evict)"),)),
     Concept("prefix-cache metrics", "3", ("paged_edu.core.block_pool:PrefixCacheStats",),
-            (C("Prometheus counters vllm:prefix_cache_queries and vllm:prefix_cache_hits, in tokens",
+            (C("Prometheus counters vllm:prefix_cache_queries ('Prefix cache queries, in terms of number of queried "
+               "tokens') and vllm:prefix_cache_hits ('... number of cached tokens'); vllm:num_preemptions beside them",
                V + "vllm/v1/metrics/loggers.py"),),
-            (C("RadixCache.init_metrics_collector when metrics are enabled; the metric names: not found",
-               S_RADIX + " (RadixCache.__init__)"),)),
+            (C("a gauge sglang:cache_hit_rate, 'The prefix cache hit rate'",
+               S + "python/sglang/srt/metrics/collector.py"),),
+            (C("vLLM exports two token counters (the rate is their ratio over a window); SGLang a ready-made rate",
+               V + "vllm/v1/metrics/loggers.py"),)),
     Concept("copy-on-write", "3", ("paged_edu.core.allocator:BlockAllocator.take_copies",),
             (C("not found in vllm/v1/core: 'we only cache full blocks', and a partly filled block is never "
                "shared -- each of n samples is its own request (ParentRequest, child ids f'{index}_{request_id}', "
