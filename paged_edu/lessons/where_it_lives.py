@@ -156,7 +156,9 @@ CONCEPTS: tuple[Concept, ...] = (
     Concept("CUDA graphs", "5", ("paged_edu.engine.runner:DecodeCudaGraphs",),
             (C("CompilationConfig's CUDAGraphMode: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE",
                V + "vllm/config/compilation.py (CUDAGraphMode)"),),
-            (C("CudaGraphRunner captures and replays decode batches", S + "python/sglang/srt/model_executor/cuda_graph_runner.py (CudaGraphRunner)"),)),
+            (C("CudaGraphRunner.capture records one graph per batch size in capture_bs; replay pads a batch up to "
+               "the next captured size (bisect over capture_bs)",
+               S + "python/sglang/srt/model_executor/cuda_graph_runner.py (CudaGraphRunner.capture, replay_prepare)"),)),
     Concept("prefix-aware scheduling (LPM)", "7", ("paged_edu.engine.policy:LongestPrefixFirst",),
             (C("SchedulerConfig.policy is 'fcfs' or 'priority': no cache-aware order found",
                V + "vllm/config/scheduler.py (SchedulerPolicy)"),),
