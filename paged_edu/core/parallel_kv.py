@@ -11,8 +11,9 @@ tokens of *every* running sequence, restricted to the GPU's KV heads and layers
 
 ``reserve`` is what vLLM's profiling forward pass measures beside the weights (activations, CUDA
 graphs); we take it as an input. The block tables are the same on every GPU -- one scheduler
-drives all ranks (vLLM makes every worker's ``kv_cache_config`` agree, ``EngineCore._initialize_kv_caches``)
--- so the deployment holds as many tokens as one GPU's pool. Plain Python, no torch.
+drives all ranks (vLLM's ``EngineCore._initialize_kv_caches`` builds one scheduler KV config from all
+workers', and ``generate_scheduler_kv_cache_config`` asserts they have the same ``num_blocks``) -- so
+the deployment holds as many tokens as one GPU's pool. Plain Python, no torch.
 """
 
 from __future__ import annotations

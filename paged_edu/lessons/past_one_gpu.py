@@ -28,7 +28,9 @@ MULTI_GPU_CLAIMS: tuple[Claim, ...] = (
           "https://docs.vllm.ai/en/v0.5.1/serving/distributed_serving.html"),
     Claim("vLLM v1's RayExecutorV2 reuses MultiprocExecutor's message-queue control plane and NCCL data "
           "plane, with the workers as Ray actors", "https://docs.vllm.ai/en/v0.25.0/api/vllm/v1/executor/ray_executor_v2/"),
-    Claim("one scheduler drives every worker, so vLLM makes the workers' KV cache configs (and block counts) agree",
+    Claim("one scheduler drives every worker: EngineCore measures each worker's free memory, builds their KV "
+          "cache configs together (get_kv_cache_configs) and one scheduler config from them "
+          "(generate_scheduler_kv_cache_config, which asserts every worker has the same num_blocks)",
           "vllm-project/vllm:vllm/v1/engine/core.py (EngineCore._initialize_kv_caches)"),
     Claim("SGLang's parallel flags: --tp-size (--tensor-parallel-size), --dp-size (--data-parallel-size), "
           "--ep-size (--expert-parallel-size) for MoE experts, --enable-dp-attention",
