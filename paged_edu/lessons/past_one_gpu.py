@@ -35,6 +35,10 @@ MULTI_GPU_CLAIMS: tuple[Claim, ...] = (
     Claim("SGLang's parallel flags: --tp-size (--tensor-parallel-size), --dp-size (--data-parallel-size), "
           "--ep-size (--expert-parallel-size) for MoE experts, --enable-dp-attention",
           "https://docs.sglang.io/cookbook/base/reference/server_arguments"),
+    Claim("SGLang's ServerArgs: tp_size, pp_size, dp_size; nnodes, node_rank and dist_init_addr ('The host address "
+          "for initializing distributed backend'); dist_timeout 'for torch.distributed initialization'; nccl_port "
+          "'for NCCL distributed environment setup'",
+          "sgl-project/sglang:python/sglang/srt/server_args.py (ServerArgs)"),
     Claim("SGLang across nodes: the same launch on every node with --dist-init-addr (the first node's ip:port), "
           "--nnodes and --node-rank, e.g. --tp 16 over two 8-GPU nodes",
           "https://docs.sglang.io/references/multi_node_deployment/multi_node.html"),

@@ -27,6 +27,7 @@ S_RADIX = S + "python/sglang/srt/mem_cache/radix_cache.py"
 S_BATCH = S + "python/sglang/srt/managers/schedule_batch.py"
 S_POLICY = S + "python/sglang/srt/managers/schedule_policy.py"
 S_POOL = S + "python/sglang/srt/mem_cache/memory_pool.py"
+S_ARGS = S + "python/sglang/srt/server_args.py"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,9 @@ CONCEPTS: tuple[Concept, ...] = (
              C("cached_block_hash_to_block maps a hash to cached blocks (in use or free); allocating a cached "
                "free block evicts it", V + "vllm/v1/core/block_pool.py (BlockPool._maybe_evict_cached_block)")),
             (C("RadixCache.evict frees unlocked leaves; eviction_policy lru, lfu, fifo, mru, filo or priority",
-               S_RADIX + " (RadixCache.__init__, EvictionStrategy)"),),
+               S_RADIX + " (RadixCache.__init__, EvictionStrategy)"),
+             C("--radix-eviction-policy lru (default), lfu, slru, priority in a newer server_args",
+               S_ARGS + " (ServerArgs.radix_eviction_policy)")),
             (C("vLLM evicts single blocks off one queue; SGLang evicts tree leaves, so a prefix shrinks from its end",
                S_RADIX + " (RadixCache.evict)"),)),
     Concept("prefix-cache metrics", "3", ("paged_edu.core.block_pool:PrefixCacheStats",),
@@ -131,7 +134,9 @@ CONCEPTS: tuple[Concept, ...] = (
                "recompute is always used'", "https://github.com/vllm-project/vllm/issues/18115")),
             (C("ScheduleBatch.retract_decode: when a decode step lacks memory, retract requests with the fewest "
                "output tokens (then the longest inputs) first, free their uncached slots, dec_lock_ref, "
-               "reset_for_retract: recomputed later, the cached part hit in the tree", S_BATCH + " (ScheduleBatch.retract_decode)"),)),
+               "reset_for_retract: recomputed later, the cached part hit in the tree", S_BATCH + " (ScheduleBatch.retract_decode)"),
+             C("--retraction-policy length (default: 'retracts short-output, long-input requests first') or priority",
+               S_ARGS + " (ServerArgs.retraction_policy)"))),
     Concept("swap space (CPU)", "6", ("paged_edu.engine.swap:SwapSpace",),
             (C("v0's CacheConfig.swap_space = 4 'Size of the CPU swap space per GPU (in GiB)'; the stored "
                "vllm/config/cache.py has no swap_space, and CPU memory serves KV offloading instead: "
@@ -146,7 +151,9 @@ CONCEPTS: tuple[Concept, ...] = (
             (C("SchedulerConfig.enable_chunked_prefill (True in the stored version): prefills chunked to the "
                "remaining max_num_batched_tokens; max_num_partial_prefills, long_prefill_token_threshold",
                V + "vllm/config/scheduler.py (SchedulerConfig)"),),
-            (C("ServerArgs.chunked_prefill_size (and enable_mixed_chunk)", S + "python/sglang/srt/server_args.py (ServerArgs)"),)),
+            (C("--chunked-prefill-size: 'The maximum number of tokens in a chunk for the chunked prefill. Setting "
+               "this to -1 means disabling chunked prefill'; --enable-mixed-chunk mixes prefill and decode in a batch",
+               S_ARGS + " (ServerArgs.chunked_prefill_size, enable_mixed_chunk)"),)),
     Concept("paged decode kernel", "4", ("paged_edu.kernels:paged_attention_decode",
                                          "paged_edu.kernels.triton_decode:paged_attention_triton"),
             (C("the paper's CUDA kernels", V + "csrc/attention/paged_attention_v1.cu"),
@@ -164,10 +171,13 @@ CONCEPTS: tuple[Concept, ...] = (
                V + "vllm/config/scheduler.py (SchedulerPolicy)"),),
             (C("CacheAwarePolicy LPM, DFS_WEIGHT; CacheAgnosticPolicy FCFS, LOF, RANDOM (newer versions add more)",
                S_POLICY + " (CacheAwarePolicy, CacheAgnosticPolicy)"),
-             C("above 128 waiting requests LPM falls back to FCFS", S_POLICY + " (SchedulePolicy._determine_active_policy)"))),
+             C("above 128 waiting requests LPM falls back to FCFS", S_POLICY + " (SchedulePolicy._determine_active_policy)"),
+             C("--schedule-policy: lpm, random, fcfs, dfs-weight, lof, priority, routing-key; default fcfs",
+               S_ARGS + " (ServerArgs.schedule_policy)"))),
     Concept("radix tree", "7", ("paged_edu.core.radix_tree:RadixTree", "paged_edu.core.radix_cache:RadixAllocator"),
             (C("none: 'vLLM chooses a hash-based approach'", V_DOC),),
-            (C("RadixCache(BasePrefixCache) over TreeNode (children, key, value = KV indices, lock_ref, "
+            (C("on by default: --disable-radix-cache defaults to False", S_ARGS + " (ServerArgs.disable_radix_cache)"),
+             C("RadixCache(BasePrefixCache) over TreeNode (children, key, value = KV indices, lock_ref, "
                "last_access_time, hit_count); match_prefix splits a node where a match ends inside an edge; "
                "cache_finished_req inserts a finished request", S_RADIX + " (RadixCache, TreeNode)"),)),
     Concept("KV heads under tensor parallelism", "8", ("paged_edu.core.memory:kv_heads_per_rank",
