@@ -125,7 +125,7 @@ CONCEPTS: tuple[Concept, ...] = (
                "a FIXME notes num_computed_tokens is 0 on each new request", V + "vllm/beam_search.py (BeamSearchSequence)")),
             (C("parallel sampling first sends each prompt with max_new_tokens = 0 ('Cache the common prefix for "
                "parallel sampling'), then the n samples", S + "python/sglang/srt/managers/tokenizer_manager.py "
-               "(TokenizerManager._handle_batch_request)"),)),
+               "(TokenizerManager, the parallel-sampling path)"),)),
     Concept("preemption (recompute)", "6", ("paged_edu.engine.scheduler:Scheduler.schedule",),
             (C("_preempt_request frees the request's blocks, sets PREEMPTED, num_computed_tokens = 0 and puts it "
                "at the front of the waiting queue; under FCFS the victim is self.running.pop()",
@@ -143,7 +143,7 @@ CONCEPTS: tuple[Concept, ...] = (
                "kv_offloading_size (GiB) with kv_offloading_backend native | lmcache",
                V + "vllm/config/cache.py (CacheConfig.kv_offloading_size)"),),
             (C("hierarchical cache: a tree node may also hold host_value (KV in host memory) and is 'backuped'; "
-               "HiRadixCache runs it", S_RADIX + " (TreeNode.host_value); " + S + "python/sglang/srt/mem_cache/hiradix_cache.py"),
+               "HiRadixCache(RadixCache) runs it", S_RADIX + " (TreeNode.host_value); " + S + "python/sglang/srt/mem_cache/hiradix_cache.py (HiRadixCache)"),
              C("SchedulePolicy takes enable_hierarchical_cache", S_POLICY + " (SchedulePolicy.__init__)")),
             (C("both move cached *prefixes* to host memory rather than swapping a preempted request in and out",
                V + "vllm/config/cache.py (kv_offloading_backend)"),)),
