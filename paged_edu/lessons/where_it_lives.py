@@ -180,6 +180,19 @@ CONCEPTS: tuple[Concept, ...] = (
              C("RadixCache(BasePrefixCache) over TreeNode (children, key, value = KV indices, lock_ref, "
                "last_access_time, hit_count); match_prefix splits a node where a match ends inside an edge; "
                "cache_finished_req inserts a finished request", S_RADIX + " (RadixCache, TreeNode)"),)),
+    Concept("KV budget (gpu_memory_utilization)", "1, 6", ("paged_edu.cache.sizing:kv_budget_from_free_memory",),
+            (C("CacheConfig.gpu_memory_utilization (0.92 in the stored version, 0.9 in older ones), 'a per-instance "
+               "limit'; kv_cache_memory_bytes, when set, sizes the cache per GPU and ignores it",
+               V + "vllm/config/cache.py (CacheConfig)"),),
+            (C("--mem-fraction-static: 'The fraction of the memory used for static allocation (model weights and KV "
+               "cache memory pool)'; --max-total-tokens caps the pool", S_ARGS + " (ServerArgs.mem_fraction_static)"),),
+            (C("SGLang's fraction is of weights plus KV pool; vLLM's is of the GPU memory 'to be used for the model "
+               "executor', of which the KV cache gets what the profiled forward pass leaves",
+               V + "vllm/config/cache.py (CacheConfig.gpu_memory_utilization)"),)),
+    Concept("KV-cache dtype (fp8)", "1, 8", ("paged_edu.core.memory:KVSpec.per_gpu",),
+            (C("--kv-cache-dtype: auto (the model's dtype), float16, bfloat16, fp8 (= fp8_e4m3), fp8_e5m2 and more",
+               V + "vllm/config/cache.py (CacheConfig.cache_dtype)"),),
+            (C("--kv-cache-dtype: auto, fp8_e5m2, fp8_e4m3, mxfp8, bf16, nvfp4 and more", S_ARGS + " (ServerArgs.kv_cache_dtype)"),)),
     Concept("KV heads under tensor parallelism", "8", ("paged_edu.core.memory:kv_heads_per_rank",
                                                        "paged_edu.core.memory:KVSpec.per_gpu"),
             (C("get_num_kv_heads: max(1, total_num_kv_heads // tensor_parallel_size), replicated when fewer "
