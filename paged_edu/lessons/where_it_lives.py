@@ -253,13 +253,18 @@ def concept_table_markdown(concepts: tuple[Concept, ...] = CONCEPTS) -> str:
 
 def concept_table_html(concepts: tuple[Concept, ...] = CONCEPTS) -> str:
     """An HTML table (for ``IPython.display.HTML``); sources in small print under each claim."""
+    wrap = "style='word-break:break-all'"
+
     def cell(claims):
-        return "".join(f"<p>{html.escape(c.text)}<br><small><code>{html.escape(c.source)}</code></small></p>"
+        return "".join(f"<p>{html.escape(c.text)}<br><small><code {wrap}>{html.escape(c.source)}</code></small></p>"
                        for c in claims)
+    widths = (9, 4, 16, 26, 26, 19)  # percent, one per column of _HEAD
+    cols = "".join(f"<col style='width:{w}%'>" for w in widths)
     head = "".join(f"<th style='text-align:left'>{h}</th>" for h in _HEAD)
     body = []
     for c in concepts:
-        ours = "<br>".join(f"<code>{html.escape(p)}</code>" for p in c.paged_edu)
+        ours = "<br>".join(f"<code {wrap}>{html.escape(p)}</code>" for p in c.paged_edu)
         body.append(f"<tr style='vertical-align:top'><td><b>{html.escape(c.concept)}</b></td><td>{c.lessons}</td>"
                     f"<td>{ours}</td><td>{cell(c.vllm)}</td><td>{cell(c.sglang)}</td><td>{cell(c.differs)}</td></tr>")
-    return f"<table>{head and '<tr>' + head + '</tr>'}{''.join(body)}</table>"
+    return (f"<table style='table-layout:fixed;width:100%;font-size:12px'><colgroup>{cols}</colgroup>"
+            f"<tr>{head}</tr>{''.join(body)}</table>")
