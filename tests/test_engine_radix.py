@@ -142,6 +142,23 @@ def test_radix_engine_under_preemption(model):
             seen.append(tokens)
 
 
+@pytest.mark.parametrize("extra", [dict(preemption_mode="swap"), dict(max_num_batched_tokens=8)],
+                         ids=["swap", "chunked-prefill-8"])
+def test_radix_engine_with_swap_and_with_small_chunks(model, extra):
+    """The other protocol paths: preemption by swapping (a swapped-in sequence is re-allocated on the
+    radix cache without counting hits) and prompts computed over several steps (a block joins the
+    tree only once computed). Outputs identical to the no-cache oracle, pools left empty."""
+    results = {}
+    for name, allocator in allocators(14).items():
+        engine = engine_on(model, allocator, **extra)
+        results[name] = run_chats(engine, num_chats=4, num_turns=3, max_new_tokens=6)
+        assert_empty(engine)
+        assert (allocator.stats.hit_tokens > 0) == (name != "none")
+        if "preemption_mode" in extra:
+            assert engine.num_blocks_swapped_out > 0 and engine.num_blocks_swapped_in > 0
+    assert results["radix"] == results["hash"] == results["none"]
+
+
 def test_later_turns_hit_the_whole_previous_conversation(model):
     """Turn t + 1 of a chat hits every full block of turn t's prompt and reply (roomy pool)."""
     allocator = RadixAllocator(96, BLOCK_SIZE, cache_when_computed=True)
