@@ -130,7 +130,7 @@ CONCEPTS: tuple[Concept, ...] = (
             (C("_preempt_request frees the request's blocks, sets PREEMPTED, num_computed_tokens = 0 and puts it "
                "at the front of the waiting queue; under FCFS the victim is self.running.pop()",
                V_SCHED + " (Scheduler._preempt_request, Scheduler.schedule)"),
-             C("'--preemption-mode is not supported by the V1 Engine'; maintainer: 'the V1 behaviour is that "
+             C("'--preemption-mode is not supported by the V1 Engine'; maintainer: 'I believe that the V1 behaviour is that "
                "recompute is always used'", "https://github.com/vllm-project/vllm/issues/18115")),
             (C("ScheduleBatch.retract_decode: when a decode step lacks memory, retract requests with the fewest "
                "output tokens (then the longest inputs) first, free their uncached slots, dec_lock_ref, "
