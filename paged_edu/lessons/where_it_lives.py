@@ -196,7 +196,7 @@ CONCEPTS: tuple[Concept, ...] = (
     Concept("KV heads under tensor parallelism", "8", ("paged_edu.core.memory:kv_heads_per_rank",
                                                        "paged_edu.core.memory:KVSpec.per_gpu"),
             (C("get_num_kv_heads: max(1, total_num_kv_heads // tensor_parallel_size), replicated when fewer "
-               "heads than ranks; 1 for MLA", V + "vllm/config/model.py (ModelConfig.get_num_kv_heads)"),
+               "heads than ranks; 1 for MLA", V + "vllm/config/model.py (ModelConfig.get_num_kv_heads); " + V + "vllm/config.py (ModelConfig.get_num_kv_heads, before the config split)"),
              C("QKVParallelLinear: num_kv_head_replicas = divide(tp_size, total_num_kv_heads) when tp >= heads",
                V + "vllm/model_executor/layers/linear.py (QKVParallelLinear)")),
             (C("get_num_kv_heads: max(1, total_num_kv_heads // tensor_parallel_size)",
