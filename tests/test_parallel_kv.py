@@ -82,9 +82,11 @@ def test_llama3_70b_needs_more_than_one_h200_and_fp8_doubles_the_tokens():
 
 def test_rows_and_bad_inputs():
     rows = parallel_kv_rows(models=("Llama-3-8B",), tensor_parallel_sizes=(1, 8), kv_cache_dtypes=(None, "fp8"))
-    assert [(r["tensor_parallel_size"], r["kv_cache_dtype"]) for r in rows] == [(1, "bf16"), (8, "bf16"), (1, "fp8"), (8, "fp8")]
+    want = [(1, "bf16"), (8, "bf16"), (1, "fp8"), (8, "fp8")]
+    assert [(r["tensor_parallel_size"], r["kv_cache_dtype"]) for r in rows] == want
     assert all(r["num_tokens"] == r["num_blocks"] * 16 and r["fits"] for r in rows)
-    for kwargs, match in [(dict(model="llama-9"), "unknown model"), (dict(model="llama-3-8b", gpu="h900"), "unknown gpu"),
+    for kwargs, match in [(dict(model="llama-9"), "unknown model"),
+                          (dict(model="llama-3-8b", gpu="h900"), "unknown gpu"),
                           (dict(model="llama-3-8b", gpu_memory_utilization=1.5), "gpu_memory_utilization"),
                           (dict(model="llama-3-8b", block_size=0), "block_size"),
                           (dict(model="llama-3-8b", reserve_bytes=-1), "reserve_bytes")]:
@@ -102,7 +104,8 @@ def test_lesson_table_and_cited_claims():
 
     rows = kv_per_gpu_rows(models=("Llama-3-70B",), tensor_parallel_sizes=(1, 8), kv_cache_dtypes=(None,))
     assert rows[0][-2:] == ("weights do not fit", "-")
-    assert rows[1][5] == "40,960" and rows[1][-1] == f"{plan_kv_per_gpu('llama-3-70b', tensor_parallel_size=8).num_tokens:,}"
+    tp8 = plan_kv_per_gpu("llama-3-70b", tensor_parallel_size=8)
+    assert rows[1][5] == "40,960" and rows[1][-1] == f"{tp8.num_tokens:,}"
     md = kv_per_gpu_table_markdown(models=("Llama-3-8B",), tensor_parallel_sizes=(16,), kv_cache_dtypes=(None,))
     assert "| 1 | 2 | 16,384 |" in md  # one head per GPU, each head on two GPUs
     assert kv_per_gpu_table_html().count("<tr>") == 1 + 2 * 4 * 2

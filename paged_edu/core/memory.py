@@ -140,7 +140,8 @@ def kv_heads_per_rank(num_kv_heads: int, tensor_parallel_size: int) -> tuple[int
             raise ValueError(f"num_kv_heads={n} is not divisible by tensor_parallel_size={tp}")
         return n // tp, 1
     if tp % n:
-        raise ValueError(f"tensor_parallel_size={tp} is not a multiple of num_kv_heads={n}: the heads cannot be replicated evenly")
+        raise ValueError(f"tensor_parallel_size={tp} is not a multiple of num_kv_heads={n}: "
+                         "the heads cannot be replicated evenly")
     return 1, tp // n
 
 

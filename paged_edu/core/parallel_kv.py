@@ -117,7 +117,8 @@ def parallel_kv_rows(models=("Llama-3-8B", "Llama-3-70B"), gpu: str = "h200", te
     for model in models:
         for dtype in kv_cache_dtypes:
             for tp in tensor_parallel_sizes:
-                plan = plan_kv_per_gpu(model, gpu, tensor_parallel_size=tp, pipeline_parallel_size=pipeline_parallel_size,
-                                       kv_cache_dtype=dtype, **kwargs)
-                rows.append({**asdict(plan), "num_gpus": plan.num_gpus, "num_tokens": plan.num_tokens, "fits": plan.fits})
+                plan = plan_kv_per_gpu(model, gpu, tensor_parallel_size=tp,
+                                       pipeline_parallel_size=pipeline_parallel_size, kv_cache_dtype=dtype, **kwargs)
+                rows.append({**asdict(plan), "num_gpus": plan.num_gpus, "num_tokens": plan.num_tokens,
+                             "fits": plan.fits})
     return rows

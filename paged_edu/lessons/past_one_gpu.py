@@ -27,7 +27,8 @@ MULTI_GPU_CLAIMS: tuple[Claim, ...] = (
           "for multi-node (the distributed-serving guide of v0.5)",
           "https://docs.vllm.ai/en/v0.5.1/serving/distributed_serving.html"),
     Claim("vLLM v1's RayExecutorV2 reuses MultiprocExecutor's message-queue control plane and NCCL data "
-          "plane, with the workers as Ray actors", "https://docs.vllm.ai/en/v0.25.0/api/vllm/v1/executor/ray_executor_v2/"),
+          "plane, with the workers as Ray actors",
+          "https://docs.vllm.ai/en/v0.25.0/api/vllm/v1/executor/ray_executor_v2/"),
     Claim("one scheduler drives every worker: EngineCore measures each worker's free memory, builds their KV "
           "cache configs together (get_kv_cache_configs) and one scheduler config from them "
           "(generate_scheduler_kv_cache_config, which asserts every worker has the same num_blocks)",

@@ -77,7 +77,8 @@ CONCEPTS: tuple[Concept, ...] = (
             (C("SGLang counts per tree node (a whole edge of tokens), vLLM per block", S_RADIX + " (TreeNode)"),)),
     Concept("block hash (chained)", "3", ("paged_edu.core.block_hash:chained_block_hashes",),
             (C("hash_block_tokens hashes the tuple (parent hash, block token ids, extra_keys); the first block's "
-               "parent is NONE_HASH, os.urandom(32) unless PYTHONHASHSEED is set", V_UTILS + " (hash_block_tokens, init_none_hash)"),
+               "parent is NONE_HASH, os.urandom(32) unless PYTHONHASHSEED is set",
+               V_UTILS + " (hash_block_tokens, init_none_hash)"),
              C("extra keys: the LoRA name, (multimodal identifier, offset) of inputs in the block, the cache_salt "
                "(first block only), a SHA-256 of prompt embeddings", V_UTILS + " (generate_block_hash_extra_keys)"),
              C("the hash function is --prefix-caching-hash-algo: sha256 (pickle, the default), sha256_cbor, "
@@ -88,7 +89,8 @@ CONCEPTS: tuple[Concept, ...] = (
                S_RADIX + " (compute_node_hash_values)")),
             (C("vLLM names a block by a hash of its prefix and warns the key 'is not 100% collision free'; "
                "SGLang compares the token ids themselves along the tree", V_DOC + " (Note 2)"),
-             C("SGLang's match walks token ids (key_match_fn) -- no hash decides a hit", S_RADIX + " (_key_match_paged)"))),
+             C("SGLang's match walks token ids (key_match_fn) -- no hash decides a hit",
+               S_RADIX + " (_key_match_paged)"))),
     Concept("evictable (free-block) cache, LRU", "3, 7", ("paged_edu.core.block_pool:BlockPool",
                                                           "paged_edu.core.allocator:BlockAllocator.is_evictable"),
             (C("FreeKVCacheBlockQueue: a doubly linked free list in eviction order, LRU first; a freed request's "
@@ -122,7 +124,8 @@ CONCEPTS: tuple[Concept, ...] = (
             (C("n > 1: ParentRequest fans a request out into n child requests and gathers their outputs",
                V + "vllm/v1/engine/parallel_sampling.py (ParentRequest)"),
              C("beam search re-submits each beam as a new prompt of its tokens (BeamSearchSequence.get_prompt); "
-               "a FIXME notes num_computed_tokens is 0 on each new request", V + "vllm/beam_search.py (BeamSearchSequence)")),
+               "a FIXME notes num_computed_tokens is 0 on each new request",
+               V + "vllm/beam_search.py (BeamSearchSequence)")),
             (C("parallel sampling first sends each prompt with max_new_tokens = 0 ('Cache the common prefix for "
                "parallel sampling'), then the n samples", S + "python/sglang/srt/managers/tokenizer_manager.py "
                "(TokenizerManager, the parallel-sampling path)"),)),
@@ -130,11 +133,12 @@ CONCEPTS: tuple[Concept, ...] = (
             (C("_preempt_request frees the request's blocks, sets PREEMPTED, num_computed_tokens = 0 and puts it "
                "at the front of the waiting queue; under FCFS the victim is self.running.pop()",
                V_SCHED + " (Scheduler._preempt_request, Scheduler.schedule)"),
-             C("'--preemption-mode is not supported by the V1 Engine'; maintainer: 'I believe that the V1 behaviour is that "
-               "recompute is always used'", "https://github.com/vllm-project/vllm/issues/18115")),
+             C("'--preemption-mode is not supported by the V1 Engine'; maintainer: 'I believe that the V1 "
+               "behaviour is that recompute is always used'", "https://github.com/vllm-project/vllm/issues/18115")),
             (C("ScheduleBatch.retract_decode: when a decode step lacks memory, retract requests with the fewest "
                "output tokens (then the longest inputs) first, free their uncached slots, dec_lock_ref, "
-               "reset_for_retract: recomputed later, the cached part hit in the tree", S_BATCH + " (ScheduleBatch.retract_decode)"),
+               "reset_for_retract: recomputed later, the cached part hit in the tree",
+               S_BATCH + " (ScheduleBatch.retract_decode)"),
              C("--retraction-policy length (default: 'retracts short-output, long-input requests first') or priority",
                S_ARGS + " (ServerArgs.retraction_policy)"))),
     Concept("swap space (CPU)", "6", ("paged_edu.engine.swap:SwapSpace",),
@@ -143,7 +147,9 @@ CONCEPTS: tuple[Concept, ...] = (
                "kv_offloading_size (GiB) with kv_offloading_backend native | lmcache",
                V + "vllm/config/cache.py (CacheConfig.kv_offloading_size)"),),
             (C("hierarchical cache: a tree node may also hold host_value (KV in host memory) and is 'backuped'; "
-               "HiRadixCache(RadixCache) runs it", S_RADIX + " (TreeNode.host_value); " + S + "python/sglang/srt/mem_cache/hiradix_cache.py (HiRadixCache)"),
+               "HiRadixCache(RadixCache) runs it",
+               S_RADIX + " (TreeNode.host_value); "
+                 + S + "python/sglang/srt/mem_cache/hiradix_cache.py (HiRadixCache)"),
              C("SchedulePolicy takes enable_hierarchical_cache", S_POLICY + " (SchedulePolicy.__init__)")),
             (C("both move cached *prefixes* to host memory rather than swapping a preempted request in and out",
                V + "vllm/config/cache.py (kv_offloading_backend)"),)),
@@ -159,19 +165,22 @@ CONCEPTS: tuple[Concept, ...] = (
             (C("the paper's CUDA kernels", V + "csrc/attention/paged_attention_v1.cu"),
              C("v1 runs attention backends over the block table, e.g. FlashAttention",
                V + "vllm/v1/attention/backends/flash_attn.py")),
-            (C("a Triton decode kernel among several backends", S + "python/sglang/srt/layers/attention/triton_ops/decode_attention.py"),)),
+            (C("a Triton decode kernel among several backends",
+               S + "python/sglang/srt/layers/attention/triton_ops/decode_attention.py"),)),
     Concept("CUDA graphs", "5", ("paged_edu.engine.runner:DecodeCudaGraphs",),
             (C("CompilationConfig's CUDAGraphMode: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE",
                V + "vllm/config/compilation.py (CUDAGraphMode)"),),
             (C("CudaGraphRunner.capture records one graph per batch size in capture_bs; replay pads a batch up to "
                "the next captured size (bisect over capture_bs)",
-               S + "python/sglang/srt/model_executor/cuda_graph_runner.py (CudaGraphRunner.capture, replay_prepare)"),)),
+               S + "python/sglang/srt/model_executor/cuda_graph_runner.py "
+               "(CudaGraphRunner.capture, replay_prepare)"),)),
     Concept("prefix-aware scheduling (LPM)", "7", ("paged_edu.engine.policy:LongestPrefixFirst",),
             (C("SchedulerConfig.policy is 'fcfs' or 'priority': no cache-aware order found",
                V + "vllm/config/scheduler.py (SchedulerPolicy)"),),
             (C("CacheAwarePolicy LPM, DFS_WEIGHT; CacheAgnosticPolicy FCFS, LOF, RANDOM (newer versions add more)",
                S_POLICY + " (CacheAwarePolicy, CacheAgnosticPolicy)"),
-             C("above 128 waiting requests LPM falls back to FCFS", S_POLICY + " (SchedulePolicy._determine_active_policy)"),
+             C("above 128 waiting requests LPM falls back to FCFS",
+               S_POLICY + " (SchedulePolicy._determine_active_policy)"),
              C("--schedule-policy: lpm, random, fcfs, dfs-weight, lof, priority, routing-key; default fcfs",
                S_ARGS + " (ServerArgs.schedule_policy)"))),
     Concept("radix tree", "7", ("paged_edu.core.radix_tree:RadixTree", "paged_edu.core.radix_cache:RadixAllocator"),
@@ -192,11 +201,14 @@ CONCEPTS: tuple[Concept, ...] = (
     Concept("KV-cache dtype (fp8)", "1, 8", ("paged_edu.core.memory:KVSpec.per_gpu",),
             (C("--kv-cache-dtype: auto (the model's dtype), float16, bfloat16, fp8 (= fp8_e4m3), fp8_e5m2 and more",
                V + "vllm/config/cache.py (CacheConfig.cache_dtype)"),),
-            (C("--kv-cache-dtype: auto, fp8_e5m2, fp8_e4m3, mxfp8, bf16, nvfp4 and more", S_ARGS + " (ServerArgs.kv_cache_dtype)"),)),
+            (C("--kv-cache-dtype: auto, fp8_e5m2, fp8_e4m3, mxfp8, bf16, nvfp4 and more",
+               S_ARGS + " (ServerArgs.kv_cache_dtype)"),)),
     Concept("KV heads under tensor parallelism", "8", ("paged_edu.core.memory:kv_heads_per_rank",
                                                        "paged_edu.core.memory:KVSpec.per_gpu"),
             (C("get_num_kv_heads: max(1, total_num_kv_heads // tensor_parallel_size), replicated when fewer "
-               "heads than ranks; 1 for MLA", V + "vllm/config/model.py (ModelConfig.get_num_kv_heads); " + V + "vllm/config.py (ModelConfig.get_num_kv_heads, before the config split)"),
+               "heads than ranks; 1 for MLA",
+               V + "vllm/config/model.py (ModelConfig.get_num_kv_heads); "
+                 + V + "vllm/config.py (ModelConfig.get_num_kv_heads, before the config split)"),
              C("QKVParallelLinear: num_kv_head_replicas = divide(tp_size, total_num_kv_heads) when tp >= heads",
                V + "vllm/model_executor/layers/linear.py (QKVParallelLinear)")),
             (C("get_num_kv_heads: max(1, total_num_kv_heads // tensor_parallel_size)",
@@ -227,7 +239,8 @@ def _cell(claims: tuple[Claim, ...]) -> tuple[str, str]:
 
 
 def concept_table(concepts: tuple[Concept, ...] = CONCEPTS) -> list[dict]:
-    """One dict per concept: concept, lessons, paged_edu, vllm, vllm_source, sglang, sglang_source, differs, differs_source."""
+    """One dict per concept: concept, lessons, paged_edu, vllm, vllm_source, sglang, sglang_source, differs,
+    differs_source."""
     rows = []
     for c in concepts:
         (vt, vs), (st, ss), (dt, ds) = _cell(c.vllm), _cell(c.sglang), _cell(c.differs)
