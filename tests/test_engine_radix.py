@@ -120,7 +120,7 @@ def test_radix_engine_under_preemption(model):
     prefix shared with the tokens some sequence held before (brute force over the allocate/free log).
 
     The hit counts may differ here, by design: the radix cache deduplicates a prefix two sequences
-    computed at once onto the tree's blocks (SGLang's ``cache_unfinished_req``), freeing the copies,
+    computed at once onto the tree's blocks (as SGLang's ``cache_finished_req`` does), freeing the copies,
     while the hash cache keeps both (vLLM v1's block tables are append-only), so the two pools fill,
     preempt and evict at different moments.
     """
