@@ -138,11 +138,13 @@ MORE_MODELS: dict[str, ModelGeometry] = {
             # 80 x (q 8192^2 + k, v 8192 x 1024 + o 8192^2 + MLP 3 x 8192 x 28672 + 2 norms) + 2 x 128256 x 8192
             # (untied embeddings) + the final norm = 70,553,706,496; matmul = that - the input embedding.
             "Llama-3-70B", "llama-3-70b", 80, 64, 8, 128, 8192, 128256, 70.55e9, 69.50e9, "bf16",
+            max_position_embeddings=8192,
             note="GQA: 64 query heads share 8 KV heads; 141 GB of bf16 weights: more than one H200",
             source="meta-llama/Meta-Llama-3-70B config.json as copied in e.g. "
                    "https://huggingface.co/kittn/Meta-Llama-3-70B-quant/blob/main/config.json (num_hidden_layers 80, "
                    "num_attention_heads 64, num_key_value_heads 8, hidden_size 8192, intermediate_size 28672, "
-                   "vocab_size 128256, tie_word_embeddings false); parameters counted from it",
+                   "vocab_size 128256, tie_word_embeddings false, max_position_embeddings 8192); "
+                   "parameters counted from it",
         ),
     )
 }

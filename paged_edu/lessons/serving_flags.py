@@ -56,7 +56,7 @@ import re
 import shlex
 from dataclasses import dataclass, replace
 
-from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, ModelGeometry
+from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, MORE_MODELS, ModelGeometry
 
 __all__ = ["FLAGS", "VLLM_SOURCE", "ServeFlags", "Translation", "allocate_pool", "model_for", "parse_vllm_serve", "simulate_flags",
            "translate"]
@@ -65,6 +65,7 @@ VLLM_SOURCE = "vLLM v0.11 (vllm-project/vllm main, late 2025: vllm/config/cache.
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vllm/config/cache.py BlockSize
 CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")  # CacheDType
 GiB = 1 << 30
+MODELS = {**MODEL_TABLE, **MORE_MODELS}  # every geometry of paged_edu.core.hardware
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,10 +236,10 @@ def parse_vllm_serve(command: str) -> ServeFlags:
 def model_for(name: str) -> ModelGeometry:
     """The row of the model table whose ``key`` the model name contains (``facebook/opt-13b`` -> OPT-13B)."""
     lowered = name.lower()
-    for g in MODEL_TABLE.values():
+    for g in MODELS.values():
         if g.key in lowered or g.name.lower() in lowered:
             return g
-    keys = ", ".join(g.key for g in MODEL_TABLE.values())
+    keys = ", ".join(g.key for g in MODELS.values())
     raise ValueError(f"model {name!r} is not in paged_edu's model table; pick one of: {keys}")
 
 
@@ -316,7 +317,7 @@ def _cost_model(geometry: ModelGeometry, gpu_key: str, kv_dtype: str, total_byte
 
 def translate(flags: ServeFlags | str, model: str | None = None, gpu: str = "h200",
               total_bytes: int | None = None) -> Translation:
-    """``flags`` (or a command line) on model ``model`` (a :data:`MODEL_TABLE` name or key; default:
+    """``flags`` (or a command line) on model ``model`` (a :data:`MODELS` name or key; default:
     the one the command names) and GPU ``gpu`` (a :data:`GPU_TABLE` key); ``total_bytes`` replaces
     the table's memory with a measured figure (``torch.cuda.mem_get_info()[1]``)."""
     from paged_edu.cache.sizing import num_blocks_for_budget
@@ -325,7 +326,7 @@ def translate(flags: ServeFlags | str, model: str | None = None, gpu: str = "h20
         flags = parse_vllm_serve(flags)
     if gpu not in GPU_TABLE:
         raise ValueError(f"gpu={gpu!r} is not in the GPU table; choose one of {', '.join(GPU_TABLE)}")
-    geometry = model_for(flags.model) if model is None else MODEL_TABLE.get(model) or model_for(model)
+    geometry = model_for(flags.model) if model is None else MODELS.get(model) or model_for(model)
     flags = flags.resolved(gpu, geometry)
     kv_dtype = _KV_DTYPE.get(flags.kv_cache_dtype, geometry.dtype)
     spec = replace(geometry.kv_spec, dtype=kv_dtype)
@@ -334,7 +335,8 @@ def translate(flags: ServeFlags | str, model: str | None = None, gpu: str = "h20
         cost = _cost_model(geometry, gpu, kv_dtype, total_bytes)
         budget = cost.kv_budget_bytes(flags.gpu_memory_utilization, weights)
     except ValueError as exc:
-        raise ValueError(f"--gpu-memory-utilization={flags.gpu_memory_utilization:g}: {exc}") from None
+        raise ValueError(f"--gpu-memory-utilization={flags.gpu_memory_utilization:g}: {exc} "
+                         "(a model this size is split over several GPUs: tensor or pipeline parallelism)") from None
     block_bytes = spec.block_bytes(flags.block_size)
     blocks_per_request = -(-flags.max_model_len // flags.block_size)
     try:
@@ -356,7 +358,7 @@ def simulate_flags(translation: Translation, workload: str = "multiturn", num_re
     from paged_edu.sim.workloads import make_workload
 
     f = translation.flags
-    geometry = MODEL_TABLE[translation.model]
+    geometry = MODELS[translation.model]
     if geometry.latent_dim:
         raise ValueError(f"{geometry.name} is an MLA model; the simulator's cost model counts K and V per KV head")
     requests = make_workload(workload, num_requests, rate, seed)
@@ -382,6 +384,6 @@ def allocate_pool(translation: Translation, device):
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     if translation.kv_dtype not in dtypes:
         raise ValueError(f"--kv-cache-dtype: allocate_pool builds {sorted(dtypes)} caches, not {translation.kv_dtype}")
-    g = MODEL_TABLE[translation.model]
+    g = MODELS[translation.model]
     return PagedKVCache(g.num_layers, translation.num_blocks, translation.flags.block_size, g.num_kv_heads, g.head_dim,
                         dtype=dtypes[translation.kv_dtype], device=device)
