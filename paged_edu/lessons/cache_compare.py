@@ -189,7 +189,6 @@ def lookup_cost(num_prompts: int = 32, prompt_len: int = 1024, shared_len: int =
 
 def figure(rows: list[CacheRow]):
     """Hit rate and TTFT p50 of every cell: one column per scenario, one bar per cache and policy."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     from paged_edu.viz.palette import SEQ_COLORS
