@@ -271,6 +271,10 @@ def test_exercise_8_3_right_and_wrong():
     roomy = {"workload": "fewshot", "num_kv_slots": None, "rate": 20.0}
     v = ex.check("8.3", {"lpm_wins": roomy, "lpm_does_not_win": roomy})
     assert not v and "identical runs: no queue forms" in str(v) and "[x] lpm_does_not_win" in str(v)
+    # No shared prompts, but a tight pool: a preempted request's own blocks stay cached and LPM re-admits it first.
+    sharegpt = {"workload": "sharegpt", "num_kv_slots": 6144, "rate": math.inf}
+    v = ex.check("8.3", {"lpm_wins": sharegpt, "lpm_does_not_win": roomy})
+    assert v and "[x] lpm_wins" in str(v)
     tight_agents = {"workload": "agents", "num_kv_slots": 6144, "rate": math.inf}
     v = ex.check("8.3", {"lpm_wins": tight_agents, "lpm_does_not_win": tight_agents})
     assert not v and "[x] lpm_wins" in str(v) and "LPM wins here" in str(v)
