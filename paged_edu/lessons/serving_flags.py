@@ -14,8 +14,9 @@ The pool, blocks of ``B`` tokens, and what it allows::
     kv_tokens       = num_blocks * B
     max_concurrency = num_blocks / ceil(max_model_len / B)        # requests at full length at once
 
-Where the defaults and the checks come from -- vLLM v0.11 (the stored snapshot of main, late 2025;
-``vllm-project/vllm``):
+Where the defaults and the checks come from -- vLLM v0.11 (the search tool's stored snapshots of
+``vllm-project/vllm`` main, late 2025; the version is inferred from their deprecation notes, "will
+be removed in v0.12"):
 
 * ``vllm/config/cache.py`` (``CacheConfig``, commit c1d8642): ``block_size`` one of
   ``BlockSize = Literal[1, 8, 16, 32, 64, 128, 256]`` ("On CUDA devices, only block sizes up to 32
