@@ -144,6 +144,7 @@ INTERACTIONS = {
     "05_": _click("step"),                 # one engine step: the pool, the tables and the metrics move
     "06_": _toggle("swap"),                # the preemption mode: the timeline is rerun in swap mode
     "07_": _select("contiguous-max"),      # the simulator explorer's manager: both plots redraw
+    "08_": _select("Llama-2-7B"),          # the flags explorer's model: the memory bar and the TTFT plot redraw
 }
 
 

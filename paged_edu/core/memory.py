@@ -5,6 +5,12 @@ stores one key and one value vector per layer and KV head:
 
     M_KV(s) = 2 * N_layers * N_kv * d_head * s * sizeof(dtype)   bytes.
 
+On one GPU of a deployment split ``tp`` ways by tensor parallelism and ``pp`` ways by pipeline
+parallelism (:meth:`KVSpec.per_gpu`), a GPU holds the KV heads of its tensor-parallel rank --
+``max(1, N_kv // tp)``, a head *replicated* on ``tp / N_kv`` ranks when ``tp > N_kv`` -- for the
+layers of its pipeline stage, at most ``ceil(N_layers / pp)``; an MLA latent is one "head" every
+rank keeps whole. The KV-cache dtype (``--kv-cache-dtype fp8``: 1 byte) scales it all.
+
 Utilisation of the slots reserved for a request of ``s`` tokens:
 
 * contiguous, reserving ``L_max`` slots:  ``eta_naive = s / L_max``
@@ -16,7 +22,7 @@ Plain Python, no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from paged_edu.core.hardware import MODEL_TABLE
 
@@ -29,6 +35,7 @@ __all__ = [
     "eta_paged_bound",
     "format_bytes",
     "kv_bytes",
+    "kv_heads_per_rank",
     "max_requests_contiguous",
     "max_requests_paged",
     "seed_70b_example",
@@ -84,8 +91,58 @@ class KVSpec:
         """Bytes of one block of ``B`` tokens across all layers (K and V)."""
         return self.bytes_per_token * block_size
 
+    def per_gpu(self, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                kv_cache_dtype: str | None = None) -> KVSpec:
+        """The cache one GPU holds per token when the model runs on ``tp x pp`` GPUs.
+
+        * tensor parallelism splits the KV heads: ``kv_heads_per_rank(N_kv, tp)`` each (vLLM's
+          ``ModelConfig.get_num_kv_heads``: ``max(1, N_kv // tp)``, replicated when ``tp > N_kv``);
+          an MLA latent is not split -- every rank caches it whole (vLLM returns 1 KV head for MLA);
+        * pipeline parallelism splits the layers: the busiest stage holds ``ceil(N_layers / pp)``,
+          and it is the one whose memory runs out first;
+        * ``kv_cache_dtype`` (``"fp8"``, ``"bf16"``, ...; None keeps the model's) sets the bytes per value.
+
+        ``bytes_per_token`` of the result is then per GPU. The block tables are the same on every GPU
+        (one scheduler drives all ranks), so a GPU's pool of blocks is the deployment's.
+        """
+        tp = _parallel_size("tensor_parallel_size", tensor_parallel_size)
+        pp = _parallel_size("pipeline_parallel_size", pipeline_parallel_size)
+        if pp > self.num_layers:
+            raise ValueError(f"pipeline_parallel_size={pp} exceeds the model's {self.num_layers} layers")
+        dtype = self.dtype if kv_cache_dtype is None else kv_cache_dtype
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown kv_cache_dtype {dtype!r}; choose one of {sorted(DTYPE_BYTES)}")
+        heads = self.num_kv_heads if self.is_mla else kv_heads_per_rank(self.num_kv_heads, tp)[0]
+        note = f"{self.name} per GPU at tp={tp}, pp={pp}, {dtype}"
+        return replace(self, name=note, num_layers=-(-self.num_layers // pp), num_kv_heads=heads, dtype=dtype)
+
 
 PRESETS: dict[str, KVSpec] = {name: m.kv_spec for name, m in MODEL_TABLE.items()}
+
+
+def _parallel_size(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def kv_heads_per_rank(num_kv_heads: int, tensor_parallel_size: int) -> tuple[int, int]:
+    """``(KV heads on each rank, ranks holding each head)`` under ``tp``-way tensor parallelism.
+
+    ``tp <= N_kv``: the heads are split, ``N_kv / tp`` per rank, each held once; ``tp > N_kv``: one
+    head per rank, each replicated on ``tp / N_kv`` ranks. Either way one must divide the other,
+    as vLLM's ``QKVParallelLinear`` requires (``divide(tp, N_kv)`` / ``divide(N_kv, tp)``).
+    """
+    tp = _parallel_size("tensor_parallel_size", tensor_parallel_size)
+    n = _parallel_size("num_kv_heads", num_kv_heads)
+    if tp <= n:
+        if n % tp:
+            raise ValueError(f"num_kv_heads={n} is not divisible by tensor_parallel_size={tp}")
+        return n // tp, 1
+    if tp % n:
+        raise ValueError(f"tensor_parallel_size={tp} is not a multiple of num_kv_heads={n}: "
+                         "the heads cannot be replicated evenly")
+    return 1, tp // n
 
 
 def kv_bytes(spec: KVSpec, num_tokens: int) -> int:

@@ -102,6 +102,8 @@ PARAMETERS: dict[str, IntParameter | TextParameter] = {
     "table_requests": IntParameter(20, 10_000, "lesson 7: simulated requests per row of the benchmark table"),
     "explorer_requests": IntParameter(20, 10_000, "lesson 7: simulated requests per redraw of the explorer"),
     "real_requests": IntParameter(2, 1024, "lesson 7: requests of the real engine run compared with the simulator"),
+    "flags_requests": IntParameter(20, 1000, "lesson 8: simulated requests per redraw of the flags explorer"),
+    "compare_requests": IntParameter(20, 10_000, "lesson 8: simulated requests per cell of the cache comparison"),
 }
 
 

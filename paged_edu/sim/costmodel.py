@@ -64,11 +64,12 @@ class ModelSpec:
     vocab_size: int
     num_params: float  # P: parameters outside the input embedding (ModelGeometry.matmul_params)
     dtype_bytes: int = 2
+    kv_dtype_bytes: int = 0  # bytes per cached K/V value; 0: the weights' dtype (an fp8 cache: 1)
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """``M_KV = 2 * layers * kv_heads * head_dim * sizeof(dtype)``."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """``M_KV = 2 * layers * kv_heads * head_dim * sizeof(KV dtype)``."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * (self.kv_dtype_bytes or self.dtype_bytes)
 
     @property
     def weight_bytes(self) -> float:
@@ -206,17 +207,28 @@ class CostModel:
         return self.step_time(s)
 
     # -- memory --------------------------------------------------------------------------------
-    def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
-        """Token slots left for the KV cache after the weights, as vLLM sizes its pool."""
+    def kv_budget_bytes(self, gpu_memory_utilization: float = 0.9, weight_bytes: float | None = None) -> float:
+        """Bytes left for the KV cache, as vLLM sizes its pool: ``utilization * total - weights``.
+
+        ``weight_bytes``: what the weights take in memory (default: the model's ``P`` times its
+        dtype's size; the input embedding is left out of ``P``). vLLM subtracts the profiled peak of
+        everything that is not KV cache -- weights, the activations of a dummy forward, non-torch
+        allocations; this counts the weights only.
+        """
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        free = self.gpu.memory_bytes * gpu_memory_utilization - self.model.weight_bytes
+        weights = self.model.weight_bytes if weight_bytes is None else weight_bytes
+        free = self.gpu.memory_bytes * gpu_memory_utilization - weights
         if free <= 0:
             raise ValueError(
-                f"{self.model.name} weights ({self.model.weight_bytes / 1e9:.1f} GB) do not fit in "
+                f"{self.model.name} weights ({weights / 1e9:.1f} GB) do not fit in "
                 f"{gpu_memory_utilization:.0%} of {self.gpu.name}'s {self.gpu.memory_bytes / 1e9:.0f} GB"
             )
-        return int(free // self.model.kv_bytes_per_token)
+        return free
+
+    def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
+        """Token slots left for the KV cache after the weights, as vLLM sizes its pool."""
+        return int(self.kv_budget_bytes(gpu_memory_utilization) // self.model.kv_bytes_per_token)
 
     # -- calibration ---------------------------------------------------------------------------
     def calibrate(self, samples: list[tuple[StepShape, float]]) -> "CostModel":

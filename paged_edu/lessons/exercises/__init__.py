@@ -28,7 +28,8 @@ from paged_edu.lessons.exercises.framework import (
 )
 
 # Importing a lesson's module registers its exercises, in course order.
-from paged_edu.lessons.exercises import lesson1, lesson2, lesson3, lesson4, lesson5, lesson6, lesson7  # noqa: E402,F401
+from paged_edu.lessons.exercises import (  # noqa: E402,F401
+    lesson1, lesson2, lesson3, lesson4, lesson5, lesson6, lesson7, lesson8)
 
 __all__ = ["EXERCISES", "Exercise", "Verdict", "check", "check_function", "compare", "reference",
            "register", "solution"]

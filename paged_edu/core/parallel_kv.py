@@ -1,0 +1,124 @@
+"""KV memory past one GPU, on paper: what a GPU's budget holds under tensor / pipeline parallelism.
+
+A model served on ``tp x pp`` GPUs keeps on each GPU its share of the weights and a KV pool for the
+tokens of *every* running sequence, restricted to the GPU's KV heads and layers
+(:meth:`~paged_edu.core.memory.KVSpec.per_gpu`). Per GPU, in bytes:
+
+    weights_gpu = P * sizeof(weight dtype) / (tp * pp)               (an even split, stated)
+    budget_gpu  = gpu_memory_utilization * memory - weights_gpu - reserve
+    M_gpu(1)    = 2 * ceil(N_layers / pp) * max(1, N_kv // tp) * d_head * sizeof(kv dtype)
+    blocks      = floor(budget_gpu / (B * M_gpu(1))),   tokens = blocks * B
+
+``reserve`` is what vLLM's profiling forward pass measures beside the weights (activations, CUDA
+graphs); we take it as an input. The block tables are the same on every GPU -- one scheduler
+drives all ranks (vLLM's ``EngineCore._initialize_kv_caches`` builds one scheduler KV config from all
+workers', and ``generate_scheduler_kv_cache_config`` asserts they have the same ``num_blocks``) -- so
+the deployment holds as many tokens as one GPU's pool. Plain Python, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, MORE_MODELS, ModelGeometry
+from paged_edu.core.memory import DTYPE_BYTES, kv_heads_per_rank
+
+__all__ = ["ParallelKVPlan", "parallel_kv_rows", "plan_kv_per_gpu", "geometry"]
+
+
+def geometry(model: str) -> ModelGeometry:
+    """A model of :data:`MODEL_TABLE` or :data:`MORE_MODELS` by name (``"Llama-3-70B"``) or key (``"llama-3-70b"``)."""
+    table = {**MODEL_TABLE, **MORE_MODELS}
+    for g in table.values():
+        if model in (g.name, g.key):
+            return g
+    raise ValueError(f"unknown model {model!r}; choose one of {sorted(g.key for g in table.values())}")
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelKVPlan:
+    """One deployment's KV pool, per GPU. ``fits`` is False when the weights leave no KV budget."""
+
+    model: str
+    gpu: str
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    kv_cache_dtype: str
+    kv_heads_per_gpu: int  # KV heads (an MLA latent counts as 1) each GPU caches
+    kv_head_replicas: int  # GPUs holding each KV head (tp / N_kv when tp > N_kv; tp for MLA)
+    layers_per_gpu: int  # layers of the busiest pipeline stage
+    bytes_per_token_per_gpu: int
+    bytes_per_token_all_gpus: int  # what one token costs across the tp x pp GPUs, replicas included
+    weights_bytes_per_gpu: int
+    kv_budget_bytes_per_gpu: int
+    block_size: int
+    num_blocks: int  # blocks of the pool (the same on every GPU)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def num_tokens(self) -> int:
+        """Token slots the deployment's pool holds."""
+        return self.num_blocks * self.block_size
+
+    @property
+    def fits(self) -> bool:
+        return self.num_blocks > 0
+
+    def max_sequences(self, tokens_per_sequence: int) -> int:
+        """Sequences of ``s`` tokens that fit at once: ``blocks // ceil(s / B)``."""
+        if isinstance(tokens_per_sequence, bool) or not isinstance(tokens_per_sequence, int) or tokens_per_sequence < 1:
+            raise ValueError(f"tokens_per_sequence must be a positive int, got {tokens_per_sequence!r}")
+        return self.num_blocks // -(-tokens_per_sequence // self.block_size)
+
+
+def plan_kv_per_gpu(model: str, gpu: str = "h200", *, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                    kv_cache_dtype: str | None = None, gpu_memory_utilization: float = 0.9, block_size: int = 16,
+                    reserve_bytes: int = 0, weight_dtype: str | None = None) -> ParallelKVPlan:
+    """The KV pool one GPU of ``gpu`` keeps for ``model`` on ``tp x pp`` GPUs (see the module docstring).
+
+    ``kv_cache_dtype`` None keeps the model's dtype (vLLM's ``--kv-cache-dtype auto``); ``weight_dtype``
+    None likewise. Bad arguments raise ``ValueError`` naming them.
+    """
+    g = geometry(model)
+    if gpu not in GPU_TABLE:
+        raise ValueError(f"unknown gpu {gpu!r}; choose one of {sorted(GPU_TABLE)}")
+    if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, (int, float)) \
+            or not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if isinstance(reserve_bytes, bool) or not isinstance(reserve_bytes, int) or reserve_bytes < 0:
+        raise ValueError(f"reserve_bytes must be an int >= 0, got {reserve_bytes!r}")
+    wdtype = g.dtype if weight_dtype is None else weight_dtype
+    if wdtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown weight_dtype {wdtype!r}; choose one of {sorted(DTYPE_BYTES)}")
+    spec = g.kv_spec.per_gpu(tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype)
+    tp, pp = tensor_parallel_size, pipeline_parallel_size
+    replicas = tp if g.kv_spec.is_mla else kv_heads_per_rank(g.num_kv_heads, tp)[1]
+    full = g.kv_spec.per_gpu(1, 1, spec.dtype).bytes_per_token  # one copy of every head and layer
+    weights = int(g.num_params * DTYPE_BYTES[wdtype]) // (tp * pp)
+    budget = max(int(gpu_memory_utilization * GPU_TABLE[gpu].memory_bytes) - weights - reserve_bytes, 0)
+    return ParallelKVPlan(
+        model=g.name, gpu=gpu, tensor_parallel_size=tp, pipeline_parallel_size=pp, kv_cache_dtype=spec.dtype,
+        kv_heads_per_gpu=spec.num_kv_heads if not spec.is_mla else 1, kv_head_replicas=replicas,
+        layers_per_gpu=spec.num_layers, bytes_per_token_per_gpu=spec.bytes_per_token,
+        bytes_per_token_all_gpus=full * replicas, weights_bytes_per_gpu=weights, kv_budget_bytes_per_gpu=budget,
+        block_size=block_size, num_blocks=budget // spec.block_bytes(block_size),
+    )
+
+
+def parallel_kv_rows(models=("Llama-3-8B", "Llama-3-70B"), gpu: str = "h200", tensor_parallel_sizes=(1, 2, 4, 8),
+                     kv_cache_dtypes=(None, "fp8"), pipeline_parallel_size: int = 1, **kwargs) -> list[dict]:
+    """One row (a dict: the plan's fields plus ``num_tokens`` and ``fits``) per model x tp x KV dtype."""
+    rows = []
+    for model in models:
+        for dtype in kv_cache_dtypes:
+            for tp in tensor_parallel_sizes:
+                plan = plan_kv_per_gpu(model, gpu, tensor_parallel_size=tp,
+                                       pipeline_parallel_size=pipeline_parallel_size, kv_cache_dtype=dtype, **kwargs)
+                rows.append({**asdict(plan), "num_gpus": plan.num_gpus, "num_tokens": plan.num_tokens,
+                             "fits": plan.fits})
+    return rows
