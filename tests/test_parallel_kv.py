@@ -112,3 +112,19 @@ def test_lesson_table_and_cited_claims():
     source = re.compile(r"^([\w.-]+/[\w.-]+:[\w./-]+( \(.+\))?|https?://\S+)$")
     assert MULTI_GPU_CLAIMS and all(c.text and source.match(c.source) for c in MULTI_GPU_CLAIMS)
     assert multi_gpu_markdown().count("\n- ") == len(MULTI_GPU_CLAIMS) - 1
+
+
+def test_one_rule_for_vllms_pool_everywhere():
+    """The simulator, the parallel plan and the lesson-1 calculator size vLLM's pool by one function."""
+    from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
+    from paged_edu.core.memory import vllm_kv_budget
+    from paged_edu.core.parallel_kv import plan_kv_per_gpu
+    from paged_edu.sim.costmodel import CostModel
+
+    total = GPU_TABLE["h200"].memory_bytes
+    assert vllm_kv_budget(total, 0.9, 10**9) == 0.9 * total - 10**9  # the rule itself, by hand
+    g = MODEL_TABLE["Llama-3-8B"]
+    weights = int(g.num_params * 2)
+    assert plan_kv_per_gpu("Llama-3-8B", "h200").kv_budget_bytes_per_gpu == int(vllm_kv_budget(total, 0.9, weights))
+    cm = CostModel()
+    assert cm.kv_budget_bytes(0.8, weight_bytes=weights) == vllm_kv_budget(cm.gpu.memory_bytes, 0.8, weights)

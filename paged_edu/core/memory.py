@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, replace
 
 from paged_edu.core.hardware import MODEL_TABLE
+from paged_edu.core.validation import integer
 
 __all__ = [
     "DTYPE_BYTES",
@@ -38,6 +39,7 @@ __all__ = [
     "kv_heads_per_rank",
     "max_requests_contiguous",
     "max_requests_paged",
+    "vllm_kv_budget",
     "seed_70b_example",
 ]
 
@@ -105,8 +107,8 @@ class KVSpec:
         ``bytes_per_token`` of the result is then per GPU. The block tables are the same on every GPU
         (one scheduler drives all ranks), so a GPU's pool of blocks is the deployment's.
         """
-        tp = _parallel_size("tensor_parallel_size", tensor_parallel_size)
-        pp = _parallel_size("pipeline_parallel_size", pipeline_parallel_size)
+        tp = integer("tensor_parallel_size", tensor_parallel_size, low=1)
+        pp = integer("pipeline_parallel_size", pipeline_parallel_size, low=1)
         if pp > self.num_layers:
             raise ValueError(f"pipeline_parallel_size={pp} exceeds the model's {self.num_layers} layers")
         dtype = self.dtype if kv_cache_dtype is None else kv_cache_dtype
@@ -120,12 +122,6 @@ class KVSpec:
 PRESETS: dict[str, KVSpec] = {name: m.kv_spec for name, m in MODEL_TABLE.items()}
 
 
-def _parallel_size(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def kv_heads_per_rank(num_kv_heads: int, tensor_parallel_size: int) -> tuple[int, int]:
     """``(KV heads on each rank, ranks holding each head)`` under ``tp``-way tensor parallelism.
 
@@ -133,8 +129,8 @@ def kv_heads_per_rank(num_kv_heads: int, tensor_parallel_size: int) -> tuple[int
     head per rank, each replicated on ``tp / N_kv`` ranks. Either way one must divide the other,
     as vLLM's ``QKVParallelLinear`` requires (``divide(tp, N_kv)`` / ``divide(N_kv, tp)``).
     """
-    tp = _parallel_size("tensor_parallel_size", tensor_parallel_size)
-    n = _parallel_size("num_kv_heads", num_kv_heads)
+    tp = integer("tensor_parallel_size", tensor_parallel_size, low=1)
+    n = integer("num_kv_heads", num_kv_heads, low=1)
     if tp <= n:
         if n % tp:
             raise ValueError(f"num_kv_heads={n} is not divisible by tensor_parallel_size={tp}")
@@ -224,3 +220,16 @@ def max_requests_paged(budget_bytes: int, spec: KVSpec, s: int, block_size: int 
         raise ValueError("budget_bytes must be >= 0")
     num_blocks = budget_bytes // spec.block_bytes(block_size)
     return num_blocks // math.ceil(s / block_size)
+
+
+def vllm_kv_budget(total_bytes: float, gpu_memory_utilization: float, non_kv_bytes: float) -> float:
+    """vLLM's rule for the KV pool of one GPU: ``utilization * total - everything that is not KV cache``.
+
+    vLLM subtracts the profiled peak of the weights, a dummy forward's activations and non-torch
+    allocations (``vllm/v1/worker/gpu_worker.py``, ``determine_available_memory``); the callers here pass
+    what they model (the weights, optionally a reserve). The one place for the rule: the simulator's
+    :meth:`~paged_edu.sim.costmodel.CostModel.kv_budget_bytes` and :func:`paged_edu.core.parallel_kv.plan_kv_per_gpu`
+    use it. (The engine's own sizing, :mod:`paged_edu.cache.sizing`, applies the fraction to *free* memory.)
+    May be <= 0: the callers say what that means for them.
+    """
+    return gpu_memory_utilization * total_bytes - non_kv_bytes

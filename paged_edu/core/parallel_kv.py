@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, MORE_MODELS, ModelGeometry
-from paged_edu.core.memory import DTYPE_BYTES, kv_heads_per_rank
+from paged_edu.core.memory import DTYPE_BYTES, kv_heads_per_rank, vllm_kv_budget
 
 __all__ = ["ParallelKVPlan", "parallel_kv_rows", "plan_kv_per_gpu", "geometry"]
 
@@ -100,7 +100,7 @@ def plan_kv_per_gpu(model: str, gpu: str = "h200", *, tensor_parallel_size: int 
     replicas = tp if g.kv_spec.is_mla else kv_heads_per_rank(g.num_kv_heads, tp)[1]
     full = g.kv_spec.per_gpu(1, 1, spec.dtype).bytes_per_token  # one copy of every head and layer
     weights = int(g.num_params * DTYPE_BYTES[wdtype]) // (tp * pp)
-    budget = max(int(gpu_memory_utilization * GPU_TABLE[gpu].memory_bytes) - weights - reserve_bytes, 0)
+    budget = max(int(vllm_kv_budget(GPU_TABLE[gpu].memory_bytes, gpu_memory_utilization, weights + reserve_bytes)), 0)
     return ParallelKVPlan(
         model=g.name, gpu=gpu, tensor_parallel_size=tp, pipeline_parallel_size=pp, kv_cache_dtype=spec.dtype,
         kv_heads_per_gpu=spec.num_kv_heads if not spec.is_mla else 1, kv_head_replicas=replicas,

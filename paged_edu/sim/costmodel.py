@@ -41,6 +41,7 @@ from operator import mul
 import numpy as np
 
 from paged_edu.core.hardware import GPU, GPU_TABLE, MODEL_TABLE, ModelGeometry
+from paged_edu.core.memory import vllm_kv_budget
 
 __all__ = ["GPUS", "MODELS", "CostModel", "GPUSpec", "ModelSpec", "StepShape"]
 
@@ -218,7 +219,7 @@ class CostModel:
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         weights = self.model.weight_bytes if weight_bytes is None else weight_bytes
-        free = self.gpu.memory_bytes * gpu_memory_utilization - weights
+        free = vllm_kv_budget(self.gpu.memory_bytes, gpu_memory_utilization, weights)
         if free <= 0:
             raise ValueError(
                 f"{self.model.name} weights ({weights / 1e9:.1f} GB) do not fit in "

@@ -13,7 +13,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
-from paged_edu.core.memory import DTYPE_BYTES, PRESETS, KVSpec, format_bytes, kv_bytes
+from paged_edu.core.memory import DTYPE_BYTES, PRESETS, KVSpec, format_bytes, kv_bytes, vllm_kv_budget
 from paged_edu.viz import figures as F
 from paged_edu.viz.palette import BAD, GOOD
 from paged_edu.viz.widgets.base import _figure_widget
@@ -123,7 +123,7 @@ class KVMemoryCalculator:
     def readout(self) -> dict[str, float]:
         spec, s, batch = self.spec(), self.seq_len.value, self.batch.value
         gpu_bytes = self.num_gpus.value * self.gpu_gb.value * 1e9
-        kv_budget = max(0.0, gpu_bytes * self.util - self.weights_gb.value * 1e9)
+        kv_budget = max(0.0, vllm_kv_budget(gpu_bytes, self.util, self.weights_gb.value * 1e9))
         per_request = kv_bytes(spec, s)
         block = spec.block_bytes(16)
         fit = int(kv_budget // block) // math.ceil(s / 16)
