@@ -325,6 +325,30 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_len: int, tile: int,
     return max(1, min((4 * num_sms) // base, max_tiles // 2, 128))
 
 
+def launch_inputs(q, block_tables, seq_lens, block_size: int):
+    """The layouts the decode kernels index (unit stride along head_dim, a table row and ``seq_lens``),
+    the output buffer, and ``max_len`` = table width x B (host-side, so capture-safe)."""
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    block_tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
+    seq_lens = seq_lens if seq_lens.stride(0) == 1 else seq_lens.contiguous()
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return q, block_tables, seq_lens, out, block_tables.shape[1] * block_size
+
+
+def split_plan(cfg: dict, config: dict | None, num_programs: int, max_len: int, device) -> int:
+    """:func:`choose_num_splits` for ``num_programs`` (sequence, head-group) pairs; sets
+    ``cfg["num_stages"] = 1`` for short splits unless ``config`` fixed it."""
+    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else 8
+    num_splits = choose_num_splits(num_programs, 1, max_len, cfg["TILE"], sms)
+    if "num_stages" not in (config or {}) and -(-max_len // num_splits) <= 4 * cfg["TILE"]:
+        # Short splits (four tiles or fewer) run without software pipelining: filling the
+        # pipeline costs more than it hides over so few steps, and the many programs keep the
+        # memory busy instead (H200: 1 x 8192, 64 splits: 21.0 us vs 22.5; 8 x 2048: 31.4 vs 32.8).
+        cfg["num_stages"] = 1
+    return num_splits
+
+
 def paged_attention_triton(
     q: torch.Tensor,  # (num_seqs, num_q_heads, head_dim)
     k_cache: torch.Tensor,  # (num_blocks, B, num_kv_heads, head_dim)
@@ -354,22 +378,9 @@ def paged_attention_triton(
     group = num_q_heads // num_kv_heads
     cfg = decode_config(head_dim, group, on_gpu=not INTERPRETING)
     cfg.update(config or {})
-    max_len = block_tables.shape[1] * block_size
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    # The kernel walks a table row with unit stride and reads seq_lens[n] at offset n.
-    block_tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
-    seq_lens = seq_lens if seq_lens.stride(0) == 1 else seq_lens.contiguous()
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-
+    q, block_tables, seq_lens, out, max_len = launch_inputs(q, block_tables, seq_lens, block_size)
     if num_splits is None:
-        sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device()) if q.is_cuda else 8
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_len, cfg["TILE"], sms)
-        if "num_stages" not in (config or {}) and -(-max_len // num_splits) <= 4 * cfg["TILE"]:
-            # Short splits (four tiles or fewer) run without software pipelining: filling the
-            # pipeline costs more than it hides over so few steps, and the many programs keep the
-            # memory busy instead (H200: 1 x 8192, 64 splits: 21.0 us vs 22.5; 8 x 2048: 31.4 vs 32.8).
-            cfg["num_stages"] = 1
+        num_splits = split_plan(cfg, config, num_seqs * num_kv_heads, max_len, q.device)
     if not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
     split = num_splits > 1

@@ -45,8 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paged_edu.kernels.triton_decode import (INTERPRETING, _attend_tile, _merge_splits_kernel, _num_sms,
-                                             choose_num_splits)
+from paged_edu.kernels.triton_decode import INTERPRETING, _attend_tile, _merge_splits_kernel, launch_inputs, split_plan
 
 __all__ = ["packed_config", "packs", "paged_attention_packed"]
 
@@ -170,17 +169,9 @@ def paged_attention_packed(
     row = num_kv_heads * head_dim
     cfg = packed_config(row, num_q_heads, on_gpu=not INTERPRETING)
     cfg.update(config or {})
-    max_len = block_tables.shape[1] * block_size
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    block_tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
-    seq_lens = seq_lens if seq_lens.stride(0) == 1 else seq_lens.contiguous()
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    q, block_tables, seq_lens, out, max_len = launch_inputs(q, block_tables, seq_lens, block_size)
     if num_splits is None:  # as the per-head kernel chooses, with one program per sequence and split
-        sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device()) if q.is_cuda else 8
-        num_splits = choose_num_splits(num_seqs, 1, max_len, cfg["TILE"], sms)
-        if "num_stages" not in (config or {}) and -(-max_len // num_splits) <= 4 * cfg["TILE"]:
-            cfg["num_stages"] = 1  # short splits: no pipelining (see triton_decode)
+        num_splits = split_plan(cfg, config, num_seqs, max_len, q.device)
     if not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
     split = num_splits > 1
