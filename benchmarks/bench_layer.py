@@ -180,8 +180,8 @@ def measure_step(model, kv_pairs, batch, context, width, reps, flush, roofline, 
 
 
 def sweep_decode(batch, context, width, flush, reps=30) -> dict:
-    from paged_edu.kernels.triton_decode import (_num_sms, choose_num_splits, decode_config,
-                                                 paged_attention_triton)
+    from paged_edu.kernels.triton_decode import _num_sms, choose_num_splits, decode_config, paged_attention_triton
+    from paged_edu.kernels.triton_decode_packed import paged_attention_packed
 
     c = smollm2_config()
     q, k, v, tables, lens = random_paged_case(batch, context, c.num_heads, c.num_kv_heads, c.head_dim, BLOCK,
@@ -191,9 +191,9 @@ def sweep_decode(batch, context, width, flush, reps=30) -> dict:
     scale = c.head_dim ** -0.5
     ref = paged_attention_decode(q.float(), k.float(), v.float(), wide, lens, impl="torch")
 
-    def run(config=None, splits=None, packed=None):
-        graph, out = capture(lambda: paged_attention_triton(q, k, v, wide, lens, scale=scale, num_splits=splits,
-                                                            config=config, packed=packed))
+    def run(config=None, splits=None, packed=False):
+        attend = paged_attention_packed if packed else paged_attention_triton
+        graph, out = capture(lambda: attend(q, k, v, wide, lens, scale=scale, num_splits=splits, config=config))
         us = time_replays(graph, reps, flush)
         return us, rel_err(out, ref)
 

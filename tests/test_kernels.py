@@ -160,30 +160,28 @@ def test_triton_split_kv_matches_oracle(num_splits):
 def test_packed_kernel_matches_oracle(num_q_heads, num_kv_heads, head_dim, block_size, num_splits):
     """Whole token rows per program (SmolLM2's 9/3 heads of 64 and others, head_dim 24 not a power of
     two): each query head must see only its own KV head's columns."""
-    from paged_edu.kernels.triton_decode import paged_attention_triton
+    from paged_edu.kernels.triton_decode_packed import paged_attention_packed
 
     q, k, v, t, lens = make_case(3, num_q_heads, num_kv_heads, head_dim, block_size, [1, 37, 80], torch.float32,
                                  seed=num_q_heads)
     ref = brute_force(q, k, v, t, lens, head_dim ** -0.5)
-    out = paged_attention_triton(q, k, v, t, lens, scale=head_dim ** -0.5, num_splits=num_splits, packed=True)
+    out = paged_attention_packed(q, k, v, t, lens, scale=head_dim ** -0.5, num_splits=num_splits)
     check(out, ref.float(), torch.float32, "packed")
 
 
 def test_packed_kernel_applies_to_small_contiguous_rows_only():
     if not triton_available():
         pytest.skip("triton is not installed")
-    from paged_edu.kernels.triton_decode_packed import packs
+    from paged_edu.kernels.triton_decode_packed import packs, paged_attention_packed
 
     small = torch.zeros(4, 16, 3, 64)  # SmolLM2: 192-value rows
     assert packs(9, small, small)
     assert not packs(32, torch.zeros(4, 16, 8, 128), torch.zeros(4, 16, 8, 128))  # 1024-value rows: per head
     strided = torch.zeros(4, 16, 3, 128)[..., :64]  # rows not contiguous
     assert not packs(9, strided, strided)
-    from paged_edu.kernels.triton_decode import paged_attention_triton
-
     q, k, v, t, lens = make_case(1, 32, 8, 128, B, [5], torch.float32)
     with pytest.raises(ValueError, match="contiguous token rows"):
-        paged_attention_triton(q, k, v, t, lens, scale=1.0, packed=True)
+        paged_attention_packed(q, k, v, t, lens, scale=1.0)
 
 
 @needs_triton
@@ -460,12 +458,12 @@ def test_gpu_triton_matches_oracle(dtype, ratio, head_dim):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_splits", [None, 1, 2, 7])
 def test_gpu_packed_kernel(dtype, num_splits):
-    from paged_edu.kernels.triton_decode import paged_attention_triton
+    from paged_edu.kernels.triton_decode_packed import paged_attention_packed
 
     lens = LENS + [512, 1000]
     q, k, v, t, lens = make_case(len(lens), 9, 3, 64, B, lens, dtype, device="cuda", seed=3)
     ref = paged_attention_decode(q.float(), k.float(), v.float(), t, lens, impl="torch")
-    check(paged_attention_triton(q, k, v, t, lens, scale=0.125, num_splits=num_splits, packed=True), ref, dtype)
+    check(paged_attention_packed(q, k, v, t, lens, scale=0.125, num_splits=num_splits), ref, dtype)
 
 
 @pytest.mark.gpu

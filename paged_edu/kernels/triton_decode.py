@@ -38,18 +38,9 @@ is ``O = sum_j exp(lse_j - M) o_j / sum_j exp(lse_j - M)`` with ``M = max_j lse_
 Benchmark
 ---------
 ``python benchmarks/bench_kernels.py`` on an H200 (bf16, B=16, 32/8 heads, head_dim 128, random
-block tables; CUDA-graph replays, L2 flushed; the copy ceiling measured in the same run):
-
-==========  =========  ===================  ==============================
-batch x s   this       % of copy bandwidth  best paged peer (vLLM / SGLang)
-==========  =========  ===================  ==============================
-1 x 8192    21.1 us    51%                  34.8 us
-8 x 2048    31.7 us    57%                  37.0 us
-32 x 2048   81.1 us    80%                  92.9 us
-64 x 4096   257 us     98%                  291 us
-128 x 1024  139 us     93%                  157 us
-16 x 32768  503 us     100%                 559 us
-==========  =========  ===================  ==============================
+block tables; CUDA-graph replays, L2 flushed; the copy ceiling measured in the same run) writes
+``figures/kernel_bench.json``; the README's decode table gives every case: 51-100 % of the copy
+bandwidth, faster than the best vLLM / SGLang Triton kernel at every shape.
 
 The small cases are latency-bound: 8192 tokens of one sequence are only 33 MB, which a copy
 streams in ~10 us; two launches and a few memory round trips are the rest.
@@ -359,7 +350,6 @@ def paged_attention_triton(
     scale: float,
     num_splits: int | None = None,  # None: choose_num_splits; tests force values
     config: dict | None = None,  # overrides of decode_config (benchmark sweeps)
-    packed: bool = False,  # True: the whole-row kernel of triton_decode_packed (opt-in: slower on an H200)
 ) -> torch.Tensor:  # (num_seqs, num_q_heads, head_dim)
     """Launch the kernel on validated inputs (see :func:`paged_edu.kernels.paged_attention_decode`)."""
     if not INTERPRETING and not q.is_cuda:
@@ -368,11 +358,6 @@ def paged_attention_triton(
             "TRITON_INTERPRET=1 before importing paged_edu (slow, for learning and tests), "
             "or use impl='torch'"
         )
-    if packed:  # an experiment for small heads, measured slower (see that module)
-        from paged_edu.kernels.triton_decode_packed import paged_attention_packed
-
-        return paged_attention_packed(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
-                                      num_splits=num_splits, config=config)
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads

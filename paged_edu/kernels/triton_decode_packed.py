@@ -33,7 +33,7 @@ tiles stays faster at every batch -- 256 x 512: 38.7 us against 46.3 us (41.6 us
 72 packed configurations); 64: 20.2 / 21.1; 16: 12.9 / 14.4; 1: 9.5 / 10.3. Fewer, longer
 programs with wider loads do not stream faster: what the short programs pay is latency per tile
 (block-table lookup, then the loads, then the softmax), which the packed program pays too, with
-fewer programs to hide it. So it is opt-in (``paged_attention_triton(..., packed=True)``), kept
+fewer programs to hide it. So it is opt-in (call :func:`paged_attention_packed`), kept
 with its tests as the measured answer to "why not read whole rows?".
 """
 
