@@ -286,7 +286,8 @@ def check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens, *, validate
         _check_lengths(seq_lens, block_tables, k_cache.shape[1], k_cache.shape[0])
 
 
-def check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, validate: bool = True) -> None:
+def check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, validate: bool = True,
+                         max_q_len: int | None = None) -> None:
     """Raise ``TypeError``/``ValueError`` for anything :func:`paged_attention_prefill` cannot take."""
     if not isinstance(cu_seqlens_q, torch.Tensor):
         raise TypeError(f"cu_seqlens_q must be a torch.Tensor, got {type(cu_seqlens_q).__name__}")
@@ -309,6 +310,9 @@ def check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens
             q_len = cu[i + 1] - cu[i]
             if not 1 <= q_len <= s:
                 raise ValueError(f"sequence {i}: q_len {q_len} must be in [1, seq_lens[{i}] = {s}]")
+        longest = max((b - a for a, b in zip(cu, cu[1:])), default=0)
+        if max_q_len is not None and (isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or max_q_len < longest):
+            raise ValueError(f"max_q_len={max_q_len!r}, but the longest chunk in cu_seqlens_q has {longest} tokens")
 
 
 def _check_scale(scale, head_dim: int) -> float:
@@ -372,11 +376,8 @@ def paged_attention_prefill(
     the host (the engine's runner) passes it, else the kernel reads it off ``cu_seqlens_q`` (a sync)."""
     allowed = ("torch", "triton", "auto")
     impl = _pick(impl, q, allowed, prefill=True)
-    check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, validate=validate)
-    if validate and max_q_len is not None:
-        longest = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if cu_seqlens_q.numel() > 1 else 0
-        if isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or max_q_len < longest:
-            raise ValueError(f"max_q_len={max_q_len!r}, but the longest chunk in cu_seqlens_q has {longest} tokens")
+    check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, validate=validate,
+                         max_q_len=max_q_len)
     scale = _check_scale(scale, q.shape[2])
     if impl == "torch":
         return paged_prefill_reference(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale)

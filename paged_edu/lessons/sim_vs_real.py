@@ -50,7 +50,7 @@ def sim_vs_real(model, *, num_requests: int = 24, num_blocks: int = 24, block_si
         return Engine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=max_num_batched_tokens)
 
-    if next(model.parameters()).device.type != "cpu":
+    if model.device.type != "cpu":
         # On a GPU the first steps of a process compile the Triton kernels for each new shape: seconds
         # that would swamp the fit. One untimed run of the same trace compiles them all.
         new_engine().run(prompts, params)
