@@ -26,7 +26,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from paged_edu import BlockAllocator  # noqa: E402
-from paged_edu.core.seed_allocator import SeedAllocator  # noqa: E402
+from paged_edu.labs.seed_allocator import SeedAllocator  # noqa: E402
 from paged_edu.core.radix_cache import RadixAllocator  # noqa: E402
 
 

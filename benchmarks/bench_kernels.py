@@ -34,8 +34,8 @@ from paged_edu.kernels import paged_attention_decode  # noqa: E402
 from paged_edu.kernels.reference import paged_attention_loop, paged_attention_torch  # noqa: E402
 # Timer (CUDA graphs, L2 flushed), the copy ceiling and the case generator live in the library, so
 # that lesson 4 times kernels exactly as this benchmark does.
-from paged_edu.kernels.timing import Timer, copy_ceiling_us, random_paged_case, rel_err  # noqa: E402,F401
-from paged_edu.kernels.timing import percentile as _pct  # noqa: E402
+from paged_edu.labs.timing import Timer, copy_ceiling_us, random_paged_case, rel_err  # noqa: E402,F401
+from paged_edu.labs.timing import percentile as _pct  # noqa: E402
 
 CASES = [(1, 8192), (8, 2048), (32, 2048), (64, 4096), (128, 1024), (16, 32768)]
 H_Q, H_KV, D, B = 32, 8, 128, 16

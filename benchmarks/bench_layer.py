@@ -18,7 +18,7 @@ and peak FLOP/s with no overhead (``roofline_us``), and with the model's default
 (85 % of the bandwidth, 1 ms of overhead per step: ``cost_model_us``).
 
 ``--sweep-decode`` also times the paged decode kernel alone at SmolLM2's shape: the default
-(one program per KV head) and the whole-row kernel of :mod:`paged_edu.kernels.triton_decode_packed`
+(one program per KV head) and the whole-row kernel of :mod:`paged_edu.labs.triton_decode_packed`
 over a grid of tiles, warps, pipeline stages and splits.
 """
 
@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from paged_edu.kernels import paged_attention_decode  # noqa: E402
-from paged_edu.kernels.timing import random_paged_case, rel_err  # noqa: E402
+from paged_edu.labs.timing import random_paged_case, rel_err  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.llama import ForwardBatch  # noqa: E402
 from paged_edu.models.loaders import random_llama  # noqa: E402
@@ -181,7 +181,7 @@ def measure_step(model, kv_pairs, batch, context, width, reps, flush, roofline, 
 
 def sweep_decode(batch, context, width, flush, reps=30) -> dict:
     from paged_edu.kernels.triton_decode import _num_sms, choose_num_splits, decode_config, paged_attention_triton
-    from paged_edu.kernels.triton_decode_packed import paged_attention_packed
+    from paged_edu.labs.triton_decode_packed import paged_attention_packed
 
     c = smollm2_config()
     q, k, v, tables, lens = random_paged_case(batch, context, c.num_heads, c.num_kv_heads, c.head_dim, BLOCK,

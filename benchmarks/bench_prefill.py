@@ -47,7 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from paged_edu.kernels.timing import Timer, rel_err  # noqa: E402
+from paged_edu.labs.timing import Timer, rel_err  # noqa: E402
 
 from paged_edu.kernels.reference import gather_kv, paged_prefill_reference  # noqa: E402
 

@@ -16,8 +16,8 @@ The package reads like the course's table of contents:
 from paged_edu.core.allocator import BlockAllocator, BlockEvent, OutOfBlocksError, UnknownSequenceError
 from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
 from paged_edu.core.memory import PRESETS, KVSpec
-from paged_edu.engine.scheduler import Scheduler
-from paged_edu.engine.sequence import Sequence
+from paged_edu.sched.scheduler import Scheduler
+from paged_edu.sched.sequence import Sequence
 
 # Modules that import torch (or plotly) load on first use, so the allocator stays light.
 _LAZY = {

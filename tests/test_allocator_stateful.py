@@ -1,13 +1,13 @@
 """Random allocate / append / fork / free against a brute-force model of the KV memory.
 
-The model is the oracle, :class:`paged_edu.lessons.allocator_contract.ContractModel`: a dict from
+The model is the oracle, :class:`paged_edu.core.contract.ContractModel`: a dict from
 physical slot to what the slot *should* hold. Attention makes the K/V of token ``p`` a function of
 every token up to ``p``, so it writes ``prefix(p) = tuple of tokens[: p + 1]`` into a slot whenever
 the allocator says a token is computed there, and copies slots when it asks for copy-on-write.
 After every step each live sequence must read its own prefixes back through its block table. A
 position-blind block hash, a stale cache entry after eviction, or a missing copy-on-write each make
 some sequence read another prefix's K/V and fail here. Lesson 5 checks a learner's allocator with
-the same model (:func:`~paged_edu.lessons.allocator_contract.check_contract`).
+the same model (:func:`~paged_edu.core.contract.check_contract`).
 """
 
 import hypothesis.strategies as st
@@ -17,7 +17,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 from paged_edu import BlockAllocator
 from paged_edu.core import radix_tree
 from paged_edu.core.radix_cache import RadixAllocator
-from paged_edu.lessons.allocator_contract import B, NUM_BLOCKS, PREFIXES, ContractModel, check_contract
+from paged_edu.core.contract import B, NUM_BLOCKS, PREFIXES, ContractModel, check_contract
 
 # Stateful runs: max_examples * stateful_step_count >= 2,000 steps in CI.
 STEPS = settings(

@@ -2,7 +2,7 @@
 
 Each conversation's turn ``t`` prompt is its turn ``t - 1`` prompt, plus the reply the engine gave,
 plus new user tokens -- the workload where a prefix cache pays. Three engines run the same
-conversations on the same tiny random Llama (``paged_edu.lessons.engine_lab.tiny_model``):
+conversations on the same tiny random Llama (``paged_edu.labs.engine_lab.tiny_model``):
 
 * ``RadixAllocator`` (SGLang's RadixAttention, ``paged_edu.core.radix_cache``),
 * ``BlockAllocator`` with prefix caching (vLLM's chained block hashes),
@@ -22,7 +22,7 @@ import pytest
 
 from paged_edu.core.allocator import BlockAllocator
 from paged_edu.core.radix_cache import RadixAllocator
-from paged_edu.lessons.engine_lab import engine_on, tiny_model
+from paged_edu.labs.engine_lab import engine_on, tiny_model
 
 VOCAB = 512
 BLOCK_SIZE = 4

@@ -160,7 +160,7 @@ def test_triton_split_kv_matches_oracle(num_splits):
 def test_packed_kernel_matches_oracle(num_q_heads, num_kv_heads, head_dim, block_size, num_splits):
     """Whole token rows per program (SmolLM2's 9/3 heads of 64 and others, head_dim 24 not a power of
     two): each query head must see only its own KV head's columns."""
-    from paged_edu.kernels.triton_decode_packed import paged_attention_packed
+    from paged_edu.labs.triton_decode_packed import paged_attention_packed
 
     q, k, v, t, lens = make_case(3, num_q_heads, num_kv_heads, head_dim, block_size, [1, 37, 80], torch.float32,
                                  seed=num_q_heads)
@@ -172,7 +172,7 @@ def test_packed_kernel_matches_oracle(num_q_heads, num_kv_heads, head_dim, block
 def test_packed_kernel_applies_to_small_contiguous_rows_only():
     if not triton_available():
         pytest.skip("triton is not installed")
-    from paged_edu.kernels.triton_decode_packed import packs, paged_attention_packed
+    from paged_edu.labs.triton_decode_packed import packs, paged_attention_packed
 
     small = torch.zeros(4, 16, 3, 64)  # SmolLM2: 192-value rows
     assert packs(9, small, small)
@@ -458,7 +458,7 @@ def test_gpu_triton_matches_oracle(dtype, ratio, head_dim):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_splits", [None, 1, 2, 7])
 def test_gpu_packed_kernel(dtype, num_splits):
-    from paged_edu.kernels.triton_decode_packed import paged_attention_packed
+    from paged_edu.labs.triton_decode_packed import paged_attention_packed
 
     lens = LENS + [512, 1000]
     q, k, v, t, lens = make_case(len(lens), 9, 3, 64, B, lens, dtype, device="cuda", seed=3)

@@ -9,12 +9,12 @@ import torch
 from paged_edu.kernels import paged_attention_decode, triton_interpreting
 from paged_edu.kernels.online_softmax import block_update, empty_state, merge_states
 from paged_edu.kernels.reference import paged_attention_torch
-from paged_edu.kernels.seed_kernel import paged_attention_decode_step, paged_attention_decode_step_fixed
-from paged_edu.kernels.timing import decode_bytes, random_paged_case, wall_us
+from paged_edu.labs.seed_kernel import paged_attention_decode_step, paged_attention_decode_step_fixed
+from paged_edu.labs.timing import decode_bytes, random_paged_case, wall_us
 from paged_edu.lessons import exercises as ex
 from paged_edu.lessons.exercises import lesson4 as L4
-from paged_edu.lessons.kernel_ladder import cpu_ladder, source_between, stored_gpu_figures
-from paged_edu.lessons.online_softmax import OnlineSoftmaxStepper
+from paged_edu.labs.kernel_ladder import cpu_ladder, source_between, stored_gpu_figures
+from paged_edu.labs.softmax_stepper import OnlineSoftmaxStepper
 from paged_edu.viz.kernel_figures import ladder_figure, split_figure, stored_split_points
 from paged_edu.viz.softmax_stepper import SoftmaxStepperWidget, stepper_traces
 
@@ -299,7 +299,7 @@ def test_every_piece_of_the_kernel_the_lesson_shows_is_still_in_its_source():
     from pathlib import Path
 
     from paged_edu.kernels import triton_decode as td
-    from paged_edu.lessons import kernel_ladder as ladder
+    from paged_edu.labs import kernel_ladder as ladder
 
     nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "04_online_softmax_and_the_kernel.ipynb").read_text())
     calls = [m for c in nb["cells"] if c["cell_type"] == "code"
@@ -314,7 +314,7 @@ def test_every_piece_of_the_kernel_the_lesson_shows_is_still_in_its_source():
 def test_gpu_ladder_and_split_sweep_measure_correct_kernels():
     """The lesson's live GPU cells: every implementation's output checked against the fp32 oracle,
     the copy ceiling positive, and the kernel's own split count among the measured points."""
-    from paged_edu.lessons.kernel_ladder import gpu_ladder, split_sweep
+    from paged_edu.labs.kernel_ladder import gpu_ladder, split_sweep
 
     (row,) = gpu_ladder([(2, 512)], num_q_heads=8, num_kv_heads=2, head_dim=64, loop_cases=[(2, 512)], reps=5, warmup=2)
     assert row["ceiling_us"] > 0 and set(row["impls"]) == {"seed", "loop", "torch", "triton"}

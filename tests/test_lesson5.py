@@ -11,8 +11,8 @@ pytest.importorskip("transformers")
 
 from paged_edu.core.allocator import OutOfBlocksError  # noqa: E402
 from paged_edu.engine import Engine  # noqa: E402
-from paged_edu.lessons import batching as Bt  # noqa: E402
-from paged_edu.lessons import engine_lab  # noqa: E402
+from paged_edu.labs import batching as Bt  # noqa: E402
+from paged_edu.labs import engine_lab  # noqa: E402
 from paged_edu.lessons import exercises as ex  # noqa: E402
 from paged_edu.lessons.exercises.lesson5 import PlainAllocator  # noqa: E402
 from paged_edu.lessons.my_allocator import MyAllocator  # noqa: E402

@@ -7,9 +7,9 @@ import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.lessons import exercises as ex
-from paged_edu.lessons import preemption as P
-from paged_edu.lessons import troubleshooting as T
-from paged_edu.lessons.engine_lab import tiny_model
+from paged_edu.labs import preemption as P
+from paged_edu.labs import troubleshooting as T
+from paged_edu.labs.engine_lab import tiny_model
 from paged_edu.core.hardware import MiB
 
 
@@ -124,7 +124,7 @@ def test_exercises_right_and_wrong():
 
 def test_the_plan_on_the_measured_h200_figures_predicts_what_the_h200_did():
     """The oracle is the real run: cuda_oom_child on the H200 (figures/h200/oom_child.json)."""
-    from paged_edu.lessons import troubleshooting as T
+    from paged_edu.labs import troubleshooting as T
 
     m = T.h200_measured_warmup()
     for run in m["runs"]:

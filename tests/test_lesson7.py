@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from paged_edu.core.memory import eta_paged_bound
-from paged_edu.lessons import benchmark_table as bt
+from paged_edu.labs import benchmark_table as bt
 from paged_edu.lessons import exercises as ex
 from paged_edu.lessons.exercises import lesson7 as ex7
 from paged_edu.sim import workloads
@@ -150,8 +150,8 @@ def test_exercise_7_3_right_and_wrong():
 
 def test_sim_vs_real_same_schedule():
     torch = pytest.importorskip("torch")
-    from paged_edu.lessons.engine_lab import tiny_model
-    from paged_edu.lessons.sim_vs_real import error_table, sim_vs_real
+    from paged_edu.labs.engine_lab import tiny_model
+    from paged_edu.labs.sim_vs_real import error_table, sim_vs_real
 
     torch.set_num_threads(1)
     r = sim_vs_real(tiny_model(), num_requests=8, num_blocks=12, max_num_seqs=8)
@@ -165,8 +165,8 @@ def test_sim_vs_real_on_a_gpu_fits_warm_steps():
     """On a GPU the first run compiles the Triton kernels; the lesson's fit must see warm steps only
     (the first H200 run, before the untimed warm-up, fitted 17 ms of overhead to 1.5 s of steps)."""
     torch = pytest.importorskip("torch")
-    from paged_edu.lessons.engine_lab import tiny_model
-    from paged_edu.lessons.sim_vs_real import sim_vs_real
+    from paged_edu.labs.engine_lab import tiny_model
+    from paged_edu.labs.sim_vs_real import sim_vs_real
 
     r = sim_vs_real(tiny_model("cuda", torch.bfloat16), num_requests=24)
     assert r["measured"]["num_steps"] == r["simulated"]["num_steps"]

@@ -13,9 +13,9 @@ from dataclasses import replace
 import pytest
 
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
-from paged_edu.lessons import cache_compare as cc
+from paged_edu.labs import cache_compare as cc
 from paged_edu.lessons import exercises as ex
-from paged_edu.lessons import serving_flags as sf
+from paged_edu.labs import serving_flags as sf
 from paged_edu.lessons.exercises import lesson8 as ex8
 from paged_edu.sim.costmodel import CostModel
 

@@ -11,10 +11,10 @@ import torch
 from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.allocator import BlockAllocator
 from paged_edu.core.memory import PRESETS
-from paged_edu.core.seed_allocator import SeedAllocator
-from paged_edu.lessons import experiments as E
-from paged_edu.lessons.kv_view import KVView
-from paged_edu.lessons.toy_kv import ToyLayer
+from paged_edu.labs.seed_allocator import SeedAllocator
+from paged_edu.labs import experiments as E
+from paged_edu.labs.kv_view import KVView
+from paged_edu.labs.toy_kv import ToyLayer
 from paged_edu.sim.workloads import Request
 from paged_edu.viz import figures as F
 from paged_edu.viz import palette as P

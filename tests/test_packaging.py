@@ -69,7 +69,7 @@ def test_constraints_pin_what_pyproject_allows_and_leave_torch_alone():
 
 
 def test_core_modules_import_without_torch_or_plotly():
-    code = ("import sys, paged_edu, paged_edu.core.allocator, paged_edu.core.memory, paged_edu.sim.cli\n"
+    code = ("import sys, paged_edu, paged_edu.core.allocator, paged_edu.core.memory, paged_edu.cli\n"
             "from paged_edu import BlockAllocator, simulate\n"
             "print(sorted(m for m in ('torch', 'triton', 'plotly', 'ipywidgets') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

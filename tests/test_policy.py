@@ -8,10 +8,10 @@ import pytest
 
 from paged_edu import BlockAllocator
 from paged_edu.core.radix_cache import RadixAllocator
-from paged_edu.engine.policy import LongestPrefixFirst
-from paged_edu.engine.scheduler import Scheduler
+from paged_edu.sched.policy import LongestPrefixFirst
+from paged_edu.sched.scheduler import Scheduler
 from paged_edu.sim import prefix_workloads
-from paged_edu.sim.cli import main
+from paged_edu.cli import main
 
 SHARED = list(range(100, 132))  # 32 tokens: 2 blocks of 16
 

@@ -8,7 +8,7 @@ import pytest
 from paged_edu import BlockAllocator
 from paged_edu.core.allocator import OutOfBlocksError, UnknownSequenceError
 from paged_edu.core.radix_cache import RadixAllocator
-from paged_edu.lessons.allocator_contract import observable
+from paged_edu.core.contract import observable
 
 
 def _brute_force_hit(prompt, computed, B):

@@ -12,7 +12,7 @@ import random
 import pytest
 
 from paged_edu import BlockAllocator
-from paged_edu.engine.scheduler import Scheduler
+from paged_edu.sched.scheduler import Scheduler
 
 B = 4
 VOCAB = 50
@@ -325,7 +325,7 @@ def _state(s: Scheduler):
 
 
 def test_abort_of_an_unknown_or_finished_sequence_is_refused_and_changes_nothing():
-    from paged_edu.engine.sequence import Sequence
+    from paged_edu.sched.sequence import Sequence
 
     a = BlockAllocator(16, B, cache_when_computed=True)
     s = Scheduler(a, max_num_batched_tokens=64, preemption_mode="swap", num_cpu_blocks=8)
@@ -378,7 +378,7 @@ def test_requests_that_can_never_run_are_refused_at_add_naming_the_limit():
 
 
 def test_memory_managers_implement_the_protocol_and_early_publishing_is_refused():
-    from paged_edu.engine.memory_manager import MemoryManager
+    from paged_edu.sched.memory_manager import MemoryManager
     from paged_edu.sim.managers import make_manager
 
     for name in ("paged", "paged-prefix", "contiguous-max"):

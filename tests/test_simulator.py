@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from paged_edu.sim import workloads
-from paged_edu.sim.cli import main
+from paged_edu.cli import main
 from paged_edu.sim.costmodel import GPUS, MODELS, CostModel, StepShape
 from paged_edu.core.memory import PRESETS
 from paged_edu.sim.simulator import SimConfig, compare, format_table, make_manager, simulate
@@ -441,8 +441,8 @@ def test_sim_and_core_run_without_torch(tmp_path):
         "for pkg in (paged_edu.sim, paged_edu.core):\n"
         "    for m in pkgutil.iter_modules(pkg.__path__):\n"
         "        importlib.import_module(f'{pkg.__name__}.{m.name}')\n"
-        "import paged_edu.engine.scheduler\n"
-        "from paged_edu.sim.cli import main\n"
+        "import paged_edu.sched.scheduler\n"
+        "from paged_edu.cli import main\n"
         "code = main(['simulate', '--workload', 'sharegpt', '--num-requests', '30', '--rate', 'inf',\n"
         "             '--gpu', 'a100-40gb', '--no-progress', '--managers', 'paged,contiguous-max', '--block-sizes', '16'])\n"
         "assert code == 0, code\n"

@@ -17,9 +17,9 @@ import torch
 from paged_edu.core.allocator import BlockAllocator
 from paged_edu.core.contiguous import ContiguousAllocator
 from paged_edu.core.memory import PRESETS, eta_paged, kv_bytes
-from paged_edu.core.seed_allocator import SeedAllocator
-from paged_edu.lessons.experiments import prefix_reuse_experiment
-from paged_edu.lessons.toy_kv import ToyLayer
+from paged_edu.labs.seed_allocator import SeedAllocator
+from paged_edu.labs.experiments import prefix_reuse_experiment
+from paged_edu.labs.toy_kv import ToyLayer
 from paged_edu.viz import figures as F
 from paged_edu.viz.widgets import BlockTableWidget, KVMemoryCalculator, PrefixSharingWidget
 

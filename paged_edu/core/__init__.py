@@ -11,7 +11,7 @@
   :mod:`~paged_edu.core.radix_tree` (the tree, locks, LRU leaf eviction) and
   :mod:`~paged_edu.core.radix_cache` (``RadixAllocator``); :mod:`~paged_edu.core.seq_lookup` holds
   what both allocators answer about their sequences;
-* :mod:`~paged_edu.core.seed_allocator` -- the seed's allocator, kept with its defects as the
+* :mod:`~paged_edu.labs.seed_allocator` -- the seed's allocator, kept with its defects as the
   cautionary example of lesson 3;
 * :mod:`~paged_edu.core.validation` -- the one set of input checks (integers, token lists, seeds).
 

@@ -1,11 +1,11 @@
 """Continuous batching on a real model (lessons 5-6).
 
-* :mod:`~paged_edu.engine.sequence` -- one request's state as the scheduler sees it;
-* :mod:`~paged_edu.engine.scheduler` -- continuous batching, chunked prefill, prefix hits,
+* :mod:`~paged_edu.sched.sequence` -- one request's state as the scheduler sees it;
+* :mod:`~paged_edu.sched.scheduler` -- continuous batching, chunked prefill, prefix hits,
   preemption by recompute or swap; plain Python, shared with the simulator, with its parts:
-  :mod:`~paged_edu.engine.memory_manager` (the ``MemoryManager`` protocol it drives),
-  :mod:`~paged_edu.engine.admission` (can a request ever fit), :mod:`~paged_edu.engine.swap` (the CPU
-  swap space, one owner) and :mod:`~paged_edu.engine.scheduler_output` (what one step schedules);
+  :mod:`~paged_edu.sched.memory_manager` (the ``MemoryManager`` protocol it drives),
+  :mod:`~paged_edu.sched.admission` (can a request ever fit), :mod:`~paged_edu.sched.swap` (the CPU
+  swap space, one owner) and :mod:`~paged_edu.sched.scheduler_output` (what one step schedules);
 * :mod:`~paged_edu.engine.sampling` -- seeded, batch-independent sampling;
 * :mod:`~paged_edu.engine.runner` -- the model runner: batch preparation and CUDA graphs;
 * :mod:`~paged_edu.engine.requests` -- is a request servable (checked before it is queued);

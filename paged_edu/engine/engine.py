@@ -4,7 +4,7 @@ What you will learn
 -------------------
 One call of :meth:`Engine.step` is one *iteration* of iteration-level scheduling:
 
-1. the :class:`~paged_edu.engine.scheduler.Scheduler` picks the tokens of this step -- one token for
+1. the :class:`~paged_edu.sched.scheduler.Scheduler` picks the tokens of this step -- one token for
    every running decode, then prompt chunks under the ``max_num_batched_tokens`` budget -- and
    may preempt sequences when the pool runs out of blocks;
 2. the engine applies the block copies the scheduler asked for, in order: swap-outs to CPU
@@ -50,10 +50,10 @@ from paged_edu.engine import offline
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
 from paged_edu.engine.requests import check_max_model_len, check_request
 from paged_edu.engine.runner import ModelRunner
-from paged_edu.engine.memory_manager import MemoryManager
+from paged_edu.sched.memory_manager import MemoryManager
 from paged_edu.engine.sampling import Sampler, SamplingParams, rows_to_sample, tokens_by_sequence
-from paged_edu.engine.scheduler import Scheduler
-from paged_edu.engine.sequence import Sequence as Seq
+from paged_edu.sched.scheduler import Scheduler
+from paged_edu.sched.sequence import Sequence as Seq
 from paged_edu.models.llama import PagedLlama
 
 __all__ = ["Engine", "RequestMetrics", "RequestOutput", "SamplingParams", "StepMetrics"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from paged_edu.engine.sampling import SamplingParams
-from paged_edu.engine.sequence import Sequence as Seq, SequenceStatus
+from paged_edu.sched.sequence import Sequence as Seq, SequenceStatus
 
 __all__ = ["RequestMetrics", "RequestOutput", "RequestState", "StepMetrics", "step_metrics"]
 

@@ -27,7 +27,7 @@ MQA are the ratios 1 and ``num_q_heads``). fp32, fp16 and bf16; softmax and accu
 
 * ``"loop"`` -- the seed's algorithm kept readable: per request, per block, online softmax
   (:func:`paged_edu.kernels.reference.paged_attention_loop`). The teaching baseline; slow. The
-  seed's code as written is :mod:`paged_edu.kernels.seed_kernel` (not an ``impl``): it raises
+  seed's code as written is :mod:`paged_edu.labs.seed_kernel` (not an ``impl``): it raises
   ``RuntimeError`` on bf16/fp16 inputs, because it multiplies its fp32 softmax weights by bf16 V.
 * ``"torch"`` -- vectorised gather + masked softmax, the oracle every other one is tested against
   (:func:`paged_edu.kernels.reference.paged_attention_torch`).

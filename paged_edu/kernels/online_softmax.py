@@ -18,7 +18,7 @@ attention output over ``T`` is ``o / l``. The empty state is ``(m, l, o) = (-inf
 
 Both work in float32 and keep the seed's notation; shapes per call: ``H`` query heads, ``B`` slots
 of a block, ``D`` head_dim. Both are lesson 4's exercises (4.3 and 4.1); the lesson's stepper
-(:class:`paged_edu.lessons.online_softmax.OnlineSoftmaxStepper`) runs :func:`block_update` -- or a
+(:class:`paged_edu.labs.softmax_stepper.OnlineSoftmaxStepper`) runs :func:`block_update` -- or a
 learner's version of it.
 """
 

@@ -17,7 +17,7 @@ What you will learn
 
 These functions assume valid inputs; :mod:`paged_edu.kernels` validates before calling them.
 
-The seed's version (kept as written in :mod:`paged_edu.kernels.seed_kernel`, which lesson 4 runs)
+The seed's version (kept as written in :mod:`paged_edu.labs.seed_kernel`, which lesson 4 runs)
 differs in these ways. It keeps ``m``, ``l`` and ``o`` in float32 but multiplies the fp32 ``P_b``
 by K/V in their own dtype in one einsum, which does not promote: on bf16 or fp16 inputs -- its own
 simulation uses bf16 -- it raises ``RuntimeError`` (a dtype mismatch) on the first block, so it

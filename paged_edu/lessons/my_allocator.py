@@ -27,7 +27,7 @@ samples share blocks. The rules, with ``B = block_size``:
   goes back to ``free_block_ids``.
 
 ``ex.check("5.3", MyAllocator)`` runs the allocator contract
-(:mod:`paged_edu.lessons.allocator_contract`) on it and then an engine on it, token for token
+(:mod:`paged_edu.core.contract`) on it and then an engine on it, token for token
 against the library's :class:`~paged_edu.core.allocator.BlockAllocator`.
 """
 

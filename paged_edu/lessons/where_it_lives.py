@@ -120,7 +120,7 @@ CONCEPTS: tuple[Concept, ...] = (
             (C("not found: sharing is only through the tree, at page granularity (match_prefix truncates keys to "
                "whole pages)", S_RADIX + " (RadixCache.match_prefix)"),)),
     Concept("fork (parallel sampling, beam search)", "3", ("paged_edu.core.allocator:BlockAllocator.fork",
-                                                           "paged_edu.engine.scheduler:Scheduler.fork"),
+                                                           "paged_edu.sched.scheduler:Scheduler.fork"),
             (C("n > 1: ParentRequest fans a request out into n child requests and gathers their outputs",
                V + "vllm/v1/engine/parallel_sampling.py (ParentRequest)"),
              C("beam search re-submits each beam as a new prompt of its tokens (BeamSearchSequence.get_prompt); "
@@ -129,7 +129,7 @@ CONCEPTS: tuple[Concept, ...] = (
             (C("parallel sampling first sends each prompt with max_new_tokens = 0 ('Cache the common prefix for "
                "parallel sampling'), then the n samples", S + "python/sglang/srt/managers/tokenizer_manager.py "
                "(TokenizerManager, the parallel-sampling path)"),)),
-    Concept("preemption (recompute)", "6", ("paged_edu.engine.scheduler:Scheduler.schedule",),
+    Concept("preemption (recompute)", "6", ("paged_edu.sched.scheduler:Scheduler.schedule",),
             (C("_preempt_request frees the request's blocks, sets PREEMPTED, num_computed_tokens = 0 and puts it "
                "at the front of the waiting queue; under FCFS the victim is self.running.pop()",
                V_SCHED + " (Scheduler._preempt_request, Scheduler.schedule)"),
@@ -141,7 +141,7 @@ CONCEPTS: tuple[Concept, ...] = (
                S_BATCH + " (ScheduleBatch.retract_decode)"),
              C("--retraction-policy length (default: 'retracts short-output, long-input requests first') or priority",
                S_ARGS + " (ServerArgs.retraction_policy)"))),
-    Concept("swap space (CPU)", "6", ("paged_edu.engine.swap:SwapSpace",),
+    Concept("swap space (CPU)", "6", ("paged_edu.sched.swap:SwapSpace",),
             (C("v0's CacheConfig.swap_space = 4 'Size of the CPU swap space per GPU (in GiB)'; the stored "
                "vllm/config/cache.py has no swap_space, and CPU memory serves KV offloading instead: "
                "kv_offloading_size (GiB) with kv_offloading_backend native | lmcache",
@@ -153,7 +153,7 @@ CONCEPTS: tuple[Concept, ...] = (
              C("SchedulePolicy takes enable_hierarchical_cache", S_POLICY + " (SchedulePolicy.__init__)")),
             (C("both move cached *prefixes* to host memory rather than swapping a preempted request in and out",
                V + "vllm/config/cache.py (kv_offloading_backend)"),)),
-    Concept("chunked prefill", "5", ("paged_edu.engine.scheduler:Scheduler.schedule",),
+    Concept("chunked prefill", "5", ("paged_edu.sched.scheduler:Scheduler.schedule",),
             (C("SchedulerConfig.enable_chunked_prefill (True in the stored version): prefills chunked to the "
                "remaining max_num_batched_tokens; max_num_partial_prefills, long_prefill_token_threshold",
                V + "vllm/config/scheduler.py (SchedulerConfig)"),),
@@ -174,7 +174,7 @@ CONCEPTS: tuple[Concept, ...] = (
                "the next captured size (bisect over capture_bs)",
                S + "python/sglang/srt/model_executor/cuda_graph_runner.py "
                "(CudaGraphRunner.capture, replay_prepare)"),)),
-    Concept("prefix-aware scheduling (LPM)", "7", ("paged_edu.engine.policy:LongestPrefixFirst",),
+    Concept("prefix-aware scheduling (LPM)", "7", ("paged_edu.sched.policy:LongestPrefixFirst",),
             (C("SchedulerConfig.policy is 'fcfs' or 'priority': no cache-aware order found",
                V + "vllm/config/scheduler.py (SchedulerPolicy)"),),
             (C("CacheAwarePolicy LPM, DFS_WEIGHT; CacheAgnosticPolicy FCFS, LOF, RANDOM (newer versions add more)",

@@ -7,7 +7,7 @@ roofline cost model in place of the GPU, and ``paged-edu simulate``.
 * :mod:`~paged_edu.sim.managers` -- the memory managers: contiguous reservations and paged blocks;
 * :mod:`~paged_edu.sim.simulator` -- the simulation loop; :mod:`~paged_edu.sim.results` what it measures;
 * :mod:`~paged_edu.sim.compare` -- every manager side by side, the table, rate sweeps;
-* :mod:`~paged_edu.sim.cli` -- the command line.
+* :mod:`~paged_edu.cli` -- the command line.
 
 Needs no torch: the core install runs it.
 """

@@ -1,6 +1,6 @@
 """Memory managers for the simulator: the paged allocator and contiguous reservations, one interface.
 
-Both implement the scheduler's :class:`~paged_edu.engine.memory_manager.MemoryManager` protocol:
+Both implement the scheduler's :class:`~paged_edu.sched.memory_manager.MemoryManager` protocol:
 
 * :class:`PagedManager` -- the real :class:`~paged_edu.core.allocator.BlockAllocator` (blocks of ``B``
   slots, optional prefix caching), plus the bookkeeping the memory breakdown needs;
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from paged_edu.core.allocator import BlockAllocator, OutOfBlocksError, PrefixCacheStats, UnknownSequenceError
 from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
-from paged_edu.engine.sequence import Sequence
+from paged_edu.sched.sequence import Sequence
 from paged_edu.sim.workloads import L_MAX
 
 __all__ = ["BLOCK_SIZES", "MANAGERS", "ContiguousManager", "PagedManager", "RadixManager", "make_manager"]

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from paged_edu.engine.policy import POLICIES
+from paged_edu.sched.policy import POLICIES
 from paged_edu.sim.managers import MANAGERS
 from paged_edu.sim.workloads import L_MAX
 
@@ -31,7 +31,7 @@ class SimConfig:
     enable_chunked_prefill: bool = True
     preemption_mode: str = "recompute"
     num_cpu_blocks: int = 0
-    policy: str = "fcfs"  # admission order: "fcfs" or "lpm" (paged_edu.engine.policy)
+    policy: str = "fcfs"  # admission order: "fcfs" or "lpm" (paged_edu.sched.policy)
     sample_every: int = 4  # steps between memory snapshots
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ affords. Each step:
    output length in advance) and :meth:`Scheduler.update` finishes the ones that are done.
 
 Memory managers (:mod:`paged_edu.sim.managers`, each a
-:class:`~paged_edu.engine.memory_manager.MemoryManager`)::
+:class:`~paged_edu.sched.memory_manager.MemoryManager`)::
 
     contiguous-max     reserve L_max slots per request          (FasterTransformer, Orca (Max))
     contiguous-pow2    reserve prompt + next power of 2 of the output (Orca (Pow2))
@@ -49,8 +49,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from paged_edu.engine.scheduler import Scheduler, SchedulerOutput
-from paged_edu.engine.sequence import Sequence, SequenceStatus
+from paged_edu.sched.scheduler import Scheduler, SchedulerOutput
+from paged_edu.sched.sequence import Sequence, SequenceStatus
 from paged_edu.sim.costmodel import CostModel, StepShape
 from paged_edu.sim.managers import BLOCK_SIZES, MANAGERS, ContiguousManager, PagedManager, make_manager
 from paged_edu.sim.results import RequestRecord, SimConfig, SimResult

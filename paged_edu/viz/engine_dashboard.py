@@ -185,7 +185,7 @@ class ChunkedPrefillExplorer:
     """A slider over ``max_num_batched_tokens``: each value reruns the chunked-prefill trace."""
 
     def __init__(self, model, *, budget: int = 64, long_prompt_len: int = 200) -> None:
-        from paged_edu.lessons.batching import chunked_prefill_trace
+        from paged_edu.labs.batching import chunked_prefill_trace
 
         self._trace = lambda b: chunked_prefill_trace(model, max_num_batched_tokens=b, long_prompt_len=long_prompt_len)
         self.trace = self._trace(budget)

@@ -20,7 +20,7 @@ from paged_edu.viz.figures import SEQ_COLORS
 __all__ = ["batching_bars_figure", "chunked_prefill_data", "chunked_prefill_figure", "engine_metrics_data",
            "engine_metrics_figure", "phase_figure", "timeline_figure", "PHASE_COLORS"]
 
-# Timeline codes (paged_edu.lessons.batching): waiting, useful, wasted (finished, still computed), done.
+# Timeline codes (paged_edu.labs.batching): waiting, useful, wasted (finished, still computed), done.
 _TIMELINE_COLORS = ["#e8e8e8", "#17a398", "#e4572e", "#ffffff"]
 _TIMELINE_SCALE = [[v, c] for k, c in enumerate(_TIMELINE_COLORS) for v in (k / 4, (k + 1) / 4)]
 PHASE_COLORS = {"schedule": "#6a4c93", "prepare": "#1982c4", "forward": "#17a398", "sample": "#f3a712",

@@ -1,8 +1,8 @@
 """The flags explorer (lesson 8): type a ``vllm serve`` command line, pick a model, a GPU and a
-workload; the view translates the flags (:func:`paged_edu.lessons.serving_flags.translate`) and
-serves the workload with them in the simulator (:func:`~paged_edu.lessons.serving_flags.simulate_flags`).
+workload; the view translates the flags (:func:`paged_edu.labs.serving_flags.translate`) and
+serves the workload with them in the simulator (:func:`~paged_edu.labs.serving_flags.simulate_flags`).
 
-A thin view: the numbers come from one :class:`~paged_edu.lessons.serving_flags.Translation` and
+A thin view: the numbers come from one :class:`~paged_edu.labs.serving_flags.Translation` and
 one :class:`~paged_edu.sim.results.SimResult`. A command line that vLLM would refuse shows the
 error text in the status line and leaves the plots as they were -- a callback never raises. Every
 control's callback is :meth:`FlagsExplorer.redraw`; tests set ``explorer.command.value`` etc. and
@@ -17,7 +17,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from paged_edu.core.hardware import GPU_TABLE
-from paged_edu.lessons.serving_flags import MODELS, simulate_flags, translate
+from paged_edu.labs.serving_flags import MODELS, simulate_flags, translate
 from paged_edu.viz.palette import BAD, EVICTABLE, IDLE, OKABE_ITO
 from paged_edu.viz.widgets import _figure_widget
 

@@ -1,6 +1,6 @@
 """Lesson 4's kernel figures: the ladder loop -> torch -> Triton, and time against the number of KV splits.
 
-Pure functions from measured rows (:mod:`paged_edu.lessons.kernel_ladder`, or the stored
+Pure functions from measured rows (:mod:`paged_edu.labs.kernel_ladder`, or the stored
 ``figures/kernel_bench.json`` / ``kernel_sweep.json``) to plotly figures.
 """
 

@@ -1,4 +1,4 @@
-"""Lesson 6's preemption explorer: a thin view over :func:`paged_edu.lessons.preemption.run_under_pressure`.
+"""Lesson 6's preemption explorer: a thin view over :func:`paged_edu.labs.preemption.run_under_pressure`.
 
 A slider sets the pool's KV blocks, a toggle the preemption mode (recompute / swap / auto); each
 change reruns the same requests and redraws one timeline: every request's tokens (y = request,
@@ -15,7 +15,7 @@ import html
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from paged_edu.lessons.preemption import blocks_needed, output_mismatches, run_under_pressure
+from paged_edu.labs.preemption import blocks_needed, output_mismatches, run_under_pressure
 from paged_edu.viz.widgets.base import _figure_widget
 
 __all__ = ["PreemptionExplorer", "remedy_figure", "timeline_data", "timeline_figure"]

@@ -14,7 +14,7 @@ import math
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from paged_edu.lessons.benchmark_table import paper_cost_model, workload
+from paged_edu.labs.benchmark_table import paper_cost_model, workload
 from paged_edu.sim.managers import BLOCK_SIZES, MANAGERS
 from paged_edu.sim.results import SimConfig
 from paged_edu.sim.simulator import simulate

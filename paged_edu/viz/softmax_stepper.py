@@ -1,5 +1,5 @@
 """The online-softmax stepper widget (the seed's Figure 2, live): a thin view over
-:class:`paged_edu.lessons.online_softmax.OnlineSoftmaxStepper`.
+:class:`paged_edu.labs.softmax_stepper.OnlineSoftmaxStepper`.
 
 Buttons: **next block** (``stepper.step()``), **run to the end**, **reset**, **shuffle physical blocks**
 (``stepper.shuffle()``); a **query head** slider picks the head on show. The figure:
@@ -22,7 +22,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from paged_edu.lessons.online_softmax import OnlineSoftmaxStepper
+from paged_edu.labs.softmax_stepper import OnlineSoftmaxStepper
 
 __all__ = ["SoftmaxStepperWidget", "stepper_figure", "stepper_traces"]
 

@@ -1,6 +1,6 @@
 """Figures of the K/V tensors themselves: the values a copy-on-write copies (lesson 3).
 
-Pure functions over the plain numbers :mod:`paged_edu.lessons.experiments` returns; signed values
+Pure functions over the plain numbers :mod:`paged_edu.labs.experiments` returns; signed values
 use the palette's blue-white-orange scale, centred on 0, with one shared colour bar.
 """
 
@@ -14,7 +14,7 @@ __all__ = ["cow_heatmap_figure"]
 
 
 def cow_heatmap_figure(result: dict, title: str | None = None) -> go.Figure:
-    """``result`` from :func:`~paged_edu.lessons.experiments.cow_experiment`: K of the shared block
+    """``result`` from :func:`~paged_edu.labs.experiments.cow_experiment`: K of the shared block
     (source) and of its copy at each stage, as heat-maps of slots x dimensions."""
     from plotly.subplots import make_subplots
 

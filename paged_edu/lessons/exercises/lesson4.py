@@ -13,9 +13,9 @@ import torch
 
 from paged_edu.kernels.online_softmax import block_update, merge_states
 from paged_edu.kernels.reference import gather_kv, paged_attention_torch
-from paged_edu.kernels.timing import decode_bytes, random_paged_case
+from paged_edu.labs.timing import decode_bytes, random_paged_case
 from paged_edu.lessons.exercises.framework import Verdict, register
-from paged_edu.lessons.online_softmax import OnlineSoftmaxStepper
+from paged_edu.labs.softmax_stepper import OnlineSoftmaxStepper
 
 TOL = 1e-5
 

@@ -7,7 +7,7 @@ import functools
 import math
 
 from paged_edu.core.allocator import BlockAllocator, OutOfBlocksError
-from paged_edu.lessons.allocator_contract import check_contract
+from paged_edu.core.contract import check_contract
 from paged_edu.lessons.exercises.framework import Verdict, check_function, compare, register
 from paged_edu.lessons.my_allocator import MyAllocator
 
@@ -32,7 +32,7 @@ def blocks_held_stub(prompt_len, block_size, k):
 
 @functools.lru_cache(maxsize=1)
 def _tiny():
-    from paged_edu.lessons.engine_lab import tiny_model
+    from paged_edu.labs.engine_lab import tiny_model
 
     return tiny_model()
 
@@ -194,7 +194,7 @@ def engine_agreement(allocator_cls, model=None, *, num_blocks: int = 12, block_s
     enough to preempt. Returns both outputs and whether every block came back.
     """
     from paged_edu.engine import SamplingParams
-    from paged_edu.lessons.engine_lab import engine_on
+    from paged_edu.labs.engine_lab import engine_on
 
     model = _tiny() if model is None else model
     vocab = model.config.vocab_size

@@ -15,8 +15,8 @@ KNOBS = ("max_num_seqs", "max_num_batched_tokens", "num_cpu_blocks", "preemption
 
 @lru_cache(maxsize=None)
 def _scenario_run(knob: tuple = ()):
-    from paged_edu.lessons.engine_lab import tiny_model
-    from paged_edu.lessons.preemption import pressure_prompts, run_under_pressure
+    from paged_edu.labs.engine_lab import tiny_model
+    from paged_edu.labs.preemption import pressure_prompts, run_under_pressure
 
     s = SCENARIO
     prompts = pressure_prompts(s["num_requests"], s["prompt_len"], 512, seed=6)
@@ -28,7 +28,7 @@ def _scenario_run(knob: tuple = ()):
 
 @lru_cache(maxsize=1)
 def _model():
-    from paged_edu.lessons.engine_lab import tiny_model
+    from paged_edu.labs.engine_lab import tiny_model
 
     return tiny_model(seed=0)
 
@@ -61,7 +61,7 @@ def _check_6_1(answer) -> Verdict:
 def kv_blocks_left(gpu_key="h200", model_key="Llama-3-8B", gpu_memory_utilization=0.9, block_size=16,
                    context_mib=512):
     """6.2's reference: the library's sizing over what is free after the context and the weights."""
-    from paged_edu.lessons.troubleshooting import plan_memory
+    from paged_edu.labs.troubleshooting import plan_memory
 
     return plan_memory(gpu_key, model_key, gpu_memory_utilization, context_bytes=context_mib * MiB,
                        activation_bytes=0, block_size=block_size).num_blocks

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from paged_edu.lessons import benchmark_table as bt
+from paged_edu.labs import benchmark_table as bt
 from paged_edu.lessons.exercises.framework import Verdict, compare, register
 
 RATES = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)  # the grid of exercise 7.2 (requests/s)

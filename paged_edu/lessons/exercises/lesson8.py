@@ -7,8 +7,8 @@ import math
 from functools import lru_cache
 
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
-from paged_edu.lessons import cache_compare as cc
-from paged_edu.lessons import serving_flags as sf
+from paged_edu.labs import cache_compare as cc
+from paged_edu.labs import serving_flags as sf
 from paged_edu.lessons.exercises.framework import Verdict, compare, register
 
 COMMAND = "vllm serve facebook/opt-13b --gpu-memory-utilization 0.85 --block-size 32 --kv-cache-dtype fp8"

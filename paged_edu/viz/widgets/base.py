@@ -9,7 +9,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from paged_edu.core.allocator import BlockAllocator, BlockEvent, OutOfBlocksError
-from paged_edu.lessons.kv_view import KVView
+from paged_edu.labs.kv_view import KVView
 from paged_edu.viz import figures as F
 from paged_edu.viz.palette import BAD, GOOD, NEUTRAL
 

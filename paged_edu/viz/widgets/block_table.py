@@ -8,7 +8,7 @@ import itertools
 import ipywidgets as W
 
 from paged_edu.core.allocator import BlockAllocator
-from paged_edu.lessons.kv_view import KVView
+from paged_edu.labs.kv_view import KVView
 from paged_edu.viz.widgets.base import _AllocatorView
 
 __all__ = ["BlockTableWidget"]
@@ -17,7 +17,7 @@ __all__ = ["BlockTableWidget"]
 class BlockTableWidget(_AllocatorView):
     """Add requests, append tokens, free them; see the physical blocks, the tables, one token's address.
 
-    With ``kv`` (a :class:`~paged_edu.lessons.kv_view.KVView`, made by default on ``device``), every
+    With ``kv`` (a :class:`~paged_edu.labs.kv_view.KVView`, made by default on ``device``), every
     token written through the allocator is also written into real K/V tensors, and :meth:`pick`
     checks the seed's address formula against the tensor's actual memory.
     """

@@ -7,7 +7,7 @@ import itertools
 import ipywidgets as W
 
 from paged_edu.core.allocator import BlockAllocator
-from paged_edu.lessons.kv_view import KVView
+from paged_edu.labs.kv_view import KVView
 from paged_edu.viz.widgets.base import _AllocatorView
 
 __all__ = ["PrefixSharingWidget"]

@@ -11,7 +11,7 @@
 * :func:`victim_rule_violations` -- every preemption checked against vLLM's rule, "the most recently
   admitted running sequence goes first", recomputed from the event stream alone.
 
-The victim rule is the scheduler's (:meth:`paged_edu.engine.scheduler.Scheduler.schedule`); this
+The victim rule is the scheduler's (:meth:`paged_edu.sched.scheduler.Scheduler.schedule`); this
 module only observes it.
 """
 

@@ -12,15 +12,15 @@ Every step the scheduler decides which tokens are computed, in this order:
 2. **running prefills** -- the next chunk of a prompt that did not fit in one step (chunked prefill).
 3. **swapped sequences** come back (only in a step that preempted nothing).
 4. **waiting sequences** are admitted in ``policy`` order -- ``fcfs``, or ``lpm``: longest cached
-   prefix first, starvation bounded (:mod:`~paged_edu.engine.policy`) -- while ``max_num_seqs``,
+   prefix first, starvation bounded (:mod:`~paged_edu.sched.policy`) -- while ``max_num_seqs``,
    the token budget ``max_num_batched_tokens`` and the pool allow: ``allocator.allocate`` gives the
    block table and the prefix-cache hit, whose tokens are not computed again.
 
 The executor (the engine's model, or the simulator's cost model) runs the
-:class:`~paged_edu.engine.scheduler_output.SchedulerOutput` and hands the sampled tokens to
-:meth:`Scheduler.update`. The memory manager is any :class:`~paged_edu.engine.memory_manager.MemoryManager`;
-CPU swap is a :class:`~paged_edu.engine.swap.SwapSpace`; a request that could never run is refused
-when it is added (:mod:`~paged_edu.engine.admission`). Plain Python, no torch.
+:class:`~paged_edu.sched.scheduler_output.SchedulerOutput` and hands the sampled tokens to
+:meth:`Scheduler.update`. The memory manager is any :class:`~paged_edu.sched.memory_manager.MemoryManager`;
+CPU swap is a :class:`~paged_edu.sched.swap.SwapSpace`; a request that could never run is refused
+when it is added (:mod:`~paged_edu.sched.admission`). Plain Python, no torch.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import itertools
 from collections import deque
 from collections.abc import Sequence as Seq
 from paged_edu.core.allocator import OutOfBlocksError
-from paged_edu.engine.admission import check_request
-from paged_edu.engine.memory_manager import MemoryManager, publishes_before_computed
-from paged_edu.engine.policy import POLICIES, LongestPrefixFirst
-from paged_edu.engine.scheduler_output import ScheduledSeq, SchedulerOutput
-from paged_edu.engine.sequence import Sequence, SequenceStatus
-from paged_edu.engine.swap import SwapSpace
+from paged_edu.sched.admission import check_request
+from paged_edu.sched.memory_manager import MemoryManager, publishes_before_computed
+from paged_edu.sched.policy import POLICIES, LongestPrefixFirst
+from paged_edu.sched.scheduler_output import ScheduledSeq, SchedulerOutput
+from paged_edu.sched.sequence import Sequence, SequenceStatus
+from paged_edu.sched.swap import SwapSpace
 
 __all__ = ["ScheduledSeq", "Scheduler", "SchedulerOutput"]
 

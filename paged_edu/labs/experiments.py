@@ -10,7 +10,7 @@ hard-coded. The allocators they drive stay free of torch (:mod:`paged_edu.core`)
   both run against the real cache), :func:`decode_throughput` (what a bigger batch buys);
 * lesson 3: :func:`cow_experiment` (K values around one copy-on-write) and
   :func:`shared_prefix_blocks` (memory of a shared prefix: seed's formula, block-rounded formula,
-  allocator); the seed allocator's defects on tensors are in :mod:`paged_edu.lessons.seed_defects`.
+  allocator); the seed allocator's defects on tensors are in :mod:`paged_edu.labs.seed_defects`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.allocator import BlockAllocator
 from paged_edu.core.memory import KVSpec, kv_bytes
-from paged_edu.lessons.seed_defects import (no_copy_on_write_experiment, no_rollback_experiment,  # noqa: F401
+from paged_edu.labs.seed_defects import (no_copy_on_write_experiment, no_rollback_experiment,  # noqa: F401
                                             prefix_reuse_experiment, stale_entry_experiment)
 
 __all__ = ["TORCH_DTYPES", "address_check", "contiguous_idle_share", "cow_experiment", "decode_throughput",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from paged_edu.engine.sequence import Sequence
+from paged_edu.sched.sequence import Sequence
 
 __all__ = ["ScheduledSeq", "SchedulerOutput"]
 

@@ -19,7 +19,7 @@ import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.allocator import BlockAllocator, OutOfBlocksError
-from paged_edu.core.seed_allocator import SeedAllocator
+from paged_edu.labs.seed_allocator import SeedAllocator
 
 __all__ = ["TensorRun", "no_copy_on_write_experiment", "no_rollback_experiment", "prefix_reuse_experiment",
            "stale_entry_experiment"]

@@ -1,7 +1,7 @@
 """Lesson 4's measurements: the ladder loop -> torch -> Triton, and split-KV, on the device at hand.
 
 * :func:`gpu_ladder` -- on a CUDA GPU, exactly as ``benchmarks/bench_kernels.py`` measures (same
-  :class:`~paged_edu.kernels.timing.Timer`, same copy ceiling, same random paged cases): microseconds
+  :class:`~paged_edu.labs.timing.Timer`, same copy ceiling, same random paged cases): microseconds
   and % of the copy ceiling per implementation, every output checked against the fp32 oracle.
 * :func:`split_sweep` -- the Triton kernel's time against the number of KV splits for one case.
 * :func:`cpu_ladder` -- on a CPU, a small case timed by wall clock: the loop, the torch reference and
@@ -22,8 +22,8 @@ import torch
 
 from paged_edu.kernels import paged_attention_decode, triton_interpreting
 from paged_edu.kernels.reference import paged_attention_loop, paged_attention_torch
-from paged_edu.kernels.seed_kernel import paged_attention_decode_step_fixed
-from paged_edu.kernels.timing import Timer, copy_ceiling_us, decode_bytes, random_paged_case, rel_err, wall_us
+from paged_edu.labs.seed_kernel import paged_attention_decode_step_fixed
+from paged_edu.labs.timing import Timer, copy_ceiling_us, decode_bytes, random_paged_case, rel_err, wall_us
 
 __all__ = ["cpu_ladder", "gpu_ladder", "source_between", "split_sweep", "stored_gpu_figures"]
 

@@ -2,7 +2,7 @@
 
 A :class:`KVView` pairs a :class:`~paged_edu.core.allocator.BlockAllocator` with one layer of a paged
 KV cache, ``k_cache, v_cache: (num_blocks, block_size, num_kv_heads, head_dim)``, and fills it
-with the prefix-dependent K/V of :class:`~paged_edu.lessons.toy_kv.ToyLayer`. Widgets call it after each
+with the prefix-dependent K/V of :class:`~paged_edu.labs.toy_kv.ToyLayer`. Widgets call it after each
 allocator operation; it also answers the two questions lessons 2 and 3 ask of the tensors:
 
 * where does token ``t`` live? ``BasePtr_K + B(t//B) * S_block + (t mod B) * S_token + h * S_head``,
@@ -17,7 +17,7 @@ import torch
 
 from paged_edu.core.allocator import BlockAllocator
 from paged_edu.lessons.setup import default_dtype, pick_device
-from paged_edu.lessons.toy_kv import ToyLayer
+from paged_edu.labs.toy_kv import ToyLayer
 
 __all__ = ["KVView", "default_dtype", "pick_device"]
 
@@ -79,8 +79,8 @@ class KVView:
     def check_address(self, seq_id, t: int, kv_head: int = 0) -> dict:
         """Token ``t``'s K address from the *symbols* (not the tensor's strides), next to the
         tensor's own ``data_ptr()``, and where the seed's formula as written lands instead
-        (see :func:`paged_edu.lessons.experiments.address_check`)."""
-        from paged_edu.lessons.experiments import address_check
+        (see :func:`paged_edu.labs.experiments.address_check`)."""
+        from paged_edu.labs.experiments import address_check
 
         k_ref, _ = self.expected_kv(seq_id)
         a = address_check(self.cache, self.allocator.block_table(seq_id), t, k_ref, kv_head=kv_head)

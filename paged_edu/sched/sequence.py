@@ -25,7 +25,7 @@ class Sequence:
     ``num_computed_tokens`` leading tokens have their K/V in the cache; the allocator holds
     ``num_placed_tokens`` of them (one more than computed while a decode's new token waits for its
     step). Its CPU blocks while swapped out belong to the scheduler's
-    :class:`~paged_edu.engine.swap.SwapSpace`. A sequence with ``num_samples = n > 1`` forks into ``n`` sequences when its prompt is
+    :class:`~paged_edu.sched.swap.SwapSpace`. A sequence with ``num_samples = n > 1`` forks into ``n`` sequences when its prompt is
     done (parallel sampling); the children share ``request_id`` and get ``sample_index`` 1 .. n-1.
     """
 

@@ -3,7 +3,7 @@
 A request that can never run -- longer than the model's context, bigger than the whole KV pool,
 more parallel samples than the batch may hold -- is refused when it is added, with a message
 naming the limit, instead of waiting forever or failing half-way through a run.
-:meth:`paged_edu.engine.scheduler.Scheduler.check_request` applies these limits with its own
+:meth:`paged_edu.sched.scheduler.Scheduler.check_request` applies these limits with its own
 configuration; the engine calls that before it queues anything. Plain Python, no torch.
 """
 

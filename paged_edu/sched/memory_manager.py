@@ -7,7 +7,7 @@ single slots), and the radix-tree prefix cache :class:`~paged_edu.core.radix_cac
 
 A manager's caching policy is its own constructor's business: a prefix cache that may publish a
 block before its K/V exists (``BlockAllocator(..., cache_when_computed=False)``) cannot serve a
-scheduler that computes prompts over several steps, and :class:`~paged_edu.engine.scheduler.Scheduler`
+scheduler that computes prompts over several steps, and :class:`~paged_edu.sched.scheduler.Scheduler`
 refuses it (see :func:`publishes_before_computed`).
 
 Plain Python, no torch.

@@ -1,7 +1,7 @@
 """Lesson 7: the simulator against a real engine run on the same trace.
 
 :func:`sim_vs_real` runs the real :class:`~paged_edu.engine.Engine` (on the CPU: the tiny 2-layer
-Llama of :mod:`paged_edu.lessons.engine_lab`; on a GPU the same code on the device), fits the cost
+Llama of :mod:`paged_edu.labs.engine_lab`; on a GPU the same code on the device), fits the cost
 model to the engine's measured steps (:meth:`CostModel.calibrate` on
 :meth:`StepShape.from_step_metrics`), then simulates the *same* requests with the same pool, block
 size and scheduler limits, and puts the two side by side: output tokens per second, TTFT and the
@@ -19,7 +19,7 @@ from dataclasses import replace
 import numpy as np
 
 from paged_edu.engine import Engine, RequestMetrics, SamplingParams, StepMetrics
-from paged_edu.lessons.batching import make_requests, model_spec
+from paged_edu.labs.batching import make_requests, model_spec
 from paged_edu.sim.costmodel import GPUS, CostModel, StepShape
 from paged_edu.sim.request import Request
 from paged_edu.sim.results import SimConfig
