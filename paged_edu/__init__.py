@@ -31,7 +31,7 @@ _LAZY = {
     "Engine": "paged_edu.engine",
     "SamplingParams": "paged_edu.engine.sampling",
     "simulate": "paged_edu.sim.simulator",
-    "compare": "paged_edu.sim.simulator",
+    "compare": "paged_edu.sim.compare",
     "SimConfig": "paged_edu.sim.simulator",
 }
 

@@ -16,7 +16,9 @@ from paged_edu.sim import workloads
 from paged_edu.cli import main
 from paged_edu.sim.costmodel import GPUS, MODELS, CostModel, StepShape
 from paged_edu.core.memory import PRESETS
-from paged_edu.sim.simulator import SimConfig, compare, format_table, make_manager, simulate
+from paged_edu.sim.compare import compare, format_table
+from paged_edu.sim.managers import make_manager
+from paged_edu.sim.simulator import SimConfig, simulate
 from paged_edu.sim.workloads import Request
 
 A100 = CostModel(gpu=GPUS["a100-40gb"])  # the paper's GPU: a small pool, so memory binds quickly

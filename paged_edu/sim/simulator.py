@@ -63,9 +63,6 @@ __all__ = [
     "PagedManager",
     "SimConfig",
     "SimResult",
-    "compare",
-    "format_table",
-    "latency_vs_rate",
     "make_manager",
     "MadeUpTokens",
     "prepare",
@@ -386,14 +383,3 @@ def _request_record(r: Request, seqs: list[Sequence], manager) -> RequestRecord:
         held_slots=held,
     )
 
-
-_MOVED_TO_COMPARE = ("compare", "default_configs", "format_table", "latency_vs_rate")
-
-
-def __getattr__(name: str):
-    """The comparisons live in :mod:`paged_edu.sim.compare`; importable from here as before."""
-    if name in _MOVED_TO_COMPARE:
-        from paged_edu.sim import compare
-
-        return getattr(compare, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
