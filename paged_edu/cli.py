@@ -198,13 +198,14 @@ def _flag_for(message: str, args) -> str:
 
 def cmd_simulate(args) -> int:
     from paged_edu.sim import workloads
+    from paged_edu.sim.request import load_trace, save_trace
     from paged_edu.sim.compare import compare, default_configs, format_table
     from paged_edu.sim.simulator import prepare
 
     cost = _cost_model(args)
     if args.trace:
         try:
-            requests = workloads.load_trace(args.trace)
+            requests = load_trace(args.trace)
         except (ValueError, TypeError, KeyError, OSError) as exc:  # the message names the file and line
             raise UserError(f"--trace: {exc}") from None
     else:
@@ -216,7 +217,7 @@ def cmd_simulate(args) -> int:
         except ValueError as exc:
             raise UserError(f"{_flag_for(str(exc), args)}: {config.label}: {exc}") from None
     if args.save_trace:
-        _write(args.save_trace, lambda path: workloads.save_trace(requests, path), "--save-trace")
+        _write(args.save_trace, lambda path: save_trace(requests, path), "--save-trace")
     summary = workloads.summarize(requests)
     name = args.trace or args.workload
     print(cost.describe())

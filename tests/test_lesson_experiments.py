@@ -15,7 +15,7 @@ from paged_edu.labs.seed_allocator import SeedAllocator
 from paged_edu.labs import experiments as E
 from paged_edu.labs.kv_view import KVView
 from paged_edu.labs.toy_kv import ToyLayer
-from paged_edu.sim.workloads import Request
+from paged_edu.sim.request import Request
 from paged_edu.viz import figures as F
 from paged_edu.viz import palette as P
 

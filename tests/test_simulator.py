@@ -19,7 +19,7 @@ from paged_edu.core.memory import PRESETS
 from paged_edu.sim.compare import compare, format_table
 from paged_edu.sim.managers import make_manager
 from paged_edu.sim.simulator import SimConfig, simulate
-from paged_edu.sim.workloads import Request
+from paged_edu.sim.request import Request
 
 A100 = CostModel(gpu=GPUS["a100-40gb"])  # the paper's GPU: a small pool, so memory binds quickly
 

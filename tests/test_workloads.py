@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from paged_edu.sim import workloads
-from paged_edu.sim.workloads import L_MAX, Request, load_trace, save_trace
+from paged_edu.sim.request import Request, load_trace, save_trace
+from paged_edu.sim.workloads import L_MAX
 
 
 def _lengths(requests):

@@ -11,7 +11,7 @@ from paged_edu.sim.costmodel import CostModel
 from paged_edu.sim.managers import BLOCK_SIZES, DEFAULT_MANAGERS
 from paged_edu.sim.results import SimConfig, SimResult
 from paged_edu.sim.simulator import simulate
-from paged_edu.sim.workloads import Request
+from paged_edu.sim.request import Request
 
 __all__ = ["compare", "default_configs", "format_table", "latency_vs_rate"]
 

@@ -24,8 +24,8 @@ from itertools import count
 
 import numpy as np
 
-from paged_edu.sim.request import Request
-from paged_edu.sim.workloads import L_MAX, _check_count, _is_int, poisson_arrivals
+from paged_edu.sim.arrivals import L_MAX, check_num_requests, poisson_arrivals
+from paged_edu.sim.request import Request, _is_int
 
 __all__ = ["agents", "fewshot", "multiturn"]
 
@@ -53,7 +53,7 @@ def _outputs(rng: np.random.Generator, num: int, low: int = 16, high: int = 128)
 def multiturn(num_requests: int, rate: float = math.inf, seed: int = 0, num_turns: int = 4,
               user_len: int = 64, reply_len: int = 96) -> list[Request]:
     """``ceil(num_requests / num_turns)`` conversations of up to ``num_turns`` turns each."""
-    _check_count(num_requests)
+    check_num_requests(num_requests)
     num_turns, user_len, reply_len = (_positive(n, v) for n, v in
                                       (("num_turns", num_turns), ("user_len", user_len), ("reply_len", reply_len)))
     rng = np.random.default_rng(seed)
@@ -76,7 +76,7 @@ def multiturn(num_requests: int, rate: float = math.inf, seed: int = 0, num_turn
 def fewshot(num_requests: int, rate: float = math.inf, seed: int = 0, num_examples: int = 8, shots: int = 4,
             instruction_len: int = 128, example_len: int = 96, question_len: int = 32) -> list[Request]:
     """Prompts of ``instruction + shots examples (of num_examples, random order) + question``."""
-    _check_count(num_requests)
+    check_num_requests(num_requests)
     for name, value in (("num_examples", num_examples), ("shots", shots), ("instruction_len", instruction_len),
                         ("example_len", example_len), ("question_len", question_len)):
         _positive(name, value)
@@ -99,7 +99,7 @@ def fewshot(num_requests: int, rate: float = math.inf, seed: int = 0, num_exampl
 def agents(num_requests: int, rate: float = math.inf, seed: int = 0, num_tasks: int = 4, branching: int = 3,
            depth: int = 3, root_len: int = 256, step_len: int = 64, call_len: int = 16) -> list[Request]:
     """Agent calls down trees of tool results: ``root + steps on one path + the call's own tokens``."""
-    _check_count(num_requests)
+    check_num_requests(num_requests)
     for name, value in (("num_tasks", num_tasks), ("branching", branching), ("depth", depth),
                         ("root_len", root_len), ("step_len", step_len), ("call_len", call_len)):
         _positive(name, value)

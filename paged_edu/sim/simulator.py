@@ -54,7 +54,7 @@ from paged_edu.sched.sequence import Sequence, SequenceStatus
 from paged_edu.sim.costmodel import CostModel, StepShape
 from paged_edu.sim.managers import BLOCK_SIZES, MANAGERS, ContiguousManager, PagedManager, make_manager
 from paged_edu.sim.results import RequestRecord, SimConfig, SimResult
-from paged_edu.sim.workloads import Request, prompt_token_ids
+from paged_edu.sim.request import Request, prompt_token_ids
 
 __all__ = [
     "BLOCK_SIZES",

@@ -28,7 +28,8 @@ Sharing:
   share the prompt; ``fork="beam"`` makes beam-style trees whose branches also share a growing
   part of the output (sample ``j`` forks from sample 0 after ``j/n`` of the output).
 
-Requests and their JSONL trace format live in :mod:`paged_edu.sim.request` (re-exported here).
+Requests and their JSONL trace format live in :mod:`paged_edu.sim.request`, arrival times in
+:mod:`paged_edu.sim.arrivals`, the prefix-sharing workloads in :mod:`paged_edu.sim.prefix_workloads`.
 """
 
 from __future__ import annotations
@@ -39,28 +40,20 @@ from functools import lru_cache
 
 import numpy as np
 
-from paged_edu.sim.request import (  # noqa: F401  (re-exported: workloads.Request etc. as before)
-    FORK_MODES, Request, TraceKeyError, _check_request, _is_int, load_trace, prompt_token_ids, save_trace,
-)
+from paged_edu.sim.arrivals import L_MAX, check_num_requests, poisson_arrivals
+from paged_edu.sim.prefix_workloads import agents, fewshot, multiturn
+from paged_edu.sim.request import Request, _check_request, _is_int
 
 __all__ = [
     "DATASETS",
     "LengthDistribution",
-    "Request",
     "alpaca",
     "chat",
-    "load_trace",
     "make_workload",
     "parallel",
-    "poisson_arrivals",
-    "save_trace",
     "sharegpt",
     "summarize",
-    "TraceKeyError",
 ]
-
-L_MAX = 2048  # OPT's context length, the paper's L_max for its contiguous baselines.
-
 
 # ----------------------------------------------------------------------------------------------
 # Length distributions
@@ -158,27 +151,6 @@ DATASETS = {"sharegpt": SHAREGPT, "alpaca": ALPACA}
 # ----------------------------------------------------------------------------------------------
 
 
-def poisson_arrivals(num: int, rate: float, rng: np.random.Generator) -> np.ndarray:
-    """Arrival times of a Poisson process: exponential gaps of mean ``1/rate`` seconds, first at 0.
-
-    ``rate = inf`` (or 0 requests per second meaning "all at once" is refused) gives all zeros.
-    """
-    if not isinstance(rate, (int, float)) or isinstance(rate, bool):
-        raise TypeError(f"rate must be a number, got {type(rate).__name__}")
-    if not rate > 0:
-        raise ValueError(f"rate must be > 0 requests/s (use inf for an offline batch), got {rate}")
-    if math.isinf(rate):
-        return np.zeros(num)
-    gaps = rng.exponential(1.0 / rate, num)
-    gaps[0] = 0.0
-    return np.cumsum(gaps)
-
-
-def _check_count(num_requests: int) -> None:
-    if not _is_int(num_requests) or num_requests < 1:
-        raise ValueError(f"num_requests must be a positive int, got {num_requests!r}")
-
-
 def _from_arrays(times, prompt, output, **extra) -> list[Request]:
     return [
         Request(float(t), int(p), int(o), **extra)
@@ -197,7 +169,7 @@ def alpaca(num_requests: int, rate: float = math.inf, seed: int = 0) -> list[Req
 
 
 def _dataset(dist: LengthDistribution, num_requests: int, rate: float, seed: int) -> list[Request]:
-    _check_count(num_requests)
+    check_num_requests(num_requests)
     rng = np.random.default_rng(seed)
     times = poisson_arrivals(num_requests, rate, rng)
     prompt, output = dist.sample(num_requests, rng)
@@ -217,7 +189,7 @@ def chat(
     tokens each; the user turn and the reply follow the ShareGPT-like distribution, truncated so
     that the total stays within ``L_max``.
     """
-    _check_count(num_requests)
+    check_num_requests(num_requests)
     if not _is_int(system_prompt_len) or not 1 <= system_prompt_len < L_MAX - 1:
         raise ValueError(f"system_prompt_len must be in [1, {L_MAX - 2}], got {system_prompt_len!r}")
     if not _is_int(num_groups) or num_groups < 1:
@@ -255,16 +227,13 @@ def parallel(
 WORKLOADS = {"sharegpt": sharegpt, "alpaca": alpaca, "chat": chat, "parallel": parallel}
 
 
-def _prefix_workloads() -> dict:
-    from paged_edu.sim.prefix_workloads import agents, fewshot, multiturn  # they build on this module
-
-    return {"multiturn": multiturn, "fewshot": fewshot, "agents": agents}
+PREFIX_WORKLOADS = {"multiturn": multiturn, "fewshot": fewshot, "agents": agents}
 
 
 def make_workload(name: str, num_requests: int, rate: float = math.inf, seed: int = 0, **kwargs) -> list[Request]:
     """Build a named workload: ``sharegpt``, ``alpaca``, ``chat``, ``parallel``, or one of
     :mod:`~paged_edu.sim.prefix_workloads`: ``multiturn``, ``fewshot``, ``agents``."""
-    builders = {**WORKLOADS, **_prefix_workloads()}
+    builders = {**WORKLOADS, **PREFIX_WORKLOADS}
     try:
         build = builders[name]
     except KeyError:

@@ -1,0 +1,39 @@
+"""When a workload's requests arrive, and the bounds every workload builder shares.
+
+Arrivals are Poisson at ``rate`` requests per second (exponential gaps), as in the PagedAttention
+paper's §6.1 (Kwon et al., SOSP 2023); ``rate=inf`` puts every request at time 0 (an offline
+batch). ``L_MAX`` is the longest request (prompt + output) a workload builds. Plain Python and
+numpy, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from paged_edu.sim.request import _is_int
+
+L_MAX = 2048  # OPT's context length, the paper's L_max for its contiguous baselines.
+
+
+def poisson_arrivals(num: int, rate: float, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times of a Poisson process: exponential gaps of mean ``1/rate`` seconds, first at 0.
+
+    ``rate = inf`` (or 0 requests per second meaning "all at once" is refused) gives all zeros.
+    """
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool):
+        raise TypeError(f"rate must be a number, got {type(rate).__name__}")
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0 requests/s (use inf for an offline batch), got {rate}")
+    if math.isinf(rate):
+        return np.zeros(num)
+    gaps = rng.exponential(1.0 / rate, num)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
+def check_num_requests(num_requests: int) -> None:
+    """Refuse a workload size that is not an int >= 1 (``True`` included)."""
+    if not _is_int(num_requests) or num_requests < 1:
+        raise ValueError(f"num_requests must be a positive int, got {num_requests!r}")
