@@ -70,7 +70,7 @@ def test_plan_blocks_by_hand():
 def test_llama3_70b_needs_more_than_one_h200_and_fp8_doubles_the_tokens():
     g = MORE_MODELS["Llama-3-70B"]
     assert (g.num_layers, g.num_q_heads, g.num_kv_heads, g.head_dim) == (80, 64, 8, 128)
-    assert g.kv_bytes_per_token == 2 * 80 * 8 * 128 * 2 == 327_680
+    assert KVSpec.from_geometry(g).bytes_per_token == 2 * 80 * 8 * 128 * 2 == 327_680
     one = plan_kv_per_gpu("llama-3-70b", tensor_parallel_size=1)
     assert one.weights_bytes_per_gpu > 0.9 * GPU_TABLE["h200"].memory_bytes and not one.fits and one.num_tokens == 0
     bf16 = plan_kv_per_gpu("llama-3-70b", tensor_parallel_size=8)

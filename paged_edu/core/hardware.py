@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GPU_TABLE", "MODEL_TABLE", "MORE_MODELS", "MiB", "GPU", "ModelGeometry"]
+__all__ = ["DTYPE_BYTES", "GPU_TABLE", "MODEL_TABLE", "MORE_MODELS", "MiB", "GPU", "ModelGeometry"]
 
 MiB = 1 << 20
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}  # bytes of one value
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,8 @@ class ModelGeometry:
     ``num_params`` counts every weight (what the weights take in memory); ``matmul_params`` the
     weights one token multiplies through outside the input embedding (the cost model's ``P``). An MLA model
     (DeepSeek-V2/V3) caches a ``latent_dim`` latent plus a ``rope_dim`` RoPE key per layer instead
-    of K and V per KV head. :attr:`kv_spec` is the memory model's view of the same geometry.
+    of K and V per KV head. :meth:`paged_edu.core.memory.KVSpec.from_geometry` is the memory model's view of
+    the same geometry.
     """
 
     name: str  # the memory model's preset name, e.g. "Llama-3-8B"
@@ -52,22 +54,7 @@ class ModelGeometry:
     source: str = ""
 
     @property
-    def kv_spec(self):
-        """This geometry as the memory model's :class:`~paged_edu.core.memory.KVSpec`."""
-        from paged_edu.core.memory import KVSpec  # memory reads this table: import it late
-
-        return KVSpec(self.name, self.num_layers, self.num_kv_heads, self.head_dim, self.dtype,
-                      latent_dim=self.latent_dim, rope_dim=self.rope_dim, note=self.note)
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """``M_KV``: bytes one token's K/V takes, all layers (the memory model's formula)."""
-        return self.kv_spec.bytes_per_token
-
-    @property
     def dtype_bytes(self) -> int:
-        from paged_edu.core.memory import DTYPE_BYTES
-
         return DTYPE_BYTES[self.dtype]
 
 

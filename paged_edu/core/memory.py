@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from paged_edu.core.hardware import MODEL_TABLE
+from paged_edu.core.hardware import DTYPE_BYTES, MODEL_TABLE, ModelGeometry
 from paged_edu.core.validation import integer
 
 __all__ = [
@@ -42,9 +42,6 @@ __all__ = [
     "vllm_kv_budget",
     "seed_70b_example",
 ]
-
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
-
 
 @dataclass(frozen=True, slots=True)
 class KVSpec:
@@ -73,6 +70,12 @@ class KVSpec:
                 raise ValueError(f"{field_name} must be a positive int, got {value!r}")
         if self.latent_dim < 0 or self.rope_dim < 0:
             raise ValueError("latent_dim and rope_dim must be >= 0")
+
+    @classmethod
+    def from_geometry(cls, g: ModelGeometry) -> "KVSpec":
+        """The cache shape of a model of :mod:`paged_edu.core.hardware`'s table."""
+        return cls(g.name, g.num_layers, g.num_kv_heads, g.head_dim, g.dtype,
+                   latent_dim=g.latent_dim, rope_dim=g.rope_dim, note=g.note)
 
     @property
     def is_mla(self) -> bool:
@@ -119,7 +122,7 @@ class KVSpec:
         return replace(self, name=note, num_layers=-(-self.num_layers // pp), num_kv_heads=heads, dtype=dtype)
 
 
-PRESETS: dict[str, KVSpec] = {name: m.kv_spec for name, m in MODEL_TABLE.items()}
+PRESETS: dict[str, KVSpec] = {name: KVSpec.from_geometry(m) for name, m in MODEL_TABLE.items()}
 
 
 def kv_heads_per_rank(num_kv_heads: int, tensor_parallel_size: int) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, MORE_MODELS, ModelGeometry
-from paged_edu.core.memory import DTYPE_BYTES, kv_heads_per_rank, vllm_kv_budget
+from paged_edu.core.memory import DTYPE_BYTES, KVSpec, kv_heads_per_rank, vllm_kv_budget
 
 __all__ = ["ParallelKVPlan", "parallel_kv_rows", "plan_kv_per_gpu", "geometry"]
 
@@ -95,10 +95,11 @@ def plan_kv_per_gpu(model: str, gpu: str = "h200", *, tensor_parallel_size: int 
     wdtype = g.dtype if weight_dtype is None else weight_dtype
     if wdtype not in DTYPE_BYTES:
         raise ValueError(f"unknown weight_dtype {wdtype!r}; choose one of {sorted(DTYPE_BYTES)}")
-    spec = g.kv_spec.per_gpu(tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype)
+    kv_spec = KVSpec.from_geometry(g)
+    spec = kv_spec.per_gpu(tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype)
     tp, pp = tensor_parallel_size, pipeline_parallel_size
-    replicas = tp if g.kv_spec.is_mla else kv_heads_per_rank(g.num_kv_heads, tp)[1]
-    full = g.kv_spec.per_gpu(1, 1, spec.dtype).bytes_per_token  # one copy of every head and layer
+    replicas = tp if kv_spec.is_mla else kv_heads_per_rank(g.num_kv_heads, tp)[1]
+    full = kv_spec.per_gpu(1, 1, spec.dtype).bytes_per_token  # one copy of every head and layer
     weights = int(g.num_params * DTYPE_BYTES[wdtype]) // (tp * pp)
     budget = max(int(vllm_kv_budget(GPU_TABLE[gpu].memory_bytes, gpu_memory_utilization, weights + reserve_bytes)), 0)
     return ParallelKVPlan(

@@ -58,6 +58,7 @@ import shlex
 from dataclasses import dataclass, replace
 
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, MORE_MODELS, ModelGeometry
+from paged_edu.core.memory import KVSpec
 
 __all__ = ["FLAGS", "VLLM_SOURCE", "ServeFlags", "Translation", "allocate_pool", "model_for", "parse_vllm_serve", "simulate_flags",
            "translate"]
@@ -330,7 +331,7 @@ def translate(flags: ServeFlags | str, model: str | None = None, gpu: str = "h20
     geometry = model_for(flags.model) if model is None else MODELS.get(model) or model_for(model)
     flags = flags.resolved(gpu, geometry)
     kv_dtype = _KV_DTYPE.get(flags.kv_cache_dtype, geometry.dtype)
-    spec = replace(geometry.kv_spec, dtype=kv_dtype)
+    spec = replace(KVSpec.from_geometry(geometry), dtype=kv_dtype)
     weights = geometry.num_params * geometry.dtype_bytes  # every weight, as it sits in memory
     try:
         cost = _cost_model(geometry, gpu, kv_dtype, total_bytes)

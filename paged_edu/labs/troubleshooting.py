@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from paged_edu.cache.sizing import kv_budget_from_free_memory, num_blocks_for_budget
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
+from paged_edu.core.memory import KVSpec
 
 __all__ = ["MemoryPlan", "cuda_oom_child", "h200_measured_warmup", "plan_memory", "warmup_activation_bytes"]
 
@@ -89,7 +90,7 @@ def plan_memory(gpu_key: str, model_key: str, gpu_memory_utilization: float, *, 
     if free <= 0:
         raise ValueError(f"{g.name} needs {weights / 2**30:.1f} GiB of weights plus {context_bytes / 2**30:.1f} GiB of "
                          f"context; {gpu.name} has {total / 2**30:.1f} GiB")
-    block_bytes = g.kv_spec.block_bytes(block_size)
+    block_bytes = KVSpec.from_geometry(g).block_bytes(block_size)
     budget = kv_budget_from_free_memory(free, gpu_memory_utilization, reserve_bytes)
     num_blocks = num_blocks_for_budget(budget, block_bytes, what=f"{gpu.name}, {g.name}: ")
     return MemoryPlan(gpu.name, total, context_bytes, weights, free, gpu_memory_utilization, num_blocks * block_bytes,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, MiB
+from paged_edu.core.memory import KVSpec
 from paged_edu.lessons.exercises.framework import Verdict, compare, register
 
 # The run of 6.1 and 6.3: 6 requests of 24 prompt + 32 new tokens (7 blocks of 8 each at full
@@ -73,7 +74,7 @@ def kv_blocks_left(gpu_key="h200", model_key="Llama-3-8B", gpu_memory_utilizatio
 def _check_6_2(answer) -> Verdict:
     g, gpu = MODEL_TABLE["Llama-3-8B"], GPU_TABLE["h200"]
     right = kv_blocks_left()
-    block = g.kv_spec.block_bytes(16)
+    block = KVSpec.from_geometry(g).block_bytes(16)
     free = gpu.memory_bytes - 512 * MiB - int(g.num_params * 2)
     return compare("KV blocks at 0.9 on an H200 for Llama-3-8B", answer, right, hints={
         int(0.9 * gpu.memory_bytes) // block: "0.9 of the TOTAL memory; the library takes 0.9 of what is free after "
