@@ -541,3 +541,26 @@ def test_stale_nan_slots_past_the_end_do_not_leak(impl):
         pytest.skip("needs a GPU or TRITON_INTERPRET=1")
     out = paged_attention_decode(q, k, v, t, lens, scale=0.25, impl=impl)
     assert rel_err(out, ref) < (2e-3 if out.is_cuda else 1e-5)  # tf32 dots on the GPU
+
+
+def test_validate_false_runs_no_python_check(monkeypatch):
+    """``validate=False`` (an engine that built its inputs) runs not one Python input check, not even
+    the shape and dtype checks; ``validate=True`` runs them all. int64 lengths are refused by the
+    checks but computed right by the torch path, so the answer shows which ran."""
+    from paged_edu.kernels import attention
+
+    q, k, v, t, lens = make_case(2, 4, 2, 16, 4, [5, 9], torch.float32)
+    ref = paged_attention_decode(q, k, v, t, lens, impl="torch")
+    with pytest.raises(TypeError, match="seq_lens must be int32"):
+        paged_attention_decode(q, k, v, t, lens.long(), impl="torch")
+    calls = []
+    for name in ("check_decode_inputs", "check_prefill_inputs", "check_scale"):
+        real = getattr(attention, name)
+        monkeypatch.setattr(attention, name, lambda *a, _real=real, _name=name, **kw: (calls.append(_name), _real(*a, **kw))[1])
+    out = paged_attention_decode(q, k, v, t, lens.long(), impl="torch", validate=False)
+    torch.testing.assert_close(out, ref)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    paged_attention_prefill(q, k, v, t, lens, cu, impl="torch", validate=False)
+    assert calls == []
+    paged_attention_prefill(q, k, v, t, lens, cu, impl="torch")
+    assert calls == ["check_prefill_inputs", "check_scale"]

@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 
 from paged_edu.core.allocator import BlockAllocator
-from paged_edu.lessons.setup import default_dtype, pick_device
+from paged_edu.kernels.support import default_dtype
 from paged_edu.labs.toy_kv import ToyLayer
 
-__all__ = ["KVView", "default_dtype", "pick_device"]
+__all__ = ["KVView"]
 
 
 class KVView:

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 
 __all__ = ["PARAMETERS", "REPO_URL", "IntParameter", "TextParameter", "check_device", "check_parameters", "colab_cell_source",
-           "default_dtype", "pick_device", "setup"]
+           "pick_device", "setup"]
 
 REPO_URL = "https://github.com/paged-edu/paged_edu"
 
@@ -148,19 +148,11 @@ def check_device(device) -> str:
     return name
 
 
-def default_dtype(device):
-    """fp32 on the CPU; bf16 on a GPU that has it (compute capability >= 8.0), else fp16 (Colab's T4)."""
-    import torch
-
-    device = torch.device(device)
-    if device.type != "cuda":
-        return torch.float32
-    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
-
-
 def pick_device(device: str = "auto"):
     """``(torch.device, dtype)`` for the lesson parameter ``device`` (checked by :func:`check_device`)."""
     import torch
+
+    from paged_edu.kernels.support import default_dtype
 
     device = torch.device(check_device(device))
     return device, default_dtype(device)
