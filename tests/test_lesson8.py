@@ -228,7 +228,9 @@ def test_token_granularity_hits_the_partial_block_and_matches_the_arithmetic():
 def test_lookup_cost_and_figure(roomy):
     cost = cc.lookup_cost(num_prompts=4, prompt_len=128, shared_len=64, repeats=2)
     assert set(cost) == {"hash B=16", "radix B=16", "hash B=1", "radix B=1"} and all(v > 0 for v in cost.values())
-    fig = cc.figure(roomy)
+    from paged_edu.viz.cache_figures import cache_compare_figure
+
+    fig = cache_compare_figure(roomy)
     assert len(fig.data) == 2 * 6 and {t.name for t in fig.data} >= {"hash B=16 fcfs", "radix B=1 lpm"}
     assert "| multiturn | roomy | hash B=16 | fcfs |" in cc.markdown_table(roomy)
     with pytest.raises(ValueError, match="scenario must be one of"):

@@ -29,7 +29,7 @@ from paged_edu.sim.simulator import simulate
 from paged_edu.sim.workloads import make_workload
 
 __all__ = ["BENCH_ALLOCATOR", "CACHES", "POLICIES", "SCENARIOS", "WORKLOADS", "CacheRow", "checks", "compare_caches",
-           "figure", "granularity", "lookup_cost", "markdown_table", "run_cell", "run_setting"]
+           "granularity", "lookup_cost", "markdown_table", "run_cell", "run_setting"]
 
 WORKLOADS = ("multiturn", "fewshot", "agents")
 CACHES = (("paged-prefix", 16), ("paged-radix", 16), ("paged-radix", 1))
@@ -185,26 +185,3 @@ def lookup_cost(num_prompts: int = 32, prompt_len: int = 1024, shared_len: int =
                 cache.num_cached_tokens_for(p)
         out[label] = (time.perf_counter() - start) / (repeats * num_prompts) * 1e6
     return out
-
-
-def figure(rows: list[CacheRow]):
-    """Hit rate and TTFT p50 of every cell: one column per scenario, one bar per cache and policy."""
-    from plotly.subplots import make_subplots
-
-    from paged_edu.viz.palette import SEQ_COLORS
-
-    scenarios = list(dict.fromkeys(r.scenario for r in rows))
-    fig = make_subplots(rows=2, cols=len(scenarios), subplot_titles=[f"{s}: prefix hit rate" for s in scenarios]
-                        + [f"{s}: TTFT p50 (s)" for s in scenarios], vertical_spacing=0.14)
-    series = list(dict.fromkeys((r.cache, r.policy) for r in rows))
-    for k, (cache, policy) in enumerate(series):
-        for j, s in enumerate(scenarios, start=1):
-            cells = [r for r in rows if (r.cache, r.policy, r.scenario) == (cache, policy, s)]
-            style = dict(name=f"{cache} {policy}", legendgroup=f"{cache} {policy}", marker_color=SEQ_COLORS[k % 6],
-                         marker_pattern_shape="/" if policy == "lpm" else "")
-            fig.add_bar(x=[r.workload for r in cells], y=[r.hit_rate for r in cells], row=1, col=j,
-                        showlegend=j == 1, **style)
-            fig.add_bar(x=[r.workload for r in cells], y=[r.ttft_p50 for r in cells], row=2, col=j,
-                        showlegend=False, **style)
-    fig.update_layout(barmode="group", height=620, width=900, title="Hash chain vs radix tree, FCFS vs LPM")
-    return fig
