@@ -161,9 +161,10 @@ def compiled_variant_counter():
     import importlib
 
     fns = []
-    for name in ("triton_decode", "triton_prefill", "triton_store", "triton_fused", "triton_decode_packed"):
+    for name in ("kernels.triton_decode", "kernels.triton_prefill", "kernels.triton_store", "kernels.triton_fused",
+                 "labs.triton_decode_packed"):
         try:
-            mod = importlib.import_module(f"paged_edu.kernels.{name}")
+            mod = importlib.import_module(f"paged_edu.{name}")
         except ImportError:  # no triton here (the --smoke run on a bare CPU)
             continue
         fns += [f for f in vars(mod).values() if hasattr(f, "device_caches")]
