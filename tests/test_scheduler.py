@@ -308,7 +308,7 @@ def test_abort_releases_memory_wherever_the_sequence_is():
         s.abort(seq)
         assert seq.is_finished and seq.finish_reason == "abort"
     # the aborted one's CPU blocks came back; only sequences still swapped hold any
-    assert len(s.free_cpu_blocks) == 32 - sum(len(s.swap_space.blocks_of(q.seq_id)) for q in s.swapped)
+    assert len(s.free_cpu_blocks) == 32 - sum(len(s.swap_space._held[q.seq_id]) for q in s.swapped)
     assert victims[0] not in s.swapped and victims[1] not in s.running
     ex.run()
     assert a.num_free_blocks == 7

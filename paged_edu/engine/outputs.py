@@ -142,7 +142,7 @@ def step_metrics(step: int, sched, scheduler, now: float, duration: float, num_f
     stats = scheduler.stats()
     decodes = prefill_tokens = 0
     for s in sched.scheduled:  # one pass (this runs every step a view is subscribed)
-        if s.start < s.seq.num_prompt_tokens or s.num_new_tokens > 1:  # ScheduledSeq.is_prefill
+        if s.start < s.seq.num_prompt_tokens or s.num_new_tokens > 1:  # a prefill (or recompute) chunk
             prefill_tokens += s.num_new_tokens
         else:
             decodes += 1

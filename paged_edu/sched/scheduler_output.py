@@ -31,11 +31,6 @@ class ScheduledSeq:
     def end(self) -> int:
         return self.start + self.num_new_tokens
 
-    @property
-    def is_prefill(self) -> bool:
-        """More than one token, or any token of the prompt: a prefill (or recompute) chunk."""
-        return self.start < self.seq.num_prompt_tokens or self.num_new_tokens > 1
-
 
 @dataclass(slots=True)
 class SchedulerOutput:

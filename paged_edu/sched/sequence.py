@@ -75,10 +75,6 @@ class Sequence:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
-    def num_uncomputed_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_computed_tokens
-
-    @property
     def num_tokens_to_sample(self) -> int:
         """Tokens the executor samples when this sequence's chunk emits: ``num_samples`` at its first
         token (one per parallel sample; the scheduler forks the others from it), then 1."""

@@ -42,10 +42,6 @@ class SwapSpace:
     def __contains__(self, seq_id: object) -> bool:
         return seq_id in self._held
 
-    def blocks_of(self, seq_id: Hashable) -> list[int]:
-        """The CPU blocks a swapped-out sequence holds (empty when it holds none)."""
-        return list(self._held.get(seq_id, ()))
-
     def can_swap_out(self, num_blocks: int) -> bool:
         return num_blocks <= self.num_free_blocks
 
