@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from paged_edu.core.allocator import BlockAllocator  # noqa: E402
+from paged_edu.labs import utilisation  # noqa: E402
 from paged_edu.viz import figures  # noqa: E402
 
 
@@ -53,7 +54,7 @@ def utilisation_data(seed: int = 0, num_requests: int = 200, s_max: int = 512) -
     measured = {}
     for B in (8, 16, 32):
         lengths = [rng.randint(1, s_max) for _ in range(num_requests)]
-        measured[B] = (lengths, [figures.measure_eta_paged([s], B) for s in lengths])
+        measured[B] = (lengths, [utilisation.measure_eta_paged([s], B) for s in lengths])
     return measured
 
 

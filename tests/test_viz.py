@@ -19,6 +19,7 @@ from paged_edu.core.contiguous import ContiguousAllocator
 from paged_edu.core.memory import PRESETS, eta_paged, kv_bytes
 from paged_edu.labs.seed_allocator import SeedAllocator
 from paged_edu.labs.experiments import prefix_reuse_experiment
+from paged_edu.labs import utilisation
 from paged_edu.labs.toy_kv import ToyLayer
 from paged_edu.viz import figures as F
 from paged_edu.viz.widgets import BlockTableWidget, KVMemoryCalculator, PrefixSharingWidget
@@ -271,22 +272,22 @@ def test_measured_utilisation_matches_formula_and_capacity():
     for B in (8, 16, 32):
         for _ in range(20):
             s = rng.randint(1, 600)
-            assert F.measure_eta_paged([s], B) == pytest.approx(eta_paged(s, B))
-            assert F.measure_eta_paged([s], B) >= 1 - B / (s + B)
+            assert utilisation.measure_eta_paged([s], B) == pytest.approx(eta_paged(s, B))
+            assert utilisation.measure_eta_paged([s], B) >= 1 - B / (s + B)
     lengths = [rng.randint(1, 2048) for _ in range(300)]
     budget = 65_536
-    assert F.admit_until_full(lengths, budget, max_seq_len=2048) == 32
+    assert utilisation.admit_until_full(lengths, budget, max_seq_len=2048) == 32
     used, expected = 0, 0
     for s in lengths:  # brute force: blocks of 16 until the budget runs out
         if used + math.ceil(s / 16) * 16 > budget:
             break
         used += math.ceil(s / 16) * 16
         expected += 1
-    assert F.admit_until_full(lengths, budget, block_size=16) == expected
+    assert utilisation.admit_until_full(lengths, budget, block_size=16) == expected
     fig = F.utilisation_figure({16: ([10, 20], [0.625, 0.625])}, s_max=64, naive_l_max=64)
     assert [t.name for t in fig.data] == ["bound B=16", "measured B=16", "contiguous, L_max=64"]
     with pytest.raises(ValueError):
-        F.admit_until_full(lengths, budget)
+        utilisation.admit_until_full(lengths, budget)
 
 
 def test_contiguous_figure_shows_idle_reservations():

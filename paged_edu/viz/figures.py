@@ -32,7 +32,7 @@ __all__ = [
     "block_infos", "block_grid_data", "block_grid_figure",
     "block_table_data", "block_table_figure",
     "logical_physical_figure",
-    "measure_eta_paged", "admit_until_full", "utilisation_figure",
+    "utilisation_figure",
     "kv_memory_figure",
     "contiguous_data", "contiguous_figure",
     "cow_heatmap_figure",
@@ -225,6 +225,6 @@ def logical_physical_figure(allocator, seq_ids: Iterable[Hashable] | None = None
 
 
 # The memory and tensor figures, re-exported so ``figures.contiguous_figure`` etc. keep working.
-from paged_edu.viz.memory_figures import (admit_until_full, contiguous_data, contiguous_figure,  # noqa: E402
-                                          kv_memory_figure, measure_eta_paged, utilisation_figure)
+from paged_edu.viz.memory_figures import (contiguous_data, contiguous_figure,  # noqa: E402
+                                          kv_memory_figure, utilisation_figure)
 from paged_edu.viz.tensor_figures import cow_heatmap_figure  # noqa: E402

@@ -5,9 +5,8 @@ Pure functions over library state (colours from :mod:`paged_edu.viz.palette`, a 
 * :func:`kv_memory_figure` -- ``M_KV(s)`` of one request (a linear law, on linear axes) and the
   batch against the memory left for the cache;
 * :func:`contiguous_figure` -- lesson 1's contiguous baseline, one square per token slot;
-* :func:`utilisation_figure` -- measured ``eta_paged`` against its bound ``1 - B/(s+B)``;
-* :func:`measure_eta_paged`, :func:`admit_until_full` -- the measurements those figures show,
-  taken on a real :class:`~paged_edu.core.allocator.BlockAllocator`.
+* :func:`utilisation_figure` -- measured ``eta_paged`` (:mod:`paged_edu.labs.utilisation`) against
+  its bound ``1 - B/(s+B)``.
 """
 
 from __future__ import annotations
@@ -17,46 +16,11 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from paged_edu.core.allocator import BlockAllocator
 from paged_edu.core.memory import KVSpec, eta_paged_bound, kv_bytes
 from paged_edu.viz.palette import (ACCENT, BAD, CODES, COLORSCALE, FREE, GOOD, IDLE, NEUTRAL, OKABE_ITO,
                                    STATE_LABELS, OwnerColors, legend_traces, series_color)
 
-__all__ = ["admit_until_full", "contiguous_data", "contiguous_figure", "kv_memory_figure", "measure_eta_paged",
-           "utilisation_figure"]
-
-
-def measure_eta_paged(lengths: Sequence[int], block_size: int, num_blocks: int | None = None) -> float:
-    """Admit one prompt of each length into a real :class:`BlockAllocator`; return the measured
-    ``eta_paged = sum(s) / (blocks in use * B)`` (distinct token ids, so no prefix is shared)."""
-    total_blocks = sum(-(-s // block_size) for s in lengths)
-    allocator = BlockAllocator(num_blocks or max(1, total_blocks), block_size, enable_prefix_caching=False)
-    next_token = 0
-    for k, s in enumerate(lengths):
-        allocator.allocate(k, range(next_token, next_token + s))
-        next_token += s
-    return sum(lengths) / (allocator.num_used_blocks * block_size)
-
-
-def admit_until_full(lengths: Sequence[int], num_slots: int, block_size: int | None = None,
-                     max_seq_len: int | None = None) -> int:
-    """How many requests of ``lengths`` (final lengths ``s``, admitted in order) fit in ``num_slots``.
-
-    Paged (``block_size``): each takes ``ceil(s/B)`` blocks of a real :class:`BlockAllocator`.
-    Contiguous (``max_seq_len``): each reserves ``L_max`` slots, so ``num_slots // L_max`` fit.
-    """
-    if (block_size is None) == (max_seq_len is None):
-        raise ValueError("pass exactly one of block_size (paged) or max_seq_len (contiguous)")
-    if max_seq_len is not None:
-        return min(len(lengths), num_slots // max_seq_len)
-    allocator = BlockAllocator(num_slots // block_size, block_size, enable_prefix_caching=False)
-    next_token = 0
-    for k, s in enumerate(lengths):
-        if allocator.num_free_blocks < -(-s // block_size):
-            return k
-        allocator.allocate(k, range(next_token, next_token + s))
-        next_token += s
-    return len(lengths)
+__all__ = ["contiguous_data", "contiguous_figure", "kv_memory_figure", "utilisation_figure"]
 
 
 def utilisation_figure(measured: dict[int, tuple[Sequence[int], Sequence[float]]],

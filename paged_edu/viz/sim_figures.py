@@ -1,7 +1,7 @@
 """Figures of the serving simulator, next to the PagedAttention paper's numbers.
 
-Pure functions from simulator results to plotly figures, plus :func:`write_all`, which runs the
-simulations and saves every figure (PNG through kaleido when a Chromium is found, HTML always
+Pure functions from simulator results to plotly figures, plus :func:`write_all`, which saves every
+figure of the simulations in :mod:`paged_edu.labs.paper_figures` (PNG through kaleido when a Chromium is found, HTML always
 works) with the data behind it as JSON.
 
 Paper numbers quoted for comparison (Kwon et al., SOSP 2023; OPT-13B on an A100-40GB):
@@ -16,15 +16,13 @@ Paper numbers quoted for comparison (Kwon et al., SOSP 2023; OPT-13B on an A100-
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import plotly.graph_objects as go
 
-from paged_edu.sim import workloads
+from paged_edu.labs.paper_figures import paper_figure_runs
 from paged_edu.sim.costmodel import CostModel
-from paged_edu.sim.compare import compare, latency_vs_rate
-from paged_edu.sim.simulator import SimConfig, SimResult, simulate
+from paged_edu.sim.results import SimResult
 
 __all__ = [
     "PAPER_BATCHED_SHAREGPT",
@@ -53,7 +51,6 @@ CATEGORIES = (
     ("external_frag", "external frag.", "#6a4c93"),
     ("other", "other (free while requests wait)", "#bbbbbb"),
 )
-MAIN = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged")
 
 
 def _name(res: SimResult) -> str:
@@ -164,69 +161,22 @@ def _save(fig: go.Figure, path_stem: str, fmt: str, written: list[str]) -> None:
             print(f"  (PNG export failed: {type(exc).__name__}: {exc}; wrote HTML)")
 
 
-def sharing_rows(cost: CostModel, num_requests: int, seed: int, config: SimConfig) -> list[dict]:
-    """Memory saved by sharing, parallel sampling and beam-style forking, n = 2, 4, 6 (Fig. 15).
-
-    At a moderate load (40% of what paging sustains for single samples, divided by n): under memory
-    pressure the scheduler preempts samples one by one, and a recomputed sample no longer shares its
-    prompt's blocks. ``max_concurrent`` is the most sequences that ran at once (at most
-    ``config.max_num_seqs``, beam branches included).
-    """
-    rows = []
-    num = max(num_requests // 4, 50)
-    for dataset in ("alpaca", "sharegpt"):
-        single = simulate(workloads.make_workload(dataset, num, math.inf, seed), config, cost)
-        capacity = single.record()["throughput_requests_per_s"]
-        for fork in ("parallel", "beam"):
-            for n in (2, 4, 6):
-                rate = 0.4 * capacity / n
-                res = simulate(workloads.parallel(num, rate, seed, n=n, fork=fork, dataset=dataset), config, cost)
-                rows.append({"dataset": dataset, "fork": fork, "n": n, "rate": rate, "saving": res.sharing_saving,
-                             "mean_batched": res.mean_batched, "max_concurrent": res.max_concurrent,
-                             "preemptions": res.preemptions})
-    return rows
-
-
 def write_all(out_dir: str, cost: CostModel | None = None, num_requests: int = 1000, seed: int = 0,
               fmt: str = "both", server: dict | None = None, progress: bool = True) -> list[str]:
-    """Run the simulations behind every figure and save them under ``out_dir``; return the paths."""
-    cost = cost or CostModel()
-    server = {k: v for k, v in (server or {}).items() if v is not None}
+    """Run the simulations behind every figure (:func:`paged_edu.labs.paper_figures.paper_figure_runs`)
+    and save the figures under ``out_dir``, with the data behind them as JSON; return the paths."""
+    runs = paper_figure_runs(cost, num_requests, seed, server, progress)
     os.makedirs(out_dir, exist_ok=True)
     written: list[str] = []
-    data: dict = {"cost_model": cost.assumptions(), "num_requests": num_requests, "seed": seed}
-
-    def cfg(manager: str, block_size: int = 16) -> SimConfig:
-        return SimConfig(manager=manager, block_size=block_size, **server)
-
-    # 1. Saturated ShareGPT-like load (everything arrives at t=0): breakdown and batch sizes.
-    offline = workloads.sharegpt(num_requests, math.inf, seed)
-    main = compare(offline, [cfg(m) for m in MAIN], cost, progress=progress)
-    data["saturated"] = [r.record() for r in main]
-    _save(memory_breakdown_figure(main), os.path.join(out_dir, "sim_memory_breakdown"), fmt, written)
-    _save(batched_figure(main), os.path.join(out_dir, "sim_batched_requests"), fmt, written)
-
-    # 2. Block sizes.
-    sizes = compare(offline, [cfg("paged", b) for b in (8, 16, 32, 64, 128)], cost, progress=progress)
-    data["block_sizes"] = [r.record() for r in sizes]
-    _save(block_size_figure(sizes), os.path.join(out_dir, "sim_block_size"), fmt, written)
-
-    # 3. Normalised latency vs rate, rates spread up to 1.2x what paging sustains.
-    capacity = next(r for r in main if r.config.manager == "paged").record()["throughput_requests_per_s"]
-    rates = [round(capacity * f, 3) for f in (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.2)]
-    points = latency_vs_rate(lambda rate: workloads.sharegpt(num_requests, rate, seed), rates,
-                             [cfg(m) for m in MAIN], cost, progress=progress)
-    data["latency_vs_rate"] = points
-    _save(latency_rate_figure(points), os.path.join(out_dir, "sim_latency_vs_rate"), fmt, written)
-
-    # 4. Sharing: parallel sampling and beam-style forking.
-    rows = sharing_rows(cost, num_requests, seed, cfg("paged"))
-    data["sharing"] = rows
-    _save(sharing_figure(rows), os.path.join(out_dir, "sim_sharing"), fmt, written)
+    _save(memory_breakdown_figure(runs["saturated"]), os.path.join(out_dir, "sim_memory_breakdown"), fmt, written)
+    _save(batched_figure(runs["saturated"]), os.path.join(out_dir, "sim_batched_requests"), fmt, written)
+    _save(block_size_figure(runs["block_sizes"]), os.path.join(out_dir, "sim_block_size"), fmt, written)
+    _save(latency_rate_figure(runs["latency_vs_rate"]), os.path.join(out_dir, "sim_latency_vs_rate"), fmt, written)
+    _save(sharing_figure(runs["sharing"]), os.path.join(out_dir, "sim_sharing"), fmt, written)
 
     path = os.path.join(out_dir, "sim_figures_data.json")
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, default=str)
+        json.dump(runs["data"], f, indent=1, default=str)
     written.append(path)
     return written
 
