@@ -1,16 +1,20 @@
 """paged_edu: PagedAttention you can see, poke and measure.
 
-The package reads like the course's table of contents:
+The package is built in layers, each importing only the ones before it (``tests/test_layers.py``
+keeps it so); the first three are plain Python, no torch:
 
-* :mod:`paged_edu.core` -- what a token costs, the contiguous baseline, the paged block allocator
-  and the seed's allocator (lessons 1-3; plain Python, no torch);
+* :mod:`paged_edu.core` -- what a token costs, the model and GPU tables, the contiguous baseline,
+  the paged block allocator and the radix cache, the allocator contract (lessons 1-3, 8);
+* :mod:`paged_edu.sched` -- the scheduler, shared by the engine and the simulator (lessons 5-6);
+* :mod:`paged_edu.sim` -- the serving simulator (lessons 7-8);
+* :mod:`paged_edu.kernels` -- paged attention: the PyTorch oracle and the Triton kernels (lesson 4);
 * :mod:`paged_edu.cache` -- the paged KV cache on real tensors (lessons 2-3);
-* :mod:`paged_edu.kernels` -- paged attention: the seed's loop, the PyTorch oracle, Triton (lesson 4);
 * :mod:`paged_edu.models` and :mod:`paged_edu.engine` -- a Llama-family model on the paged cache and
   continuous batching (lessons 5-6);
-* :mod:`paged_edu.sim` -- the serving simulator and ``paged-edu simulate`` (lesson 7; no torch);
+* :mod:`paged_edu.labs` -- the experiments and widget models the lessons and views run (lessons 1-8);
 * :mod:`paged_edu.viz` -- figures and widgets, views only;
-* :mod:`paged_edu.lessons` -- what the notebooks call: set-up, experiments, exercises.
+* :mod:`paged_edu.lessons` -- notebook glue: set-up, exercises, lesson 8's tables;
+* :mod:`paged_edu.cli` -- ``paged-edu simulate`` and ``paged-edu figures-sim``.
 """
 
 from paged_edu.core.allocator import BlockAllocator, BlockEvent, OutOfBlocksError, UnknownSequenceError

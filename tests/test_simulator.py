@@ -427,7 +427,7 @@ def test_cli_does_not_disguise_a_bug_as_a_user_error(monkeypatch):
 
 
 def test_sim_and_core_run_without_torch(tmp_path):
-    """The core install has no torch: import every paged_edu.sim module and simulate with torch blocked."""
+    """The core install has no torch: import every core, sched and sim module and simulate with torch blocked."""
     import subprocess
     import sys
 
@@ -439,8 +439,8 @@ def test_sim_and_core_run_without_torch(tmp_path):
         "        if name == 'torch' or name.startswith('torch.') or name == 'triton':\n"
         "            raise ImportError(f'blocked: {name}')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import pkgutil, importlib, paged_edu.sim, paged_edu.core\n"
-        "for pkg in (paged_edu.sim, paged_edu.core):\n"
+        "import pkgutil, importlib, paged_edu.sim, paged_edu.core, paged_edu.sched\n"
+        "for pkg in (paged_edu.sim, paged_edu.core, paged_edu.sched):\n"
         "    for m in pkgutil.iter_modules(pkg.__path__):\n"
         "        importlib.import_module(f'{pkg.__name__}.{m.name}')\n"
         "import paged_edu.sched.scheduler\n"

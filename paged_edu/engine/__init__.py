@@ -1,20 +1,15 @@
-"""Continuous batching on a real model (lessons 5-6).
+"""Continuous batching on a real model (lessons 5-6): the scheduler of :mod:`paged_edu.sched` driving
+a :class:`~paged_edu.models.llama.PagedLlama` over the paged KV cache.
 
-* :mod:`~paged_edu.sched.sequence` -- one request's state as the scheduler sees it;
-* :mod:`~paged_edu.sched.scheduler` -- continuous batching, chunked prefill, prefix hits,
-  preemption by recompute or swap; plain Python, shared with the simulator, with its parts:
-  :mod:`~paged_edu.sched.memory_manager` (the ``MemoryManager`` protocol it drives),
-  :mod:`~paged_edu.sched.admission` (can a request ever fit), :mod:`~paged_edu.sched.swap` (the CPU
-  swap space, one owner) and :mod:`~paged_edu.sched.scheduler_output` (what one step schedules);
 * :mod:`~paged_edu.engine.sampling` -- seeded, batch-independent sampling;
+* :mod:`~paged_edu.engine.batch` -- one step's model inputs from the scheduler's output;
 * :mod:`~paged_edu.engine.runner` -- the model runner: batch preparation and CUDA graphs;
 * :mod:`~paged_edu.engine.requests` -- is a request servable (checked before it is queued);
 * :mod:`~paged_edu.engine.outputs` -- what the engine hands back: outputs and metrics;
 * :mod:`~paged_edu.engine.engine` -- the ``Engine``: scheduler + runner + paged KV cache;
 * :mod:`~paged_edu.engine.offline` -- ``run`` / ``generate`` / ``chat`` over a batch of prompts.
 
-The scheduler and sequence need no torch (the simulator uses them); the engine's torch-side names
-load on first use.
+The torch-side names load on first use. Above: the labs, views and lessons that drive an engine.
 """
 
 _LAZY = {
