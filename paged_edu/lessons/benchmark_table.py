@@ -154,7 +154,7 @@ def block_size_sweep(dataset: str = "alpaca", num_requests: int = 300, rate: flo
     return rows
 
 
-# The paper's numbers (Kwon et al., SOSP 2023, OPT-13B on an A100-40GB), as the README lists them.
+# The paper's numbers (Kwon et al., SOSP 2023, OPT-13B on an A100-40GB), as docs/benchmarks.md lists them.
 PAPER = {
     "Fig. 2 token states": {"contiguous-max": 0.204, "contiguous-pow2": 0.268, "contiguous-oracle": 0.382, "paged": 0.963},
     "Fig. 13a mean batched (ShareGPT)": {"contiguous-max": 7.00, "contiguous-pow2": 9.81, "contiguous-oracle": 13.62,

@@ -7,7 +7,7 @@
 * :func:`cpu_ladder` -- on a CPU, a small case timed by wall clock: the loop, the torch reference and
   the Triton kernel in the interpreter (which simulates every program in Python: slow, and not a
   measure of the GPU kernel's speed).
-* :func:`stored_gpu_figures` -- the README's H200 figures (``paged_edu/data/kernel_bench.json``), to show
+* :func:`stored_gpu_figures` -- the stored H200 figures (``paged_edu/data/kernel_bench.json``, ``docs/benchmarks.md``), to show
   beside a CPU run.
 * :func:`source_between` -- lines of a function's source, for reading the kernel in the lesson.
 """
@@ -124,7 +124,7 @@ def cpu_ladder(num_seqs=2, seq_len=64, *, num_q_heads=4, num_kv_heads=2, head_di
 
 
 def stored_gpu_figures(name: str = "kernel_bench.json", *, path: Path | None = None) -> dict | None:
-    """The stored ``name`` (:mod:`paged_edu.data`) -- ``kernel_bench.json`` (the README's H200 run) or
+    """The stored ``name`` (:mod:`paged_edu.data`) -- ``kernel_bench.json`` (the H200 run of docs/benchmarks.md) or
     ``kernel_sweep.json`` (its configuration sweep) -- or, given ``path``, that file: None if it is not there."""
     if path is None:
         return data.load_json(name)
