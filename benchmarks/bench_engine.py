@@ -39,7 +39,8 @@ What is measured, on the same GPU in the same run:
   for transformers (tokens / ``b * L_max``, and / the cache it really grows to,
   ``b * (longest prompt + step)``, padding and finished requests included).
 
-Writes ``figures/engine_bench.json`` and ``figures/engine_bench.png`` and prints a table.
+Writes ``paged_edu/data/engine_bench.json`` (package data: lessons 5 and 7 read it) and
+``figures/engine_bench.png`` (the README's figure) and prints a table.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
 from paged_edu.labs.timing import compiled_variant_counter  # noqa: E402
@@ -231,7 +233,7 @@ def warm_up(hf, model, device, block_size, num_blocks, max_num_seqs, max_num_bat
 
     Triton compiles a kernel variant the first time it meets it (split counts, grid orders); a
     short workload with the timed runs' pool and limits meets mixed prefill/decode steps of many
-    sizes. (The numbers in figures/engine_bench.json came from an earlier, smaller warm-up -- two
+    sizes. (The numbers in paged_edu/data/engine_bench.json came from an earlier, smaller warm-up -- two
     requests -- so their engine times include about 3 s of compilation in the ramp-up.)
     """
     prompts, outputs = make_requests(96, 12345, model.config.vocab_size)
@@ -257,7 +259,9 @@ def main(argv=None):
     ap.add_argument("--max-num-seqs", type=int, default=512)
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="figures/engine_bench")
+    ap.add_argument("--out", help="the JSON record, without .json (default: paged_edu/data/engine_bench, the package "
+                    "data lessons 5 and 7 read; build/engine_bench_smoke with --smoke)")
+    ap.add_argument("--figure", help="the PNG figure (default: figures/engine_bench.png; beside --out with --smoke)")
     ap.add_argument("--smoke", action="store_true", help="a tiny model and workload on the CPU")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps only")
     ap.add_argument("--skip-eager", action="store_true", help="skip the eager run beside the CUDA-graph one")
@@ -300,7 +304,8 @@ def main(argv=None):
         f"{budget_tokens * bytes_per_token / 2**30:.2f} GiB = {num_blocks} blocks of {args.block_size}")
     import transformers
 
-    out = Path(args.out)
+    out = Path(args.out or (ROOT / "build" / "engine_bench_smoke" if args.smoke else ROOT / "paged_edu" / "data" / "engine_bench"))
+    figure_path = Path(args.figure or (out.with_suffix(".png") if args.smoke else ROOT / "figures" / "engine_bench.png"))
     out.parent.mkdir(parents=True, exist_ok=True)
     result = dict(
         command="python benchmarks/bench_engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -405,7 +410,7 @@ def main(argv=None):
     save()
     if hf_res is not None:
         try:
-            plot(result, out.with_suffix(".png"))
+            plot(result, figure_path)
         except ImportError as exc:  # the figure is optional; the JSON holds every number
             log(f"no figure ({exc}); pip install matplotlib")
     report(result, args, log)

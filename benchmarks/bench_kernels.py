@@ -2,7 +2,7 @@
 
     python benchmarks/bench_kernels.py                 # the six anchor cases, table + JSON + figure
     python benchmarks/bench_kernels.py --sweep         # also try tile/warps/stages/splits per case
-    python benchmarks/bench_kernels.py --replot figures/kernel_bench.json   # redraw, no GPU
+    python benchmarks/bench_kernels.py --replot paged_edu/data/kernel_bench.json   # redraw, no GPU
 
 The six anchor cases of ``../shared/guides/gpu.md``: bf16, block size 16, 32 query heads and 8 KV
 heads of head_dim 128, random non-contiguous block tables, every request of a case the same
@@ -12,7 +12,8 @@ same run: ``dst.copy_(src)`` over a tensor of as many bytes as the case's K and 
 write. Bandwidth of a kernel = (K and V bytes read + q + output) / time; "% of ceiling" is that
 bandwidth over the copy's. Every output is checked against the fp32 oracle in the same run.
 
-Writes ``figures/kernel_bench.json`` and ``figures/kernel_bench.png`` (``--out`` to change) and
+Writes ``paged_edu/data/kernel_bench.json`` (``kernel_sweep.json`` with ``--sweep``; package data that
+lessons 4 and 7 read; ``--json`` to change) and ``figures/kernel_bench.png`` (``--out`` to change) and
 prints a markdown table.
 """
 
@@ -28,7 +29,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 from paged_edu.kernels import paged_attention_decode  # noqa: E402
 from paged_edu.kernels.reference import paged_attention_loop, paged_attention_torch  # noqa: E402
@@ -238,7 +240,8 @@ def figure(rows, path, device_name=None):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "figures"))
+    p.add_argument("--out", default=os.path.join(ROOT, "figures"), help="folder of the PNG figure")
+    p.add_argument("--json", help="the JSON record (default: paged_edu/data/kernel_bench.json, or kernel_sweep.json with --sweep)")
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--sweep", action="store_true", help="also time a grid of kernel configurations per case")
@@ -281,7 +284,8 @@ def main(argv=None):
         "verdicts": verdicts(rows) if all("triton" in r["impls"] and "torch" in r["impls"] for r in rows) else [],
         "peers_from_guide": {n: {f"{a}x{b}": v for (a, b), v in d.items()} for n, d in PEERS.items()},
     }
-    with open(os.path.join(args.out, "kernel_bench.json"), "w") as f:
+    json_path = args.json or os.path.join(ROOT, "paged_edu", "data", "kernel_sweep.json" if args.sweep else "kernel_bench.json")
+    with open(json_path, "w") as f:
         json.dump(result, f, indent=1)
     if result["verdicts"]:
         print()

@@ -1,11 +1,12 @@
 """The ``paged-edu`` command line.
 
 ``paged-edu simulate``     serve a workload with every memory manager; print the table, write JSON.
-``paged-edu figures-sim``  the simulator's figures (memory breakdown, latency vs rate, ...) under figures/.
+``paged-edu figures-sim``  the simulator's figures (memory breakdown, latency vs rate, ...) under figures/
+                           (needs plotly: ``pip install "paged_edu[figures]"``).
 
 Examples::
 
-    paged-edu simulate --workload sharegpt --num-requests 1000 --rate 10 --seed 0 --json build/sim.json
+    paged-edu simulate --workload sharegpt --num-requests 1000 --rate 10 --seed 0 --json sim.json
     paged-edu simulate --workload parallel --n 4 --fork beam --num-requests 300 --rate 4
     paged-edu simulate --trace my_trace.jsonl --managers paged,contiguous-max
     paged-edu simulate --workload multiturn --managers paged-prefix,paged-radix --policy lpm
@@ -15,6 +16,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import math
 import os
@@ -25,6 +27,15 @@ __all__ = ["main"]
 
 class UserError(Exception):
     """A problem with what the user asked for (a flag, a trace, a path): one line, exit 2."""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every flag's default in its help (but "None" and a switch's "False"); the epilog's examples kept as written."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,13 +99,14 @@ SEED = _int(0, 2**64 - 1)
 def _add_server_args(p: argparse.ArgumentParser) -> None:
     from paged_edu.sim.costmodel import GPUS, MODELS
 
-    p.add_argument("--model", default="opt-13b", choices=sorted(MODELS), help="model geometry for the cost model (default: the paper's OPT-13B)")
-    p.add_argument("--gpu", default="h200", choices=sorted(GPUS), help="GPU roofline (default: h200)")
-    p.add_argument("--kv-slots", type=POSITIVE, default=None, help="KV pool in token slots (default: what the GPU holds after the weights)")
-    p.add_argument("--gpu-memory-utilization", type=_float(0.0, 1.0), default=0.9, help="share of GPU memory for weights + KV (default 0.9)")
-    p.add_argument("--max-num-seqs", type=POSITIVE, default=256)
-    p.add_argument("--max-num-batched-tokens", type=POSITIVE, default=2048)
-    p.add_argument("--preemption", choices=("recompute", "swap", "auto"), default="recompute")
+    p.add_argument("--model", default="opt-13b", choices=sorted(MODELS), help="model geometry for the cost model (opt-13b: the paper's)")
+    p.add_argument("--gpu", default="h200", choices=sorted(GPUS), help="GPU for the roofline and the memory")
+    p.add_argument("--kv-slots", type=POSITIVE, default=None, help="KV pool in token slots (None: what --gpu-memory-utilization leaves after the weights)")
+    p.add_argument("--gpu-memory-utilization", type=_float(0.0, 1.0), default=0.9, help="share of GPU memory for weights + KV, as vLLM's flag")
+    p.add_argument("--max-num-seqs", type=POSITIVE, default=256, help="most sequences running in one step")
+    p.add_argument("--max-num-batched-tokens", type=POSITIVE, default=2048, help="most tokens (prefill + decode) in one step")
+    p.add_argument("--preemption", choices=("recompute", "swap", "auto"), default="recompute",
+                   help="what happens to a preempted sequence's blocks: freed and recomputed, swapped to the CPU, or the cheaper")
     p.add_argument("--cpu-blocks", type=_int(0), default=0, help="CPU swap space in blocks (for --preemption swap)")
     p.add_argument("--policy", choices=("fcfs", "lpm"), default="fcfs", help="admission order: first come first served, or longest cached prefix first")
 
@@ -106,19 +118,41 @@ def _check_server_args(args) -> None:
         raise UserError(message)
 
     cost = _cost_model(args)
+    model, gpu = f"--model {args.model}", f"--gpu {args.gpu} ({cost.gpu.name}, {cost.gpu.memory_bytes / 1e9:.1f} GB)"
     most = cost.gpu.memory_bytes // cost.model.kv_bytes_per_token
     if args.kv_slots is not None and args.kv_slots > most:
         error(
-            f"argument --kv-slots: {args.kv_slots:,} slots of {cost.model.kv_bytes_per_token:,} bytes ({cost.model.name}) "
-            f"are more than the whole {cost.gpu.name} holds ({most:,} slots)"
+            f"argument --kv-slots: {args.kv_slots:,} slots of {cost.model.kv_bytes_per_token:,} bytes ({model}) "
+            f"are more than the whole of {gpu} holds ({most:,} slots)"
         )
     if args.kv_slots is None:
+        weights, total = cost.model.weight_bytes, cost.gpu.memory_bytes
+        if weights >= total:
+            error(f"argument --model: the weights of {model} ({weights / 1e9:.1f} GB) do not fit in the whole of {gpu}; "
+                  "choose a smaller --model or a larger --gpu")
         try:
             cost.kv_capacity_tokens(args.gpu_memory_utilization)
-        except ValueError as exc:
-            error(f"argument --gpu-memory-utilization: {exc}")
+        except ValueError:
+            error(f"argument --gpu-memory-utilization: {args.gpu_memory_utilization:g} of {gpu} leaves no room for a KV "
+                  f"cache after the weights of {model} ({weights / 1e9:.1f} GB); it needs more than {weights / total:.3f}")
     if args.preemption == "swap" and args.cpu_blocks == 0:
         error("argument --cpu-blocks: --preemption swap needs --cpu-blocks > 0 to swap into")
+
+
+def _check_output_paths(args) -> None:
+    """Every output goes into a folder that exists (a typo must not scatter new folders): checked
+    before anything runs. ``--out`` itself may be new, its parent may not."""
+    paths = [(flag, getattr(args, dest, None)) for flag, dest in (("--json", "json_path"), ("--save-trace", "save_trace"))]
+    for flag, path in paths:
+        if path is not None:
+            folder = os.path.dirname(os.path.abspath(path))
+            if os.path.isdir(path):
+                raise UserError(f"argument {flag}: {path!r} is a folder; give a file name")
+            if not os.path.isdir(folder):
+                raise UserError(f"argument {flag}: the folder {folder!r} does not exist; create it first")
+    out = getattr(args, "out", None)
+    if out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+        raise UserError(f"argument --out: the folder {os.path.dirname(os.path.abspath(out))!r} does not exist; create it first")
 
 
 def _cost_model(args):
@@ -131,21 +165,26 @@ def _build_parser() -> argparse.ArgumentParser:
     from paged_edu.sim.managers import BLOCK_SIZES, DEFAULT_MANAGERS, MANAGERS
     from paged_edu.sim.workloads import L_MAX
 
-    parser = _Parser(prog="paged-edu", description="PagedAttention you can see, poke and measure.")
+    parser = _Parser(prog="paged-edu", description="PagedAttention you can see, poke and measure.",
+                     formatter_class=_HelpFormatter, epilog=EXAMPLES["paged-edu"])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sim = sub.add_parser("simulate", help="simulate serving a workload with every memory manager")
+    sim = sub.add_parser("simulate", help="simulate serving a workload with every memory manager",
+                         description="Serve one workload with every memory manager; print the table, write JSON.",
+                         formatter_class=_HelpFormatter, epilog=EXAMPLES["simulate"])
     sim.add_argument("--workload", choices=("sharegpt", "alpaca", "chat", "parallel", "multiturn", "fewshot", "agents"),
-                     default="sharegpt")
+                     default="sharegpt", help="generated workload: request lengths (sharegpt, alpaca) or a sharing pattern")
     sim.add_argument("--trace", help="a JSONL trace to serve instead of a generated workload")
-    sim.add_argument("--num-requests", type=POSITIVE, default=1000)
+    sim.add_argument("--num-requests", type=POSITIVE, default=1000, help="requests generated")
     sim.add_argument("--rate", type=_float(0.0, math.inf), default=10.0, help="Poisson arrivals per second (inf: all at t=0)")
-    sim.add_argument("--seed", type=SEED, default=0)
-    sim.add_argument("--json", dest="json_path", help="write the records here (.jsonl: one per line; else a JSON list)")
-    sim.add_argument("--save-trace", help="also write the generated workload as a JSONL trace")
-    sim.add_argument("--managers", type=_csv(_choice(MANAGERS), "managers"), default=list(DEFAULT_MANAGERS),
-                     help=f"comma-separated subset of {','.join(MANAGERS)} (default: all but paged-radix)")
-    sim.add_argument("--block-sizes", type=_csv(POSITIVE, "positive integers"), default=list(BLOCK_SIZES), help="paged block sizes (default 8,16,32,64,128)")
+    sim.add_argument("--seed", type=SEED, default=0, help="random seed of the workload")
+    sim.add_argument("--json", dest="json_path", help="write the records here (.jsonl: one per line; else a JSON list); the folder must exist")
+    sim.add_argument("--save-trace", help="also write the generated workload as a JSONL trace; the folder must exist")
+    sim.add_argument("--managers", type=_csv(_choice(MANAGERS), "managers"), default=",".join(DEFAULT_MANAGERS),
+                     help=f"comma-separated subset of {','.join(MANAGERS)}")
+    sim.add_argument("--block-sizes", type=_csv(POSITIVE, "positive integers"), default=",".join(map(str, BLOCK_SIZES)),
+                     help="paged block sizes, comma-separated")
     sim.add_argument("--n", type=POSITIVE, default=4, help="samples per request (parallel workload)")
     sim.add_argument("--fork", choices=("parallel", "beam"), default="parallel", help="parallel workload: independent samples or a beam-style tree")
     sim.add_argument("--dataset", choices=("sharegpt", "alpaca"), default="sharegpt", help="lengths for the parallel workload")
@@ -154,14 +193,41 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_server_args(sim)
 
-    fig = sub.add_parser("figures-sim", help="write the simulator's figures under figures/")
-    fig.add_argument("--out", default="figures", help="output folder (default figures/)")
-    fig.add_argument("--num-requests", type=POSITIVE, default=1000)
-    fig.add_argument("--seed", type=SEED, default=0)
-    fig.add_argument("--format", choices=("png", "html", "both"), default="both")
-    fig.add_argument("--no-progress", action="store_true")
+    fig = sub.add_parser("figures-sim", help="write the simulator's figures under figures/ (needs plotly)",
+                         description=f"Run the simulations behind the simulator's figures and save them. {NEEDS_PLOTLY}",
+                         formatter_class=_HelpFormatter, epilog=EXAMPLES["figures-sim"])
+    fig.add_argument("--out", default="figures", help="output folder (created if its parent exists)")
+    fig.add_argument("--num-requests", type=POSITIVE, default=1000, help="requests per simulation")
+    fig.add_argument("--seed", type=SEED, default=0, help="random seed of the workloads")
+    fig.add_argument("--format", choices=("png", "html", "both"), default="both", help="file format (PNG needs kaleido and a Chromium; HTML is the fallback)")
+    fig.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_server_args(fig)
     return parser
+
+
+NEEDS_PLOTLY = 'It needs plotly (and kaleido for PNG): pip install "paged_edu[figures]".'
+EXAMPLES = {
+    "paged-edu": """examples:
+  paged-edu simulate --workload sharegpt --num-requests 1000 --rate 10 --json sim.json
+  paged-edu figures-sim --out figures
+  paged-edu simulate --help""",
+    "simulate": """examples:
+  paged-edu simulate --workload sharegpt --num-requests 1000 --rate 10 --seed 0 --json sim.json
+  paged-edu simulate --workload parallel --n 4 --fork beam --num-requests 300 --rate 4
+  paged-edu simulate --trace my_trace.jsonl --managers paged,contiguous-max
+  paged-edu simulate --workload multiturn --managers paged-prefix,paged-radix --policy lpm
+  paged-edu simulate --model llama-3-8b --gpu h200 --gpu-memory-utilization 0.9""",
+    "figures-sim": """examples:
+  paged-edu figures-sim --out figures
+  paged-edu figures-sim --out figs --format html --num-requests 300""",
+}
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("paged_edu")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
 
 
 def _workload(args):
@@ -259,14 +325,18 @@ def _write_records(path: str, records: list[dict]) -> None:
 
 def _write(path: str, write, flag: str) -> None:
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         write(path)
     except OSError as exc:
         raise UserError(f"{flag}: cannot write {path!r}: {exc.strerror or exc}") from None
 
 
 def cmd_figures(args) -> int:
-    from paged_edu.viz import sim_figures
+    try:
+        from paged_edu.viz import sim_figures
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "plotly":
+            raise
+        raise UserError(f"no module {exc.name!r}. {NEEDS_PLOTLY}") from None
 
     cost = _cost_model(args)
     try:
@@ -286,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_output_paths(args)
         _check_server_args(args)
         if args.command == "simulate":
             return cmd_simulate(args)

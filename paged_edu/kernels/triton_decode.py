@@ -39,7 +39,7 @@ Benchmark
 ---------
 ``python benchmarks/bench_kernels.py`` on an H200 (bf16, B=16, 32/8 heads, head_dim 128, random
 block tables; CUDA-graph replays, L2 flushed; the copy ceiling measured in the same run) writes
-``figures/kernel_bench.json``; the README's decode table gives every case: 51-100 % of the copy
+``paged_edu/data/kernel_bench.json``; docs/benchmarks.md's decode table gives every case: 51-100 % of the copy
 bandwidth, faster than the best vLLM / SGLang Triton kernel at every shape.
 
 The small cases are latency-bound: 8192 tokens of one sequence are only 33 MB, which a copy

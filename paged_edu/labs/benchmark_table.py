@@ -11,12 +11,12 @@ kernel benchmark), :func:`benchmark_table` (one row per memory manager and block
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import replace
 from functools import lru_cache
 
 from paged_edu.sim import workloads
-from paged_edu.sim.block_cost import fit_per_block_cost, load_kernel_bench
+from paged_edu import data
+from paged_edu.sim.block_cost import fit_per_block_cost
 from paged_edu.sim.compare import compare, default_configs
 from paged_edu.sim.costmodel import GPUS, MODELS, CostModel
 from paged_edu.sim.results import SimConfig, SimResult
@@ -27,7 +27,6 @@ __all__ = ["TABLE_ROWS", "batch_ratio_formula", "benchmark_table", "contiguous_m
            "final_lengths", "kernel_block_fit", "markdown_table", "p99_ttft_crossing", "paper_cost_model",
            "simulated_batch_ratio", "table_rows", "workload", "block_size_sweep", "paper_comparison", "PAPER"]
 
-FIGURES = os.path.join(os.path.dirname(__file__), "..", "..", "figures")
 KERNEL_BENCHES = ("kernel_bench.json", "kernel_sweep.json")
 
 # The table's columns: (header, SimResult.record() key, format).
@@ -44,7 +43,7 @@ TABLE_ROWS = (
 @lru_cache(maxsize=1)
 def kernel_block_fit():
     """The per-block cost fitted from the stored H200 kernel benchmarks (see :mod:`paged_edu.sim.block_cost`)."""
-    benches = [load_kernel_bench(os.path.join(FIGURES, name)) for name in KERNEL_BENCHES]
+    benches = [data.load_json(name) for name in KERNEL_BENCHES]
     return fit_per_block_cost(*benches)
 
 
@@ -155,7 +154,7 @@ def block_size_sweep(dataset: str = "alpaca", num_requests: int = 300, rate: flo
     return rows
 
 
-# The paper's numbers (Kwon et al., SOSP 2023, OPT-13B on an A100-40GB), as the README lists them.
+# The paper's numbers (Kwon et al., SOSP 2023, OPT-13B on an A100-40GB), as docs/benchmarks.md lists them.
 PAPER = {
     "Fig. 2 token states": {"contiguous-max": 0.204, "contiguous-pow2": 0.268, "contiguous-oracle": 0.382, "paged": 0.963},
     "Fig. 13a mean batched (ShareGPT)": {"contiguous-max": 7.00, "contiguous-pow2": 9.81, "contiguous-oracle": 13.62,

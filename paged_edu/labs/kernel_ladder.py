@@ -7,7 +7,7 @@
 * :func:`cpu_ladder` -- on a CPU, a small case timed by wall clock: the loop, the torch reference and
   the Triton kernel in the interpreter (which simulates every program in Python: slow, and not a
   measure of the GPU kernel's speed).
-* :func:`stored_gpu_figures` -- the README's H200 figures (``figures/kernel_bench.json``), to show
+* :func:`stored_gpu_figures` -- the stored H200 figures (``paged_edu/data/kernel_bench.json``, ``docs/benchmarks.md``), to show
   beside a CPU run.
 * :func:`source_between` -- lines of a function's source, for reading the kernel in the lesson.
 """
@@ -20,14 +20,13 @@ from pathlib import Path
 
 import torch
 
+from paged_edu import data
 from paged_edu.kernels import paged_attention_decode, triton_interpreting
 from paged_edu.kernels.reference import paged_attention_loop, paged_attention_torch
 from paged_edu.labs.seed_kernel import paged_attention_decode_step_fixed
 from paged_edu.labs.timing import Timer, copy_ceiling_us, decode_bytes, random_paged_case, rel_err, wall_us
 
 __all__ = ["cpu_ladder", "gpu_ladder", "source_between", "split_sweep", "stored_gpu_figures"]
-
-FIGURES = Path(__file__).resolve().parents[2] / "figures"  # present in a clone of the repository
 
 
 def _impl_fn(impl: str, case, scale: float):
@@ -125,9 +124,11 @@ def cpu_ladder(num_seqs=2, seq_len=64, *, num_q_heads=4, num_kv_heads=2, head_di
 
 
 def stored_gpu_figures(name: str = "kernel_bench.json", *, path: Path | None = None) -> dict | None:
-    """``figures/<name>`` -- ``kernel_bench.json`` (the README's H200 run) or ``kernel_sweep.json`` (its
-    configuration sweep) -- or None when this install has no copy (a pip install has no figures/)."""
-    path = Path(path) if path is not None else FIGURES / name
+    """The stored ``name`` (:mod:`paged_edu.data`) -- ``kernel_bench.json`` (the H200 run of docs/benchmarks.md) or
+    ``kernel_sweep.json`` (its configuration sweep) -- or, given ``path``, that file: None if it is not there."""
+    if path is None:
+        return data.load_json(name)
+    path = Path(path)
     if not path.exists():
         return None
     with open(path) as f:

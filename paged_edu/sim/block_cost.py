@@ -4,7 +4,7 @@ The roofline in :mod:`paged_edu.sim.costmodel` charges attention only for the by
 block size of 8 costs the same as 128. The paper's Fig. 18 shows small blocks are slower: the
 kernel does a block-table lookup, a short tile and a softmax rescale per block. ``CostModel`` has a
 ``per_block_s`` term for that (off by default); this module fits it from the decode kernel's
-measured times in ``figures/kernel_bench.json`` / ``kernel_sweep.json`` (our Triton kernel on the
+measured times in ``paged_edu/data/kernel_bench.json`` / ``kernel_sweep.json`` (our Triton kernel on the
 H200, bf16, B = 16, 32 q / 8 KV heads x 128, CUDA-graph replay, L2 flushed)::
 
     t_kernel - t_read = a + per_block_s * (num_seqs * ceil(seq_len / B) * num_kv_heads)
@@ -18,13 +18,12 @@ Plain Python and numpy, no torch.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BlockCostFit", "fit_per_block_cost", "load_kernel_bench"]
+__all__ = ["BlockCostFit", "fit_per_block_cost"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +39,6 @@ class BlockCostFit:
         return (f"per-block kernel cost {self.per_block_s * 1e9:.3f} ns per block x KV head "
                 f"(+ {self.fixed_s * 1e6:.1f} us per launch), least squares over {len(self.points)} "
                 f"cases of {self.source}")
-
-
-def load_kernel_bench(path: str) -> dict:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def fit_per_block_cost(*benches: dict, impl: str = "triton") -> BlockCostFit:

@@ -1,7 +1,7 @@
 """Lesson 4's kernel figures: the ladder loop -> torch -> Triton, and time against the number of KV splits.
 
 Pure functions from measured rows (:mod:`paged_edu.labs.kernel_ladder`, or the stored
-``figures/kernel_bench.json`` / ``kernel_sweep.json``) to plotly figures.
+``paged_edu/data/kernel_bench.json`` / ``kernel_sweep.json``) to plotly figures.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def split_figure(sweeps: list[dict], title: str) -> go.Figure:
 
 
 def stored_split_points(sweep_json: dict, case: str) -> dict | None:
-    """From ``figures/kernel_sweep.json``: the best time seen at each split count for ``case``.
+    """From ``paged_edu/data/kernel_sweep.json``: the best time seen at each split count for ``case``.
 
     That file keeps only each case's 12 best configurations (tile, warps, stages, splits), so split
     counts whose best configuration ranked lower are missing, and each point may use another tile.

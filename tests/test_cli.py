@@ -1,0 +1,111 @@
+"""``paged-edu``'s help and errors, as a first-time user meets them: every flag explained with its
+default, runnable examples, ``--version``, and errors that name the flag at fault and the model as
+the user typed it -- before anything is simulated or written."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import shlex
+import sys
+
+import pytest
+
+from paged_edu.cli import EXAMPLES, _build_parser, main
+
+QUICK = ["--num-requests", "5", "--no-progress", "--managers", "paged", "--block-sizes", "16"]
+
+
+def _error(argv, capsys) -> str:
+    """Run ``argv``; it must exit 2 with one line on stderr (argparse's exit or main's return)."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert len(captured.err.strip().splitlines()) == 1 and "Traceback" not in captured.err, captured.err
+    return captured.err + captured.out
+
+
+@pytest.mark.parametrize("flag, leaf", [("--json", "x.json"), ("--save-trace", "trace.jsonl")])
+def test_an_output_file_in_a_missing_folder_is_refused_before_simulating(flag, leaf, tmp_path, capsys):
+    missing = tmp_path / "no" / "such"
+    err = _error(["simulate", *QUICK, flag, str(missing / leaf)], capsys)
+    assert f"argument {flag}:" in err and str(missing) in err and "does not exist" in err, err
+    assert "| manager" not in err                      # refused before the table was simulated
+    assert not (tmp_path / "no").exists()              # and nothing created
+
+
+def test_an_output_file_that_is_a_folder_is_refused(tmp_path, capsys):
+    err = _error(["simulate", *QUICK, "--json", str(tmp_path)], capsys)
+    assert "argument --json:" in err and "is a folder" in err, err
+
+
+def test_figures_out_needs_an_existing_parent(tmp_path, capsys):
+    err = _error(["figures-sim", "--out", str(tmp_path / "no" / "figs"), "--no-progress"], capsys)
+    assert "argument --out:" in err and "does not exist" in err, err
+    assert not (tmp_path / "no").exists()
+
+
+def test_weights_bigger_than_the_gpu_blame_the_model_by_the_name_given(capsys):
+    err = _error(["simulate", *QUICK, "--model", "llama-2-70b", "--gpu", "t4"], capsys)
+    assert "argument --model:" in err and "--model llama-2-70b" in err and "--gpu t4" in err, err
+    assert "--gpu-memory-utilization" not in err and "Seed 70B example" not in err, err
+
+
+def test_weights_that_fit_the_gpu_but_not_the_share_blame_the_utilization(capsys):
+    # Llama-3-8B's 15.0 GB of bf16 weights fit a T4's 16.1 GB, not 90 % of it.
+    err = _error(["simulate", *QUICK, "--model", "llama-3-8b", "--gpu", "t4"], capsys)
+    assert "argument --gpu-memory-utilization:" in err and "--model llama-3-8b" in err, err
+    assert main(["simulate", *QUICK, "--model", "llama-3-8b", "--gpu", "t4", "--gpu-memory-utilization", "0.99"]) == 0
+
+
+def test_a_kv_pool_bigger_than_the_gpu_names_the_model_by_the_name_given(capsys):
+    err = _error(["simulate", *QUICK, "--model", "llama-2-70b", "--kv-slots", str(10**8)], capsys)
+    assert "argument --kv-slots:" in err and "--model llama-2-70b" in err and "Seed 70B" not in err, err
+
+
+def test_figures_sim_without_plotly_says_which_extra_to_install(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "plotly", None)          # import plotly -> ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
+    monkeypatch.delitem(sys.modules, "paged_edu.viz.sim_figures", raising=False)
+    err = _error(["figures-sim", "--out", str(tmp_path / "figs"), "--no-progress"], capsys)
+    assert "plotly" in err and 'pip install "paged_edu[figures]"' in err, err
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_every_flag_has_help_and_shows_its_default():
+    parser = _build_parser()
+    for name, sub in _subparsers(parser).items():
+        text = sub.format_help()
+        for action in sub._actions:
+            assert action.help and action.help != argparse.SUPPRESS, (name, action.option_strings)
+            if action.default not in (None, False, argparse.SUPPRESS) and action.option_strings != ["-h", "--help"]:
+                shown = action.default if isinstance(action.default, str) else repr(action.default)
+                assert f"(default:{shown})" in "".join(text.split()), (name, action.option_strings)  # wrapping ignored
+    assert "(default: 1000)" in _subparsers(parser)["simulate"].format_help()
+
+
+def test_every_example_in_the_help_parses():
+    parser = _build_parser()
+    helps = [parser.format_help(), *(sub.format_help() for sub in _subparsers(parser).values())]
+    for name, text in EXAMPLES.items():
+        lines = [line.strip() for line in text.splitlines() if line.strip().startswith("paged-edu ")]
+        assert lines and any(text in h for h in helps), name
+        for line in lines:
+            if line.endswith("--help"):
+                continue
+            args = parser.parse_args(shlex.split(line)[1:])
+            assert args.command in ("simulate", "figures-sim"), line
+
+
+def test_version_prints_the_installed_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"paged-edu {importlib.metadata.version('paged_edu')}"
