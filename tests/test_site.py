@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 try:
     import build_site
     import lesson_outputs
+    import run_lessons
 finally:
     sys.path.remove(str(ROOT / "scripts"))
 
@@ -91,7 +92,7 @@ def test_a_figure_widget_saves_the_figure_the_run_left_not_the_first_one(tmp_pat
                                           "fig = go.FigureWidget(data=[go.Heatmap(z=[[0, 0]])])\nfig"),
                 nbformat.v4.new_code_cell("with fig.batch_update():\n    fig.data[0].z = [[5, 6]]")]
     nbformat.write(nb, tmp_path / "in.ipynb")
-    with build_site.site_kernels():
+    with run_lessons.lesson_kernels(tmp_path):
         papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
                                    progress_bar=False, store_widget_state=True)
     executed = json.loads((tmp_path / "out.ipynb").read_text())
