@@ -51,6 +51,8 @@ from lesson_outputs import site_outputs  # noqa: E402
 WIDGET_STATE_MIME = run_lessons.WIDGET_STATE_MIME
 COLAB_BADGE = re.compile(r"\[!\[Open [Ii]n Colab\]\([^)]*\)\]\([^)]*\)\s*")
 EXERCISE = re.compile(r"""ex\.check\(\s*["']([^"']+)["']""")
+HARNESS_MARKER = re.compile(r"^[ \t]*# ?NBVAL_[A-Z_]+[ \t]*\n?", re.M)  # nbval's cell markers, whole lines
+COLAB_CELL = '"google.colab" in sys.modules'  # the install cell's test, in every lesson's first code cell
 
 
 # ----------------------------------------------------------------------------------------------
@@ -138,14 +140,36 @@ def _markdown_cell(cell_id: str, source: str) -> dict:
     return {"cell_type": "markdown", "id": re.sub(r"[^A-Za-z0-9_-]", "-", cell_id), "metadata": {}, "source": source}
 
 
+def course_cells(cells: list[dict]) -> list[dict]:
+    """The cells a reader of the course sees: papermill's injected-parameters cell dropped (the
+    lesson's own ``parameters`` cell stays), nbval's ``# NBVAL_...`` marker lines taken out of the
+    code, and the Colab install cell folded into a ``<details>`` (it does nothing off Colab)."""
+    shown = []
+    for cell in cells:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if "injected-parameters" in tags:
+            continue
+        cell = copy.deepcopy(cell)
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and COLAB_CELL in source:
+            shown.append(_markdown_cell(
+                cell.get("id", "colab-install"),
+                '<details class="colab-install"><summary>On Colab, the first cell installs paged_edu '
+                "(click to show)</summary>\n\n```python\n" + source.strip("\n") + "\n```\n\n</details>"))
+            continue
+        if cell["cell_type"] == "code":
+            cell["source"] = HARNESS_MARKER.sub("", source)
+        shown.append(cell)
+    return shown
+
+
 def site_notebook(notebook: Path, record: dict) -> dict:
     """The executed copy as its page shows it (the stored notebook is never touched)."""
     nb = json.loads((EXECUTED / notebook.name).read_text())
     widgets = nb.get("metadata", {}).pop("widgets", {})
     models = widgets.get(WIDGET_STATE_MIME, {}).get("state", {})
     cells, has_header = [], False
-    for cell in nb["cells"]:
-        cell = copy.deepcopy(cell)
+    for cell in course_cells(nb["cells"]):
         if cell["cell_type"] == "markdown":
             cell["source"] = repository_links(COLAB_BADGE.sub("", "".join(cell["source"])), NOTEBOOKS, ("notebooks/",))
         if cell["cell_type"] == "code":

@@ -102,6 +102,74 @@ def test_a_figure_widget_saves_the_figure_the_run_left_not_the_first_one(tmp_pat
     assert _spec_of(shown["data"]["text/html"])["data"][0]["z"] == [[5, 6]]
 
 
+def test_a_progress_bar_widget_is_left_out_of_the_page():
+    """tqdm's notebook bar (an HBox of HTML, FloatProgress, HTML) meant something only during the run."""
+    models = {"bar": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_label", "IPY_MODEL_progress"]}},
+              "label": {"model_name": "HTMLModel", "state": {"value": "Loading weights: 100%"}},
+              "progress": {"model_name": "FloatProgressModel", "state": {"value": 1.0, "max": 1.0}},
+              "html": {"model_name": "HTMLModel", "state": {"value": "<b>kept</b>"}}}
+
+    def view(model_id):
+        return {"output_type": "display_data", "metadata": {},
+                "data": {lesson_outputs.WIDGET_VIEW_MIME: {"model_id": model_id, "version_major": 2}}}
+
+    shown = lesson_outputs.site_outputs([view("bar"), view("html")], models)
+    assert len(shown) == 1 and "<b>kept</b>" in shown[0]["data"]["text/html"]
+
+
+def test_the_page_drops_harness_markers_the_injected_cell_and_folds_the_colab_cell():
+    nbformat = pytest.importorskip("nbformat")
+    code, md = nbformat.v4.new_code_cell, nbformat.v4.new_markdown_cell
+    cells = [md("# Lesson"),
+             code('import sys\nif "google.colab" in sys.modules:\n    %pip install -q paged_edu'),
+             code('device = "auto"', metadata={"tags": ["parameters"]}),
+             code('# Parameters\ndevice = "cpu"\n', metadata={"tags": ["injected-parameters"]}),
+             code("# NBVAL_CHECK_OUTPUT\nprint(1)  # one\n", metadata={"tags": ["keep_output"]}),
+             code("x = 2\n    # NBVAL_IGNORE_OUTPUT\nx")]
+    shown = build_site.course_cells([dict(c) for c in cells])
+    sources = ["".join(c["source"]) for c in shown]
+    assert len(shown) == 5 and not any("# Parameters" in t or "NBVAL_" in t for t in sources)
+    assert sources[2] == 'device = "auto"' and sources[3] == "print(1)  # one\n" and sources[4] == "x = 2\nx"
+    assert shown[1]["cell_type"] == "markdown" and sources[1].startswith('<details class="colab-install">')
+    assert "%pip install -q paged_edu" in sources[1] and sources[1].rstrip().endswith("</details>")
+    assert "NBVAL_CHECK_OUTPUT" in "".join(cells[4]["source"])   # the executed copy is not touched
+
+
+def test_the_site_reuses_what_the_lessons_run_executed_and_only_that(tmp_path, monkeypatch, capfd):
+    """``dev.py lessons`` then ``dev.py site``: the site executes nothing; after a notebook changes it
+    executes that one again. The lessons run prints neither the kernel's transport warning nor its log."""
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("papermill")
+    notebooks, out = tmp_path / "notebooks", tmp_path / "lessons"
+    notebooks.mkdir()
+    for k in (1, 2):
+        nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                               "language": "python"}})
+        nb.cells = [nbformat.v4.new_code_cell('device = "auto"', metadata={"tags": ["parameters"]}),
+                    nbformat.v4.new_code_cell(f"print('device: cpu, dtype: float32'); {k}")]
+        nbformat.write(nb, notebooks / f"0{k}_tiny.ipynb")
+    assert run_lessons.main(["--dir", str(notebooks), "--out", str(out)]) == 0
+    console = capfd.readouterr()
+    assert "[1/2] 01_tiny" in console.out and "2/2 lessons ok" in console.out
+    assert "without encryption" not in console.out + console.err and "IPKernelApp" not in console.out + console.err
+    monkeypatch.setattr(build_site, "NOTEBOOKS", notebooks)
+    monkeypatch.setattr(build_site, "EXECUTED", out)
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.ipynb")}
+    records = build_site.execute("cpu", 60, force=False)
+    assert [r["lesson"] for r in records] == ["01_tiny", "02_tiny"] and all(r["ok"] for r in records)
+    assert capfd.readouterr().out.count("reused the run of") == 2
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.ipynb")} == before
+    nb = nbformat.read(notebooks / "02_tiny.ipynb", as_version=4)
+    nb.cells[1].source += " + 1"
+    nbformat.write(nb, notebooks / "02_tiny.ipynb")
+    build_site.execute("cpu", 60, force=False)
+    printed = capfd.readouterr().out
+    assert "01_tiny" in printed and printed.count("reused the run of") == 1 and "02_tiny: executing (changed" in printed
+    assert (out / "01_tiny.ipynb").stat().st_mtime_ns == before["01_tiny.ipynb"]
+    assert (out / "02_tiny.ipynb").stat().st_mtime_ns != before["02_tiny.ipynb"]
+    assert not build_site.reusable(notebooks / "01_tiny.ipynb", records[0], "cuda")  # ran on the CPU
+
+
 def test_links_to_repository_files_leave_the_site_and_pages_stay():
     text = ("[a](paged_edu/core/allocator.py) [b](figures/utilisation.png) [c](#sources) "
             "[d](notebooks/01_kv_cache_memory.ipynb) [e](no/such/file.py) [f](https://x.org/y)")
