@@ -64,16 +64,20 @@ def lessons() -> list[Path]:
     return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 
-def reusable(notebook: Path, record: dict | None, device: str) -> bool:
-    """An executed copy counts when its run (by ``dev.py lessons`` or an earlier build) ran clean,
-    depended on exactly what is here now (:func:`run_lessons.source_hash` of the notebook, the
-    library, the kernels' start-up file, default parameters) -- and, for an explicit ``--device``,
-    ran there."""
-    if record is None or not (EXECUTED / notebook.name).exists() or not record.get("ok"):
-        return False
+def why_execute(notebook: Path, record: dict | None, device: str) -> str | None:
+    """Why the executed copy cannot be reused, or None when it can: its run (by ``dev.py lessons``
+    or an earlier build) ran clean, depended on exactly what is here now
+    (:func:`run_lessons.source_hash` of the notebook, the library, the kernels' start-up file and
+    the default parameters) and, for an explicit ``--device``, ran there."""
+    if record is None or not (EXECUTED / notebook.name).exists():
+        return "no run yet"
+    if not record.get("ok"):
+        return "its last run failed"
     if device != "auto" and not str(record.get("device", "")).startswith(device):
-        return False
-    return record.get("source_hash") == run_lessons.source_hash(notebook, {"device": device})
+        return f"it ran on {record.get('device')}, not {device}"
+    if record.get("source_hash") != run_lessons.source_hash(notebook, {"device": device}):
+        return "notebook, library or parameters changed since its run"
+    return None
 
 
 def execute(device: str, timeout: int, force: bool) -> list[dict]:
@@ -85,8 +89,8 @@ def execute(device: str, timeout: int, force: bool) -> list[dict]:
     records = []
     for notebook in lessons():
         record = previous.get(notebook.stem)
-        if force or not reusable(notebook, record, device):
-            why = "--force" if force else "no run yet" if record is None else "changed since its run"
+        why = "--force" if force else why_execute(notebook, record, device)
+        if why:
             print(f"{notebook.stem}: executing ({why}) ...", flush=True)
             record = run_lessons.run(notebook, EXECUTED, {"device": device}, timeout, progress=True)
             how = f"executed in {record['seconds']:.1f} s"

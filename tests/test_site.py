@@ -164,10 +164,10 @@ def test_the_site_reuses_what_the_lessons_run_executed_and_only_that(tmp_path, m
     nbformat.write(nb, notebooks / "02_tiny.ipynb")
     build_site.execute("cpu", 60, force=False)
     printed = capfd.readouterr().out
-    assert "01_tiny" in printed and printed.count("reused the run of") == 1 and "02_tiny: executing (changed" in printed
+    assert "01_tiny" in printed and printed.count("reused the run of") == 1 and "02_tiny: executing (notebook, library" in printed
     assert (out / "01_tiny.ipynb").stat().st_mtime_ns == before["01_tiny.ipynb"]
     assert (out / "02_tiny.ipynb").stat().st_mtime_ns != before["02_tiny.ipynb"]
-    assert not build_site.reusable(notebooks / "01_tiny.ipynb", records[0], "cuda")  # ran on the CPU
+    assert build_site.why_execute(notebooks / "01_tiny.ipynb", records[0], "cuda") == "it ran on cpu, not cuda"
 
 
 def test_links_to_repository_files_leave_the_site_and_pages_stay():
@@ -328,12 +328,56 @@ def test_lesson_page_draws_plotly_typesets_math_and_folds_solutions(site, url, b
         page.close()
 
 
+# What lies outside the article's column (figures, their SVG, images) or scrolls sideways (code).
+_OVERFLOW = """() => {
+    const column = document.querySelector("article").getBoundingClientRect();
+    const wide = [...document.querySelectorAll("article .js-plotly-plot, article .main-svg, article img")]
+        .map(e => [e.className.baseVal ?? e.className, e.getBoundingClientRect()])
+        .filter(([, r]) => r.width > 0 && (r.left < column.left - 1 || r.right > column.right + 1))
+        .map(([name, r]) => `${name} ${Math.round(r.width)} px at ${Math.round(r.left)}`);
+    const scrolling = [...document.querySelectorAll("article pre")].filter(p => p.scrollWidth > p.clientWidth + 1)
+        .map(p => p.textContent.slice(0, 60));
+    return {column: Math.round(column.width), wide, scrolling};
+}"""
+
+
+@needs_chromium
+@pytest.mark.parametrize("width, height", [(1366, 768), (800, 900)])
+def test_lesson_pages_fit_the_column_and_show_no_test_harness(site, url, browser, width, height):
+    """At a laptop's 1366 x 768 and at 800 px wide: no figure or image wider than the article's
+    column, no code block scrolling sideways, no ``# NBVAL_...`` marker, no papermill
+    injected-parameters cell, and the Colab install cell folded once."""
+    for lesson in LESSONS:
+        page, problems = _open(browser, url, f"lessons/{lesson}.html")
+        try:
+            page.set_viewport_size({"width": width, "height": height})
+            page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+            page.wait_for_timeout(300)  # plotly's responsive resize runs on the window's resize event
+            overflow = page.evaluate(_OVERFLOW)
+            assert not overflow["wide"], (lesson, overflow)
+            assert not overflow["scrolling"], (lesson, overflow)
+            text = page.inner_text("article")
+            assert "NBVAL_" not in text and "# Parameters" not in text, lesson
+            assert page.locator(".tag_injected-parameters").count() == 0, lesson
+            assert page.locator("details.colab-install").count() == 1, lesson
+            assert page.locator("details.colab-install").get_attribute("open") is None
+            if width == 800 and lesson == LESSONS[min(1, len(LESSONS) - 1)]:
+                SHOTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(SHOTS / f"{lesson}_800px.png"), full_page=True)
+            assert not problems, (lesson, problems)
+        finally:
+            page.close()
+
+
 @needs_chromium
 def test_landing_page_search_and_next_previous(site, url, browser):
     page, problems = _open(browser, url, "index.html")
     try:
         assert page.locator("img").count() >= 2          # the README's figures
         assert page.locator("table").count() >= 2        # its lesson and benchmark tables
+        icon = page.locator("link[rel='icon']").first.get_attribute("href")   # no 404 for /favicon.ico
+        with urllib.request.urlopen(urllib.parse.urljoin(f"{url}/index.html", icon), timeout=10) as response:
+            assert response.status == 200 and b"<svg" in response.read()
         nxt = page.locator("a.next-page").first
         assert LESSONS[0] in nxt.get_attribute("href")
         SHOTS.mkdir(parents=True, exist_ok=True)
