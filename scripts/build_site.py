@@ -15,6 +15,9 @@
    note to run the lesson to interact), every exercise gets its solution (from
    ``ex.solution``) folded in a ``<details>``, and a header links to Colab (from
    ``paged_edu.lessons.setup.REPO_URL``) and to the clean notebook, and says which device ran it.
+   The test harness stays out of the pages (:func:`course_cells`): papermill's injected-parameters
+   cell is dropped, nbval's ``# NBVAL_...`` marker lines are taken out of the code, and the Colab
+   install cell is folded; progress-bar widgets are left out.
 3. **Render** with Sphinx + MyST-NB (furo theme, MathJax and plotly.js inside the site) into
    ``build/site/``; serve it with any file server, e.g. ``python -m http.server -d build/site``.
 

@@ -143,8 +143,14 @@ def lesson_kernels(out_dir: Path):
 
 
 def kernel_manager_class(log_path: Path):
-    """A kernel manager whose kernel writes its process log (ipykernel's own warnings, not cell
-    output) to ``log_path``, over CurveZMQ-encrypted sockets where pyzmq has Curve."""
+    """A kernel manager whose kernel process writes its own stdout and stderr (ipykernel's log, not
+    cell output) to ``log_path``, over CurveZMQ-encrypted sockets where pyzmq has Curve.
+
+    Two messages a clean run used to print come from there: ipykernel 7 warns that it "is running
+    over TCP without encryption" whenever the manager provisions no CurveZMQ keys (jupyter_client's
+    ``transport_encryption`` defaults to ``disabled``), and jupyter_client's ``shutdown_kernel``
+    sends SIGINT before its shutdown request, which a kernel still inside a message handler logs
+    as "KeyboardInterrupt caught in kernel" (a race at the end of the run, not the lesson's code)."""
     import zmq
     from jupyter_client.manager import AsyncKernelManager
 
@@ -156,7 +162,7 @@ def kernel_manager_class(log_path: Path):
 
         async def _async_launch_kernel(self, kernel_cmd, **kw):
             with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-                kw["stderr"] = log
+                kw["stdout"] = kw["stderr"] = log
                 await super()._async_launch_kernel(kernel_cmd, **kw)
 
     return LessonKernelManager
