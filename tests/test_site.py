@@ -375,7 +375,7 @@ def test_landing_page_search_and_next_previous(site, url, browser):
     try:
         assert page.locator("img").count() >= 2          # the README's figures
         assert page.locator("table").count() >= 2        # its lesson and benchmark tables
-        icon = page.locator("link[rel='icon']").first.get_attribute("href")   # no 404 for /favicon.ico
+        icon = page.locator("link[rel~='icon']").first.get_attribute("href")   # no 404 for /favicon.ico
         with urllib.request.urlopen(urllib.parse.urljoin(f"{url}/index.html", icon), timeout=10) as response:
             assert response.status == 200 and b"<svg" in response.read()
         nxt = page.locator("a.next-page").first
