@@ -3,9 +3,11 @@
     python scripts/build_site.py [--device auto|cpu|cuda] [--force] [--out build/site]
 
 1. **Execute.** Each ``notebooks/[0-9][0-9]_*.ipynb`` is executed by ``scripts/run_lessons.py``
-   into ``build/lessons/`` -- unless the copy there is newer than the notebook and every module of
-   the library, ran without error, kept its widgets' state, and (with ``--device cpu|cuda``) ran on
-   that device. ``--device auto`` (the default) runs on the GPU when there is one.
+   into ``build/lessons/`` -- unless the copy there (from ``python3 dev.py lessons`` or an earlier
+   build) ran without error, with the default parameters, from the notebook, library and kernel
+   start-up file as they are now (the hash in its run record), and (with ``--device cpu|cuda``) on
+   that device: then it is reused, and the build says so. ``--device auto`` (the default) runs on
+   the GPU when there is one.
 2. **Prepare** ``build/site-src/``, a Sphinx project: the README as the landing page (its links to
    the notebooks turned into links to the lesson pages), and one page per executed lesson in
    order, whose plotly figures and widgets become what ``scripts/lesson_outputs.py`` makes of them
@@ -13,6 +15,9 @@
    note to run the lesson to interact), every exercise gets its solution (from
    ``ex.solution``) folded in a ``<details>``, and a header links to Colab (from
    ``paged_edu.lessons.setup.REPO_URL``) and to the clean notebook, and says which device ran it.
+   The test harness stays out of the pages (:func:`course_cells`): papermill's injected-parameters
+   cell is dropped, nbval's ``# NBVAL_...`` marker lines are taken out of the code, and the Colab
+   install cell is folded; progress-bar widgets are left out.
 3. **Render** with Sphinx + MyST-NB (furo theme, MathJax and plotly.js inside the site) into
    ``build/site/``; serve it with any file server, e.g. ``python -m http.server -d build/site``.
 
@@ -25,11 +30,9 @@ import argparse
 import contextlib
 import copy
 import html
-import inspect
 import io
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -43,15 +46,16 @@ EXECUTED = ROOT / "build" / "lessons"
 SRC = ROOT / "build" / "site-src"
 DOCTREES = ROOT / "build" / "site-doctrees"
 CONFIG = Path(__file__).resolve().parent / "site"
-KERNEL_STARTUP = Path(__file__).resolve().parent / "site_kernel_startup.py"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run_lessons  # noqa: E402  (scripts/ is not a package)
 from lesson_outputs import site_outputs  # noqa: E402
 
-WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
+WIDGET_STATE_MIME = run_lessons.WIDGET_STATE_MIME
 COLAB_BADGE = re.compile(r"\[!\[Open [Ii]n Colab\]\([^)]*\)\]\([^)]*\)\s*")
 EXERCISE = re.compile(r"""ex\.check\(\s*["']([^"']+)["']""")
+HARNESS_MARKER = re.compile(r"^[ \t]*# ?NBVAL_[A-Z_]+[ \t]*\n?", re.M)  # nbval's cell markers, whole lines
+COLAB_CELL = '"google.colab" in sys.modules'  # the install cell's test, in every lesson's first code cell
 
 
 # ----------------------------------------------------------------------------------------------
@@ -63,100 +67,42 @@ def lessons() -> list[Path]:
     return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 
-def library_mtime() -> float:
-    return max(p.stat().st_mtime for p in (ROOT / "paged_edu").rglob("*.py"))
-
-
-def reusable(notebook: Path, record: dict | None, device: str) -> bool:
-    """An executed copy counts when it is newer than the notebook, the library and the site's kernel
-    start-up file, ran clean and kept its widget state -- and, for an explicit ``--device``, ran there."""
-    executed = EXECUTED / notebook.name
-    if record is None or not executed.exists() or not record.get("ok") or not record.get("widget_state"):
-        return False
+def why_execute(notebook: Path, record: dict | None, device: str) -> str | None:
+    """Why the executed copy cannot be reused, or None when it can: its run (by ``dev.py lessons``
+    or an earlier build) ran clean, depended on exactly what is here now
+    (:func:`run_lessons.source_hash` of the notebook, the library, the kernels' start-up file and
+    the default parameters) and, for an explicit ``--device``, ran there."""
+    if record is None or not (EXECUTED / notebook.name).exists():
+        return "no run yet"
+    if not record.get("ok"):
+        return "its last run failed"
     if device != "auto" and not str(record.get("device", "")).startswith(device):
-        return False
-    return executed.stat().st_mtime > max(notebook.stat().st_mtime, library_mtime(), KERNEL_STARTUP.stat().st_mtime)
-
-
-def machine(device: str) -> str:
-    """Which hardware a device string means here, e.g. ``NVIDIA H200`` or ``AMD EPYC 7B13, 2 cores``."""
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.get_device_name(torch.device(device))
-    model = platform.processor() or "CPU"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{model}, {os.cpu_count()} cores"
-
-
-def drop_widget_code(executed: Path) -> None:
-    """Keep the widgets' state but not anywidget's JavaScript bundles (about 5 MB per plotly
-    FigureWidget): the site draws a static view from the state and never loads the widget code."""
-    nb = json.loads(executed.read_text())
-    state = nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE_MIME, {}).get("state", {})
-    for model in state.values():
-        for key in ("_esm", "_css"):
-            if isinstance(model.get("state", {}).get(key), str):
-                model["state"][key] = ""
-    executed.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-
-
-@contextlib.contextmanager
-def site_kernels():
-    """Kernels started inside run with scripts/site_kernel_startup.py (FigureWidgets save their
-    current figure into the widget state), from a throw-away IPYTHONDIR under build/."""
-    ipython_dir = ROOT / "build" / "site-ipython"
-    copy_if_changed(KERNEL_STARTUP, ipython_dir / "profile_default" / "startup" / KERNEL_STARTUP.name)
-    before = os.environ.get("IPYTHONDIR")
-    os.environ["IPYTHONDIR"] = str(ipython_dir)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("IPYTHONDIR")
-        else:
-            os.environ["IPYTHONDIR"] = before
-
-
-def run_lesson(notebook: Path, device: str, timeout: int) -> dict:
-    # scripts/run_lessons.py's run() takes the device, or (with per-lesson parameters) a dict of
-    # parameters holding it; pass what this copy of it asks for.
-    third = {"device": device} if "parameters" in inspect.signature(run_lessons.run).parameters else device
-    with site_kernels():
-        record = run_lessons.run(notebook, EXECUTED, third, timeout, store_widget_state=True)
-    record["widget_state"] = record["ok"]
-    record["machine"] = machine(record["device"]) if record["device"] != "?" else "?"
-    record["executed_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    if (EXECUTED / notebook.name).exists():
-        drop_widget_code(EXECUTED / notebook.name)
-    return record
+        return f"it ran on {record.get('device')}, not {device}"
+    if record.get("source_hash") != run_lessons.source_hash(notebook, {"device": device}):
+        return "notebook, library or parameters changed since its run"
+    return None
 
 
 def execute(device: str, timeout: int, force: bool) -> list[dict]:
-    """The run record of every lesson, executing those without a reusable copy."""
+    """The run record of every lesson, executing only those without a reusable copy."""
     EXECUTED.mkdir(parents=True, exist_ok=True)
-    summary_path = EXECUTED / "summary.json"
     previous = {}
-    if summary_path.exists():
-        with contextlib.suppress(ValueError):
-            previous = {r["lesson"]: r for r in json.loads(summary_path.read_text())}
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        previous = {r["lesson"]: r for r in json.loads((EXECUTED / "summary.json").read_text())}
     records = []
     for notebook in lessons():
         record = previous.get(notebook.stem)
-        if force or not reusable(notebook, record, device):
-            record = run_lesson(notebook, device, timeout)
+        why = "--force" if force else why_execute(notebook, record, device)
+        if why:
+            print(f"{notebook.stem}: executing ({why}) ...", flush=True)
+            record = run_lessons.run(notebook, EXECUTED, {"device": device}, timeout, progress=True)
             how = f"executed in {record['seconds']:.1f} s"
+            run_lessons.write_summary(EXECUTED, [record])
         else:
-            how = f"reused (executed {record.get('executed_at', '?')} in {record['seconds']:.1f} s)"
+            how = f"reused the run of {record.get('executed_at', '?')} ({record['seconds']:.1f} s)"
         status = "ok" if record["ok"] else f"FAILED ({record['error']})"
         print(f"{notebook.stem:<32} device={record['device']:<5} {how}  {status}", flush=True)
         records.append(record)
-    merged = {**previous, **{r["lesson"]: r for r in records}}
-    summary_path.write_text(json.dumps([merged[k] for k in sorted(merged)], indent=2) + "\n")
     return records
 
 
@@ -201,14 +147,36 @@ def _markdown_cell(cell_id: str, source: str) -> dict:
     return {"cell_type": "markdown", "id": re.sub(r"[^A-Za-z0-9_-]", "-", cell_id), "metadata": {}, "source": source}
 
 
+def course_cells(cells: list[dict]) -> list[dict]:
+    """The cells a reader of the course sees: papermill's injected-parameters cell dropped (the
+    lesson's own ``parameters`` cell stays), nbval's ``# NBVAL_...`` marker lines taken out of the
+    code, and the Colab install cell folded into a ``<details>`` (it does nothing off Colab)."""
+    shown = []
+    for cell in cells:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if "injected-parameters" in tags:
+            continue
+        cell = copy.deepcopy(cell)
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and COLAB_CELL in source:
+            shown.append(_markdown_cell(
+                cell.get("id", "colab-install"),
+                '<details class="colab-install"><summary>On Colab, the first cell installs paged_edu '
+                "(click to show)</summary>\n\n```python\n" + source.strip("\n") + "\n```\n\n</details>"))
+            continue
+        if cell["cell_type"] == "code":
+            cell["source"] = HARNESS_MARKER.sub("", source)
+        shown.append(cell)
+    return shown
+
+
 def site_notebook(notebook: Path, record: dict) -> dict:
     """The executed copy as its page shows it (the stored notebook is never touched)."""
     nb = json.loads((EXECUTED / notebook.name).read_text())
     widgets = nb.get("metadata", {}).pop("widgets", {})
     models = widgets.get(WIDGET_STATE_MIME, {}).get("state", {})
     cells, has_header = [], False
-    for cell in nb["cells"]:
-        cell = copy.deepcopy(cell)
+    for cell in course_cells(nb["cells"]):
         if cell["cell_type"] == "markdown":
             cell["source"] = repository_links(COLAB_BADGE.sub("", "".join(cell["source"])), NOTEBOOKS, ("notebooks/",))
         if cell["cell_type"] == "code":

@@ -5,7 +5,9 @@ site's own copy of plotly.js (``scripts/site/_static/plotly-figures.js``): inter
 kernel. A widget needs a kernel to be live, so it becomes a static view of the state it had at the
 end of the run -- boxes laid out, HTML values, plotly FigureWidgets drawn as figures, buttons,
 sliders and dropdowns greyed out with their values -- under a note saying to run the lesson to
-interact; a widget without saved state gets the note alone, never a broken placeholder.
+interact; a widget without saved state gets the note alone, never a broken placeholder. A progress
+bar (tqdm's notebook bar is an HBox holding a FloatProgress) is left out: it meant something only
+while the run was going.
 """
 
 from __future__ import annotations
@@ -73,6 +75,18 @@ def widget_html(model_id: str, models: dict) -> str:
     return ""
 
 
+PROGRESS_MODELS = ("FloatProgressModel", "IntProgressModel")
+
+
+def is_progress_bar(model_id: str, models: dict) -> bool:
+    """Whether the widget is, or holds, a progress bar (tqdm's notebook bar, a download bar)."""
+    model = models.get(model_id)
+    if model is None:
+        return False
+    children = [c.removeprefix("IPY_MODEL_") for c in model["state"].get("children", [])]
+    return model["model_name"] in PROGRESS_MODELS or any(is_progress_bar(c, models) for c in children)
+
+
 def output_html(output: dict) -> str:
     """One output captured inside a widget (an ``Output`` widget) as HTML."""
     if output.get("output_type") == "stream":
@@ -90,10 +104,13 @@ def output_html(output: dict) -> str:
 
 
 def site_outputs(outputs: list, models: dict) -> list:
-    """The outputs as the site shows them: plotly as plotly-figure divs, widgets as static views."""
+    """The outputs as the site shows them: plotly as plotly-figure divs, widgets as static views,
+    progress bars left out."""
     shown = []
     for output in outputs:
         data = output.get("data", {})
+        if WIDGET_VIEW_MIME in data and is_progress_bar(data[WIDGET_VIEW_MIME].get("model_id", ""), models):
+            continue
         if PLOTLY_MIME in data:
             output = {"output_type": "display_data", "metadata": {}, "data": {"text/html": plotly_html(data[PLOTLY_MIME])}}
         elif WIDGET_VIEW_MIME in data:

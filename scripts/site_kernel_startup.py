@@ -1,5 +1,5 @@
-"""IPython start-up file for the kernels that execute lessons for the website (build_site.py puts it
-in a throw-away IPYTHONDIR; a learner's kernel never runs it).
+"""IPython start-up file for the kernels that execute lessons headless (scripts/run_lessons.py puts
+it in a throw-away IPYTHONDIR; a learner's kernel never runs it), whose copies the website renders.
 
 A plotly ``FigureWidget`` sends each later change (``batch_update``, restyle) to the browser as a
 one-off message, so the widget state that papermill saves still holds the figure as it was first

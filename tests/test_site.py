@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 try:
     import build_site
     import lesson_outputs
+    import run_lessons
 finally:
     sys.path.remove(str(ROOT / "scripts"))
 
@@ -91,7 +92,7 @@ def test_a_figure_widget_saves_the_figure_the_run_left_not_the_first_one(tmp_pat
                                           "fig = go.FigureWidget(data=[go.Heatmap(z=[[0, 0]])])\nfig"),
                 nbformat.v4.new_code_cell("with fig.batch_update():\n    fig.data[0].z = [[5, 6]]")]
     nbformat.write(nb, tmp_path / "in.ipynb")
-    with build_site.site_kernels():
+    with run_lessons.lesson_kernels(tmp_path):
         papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
                                    progress_bar=False, store_widget_state=True)
     executed = json.loads((tmp_path / "out.ipynb").read_text())
@@ -99,6 +100,74 @@ def test_a_figure_widget_saves_the_figure_the_run_left_not_the_first_one(tmp_pat
     (output,) = executed["cells"][0]["outputs"]
     (shown,) = lesson_outputs.site_outputs([output], models)
     assert _spec_of(shown["data"]["text/html"])["data"][0]["z"] == [[5, 6]]
+
+
+def test_a_progress_bar_widget_is_left_out_of_the_page():
+    """tqdm's notebook bar (an HBox of HTML, FloatProgress, HTML) meant something only during the run."""
+    models = {"bar": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_label", "IPY_MODEL_progress"]}},
+              "label": {"model_name": "HTMLModel", "state": {"value": "Loading weights: 100%"}},
+              "progress": {"model_name": "FloatProgressModel", "state": {"value": 1.0, "max": 1.0}},
+              "html": {"model_name": "HTMLModel", "state": {"value": "<b>kept</b>"}}}
+
+    def view(model_id):
+        return {"output_type": "display_data", "metadata": {},
+                "data": {lesson_outputs.WIDGET_VIEW_MIME: {"model_id": model_id, "version_major": 2}}}
+
+    shown = lesson_outputs.site_outputs([view("bar"), view("html")], models)
+    assert len(shown) == 1 and "<b>kept</b>" in shown[0]["data"]["text/html"]
+
+
+def test_the_page_drops_harness_markers_the_injected_cell_and_folds_the_colab_cell():
+    nbformat = pytest.importorskip("nbformat")
+    code, md = nbformat.v4.new_code_cell, nbformat.v4.new_markdown_cell
+    cells = [md("# Lesson"),
+             code('import sys\nif "google.colab" in sys.modules:\n    %pip install -q paged_edu'),
+             code('device = "auto"', metadata={"tags": ["parameters"]}),
+             code('# Parameters\ndevice = "cpu"\n', metadata={"tags": ["injected-parameters"]}),
+             code("# NBVAL_CHECK_OUTPUT\nprint(1)  # one\n", metadata={"tags": ["keep_output"]}),
+             code("x = 2\n    # NBVAL_IGNORE_OUTPUT\nx")]
+    shown = build_site.course_cells([dict(c) for c in cells])
+    sources = ["".join(c["source"]) for c in shown]
+    assert len(shown) == 5 and not any("# Parameters" in t or "NBVAL_" in t for t in sources)
+    assert sources[2] == 'device = "auto"' and sources[3] == "print(1)  # one\n" and sources[4] == "x = 2\nx"
+    assert shown[1]["cell_type"] == "markdown" and sources[1].startswith('<details class="colab-install">')
+    assert "%pip install -q paged_edu" in sources[1] and sources[1].rstrip().endswith("</details>")
+    assert "NBVAL_CHECK_OUTPUT" in "".join(cells[4]["source"])   # the executed copy is not touched
+
+
+def test_the_site_reuses_what_the_lessons_run_executed_and_only_that(tmp_path, monkeypatch, capfd):
+    """``dev.py lessons`` then ``dev.py site``: the site executes nothing; after a notebook changes it
+    executes that one again. The lessons run prints neither the kernel's transport warning nor its log."""
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("papermill")
+    notebooks, out = tmp_path / "notebooks", tmp_path / "lessons"
+    notebooks.mkdir()
+    for k in (1, 2):
+        nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                               "language": "python"}})
+        nb.cells = [nbformat.v4.new_code_cell('device = "auto"', metadata={"tags": ["parameters"]}),
+                    nbformat.v4.new_code_cell(f"print('device: cpu, dtype: float32'); {k}")]
+        nbformat.write(nb, notebooks / f"0{k}_tiny.ipynb")
+    assert run_lessons.main(["--dir", str(notebooks), "--out", str(out)]) == 0
+    console = capfd.readouterr()
+    assert "[1/2] 01_tiny" in console.out and "2/2 lessons ok" in console.out
+    assert "without encryption" not in console.out + console.err and "IPKernelApp" not in console.out + console.err
+    monkeypatch.setattr(build_site, "NOTEBOOKS", notebooks)
+    monkeypatch.setattr(build_site, "EXECUTED", out)
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.ipynb")}
+    records = build_site.execute("cpu", 60, force=False)
+    assert [r["lesson"] for r in records] == ["01_tiny", "02_tiny"] and all(r["ok"] for r in records)
+    assert capfd.readouterr().out.count("reused the run of") == 2
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.ipynb")} == before
+    nb = nbformat.read(notebooks / "02_tiny.ipynb", as_version=4)
+    nb.cells[1].source += " + 1"
+    nbformat.write(nb, notebooks / "02_tiny.ipynb")
+    build_site.execute("cpu", 60, force=False)
+    printed = capfd.readouterr().out
+    assert "01_tiny" in printed and printed.count("reused the run of") == 1 and "02_tiny: executing (notebook, library" in printed
+    assert (out / "01_tiny.ipynb").stat().st_mtime_ns == before["01_tiny.ipynb"]
+    assert (out / "02_tiny.ipynb").stat().st_mtime_ns != before["02_tiny.ipynb"]
+    assert build_site.why_execute(notebooks / "01_tiny.ipynb", records[0], "cuda") == "it ran on cpu, not cuda"
 
 
 def test_links_to_repository_files_leave_the_site_and_pages_stay():
@@ -259,12 +328,56 @@ def test_lesson_page_draws_plotly_typesets_math_and_folds_solutions(site, url, b
         page.close()
 
 
+# What lies outside the article's column (figures, their SVG, images) or scrolls sideways (code).
+_OVERFLOW = """() => {
+    const column = document.querySelector("article").getBoundingClientRect();
+    const wide = [...document.querySelectorAll("article .js-plotly-plot, article .main-svg, article img")]
+        .map(e => [e.className.baseVal ?? e.className, e.getBoundingClientRect()])
+        .filter(([, r]) => r.width > 0 && (r.left < column.left - 1 || r.right > column.right + 1))
+        .map(([name, r]) => `${name} ${Math.round(r.width)} px at ${Math.round(r.left)}`);
+    const scrolling = [...document.querySelectorAll("article pre")].filter(p => p.scrollWidth > p.clientWidth + 1)
+        .map(p => p.textContent.slice(0, 60));
+    return {column: Math.round(column.width), wide, scrolling};
+}"""
+
+
+@needs_chromium
+@pytest.mark.parametrize("width, height", [(1366, 768), (800, 900)])
+def test_lesson_pages_fit_the_column_and_show_no_test_harness(site, url, browser, width, height):
+    """At a laptop's 1366 x 768 and at 800 px wide: no figure or image wider than the article's
+    column, no code block scrolling sideways, no ``# NBVAL_...`` marker, no papermill
+    injected-parameters cell, and the Colab install cell folded once."""
+    for lesson in LESSONS:
+        page, problems = _open(browser, url, f"lessons/{lesson}.html")
+        try:
+            page.set_viewport_size({"width": width, "height": height})
+            page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+            page.wait_for_timeout(300)  # plotly's responsive resize runs on the window's resize event
+            overflow = page.evaluate(_OVERFLOW)
+            assert not overflow["wide"], (lesson, overflow)
+            assert not overflow["scrolling"], (lesson, overflow)
+            text = page.inner_text("article")
+            assert "NBVAL_" not in text and "# Parameters" not in text, lesson
+            assert page.locator(".tag_injected-parameters").count() == 0, lesson
+            assert page.locator("details.colab-install").count() == 1, lesson
+            assert page.locator("details.colab-install").get_attribute("open") is None
+            if width == 800 and lesson == LESSONS[min(1, len(LESSONS) - 1)]:
+                SHOTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(SHOTS / f"{lesson}_800px.png"), full_page=True)
+            assert not problems, (lesson, problems)
+        finally:
+            page.close()
+
+
 @needs_chromium
 def test_landing_page_search_and_next_previous(site, url, browser):
     page, problems = _open(browser, url, "index.html")
     try:
         assert page.locator("img").count() >= 2          # the README's figures
         assert page.locator("table").count() >= 2        # its lesson and benchmark tables
+        icon = page.locator("link[rel~='icon']").first.get_attribute("href")   # no 404 for /favicon.ico
+        with urllib.request.urlopen(urllib.parse.urljoin(f"{url}/index.html", icon), timeout=10) as response:
+            assert response.status == 200 and b"<svg" in response.read()
         nxt = page.locator("a.next-page").first
         assert LESSONS[0] in nxt.get_attribute("href")
         SHOTS.mkdir(parents=True, exist_ok=True)

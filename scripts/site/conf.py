@@ -20,6 +20,7 @@ html_theme = "furo"
 html_static_path = ["_static"]
 html_js_files = ["plotly.min.js", "plotly-figures.js"]
 html_css_files = ["site.css"]
+html_favicon = "_static/favicon.svg"
 html_extra_path = ["_extra"]          # the clean notebooks, for the "Download notebook" links
 html_show_sourcelink = False
 html_copy_source = False
