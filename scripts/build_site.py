@@ -111,13 +111,6 @@ def execute(device: str, timeout: int, force: bool) -> list[dict]:
 # ----------------------------------------------------------------------------------------------
 
 
-def colab_url(notebook_name: str) -> str:
-    from paged_edu.lessons.setup import REPO_URL
-
-    path = REPO_URL.removeprefix("https://github.com/").removesuffix(".git")
-    return f"https://colab.research.google.com/github/{path}/blob/main/notebooks/{notebook_name}"
-
-
 def solution_markdown(name: str) -> str:
     """The reference solution of exercise ``name`` (``ex.solution``), folded until clicked."""
     from paged_edu.lessons import exercises as ex
@@ -134,11 +127,13 @@ def solution_markdown(name: str) -> str:
 
 
 def header_markdown(notebook: Path, record: dict) -> str:
+    from paged_edu.lessons import setup
+
     where = (f"Executed on <b>{html.escape(record.get('device', '?'))}</b> ({html.escape(record.get('machine', '?'))}), "
              f"{record.get('seconds', 0):.1f} s, {html.escape(record.get('executed_at', '?'))}")
     if not record.get("ok"):
         where += f" -- <b>the run failed</b>: {html.escape(str(record.get('error')))}"
-    return (f'<div class="lesson-meta"><a class="button colab" href="{colab_url(notebook.name)}">Open in Colab</a> '
+    return (f'<div class="lesson-meta"><a class="button colab" href="{setup.colab_url(notebook.name)}">Open in Colab</a> '
             f'<a class="button download" href="../notebooks/{notebook.name}" download>Download notebook</a> '
             f'<span class="device">{where}</span></div>')
 
