@@ -107,7 +107,7 @@ def _merge_cases():
         cases.append((f"H_q={num_q}, H_kv={num_kv}, s={s}, split at {cut}", st1, st2, truth, whole))
     # Both sides empty: a split that starts past the end of a short sequence, merged with another
     # such split. The union is empty too: m = -inf, l = 0, o = 0 (and no o / l to compare).
-    q, none = torch.randn(4, 16), torch.zeros(0, 4, 16)
+    q, none = torch.zeros(4, 16), torch.zeros(0, 4, 16)
     empty = partial_state(q, none, none, 0.25)
     cases.append((BOTH_EMPTY, empty, empty, None, empty))
     return cases
@@ -158,7 +158,7 @@ def _check_4_1(fn) -> Verdict:
                 lines.append(f"    expected a tuple (m, l, o), got {type(got).__name__}")
         return Verdict(False, lines)
     return Verdict(True, [f"[x] merge: all {len(cases)} cases match the oracle (GQA/MQA, ragged lengths, "
-                          "splits inside a block and empty sides); o / l equals attention over the whole sequence"])
+                          "splits inside a block, one empty side or both); o / l equals attention over the whole sequence"])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, MiB
-import math
-
 from paged_edu.lessons.exercises.framework import Verdict, compare, describe, register
 
 # The run of 6.1 and 6.3: 6 requests of 24 prompt + 32 new tokens (7 blocks of 8 each at full
