@@ -2,7 +2,8 @@
 reference alike, with verdicts that say what matched and by how much.
 
     from paged_edu.lessons import exercises as ex
-    ex.check("1.1", my_answer)   # prints and returns a Verdict, truthy exactly when the answer is right
+    ex.check("1.1", my_answer)   # prints and returns a Verdict, truthy exactly when the answer is right;
+                                 # any answer gets a verdict (None or a stub: "not answered yet"), never an exception
     ex.reference("1.1")          # the reference answer (a value or a callable) that check accepts
     ex.solution("1.1")           # prints the reference's source, to read after trying
     ex.EXERCISES                 # every exercise name -> its Exercise
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from paged_edu.lessons.exercises.framework import (
     EXERCISES,
+    KINDS,
+    NOT_ANSWERED,
     Exercise,
     Verdict,
     check,
@@ -31,5 +34,5 @@ from paged_edu.lessons.exercises.framework import (
 from paged_edu.lessons.exercises import (  # noqa: E402,F401
     lesson1, lesson2, lesson3, lesson4, lesson5, lesson6, lesson7, lesson8)
 
-__all__ = ["EXERCISES", "Exercise", "Verdict", "check", "check_function", "compare", "reference",
+__all__ = ["EXERCISES", "KINDS", "NOT_ANSWERED", "Exercise", "Verdict", "check", "check_function", "compare", "reference",
            "register", "solution"]

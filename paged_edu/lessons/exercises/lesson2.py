@@ -35,7 +35,7 @@ def _slot_cases() -> list[tuple]:
 
 
 @register("2.1", "Write physical_slot(block_table, t, B): the physical slot of token t, "
-          "B(t // B) * B + t mod B.", physical_slot)
+          "B(t // B) * B + t mod B.", physical_slot, kind="function")
 def _check_2_1(fn) -> Verdict:
     return check_function("physical_slot", fn, _slot_cases(), _slot_oracle)
 

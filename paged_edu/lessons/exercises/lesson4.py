@@ -14,7 +14,7 @@ import torch
 from paged_edu.kernels.online_softmax import block_update, merge_states
 from paged_edu.kernels.reference import gather_kv, paged_attention_torch
 from paged_edu.labs.timing import decode_bytes, random_paged_case
-from paged_edu.lessons.exercises.framework import Verdict, register
+from paged_edu.lessons.exercises.framework import Verdict, one_number, raised, register
 from paged_edu.labs.softmax_stepper import OnlineSoftmaxStepper
 
 TOL = 1e-5
@@ -24,9 +24,17 @@ def _describe_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _as_float64(x):
+    """``x`` as a float64 tensor, or None when it is not numbers (a string, a ragged list, None)."""
+    try:
+        return torch.as_tensor(x, dtype=torch.float64)
+    except Exception:
+        return None
+
+
 def _close(a, b, tol=TOL) -> bool:
-    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
-    if a.shape != b.shape:
+    a, b = _as_float64(a), _as_float64(b)
+    if a is None or b is None or a.shape != b.shape:
         return False
     same_inf = torch.isinf(a) & torch.isinf(b) & (torch.sign(a) == torch.sign(b))
     a, b = torch.where(same_inf, 0.0, a), torch.where(same_inf, 0.0, b)
@@ -35,6 +43,12 @@ def _close(a, b, tol=TOL) -> bool:
 
 def _matches(got, candidate) -> bool:
     return isinstance(got, (tuple, list)) and len(got) == 3 and all(_close(g, c) for g, c in zip(got, candidate))
+
+
+def _normalised_close(got, truth) -> bool:
+    """Is ``o / l`` of the state ``got`` the attention output ``truth``?"""
+    o, l = _as_float64(got[2]), _as_float64(got[1])
+    return o is not None and l is not None and l.dim() == 1 and o.shape[:1] == l.shape and _close(o / l[:, None], truth)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -91,25 +105,40 @@ def _merge_cases():
         st2 = partial_state(q[0], k[cut:], v[cut:], scale)
         whole = partial_state(q[0], k, v, scale)
         cases.append((f"H_q={num_q}, H_kv={num_kv}, s={s}, split at {cut}", st1, st2, truth, whole))
+    # Both sides empty: a split that starts past the end of a short sequence, merged with another
+    # such split. The union is empty too: m = -inf, l = 0, o = 0 (and no o / l to compare).
+    q, none = torch.zeros(4, 16), torch.zeros(0, 4, 16)
+    empty = partial_state(q, none, none, 0.25)
+    cases.append((BOTH_EMPTY, empty, empty, None, empty))
     return cases
 
 
+BOTH_EMPTY = "both sides empty (H_q=4, no tokens on either side)"
+BOTH_EMPTY_HINT = ("both sides empty -- a split past the end of the sequence, merged with another: m1 = m2 = -inf, so "
+                   "m = -inf and exp(m_i - m) = exp(-inf - (-inf)) = NaN. The union of two empty sets is empty (m = -inf, "
+                   "l = 0, o = 0): rescale with exp(m_i - m) only where m is finite (e.g. subtract 0 instead of m "
+                   "where m = -inf), as the kernel's merge gives an empty split weight 0")
+
+
 @register("4.1", "Write merge(m1, l1, o1, m2, l2, o2): the state (m, l, o) over the union of two disjoint "
-          "token sets, given each set's state (m, l of shape (H,), o unnormalised, (H, D)).", merge_states)
+          "token sets, given each set's state (m, l of shape (H,), o unnormalised, (H, D)).", merge_states,
+          kind="function")
 def _check_4_1(fn) -> Verdict:
-    if fn is None:
-        return Verdict(False, ["[ ] merge: not answered yet -- define the function and pass it in"])
     cases = _merge_cases()
     for name, st1, st2, truth, whole in cases:
         try:
-            got = fn(*st1, *st2)
+            got = fn(*(t.clone() for t in st1), *(t.clone() for t in st2))
         except Exception as exc:  # a learner's bug is a verdict, not a crash
-            return Verdict(False, [f"[ ] merge: on {name} it raised {_describe_error(exc)}"])
+            return raised("merge", exc, f"on {name}, your function")
         if got is None:
-            return Verdict(False, ["[ ] merge: your function returned None -- your turn"])
-        if _matches(got, whole) and _close(got[2] / got[1][:, None], truth):
+            return Verdict(False, ["[ ] merge: not answered yet -- your function returned None"])
+        if _matches(got, whole) and (truth is None or _normalised_close(got, truth)):
             continue
         lines = [f"[ ] merge: wrong on {name}"]
+        if name == BOTH_EMPTY:
+            state = [_as_float64(g) for g in got] if isinstance(got, (tuple, list)) else []
+            if any(t is not None and bool(torch.isnan(t).any()) for t in state):
+                return Verdict(False, lines + [f"    it returned NaN: {BOTH_EMPTY_HINT}"])
         for hint, wrong in WRONG_MERGES.items():
             if _matches(got, wrong(*st1, *st2)):
                 lines.append(f"    you {hint}")
@@ -118,15 +147,18 @@ def _check_4_1(fn) -> Verdict:
             if isinstance(got, (tuple, list)) and len(got) == 3:
                 for part, g, e in zip(("m", "l", "o"), got, whole):
                     if not _close(g, e):
-                        diff = (torch.as_tensor(g, dtype=torch.float64) - e.double()).abs().max().item() \
-                            if torch.as_tensor(g).shape == e.shape else f"shape {tuple(torch.as_tensor(g).shape)}"
-                        lines.append(f"    {part} differs from the state over both sets (max difference {diff})")
+                        t = _as_float64(g)
+                        diff = ("not numbers" if t is None else f"shape {tuple(t.shape)}, expected {tuple(e.shape)}"
+                                if t.shape != e.shape else f"max difference {(t - e.double()).abs().max().item()}")
+                        lines.append(f"    {part} differs from the state over both sets ({diff})")
                         break
+                else:
+                    lines.append("    o / l differs from attention over the whole sequence")
             else:
                 lines.append(f"    expected a tuple (m, l, o), got {type(got).__name__}")
         return Verdict(False, lines)
     return Verdict(True, [f"[x] merge: all {len(cases)} cases match the oracle (GQA/MQA, ragged lengths, "
-                          "splits inside a block and empty sides); o / l equals attention over the whole sequence"])
+                          "splits inside a block, one empty side or both); o / l equals attention over the whole sequence"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -165,22 +197,21 @@ WRONG_BYTES = {
 
 @register("4.2", "Write decode_bytes(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, itemsize): the "
           "bytes one decode call must move at least (K, V, the queries read and the outputs written).",
-          decode_bytes)
+          decode_bytes, kind="function")
 def _check_4_2(fn) -> Verdict:
-    if fn is None:
-        return Verdict(False, ["[ ] decode_bytes: not answered yet -- define the function and pass it in"])
     for args in _BYTES_CASES:
         expected = decode_bytes(*args)
         try:
-            got = fn(*args)
+            got = one_number(fn(*args))  # a right count computed in torch or numpy passes
         except Exception as exc:
-            return Verdict(False, [f"[ ] decode_bytes{args} raised {_describe_error(exc)}"])
+            return raised("decode_bytes", exc, f"decode_bytes{args}")
         if isinstance(got, (int, float)) and not isinstance(got, bool) and got == expected:
             continue
         if got is None:
-            return Verdict(False, ["[ ] decode_bytes: your function returned None -- your turn"])
+            return Verdict(False, ["[ ] decode_bytes: not answered yet -- your function returned None"])
         lines = [f"[ ] decode_bytes{args} -> {got!r}, expected {expected:,}"]
-        hint = next((h for h, wrong in WRONG_BYTES.items() if got == wrong(*args)), None)
+        hint = next((h for h, wrong in WRONG_BYTES.items() if isinstance(got, (int, float)) and got == wrong(*args)),
+                    None)
         if hint:
             lines.append(f"    you {hint}")
         elif isinstance(got, (int, float)) and not isinstance(got, bool) and got:
@@ -236,9 +267,11 @@ def run_stepper_check(update) -> tuple[bool, str]:
             expected = ref.step()
             try:
                 got = mine.step()
+            except NotImplementedError:
+                raise  # "not answered yet", said by the check
             except TypeError as exc:
                 if "got NoneType" in str(exc):
-                    return False, "your function returned None -- your turn"
+                    return False, "not answered yet -- your function returned None"
                 return False, f"{name}: block {b} raised {_describe_error(exc)}"
             except Exception as exc:
                 return False, f"{name}: block {b} raised {_describe_error(exc)}"
@@ -254,11 +287,12 @@ def run_stepper_check(update) -> tuple[bool, str]:
 
 @register("4.3", "Write block_update(m, l, o, scores, values, valid): fold one block -- scores (H, B), values "
           "(H, B, D), valid (B,) bool -- into the state m (H,), l (H,), o (H, D); return the new (m, l, o).",
-          block_update)
+          block_update, kind="function")
 def _check_4_3(fn) -> Verdict:
-    if fn is None:
-        return Verdict(False, ["[ ] block_update: not answered yet -- define the function and pass it in"])
-    ok, what = run_stepper_check(fn)
+    try:
+        ok, what = run_stepper_check(fn)
+    except NotImplementedError as exc:
+        return raised("block_update", exc, "your function")
     if ok:
         return Verdict(True, [f"[x] block_update: the stepper ran it on all {len(STEPPER_CASES)} cases (partial last "
                               "block, MQA, GQA, a shuffled table); every step's (m, l, o) matches, and o / l at the "

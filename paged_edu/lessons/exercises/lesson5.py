@@ -8,7 +8,7 @@ import math
 
 from paged_edu.core.allocator import BlockAllocator, OutOfBlocksError
 from paged_edu.core.contract import check_contract
-from paged_edu.lessons.exercises.framework import Verdict, check_function, compare, register
+from paged_edu.lessons.exercises.framework import NOT_ANSWERED, Verdict, check_function, compare, register
 from paged_edu.lessons.my_allocator import MyAllocator
 
 # ----------------------------------------------------------------------------------------------
@@ -54,9 +54,37 @@ CASES_5_1 = [(1, 4, 0), (4, 4, 0), (4, 4, 1), (7, 4, 1), (8, 4, 3), (9, 4, 3), (
 
 
 @register("5.1", "Write blocks_held(prompt_len, block_size, k): how many blocks a request holds after its "
-          "prefill step and k decode steps (checked against the engine).", blocks_held)
+          "prefill step and k decode steps (checked against the engine).", blocks_held, kind="function")
 def _check_5_1(fn) -> Verdict:
-    return check_function("blocks_held", fn, CASES_5_1, engine_blocks_held)
+    verdict = check_function("blocks_held", fn, CASES_5_1, engine_blocks_held)
+    if verdict.ok or NOT_ANSWERED in str(verdict):
+        return verdict
+    for wrong, meaning in WRONG_5_1.items():
+        if all(_agrees(fn, wrong, case) for case in CASES_5_1):
+            verdict.lines.append(f"    You computed {meaning}")
+            break
+    return verdict
+
+
+def _agrees(fn, wrong, case) -> bool:
+    try:
+        return fn(*case) == wrong(*case)
+    except Exception:
+        return False
+
+
+# Tempting wrong answers of 5.1 (prompt_len p, block_size B, k decode steps), with what differs.
+WRONG_5_1 = {
+    lambda p, B, k: math.ceil((p + k + 1) / B):
+        "ceil((p + k + 1) / B): a slot for every sampled token, the k-th decode step's too. That token has no slot "
+        "yet: a decode step first places the token sampled LAST (allocator.append), computes it, and samples the "
+        "next one, which gets its slot only in the following step. After k decode steps the request holds p + k "
+        "tokens' slots.",
+    lambda p, B, k: math.ceil(p / B) + k:
+        "a new block per decode step: a step adds one token, and a new block only when the last one is full",
+    lambda p, B, k: math.ceil(p / B):
+        "the prompt's blocks only: each decode step places one more token",
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,14 +242,14 @@ def engine_agreement(allocator_cls, model=None, *, num_blocks: int = 12, block_s
 
 @register("5.3", "Bring your own allocator: fill in MyAllocator's allocate, append, fork and free "
           "(paged_edu/lessons/my_allocator.py); it must keep the allocator contract and give the engine "
-          "token-identical output to the reference allocator.", PlainAllocator)
+          "token-identical output to the reference allocator.", PlainAllocator, kind="class")
 def _check_5_3(cls) -> Verdict:
     if cls is None:
         return Verdict(False, ["[ ] allocator: not answered yet -- pass your allocator class"])
     report = check_contract(cls)
     if not report.ok:
         if report.error.startswith("NotImplementedError"):
-            return Verdict(False, [f"[ ] allocator: not written yet -- {report.error.split(': ', 1)[1]}"])
+            return Verdict(False, [f"[ ] allocator: not answered yet -- not written yet: {report.error.split(': ', 1)[-1]}"])
         lines = [f"[ ] allocator contract: broken in random run {report.num_runs} after {report.num_ops} operations:",
                  f"    {report.error}", "    the operations just before it:"]
         lines += [f"      {op}" for op in report.history]

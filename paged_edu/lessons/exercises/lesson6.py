@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, MiB
 from paged_edu.core.memory import KVSpec
-from paged_edu.lessons.exercises.framework import Verdict, compare, register
+from paged_edu.lessons.exercises.framework import Verdict, compare, describe, register
 
 # The run of 6.1 and 6.3: 6 requests of 24 prompt + 32 new tokens (7 blocks of 8 each at full
 # length, 42 in all) on a pool of 24 blocks, recompute preemption, every limit at its default.
@@ -39,24 +40,30 @@ def _model():
           "run with no preemption at all, keeping the pool at 24 blocks.", {"max_num_seqs": 3})
 def _check_6_1(answer) -> Verdict:
     if not isinstance(answer, dict) or len(answer) != 1 or next(iter(answer)) not in KNOBS:
-        return Verdict(False, [f"give one knob as {{name: value}}, name one of {KNOBS}; got {answer!r}"])
+        return Verdict(False, [f"[ ] 6.1: give one knob as {{name: value}}, name one of {KNOBS}; got {describe(answer)}"])
     base = _scenario_run()
     try:
         run = _scenario_run(tuple(answer.items()))
     except (ValueError, TypeError) as exc:
-        return Verdict(False, [f"the engine refused {answer}: {exc}"])
-    if run.num_preemptions == 0:
-        return Verdict(True, [f"right: with {answer} the run has 0 preemptions (it had {base.num_preemptions})"])
+        return Verdict(False, [f"[ ] 6.1: the engine refused {answer}: {exc}"])
+    b, n = base.num_preemptions, run.num_preemptions
+    if n == 0:
+        return Verdict(True, [f"[x] 6.1: with {answer} the run has 0 preemptions (every limit at its default: {b})"])
     name, value = next(iter(answer.items()))
+    change = (f"more than the {b} of every limit at its default: worse" if n > b else
+              f"fewer than the {b} of every limit at its default, but not none" if n < b else
+              f"as many as with every limit at its default: no change")
     why = {"preemption_mode": "the mode decides HOW a victim is preempted (swap or recompute), not WHETHER",
            "num_cpu_blocks": "swap space only matters in swap mode, and it changes how, not whether",
            "max_num_batched_tokens": "the token budget limits prompt chunks per step, while every running decode "
                                      "still grows; the number of sequences holding blocks is what overflows"}.get(name, "")
-    if name == "max_num_seqs" and isinstance(value, int) and value > 3:
-        why = (f"{value} sequences at 7 blocks each need {7 * value} blocks at full length; the pool has 24 "
-               "(more concurrency, as the seed advises, makes it worse)")
-    return Verdict(False, [f"not right: with {answer} the run still has {run.num_preemptions} preemptions "
-                           f"(was {base.num_preemptions}). {why}"])
+    if name == "max_num_seqs" and isinstance(value, int):
+        s = SCENARIO
+        per = math.ceil((s["prompt_len"] + s["max_new_tokens"]) / s["block_size"])
+        why = (f"{value} admits all {s['num_requests']} requests, as the default 256 does" if value >= s["num_requests"]
+               else f"{value} sequences at {per} blocks each need {per * value} blocks at full length; the pool has "
+                    f"{s['num_blocks']}")
+    return Verdict(False, [f"[ ] 6.1: with {answer} the run has {n} preemptions ({change}). {why}"])
 
 
 def kv_blocks_left(gpu_key="h200", model_key="Llama-3-8B", gpu_memory_utilization=0.9, block_size=16,
@@ -69,23 +76,37 @@ def kv_blocks_left(gpu_key="h200", model_key="Llama-3-8B", gpu_memory_utilizatio
 
 
 @register("6.2", "On an H200 (143,771 MiB) with Llama-3-8B in bf16, a 512 MiB CUDA context, block_size 16 and "
-          "gpu_memory_utilization = 0.9 of the memory free after the weights: how many KV blocks does the pool get?",
+          "gpu_memory_utilization = 0.9, sized by this engine's rule -- 0.9 x (total - context - weights), in whole blocks: "
+          "how many KV blocks does the pool get?",
           kv_blocks_left())
 def _check_6_2(answer) -> Verdict:
+    # Each tempting answer from the exercise's numbers by hand; the two sizing rules are each other's hint,
+    # so the hints stay right whichever rule plan_memory (the reference) follows.
     g, gpu = MODEL_TABLE["Llama-3-8B"], GPU_TABLE["h200"]
     right = kv_blocks_left()
     block = KVSpec.from_geometry(g).block_bytes(16)
-    free = gpu.memory_bytes - 512 * MiB - int(g.num_params * 2)
-    return compare("KV blocks at 0.9 on an H200 for Llama-3-8B", answer, right, hints={
-        int(0.9 * gpu.memory_bytes) // block: "0.9 of the TOTAL memory; the library takes 0.9 of what is free after "
-                                              "the context and the weights",
+    total, context, weights = gpu.memory_bytes, 512 * MiB, int(g.num_params * 2)
+    free = total - context - weights
+    hints = {
+        int(0.9 * free) // block: "0.9 of what is free after the context and the weights, u x (total - context - "
+                                  "weights): lesson 6's engine's rule",
+        int(0.9 * total - weights) // block: "vLLM's rule, u x total - weights (lessons 1 and 8), without the context",
+        int(0.9 * total - weights - context) // block: "vLLM's rule, u x total - weights - context (lessons 1 and 8)",
+        int(0.9 * total) // block: "0.9 of the TOTAL memory with nothing subtracted: the weights live there too",
         int(0.9 * free) // (block // 2): "K only: a block holds K and V",
         int(free) // block: "all the free memory; 0.9 of it is the budget",
-        int(0.9 * free) // (block * 2): "fp32; Llama-3-8B's cache is bf16 (2 bytes)"})
+        int(0.9 * free) // (block * 2): "fp32; Llama-3-8B's cache is bf16 (2 bytes)"}
+    return compare("KV blocks at 0.9 on an H200 for Llama-3-8B", answer, right,
+                   hints={k: v for k, v in hints.items() if k != right})
 
 
-@register("6.3", "In the scenario run of 6.1 (unchanged), which request id is preempted first?",
-          lambda: _scenario_run().first_victim())
+def first_victim() -> int:
+    """6.3's reference: run the scenario (every limit at its default) and read the first victim's id."""
+    return _scenario_run().first_victim()
+
+
+@register("6.3", "In the scenario run of 6.1 (every limit at its default), which request id is preempted first?",
+          first_victim)
 def _check_6_3(answer) -> Verdict:
     run = _scenario_run()
     right = run.first_victim()

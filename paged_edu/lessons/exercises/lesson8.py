@@ -9,7 +9,7 @@ from functools import lru_cache
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
 from paged_edu.labs import cache_compare as cc
 from paged_edu.labs import serving_flags as sf
-from paged_edu.lessons.exercises.framework import Verdict, compare, register
+from paged_edu.lessons.exercises.framework import Verdict, compare, describe, register
 
 COMMAND = "vllm serve facebook/opt-13b --gpu-memory-utilization 0.85 --block-size 32 --kv-cache-dtype fp8"
 GPU = "a100-80gb"
@@ -45,11 +45,6 @@ def _wrong_blocks() -> dict:
           "x the GPU's memory - the weights, divided by the bytes of one block; OPT-13B's geometry is in "
           "paged_edu.core.hardware.MODEL_TABLE)", kv_blocks)
 def _check_8_1(answer) -> Verdict:
-    if callable(answer):
-        try:
-            answer = answer()
-        except Exception as exc:  # a learner's bug is a verdict
-            return Verdict(False, [f"[ ] your function raised {type(exc).__name__}: {exc}"])
     return compare("KV blocks", answer, kv_blocks(), hints=_wrong_blocks())
 
 
@@ -103,13 +98,8 @@ def _chat_wrong(key: str) -> dict:
           "of 40 tokens, replies of 56, nothing evicted. Predict the prefix hit rate (hit tokens / prompt tokens) "
           "under each cache: a dict {'hash B=16': ..., 'radix B=16': ..., 'radix B=1': ...}.", chat_hit_rates)
 def _check_8_2(answer) -> Verdict:
-    if callable(answer):
-        try:
-            answer = answer()
-        except Exception as exc:
-            return Verdict(False, [f"[ ] your function raised {type(exc).__name__}: {exc}"])
     if not isinstance(answer, dict) or set(answer) != set(CACHE_KEYS):
-        return Verdict(False, [f"[ ] give a dict with the keys {list(CACHE_KEYS)}, got {answer!r}"])
+        return Verdict(False, [f"[ ] 8.2: give a dict with the keys {list(CACHE_KEYS)}, got {describe(answer)}"])
     simulated = _simulated_chat()
     verdicts = [compare(f"hit rate, {key}", answer[key], simulated[key], sig_figs=3, hints=_chat_wrong(key))
                 for key in CACHE_KEYS]
@@ -167,7 +157,8 @@ def _lpm_verdict(label: str, spec, want_win: bool) -> Verdict:
            "lpm_does_not_win": {"workload": "multiturn", "num_kv_slots": 6144, "rate": math.inf}})
 def _check_8_3(answer) -> Verdict:
     if not isinstance(answer, dict) or set(answer) != {"lpm_wins", "lpm_does_not_win"}:
-        return Verdict(False, [f"[ ] give a dict with the keys 'lpm_wins' and 'lpm_does_not_win', got {answer!r}"])
+        return Verdict(False, [f"[ ] 8.3: give a dict with the keys 'lpm_wins' and 'lpm_does_not_win', got "
+                               f"{describe(answer)}"])
     a = _lpm_verdict("lpm_wins", answer["lpm_wins"], True)
     b = _lpm_verdict("lpm_does_not_win", answer["lpm_does_not_win"], False)
     return Verdict(bool(a and b), a.lines + b.lines)
