@@ -1,7 +1,7 @@
 """One decode step of the SmolLM2-135M geometry on a GPU: plain PyTorch ops against the fused kernels.
 
-    python benchmarks/bench_layer.py --out figures/layer_bench.json               # table + JSON
-    python benchmarks/bench_layer.py --sweep-decode --out figures/layer_bench.json  # + decode configs
+    python benchmarks/bench_layer.py --out paged_edu/data/layer_bench.json               # table + JSON
+    python benchmarks/bench_layer.py --sweep-decode --out paged_edu/data/layer_bench.json  # + decode configs
 
 What a decode step of the engine computes on the GPU, measured alone: the 30-layer model (random
 bf16 weights, 9 query / 3 KV heads of 64, hidden 576) over a paged pool, one new token for each of
@@ -244,7 +244,7 @@ def markdown(rows) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="figures/layer_bench.json")
+    p.add_argument("--out", default="paged_edu/data/layer_bench.json")
     p.add_argument("--batches", default=",".join(map(str, BATCHES)))
     p.add_argument("--context", type=int, default=512, help="tokens per sequence, the new one included")
     p.add_argument("--max-model-len", type=int, default=8192, help="block-table width x 16 (the engine's default for SmolLM2)")

@@ -160,6 +160,21 @@ def test_sim_vs_real_same_schedule():
     assert r["simulated"]["tokens_per_s"] > 0 and "tokens_per_s" in error_table(r)
 
 
+def test_sim_vs_real_tests_the_fit_on_another_trace():
+    """Issue 21: the fit is judged on a trace it was not fitted on, and stated without a GPU's constants."""
+    torch = pytest.importorskip("torch")
+    from paged_edu.labs.engine_lab import tiny_model
+    from paged_edu.labs.sim_vs_real import describe_fit, sim_vs_real
+
+    torch.set_num_threads(1)
+    r = sim_vs_real(tiny_model(), num_requests=6, num_blocks=12, max_num_seqs=8, seed=0)
+    assert (r["seed"], r["fit_seed"]) == (0, 1) and r["fit_steps"] >= 3
+    text = describe_fit(r["cost"])
+    assert "TFLOP/s" not in text and "x 0.00" not in text and "GFLOP/s" in text
+    with pytest.raises(ValueError, match="another trace"):
+        sim_vs_real(tiny_model(), num_requests=6, seed=2, fit_seed=2)
+
+
 @pytest.mark.gpu
 def test_sim_vs_real_on_a_gpu_fits_warm_steps():
     """On a GPU the first run compiles the Triton kernels; the lesson's fit must see warm steps only

@@ -89,6 +89,39 @@ def test_multiturn_prompts_hold_the_whole_conversation_so_far():
         assert now[: len(earlier)] == earlier and len(now) == len(earlier) + 96 + 64
 
 
+@pytest.mark.parametrize("manager", ["paged-prefix", "paged-radix"])
+def test_a_second_turn_hits_the_blocks_of_the_first_turns_reply(manager):
+    """Issue 21: the simulator generates the reply the next turn's prompt quotes, so the cache holds it.
+
+    One conversation of two turns, the second arriving long after the first finished, a roomy pool.
+    Turn 1 stores its prompt and all but its last sampled token (64 + 96 - 1 = 159 tokens: 9 full
+    blocks of 16); turn 2's prompt (64 + 96 + 64 = 224 tokens) starts with all of them, so it hits
+    144 tokens. With made-up reply ids it would hit only turn 1's prompt (64).
+    """
+    from paged_edu.sim.simulator import SimConfig, simulate
+
+    reqs = prefix_workloads.multiturn(2, num_turns=2)
+    assert reqs[1].prompt[: 64 + 96] == reqs[0].prompt + reqs[0].output  # the prompt quotes the reply
+    reqs[1].arrival_time = 1000.0  # long after turn 1 finished
+    result = simulate(reqs, SimConfig(manager=manager, block_size=16, num_kv_slots=4096))
+    block = 16
+    hit = (64 + 96 - 1) // block * block
+    assert hit == 144
+    assert result.prefix_hit_rate == pytest.approx(hit / (64 + 224))
+
+
+def test_a_reply_named_in_a_trace_round_trips_and_is_checked(tmp_path):
+    from paged_edu.sim.request import Request, load_trace, save_trace
+
+    reqs = [Request(0.0, 3, 2, prompt=[1, 2, 3], output=[7, 8])]
+    save_trace(reqs, tmp_path / "t.jsonl")
+    assert load_trace(tmp_path / "t.jsonl")[0].output == [7, 8]
+    with pytest.raises(ValueError, match="output_len 3 disagrees with the 2 output tokens"):
+        Request(0.0, 3, 3, prompt=[1, 2, 3], output=[7, 8])
+    with pytest.raises(ValueError, match="names one sample"):
+        Request(0.0, 3, 2, prompt=[1, 2, 3], output=[7, 8], n=2)
+
+
 def test_fewshot_and_agent_prompts_share_exactly_their_declared_heads():
     few = prefix_workloads.fewshot(30, seed=1)
     heads = {tuple(r.prompt[:128]) for r in few}

@@ -341,3 +341,14 @@ def test_toy_layer_kv_depends_on_prefix():
     assert not torch.allclose(k1[4:], k2[4:])  # same tokens, different prefix
     k3, _ = layer.kv([1, 2, 3, 4])
     assert torch.equal(k1[:4], k3)  # causal: earlier K never change
+
+
+def test_figure_colours_come_from_the_palette():
+    """Issue 21: every colour a view draws is named in viz/palette.py (white backgrounds aside)."""
+    import re
+    from pathlib import Path
+
+    viz = Path(__file__).resolve().parents[1] / "paged_edu" / "viz"
+    stray = {f"{p.name}: {c}" for p in viz.rglob("*.py") if p.name != "palette.py"
+             for c in re.findall(r"#[0-9a-fA-F]{6}\b", p.read_text()) if c.upper() != "#FFFFFF"}
+    assert not stray, sorted(stray)

@@ -47,6 +47,19 @@ def test_the_source_check_can_fail():
     assert not SOURCE.match("kv_cache_utils.py")
 
 
+def test_the_lessons_source_check_agrees_and_can_fail():
+    """Issue 21: lesson 8's "every claim has a source" checks the cited place, not only a non-empty string."""
+    assert all(not w.source_problems(c) for c in w.CONCEPTS), [p for c in w.CONCEPTS for p in w.source_problems(c)]
+    good = w.CONCEPTS[0]
+    bent = [w.Concept(good.concept, good.lessons, good.paged_edu, (w.Claim("x", "somewhere in vllm"),), good.sglang),
+            w.Concept(good.concept, good.lessons, good.paged_edu, (w.Claim("x", "sgl-project/sglang:a.py"),), good.sglang),
+            w.Concept(good.concept, good.lessons, good.paged_edu, (w.Claim("x", "vllm-project/vllm:vllm/v1"),), good.sglang),
+            w.Concept(good.concept, good.lessons, good.paged_edu, good.vllm, ())]
+    assert [len(w.source_problems(c)) > 0 for c in bent] == [True] * 4
+    for part in (p for c in w.CONCEPTS for cl in c.vllm + c.sglang + c.differs for p in cl.source.split("; ")):
+        assert SOURCE.match(part)
+
+
 def test_table_rows_and_renderers():
     rows = w.concept_table()
     assert len(rows) == len(w.CONCEPTS)

@@ -1,11 +1,12 @@
 """Lesson 7: the simulator against a real engine run on the same trace.
 
 :func:`sim_vs_real` runs the real :class:`~paged_edu.engine.Engine` (on the CPU: the tiny 2-layer
-Llama of :mod:`paged_edu.labs.engine_lab`; on a GPU the same code on the device), fits the cost
-model to the engine's measured steps (:meth:`CostModel.calibrate` on
-:meth:`StepShape.from_step_metrics`), then simulates the *same* requests with the same pool, block
-size and scheduler limits, and puts the two side by side: output tokens per second, TTFT and the
-number of preemptions. :func:`h200_engine_calibration` does the fit on the stored H200 engine
+Llama of :mod:`paged_edu.labs.engine_lab`; on a GPU the same code on the device) on two traces
+drawn with different seeds: it fits the cost model to the engine's measured steps on the first
+(:func:`fit_engine_steps`), then tests the fit on the second -- the engine serves it, and the
+simulator serves the same requests with the same pool, block size and scheduler limits -- and puts
+the two side by side: output tokens per second, TTFT and the number of preemptions. (A fit judged
+on the trace it was fitted on would flatter itself.) :func:`h200_engine_calibration` does the fit on the stored H200 engine
 benchmark (``paged_edu/data/engine_bench.json``), whose per-step records were summarised, not kept.
 """
 
@@ -24,7 +25,7 @@ from paged_edu.sim.request import Request
 from paged_edu.sim.results import SimConfig
 from paged_edu.sim.simulator import simulate
 
-__all__ = ["error_table", "fit_engine_steps", "h200_engine_summary", "sim_vs_real"]
+__all__ = ["describe_fit", "error_table", "fit_engine_steps", "h200_engine_summary", "sim_vs_real"]
 
 
 
@@ -33,52 +34,75 @@ def _p(values, q):
 
 
 def sim_vs_real(model, *, num_requests: int = 24, num_blocks: int = 24, block_size: int = 16, max_num_seqs: int = 16,
-                max_num_batched_tokens: int = 256, seed: int = 0, gpu: str = "h200") -> dict:
-    """Run the engine on ``num_requests`` requests (all at t = 0), calibrate, simulate the same trace.
+                max_num_batched_tokens: int = 256, seed: int = 0, fit_seed: int | None = None, gpu: str = "h200") -> dict:
+    """Fit the cost model on one trace, then compare engine and simulator on another (all at t = 0).
 
-    Returns ``{"measured": {...}, "simulated": {...}, "cost": CostModel, "steps": int}``; each side
-    has ``tokens_per_s``, ``ttft_p50_s``, ``ttft_p99_s``, ``preemptions``, ``num_steps``, ``seconds``.
-    ``gpu`` only names the roofline the efficiencies are fitted against (on a CPU they come out tiny).
+    The fit trace is drawn with ``fit_seed`` (default ``seed + 1``), the test trace with ``seed``;
+    both have ``num_requests`` requests. Returns ``{"measured": {...}, "simulated": {...}, "cost":
+    CostModel, ...}`` for the test trace; each side has ``tokens_per_s``, ``ttft_p50_s``,
+    ``ttft_p99_s``, ``preemptions``, ``num_steps``, ``seconds``; ``step_rel_error_p50`` is the fit's
+    median per-step error on the test trace's steps. ``gpu`` only names the roofline whose FLOP term
+    is fitted (:func:`describe_fit` states the fit without it).
     """
-    requests = make_requests(num_requests, seed=seed, vocab_size=model.config.vocab_size,
-                             prompt_len=(8, 96), output_len=(8, 64))
-    prompts, params = [p for p, _ in requests], [SamplingParams(max_tokens=n) for _, n in requests]
+    fit_seed = seed + 1 if fit_seed is None else fit_seed
+    if fit_seed == seed:
+        raise ValueError(f"fit_seed={fit_seed} equals seed: the fit must be tested on another trace")
+
+    def trace(s):
+        return make_requests(num_requests, seed=s, vocab_size=model.config.vocab_size, prompt_len=(8, 96),
+                             output_len=(8, 64))
 
     def new_engine():
         return Engine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=max_num_batched_tokens)
 
+    def serve(requests):
+        prompts, params = [p for p, _ in requests], [SamplingParams(max_tokens=n) for _, n in requests]
+        engine = new_engine()
+        steps: list[StepMetrics] = []
+        finished: list[RequestMetrics] = []
+        engine.subscribe(lambda e: (steps if isinstance(e, StepMetrics) else finished).append(e))
+        engine.run(prompts, params)
+        return steps, finished
+
+    fit_requests, requests = trace(fit_seed), trace(seed)
     if model.device.type != "cpu":
         # On a GPU the first steps of a process compile the Triton kernels for each new shape: seconds
-        # that would swamp the fit. One untimed run of the same trace compiles them all.
-        new_engine().run(prompts, params)
-    engine = new_engine()
-    steps: list[StepMetrics] = []
-    finished: list[RequestMetrics] = []
-    engine.subscribe(lambda e: (steps if isinstance(e, StepMetrics) else finished).append(e))
-    engine.run(prompts, params)
+        # that would swamp the fit. One untimed run of the fit trace compiles them.
+        serve(fit_requests)
+    fit_steps, _ = serve(fit_requests)
+    base = CostModel(model=model_spec(model.config, model.dtype), gpu=GPUS[gpu])
+    cost = fit_engine_steps(base, fit_steps)
+
+    steps, finished = serve(requests)
     seconds = sum(s.duration for s in steps)
     out_tokens = sum(r.num_output_tokens for r in finished)
     t0 = min(r.arrival_time for r in finished)
     measured = {"tokens_per_s": out_tokens / seconds, "ttft_p50_s": _p([r.first_token_time - t0 for r in finished], 50),
                 "ttft_p99_s": _p([r.first_token_time - t0 for r in finished], 99),
                 "preemptions": steps[-1].num_preemptions, "num_steps": len(steps), "seconds": seconds}
-
-    base = CostModel(model=model_spec(model.config, model.dtype), gpu=GPUS[gpu])
-    cost = fit_engine_steps(base, steps)
-    trace = [Request(0.0, len(p), n, prompt=list(p)) for p, n in requests]
+    sim_trace = [Request(0.0, len(p), n, prompt=list(p)) for p, n in requests]
     config = SimConfig(manager="paged", block_size=block_size, num_kv_slots=num_blocks * block_size,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
-    rec = simulate(trace, config, cost).record()
+    rec = simulate(sim_trace, config, cost).record()
     simulated = {"tokens_per_s": rec["throughput_tokens_per_s"], "ttft_p50_s": rec["ttft_p50_s"],
                  "ttft_p99_s": rec["ttft_p99_s"], "preemptions": rec["preemptions"], "num_steps": rec["num_steps"],
                  "seconds": rec["makespan_s"]}
     durations = [s.duration for s in steps]
     predicted = [cost.step_time(StepShape.from_step_metrics(s)) for s in steps]
     return {"measured": measured, "simulated": simulated, "cost": cost, "num_requests": num_requests,
+            "seed": seed, "fit_seed": fit_seed, "fit_steps": len(fit_steps),
             "step_rel_error_p50": _p([abs(p - d) / d for p, d in zip(predicted, durations)], 50),
             "step_durations": durations, "step_predicted": predicted,
             "step_batched_tokens": [s.num_batched_tokens for s in steps]}
+
+
+def describe_fit(cost: CostModel) -> str:
+    """The fitted step time in the terms that were fitted, on the machine that was measured: no GPU's
+    peak and no efficiency against it (a CPU fit against an H200 roofline reads "x 0.00")."""
+    flop_rate = cost.gpu.peak_flops * cost.compute_efficiency
+    return (f"fitted step time: {cost.step_overhead_s * 1e3:.3f} ms + {cost.per_seq_overhead_s * 1e6:.1f} us per sequence "
+            f"+ FLOPs / {flop_rate / 1e9:,.1f} GFLOP/s (the measured machine's effective rate)")
 
 
 def fit_engine_steps(base: CostModel, steps: list[StepMetrics]) -> CostModel:

@@ -32,7 +32,8 @@ MULTI_GPU_CLAIMS: tuple[Claim, ...] = (
     Claim("one scheduler drives every worker: EngineCore measures each worker's free memory, builds their KV "
           "cache configs together (get_kv_cache_configs) and one scheduler config from them "
           "(generate_scheduler_kv_cache_config, which asserts every worker has the same num_blocks)",
-          "vllm-project/vllm:vllm/v1/engine/core.py (EngineCore._initialize_kv_caches)"),
+          "vllm-project/vllm:vllm/v1/engine/core.py (EngineCore._initialize_kv_caches); "
+          "vllm-project/vllm:vllm/v1/core/kv_cache_utils.py (generate_scheduler_kv_cache_config)"),
     Claim("SGLang's parallel flags: --tp-size (--tensor-parallel-size), --dp-size (--data-parallel-size), "
           "--ep-size (--expert-parallel-size) for MoE experts, --enable-dp-attention",
           "https://docs.sglang.io/cookbook/base/reference/server_arguments"),

@@ -190,6 +190,10 @@ def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False, **params)
     On a CPU the Triton kernels can only run in Triton's interpreter, which must be switched on
     before any ``@triton.jit`` function is defined -- so before :mod:`paged_edu.kernels` is imported.
     If the kernels were already imported without it (a re-run cell in a live kernel), say so.
+
+    On a CPU torch also runs on one thread: a lesson's tensors are small, and several OpenMP threads
+    spin-waiting for each other on shared cores made one of lesson 6's pressured runs take 28.5 s
+    with two threads against 1.7 s with one (issue 21).
     """
     seed = check_parameters(seed=seed, **params)["seed"]
     resolved = check_device(device)
@@ -204,6 +208,8 @@ def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False, **params)
             print("note: the Triton kernels were imported before TRITON_INTERPRET=1 was set; "
                   "restart the kernel to run them on the CPU (the PyTorch reference runs meanwhile)")
     dev, dtype = pick_device(resolved)
+    if dev.type == "cpu":
+        torch.set_num_threads(1)
     torch.manual_seed(seed)
     if not quiet:
         print(f"device: {dev}, dtype: {dtype}")

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import html
 import importlib
+import re
 from dataclasses import dataclass
 
 __all__ = ["CONCEPTS", "Claim", "Concept", "concept_table", "concept_table_html", "concept_table_markdown",
-           "resolve"]
+           "resolve", "source_problems"]
 
 V, S = "vllm-project/vllm:", "sgl-project/sglang:"
 V_DOC = V + "docs/design/prefix_caching.md"
@@ -48,6 +49,37 @@ class Concept:
 
 def C(text: str, source: str) -> Claim:
     return Claim(text, source)
+
+
+# One cited place: "owner/repo:path/to/file.ext" with an optional " (Symbol.name, a note)" that starts with
+# the symbol or section it names, or an address.
+_CODE_SOURCE = re.compile(r"^[\w.-]+/[\w.-]+:[\w./-]+\.\w+( \([\w.]+[^()]*\))?$")
+_URL_SOURCE = re.compile(r"^https?://[^\s/]+\.[^\s/]+\S*$")
+
+
+def source_problems(concept: "Concept") -> list[str]:
+    """What is wrong with the sources of ``concept``'s claims (empty: every claim is cited properly).
+
+    Each claim needs a non-empty text and a source of ``"; "``-separated parts, each a file in a
+    repository (``owner/repo:path.ext``, optionally ``(Symbol)``) or an http(s) address; a vLLM claim
+    must cite vllm-project/vllm and an SGLang claim sgl-project/sglang (or their documentation sites).
+    """
+    problems = []
+    for side, claims, home in (("vLLM", concept.vllm, ("vllm-project/vllm", "vllm.ai")),
+                               ("SGLang", concept.sglang, ("sgl-project/sglang", "sglang", "lmsys.org")),
+                               ("differs", concept.differs, ())):
+        if side != "differs" and not claims:
+            problems.append(f"{concept.concept}: no {side} claim")
+        for claim in claims:
+            if not claim.text.strip():
+                problems.append(f"{concept.concept}: a {side} claim without text")
+            for part in claim.source.split("; "):
+                if not (_CODE_SOURCE.match(part) or _URL_SOURCE.match(part)):
+                    problems.append(f"{concept.concept}: {side} source {part!r} is neither owner/repo:path (symbol) "
+                                    "nor an address")
+            if home and not any(h in claim.source for h in home):
+                problems.append(f"{concept.concept}: the {side} claim cites {claim.source!r}, not {home[0]}")
+    return problems
 
 
 CONCEPTS: tuple[Concept, ...] = (

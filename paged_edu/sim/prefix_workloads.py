@@ -13,8 +13,9 @@ tokens two prompts share; ids are drawn from disjoint ranges so nothing else is 
   context down a tree of tool results (``branching`` children per node, up to ``depth`` deep),
   plus the call's own instruction; calls on sibling branches share everything above the branch.
 
-(The replies in the simulator are made-up tokens: a multi-turn prompt repeats the *conversation's*
-reply tokens, which the cache holds only if a prompt held them before.) Plain Python and numpy.
+A multi-turn request names its reply (``Request.output``): the simulator generates exactly those
+ids, and the next turn's prompt carries them, so the next turn hits the full blocks of the reply as
+vLLM and SGLang do (both cache blocks of generated tokens). Plain Python and numpy.
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ def multiturn(num_requests: int, rate: float = math.inf, seed: int = 0, num_turn
         output = min(reply_len, L_MAX - len(prompt))
         if output < 1:  # the conversation outgrew the context: start it again
             prompt, output = ids.take(user_len), reply_len
-        history[conv] = prompt + ids.take(output)  # the reply joins the conversation
-        requests.append(Request(float(t), len(prompt), output, prompt=prompt))
+        reply = ids.take(output)
+        history[conv] = prompt + reply  # the reply, as generated, joins the conversation
+        requests.append(Request(float(t), len(prompt), output, prompt=prompt, output=reply))
     return requests
 
 

@@ -5,9 +5,11 @@ Trace format (one JSON object per line)::
     {"arrival_time": 0.0, "prompt_len": 161, "output_len": 338}
     {"arrival_time": 0.5, "prompt": [1, 2, 3], "output_len": 7, "prefix_group": "sys", "prefix_len": 2}
     {"arrival_time": 0.9, "prompt_len": 40, "output_len": 20, "n": 4, "fork": "beam"}
+    {"arrival_time": 1.2, "prompt": [1, 2, 3], "output_len": 2, "output": [9, 10]}
 
 ``prompt_len`` or ``prompt`` (token ids) is required, not both; ``prefix_group``, ``prefix_len``,
-``n`` (default 1) and ``fork`` (``"parallel"``/``"beam"``) are optional.
+``n`` (default 1), ``fork`` (``"parallel"``/``"beam"``) and ``output`` (the reply's token ids, one
+sample: a later prompt that quotes the reply then hits the reply's cached blocks) are optional.
 
 Plain Python and numpy, no torch.
 """
@@ -33,7 +35,10 @@ class Request:
     ``prompt_len`` is always set; ``prompt`` holds explicit token ids when the trace gave them
     (else the simulator makes unique ids, so that only declared sharing can hit the prefix
     cache). The first ``prefix_len`` prompt tokens are shared by every request of ``prefix_group``.
-    ``n`` samples are generated, each ``output_len`` tokens long.
+    ``n`` samples are generated, each ``output_len`` tokens long. ``output``, when given, holds the
+    token ids the (one) sample generates, so that a later prompt carrying them -- the next turn of a
+    chat -- hits the blocks the reply left in the cache; without it the simulator makes up ids that
+    no prompt carries.
     """
 
     arrival_time: float
@@ -44,6 +49,7 @@ class Request:
     prefix_len: int = 0
     n: int = 1
     fork: str = "parallel"
+    output: list[int] | None = None
 
     def __post_init__(self) -> None:
         _check_request(self)
@@ -60,6 +66,8 @@ class Request:
         else:
             record["prompt_len"] = self.prompt_len
         record["output_len"] = self.output_len
+        if self.output is not None:
+            record["output"] = list(self.output)
         if self.prefix_group is not None:
             record["prefix_group"] = self.prefix_group
             record["prefix_len"] = self.prefix_len
@@ -97,6 +105,14 @@ def _check_request(r: Request) -> None:
         raise ValueError(f"output_len must be >= 1, got {r.output_len}")
     if r.n < 1:
         raise ValueError(f"n (samples per request) must be >= 1, got {r.n}")
+    if r.output is not None:
+        if not isinstance(r.output, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in r.output):
+            raise ValueError("output must be a list of non-negative integer token ids")
+        r.output = [int(t) for t in r.output]
+        if r.output_len != len(r.output):
+            raise ValueError(f"output_len {r.output_len} disagrees with the {len(r.output)} output tokens")
+        if r.n != 1:
+            raise ValueError(f"output (the reply's token ids) names one sample; this request has n={r.n}")
     if r.fork not in FORK_MODES:
         raise ValueError(f"fork must be one of {FORK_MODES}, got {r.fork!r}")
     if r.prefix_group is None:
@@ -144,7 +160,7 @@ class TraceKeyError(KeyError):
         return str(self.args[0]) if self.args else "missing field"
 
 
-_FIELDS = {"arrival_time", "prompt_len", "prompt", "output_len", "prefix_group", "prefix_len", "n", "fork"}
+_FIELDS = {"arrival_time", "prompt_len", "prompt", "output_len", "output", "prefix_group", "prefix_len", "n", "fork"}
 
 
 def save_trace(requests: list[Request], path: str | os.PathLike) -> None:
@@ -202,4 +218,5 @@ def _parse_record(record: object) -> Request:
         prefix_len=record.get("prefix_len", 0),
         n=record.get("n", 1),
         fork=record.get("fork", "parallel"),
+        output=record.get("output"),
     )

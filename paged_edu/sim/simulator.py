@@ -8,8 +8,8 @@ affords. Each step:
    prefill chunks and asks the memory manager for slots;
 3. the :class:`~paged_edu.sim.costmodel.CostModel` says how long the step would take on the GPU, and
    the clock advances by that much;
-4. every sequence that emitted a token gets one (a made-up id: the simulator knows each request's
-   output length in advance) and :meth:`Scheduler.update` finishes the ones that are done.
+4. every sequence that emitted a token gets one (the request's own ``output`` ids when the trace
+   gives them, else a made-up id: the simulator knows each request's output length in advance) and :meth:`Scheduler.update` finishes the ones that are done.
 
 Memory managers (:mod:`paged_edu.sim.managers`, each a
 :class:`~paged_edu.sched.memory_manager.MemoryManager`)::
@@ -100,10 +100,18 @@ class MadeUpTokens:
     made-up id, unique to it and far above every prompt id (blocks of different sequences never
     hash alike), made once and then reused (a run of a million tokens holds a few thousand ints).
     A sequence that forks ``n`` parallel samples at its first token gets ``n`` tokens.
+
+    A request that names its reply (``Request.output``, e.g. a chat turn whose reply the next turn's
+    prompt quotes) gets those ids instead, the k-th emitted token being ``output[k]`` (a recomputed
+    sequence resumes where its ``output_token_ids`` left off), so its blocks hash as the next prompt's.
     """
 
     def __init__(self) -> None:
         self._token_of: dict[int, int] = {}  # seq_id -> its made-up token
+        self._reply_of: dict[int, list[int]] = {}  # seq_id -> the reply the request names
+
+    def set_reply(self, seq_id: int, reply: list[int]) -> None:
+        self._reply_of[seq_id] = reply
 
     def token(self, seq_id: int) -> int:
         token = self._token_of.get(seq_id)
@@ -116,6 +124,10 @@ class MadeUpTokens:
         for item in out.scheduled:
             if item.emits_token:
                 seq = item.seq
+                reply = self._reply_of.get(seq.seq_id)
+                if reply is not None:
+                    tokens[seq.seq_id] = reply[len(seq.output_token_ids)]
+                    continue
                 first = self._token_of.get(seq.seq_id) or self.token(seq.seq_id)
                 n = seq.num_tokens_to_sample
                 tokens[seq.seq_id] = first if n == 1 else [first + j for j in range(n)]
@@ -123,6 +135,7 @@ class MadeUpTokens:
 
     def forget(self, seq_id: int) -> None:
         self._token_of.pop(seq_id, None)
+        self._reply_of.pop(seq_id, None)
 
 
 @dataclass(slots=True)
@@ -250,6 +263,8 @@ def simulate(
         while next_arrival < len(order) and requests[order[next_arrival]].arrival_time <= now:
             i = order[next_arrival]
             seq = _sequence_for(requests[i], prompts[i], scheduler, manager, beams)
+            if requests[i].output is not None:
+                model.set_reply(seq.seq_id, requests[i].output)
             owner[seq.seq_id] = i
             scheduler.add(seq)
             next_arrival += 1

@@ -22,6 +22,7 @@ from paged_edu.engine import RequestMetrics, SamplingParams, StepMetrics
 from paged_edu.viz import engine_figures as EF
 from paged_edu.viz import figures as F
 from paged_edu.viz.widgets import _figure_widget, _update_heatmap
+from paged_edu.viz import palette as P
 
 __all__ = ["ChunkedPrefillExplorer", "EngineDashboard"]
 
@@ -129,7 +130,7 @@ class EngineDashboard:
             self.say(f"{type(exc).__name__}: {exc}", ok=False)
 
     def say(self, message: str, ok: bool = True) -> None:
-        color = "#1b6e5a" if ok else "#b03a1a"
+        color = P.GOOD if ok else P.BAD
         self.status.value = f"<span style='color:{color}'>{html.escape(message)}</span>"
 
     def request_rows(self) -> list[dict]:

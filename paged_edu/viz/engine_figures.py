@@ -16,15 +16,16 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from paged_edu.viz.figures import SEQ_COLORS
+from paged_edu.viz import palette as P
 
 __all__ = ["batching_bars_figure", "chunked_prefill_data", "chunked_prefill_figure", "engine_metrics_data",
            "engine_metrics_figure", "phase_figure", "timeline_figure", "PHASE_COLORS"]
 
 # Timeline codes (paged_edu.labs.batching): waiting, useful, wasted (finished, still computed), done.
-_TIMELINE_COLORS = ["#e8e8e8", "#17a398", "#e4572e", "#ffffff"]
+_TIMELINE_COLORS = [P.FREE, P.GOOD, P.BAD, "#FFFFFF"]
 _TIMELINE_SCALE = [[v, c] for k, c in enumerate(_TIMELINE_COLORS) for v in (k / 4, (k + 1) / 4)]
-PHASE_COLORS = {"schedule": "#6a4c93", "prepare": "#1982c4", "forward": "#17a398", "sample": "#f3a712",
-                "update": "#e4572e"}
+PHASE_COLORS = {"schedule": P.OKABE_ITO["reddish purple"], "prepare": P.OKABE_ITO["blue"], "forward": P.GOOD, "sample": P.OKABE_ITO["orange"],
+                "update": P.BAD}
 
 
 def timeline_figure(*runs, max_rows: int = 40) -> go.Figure:
@@ -49,7 +50,7 @@ def batching_bars_figure(*runs) -> go.Figure:
     """Useful output tokens per second, and the KV slots of the budget holding a live token."""
     names = [r.name for r in runs]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("useful output tokens / s", "KV slots holding a token"))
-    colors = ["#999999", "#17a398", "#1982c4"][: len(runs)]
+    colors = [P.IDLE, P.GOOD, P.OKABE_ITO["blue"]][: len(runs)]
     fig.add_trace(go.Bar(x=names, y=[r.tokens_per_s for r in runs], marker_color=colors,
                          text=[f"{r.tokens_per_s:,.0f}" for r in runs], textposition="auto"), 1, 1)
     fig.add_trace(go.Bar(x=names, y=[100 * r.kv_holding_token for r in runs], marker_color=colors,
@@ -104,7 +105,7 @@ def engine_metrics_figure(history: list) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("KV usage and prefix hit rate", "tokens and sequences per step"))
     fig.add_trace(go.Scatter(x=d["x"], y=d["kv_usage"], mode="lines+markers", name="KV usage"), 1, 1)
     fig.add_trace(go.Scatter(x=d["x"], y=d["hit_rate"], mode="lines+markers", name="prefix hit rate"), 1, 1)
-    fig.add_trace(go.Bar(x=d["x"], y=d["tokens"], name="tokens in the step", marker_color="#9ecae1"), 1, 2)
+    fig.add_trace(go.Bar(x=d["x"], y=d["tokens"], name="tokens in the step", marker_color=P.OKABE_ITO["sky blue"]), 1, 2)
     fig.add_trace(go.Scatter(x=d["x"], y=d["running"], mode="lines+markers", name="running"), 1, 2)
     fig.update_yaxes(range=[0, 1.02], row=1, col=1)
     fig.update_xaxes(title_text="step")

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+from paged_edu.viz import palette as P
 
 __all__ = ["ladder_figure", "split_figure", "stored_split_points"]
 
-COLORS = {"loop": "#999999", "seed": "#bbbbbb", "torch": "#4c72b0", "triton": "#dd8452", "ceiling": "#55a868"}
+COLORS = {"loop": P.IDLE, "seed": P.IDLE, "torch": P.OKABE_ITO["blue"], "triton": P.OKABE_ITO["orange"], "ceiling": P.OKABE_ITO["bluish green"]}
 
 
 def ladder_figure(rows: list[dict], title: str) -> go.Figure:
@@ -35,7 +36,7 @@ def split_figure(sweeps: list[dict], title: str) -> go.Figure:
     """Per case, µs and % of the copy ceiling against num_splits; the kernel's own choice marked."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("time per call", "% of copy ceiling"))
     for k, sweep in enumerate(sweeps):
-        color = ("#dd8452", "#4c72b0", "#55a868", "#8172b3")[k % 4]
+        color = (P.OKABE_ITO["orange"], P.OKABE_ITO["blue"], P.OKABE_ITO["bluish green"], P.OKABE_ITO["reddish purple"])[k % 4]
         xs = [p["splits"] for p in sweep["points"]]
         fig.add_trace(go.Scatter(x=xs, y=[p["us"] for p in sweep["points"]], mode="lines+markers",
                                  name=sweep["case"], line=dict(color=color)), 1, 1)

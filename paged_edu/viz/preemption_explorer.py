@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 
 from paged_edu.labs.preemption import blocks_needed, output_mismatches, run_under_pressure
 from paged_edu.viz.widgets.base import _figure_widget
+from paged_edu.viz import palette as P
 
 __all__ = ["PreemptionExplorer", "remedy_figure", "timeline_data", "timeline_figure"]
 
@@ -46,10 +47,10 @@ def timeline_figure(run) -> go.Figure:
                            "colorbar": {"title": "steps since<br>last token"}},
                    hovertemplate="request %{y}, t=%{x:.3f}s, gap %{marker.color} steps<extra></extra>"),
         go.Scatter(x=d["preempt"]["x"], y=d["preempt"]["y"], mode="markers", name="preempted",
-                   text=d["preempt"]["text"], marker={"symbol": "x", "size": 12, "color": "#e4572e"},
+                   text=d["preempt"]["text"], marker={"symbol": "x", "size": 12, "color": P.BAD},
                    hovertemplate="request %{y} preempted (%{text}) at %{x:.3f}s<extra></extra>"),
         go.Scatter(x=d["resume"]["x"], y=d["resume"]["y"], mode="markers", name="resumed",
-                   marker={"symbol": "triangle-right", "size": 11, "color": "#17a398"},
+                   marker={"symbol": "triangle-right", "size": 11, "color": P.GOOD},
                    hovertemplate="request %{y} resumed at %{x:.3f}s<extra></extra>"),
     ])
     fig.update_layout(height=360, margin={"t": 50, "l": 60, "r": 20, "b": 40}, xaxis_title="seconds",
@@ -123,7 +124,7 @@ class PreemptionExplorer:
         lines.append(f"blocks swapped out / in: {run.blocks_swapped_out} / {run.blocks_swapped_in} "
                      f"({run.bytes_moved:,} bytes); prompt tokens computed: {run.prefill_tokens}")
         lines.append("output token-identical to the unpressured run" if not bad
-                     else f"<span style='color:#e4572e'>output DIFFERS for requests {bad}</span>")
+                     else f"<span style='color:{P.BAD}'>output DIFFERS for requests {bad}</span>")
         self.summary.value = "<div style='font-family:monospace;font-size:12px'>" + "<br>".join(
             html.escape(x).replace("&lt;b&gt;", "<b>").replace("&lt;/b&gt;", "</b>") if "span" not in x else x
             for x in lines) + "</div>"

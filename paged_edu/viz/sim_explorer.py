@@ -20,6 +20,7 @@ from paged_edu.sim.results import SimConfig
 from paged_edu.sim.simulator import simulate
 from paged_edu.viz.sim_figures import CATEGORIES, PAPER_TOKEN_STATES
 from paged_edu.viz.widgets import _figure_widget
+from paged_edu.viz import palette as P
 
 __all__ = ["SimExplorer"]
 
@@ -76,7 +77,7 @@ class SimExplorer:
         fig.add_bar(y=[label for _, label, _ in CATEGORIES], x=[0] * len(CATEGORIES), orientation="h",
                     marker_color=[color for *_, color in CATEGORIES], name="simulated")
         fig.add_scatter(y=[CATEGORIES[0][1]], x=[None], mode="markers", name="paper (Fig. 2)",
-                        marker=dict(symbol="diamond", size=12, color="black"))
+                        marker=dict(symbol="diamond", size=12, color=P.OKABE_ITO["black"]))
         fig.update_layout(xaxis_title="% of KV memory allocated or wanted", xaxis_range=[0, 100],
                           height=300, width=700, margin=dict(l=220))
         fig.update_yaxes(autorange="reversed")

@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 from paged_edu.labs.paper_figures import paper_figure_runs
 from paged_edu.sim.costmodel import CostModel
 from paged_edu.sim.results import SimResult
+from paged_edu.viz import palette as P
 
 __all__ = [
     "PAPER_BATCHED_SHAREGPT",
@@ -45,11 +46,11 @@ PAPER_SAVING = {  # Fig. 15, (low, high) over n = 2..6 / beam width 2..6
 PAPER_NAMES = {"contiguous-max": "Orca (Max)", "contiguous-pow2": "Orca (Pow2)",
                "contiguous-oracle": "Orca (Oracle)", "paged": "vLLM (paged)"}
 CATEGORIES = (
-    ("token_states", "token states", "#2e86ab"),
-    ("reserved", "reserved", "#f6c85f"),
-    ("internal_frag", "internal frag.", "#e4572e"),
-    ("external_frag", "external frag.", "#6a4c93"),
-    ("other", "other (free while requests wait)", "#bbbbbb"),
+    ("token_states", "token states", P.OKABE_ITO["blue"]),
+    ("reserved", "reserved", P.OKABE_ITO["yellow"]),
+    ("internal_frag", "internal frag.", P.BAD),
+    ("external_frag", "external frag.", P.OKABE_ITO["reddish purple"]),
+    ("other", "other (free while requests wait)", P.IDLE),
 )
 
 
@@ -67,7 +68,7 @@ def memory_breakdown_figure(results: list[SimResult], title: str = "") -> go.Fig
                     orientation="h", marker_color=color)
     paper = [PAPER_TOKEN_STATES.get(r.config.manager) for r in results]
     fig.add_scatter(y=names, x=[p * 100 if p is not None else None for p in paper], mode="markers",
-                    marker=dict(symbol="diamond", size=12, color="black"), name="paper: token states (Fig. 2)")
+                    marker=dict(symbol="diamond", size=12, color=P.OKABE_ITO["black"]), name="paper: token states (Fig. 2)")
     fig.update_layout(barmode="stack", title=title or "Where the KV memory goes (simulated vs. the paper's Fig. 2)",
                       xaxis_title="% of KV memory allocated or wanted", height=380, width=900,
                       legend=dict(orientation="h", y=-0.25), margin=dict(l=160))
@@ -80,10 +81,10 @@ def batched_figure(results: list[SimResult], title: str = "") -> go.Figure:
     names = [_name(r) for r in results]
     fig = go.Figure()
     fig.add_bar(x=names, y=[r.mean_batched for r in results], name="simulated",
-                text=[f"{r.mean_batched:.1f}" for r in results], textposition="outside", marker_color="#2e86ab")
+                text=[f"{r.mean_batched:.1f}" for r in results], textposition="outside", marker_color=P.OKABE_ITO["blue"])
     fig.add_bar(x=names, y=[PAPER_BATCHED_SHAREGPT.get(r.config.manager) for r in results], name="paper (Fig. 13a)",
                 text=[f"{PAPER_BATCHED_SHAREGPT.get(r.config.manager, 0):.1f}" for r in results],
-                textposition="outside", marker_color="#999999")
+                textposition="outside", marker_color=P.IDLE)
     fig.update_layout(title=title or "Requests batched per step (ShareGPT-like, saturated)", barmode="group",
                       yaxis_title="mean batched requests", height=400, width=800)
     return fig

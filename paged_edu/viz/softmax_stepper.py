@@ -23,12 +23,13 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from paged_edu.labs.softmax_stepper import OnlineSoftmaxStepper
+from paged_edu.viz import palette as P
 
 __all__ = ["SoftmaxStepperWidget", "stepper_figure", "stepper_traces"]
 
 # Pool colours: 0 another request's block, 1 ours still to come, 2 ours processed, 3 ours just processed.
-POOL_COLORS = [[0.0, "#dddddd"], [0.25, "#dddddd"], [0.25, "#c6dbef"], [0.5, "#c6dbef"],
-               [0.5, "#4c72b0"], [0.75, "#4c72b0"], [0.75, "#dd8452"], [1.0, "#dd8452"]]
+POOL_COLORS = [[0.0, P.FREE], [0.25, P.FREE], [0.25, P.EVICTABLE], [0.5, P.EVICTABLE],
+               [0.5, P.OKABE_ITO["blue"]], [0.75, P.OKABE_ITO["blue"]], [0.75, P.OKABE_ITO["orange"]], [1.0, P.OKABE_ITO["orange"]]]
 ERROR_FLOOR = 1e-12  # a log axis cannot show 0
 
 
@@ -81,13 +82,13 @@ def stepper_figure(stepper: OnlineSoftmaxStepper, head: int = 0) -> go.Figure:
     data = stepper_traces(stepper, head)
     fig.add_trace(go.Heatmap(**data[0], zmin=0, zmax=3, colorscale=POOL_COLORS, showscale=False,
                              texttemplate="%{text}", hoverinfo="text", xgap=2), 1, 1)
-    fig.add_trace(go.Bar(**data[1], name="S_b (valid slots)", marker_color="#4c72b0"), 2, 1)
-    fig.add_trace(go.Bar(**data[2], name="masked tail (M_b = -inf)", marker_color="#bbbbbb"), 2, 1)
-    fig.add_trace(go.Scatter(**data[3], mode="lines", name="running max m", line=dict(color="#c44e52", width=3)), 2, 1)
-    fig.add_trace(go.Scatter(**data[4], mode="lines+markers", name="l", line=dict(color="#55a868")), 2, 2)
-    fig.add_trace(go.Scatter(**data[5], mode="lines", name="attention over all tokens", line=dict(color="#333333")), 3, 1)
-    fig.add_trace(go.Scatter(**data[6], mode="markers", name="o / l so far", marker=dict(color="#dd8452", size=7)), 3, 1)
-    fig.add_trace(go.Scatter(**data[7], mode="lines+markers", name="error", line=dict(color="#8172b3")), 3, 2)
+    fig.add_trace(go.Bar(**data[1], name="S_b (valid slots)", marker_color=P.OKABE_ITO["blue"]), 2, 1)
+    fig.add_trace(go.Bar(**data[2], name="masked tail (M_b = -inf)", marker_color=P.IDLE), 2, 1)
+    fig.add_trace(go.Scatter(**data[3], mode="lines", name="running max m", line=dict(color=P.OKABE_ITO["vermillion"], width=3)), 2, 1)
+    fig.add_trace(go.Scatter(**data[4], mode="lines+markers", name="l", line=dict(color=P.OKABE_ITO["bluish green"])), 2, 2)
+    fig.add_trace(go.Scatter(**data[5], mode="lines", name="attention over all tokens", line=dict(color=P.NEUTRAL)), 3, 1)
+    fig.add_trace(go.Scatter(**data[6], mode="markers", name="o / l so far", marker=dict(color=P.OKABE_ITO["orange"], size=7)), 3, 1)
+    fig.add_trace(go.Scatter(**data[7], mode="lines+markers", name="error", line=dict(color=P.OKABE_ITO["reddish purple"])), 3, 2)
     n = stepper.num_logical_blocks
     fig.update_yaxes(visible=False, row=1, col=1)
     fig.update_xaxes(showticklabels=False, row=1, col=1)

@@ -58,16 +58,17 @@ def chat_requests():
 
 
 def chat_hit_rates() -> dict[str, float]:
-    """8.2's reference, worked out without the simulator: turn t hits the previous turn's PROMPT in
-    whole blocks (the simulator's model writes made-up reply tokens, so the reply the next prompt
-    carries was never computed); the first turn hits nothing. Hit rate = hit tokens / prompt tokens."""
+    """8.2's reference, worked out without the simulator: turn t hits what the previous turn STORED, in
+    whole blocks -- its prompt and its reply but the reply's last token (a sampled token's K/V is only
+    computed when it is fed back, and the conversation ends there); the first turn hits nothing.
+    Hit rate = hit tokens / prompt tokens."""
     c = CHAT
     prompts = [t * c["user_len"] + (t - 1) * c["reply_len"] for t in range(1, c["num_turns"] + 1)]
     queried = sum(prompts)
     rates = {}
     for key in CACHE_KEYS:
         b = int(key.split("B=")[1])
-        rates[key] = sum(p // b * b for p in prompts[:-1]) / queried
+        rates[key] = sum((p + c["reply_len"] - 1) // b * b for p in prompts[:-1]) / queried
     return rates
 
 
@@ -83,14 +84,21 @@ def _chat_wrong(key: str) -> dict:
     prompts = [t * c["user_len"] + (t - 1) * c["reply_len"] for t in range(1, c["num_turns"] + 1)]
     q = sum(prompts)
     b = int(key.split("B=")[1])
-    wrong = {
-        sum(p + c["reply_len"] for p in prompts[:-1]) / q: "the reply counted as cached: the simulator's model wrote "
-        "made-up tokens, not the reply the next prompt carries, so only the earlier prompt was computed",
-        (c["num_turns"] - 1) / c["num_turns"]: "the share of requests that hit; the hit rate counts tokens",
-        sum(-(-p // b) * b for p in prompts[:-1]) / q: "rounded up: a partly filled last block is never cached",
-    }
+    stored = [p + c["reply_len"] - 1 for p in prompts[:-1]]  # what each turn left in the cache, in tokens
+    candidates = [
+        (sum(p + c["reply_len"] for p in prompts[:-1]) / q, "the whole reply counted as cached: its last sampled "
+         "token is never stored (its K/V would be computed only when it is fed back), so it cannot be hit"),
+        (sum(p // b * b for p in prompts[:-1]) / q, "the reply counted as never cached: the next turn's prompt "
+         "carries the reply's tokens, and the blocks the reply filled are cached like the prompt's"),
+        ((c["num_turns"] - 1) / c["num_turns"], "the share of requests that hit; the hit rate counts tokens"),
+        (sum(-(-s // b) * b for s in stored) / q, "rounded up: a partly filled last block is never cached"),
+    ]
     if b != 1:
-        wrong[sum(prompts[:-1]) / q] = "token granularity: at B=16 only whole blocks of the earlier prompt hit"
+        candidates.append((sum(stored) / q, "token granularity: at B=16 only whole blocks of what the earlier turn "
+                                            "stored hit"))
+    wrong: dict[float, str] = {}
+    for value, hint in candidates:  # two mistakes can land on the same number: name both
+        wrong[value] = f"{wrong[value]}; or {hint}" if value in wrong else hint
     return wrong
 
 
