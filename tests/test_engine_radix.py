@@ -198,3 +198,28 @@ def test_a_radix_cache_that_claims_an_uncomputed_block_is_caught(model):
         over += event == "allocate" and cached > longest_block_prefix(tokens, seen)
         seen.append(tokens)
     assert over > 0
+
+
+def test_swap_in_reads_the_block_table_after_the_radix_publish():
+    """Issue 23: the radix publish at swap-in swaps a block for the tree's copy; a table read before
+    ``mark_computed`` held the released block, which a second swap-in then took ("a destination
+    block appears twice"). The run must finish, token-identical to the cache-free engine."""
+    import torch
+
+    from paged_edu import Engine, SamplingParams
+    from paged_edu.models.config import LlamaConfig
+    from paged_edu.models.loaders import random_llama
+
+    cfg = LlamaConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                      num_kv_heads=2, head_dim=16)
+    prompts, params = [[3, 2, 2], [2, 3], [3, 2]], [SamplingParams(max_tokens=m) for m in (3, 4, 4)]
+    outputs = {}
+    for name, allocator in (("radix", RadixAllocator(7, 1, cache_when_computed=True)),
+                            ("none", BlockAllocator(7, 1, enable_prefix_caching=False))):
+        torch.manual_seed(0)
+        engine = Engine(random_llama(cfg, seed=0), num_blocks=7, block_size=1, preemption_mode="swap",
+                        num_cpu_blocks=16, allocator=allocator)
+        outputs[name] = [out.outputs[0] for out in engine.run(prompts, params)]
+        assert allocator.num_free_blocks == 7
+    assert outputs["radix"] == outputs["none"]
+

@@ -118,3 +118,21 @@ def test_bad_input_is_refused_naming_the_problem_and_changes_nothing():
         assert observable(a) == before
     with pytest.raises(ValueError, match="block_size"):
         RadixAllocator(8, 0)
+
+
+def test_the_radix_cache_emits_the_hash_caches_block_events():
+    """One pool, two indexes: the same operations give the same event kinds and tables on both."""
+    logs = {}
+    for name, a in (("radix", RadixAllocator(8, 2)), ("hash", BlockAllocator(8, 2))):
+        events = []
+        a.subscribe(events.append)
+        a.allocate("x", [1, 2, 3])
+        a.append("x", 4)
+        a.fork("x", "y")
+        a.append("y", 5)
+        a.allocate("z", [1, 2, 9])  # hits x's first block
+        a.free("x")
+        logs[name] = [(e.kind, e.seq_id, e.block_ids) for e in events]
+    assert [k for k, _, _ in logs["radix"]] == ["allocate", "append", "fork", "append", "cache_hit", "allocate", "free"]
+    assert logs["radix"] == logs["hash"]
+

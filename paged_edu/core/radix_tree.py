@@ -68,11 +68,11 @@ class RadixTree:
         B = self.block_size
         return packed[block * B:(block + 1) * B].tobytes()
 
-    def match(self, packed: array, max_blocks: int) -> list[tuple[RadixNode, int]]:
-        """The path of the longest cached prefix of ``packed`` (at most ``max_blocks`` blocks):
-        ``[(node, blocks of its edge matched), ...]``; only the last may be matched in part.
-        Changes nothing."""
-        path, node, pos = [], self.root, 0
+    def match(self, packed: array, max_blocks: int, below: RadixNode | None = None) -> list[tuple[RadixNode, int]]:
+        """The path of the longest cached prefix of ``packed`` (at most ``max_blocks`` blocks) below
+        ``below`` (the root by default): ``[(node, blocks of its edge matched), ...]``; only the last
+        may be matched in part. Changes nothing."""
+        path, node, pos = [], below or self.root, 0
         while pos < max_blocks:
             child = node.children.get(self._child_key(packed, pos))
             if child is None:
