@@ -223,3 +223,16 @@ def test_swap_in_reads_the_block_table_after_the_radix_publish():
         assert allocator.num_free_blocks == 7
     assert outputs["radix"] == outputs["none"]
 
+
+@pytest.mark.parametrize("name", ["radix", "hash"])
+def test_an_engine_refuses_an_allocator_that_still_caches_another_engines_blocks(model, name):
+    """Issue 23: the "every block free" check counted evictable cached blocks as free, so a second
+    engine on the same allocator hit K/V that exists only in the first engine's cache."""
+    from paged_edu.engine.memory_manager import is_empty
+
+    allocator = allocators(32)[name]
+    assert is_empty(allocator)
+    engine_on(model, allocator).generate([[5, 6, 7, 8, 9, 10, 11, 12, 13]], max_new_tokens=2)
+    assert allocator.num_free_blocks == 32 and allocator.num_cached_blocks > 0 and not is_empty(allocator)
+    with pytest.raises(ValueError, match="still caches"):
+        engine_on(model, allocator)

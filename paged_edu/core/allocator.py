@@ -238,7 +238,8 @@ class BlockAllocator(SequenceLookup):
 
         Returns the block table, ``ceil(n/B)`` blocks. Raises :class:`OutOfBlocksError` (nothing
         changed) when the pool cannot supply the fresh blocks. ``record_stats=False`` (a swap-in,
-        whose prompt was counted at its first admission) leaves :attr:`stats` alone.
+        whose prompt was counted at its first admission, or a preempted sequence's re-admission,
+        which its scheduler records apart) leaves :attr:`stats` alone.
         """
         new_id("sequence id", seq_id, self._seqs)
         packed = token_array("token_ids", token_ids)
@@ -268,8 +269,7 @@ class BlockAllocator(SequenceLookup):
         self._seqs[seq_id] = seq
         published = self._publish(seq_id, seq, num_full, dedupe=False) if not self._cache_when_computed else ()
         if record_stats:
-            self.stats.queried_tokens += n
-            self.stats.hit_tokens += num_cached
+            self.stats.record(n, num_cached)
 
         if self._subscribers.callbacks:
             for block_id in evicted:
@@ -379,6 +379,17 @@ class BlockAllocator(SequenceLookup):
         self.pool.release(reversed(seq.block_table))
         if self._subscribers.callbacks:
             self._subscribers.deliver(BlockEvent("free", seq_id, list(seq.block_table), self._length(seq)))
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block that no live sequence holds (vLLM's ``reset_prefix_cache``, e.g.
+        after new weights make the cached K/V wrong): they become plain free blocks, one ``evict``
+        event each. Returns how many cached blocks it could not drop because sequences hold them
+        (0: nothing is cached any more)."""
+        dropped = self.pool.drop_cached()
+        if self._subscribers.callbacks:
+            for block_id in dropped:
+                self._subscribers.deliver(BlockEvent("evict", None, [block_id]))
+        return self.index.num_cached_blocks
 
     def __repr__(self) -> str:
         return (

@@ -33,14 +33,41 @@ class OutOfBlocksError(MemoryError):
 
 @dataclass(slots=True)
 class PrefixCacheStats:
-    """Prefix-cache statistics in tokens: how many prompt tokens were looked up, how many hit."""
+    """Prefix-cache statistics in tokens: how many prompt tokens were looked up, how many hit.
+
+    A preempted sequence that is recomputed looks its prompt up again and mostly hits its own
+    blocks, cached before it was preempted: that is no prefix reuse, so its lookups are counted
+    apart (``preempted_*``) and :attr:`hit_rate` reads only first admissions -- as vLLM v1's
+    ``PrefixCacheStats.record(num_tokens, num_hits, preempted)`` does (``vllm/v1/metrics/stats.py``).
+    """
 
     queried_tokens: int = 0
     hit_tokens: int = 0
+    requests: int = 0  # first admissions looked up
+    preempted_requests: int = 0  # re-admissions of preempted (recomputed) sequences
+    preempted_queries: int = 0  # their prompt tokens looked up
+    preempted_hits: int = 0  # ... and hit
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool = False) -> None:
+        """One admission's lookup: ``num_tokens`` looked up, ``num_hits`` found."""
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queried_tokens += num_tokens
+            self.hit_tokens += num_hits
 
     @property
     def hit_rate(self) -> float:
+        """Hits over lookups of first admissions: the prefix reuse."""
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+    @property
+    def preempted_hit_rate(self) -> float:
+        """Hits over lookups of preempted sequences' re-admissions."""
+        return self.preempted_hits / self.preempted_queries if self.preempted_queries else 0.0
 
 
 class BlockPool:
@@ -93,3 +120,11 @@ class BlockPool:
                     self.index.on_free(block_id)
                 else:
                     self.free_block_ids.append(block_id)
+
+    def drop_cached(self) -> list[int]:
+        """Evict every cached block no table holds into the free list; returns them."""
+        dropped = self.index.evict(self.index.num_evictable)
+        for block_id in dropped:
+            self.token_ids[block_id] = None
+        self.free_block_ids.extend(dropped)
+        return dropped

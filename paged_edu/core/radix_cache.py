@@ -72,7 +72,7 @@ class RadixIndex:
             return _RadixKey(None)
         node = self.tree.settle(match.note)
         self.tree.lock(node)
-        self.tree.touch(match.note)
+        self.tree.touch(node)
         return _RadixKey(node, len(match.block_ids))
 
     def extend(self, key: _RadixKey, block_tokens: array) -> None:

@@ -255,12 +255,15 @@ class Scheduler:
                 seq = self.waiting[0]
                 if not chunked and seq.num_tokens > budget:
                     break
+                readmitted = seq.num_preemptions > 0  # recomputed: its hits are its own blocks, no reuse
                 try:
-                    allocator.allocate(seq.seq_id, seq.token_ids)
+                    allocator.allocate(seq.seq_id, seq.token_ids, record_stats=not readmitted)
                 except OutOfBlocksError:
                     break
                 self.waiting.popleft()
                 cached = allocator.num_cached_tokens(seq.seq_id)
+                if readmitted:
+                    allocator.stats.record(seq.num_tokens, cached, preempted=True)
                 seq.num_cached_tokens = cached
                 seq.num_computed_tokens = cached
                 seq.num_placed_tokens = seq.num_tokens
