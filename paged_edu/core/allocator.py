@@ -299,7 +299,9 @@ class BlockAllocator(SequenceLookup):
             events = ()
         seq.tail.append(token_id)
         if offset == B - 1:
-            events = [*events, *self._seal_last_block(seq_id, seq)]
+            published = self._seal_last_block(seq_id, seq)
+            if published:
+                events = [*events, *published]
         slot = block_id * B + offset  # in our own block: an undeduped publish leaves the table alone
 
         if self._subscribers.callbacks:
@@ -344,7 +346,9 @@ class BlockAllocator(SequenceLookup):
         seq.num_full += 1
         if self._cache_when_computed:
             return []
-        events = self._publish(seq_id, seq, seq.num_full - 1, dedupe=True)
+        events = []
+        if seq.num_published_blocks < seq.num_full - 1:  # an earlier block waits (radix: a duplicate)
+            events = self._publish(seq_id, seq, seq.num_full - 1, dedupe=True)
         return events + self._publish(seq_id, seq, seq.num_full, dedupe=False)
 
     def mark_computed(self, seq_id: SeqId, num_computed_tokens: int) -> None:

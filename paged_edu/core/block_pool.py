@@ -95,6 +95,11 @@ class BlockPool:
         if n > self.num_free:
             raise OutOfBlocksError(f"need {n} free blocks, only {self.num_free} available")
         free = self.free_block_ids
+        if n == 1 and free:  # an append's new block: the common case
+            block_id = free.popleft()
+            self.ref_count[block_id] = 1
+            self.token_ids[block_id] = None
+            return [block_id], []
         taken = [free.popleft() for _ in range(min(n, len(free)))]
         evicted = self.index.evict(n - len(taken)) if len(taken) < n else []
         taken += evicted
