@@ -27,8 +27,8 @@ def snapshot(a: BlockAllocator):
         {s: (a.block_table(s), a.token_ids(s), a.num_cached_tokens(s)) for s in a.seq_ids},
         [a.ref_count(b) for b in range(a.num_blocks)],
         [a.block_hash(b) for b in range(a.num_blocks)],
-        copy.deepcopy(a.pool.hash_to_block),
-        list(a.pool.evictable),
+        copy.deepcopy(a.index.hash_to_block),
+        list(a.index.evictable),
         list(a.pool.free_block_ids),
         (a.stats.queried_tokens, a.stats.hit_tokens),
         list(a._copies),
@@ -206,7 +206,7 @@ def test_lru_evicts_least_recently_freed_and_tail_first():
     old_hash = a.block_hash(ta[1])
     a.free("a")  # a's tail full block is freed first, then its head
     a.free("b")
-    assert list(a.pool.evictable) == [ta[1], ta[0], tb[1], tb[0]]
+    assert list(a.index.evictable) == [ta[1], ta[0], tb[1], tb[0]]
     # Exhaust: free plain blocks first (the two partials), then evict in that order.
     x = a.allocate("x", [3] * 12)
     assert a.num_evictable_blocks == 3

@@ -198,3 +198,41 @@ def test_a_radix_cache_that_claims_an_uncomputed_block_is_caught(model):
         over += event == "allocate" and cached > longest_block_prefix(tokens, seen)
         seen.append(tokens)
     assert over > 0
+
+
+def test_swap_in_reads_the_block_table_after_the_radix_publish():
+    """Issue 23: the radix publish at swap-in swaps a block for the tree's copy; a table read before
+    ``mark_computed`` held the released block, which a second swap-in then took ("a destination
+    block appears twice"). The run must finish, token-identical to the cache-free engine."""
+    import torch
+
+    from paged_edu import Engine, SamplingParams
+    from paged_edu.models.config import LlamaConfig
+    from paged_edu.models.loaders import random_llama
+
+    cfg = LlamaConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                      num_kv_heads=2, head_dim=16)
+    prompts, params = [[3, 2, 2], [2, 3], [3, 2]], [SamplingParams(max_tokens=m) for m in (3, 4, 4)]
+    outputs = {}
+    for name, allocator in (("radix", RadixAllocator(7, 1, cache_when_computed=True)),
+                            ("none", BlockAllocator(7, 1, enable_prefix_caching=False))):
+        torch.manual_seed(0)
+        engine = Engine(random_llama(cfg, seed=0), num_blocks=7, block_size=1, preemption_mode="swap",
+                        num_cpu_blocks=16, allocator=allocator)
+        outputs[name] = [out.outputs[0] for out in engine.run(prompts, params)]
+        assert allocator.num_free_blocks == 7
+    assert outputs["radix"] == outputs["none"]
+
+
+@pytest.mark.parametrize("name", ["radix", "hash"])
+def test_an_engine_refuses_an_allocator_that_still_caches_another_engines_blocks(model, name):
+    """Issue 23: the "every block free" check counted evictable cached blocks as free, so a second
+    engine on the same allocator hit K/V that exists only in the first engine's cache."""
+    from paged_edu.sched.memory_manager import is_empty
+
+    allocator = allocators(32)[name]
+    assert is_empty(allocator)
+    engine_on(model, allocator).generate([[5, 6, 7, 8, 9, 10, 11, 12, 13]], max_new_tokens=2)
+    assert allocator.num_free_blocks == 32 and allocator.num_cached_blocks > 0 and not is_empty(allocator)
+    with pytest.raises(ValueError, match="still caches"):
+        engine_on(model, allocator)

@@ -118,3 +118,84 @@ def test_bad_input_is_refused_naming_the_problem_and_changes_nothing():
         assert observable(a) == before
     with pytest.raises(ValueError, match="block_size"):
         RadixAllocator(8, 0)
+
+
+def test_the_radix_cache_emits_the_hash_caches_block_events():
+    """One pool, two indexes: the same operations give the same event kinds and tables on both."""
+    logs = {}
+    for name, a in (("radix", RadixAllocator(8, 2)), ("hash", BlockAllocator(8, 2))):
+        events = []
+        a.subscribe(events.append)
+        a.allocate("x", [1, 2, 3])
+        a.append("x", 4)
+        a.fork("x", "y")
+        a.append("y", 5)
+        a.allocate("z", [1, 2, 9])  # hits x's first block
+        a.free("x")
+        logs[name] = [(e.kind, e.seq_id, e.block_ids) for e in events]
+    assert [k for k, _, _ in logs["radix"]] == ["allocate", "append", "fork", "append", "cache_hit", "allocate", "free"]
+    assert logs["radix"] == logs["hash"]
+
+
+def test_a_hit_inside_an_edge_stamps_the_matched_half_not_the_unused_tail():
+    """Issue 23: after a hit that ends inside an edge, LRU must keep the matched prefix and evict the
+    unused tail of the split edge first (SGLang stamps the matched path)."""
+    a = RadixAllocator(8, 2)
+    p, q = [1, 1, 2, 2, 3, 3, 4], [5, 5, 6, 6, 7]
+    for name, prompt in (("p", p), ("q", q), ("r", [1, 1, 9])):  # r hits p's first block only
+        a.allocate(name, prompt)
+        a.free(name)
+    a.allocate("big", [8] * 10)  # 5 blocks: the 3 free ones + the 2 least recently used cached ones
+    assert a.num_cached_tokens_for([1, 1, 2, 2, 3, 3, 0]) == 2  # p's unused tail went first ...
+    assert a.num_cached_tokens_for(q) == 4  # ... not q, used later, nor the head r just hit
+
+
+def test_the_eviction_heap_stays_bounded_while_nothing_is_evicted():
+    """Issue 23: one heap entry per request without eviction grew the heap without bound."""
+    a = RadixAllocator(64, 2)
+    for i in range(3000):
+        a.allocate(i, [1, 1, 2, 2, 3])
+        a.free(i)
+    assert len(a.tree._candidates) <= 2 * a.tree.num_nodes + 64
+
+
+def test_publishing_at_once_never_hands_out_a_slot_in_a_block_others_hold():
+    """Issue 23: with cache_when_computed=False the append that fills a block the tree already holds
+    (the same tokens computed twice) returned a slot in the tree's copy, held by another sequence."""
+    for B in (1, 2):
+        a = RadixAllocator(16, B)
+        a.allocate("x", [1, 2, 3])
+        a.allocate("y", [1, 2, 3])
+        a.append("x", 4)
+        slot = a.append("y", 4)
+        assert a.ref_count(slot // B) == 1
+        a.append("y", 5)  # the K/V of [.., 4] is written now: y may take the tree's copy
+        assert a.token_ids("y") == [1, 2, 3, 4, 5]
+
+
+def test_the_caching_policy_cannot_change_while_sequences_are_live():
+    """Issue 23: flipping cache_when_computed under live sequences is refused, as the hash cache does."""
+    for a in (RadixAllocator(8, 2), BlockAllocator(8, 2)):
+        a.allocate("x", [1, 2, 3])
+        with pytest.raises(ValueError, match="cache_when_computed"):
+            a.cache_when_computed = True
+        assert a.cache_when_computed is False
+
+
+def test_reset_prefix_cache_drops_what_no_sequence_holds_and_says_what_it_could_not():
+    """Issue 23 item 3, on both indexes: cached blocks nobody holds become plain free blocks (one
+    evict event each); blocks a live sequence holds stay, and their number is returned."""
+    for a in (RadixAllocator(8, 2), BlockAllocator(8, 2)):
+        a.allocate("done", [1, 2, 3, 4, 5])
+        a.free("done")
+        a.allocate("live", [7, 7, 8, 8, 9])
+        events = []
+        a.subscribe(events.append)
+        assert a.num_cached_blocks == 4
+        assert a.reset_prefix_cache() == 2  # live's two full blocks
+        assert sorted(b for e in events for b in e.block_ids) == sorted(set(b for e in events for b in e.block_ids))
+        assert [e.kind for e in events] == ["evict", "evict"] and a.num_cached_blocks == 2
+        assert a.num_cached_tokens_for([1, 2, 3, 4, 5]) == 0 and a.num_cached_tokens_for([7, 7, 8, 8, 9]) == 4
+        assert a.num_free_blocks == 5
+        a.free("live")
+        assert a.reset_prefix_cache() == 0 and a.num_cached_blocks == 0 and a.num_free_blocks == 8

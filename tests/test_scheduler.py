@@ -387,3 +387,19 @@ def test_memory_managers_implement_the_protocol_and_early_publishing_is_refused(
     with pytest.raises(ValueError, match="cache_when_computed=True"):
         Scheduler(BlockAllocator(4, B))  # would share blocks of half-computed prompts
     Scheduler(BlockAllocator(4, B, enable_prefix_caching=False))  # no cache: nothing published early
+
+
+def test_a_preempted_sequences_readmission_is_counted_apart_from_prefix_reuse():
+    """Issue 21: two 5-token prompts sharing no token on 6 blocks of 2: the recomputed victim hit its
+    own blocks (17 tokens queried, 4 hit). As vLLM v1's PrefixCacheStats, re-admissions count apart."""
+    a = BlockAllocator(6, 2, cache_when_computed=True)
+    s = Scheduler(a)
+    for prompt in ([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]):
+        s.make_sequence(prompt, 3)
+    while s.has_unfinished():
+        out = s.schedule()
+        s.update(out.scheduled, {x.seq.seq_id: 11 for x in out.scheduled if x.emits_token})
+    assert s.num_preemptions == 1
+    assert (a.stats.queried_tokens, a.stats.hit_tokens, a.stats.hit_rate) == (10, 0, 0.0)
+    assert (a.stats.requests, a.stats.preempted_requests) == (2, 1)
+    assert a.stats.preempted_queries == 7 and a.stats.preempted_hits == 4

@@ -5,15 +5,16 @@
   geometry's :class:`~paged_edu.core.memory.KVSpec` (lesson 1); :mod:`~paged_edu.core.parallel_kv`
   -- the per-GPU KV under tensor and pipeline parallelism (lesson 8);
 * :mod:`~paged_edu.core.contiguous` -- the contiguous ``L_max`` baseline and its three pathologies (lesson 1);
-* the paged block allocator (lessons 2-3), in four modules read in this order:
+* the paged block allocator (lessons 2-3), in five modules read in this order:
   :mod:`~paged_edu.core.block_hash` (the chained hash that names a full block),
-  :mod:`~paged_edu.core.block_pool` (the physical blocks: ref counts, free list, prefix cache),
+  :mod:`~paged_edu.core.block_pool` (the physical blocks: ref counts, contents, free list),
+  :mod:`~paged_edu.core.prefix_index` (the prefix-index interface, and the hash chain behind it),
   :mod:`~paged_edu.core.allocator` (block tables, allocate / append / fork / free, copy-on-write) and
   :mod:`~paged_edu.core.block_events` (what it reports to widgets, after each change);
-* the radix-tree prefix cache (SGLang's RadixAttention, lesson 8), the same interface:
-  :mod:`~paged_edu.core.radix_tree` (the tree, locks, LRU leaf eviction) and
-  :mod:`~paged_edu.core.radix_cache` (``RadixAllocator``); :mod:`~paged_edu.core.seq_lookup` holds
-  what both allocators answer about their sequences;
+* the radix-tree prefix cache (SGLang's RadixAttention, lesson 8): the same allocator over the same pool
+  with a second index, :mod:`~paged_edu.core.radix_tree` (the tree, locks, LRU leaf eviction) and
+  :mod:`~paged_edu.core.radix_cache` (``RadixIndex``, ``RadixAllocator``);
+  :mod:`~paged_edu.core.seq_lookup` holds what the allocator answers about its sequences;
 * :mod:`~paged_edu.core.contract` -- the allocator contract, checked against a brute-force model of
   the KV memory: the oracle of the allocator tests and of exercise 5.3 (lesson 5);
 * :mod:`~paged_edu.core.validation` -- the one set of input checks (integers, token lists, seeds).

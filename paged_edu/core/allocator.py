@@ -30,9 +30,10 @@ from array import array
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from paged_edu.core.block_hash import ROOT_HASH, chained_block_hashes, extend_chain, full_blocks, hash_block, hash_chain
+from paged_edu.core.block_hash import chained_block_hashes, hash_block
 from paged_edu.core.block_events import BlockEvent, Subscribers
 from paged_edu.core.block_pool import BlockPool, OutOfBlocksError, PrefixCacheStats
+from paged_edu.core.prefix_index import HashChainIndex, PrefixMatch
 from paged_edu.core.seq_lookup import SequenceLookup, UnknownSequenceError
 from paged_edu.core.validation import MAX_TOKEN_ID, integer, new_id, token_array, token_id as check_token_id
 
@@ -58,20 +59,10 @@ class _SeqBlocks:
 
     block_table: list[int]
     tail: array  # tokens of the partly filled last block (empty when the last block is full)
-    block_hashes: list[bytes]  # chained hash of each full block, in order: one per full block
+    num_full: int  # full blocks (their tokens are in the pool)
+    key: object  # the prefix index's state for this sequence (hash chain: its blocks' hashes)
     num_cached_tokens: int = 0  # leading tokens whose blocks came from the prefix cache
     num_published_blocks: int = 0  # leading full blocks already offered to the prefix cache
-
-
-@dataclass(slots=True)
-class _Plan:
-    """What admitting a prompt takes (:meth:`BlockAllocator._plan`)."""
-
-    blocks: list[array]  # the tokens of each full block
-    hashes: list[bytes]  # their chained hashes
-    hits: list[int]  # cached blocks for the leading full blocks
-    num_fresh: int  # blocks to take from the free pool for the rest
-    num_revived: int  # hits that are free now (ref count 0): sharing them takes them out of the pool
 
 
 class BlockAllocator(SequenceLookup):
@@ -93,9 +84,15 @@ class BlockAllocator(SequenceLookup):
     ) -> None:
         self.num_blocks = integer("num_blocks", num_blocks, low=1)
         self.block_size = integer("block_size", block_size, low=1)
+        self._init_blocks(HashChainIndex(self.num_blocks, self.block_size, bool(enable_prefix_caching)),
+                          enable_prefix_caching, cache_when_computed)
+
+    def _init_blocks(self, index, enable_prefix_caching: bool, cache_when_computed: bool) -> None:
+        """The pool over ``index`` (a prefix index, :mod:`~paged_edu.core.prefix_index`) and no sequence."""
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self._cache_when_computed = bool(cache_when_computed)
-        self.pool = BlockPool(self.num_blocks, self.block_size)
+        self.index = index
+        self.pool = BlockPool(self.num_blocks, self.block_size, index)
         self._seqs: dict[SeqId, _SeqBlocks] = {}
         self._copies: list[tuple[int, int]] = []
         self._subscribers = Subscribers("allocator")
@@ -116,7 +113,7 @@ class BlockAllocator(SequenceLookup):
         """The sequence's tokens, read from its blocks (as attention reads K/V through the table)."""
         seq = self._seq(seq_id)
         tokens = array("q")
-        for block_id in seq.block_table[: len(seq.block_hashes)]:  # the full blocks
+        for block_id in seq.block_table[: seq.num_full]:
             tokens += self.pool.token_ids[block_id]
         tokens += seq.tail
         return tokens.tolist()
@@ -125,8 +122,8 @@ class BlockAllocator(SequenceLookup):
         return self._length(self._seqs[seq_id])
 
     def _length(self, seq: _SeqBlocks) -> int:
-        """Tokens in ``seq``: ``B`` per full block (each has its hash), plus the tail's."""
-        return len(seq.block_hashes) * self.block_size + len(seq.tail)
+        """Tokens in ``seq``: ``B`` per full block, plus the tail's."""
+        return seq.num_full * self.block_size + len(seq.tail)
 
     def num_cached_tokens(self, seq_id: SeqId) -> int:
         """Leading prompt tokens whose KV came from the prefix cache (a multiple of B, < prompt)."""
@@ -137,10 +134,12 @@ class BlockAllocator(SequenceLookup):
 
     def block_hash(self, block_id: int) -> bytes | None:
         """The chained hash the prefix cache holds this block under, or None."""
-        return self.pool.block_hash[self._check_block(block_id)]
+        return self.index.hash_of(self._check_block(block_id))
 
     def is_evictable(self, block_id: int) -> bool:
-        return self._check_block(block_id) in self.pool.evictable
+        """Cached, and held by no block table: the pool may evict it."""
+        block_id = self._check_block(block_id)
+        return self.pool.ref_count[block_id] == 0 and self.index.is_cached(block_id)
 
     def _check_block(self, block_id: int) -> int:
         return integer("block id", block_id, low=0, high=self.num_blocks - 1)
@@ -152,7 +151,12 @@ class BlockAllocator(SequenceLookup):
 
     @property
     def num_evictable_blocks(self) -> int:
-        return len(self.pool.evictable)
+        return self.index.num_evictable
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks the prefix cache holds (held by sequences or evictable)."""
+        return self.index.num_cached_blocks
 
     @property
     def num_used_blocks(self) -> int:
@@ -176,12 +180,13 @@ class BlockAllocator(SequenceLookup):
 
     def num_new_blocks_for(self, token_ids: Sequence[int]) -> int:
         """Free blocks an :meth:`allocate` of ``token_ids`` would consume now (cache hits counted)."""
-        plan = self._plan(token_array("token_ids", token_ids))
-        return plan.num_fresh + plan.num_revived
+        packed = token_array("token_ids", token_ids)
+        match = self._lookup(packed)
+        return -(-len(packed) // self.block_size) - len(match.block_ids) + match.num_evictable
 
     def num_cached_tokens_for(self, token_ids: Sequence[int]) -> int:
         """Leading tokens of ``token_ids`` an :meth:`allocate` now would hit (changes nothing)."""
-        return len(self._plan(token_array("token_ids", token_ids)).hits) * self.block_size
+        return len(self._lookup(token_array("token_ids", token_ids)).block_ids) * self.block_size
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The ``(src_block, dst_block)`` copy-on-write copies made since the last call."""
@@ -201,31 +206,31 @@ class BlockAllocator(SequenceLookup):
         self._cache_when_computed = bool(value)
 
     # -- internals -----------------------------------------------------------------------------
-    def _plan(self, packed: array) -> _Plan:
-        """What admitting ``packed`` takes (see :class:`_Plan`). The cache is looked up for the
-        leading full blocks, stopping at the first miss -- for at most ``ceil(n/B) - 1`` of them,
-        since the prompt's last token is always computed, so its block is never a shared one."""
-        n, B = len(packed), self.block_size
-        blocks = full_blocks(packed, B)
-        hashes = hash_chain(blocks)
-        hits: list[int] = []
-        num_revived = 0
-        if self.enable_prefix_caching:
-            for block_hash in hashes[: (n - 1) // B]:
-                block_id = self.pool.hash_to_block.get(block_hash)
-                if block_id is None:
-                    break
-                hits.append(block_id)
-                if self.pool.ref_count[block_id] == 0:
-                    num_revived += 1
-        return _Plan(blocks, hashes, hits, -(-n // B) - len(hits), num_revived)
+    def _lookup(self, packed: array) -> PrefixMatch:
+        """The longest cached prefix of ``packed``, for at most ``ceil(n/B) - 1`` blocks: the prompt's
+        last token is always computed, so its block is never a shared one. Changes nothing."""
+        return self.index.lookup(packed, max(len(packed) - 1, 0) // self.block_size)
 
-    def _publish(self, seq: _SeqBlocks, num_blocks: int) -> None:
-        """Offer the sequence's first ``num_blocks`` full blocks (``<= len(block_hashes)``) to the cache."""
-        if self.enable_prefix_caching:
-            for i in range(seq.num_published_blocks, num_blocks):
-                self.pool.cache(seq.block_table[i], seq.block_hashes[i])
-        seq.num_published_blocks = max(seq.num_published_blocks, num_blocks)
+    def _publish(self, seq_id: SeqId, seq: _SeqBlocks, num_blocks: int, dedupe: bool) -> list[BlockEvent]:
+        """Offer the sequence's first ``num_blocks`` full blocks (``<= num_full``) to the cache.
+
+        With ``dedupe`` (their K/V is written), a block whose tokens the index already holds in
+        another block is swapped for the cached copy and released: ``seq.block_table`` changes
+        here, so read block tables only after publishing. Returns the events to deliver."""
+        if num_blocks <= seq.num_published_blocks:
+            return []
+        end, replaced = self.index.publish(seq.key, seq.block_table, seq.num_published_blocks, num_blocks,
+                                           self.pool.token_ids, self.pool.ref_count, dedupe)
+        seq.num_published_blocks = max(seq.num_published_blocks, end)
+        events = []
+        for i, cached in replaced:  # computed twice: hold the cache's copy, drop our own
+            own = seq.block_table[i]
+            self.pool.share([cached])
+            self.pool.release([own])
+            seq.block_table[i] = cached
+            if self._subscribers.callbacks:
+                events.append(BlockEvent("replace", seq_id, [own, cached]))
+        return events
 
     # -- operations ----------------------------------------------------------------------------
     def allocate(self, seq_id: SeqId, token_ids: Sequence[int], *, record_stats: bool = True) -> list[int]:
@@ -233,36 +238,38 @@ class BlockAllocator(SequenceLookup):
 
         Returns the block table, ``ceil(n/B)`` blocks. Raises :class:`OutOfBlocksError` (nothing
         changed) when the pool cannot supply the fresh blocks. ``record_stats=False`` (a swap-in,
-        whose prompt was counted at its first admission) leaves :attr:`stats` alone.
+        whose prompt was counted at its first admission, or a preempted sequence's re-admission,
+        which its scheduler records apart) leaves :attr:`stats` alone.
         """
         new_id("sequence id", seq_id, self._seqs)
         packed = token_array("token_ids", token_ids)
         n, B = len(packed), self.block_size
         if n == 0:
             raise ValueError("cannot allocate an empty prompt: it needs at least one token")
-        plan = self._plan(packed)
-        available = self.pool.num_free - plan.num_revived
-        if plan.num_fresh > available:
+        match = self._lookup(packed)
+        hits = match.block_ids
+        num_fresh = -(-n // B) - len(hits)
+        available = self.pool.num_free - match.num_evictable
+        if num_fresh > available:
             raise OutOfBlocksError(
-                f"sequence {seq_id!r} needs {plan.num_fresh} free blocks for {n} tokens "
-                f"({len(plan.hits)} cached), only {available} available"
+                f"sequence {seq_id!r} needs {num_fresh} free blocks for {n} tokens "
+                f"({len(hits)} cached), only {available} available"
             )
 
         # Commit: nothing below can fail.
-        hits = plan.hits
+        key = self.index.lock(match)  # before taking fresh blocks, so the hit cannot be evicted
         self.pool.share(hits)
-        fresh, evicted = self.pool.take(plan.num_fresh)
+        fresh, evicted = self.pool.take(num_fresh)
         table = hits + fresh
-        for i in range(len(hits), len(plan.blocks)):  # the full blocks' tokens (hits hold theirs already)
-            self.pool.token_ids[table[i]] = plan.blocks[i]
+        num_full = n // B
+        for i in range(len(hits), num_full):  # the full blocks' tokens (hits hold theirs already)
+            self.pool.token_ids[table[i]] = packed[i * B:(i + 1) * B]
         num_cached = len(hits) * B
-        seq = _SeqBlocks(table, packed[len(plan.blocks) * B:], plan.hashes, num_cached, len(hits))
+        seq = _SeqBlocks(table, packed[num_full * B:], num_full, key, num_cached, len(hits))
         self._seqs[seq_id] = seq
-        if not self._cache_when_computed:
-            self._publish(seq, len(plan.hashes))
+        published = self._publish(seq_id, seq, num_full, dedupe=False) if not self._cache_when_computed else ()
         if record_stats:
-            self.stats.queried_tokens += n
-            self.stats.hit_tokens += num_cached
+            self.stats.record(n, num_cached)
 
         if self._subscribers.callbacks:
             for block_id in evicted:
@@ -270,7 +277,9 @@ class BlockAllocator(SequenceLookup):
             if hits:
                 self._subscribers.deliver(BlockEvent("cache_hit", seq_id, list(hits), num_cached))
             self._subscribers.deliver(BlockEvent("allocate", seq_id, list(table), n))
-        return list(table)
+            for event in published:
+                self._subscribers.deliver(event)
+        return list(seq.block_table)
 
     def append(self, seq_id: SeqId, token_id: int) -> int:
         """Append one token; return its physical slot ``block_id * B + offset``.
@@ -290,11 +299,13 @@ class BlockAllocator(SequenceLookup):
             events = ()
         seq.tail.append(token_id)
         if offset == B - 1:
-            self._seal_last_block(seq)
-        slot = block_id * B + offset
+            published = self._seal_last_block(seq_id, seq)
+            if published:
+                events = [*events, *published]
+        slot = block_id * B + offset  # in our own block: an undeduped publish leaves the table alone
 
         if self._subscribers.callbacks:
-            for event in events:  # evict, copy_on_write: when a block was taken
+            for event in events:  # evict, copy_on_write: when a block was taken; replace: a publish
                 self._subscribers.deliver(event)
             self._subscribers.deliver(BlockEvent("append", seq_id, [block_id], 1, slot))
         return slot
@@ -323,29 +334,43 @@ class BlockAllocator(SequenceLookup):
                 events.append(BlockEvent("copy_on_write", seq_id, [shared, block_id]))
         return block_id, events
 
-    def _seal_last_block(self, seq: _SeqBlocks) -> None:
-        """``seq``'s last block just became full: its tokens move to the pool, the hash chain grows
-        by one, and the block is published unless the policy waits for :meth:`mark_computed`."""
-        parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
-        seq.block_hashes.append(extend_chain(parent, seq.tail))
+    def _seal_last_block(self, seq_id: SeqId, seq: _SeqBlocks) -> list[BlockEvent]:
+        """``seq``'s last block just became full: its tokens move to the pool, the index's key grows
+        by one block, and the block is published unless the policy waits for :meth:`mark_computed`.
+
+        Publishing at once, the caller has written the K/V of every token but the one this append
+        places: earlier blocks may be swapped for a cached copy, the last one is not (the slot just
+        handed out stays in the sequence's own block). Returns the events to deliver."""
+        self.index.extend(seq.key, seq.tail)
         self.pool.token_ids[seq.block_table[-1]], seq.tail = seq.tail, array("q")
-        if not self._cache_when_computed:
-            self._publish(seq, len(seq.block_hashes))
+        seq.num_full += 1
+        if self._cache_when_computed:
+            return []
+        events = []
+        if seq.num_published_blocks < seq.num_full - 1:  # an earlier block waits (radix: a duplicate)
+            events = self._publish(seq_id, seq, seq.num_full - 1, dedupe=True)
+        return events + self._publish(seq_id, seq, seq.num_full, dedupe=False)
 
     def mark_computed(self, seq_id: SeqId, num_computed_tokens: int) -> None:
-        """Record that the first ``num_computed_tokens`` tokens' K/V is written; publish their full blocks."""
+        """Record that the first ``num_computed_tokens`` tokens' K/V is written; publish their full blocks.
+
+        A published block the cache already holds in another block may be swapped for that copy
+        (the radix index does): read the block table *after* this call, never before."""
         seq = self._seq(seq_id)
         num_computed_tokens = integer(f"num_computed_tokens for sequence {seq_id!r}", num_computed_tokens,
                                       low=0, high=self._length(seq))
-        self._publish(seq, min(num_computed_tokens // self.block_size, len(seq.block_hashes)))
+        events = self._publish(seq_id, seq, min(num_computed_tokens // self.block_size, seq.num_full), dedupe=True)
+        for event in events:
+            self._subscribers.deliver(event)
 
     def fork(self, parent_id: SeqId, child_id: SeqId) -> list[int]:
         """A child that shares every block of its parent (parallel sampling, beam search)."""
         parent = self._seq(parent_id)
         new_id("sequence id", child_id, self._seqs)
         self.pool.share(parent.block_table)
-        self._seqs[child_id] = _SeqBlocks(list(parent.block_table), array("q", parent.tail), list(parent.block_hashes),
-                                          parent.num_cached_tokens, parent.num_published_blocks)
+        self._seqs[child_id] = _SeqBlocks(list(parent.block_table), array("q", parent.tail), parent.num_full,
+                                          self.index.fork(parent.key), parent.num_cached_tokens,
+                                          parent.num_published_blocks)
         if self._subscribers.callbacks:
             self._subscribers.deliver(BlockEvent("fork", child_id, list(parent.block_table), self._length(parent)))
         return list(parent.block_table)
@@ -354,9 +379,21 @@ class BlockAllocator(SequenceLookup):
         """Release a sequence. Blocks go tail first, so a prompt's tail is evicted before its head."""
         seq = self._seq(seq_id)
         del self._seqs[seq_id]
+        self.index.unlock(seq.key)
         self.pool.release(reversed(seq.block_table))
         if self._subscribers.callbacks:
             self._subscribers.deliver(BlockEvent("free", seq_id, list(seq.block_table), self._length(seq)))
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block that no live sequence holds (vLLM's ``reset_prefix_cache``, e.g.
+        after new weights make the cached K/V wrong): they become plain free blocks, one ``evict``
+        event each. Returns how many cached blocks it could not drop because sequences hold them
+        (0: nothing is cached any more)."""
+        dropped = self.pool.drop_cached()
+        if self._subscribers.callbacks:
+            for block_id in dropped:
+                self._subscribers.deliver(BlockEvent("evict", None, [block_id]))
+        return self.index.num_cached_blocks
 
     def __repr__(self) -> str:
         return (

@@ -1,25 +1,26 @@
-"""The physical blocks: reference counts, what each block holds, the free list and the prefix cache.
+"""The physical blocks: reference counts, what each block holds, and the free list.
 
 A :class:`BlockPool` knows nothing of sequences; :class:`~paged_edu.core.allocator.BlockAllocator`
-keeps the block tables and calls it. Each of the ``num_blocks`` blocks has
+keeps the block tables and calls it. Which blocks are *cached* (may be hit by a later prompt) is
+the business of a prefix index (:mod:`~paged_edu.core.prefix_index`: a hash chain or a radix
+tree) that the pool is given. Each of the ``num_blocks`` blocks has
 
 * ``ref_count[b]`` -- how many block tables hold it (0: free);
 * ``token_ids[b]`` -- once the block is full, the ``block_size`` token ids whose K/V it holds
   (``array('q')``), the content the paged KV cache holds as tensors: a shared block holds its tokens
-  once. ``None`` while it is not full (the sequence writing it keeps those tokens);
-* ``block_hash[b]`` -- the chained hash it is cached under (:mod:`~paged_edu.core.block_hash`), or
-  ``None``; ``hash_to_block`` is the reverse map, the prefix cache itself.
+  once. ``None`` while it is not full (the sequence writing it keeps those tokens).
 
 A free block (ref count 0) is in exactly one of two places: ``free_block_ids`` if it holds nothing
-reusable, or ``evictable`` if it is still cached -- its K/V can be hit again until the pool needs
-the block. :meth:`take` hands out never-cached blocks first, then evicts the least recently freed.
-Invariant: ``len(free_block_ids) + len(evictable) + (blocks with ref_count > 0) == num_blocks``.
+reusable, or the index's evictable blocks if it is still cached -- its K/V can be hit again until
+the pool needs the block. :meth:`take` hands out never-cached blocks first, then asks the index to
+evict. Invariant: ``len(free_block_ids) + index.num_evictable + (blocks with ref_count > 0) ==
+num_blocks``.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -32,61 +33,86 @@ class OutOfBlocksError(MemoryError):
 
 @dataclass(slots=True)
 class PrefixCacheStats:
-    """Prefix-cache statistics in tokens: how many prompt tokens were looked up, how many hit."""
+    """Prefix-cache statistics in tokens: how many prompt tokens were looked up, how many hit.
+
+    A preempted sequence that is recomputed looks its prompt up again and mostly hits its own
+    blocks, cached before it was preempted: that is no prefix reuse, so its lookups are counted
+    apart (``preempted_*``) and :attr:`hit_rate` reads only first admissions -- as vLLM v1's
+    ``PrefixCacheStats.record(num_tokens, num_hits, preempted)`` does (``vllm/v1/metrics/stats.py``).
+    """
 
     queried_tokens: int = 0
     hit_tokens: int = 0
+    requests: int = 0  # first admissions looked up
+    preempted_requests: int = 0  # re-admissions of preempted (recomputed) sequences
+    preempted_queries: int = 0  # their prompt tokens looked up
+    preempted_hits: int = 0  # ... and hit
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool = False) -> None:
+        """One admission's lookup: ``num_tokens`` looked up, ``num_hits`` found."""
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queried_tokens += num_tokens
+            self.hit_tokens += num_hits
 
     @property
     def hit_rate(self) -> float:
+        """Hits over lookups of first admissions: the prefix reuse."""
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+    @property
+    def preempted_hit_rate(self) -> float:
+        """Hits over lookups of preempted sequences' re-admissions."""
+        return self.preempted_hits / self.preempted_queries if self.preempted_queries else 0.0
 
 
 class BlockPool:
-    """``num_blocks`` blocks of ``block_size`` slots: ref counts, contents, free list, prefix cache."""
+    """``num_blocks`` blocks of ``block_size`` slots: ref counts, contents, free list, over one prefix index."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, index) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.index = index  # a prefix index (:mod:`~paged_edu.core.prefix_index`)
         self.ref_count: list[int] = [0] * num_blocks
         self.token_ids: list[array | None] = [None] * num_blocks  # None: not full
-        self.block_hash: list[bytes | None] = [None] * num_blocks
-        self.hash_to_block: dict[bytes, int] = {}
         self.free_block_ids: deque[int] = deque(range(num_blocks))  # hold nothing reusable
-        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, least recently freed first
 
     @property
     def num_free(self) -> int:
         """Blocks with ref count 0, evictable cached ones included."""
-        return len(self.free_block_ids) + len(self.evictable)
+        return len(self.free_block_ids) + self.index.num_evictable
 
     def take(self, n: int) -> tuple[list[int], list[int]]:
         """Hand out ``n`` empty blocks with ref count 1: ``(block ids, those evicted from the cache)``.
 
-        Never-cached blocks go first; then the least recently freed cached block is evicted (its hash
-        leaves the cache). Raises :class:`OutOfBlocksError`, changing nothing, if fewer are free.
+        Never-cached blocks go first; then the index evicts the cached blocks it would lose first.
+        Raises :class:`OutOfBlocksError`, changing nothing, if fewer are free.
         """
         if n > self.num_free:
             raise OutOfBlocksError(f"need {n} free blocks, only {self.num_free} available")
-        taken, evicted = [], []
-        for _ in range(n):
-            if self.free_block_ids:
-                block_id = self.free_block_ids.popleft()
-            else:
-                block_id, _ = self.evictable.popitem(last=False)
-                del self.hash_to_block[self.block_hash[block_id]]
-                self.block_hash[block_id] = None
-                evicted.append(block_id)
+        free = self.free_block_ids
+        if n == 1 and free:  # an append's new block: the common case
+            block_id = free.popleft()
             self.ref_count[block_id] = 1
             self.token_ids[block_id] = None
-            taken.append(block_id)
+            return [block_id], []
+        taken = [free.popleft() for _ in range(min(n, len(free)))]
+        evicted = self.index.evict(n - len(taken)) if len(taken) < n else []
+        taken += evicted
+        for block_id in taken:
+            self.ref_count[block_id] = 1
+            self.token_ids[block_id] = None
         return taken, evicted
 
     def share(self, block_ids: Iterable[int]) -> None:
-        """One more block table holds each of ``block_ids``; a cached free one leaves ``evictable``."""
+        """One more block table holds each of ``block_ids``; a cached free one stops being evictable."""
         for block_id in block_ids:
-            if self.ref_count[block_id] == 0:
-                del self.evictable[block_id]
+            if self.ref_count[block_id] == 0 and self.index.is_cached(block_id):
+                self.index.on_share(block_id)
             self.ref_count[block_id] += 1
 
     def release(self, block_ids: Iterable[int]) -> None:
@@ -95,14 +121,15 @@ class BlockPool:
         for block_id in block_ids:
             self.ref_count[block_id] -= 1
             if self.ref_count[block_id] == 0:
-                if self.block_hash[block_id] is not None:
-                    self.evictable[block_id] = None
+                if self.index.is_cached(block_id):
+                    self.index.on_free(block_id)
                 else:
                     self.free_block_ids.append(block_id)
 
-    def cache(self, block_id: int, block_hash: bytes) -> None:
-        """Publish a full block under its chained hash. The first writer wins: a block whose hash is
-        already cached (the same prefix computed twice) stays uncached."""
-        if block_hash not in self.hash_to_block:
-            self.hash_to_block[block_hash] = block_id
-            self.block_hash[block_id] = block_hash
+    def drop_cached(self) -> list[int]:
+        """Evict every cached block no table holds into the free list; returns them."""
+        dropped = self.index.evict(self.index.num_evictable)
+        for block_id in dropped:
+            self.token_ids[block_id] = None
+        self.free_block_ids.extend(dropped)
+        return dropped

@@ -62,17 +62,20 @@ class RadixTree:
         # Eviction candidates, (last_access, id, node), pushed whenever a node becomes an unlocked
         # leaf; an entry gone stale (the node got children, was locked, touched or removed) is
         # skipped when popped -- so evicting costs O(log n) per block, not a walk over the tree.
+        # When stale entries outnumber the nodes the heap is rebuilt from the live ones, so it holds
+        # at most ``2 * num_nodes + 64`` entries however many requests touch the tree.
         self._candidates: list[tuple[int, int, RadixNode]] = []
+        self.num_nodes = 0  # below the root
 
     def _child_key(self, packed: array, block: int) -> bytes:
         B = self.block_size
         return packed[block * B:(block + 1) * B].tobytes()
 
-    def match(self, packed: array, max_blocks: int) -> list[tuple[RadixNode, int]]:
-        """The path of the longest cached prefix of ``packed`` (at most ``max_blocks`` blocks):
-        ``[(node, blocks of its edge matched), ...]``; only the last may be matched in part.
-        Changes nothing."""
-        path, node, pos = [], self.root, 0
+    def match(self, packed: array, max_blocks: int, below: RadixNode | None = None) -> list[tuple[RadixNode, int]]:
+        """The path of the longest cached prefix of ``packed`` (at most ``max_blocks`` blocks) below
+        ``below`` (the root by default): ``[(node, blocks of its edge matched), ...]``; only the last
+        may be matched in part. Changes nothing."""
+        path, node, pos = [], below or self.root, 0
         while pos < max_blocks:
             child = node.children.get(self._child_key(packed, pos))
             if child is None:
@@ -93,6 +96,7 @@ class RadixTree:
         B = self.block_size
         upper = RadixNode(node.key[: m * B], node.blocks[:m], node.parent)
         upper.lock_ref, upper.last_access = node.lock_ref, node.last_access
+        self.num_nodes += 1
         node.parent.children[upper.key[:B].tobytes()] = upper
         node.key, node.blocks, node.parent = node.key[m * B:], node.blocks[m:], upper
         upper.children[node.key[:B].tobytes()] = node
@@ -124,6 +128,7 @@ class RadixTree:
                 leaf = RadixNode(packed[pos * B: n * B], blocks[pos:], node)
                 leaf.last_access = self.clock
                 node.children[leaf.key[:B].tobytes()] = leaf
+                self.num_nodes += 1
                 self.num_evictable += n - pos  # unlocked until the caller locks it
                 self._push(leaf)
                 return leaf, blocks[pos:], replaced
@@ -136,10 +141,13 @@ class RadixTree:
         self._stamp(node)
         return node, [], replaced
 
-    def touch(self, path: list[tuple[RadixNode, int]]) -> None:
+    def touch(self, node: RadixNode) -> None:
+        """A hit ended at ``node`` (after :meth:`settle`): stamp it and its ancestors used now --
+        the matched half of a split edge, never the unused tail below it."""
         self.clock += 1
-        for node, _ in path:
+        while node is not self.root:
             self._stamp(node)
+            node = node.parent
 
     def _stamp(self, node: RadixNode) -> None:
         """Mark ``node`` used now; an unlocked leaf's old heap entry goes stale, so push a new one."""
@@ -164,7 +172,12 @@ class RadixTree:
             node = node.parent
 
     def _push(self, node: RadixNode) -> None:
-        heapq.heappush(self._candidates, (node.last_access, id(node), node))
+        heap = self._candidates
+        if len(heap) >= 2 * self.num_nodes + 64:  # mostly stale: keep one live entry per candidate
+            live = {entry[1]: entry for entry in heap if self._is_candidate(entry)}
+            heap[:] = live.values()
+            heapq.heapify(heap)
+        heapq.heappush(heap, (node.last_access, id(node), node))
 
     def _is_candidate(self, entry: tuple[int, int, RadixNode]) -> bool:
         last_access, _, node = entry
@@ -191,6 +204,7 @@ class RadixTree:
                 parent = leaf.parent
                 del parent.children[edge]
                 leaf.parent = None  # removed: its stale entries are skipped
+                self.num_nodes -= 1
                 if not parent.children and parent.lock_ref == 0 and parent is not self.root:
                     self._push(parent)
             else:

@@ -50,7 +50,7 @@ from paged_edu.engine import offline
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
 from paged_edu.engine.requests import check_max_model_len, check_request
 from paged_edu.engine.runner import ModelRunner
-from paged_edu.sched.memory_manager import MemoryManager
+from paged_edu.sched.memory_manager import MemoryManager, is_empty
 from paged_edu.engine.sampling import Sampler, SamplingParams, rows_to_sample, tokens_by_sequence
 from paged_edu.sched.scheduler import Scheduler
 from paged_edu.sched.sequence import Sequence as Seq
@@ -119,6 +119,9 @@ class Engine:
             num_blocks, block_size, enable_prefix_caching, cache_when_computed=True)
         if (a.num_blocks, a.block_size, a.num_free_blocks) != (num_blocks, block_size, num_blocks):
             raise ValueError(f"allocator must be an empty pool of num_blocks={num_blocks} x block_size={block_size}")
+        if not is_empty(a):
+            raise ValueError(f"allocator still caches {a.num_cached_blocks} blocks whose K/V is in another engine's "
+                             f"KV cache, not this one's: pass a new allocator, or call its reset_prefix_cache() first")
         self.scheduler = Scheduler(
             self.allocator, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             enable_chunked_prefill=enable_chunked_prefill, preemption_mode=preemption_mode,

@@ -18,15 +18,21 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["CacheStats", "MemoryManager", "publishes_before_computed"]
+__all__ = ["CacheStats", "MemoryManager", "is_empty", "publishes_before_computed"]
 
 
 @runtime_checkable
 class CacheStats(Protocol):
-    """Prefix-cache counters: the share of looked-up prompt tokens that hit the cache."""
+    """Prefix-cache counters: the share of looked-up prompt tokens that hit the cache.
+
+    ``record(num_tokens, num_hits, preempted=True)`` is how the scheduler counts a preempted
+    sequence's re-admission apart (the manager records first admissions itself); see
+    :class:`~paged_edu.core.block_pool.PrefixCacheStats`."""
 
     @property
     def hit_rate(self) -> float: ...
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool = False) -> None: ...
 
 
 @runtime_checkable
@@ -84,3 +90,13 @@ def publishes_before_computed(manager: MemoryManager) -> bool:
     ``cache_when_computed=True``; managers without a prefix cache never publish anything.
     """
     return bool(getattr(manager, "enable_prefix_caching", False)) and not getattr(manager, "cache_when_computed", True)
+
+
+def is_empty(manager: MemoryManager) -> bool:
+    """Does ``manager`` hold no sequence and cache nothing -- every block free *and* uncached?
+
+    A prefix cache's evictable blocks count as free but keep their K/V's names: an engine that
+    starts on such a manager would hit K/V that exists only in another engine's KV cache. Managers
+    without a prefix cache have no ``num_cached_blocks`` and cache nothing.
+    """
+    return manager.num_free_blocks == manager.num_blocks and getattr(manager, "num_cached_blocks", 0) == 0

@@ -255,12 +255,15 @@ class Scheduler:
                 seq = self.waiting[0]
                 if not chunked and seq.num_tokens > budget:
                     break
+                readmitted = seq.num_preemptions > 0  # recomputed: its hits are its own blocks, no reuse
                 try:
-                    allocator.allocate(seq.seq_id, seq.token_ids)
+                    allocator.allocate(seq.seq_id, seq.token_ids, record_stats=not readmitted)
                 except OutOfBlocksError:
                     break
                 self.waiting.popleft()
                 cached = allocator.num_cached_tokens(seq.seq_id)
+                if readmitted:
+                    allocator.stats.record(seq.num_tokens, cached, preempted=True)
                 seq.num_cached_tokens = cached
                 seq.num_computed_tokens = cached
                 seq.num_placed_tokens = seq.num_tokens
@@ -282,7 +285,7 @@ class Scheduler:
         (nothing changed) when the pool is too full."""
         allocator = self.allocator
         try:
-            table = allocator.allocate(seq.seq_id, seq.token_ids[: seq.num_placed_tokens], record_stats=False)
+            allocator.allocate(seq.seq_id, seq.token_ids[: seq.num_placed_tokens], record_stats=False)
         except OutOfBlocksError:
             return False
         if seq.num_placed_tokens < seq.num_tokens:  # its pending token needs a slot too
@@ -292,12 +295,13 @@ class Scheduler:
                 allocator.free(seq.seq_id)
                 return False
             seq.num_placed_tokens += 1
-            table = allocator.block_table(seq.seq_id)
         # Leading blocks hit in the prefix cache are shared and already hold their K/V: never
         # recompute (write) into them, even when this sequence had computed less before its swap.
         num_cached = allocator.num_cached_tokens(seq.seq_id)
         seq.num_computed_tokens = max(seq.num_computed_tokens, num_cached)
         allocator.mark_computed(seq.seq_id, seq.num_computed_tokens)  # its K/V is copied back first
+        # Publish, then read the table: publishing may swap a block for the cache's copy (radix).
+        table = allocator.block_table(seq.seq_id)
         self._record_copies(out)
         for cpu, gpu in self.swap_space.swap_in(seq.seq_id, table, num_cached // allocator.block_size):
             out.blocks_to_swap_in.append((cpu, gpu))
