@@ -110,13 +110,15 @@ def lab(tmp_path_factory):
 
 
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook tab on show
-# The status bar's kernel item reads "<kernel name> | <status>".
-KERNEL_IDLE = """() => [...document.querySelectorAll('#jp-main-statusbar .jp-StatusBar-TextItem')]
-  .some(e => /\\| Idle$/.test(e.textContent.trim()))"""
+# The lesson's kernel is idle: the status bar's kernel item ("Change kernel for <lesson>") reads
+# "<kernel name> | Idle"; and its code cells are on show.
+KERNEL_IDLE = f"""(lesson) => [...document.querySelectorAll('#jp-main-statusbar .jp-StatusBar-TextItem')]
+  .some(e => (e.title || '').endsWith(lesson) && /\\| Idle$/.test(e.textContent.trim()))
+  && document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt').length > 0"""
 # Every code cell shows an execution count ("[*]" while queued or running) and the kernel is idle.
-ALL_RAN = f"""() => {{
+ALL_RAN = f"""(lesson) => {{
   const prompts = [...document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt')].map(e => e.textContent);
-  return prompts.length > 0 && prompts.every(t => /\\[\\d+\\]/.test(t)) && ({KERNEL_IDLE})();
+  return prompts.every(t => /\\[\\d+\\]/.test(t)) && ({KERNEL_IDLE})(lesson);
 }}"""
 # Two animation frames: what changed in the page has been painted (before a screenshot).
 PAINTED = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => done(true))))"
@@ -177,10 +179,10 @@ def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
     try:
         # A workspace of its own (?reset), so no tab of an earlier lesson is restored beside it.
         page.goto(f"{url}/lab/workspaces/{Path(lesson).stem}/tree/notebooks/{lesson}?reset", wait_until="domcontentloaded")
-        page.wait_for_function(KERNEL_IDLE, polling=500)
+        page.wait_for_function(KERNEL_IDLE, arg=lesson, polling=500)
         page.locator(".lm-MenuBar-item", has_text="Run").first.click()
         page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
-        page.wait_for_function(ALL_RAN, polling=500)
+        page.wait_for_function(ALL_RAN, arg=lesson, polling=500)
         for selector in (".jupyter-widgets", ".widget-slider", ".js-plotly-plot"):
             page.wait_for_selector(f"{PANEL} {selector}")
         # Widget figures are drawn once their models sync, which can lag the cell that made them.
@@ -200,9 +202,11 @@ def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
 
         # Saved: the lesson's tab loses its unsaved mark (jp-mod-dirty) once the server has written the file.
         tab = f"#jp-main-dock-panel .lm-TabBar-tab:has-text('{lesson}')"
-        assert "jp-mod-dirty" in page.locator(tab).get_attribute("class"), "running the lesson left nothing to save"
         page.keyboard.press("Control+s")
         page.locator(f"{tab}:not(.jp-mod-dirty)").wait_for()
+    except BaseException:   # a wait that ran out (or the hang guard): show where the page was
+        page.screenshot(path=str(SHOTS / f"{Path(lesson).stem}_failed.png"), timeout=60_000)
+        raise
     finally:
         page.close()
     assert (root / "notebooks" / lesson).stat().st_mtime_ns != stored, "the notebook was not saved"
