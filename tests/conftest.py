@@ -1,4 +1,11 @@
-"""Test set-up: Triton's interpreter on machines without a GPU, the markers, and the hang guard.
+"""Test set-up: one CPU thread, Triton's interpreter on machines without a GPU, the markers, and the
+hang guard.
+
+``OMP_NUM_THREADS=1`` (unless set): the suite's CPU work is small ops (a tiny model, a few tokens a
+step), where torch's OpenMP threads only spin-wait for each other -- and on a 2-core machine doing
+other work that spinning made the same tests 5-20x slower (lesson 6's pressure run: 36 s with two
+threads, 1.9 s with one). The kernels that nbval, papermill and JupyterLab start inherit it; results
+are the same (both sides of every engine-vs-transformers comparison run with it).
 
 ``TRITON_INTERPRET`` is read when a kernel is *decorated*, so it must be set before any
 ``paged_edu.kernels`` import -- here, before pytest imports the test modules.
@@ -11,8 +18,10 @@ start (unless given on the command line), and the wait for each output message a
 import os
 import shutil
 
-import pytest
-from hang_guard import HANG_GUARD_S
+os.environ.setdefault("OMP_NUM_THREADS", "1")   # before torch is imported (it reads it once)
+
+import pytest  # noqa: E402
+from hang_guard import HANG_GUARD_S  # noqa: E402
 
 
 def _has_cuda() -> bool:
