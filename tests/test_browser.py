@@ -128,6 +128,11 @@ PLOTS_DRAWN = """() => {
 }"""
 PLOT_DATA = """() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .js-plotly-plot')].map(
   p => JSON.stringify((p.data || []).map(t => [t.x, t.y, t.z, t.text])))"""
+# What the conditions above look at, printed when a wait runs out.
+STATE = f"""(lesson) => ({{kernel_idle: ({KERNEL_IDLE})(lesson), all_ran: ({ALL_RAN})(lesson), plots_drawn: ({PLOTS_DRAWN})(),
+  not_run: [...document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt')].map(e => e.textContent).filter(t => !/\\[\\d+\\]/.test(t)),
+  plot_traces: [...document.querySelectorAll('{PANEL} .js-plotly-plot')].map(p => (p.data || []).length),
+  status: [...document.querySelectorAll('#jp-main-statusbar .jp-StatusBar-TextItem')].map(e => e.title + ': ' + e.textContent)}})"""
 
 
 def _select(label: str):
@@ -206,6 +211,7 @@ def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
         page.locator(f"{tab}:not(.jp-mod-dirty)").wait_for()
     except BaseException:   # a wait that ran out (or the hang guard): show where the page was
         page.screenshot(path=str(SHOTS / f"{Path(lesson).stem}_failed.png"), timeout=60_000)
+        print("page state:", page.evaluate(STATE, lesson))
         raise
     finally:
         page.close()
