@@ -27,6 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "build" / "site"
 SHOTS = ROOT / "build" / "site-shots"
 LESSONS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+# pytest-timeout's limit for the tests that use ``site``: the first of them builds it (every lesson
+# executed on the CPU, then Sphinx), longer than the per-test guard. Each cell's run is bounded by
+# HANG_GUARD_S (papermill's execution timeout); this bounds the whole: one guard per lesson, one for Sphinx.
+SITE_BUILD_GUARD_S = (len(LESSONS) + 1) * HANG_GUARD_S
 
 sys.path.insert(0, str(ROOT / "scripts"))
 try:
@@ -176,6 +180,7 @@ def _ids(html_text: str) -> set[str]:
 
 
 @needs_chromium
+@pytest.mark.timeout(SITE_BUILD_GUARD_S)
 def test_every_page_loads_clean_and_every_internal_link_and_image_resolves(site, url, browser):
     pages = _pages(site)
     assert {"index.html", "search.html"} | {f"lessons/{name}.html" for name in LESSONS} <= set(pages)
@@ -208,6 +213,7 @@ def test_every_page_loads_clean_and_every_internal_link_and_image_resolves(site,
 
 
 @needs_chromium
+@pytest.mark.timeout(SITE_BUILD_GUARD_S)
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_lesson_page_draws_plotly_typesets_math_and_folds_solutions(site, url, browser, lesson):
     page, problems = _open(browser, url, f"lessons/{lesson}.html")
@@ -262,6 +268,7 @@ def test_lesson_page_draws_plotly_typesets_math_and_folds_solutions(site, url, b
 
 
 @needs_chromium
+@pytest.mark.timeout(SITE_BUILD_GUARD_S)
 def test_landing_page_search_and_next_previous(site, url, browser):
     page, problems = _open(browser, url, "index.html")
     try:
