@@ -210,7 +210,7 @@ def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
         page.keyboard.press("Control+s")
         page.locator(f"{tab}:not(.jp-mod-dirty)").wait_for()
     except BaseException:   # a wait that ran out (or the hang guard): show where the page was
-        page.screenshot(path=str(SHOTS / f"{Path(lesson).stem}_failed.png"), timeout=60_000)
+        page.screenshot(path=str(SHOTS / f"{Path(lesson).stem}_failed.png"))
         print("page state:", page.evaluate(STATE, lesson))
         raise
     finally:
