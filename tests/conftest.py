@@ -1,13 +1,27 @@
-"""Test set-up: Triton's interpreter on machines without a GPU, and the markers.
+"""Test set-up: one CPU thread, Triton's interpreter on machines without a GPU, the markers, and the
+hang guard.
+
+``OMP_NUM_THREADS=1`` (unless set): the suite's CPU work is small ops (a tiny model, a few tokens a
+step), where torch's OpenMP threads only spin-wait for each other -- and on a 2-core machine doing
+other work that spinning made the same tests 5-20x slower (lesson 6's pressure run: 36 s with two
+threads, 1.9 s with one). The kernels that nbval, papermill and JupyterLab start inherit it; results
+are the same (both sides of every engine-vs-transformers comparison run with it).
 
 ``TRITON_INTERPRET`` is read when a kernel is *decorated*, so it must be set before any
 ``paged_edu.kernels`` import -- here, before pytest imports the test modules.
+
+nbval's own waits come from ``hang_guard.HANG_GUARD_S`` (see there): a cell's run and a kernel's
+start (unless given on the command line), and the wait for each output message after a cell's reply
+(nbval's fixed 5 s, after which it stops the kernel and every later cell of the lesson fails).
 """
 
 import os
 import shutil
 
-import pytest
+os.environ.setdefault("OMP_NUM_THREADS", "1")   # before torch is imported (it reads it once)
+
+import pytest  # noqa: E402
+from hang_guard import HANG_GUARD_S  # noqa: E402
 
 
 def _has_cuda() -> bool:
@@ -23,7 +37,21 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_configure(config):
+    per_test = float(config.getini("timeout") or 0) if config.pluginmanager.hasplugin("timeout") else 0
+    if per_test and per_test < 2 * HANG_GUARD_S:
+        raise pytest.UsageError(f"pytest-timeout's timeout = {per_test:g} s must be at least twice "
+                                f"HANG_GUARD_S = {HANG_GUARD_S} s (tests/hang_guard.py says why)")
+    for option, flag in (("nbval_cell_timeout", "--nbval-cell-timeout"),
+                         ("nbval_kernel_startup_timeout", "--nbval-kernel-startup-timeout")):
+        if hasattr(config.option, option) and not any(a.startswith(flag) for a in config.invocation_params.args):
+            setattr(config.option, option, HANG_GUARD_S)
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if type(item).__name__ == "IPyNbCell":   # nbval's cell item: its output wait is an attribute
+            item.output_timeout = HANG_GUARD_S
     if HAS_CUDA:
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the GPU machine)")

@@ -6,6 +6,10 @@ interact -- one entry per lesson in ``INTERACTIONS`` (lesson 1 picks another mod
 and 3 click a button, 4 steps the online softmax, 5 steps the engine) -- and check that a plot's data changed in the page (browser -> kernel -> browser). The notebook is then saved and its
 outputs read back: no cell may hold an error. Screenshots go to ``build/browser/``.
 
+Every wait is for a condition -- the kernel idle and every cell's execution count set, the plots' data
+drawn, a plot's data changed, the tab no longer marked unsaved -- bounded only by the hang guard
+(``hang_guard.HANG_GUARD_S``), never a guess at how fast the machine is.
+
 JupyterLab runs on 127.0.0.1 with throw-away JUPYTER_* and IPYTHONDIR folders, over a copy of
 ``notebooks/`` (saving never touches the repository), and is stopped by its process id. Chromium is
 ``/usr/bin/chromium`` (never ``playwright install``); the test is skipped only when it is absent.
@@ -24,14 +28,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from browser_helpers import HAS_CHROMIUM, SKIP_REASON, browser, free_port as _free_port  # noqa: F401 (a fixture)
+from browser_helpers import HAS_CHROMIUM, SKIP_REASON, browser, new_page  # noqa: F401 (a fixture)
+from browser_helpers import free_port as _free_port
+from hang_guard import HANG_GUARD_S
 
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "build" / "browser"
 LESSONS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-RUN_TIMEOUT_S = 150
 
 if not HAS_CHROMIUM:
     pytest.skip(SKIP_REASON, allow_module_level=True)
@@ -86,16 +91,18 @@ def lab(tmp_path_factory):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(120):
+        deadline = time.monotonic() + HANG_GUARD_S   # until the server answers (or exits)
+        while True:
             try:
-                urllib.request.urlopen(f"{url}/api/status", timeout=2)
+                urllib.request.urlopen(f"{url}/api/status", timeout=max(1.0, deadline - time.monotonic()))
                 break
             except OSError:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"JupyterLab exited: {(tmp / 'lab.log').read_text()[-2000:]}")
+                    raise RuntimeError(f"JupyterLab exited: {(tmp / 'lab.log').read_text()[-2000:]}") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"JupyterLab did not answer within the hang guard ({HANG_GUARD_S} s): "
+                                       f"{(tmp / 'lab.log').read_text()[-2000:]}") from None
                 time.sleep(0.5)
-        else:
-            raise RuntimeError("JupyterLab did not answer within 60 s")
         yield url, root
     finally:
         _stop(proc)
@@ -103,17 +110,29 @@ def lab(tmp_path_factory):
 
 
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook tab on show
-ALL_RAN = """() => {
-  const prompts = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt')]
-    .map(e => e.textContent);
-  return prompts.length > 0 && prompts.every(t => /\\[\\d+\\]/.test(t));
-}"""
+# The lesson's kernel is idle: the status bar's kernel item ("Change kernel for <lesson>") reads
+# "<kernel name> | Idle"; and its code cells are on show.
+KERNEL_IDLE = f"""(lesson) => [...document.querySelectorAll('#jp-main-statusbar .jp-StatusBar-TextItem')]
+  .some(e => (e.title || '').endsWith(lesson) && /\\| Idle$/.test(e.textContent.trim()))
+  && document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt').length > 0"""
+# Every code cell shows an execution count ("[*]" while queued or running) and the kernel is idle.
+ALL_RAN = f"""(lesson) => {{
+  const prompts = [...document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt')].map(e => e.textContent);
+  return prompts.every(t => /\\[\\d+\\]/.test(t)) && ({KERNEL_IDLE})(lesson);
+}}"""
+# Two animation frames: what changed in the page has been painted (before a screenshot).
+PAINTED = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => done(true))))"
 PLOTS_DRAWN = """() => {
   const plots = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .js-plotly-plot')];
   return plots.length > 0 && plots.every(p => (p.data || []).length > 0);
 }"""
 PLOT_DATA = """() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .js-plotly-plot')].map(
   p => JSON.stringify((p.data || []).map(t => [t.x, t.y, t.z, t.text])))"""
+# What the conditions above look at, printed when a wait runs out.
+STATE = f"""(lesson) => ({{kernel_idle: ({KERNEL_IDLE})(lesson), all_ran: ({ALL_RAN})(lesson), plots_drawn: ({PLOTS_DRAWN})(),
+  not_run: [...document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt')].map(e => e.textContent).filter(t => !/\\[\\d+\\]/.test(t)),
+  plot_traces: [...document.querySelectorAll('{PANEL} .js-plotly-plot')].map(p => (p.data || []).length),
+  status: [...document.querySelectorAll('#jp-main-statusbar .jp-StatusBar-TextItem')].map(e => e.title + ': ' + e.textContent)}})"""
 
 
 def _select(label: str):
@@ -160,36 +179,43 @@ def _interact(page, lesson: str) -> None:
 def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
     url, root = lab
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = new_page(browser, viewport={"width": 1400, "height": 1000})   # every wait: its condition or the hang guard
+    stored = (root / "notebooks" / lesson).stat().st_mtime_ns
     try:
         # A workspace of its own (?reset), so no tab of an earlier lesson is restored beside it.
         page.goto(f"{url}/lab/workspaces/{Path(lesson).stem}/tree/notebooks/{lesson}?reset", wait_until="domcontentloaded")
-        page.wait_for_selector("text=| Idle", timeout=90_000)
+        page.wait_for_function(KERNEL_IDLE, arg=lesson, polling=500)
         page.locator(".lm-MenuBar-item", has_text="Run").first.click()
         page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
-        page.wait_for_function(ALL_RAN, timeout=RUN_TIMEOUT_S * 1000, polling=500)
+        page.wait_for_function(ALL_RAN, arg=lesson, polling=500)
         for selector in (".jupyter-widgets", ".widget-slider", ".js-plotly-plot"):
-            page.wait_for_selector(f"{PANEL} {selector}", timeout=30_000)
-        # Widget figures are drawn once their models sync; on a loaded machine that can lag the cell.
-        page.wait_for_function(PLOTS_DRAWN, timeout=90_000, polling=500)
+            page.wait_for_selector(f"{PANEL} {selector}")
+        # Widget figures are drawn once their models sync, which can lag the cell that made them.
+        page.wait_for_function(PLOTS_DRAWN, polling=500)
         assert page.locator(f"{PANEL} .js-plotly-plot").count() >= 2
         assert page.locator(f"{PANEL} .jp-OutputArea-output .jupyter-widgets").count() >= 1
         widget_box = page.locator(f"{PANEL} .jp-OutputArea-output .jupyter-widgets").first
         widget_box.scroll_into_view_if_needed()
-        page.wait_for_timeout(500)
+        page.wait_for_function(PAINTED)
         page.screenshot(path=str(SHOTS / f"{Path(lesson).stem}.png"))
 
         before = page.evaluate(PLOT_DATA)
         _interact(page, lesson)
-        page.wait_for_function(f"(before) => ({PLOT_DATA})().some((d, i) => d !== before[i])", arg=before,
-                               timeout=30_000, polling=200)
-        page.wait_for_timeout(500)
+        page.wait_for_function(f"(before) => ({PLOT_DATA})().some((d, i) => d !== before[i])", arg=before, polling=200)
+        page.wait_for_function(PAINTED)
         page.screenshot(path=str(SHOTS / f"{Path(lesson).stem}_after_click.png"))
 
+        # Saved: the lesson's tab loses its unsaved mark (jp-mod-dirty) once the server has written the file.
+        tab = f"#jp-main-dock-panel .lm-TabBar-tab:has-text('{lesson}')"
         page.keyboard.press("Control+s")
-        page.wait_for_timeout(1500)
+        page.locator(f"{tab}:not(.jp-mod-dirty)").wait_for()
+    except BaseException:   # a wait that ran out (or the hang guard): show where the page was
+        page.screenshot(path=str(SHOTS / f"{Path(lesson).stem}_failed.png"))
+        print("page state:", page.evaluate(STATE, lesson))
+        raise
     finally:
         page.close()
+    assert (root / "notebooks" / lesson).stat().st_mtime_ns != stored, "the notebook was not saved"
     saved = json.loads((root / "notebooks" / lesson).read_text())
     errors = [o for c in saved["cells"] if c["cell_type"] == "code"
               and "raises-exception" not in c.get("metadata", {}).get("tags", [])  # meant to fail (lesson 4)

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import torch
+from hang_guard import HANG_GUARD_S
 
 from paged_edu.kernels import (
     paged_attention_decode,
@@ -392,7 +393,8 @@ def test_prefill_errors():
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": ROOT, **env}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
+                          timeout=HANG_GUARD_S)
 
 
 # For the scripts below (decode imported as f): one sequence of s = 1, q (1, 2, 16) over a cache of

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hang_guard import HANG_GUARD_S
 
 from paged_edu.lessons import setup as S
 
@@ -69,7 +70,8 @@ def test_run_lessons_refuses_an_unknown_parameter_before_running(tmp_path, capsy
 
 def test_run_lessons_reports_a_bad_value_by_name(tmp_path, capsys):
     """num_requests 0 was a ZeroDivisionError in lesson 2; now the set-up cell refuses it."""
-    code = run_lessons.main(["--only", "02_", "--device", "cpu", "--out", str(tmp_path), "-p", "num_requests", "0"])
+    code = run_lessons.main(["--only", "02_", "--device", "cpu", "--out", str(tmp_path),
+                             "--timeout", str(HANG_GUARD_S), "-p", "num_requests", "0"])
     assert code == 1
     record = json.loads((tmp_path / "summary.json").read_text())[0]
     assert "num_requests=0 is out of range" in record["error"] and "ZeroDivision" not in record["error"]
@@ -100,11 +102,11 @@ def test_a_lesson_whose_only_error_is_meant_runs_ok_without_papermills_error_ban
     src = tmp_path / "99_meant.ipynb"
     nbformat.write(nb, src)
     (tmp_path / "out").mkdir(), (tmp_path / "out2").mkdir()
-    record = run_lessons.run(src, tmp_path / "out", "cpu", 60)
+    record = run_lessons.run(src, tmp_path / "out", "cpu", HANG_GUARD_S)
     assert record["ok"] and record["error"] is None
     done = nbformat.read(tmp_path / "out" / src.name, as_version=4)
     assert not [c for c in done.cells if "papermill-error-cell-tag" in c.metadata.get("tags", [])]
     assert "after" in done.cells[-1].outputs[0]["text"]
     nb.cells[1].metadata["tags"] = []  # the same error, not meant: the run fails
     nbformat.write(nb, src)
-    assert not run_lessons.run(src, tmp_path / "out2", "cpu", 60)["ok"]
+    assert not run_lessons.run(src, tmp_path / "out2", "cpu", HANG_GUARD_S)["ok"]

@@ -431,6 +431,8 @@ def test_sim_and_core_run_without_torch(tmp_path):
     import subprocess
     import sys
 
+    from hang_guard import HANG_GUARD_S
+
     script = tmp_path / "no_torch.py"
     script.write_text(
         "import sys\n"
@@ -452,7 +454,7 @@ def test_sim_and_core_run_without_torch(tmp_path):
         "print('ok without torch')\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ok without torch" in done.stdout
 

@@ -20,12 +20,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from browser_helpers import HAS_CHROMIUM, SKIP_REASON, browser, free_port  # noqa: F401 (a fixture)
+from browser_helpers import HAS_CHROMIUM, SKIP_REASON, browser, free_port, new_page  # noqa: F401 (a fixture)
+from hang_guard import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "build" / "site"
 SHOTS = ROOT / "build" / "site-shots"
 LESSONS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+# pytest-timeout's limit for the tests that use ``site``: the first of them builds it (every lesson
+# executed on the CPU, then Sphinx), longer than the per-test guard. Each cell's run is bounded by
+# HANG_GUARD_S (papermill's execution timeout); this bounds the whole: one guard per lesson, one for Sphinx.
+SITE_BUILD_GUARD_S = (len(LESSONS) + 1) * HANG_GUARD_S
 
 sys.path.insert(0, str(ROOT / "scripts"))
 try:
@@ -94,7 +99,8 @@ def test_a_figure_widget_saves_the_figure_the_run_left_not_the_first_one(tmp_pat
     nbformat.write(nb, tmp_path / "in.ipynb")
     with run_lessons.lesson_kernels(tmp_path):
         papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                                   progress_bar=False, store_widget_state=True)
+                                   progress_bar=False, store_widget_state=True,
+                                   start_timeout=HANG_GUARD_S, execution_timeout=HANG_GUARD_S)
     executed = json.loads((tmp_path / "out.ipynb").read_text())
     models = executed["metadata"]["widgets"][build_site.WIDGET_STATE_MIME]["state"]
     (output,) = executed["cells"][0]["outputs"]
@@ -192,7 +198,7 @@ def site() -> Path:
     """build/site/, built from CPU-executed lessons (copies newer than notebook and library are reused)."""
     pytest.importorskip("myst_nb")
     pytest.importorskip("sphinx")
-    assert build_site.build("cpu", out=SITE) == 0, "python3 dev.py site failed; see its output above"
+    assert build_site.build("cpu", out=SITE, timeout=HANG_GUARD_S) == 0, "python3 dev.py site failed; see its output above"
     return SITE
 
 
@@ -213,7 +219,7 @@ def url(site):
     finally:
         server.shutdown()
         server.server_close()
-        thread.join(timeout=10)
+        thread.join(timeout=HANG_GUARD_S)
 
 
 def _pages(site: Path) -> list[str]:
@@ -222,7 +228,7 @@ def _pages(site: Path) -> list[str]:
 
 def _open(browser, url: str, path: str):
     """A page at ``path`` with its console errors, page errors, failed and outside requests recorded."""
-    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    page = new_page(browser, viewport={"width": 1300, "height": 900})   # every wait: its condition or the hang guard
     problems: list[str] = []
     page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
@@ -243,6 +249,7 @@ def _ids(html_text: str) -> set[str]:
 
 
 @needs_chromium
+@pytest.mark.timeout(SITE_BUILD_GUARD_S)
 def test_every_page_loads_clean_and_every_internal_link_and_image_resolves(site, url, browser):
     pages = _pages(site)
     assert {"index.html", "search.html"} | {f"lessons/{name}.html" for name in LESSONS} <= set(pages)
@@ -266,7 +273,7 @@ def test_every_page_loads_clean_and_every_internal_link_and_image_resolves(site,
     assert len(targets) > len(pages) // 2
     for target, fragments in sorted(targets.items()):
         try:
-            with urllib.request.urlopen(url + target, timeout=10) as response:
+            with urllib.request.urlopen(url + target, timeout=HANG_GUARD_S) as response:
                 body = response.read().decode("utf-8", "replace") if target.endswith((".html", "/")) else ""
         except urllib.error.HTTPError as exc:
             raise AssertionError(f"{target} -> HTTP {exc.code}") from None
@@ -275,13 +282,14 @@ def test_every_page_loads_clean_and_every_internal_link_and_image_resolves(site,
 
 
 @needs_chromium
+@pytest.mark.timeout(SITE_BUILD_GUARD_S)
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_lesson_page_draws_plotly_typesets_math_and_folds_solutions(site, url, browser, lesson):
     page, problems = _open(browser, url, f"lessons/{lesson}.html")
     shots = lesson == LESSONS[min(1, len(LESSONS) - 1)]   # screenshots of one lesson page
     try:
-        page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
-        page.wait_for_selector("mjx-container", timeout=30_000)
+        page.wait_for_selector(".js-plotly-plot .main-svg")
+        page.wait_for_selector("mjx-container")
         assert page.locator(".js-plotly-plot").count() >= 1
         if shots:
             SHOTS.mkdir(parents=True, exist_ok=True)
@@ -370,6 +378,7 @@ def test_lesson_pages_fit_the_column_and_show_no_test_harness(site, url, browser
 
 
 @needs_chromium
+@pytest.mark.timeout(SITE_BUILD_GUARD_S)
 def test_landing_page_search_and_next_previous(site, url, browser):
     page, problems = _open(browser, url, "index.html")
     try:
@@ -386,7 +395,7 @@ def test_landing_page_search_and_next_previous(site, url, browser):
         page.wait_for_url(f"**/lessons/{LESSONS[0]}.html")
         assert page.locator("a.prev-page").count() and page.locator("a.next-page").count() == (len(LESSONS) > 1)
         page.goto(f"{url}/search.html?q=allocator")
-        page.wait_for_selector("#search-results ul.search li", timeout=30_000)
+        page.wait_for_selector("#search-results ul.search li")
         hits = page.eval_on_selector_all("#search-results ul.search li a", "els => els.map(e => e.href)")
         assert any("/lessons/" in h for h in hits), hits
         assert not problems, problems
