@@ -56,7 +56,27 @@ from paged_edu.engine.scheduler import Scheduler
 from paged_edu.engine.sequence import Sequence as Seq
 from paged_edu.models.llama import PagedLlama
 
-__all__ = ["Engine", "RequestMetrics", "RequestOutput", "SamplingParams", "StepMetrics"]
+__all__ = ["Engine", "RequestMetrics", "RequestOutput", "SamplingParams", "StepFailed", "StepMetrics"]
+
+
+class StepFailed(RuntimeError):
+    """:meth:`Engine.step` raised half-way -- in its block copies, ``prepare``, the forward pass or
+    sampling -- and was undone: no sequence advanced, no token was sampled, every seeded stream
+    will draw the same numbers again, and block copies the scheduler asked for are applied before
+    the next forward pass. The scheduler's memory decisions stand (admissions, preemptions, swaps):
+    they are a state the next step continues from. Calling :meth:`Engine.step` again retries the
+    work; a request that fails every time can be ended with :meth:`Engine.abort_request`.
+
+    Attributes: ``step`` (its number), ``phase`` (``"block copies"``, ``"prepare"``, ``"forward"`` or
+    ``"sample"``), ``request_ids`` (the requests it computed for), and ``__cause__`` (the error).
+    """
+
+    def __init__(self, step: int, phase: str, sched, cause: BaseException) -> None:
+        self.step, self.phase = step, phase
+        self.request_ids = sorted({item.seq.request_id for item in sched.scheduled})
+        super().__init__(f"engine step {step} failed in {phase} ({type(cause).__name__}: {cause}); the step was "
+                         f"undone and nothing is lost: call step() again to retry requests {self.request_ids}, "
+                         "or abort_request() one that fails every time")
 
 
 class Engine:
@@ -144,6 +164,7 @@ class Engine:
         self._next_request_id = 0
         self._t0 = time.perf_counter()
         self.step_count = 0
+        self.num_failed_steps = 0  # steps that raised StepFailed (each undone)
         self.num_generated_tokens = 0
 
     # The runner's counters and CUDA-graph state, read by tests, stats() and the benchmark.
@@ -308,15 +329,24 @@ class Engine:
                     f"max_num_seqs={self.scheduler.max_num_seqs} is too small for the next request"
                 )
             return self._take_aborted()
-        self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
-
-        emitting, sampling = rows_to_sample(sched.scheduled, self.sampler, self._requests)  # who samples, and how
-        batch = self.runner.prepare(sched.scheduled, self.allocator.block_table, *sampling)
-        t = self._lap(phases, "prepare", t)
-        self.runner.forward(batch)  # 3. one forward pass over the flat batch
-        t = self._lap(phases, "forward", t)
-        sampled = self._sample(batch, emitting)  # 4. the next token of every emitting row
-        t = self._lap(phases, "sample", t)
+        phase = "block copies"  # what runs now, for the error if it raises
+        try:
+            self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
+            phase = "prepare"
+            emitting, sampling = rows_to_sample(sched.scheduled, self.sampler, self._requests)  # who samples, and how
+            batch = self.runner.prepare(sched.scheduled, self.allocator.block_table, *sampling)
+            t = self._lap(phases, "prepare", t)
+            phase = "forward"
+            self.runner.forward(batch)  # 3. one forward pass over the flat batch
+            t = self._lap(phases, "forward", t)
+            phase = "sample"
+            sampled = self._sample(batch, emitting)  # 4. the next token of every emitting row
+            t = self._lap(phases, "sample", t)
+        except Exception as exc:  # nothing computed counts: the next step schedules the same work again
+            self.sampler.rollback()
+            self.num_failed_steps += 1
+            raise StepFailed(self.step_count, phase, sched, exc) from exc
+        self.sampler.commit()
 
         finished_seqs = self.scheduler.update(sched.scheduled, sampled, t)  # 5. append, finish, free
         if self._pending_fork_aborts:
@@ -337,8 +367,9 @@ class Engine:
         if not emitting:
             return {}
         tokens = self.runner.sample(batch)  # drawn on the device, one copy back
+        sampled = tokens_by_sequence(tokens, emitting)
         self.num_generated_tokens += len(tokens)
-        return tokens_by_sequence(tokens, emitting)
+        return sampled
 
     def _finish(self, request: RequestState) -> RequestOutput:
         """The finished request's output; it leaves the engine (and the sampler) for good."""

@@ -145,6 +145,9 @@ class Sampler:
     each stream draws :attr:`PREFETCH` at a time and hands them out in order: the CPU generator
     produces the same numbers in one call of ``k`` as in ``k`` calls of one (a test checks it), so
     the stream is unchanged.
+
+    A step that fails after drawing (its forward pass raised) gives its draws back with
+    :meth:`rollback`, so the retried step draws the same numbers; :meth:`commit` keeps them.
     """
 
     PREFETCH = 64
@@ -154,6 +157,7 @@ class Sampler:
         self._seed_source = torch.Generator().manual_seed(seed)  # for requests without a seed
         self._generators: dict[tuple[int, int], torch.Generator] = {}
         self._drawn: dict[tuple[int, int], list[float]] = {}  # prefetched draws, next one last
+        self._taken: list[tuple[tuple[int, int], float]] = []  # this step's draws, until commit or rollback
 
     def add(self, request_id: int, params: SamplingParams) -> None:
         """Seed the ``n`` streams of a request (nothing for greedy ones)."""
@@ -187,7 +191,20 @@ class Sampler:
         drawn = self._drawn.get(key)
         if not drawn:
             drawn = self._drawn[key] = torch.rand(self.PREFETCH, generator=gen).tolist()[::-1]
-        return drawn.pop()
+        u = drawn.pop()
+        self._taken.append((key, u))
+        return u
+
+    def commit(self) -> None:
+        """The step's draws were used: forget them."""
+        self._taken.clear()
+
+    def rollback(self) -> None:
+        """Give the draws since the last :meth:`commit` back: each stream's next draws are them again."""
+        for key, u in reversed(self._taken):
+            if key in self._generators:  # a stream dropped since (an abort) takes nothing back
+                self._drawn.setdefault(key, []).append(u)
+        self._taken.clear()
 
 
 def rows_to_sample(scheduled, sampler: Sampler, requests) -> tuple[list, tuple]:
