@@ -31,17 +31,17 @@ def model():
 def prompts():
     rng = random.Random(3)
     system = [rng.randrange(VOCAB) for _ in range(13)]  # shared, not block-aligned
-    return [system + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 12))] for _ in range(5)]
+    return [system + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 12))] for _ in range(4)]
 
 
 CONFIGS = {
     "roomy": dict(num_blocks=64, block_size=4),
-    "recompute": dict(num_blocks=12, block_size=4, preemption_mode="recompute"),
-    "swap": dict(num_blocks=12, block_size=4, preemption_mode="swap", num_cpu_blocks=64),
+    "recompute": dict(num_blocks=10, block_size=4, preemption_mode="recompute"),
+    "swap": dict(num_blocks=10, block_size=4, preemption_mode="swap", num_cpu_blocks=64),
     "chunked": dict(num_blocks=64, block_size=4, max_num_batched_tokens=8),
 }
-GREEDY = [SamplingParams(max_tokens=14)] * 5
-SAMPLED = [SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=10 * i, n=1 + i % 3) for i in range(5)]
+GREEDY = [SamplingParams(max_tokens=10)] * 4
+SAMPLED = [SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, seed=10 * i, n=1 + i % 3) for i in range(4)]
 
 
 class Fault(RuntimeError):
@@ -224,3 +224,41 @@ def test_the_sampler_gives_back_the_draws_of_a_failed_step():
     clean = draws(None)
     for k in (0, Sampler.PREFETCH - 1, Sampler.PREFETCH):
         assert draws(k) == clean[: Sampler.PREFETCH + 2]
+
+
+# ----------------------------------------------------------------------------------------------
+# Aborting a sample of n > 1 before the fork (issue 23: the request was lost, or a bare KeyError)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("aborts", [(0,), (2,), (1, 2), (0, 1, 2)])
+@pytest.mark.parametrize("steps_before", [0, 2])
+def test_abort_a_sample_before_a_fork_that_comes_steps_later(model, aborts, steps_before):
+    """The prompt takes 4 chunked steps, so the fork comes steps after the abort: the aborted samples
+    end empty, the others finish with the tokens of a run without the abort, nothing is left."""
+    params = SamplingParams(max_tokens=5, temperature=1.0, seed=1, n=3)
+    prompt, other = list(range(1, 30)), list(range(40, 60))
+
+    def run(abort: bool):
+        engine = Engine(model, num_blocks=64, block_size=4, max_num_batched_tokens=8)
+        ids = engine.add_requests([other, prompt], [SamplingParams(max_tokens=4), params])
+        outputs = {}
+        for _ in range(steps_before):
+            outputs.update({o.request_id: o for o in engine.step()})
+        for k in aborts if abort else ():
+            done = engine.abort_request(ids[1], sample_index=k)
+            assert (done is None) == (k != aborts[-1] or len(aborts) < 3)  # the last of all 3 completes it
+        while engine.has_unfinished():
+            outputs.update({o.request_id: o for o in engine.step()})
+        assert sorted(outputs) == ids
+        assert_nothing_leaked(engine)
+        return outputs[ids[0]].outputs, outputs[ids[1]]
+
+    other_clean, clean = run(False)
+    other_out, out = run(True)
+    assert other_out == other_clean
+    for k in range(3):
+        if k in aborts:
+            assert out.outputs[k] == [] and out.finish_reasons[k] == "abort"
+        else:
+            assert out.outputs[k] == clean.outputs[k] and out.finish_reasons[k] == "length"

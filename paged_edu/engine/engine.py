@@ -303,14 +303,17 @@ class Engine:
             raise ValueError(f"request {rid} already finished; there is nothing to abort")
         raise ValueError(f"unknown request id {rid} (ids so far: 0 .. {self._next_request_id - 1})")
 
-    def _drop_aborted_forks(self) -> None:
-        """Samples aborted before their request forked them were just forked: they end, empty."""
-        for seq in list(self.scheduler.running):
-            request = self._requests.get(seq.request_id)
-            if request is not None and seq.sample_index in request.aborted:
-                self.scheduler.abort(seq)
-                self.sampler.remove(request.request_id, seq.sample_index)
-        self._pending_fork_aborts.clear()
+    def _drop_aborted_forks(self, emitting) -> None:
+        """Samples aborted before their request forked them end in the step that forks them, empty."""
+        for _, parent, n in emitting:
+            if n == 1 or parent.request_id not in self._pending_fork_aborts:
+                continue
+            self._pending_fork_aborts.discard(parent.request_id)  # forked now: later steps have nothing to drop
+            request = self._requests[parent.request_id]
+            for seq in [s for s in self.scheduler.running if s.request_id == request.request_id]:
+                if seq.sample_index in request.aborted:
+                    self.scheduler.abort(seq)
+                    self.sampler.remove(request.request_id, seq.sample_index)
 
     # -- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -350,7 +353,7 @@ class Engine:
 
         finished_seqs = self.scheduler.update(sched.scheduled, sampled, t)  # 5. append, finish, free
         if self._pending_fork_aborts:
-            self._drop_aborted_forks()
+            self._drop_aborted_forks(emitting)
         outputs = self._take_aborted() + self._collect(finished_seqs)
         now = self._lap(phases, "update", t)
         metrics = step_metrics(self.step_count, sched, self.scheduler, now, now - t_start, len(finished_seqs), phases,
@@ -374,6 +377,7 @@ class Engine:
     def _finish(self, request: RequestState) -> RequestOutput:
         """The finished request's output; it leaves the engine (and the sampler) for good."""
         del self._requests[request.request_id]
+        self._pending_fork_aborts.discard(request.request_id)
         self.sampler.remove_request(request.request_id, request.params.n)
         return request.output()
 
