@@ -262,3 +262,36 @@ def test_abort_a_sample_before_a_fork_that_comes_steps_later(model, aborts, step
             assert out.outputs[k] == [] and out.finish_reasons[k] == "abort"
         else:
             assert out.outputs[k] == clean.outputs[k] and out.finish_reasons[k] == "length"
+
+
+# ----------------------------------------------------------------------------------------------
+# A subscriber that calls back into the engine (issue 23: the next waiting request was dropped)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("event_kind", ["allocate", "append", "step"])
+def test_a_subscriber_that_aborts_from_inside_a_step_drops_nothing(model, prompts, event_kind):
+    """A callback aborts request 1 the first time it sees ``event_kind`` (an allocator event during
+    ``schedule()``, or the engine's step event); every other request ends as in a run without it."""
+    expected = reference(model, prompts, "recompute", "greedy")
+    engine = build(model, "recompute")
+    ids = engine.add_requests(prompts, GREEDY)
+    calls = []
+
+    def callback(event):
+        if event.kind == event_kind and not calls:
+            calls.append(engine.abort_request(ids[1]))  # deferred: None now, the request ends after the step
+            with pytest.raises(RuntimeError, match="inside a step"):
+                engine.add_request(prompts[0], GREEDY[0])
+            with pytest.raises(RuntimeError, match="inside a step"):
+                engine.step()
+
+    (engine.subscribe if event_kind == "step" else engine.allocator.subscribe)(callback)
+    outputs = {}
+    while engine.has_unfinished():
+        outputs.update({o.request_id: (o.outputs, o.finish_reasons) for o in engine.step()})
+    assert calls == [None]
+    assert outputs.pop(ids[1])[1] == ["abort"]
+    assert outputs == {i: v for i, v in expected.items() if i != ids[1]}
+    assert not engine.subscriber_errors  # (a failed pytest.raises in an allocator callback is not isolated)
+    assert_nothing_leaked(engine)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -158,6 +159,8 @@ class Engine:
         self.sync_timing = sync_timing
         self.subscriber_errors: list[tuple[Callable, Exception]] = []  # callbacks that raised, isolated
         self._requests: dict[int, RequestState] = {}  # live requests by id
+        self._busy = False  # inside a step or an abort: calls back into the engine are deferred
+        self._deferred_aborts: list[tuple[int, int | None]] = []  # (request_id, sample_index) asked for meanwhile
         self._pending_fork_aborts: set[int] = set()  # requests with samples aborted before their fork
         self._aborted_outputs: list[RequestOutput] = []  # completed by abort_request, reported by the next step
         self._subscribers: list[Callable] = []
@@ -211,6 +214,9 @@ class Engine:
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None) -> int:
         """Queue a request; returns its id. All or nothing: a request the model, the pool or the
         scheduler can never serve raises (naming the limit) and leaves the engine as it was."""
+        if self._busy:
+            raise RuntimeError("add_request was called from inside a step or an abort (from a subscriber?); "
+                               "call it after the current one returns")
         params = SamplingParams() if params is None else params
         prompt = self._check_request(prompt_token_ids, params)
         request_id = self._next_request_id
@@ -257,9 +263,23 @@ class Engine:
         :class:`RequestOutput` when this completes the request (the next :meth:`step` reports it
         too, so a loop over steps sees every request end), else ``None`` (a later step returns
         it). An unknown or finished request or sample raises ``ValueError``, changing nothing.
+
+        Called back from inside a step or an abort (a subscriber of the allocator's block events),
+        it is checked now and runs when that step or abort ends (returning ``None``; a later step
+        reports the request): the scheduler is never changed under its own feet.
         """
         request = self._live_request(request_id)
         n = request.params.n
+        if self._busy:
+            if sample_index is not None and not 0 <= as_int(sample_index, "sample_index must be an int") < n:
+                raise ValueError(f"sample_index must be in [0, {n}) for request {request_id}, got {sample_index}")
+            self._deferred_aborts.append((request.request_id, sample_index))
+            return None
+        with self._critical():
+            return self._abort(request, sample_index)
+
+    def _abort(self, request: RequestState, sample_index: int | None) -> RequestOutput | None:
+        request_id, n = request.request_id, request.params.n
         live = [s for s in (*self.scheduler.waiting, *self.scheduler.running, *self.scheduler.swapped)
                 if s.request_id == request.request_id]
         unforked = next((s for s in live if s.num_tokens_to_sample > 1), None)
@@ -291,6 +311,24 @@ class Engine:
             self._emit(output.metrics)
         return output
 
+    @contextmanager
+    def _critical(self):
+        """Scheduler state changes here; engine calls from callbacks wait until it ends."""
+        if self._busy:
+            raise RuntimeError("Engine.step() was called from inside a step or an abort (from a subscriber?); "
+                               "call it after the current one returns")
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
+            while self._deferred_aborts:  # in the order asked for; a request done meanwhile needs none
+                request_id, sample_index = self._deferred_aborts.pop(0)
+                request = self._requests.get(request_id)
+                if request is not None and sample_index not in (*request.finished, *request.aborted):
+                    with self._critical():
+                        self._abort(request, sample_index)
+
     def _take_aborted(self) -> list[RequestOutput]:
         taken, self._aborted_outputs = self._aborted_outputs, []
         return taken
@@ -316,10 +354,14 @@ class Engine:
                     self.sampler.remove(request.request_id, seq.sample_index)
 
     # -- one step ------------------------------------------------------------------------------
-    @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return the requests that finished in it (and any that
         :meth:`abort_request` completed since the last step)."""
+        with self._critical():
+            return self._step()
+
+    @torch.inference_mode()
+    def _step(self) -> list[RequestOutput]:
         phases: dict[str, float] = {}
         t_start = self.now()
         sched = self.scheduler.schedule()  # 1. what runs this step
