@@ -46,14 +46,16 @@ import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.allocator import BlockAllocator
-from paged_edu.core.validation import as_int
+from paged_edu.cache.sizing import bytes_per_block, check_blocks_fit
+from paged_edu.core import validation as check
+from paged_edu.core.validation import FieldTypeError, FieldValueError, as_int
 from paged_edu.engine import offline
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
 from paged_edu.engine.requests import check_max_model_len, check_request
 from paged_edu.engine.runner import ModelRunner
 from paged_edu.engine.memory_manager import MemoryManager
 from paged_edu.engine.sampling import Sampler, SamplingParams, rows_to_sample, tokens_by_sequence
-from paged_edu.engine.scheduler import Scheduler
+from paged_edu.engine.scheduler import PREEMPTION_MODES, Scheduler
 from paged_edu.engine.sequence import Sequence as Seq
 from paged_edu.models.llama import PagedLlama
 
@@ -124,11 +126,26 @@ class Engine:
         allocator: MemoryManager | None = None,
     ) -> None:
         if not isinstance(model, PagedLlama):
-            raise TypeError(f"model must be a PagedLlama (use PagedLlama.from_hf), got {type(model).__name__}")
-        if preemption_mode not in ("recompute", "swap", "auto"):
-            raise ValueError(f"preemption_mode must be 'recompute', 'swap' or 'auto', got {preemption_mode!r}")
+            raise FieldTypeError("model", f"model must be a PagedLlama (use PagedLlama.from_hf), got {type(model).__name__}")
+        if preemption_mode not in PREEMPTION_MODES:
+            raise FieldValueError("preemption_mode", f"preemption_mode must be one of {PREEMPTION_MODES}, "
+                                  f"got {preemption_mode!r}")
+        num_blocks = check.integer("num_blocks", num_blocks, low=1, high=check.MAX_NUM_BLOCKS)
+        block_size = check.integer("block_size", block_size, low=1)
+        enable_prefix_caching = check.flag("enable_prefix_caching", enable_prefix_caching)
+        enable_chunked_prefill = check.flag("enable_chunked_prefill", enable_chunked_prefill)
+        max_num_seqs = check.integer("max_num_seqs", max_num_seqs, low=1)
+        max_num_batched_tokens = check.integer("max_num_batched_tokens", max_num_batched_tokens, low=1)
         if num_cpu_blocks is None:
             num_cpu_blocks = num_blocks if preemption_mode in ("swap", "auto") else 0
+        num_cpu_blocks = check.integer("num_cpu_blocks", num_cpu_blocks, low=0, high=check.MAX_NUM_BLOCKS)
+        if allocator is not None and not isinstance(allocator, MemoryManager):
+            raise FieldTypeError("allocator", "allocator must be a memory manager (a BlockAllocator, a RadixAllocator, "
+                                 f"or anything with the MemoryManager protocol), got {type(allocator).__name__}")
+        block_bytes = bytes_per_block(model.config.num_layers, block_size, model.config.num_kv_heads,
+                                      model.config.head_dim, model.dtype)
+        check_blocks_fit("num_blocks", num_blocks, block_bytes, model.device)
+        check_blocks_fit("num_cpu_blocks", num_cpu_blocks, block_bytes, torch.device("cpu"))
         self.model = model
         self.config = c = model.config
         self.device = model.device
@@ -154,9 +171,7 @@ class Engine:
                                   cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs, max_num_seqs=max_num_seqs,
                                   max_model_len=min(self.max_model_len, num_blocks * block_size))
         self.sampler = Sampler(seed)
-        if not isinstance(sync_timing, bool):
-            raise TypeError(f"sync_timing must be True or False, got {sync_timing!r}")
-        self.sync_timing = sync_timing
+        self.sync_timing = check.flag("sync_timing", sync_timing)
         self.subscriber_errors: list[tuple[Callable, Exception]] = []  # callbacks that raised, isolated
         self._requests: dict[int, RequestState] = {}  # live requests by id
         self._busy = False  # inside a step or an abort: calls back into the engine are deferred
@@ -237,6 +252,9 @@ class Engine:
     def add_requests(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list[int]:
         """Queue several requests, all or nothing: every one is checked before the first is queued,
         and if the scheduler refuses one, those queued before it are withdrawn without a trace."""
+        if isinstance(params, SamplingParams) or len(params) != len(prompts):
+            got = "one SamplingParams" if isinstance(params, SamplingParams) else f"{len(params)} sampling params"
+            raise ValueError(f"add_requests needs one SamplingParams per prompt: {got} for {len(prompts)} prompts")
         for p, sp in zip(prompts, params, strict=True):
             self._check_request(p, sp)
         ids: list[int] = []
