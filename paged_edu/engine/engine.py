@@ -26,7 +26,10 @@ Every step emits a :class:`StepMetrics` (``phase_times``: where its time went) a
 request a :class:`RequestMetrics` to the callbacks of :meth:`Engine.subscribe` -- the stream the
 lesson widgets draw live -- after the step's state is committed; a callback that raises is isolated.
 A request is checked in full before it is queued (:meth:`Engine.add_request`);
-:meth:`Engine.abort_request` stops a request, or one of its samples, at any point.
+:meth:`Engine.abort_request` stops a request, or one of its samples, at any point (from a callback
+inside a step it runs when the step ends). A step whose block copies, forward pass or sampling
+raise (a CUDA OOM, a bad kernel input) is undone and raises :class:`StepFailed`: nothing is lost,
+and the next step retries the work.
 
 The fixed contract::
 
@@ -374,7 +377,8 @@ class Engine:
     # -- one step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return the requests that finished in it (and any that
-        :meth:`abort_request` completed since the last step)."""
+        :meth:`abort_request` completed since the last step). If a block copy, the forward pass or
+        sampling raises, the step is undone and :class:`StepFailed` says where (call again to retry)."""
         with self._critical():
             return self._step()
 
@@ -405,9 +409,11 @@ class Engine:
             phase = "sample"
             sampled = self._sample(batch, emitting)  # 4. the next token of every emitting row
             t = self._lap(phases, "sample", t)
-        except Exception as exc:  # nothing computed counts: the next step schedules the same work again
+        except BaseException as exc:  # nothing computed counts: the next step schedules the same work again
             self.sampler.rollback()
             self.num_failed_steps += 1
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt in a notebook: undone all the same
             raise StepFailed(self.step_count, phase, sched, exc) from exc
         self.sampler.commit()
 
