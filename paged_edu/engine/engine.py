@@ -380,10 +380,15 @@ class Engine:
         :meth:`abort_request` completed since the last step). If a block copy, the forward pass or
         sampling raises, the step is undone and :class:`StepFailed` says where (call again to retry)."""
         with self._critical():
-            return self._step()
+            outputs, metrics = self._step()
+        if metrics is not None:  # the step's state is committed: now tell the views (they may call back in)
+            self._emit(metrics)
+            for out in outputs:
+                self._emit(out.metrics)
+        return outputs
 
     @torch.inference_mode()
-    def _step(self) -> list[RequestOutput]:
+    def _step(self) -> tuple[list[RequestOutput], StepMetrics | None]:
         phases: dict[str, float] = {}
         t_start = self.now()
         sched = self.scheduler.schedule()  # 1. what runs this step
@@ -395,7 +400,7 @@ class Engine:
                     f"({self.allocator.num_blocks} blocks, {self.allocator.num_free_blocks} free) or "
                     f"max_num_seqs={self.scheduler.max_num_seqs} is too small for the next request"
                 )
-            return self._take_aborted()
+            return self._take_aborted(), None
         phase = "block copies"  # what runs now, for the error if it raises
         try:
             self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
@@ -425,11 +430,7 @@ class Engine:
         metrics = step_metrics(self.step_count, sched, self.scheduler, now, now - t_start, len(finished_seqs), phases,
                                self.runner.device_wait_s) if self._subscribers else None
         self.step_count += 1
-        if metrics is not None:  # the step's state is committed: now tell the views
-            self._emit(metrics)
-            for out in outputs:
-                self._emit(out.metrics)
-        return outputs
+        return outputs, metrics
 
     def _sample(self, batch, emitting) -> dict[int, int | list[int]]:
         """One token per emitting sequence (``n`` for a parallel-sampling prompt that just ended)."""
