@@ -346,6 +346,8 @@ def _good():
         (lambda a: a.update(seq_lens=torch.tensor([3, 13], dtype=torch.int32)), ValueError, "exceeds what the block table covers"),
         (lambda a: a.update(impl="cuda"), ValueError, "impl must be one of"),
         (lambda a: a.update(scale="0.1"), TypeError, "scale must be a float"),
+        (lambda a: a.update(scale=1e38), ValueError, "scale must be .* <= MAX_SCALE"),  # fp32 scores overflow: NaN
+        (lambda a: a.update(scale=float("nan")), ValueError, "scale must be a finite number"),
     ],
 )
 def test_decode_errors(mutate, exc, words):

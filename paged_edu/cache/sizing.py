@@ -8,12 +8,14 @@ Plain arithmetic over the geometry (``num_layers``, ``block_size``, ``num_kv_hea
 from __future__ import annotations
 
 import numbers
+import os
 
 import torch
 
 from paged_edu.core.memory import KVSpec
+from paged_edu.core.validation import FieldValueError
 
-__all__ = ["bytes_per_block", "kv_budget_from_free_memory", "num_blocks_for_budget"]
+__all__ = ["bytes_per_block", "check_blocks_fit", "kv_budget_from_free_memory", "num_blocks_for_budget"]
 
 
 def format_gib(n: float) -> str:
@@ -64,3 +66,23 @@ def kv_budget_from_free_memory(free_bytes: int, gpu_memory_utilization: float, r
             f"activations; free memory (smaller model, fewer max tokens) or raise gpu_memory_utilization"
         )
     return int(free_bytes * gpu_memory_utilization) - reserve_bytes
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory on ``device`` now (a GPU's free memory, or the host's available RAM); None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not on this OS
+        return None
+
+
+def check_blocks_fit(field: str, num_blocks: int, block_bytes: int, device: torch.device) -> None:
+    """Refuse a pool of ``num_blocks`` blocks that the memory of ``device`` cannot hold now -- a clear
+    error naming ``field`` instead of a bare ``MemoryError`` (or the OS killing the process)."""
+    free = available_bytes(device)
+    need = num_blocks * block_bytes
+    if free is not None and need > free:
+        raise FieldValueError(field, f"{field}={num_blocks} blocks of {block_bytes} bytes need {format_gib(need)}, "
+                              f"but {device} has {format_gib(free)} free; at most {free // block_bytes} fit now")

@@ -35,7 +35,7 @@ from paged_edu.core.block_events import BlockEvent, Subscribers
 from paged_edu.core.block_pool import BlockPool, OutOfBlocksError, PrefixCacheStats
 from paged_edu.core.prefix_index import HashChainIndex, PrefixMatch
 from paged_edu.core.seq_lookup import SequenceLookup, UnknownSequenceError
-from paged_edu.core.validation import MAX_TOKEN_ID, integer, new_id, token_array, token_id as check_token_id
+from paged_edu.core.validation import MAX_NUM_BLOCKS, MAX_TOKEN_ID, flag, integer, new_id, token_array, token_id as check_token_id
 
 __all__ = [
     "BlockAllocator",
@@ -82,15 +82,16 @@ class BlockAllocator(SequenceLookup):
         enable_prefix_caching: bool = True,
         cache_when_computed: bool = False,
     ) -> None:
-        self.num_blocks = integer("num_blocks", num_blocks, low=1)
+        self.num_blocks = integer("num_blocks", num_blocks, low=1, high=MAX_NUM_BLOCKS)
         self.block_size = integer("block_size", block_size, low=1)
-        self._init_blocks(HashChainIndex(self.num_blocks, self.block_size, bool(enable_prefix_caching)),
-                          enable_prefix_caching, cache_when_computed)
+        prefix_caching = flag("enable_prefix_caching", enable_prefix_caching)
+        self._init_blocks(HashChainIndex(self.num_blocks, self.block_size, prefix_caching), prefix_caching,
+                          cache_when_computed)
 
     def _init_blocks(self, index, enable_prefix_caching: bool, cache_when_computed: bool) -> None:
         """The pool over ``index`` (a prefix index, :mod:`~paged_edu.core.prefix_index`) and no sequence."""
-        self.enable_prefix_caching = bool(enable_prefix_caching)
-        self._cache_when_computed = bool(cache_when_computed)
+        self.enable_prefix_caching = flag("enable_prefix_caching", enable_prefix_caching)
+        self._cache_when_computed = flag("cache_when_computed", cache_when_computed)
         self.index = index
         self.pool = BlockPool(self.num_blocks, self.block_size, index)
         self._seqs: dict[SeqId, _SeqBlocks] = {}
@@ -119,7 +120,7 @@ class BlockAllocator(SequenceLookup):
         return tokens.tolist()
 
     def num_tokens(self, seq_id: SeqId) -> int:
-        return self._length(self._seqs[seq_id])
+        return self._length(self._seq(seq_id))
 
     def _length(self, seq: _SeqBlocks) -> int:
         """Tokens in ``seq``: ``B`` per full block, plus the tail's."""

@@ -2,7 +2,9 @@
 
 Each check returns the clean value or raises ``TypeError`` (wrong kind of value) / ``ValueError``
 (right kind, out of range) with a message that names the argument, so a caller can check every
-input before it changes any state. "An integer" means any integer type -- Python ``int``, numpy and
+input before it changes any state. The checks that take a ``name`` raise :class:`FieldTypeError` /
+:class:`FieldValueError` (subclasses of those two) whose ``.field`` is that name, so a CLI maps an
+error to its flag without reading the message. "An integer" means any integer type -- Python ``int``, numpy and
 torch integers (anything with ``__index__``) -- and never a ``bool``, a float or a string.
 
     from paged_edu.core import validation as check
@@ -19,10 +21,28 @@ import operator
 from array import array
 from collections.abc import Iterable, Mapping, Set
 
-__all__ = ["MAX_TOKEN_ID", "SEED_LIMIT", "as_int", "integer", "new_id", "seed", "token_array", "token_id", "token_list"]
+__all__ = ["MAX_NUM_BLOCKS", "MAX_TOKEN_ID", "SEED_LIMIT", "FieldTypeError", "FieldValueError", "as_int", "flag",
+           "integer", "new_id", "seed", "token_array", "token_id", "token_list"]
 
 MAX_TOKEN_ID = 2**63 - 1  # token ids are hashed as int64 (``array('q')``)
 SEED_LIMIT = 2**64  # seeds are unsigned 64-bit, as ``numpy.random.SeedSequence`` and torch take them
+MAX_NUM_BLOCKS = 2**31 - 1  # block ids travel to the kernels in int32 block tables
+
+
+class FieldTypeError(TypeError):
+    """A value of the wrong kind for the argument (configuration field) ``field``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class FieldValueError(ValueError):
+    """A value out of range for the argument (configuration field) ``field``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def _describe(value: object) -> str:
@@ -43,7 +63,10 @@ def as_int(value: object, rule: str) -> int:
 
 def integer(name: str, value: object, *, low: int | None = None, high: int | None = None) -> int:
     """``value`` as an int in ``[low, high]`` (either bound optional, both inclusive)."""
-    value = as_int(value, f"{name} must be an integer")
+    try:
+        value = as_int(value, f"{name} must be an integer")
+    except TypeError as exc:
+        raise FieldTypeError(name, str(exc)) from None
     if (low is not None and value < low) or (high is not None and value > high):
         if high is None:
             bounds = f">= {low}"
@@ -51,8 +74,16 @@ def integer(name: str, value: object, *, low: int | None = None, high: int | Non
             bounds = f"<= {high}"
         else:
             bounds = f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be {bounds}, got {value}")
+        raise FieldValueError(name, f"{name} must be {bounds}, got {value}")
     return value
+
+
+def flag(name: str, value: object) -> bool:
+    """A yes/no setting: ``True`` or ``False`` (a numpy bool too), never a string or a number --
+    ``bool("no")`` is True, so ``enable_prefix_caching="no"`` must not read as "yes"."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise FieldTypeError(name, f"{name} must be True or False, got {_describe(value)}")
 
 
 def seed(name: str, value: object) -> int:

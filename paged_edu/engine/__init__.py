@@ -16,6 +16,7 @@ _LAZY = {
     "Engine": "paged_edu.engine.engine",
     "RequestMetrics": "paged_edu.engine.outputs",
     "RequestOutput": "paged_edu.engine.outputs",
+    "StepFailed": "paged_edu.engine.engine",
     "StepMetrics": "paged_edu.engine.outputs",
     "SamplingParams": "paged_edu.engine.sampling",
 }

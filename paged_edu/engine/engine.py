@@ -26,7 +26,10 @@ Every step emits a :class:`StepMetrics` (``phase_times``: where its time went) a
 request a :class:`RequestMetrics` to the callbacks of :meth:`Engine.subscribe` -- the stream the
 lesson widgets draw live -- after the step's state is committed; a callback that raises is isolated.
 A request is checked in full before it is queued (:meth:`Engine.add_request`);
-:meth:`Engine.abort_request` stops a request, or one of its samples, at any point.
+:meth:`Engine.abort_request` stops a request, or one of its samples, at any point (from a callback
+inside a step it runs when the step ends). A step whose block copies, forward pass or sampling
+raise (a CUDA OOM, a bad kernel input) is undone and raises :class:`StepFailed`: nothing is lost,
+and the next step retries the work.
 
 The fixed contract::
 
@@ -40,23 +43,46 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 
 import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.allocator import BlockAllocator
-from paged_edu.core.validation import as_int
+from paged_edu.cache.sizing import bytes_per_block, check_blocks_fit
+from paged_edu.core import validation as check
+from paged_edu.core.validation import FieldTypeError, FieldValueError, as_int
 from paged_edu.engine import offline
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
 from paged_edu.engine.requests import check_max_model_len, check_request
 from paged_edu.engine.runner import ModelRunner
 from paged_edu.sched.memory_manager import MemoryManager, is_empty
 from paged_edu.engine.sampling import Sampler, SamplingParams, rows_to_sample, tokens_by_sequence
-from paged_edu.sched.scheduler import Scheduler
-from paged_edu.sched.sequence import Sequence as Seq
 from paged_edu.models.llama import PagedLlama
+from paged_edu.sched.scheduler import PREEMPTION_MODES, Scheduler
+from paged_edu.sched.sequence import Sequence as Seq
 
-__all__ = ["Engine", "RequestMetrics", "RequestOutput", "SamplingParams", "StepMetrics"]
+__all__ = ["Engine", "RequestMetrics", "RequestOutput", "SamplingParams", "StepFailed", "StepMetrics"]
+
+
+class StepFailed(RuntimeError):
+    """:meth:`Engine.step` raised half-way -- in its block copies, ``prepare``, the forward pass or
+    sampling -- and was undone: no sequence advanced, no token was sampled, every seeded stream
+    will draw the same numbers again, and block copies the scheduler asked for are applied before
+    the next forward pass. The scheduler's memory decisions stand (admissions, preemptions, swaps):
+    they are a state the next step continues from. Calling :meth:`Engine.step` again retries the
+    work; a request that fails every time can be ended with :meth:`Engine.abort_request`.
+
+    Attributes: ``step`` (its number), ``phase`` (``"block copies"``, ``"prepare"``, ``"forward"`` or
+    ``"sample"``), ``request_ids`` (the requests it computed for), and ``__cause__`` (the error).
+    """
+
+    def __init__(self, step: int, phase: str, sched, cause: BaseException) -> None:
+        self.step, self.phase = step, phase
+        self.request_ids = sorted({item.seq.request_id for item in sched.scheduled})
+        super().__init__(f"engine step {step} failed in {phase} ({type(cause).__name__}: {cause}); the step was "
+                         f"undone and nothing is lost: call step() again to retry requests {self.request_ids}, "
+                         "or abort_request() one that fails every time")
 
 
 class Engine:
@@ -103,11 +129,26 @@ class Engine:
         allocator: MemoryManager | None = None,
     ) -> None:
         if not isinstance(model, PagedLlama):
-            raise TypeError(f"model must be a PagedLlama (use PagedLlama.from_hf), got {type(model).__name__}")
-        if preemption_mode not in ("recompute", "swap", "auto"):
-            raise ValueError(f"preemption_mode must be 'recompute', 'swap' or 'auto', got {preemption_mode!r}")
+            raise FieldTypeError("model", f"model must be a PagedLlama (use PagedLlama.from_hf), got {type(model).__name__}")
+        if preemption_mode not in PREEMPTION_MODES:
+            raise FieldValueError("preemption_mode", f"preemption_mode must be one of {PREEMPTION_MODES}, "
+                                  f"got {preemption_mode!r}")
+        num_blocks = check.integer("num_blocks", num_blocks, low=1, high=check.MAX_NUM_BLOCKS)
+        block_size = check.integer("block_size", block_size, low=1)
+        enable_prefix_caching = check.flag("enable_prefix_caching", enable_prefix_caching)
+        enable_chunked_prefill = check.flag("enable_chunked_prefill", enable_chunked_prefill)
+        max_num_seqs = check.integer("max_num_seqs", max_num_seqs, low=1)
+        max_num_batched_tokens = check.integer("max_num_batched_tokens", max_num_batched_tokens, low=1)
         if num_cpu_blocks is None:
             num_cpu_blocks = num_blocks if preemption_mode in ("swap", "auto") else 0
+        num_cpu_blocks = check.integer("num_cpu_blocks", num_cpu_blocks, low=0, high=check.MAX_NUM_BLOCKS)
+        if allocator is not None and not isinstance(allocator, MemoryManager):
+            raise FieldTypeError("allocator", "allocator must be a memory manager (a BlockAllocator, a RadixAllocator, "
+                                 f"or anything with the MemoryManager protocol), got {type(allocator).__name__}")
+        block_bytes = bytes_per_block(model.config.num_layers, block_size, model.config.num_kv_heads,
+                                      model.config.head_dim, model.dtype)
+        check_blocks_fit("num_blocks", num_blocks, block_bytes, model.device)
+        check_blocks_fit("num_cpu_blocks", num_cpu_blocks, block_bytes, torch.device("cpu"))
         self.model = model
         self.config = c = model.config
         self.device = model.device
@@ -136,17 +177,18 @@ class Engine:
                                   cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs, max_num_seqs=max_num_seqs,
                                   max_model_len=min(self.max_model_len, num_blocks * block_size))
         self.sampler = Sampler(seed)
-        if not isinstance(sync_timing, bool):
-            raise TypeError(f"sync_timing must be True or False, got {sync_timing!r}")
-        self.sync_timing = sync_timing
+        self.sync_timing = check.flag("sync_timing", sync_timing)
         self.subscriber_errors: list[tuple[Callable, Exception]] = []  # callbacks that raised, isolated
         self._requests: dict[int, RequestState] = {}  # live requests by id
+        self._busy = False  # inside a step or an abort: calls back into the engine are deferred
+        self._deferred_aborts: list[tuple[int, int | None]] = []  # (request_id, sample_index) asked for meanwhile
         self._pending_fork_aborts: set[int] = set()  # requests with samples aborted before their fork
         self._aborted_outputs: list[RequestOutput] = []  # completed by abort_request, reported by the next step
         self._subscribers: list[Callable] = []
         self._next_request_id = 0
         self._t0 = time.perf_counter()
         self.step_count = 0
+        self.num_failed_steps = 0  # steps that raised StepFailed (each undone)
         self.num_generated_tokens = 0
 
     # The runner's counters and CUDA-graph state, read by tests, stats() and the benchmark.
@@ -193,6 +235,9 @@ class Engine:
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None) -> int:
         """Queue a request; returns its id. All or nothing: a request the model, the pool or the
         scheduler can never serve raises (naming the limit) and leaves the engine as it was."""
+        if self._busy:
+            raise RuntimeError("add_request was called from inside a step or an abort (from a subscriber?); "
+                               "call it after the current one returns")
         params = SamplingParams() if params is None else params
         prompt = self._check_request(prompt_token_ids, params)
         request_id = self._next_request_id
@@ -213,6 +258,9 @@ class Engine:
     def add_requests(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list[int]:
         """Queue several requests, all or nothing: every one is checked before the first is queued,
         and if the scheduler refuses one, those queued before it are withdrawn without a trace."""
+        if isinstance(params, SamplingParams) or len(params) != len(prompts):
+            got = "one SamplingParams" if isinstance(params, SamplingParams) else f"{len(params)} sampling params"
+            raise ValueError(f"add_requests needs one SamplingParams per prompt: {got} for {len(prompts)} prompts")
         for p, sp in zip(prompts, params, strict=True):
             self._check_request(p, sp)
         ids: list[int] = []
@@ -239,9 +287,23 @@ class Engine:
         :class:`RequestOutput` when this completes the request (the next :meth:`step` reports it
         too, so a loop over steps sees every request end), else ``None`` (a later step returns
         it). An unknown or finished request or sample raises ``ValueError``, changing nothing.
+
+        Called back from inside a step or an abort (a subscriber of the allocator's block events),
+        it is checked now and runs when that step or abort ends (returning ``None``; a later step
+        reports the request): the scheduler is never changed under its own feet.
         """
         request = self._live_request(request_id)
         n = request.params.n
+        if self._busy:
+            if sample_index is not None and not 0 <= as_int(sample_index, "sample_index must be an int") < n:
+                raise ValueError(f"sample_index must be in [0, {n}) for request {request_id}, got {sample_index}")
+            self._deferred_aborts.append((request.request_id, sample_index))
+            return None
+        with self._critical():
+            return self._abort(request, sample_index)
+
+    def _abort(self, request: RequestState, sample_index: int | None) -> RequestOutput | None:
+        request_id, n = request.request_id, request.params.n
         live = [s for s in (*self.scheduler.waiting, *self.scheduler.running, *self.scheduler.swapped)
                 if s.request_id == request.request_id]
         unforked = next((s for s in live if s.num_tokens_to_sample > 1), None)
@@ -273,6 +335,24 @@ class Engine:
             self._emit(output.metrics)
         return output
 
+    @contextmanager
+    def _critical(self):
+        """Scheduler state changes here; engine calls from callbacks wait until it ends."""
+        if self._busy:
+            raise RuntimeError("Engine.step() was called from inside a step or an abort (from a subscriber?); "
+                               "call it after the current one returns")
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
+            while self._deferred_aborts:  # in the order asked for; a request done meanwhile needs none
+                request_id, sample_index = self._deferred_aborts.pop(0)
+                request = self._requests.get(request_id)
+                if request is not None and sample_index not in (*request.finished, *request.aborted):
+                    with self._critical():
+                        self._abort(request, sample_index)
+
     def _take_aborted(self) -> list[RequestOutput]:
         taken, self._aborted_outputs = self._aborted_outputs, []
         return taken
@@ -285,20 +365,33 @@ class Engine:
             raise ValueError(f"request {rid} already finished; there is nothing to abort")
         raise ValueError(f"unknown request id {rid} (ids so far: 0 .. {self._next_request_id - 1})")
 
-    def _drop_aborted_forks(self) -> None:
-        """Samples aborted before their request forked them were just forked: they end, empty."""
-        for seq in list(self.scheduler.running):
-            request = self._requests.get(seq.request_id)
-            if request is not None and seq.sample_index in request.aborted:
-                self.scheduler.abort(seq)
-                self.sampler.remove(request.request_id, seq.sample_index)
-        self._pending_fork_aborts.clear()
+    def _drop_aborted_forks(self, emitting) -> None:
+        """Samples aborted before their request forked them end in the step that forks them, empty."""
+        for _, parent, n in emitting:
+            if n == 1 or parent.request_id not in self._pending_fork_aborts:
+                continue
+            self._pending_fork_aborts.discard(parent.request_id)  # forked now: later steps have nothing to drop
+            request = self._requests[parent.request_id]
+            for seq in [s for s in self.scheduler.running if s.request_id == request.request_id]:
+                if seq.sample_index in request.aborted:
+                    self.scheduler.abort(seq)
+                    self.sampler.remove(request.request_id, seq.sample_index)
 
     # -- one step ------------------------------------------------------------------------------
-    @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return the requests that finished in it (and any that
-        :meth:`abort_request` completed since the last step)."""
+        :meth:`abort_request` completed since the last step). If a block copy, the forward pass or
+        sampling raises, the step is undone and :class:`StepFailed` says where (call again to retry)."""
+        with self._critical():
+            outputs, metrics = self._step()
+        if metrics is not None:  # the step's state is committed: now tell the views (they may call back in)
+            self._emit(metrics)
+            for out in outputs:
+                self._emit(out.metrics)
+        return outputs
+
+    @torch.inference_mode()
+    def _step(self) -> tuple[list[RequestOutput], StepMetrics | None]:
         phases: dict[str, float] = {}
         t_start = self.now()
         sched = self.scheduler.schedule()  # 1. what runs this step
@@ -310,42 +403,51 @@ class Engine:
                     f"({self.allocator.num_blocks} blocks, {self.allocator.num_free_blocks} free) or "
                     f"max_num_seqs={self.scheduler.max_num_seqs} is too small for the next request"
                 )
-            return self._take_aborted()
-        self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
-
-        emitting, sampling = rows_to_sample(sched.scheduled, self.sampler, self._requests)  # who samples, and how
-        batch = self.runner.prepare(sched.scheduled, self.allocator.block_table, *sampling)
-        t = self._lap(phases, "prepare", t)
-        self.runner.forward(batch)  # 3. one forward pass over the flat batch
-        t = self._lap(phases, "forward", t)
-        sampled = self._sample(batch, emitting)  # 4. the next token of every emitting row
-        t = self._lap(phases, "sample", t)
+            return self._take_aborted(), None
+        phase = "block copies"  # what runs now, for the error if it raises
+        try:
+            self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
+            phase = "prepare"
+            emitting, sampling = rows_to_sample(sched.scheduled, self.sampler, self._requests)  # who samples, and how
+            batch = self.runner.prepare(sched.scheduled, self.allocator.block_table, *sampling)
+            t = self._lap(phases, "prepare", t)
+            phase = "forward"
+            self.runner.forward(batch)  # 3. one forward pass over the flat batch
+            t = self._lap(phases, "forward", t)
+            phase = "sample"
+            sampled = self._sample(batch, emitting)  # 4. the next token of every emitting row
+            t = self._lap(phases, "sample", t)
+        except BaseException as exc:  # nothing computed counts: the next step schedules the same work again
+            self.sampler.rollback()
+            self.num_failed_steps += 1
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt in a notebook: undone all the same
+            raise StepFailed(self.step_count, phase, sched, exc) from exc
+        self.sampler.commit()
 
         finished_seqs = self.scheduler.update(sched.scheduled, sampled, t)  # 5. append, finish, free
         if self._pending_fork_aborts:
-            self._drop_aborted_forks()
+            self._drop_aborted_forks(emitting)
         outputs = self._take_aborted() + self._collect(finished_seqs)
         now = self._lap(phases, "update", t)
         metrics = step_metrics(self.step_count, sched, self.scheduler, now, now - t_start, len(finished_seqs), phases,
                                self.runner.device_wait_s) if self._subscribers else None
         self.step_count += 1
-        if metrics is not None:  # the step's state is committed: now tell the views
-            self._emit(metrics)
-            for out in outputs:
-                self._emit(out.metrics)
-        return outputs
+        return outputs, metrics
 
     def _sample(self, batch, emitting) -> dict[int, int | list[int]]:
         """One token per emitting sequence (``n`` for a parallel-sampling prompt that just ended)."""
         if not emitting:
             return {}
         tokens = self.runner.sample(batch)  # drawn on the device, one copy back
+        sampled = tokens_by_sequence(tokens, emitting)
         self.num_generated_tokens += len(tokens)
-        return tokens_by_sequence(tokens, emitting)
+        return sampled
 
     def _finish(self, request: RequestState) -> RequestOutput:
         """The finished request's output; it leaves the engine (and the sampler) for good."""
         del self._requests[request.request_id]
+        self._pending_fork_aborts.discard(request.request_id)
         self.sampler.remove_request(request.request_id, request.params.n)
         return request.output()
 

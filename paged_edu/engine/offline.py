@@ -26,6 +26,9 @@ def run(engine, prompts: Sequence[Sequence[int]],
         raise TypeError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
     if sampling_params is None or isinstance(sampling_params, SamplingParams):
         params_list = [sampling_params or SamplingParams()] * len(prompts)
+    elif isinstance(sampling_params, (str, bytes)) or not isinstance(sampling_params, Sequence):
+        raise TypeError("sampling_params must be a SamplingParams, a list of them (one per prompt) or None, "
+                        f"got {type(sampling_params).__name__} {sampling_params!r}")
     else:
         params_list = list(sampling_params)
         if len(params_list) != len(prompts):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -211,6 +212,7 @@ class ModelRunner:
         self.num_graph_steps = 0  # forward passes served by a CUDA-graph replay
         self.device_wait_s = 0.0  # how long the last sample() waited for the device
         self.num_blocks = {"swap_out": 0, "copy": 0, "swap_in": 0}  # blocks copied by apply_block_ops, ever
+        self._unapplied: deque[list[tuple[str, int, int]]] = deque()  # per step: ops a raising copy left
         if cuda_graphs:
             if self.device.type != "cuda":
                 raise ValueError("cuda_graphs=True needs the model on a CUDA device")
@@ -223,22 +225,42 @@ class ModelRunner:
     def apply_block_ops(self, block_ops: Sequence[tuple[str, int, int]]) -> dict[str, int]:
         """Apply the scheduler's ``block_ops`` to the cache in order -- ``("swap_out", gpu, cpu)``,
         ``("copy", src, dst)``, ``("swap_in", cpu, gpu)`` -- each run of one kind as one batched
-        copy per layer. Returns the number of blocks of each kind."""
-        apply = {"swap_out": self.kv_cache.swap_out, "copy": self.kv_cache.copy_blocks, "swap_in": self.kv_cache.swap_in}
-        counts = dict.fromkeys(apply, 0)  # this call's
-        i = 0
-        while i < len(block_ops):
-            kind = block_ops[i][0]
-            if kind not in apply:
-                raise ValueError(f"unknown block op {kind!r}")
-            j = i
-            while j < len(block_ops) and block_ops[j][0] == kind:
-                j += 1
-            apply[kind]([(a, b) for _, a, b in block_ops[i:j]])
-            counts[kind] += j - i
-            self.num_blocks[kind] += j - i
-            i = j
+        copy per layer. Returns the number of blocks of each kind.
+
+        The scheduler has already moved the blocks in its books, so a copy that raises (a CUDA OOM,
+        an injected fault) must still happen: the ops from the failed run on are kept, and the next
+        call applies them first, before its own. Re-applying a run is safe: a run's sources are not
+        written before the step's forward pass, which never runs while ops are pending.
+        """
+        counts = {"swap_out": 0, "copy": 0, "swap_in": 0}  # this call's
+        bad = next((op[0] for op in block_ops if op[0] not in counts), None)
+        if bad is not None:
+            raise ValueError(f"unknown block op {bad!r}")
+        self._unapplied.append(list(block_ops))
+        while self._unapplied:  # one step's ops at a time: copy_blocks reads all sources first
+            ops = self._unapplied[0]
+            while ops:
+                kind = ops[0][0]
+                j = next((j for j, op in enumerate(ops) if op[0] != kind), len(ops))
+                self._apply_run(kind, [(a, b) for _, a, b in ops[:j]])  # may raise: ops stay queued
+                del ops[:j]
+                counts[kind] += j
+                self.num_blocks[kind] += j
+            self._unapplied.popleft()
         return counts
+
+    def _apply_run(self, kind: str, pairs: list[tuple[int, int]]) -> None:
+        if kind == "swap_out":
+            self.kv_cache.swap_out(pairs)
+        elif kind == "copy":
+            self.kv_cache.copy_blocks(pairs)
+        else:
+            self.kv_cache.swap_in(pairs)
+
+    @property
+    def num_unapplied_block_ops(self) -> int:
+        """Block copies the scheduler asked for that have not reached the cache (after one raised)."""
+        return sum(map(len, self._unapplied))
 
     def prepare(self, scheduled, block_table, sample_chunks: Sequence[int],
                 sampling: tuple[Sequence[float], Sequence[float], Sequence[float]] | None = None) -> StepBatch:

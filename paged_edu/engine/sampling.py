@@ -28,7 +28,13 @@ import torch
 from paged_edu.core.validation import SEED_LIMIT, as_int, integer
 from paged_edu.core.validation import seed as check_seed
 
-__all__ = ["SamplingParams", "Sampler", "rows_to_sample", "sample", "sample_on_device", "tokens_by_sequence"]
+__all__ = ["GREEDY_BELOW", "SamplingParams", "Sampler", "rows_to_sample", "sample", "sample_on_device", "tokens_by_sequence"]
+
+
+# A temperature below this is greedy, as in vLLM (``_SAMPLING_EPS = 1e-5`` in vllm/sampling_params.py and
+# vllm/v1/sample/sampler.py): dividing fp32 logits by ~1e-38 overflows to inf, the softmax gives NaN,
+# and the inverse CDF then always lands on the last token of the vocabulary.
+GREEDY_BELOW = 1e-5
 
 
 def _real(name: str, value) -> float:
@@ -42,7 +48,8 @@ def _real(name: str, value) -> float:
 class SamplingParams:
     """How one request is decoded; every field is checked here, once, and cannot change after.
 
-    ``temperature = 0`` is greedy. ``n > 1`` asks for ``n`` samples of the same prompt: they share
+    ``temperature = 0`` is greedy, and so is any temperature below :data:`GREEDY_BELOW` (it is stored as
+    0: the limit of sampling as ``T -> 0`` is the argmax, which fp32 cannot compute by division). ``n > 1`` asks for ``n`` samples of the same prompt: they share
     the prompt's blocks (fork) and diverge by copy-on-write. ``seed`` makes sampling reproducible;
     sample ``i`` of a request draws from ``torch.Generator().manual_seed(seed + i)``, so
     ``seed + n - 1`` must be a valid generator seed (``< 2**64``).
@@ -61,6 +68,8 @@ class SamplingParams:
         temperature = _real("temperature", self.temperature)
         if not math.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if temperature < GREEDY_BELOW:
+            temperature = 0.0
         top_p = _real("top_p", self.top_p)
         if not 0 < top_p <= 1:  # NaN fails this too
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
@@ -80,7 +89,8 @@ class SamplingParams:
         if any(t < 0 for t in stop):
             raise ValueError(f"stop_token_ids must be token ids >= 0, got {stop!r}")
         if n > 1 and temperature == 0:
-            raise ValueError("n > 1 with temperature 0 would give n identical greedy samples; set temperature > 0")
+            raise ValueError(f"n > 1 with temperature {self.temperature!r} (greedy: below {GREEDY_BELOW}) would give "
+                             "n identical samples; set a higher temperature")
         for name, value in (("max_tokens", max_tokens), ("n", n), ("temperature", temperature),
                             ("top_p", top_p), ("seed", seed), ("stop_token_ids", stop)):
             object.__setattr__(self, name, value)  # the checked, plain-Python values
@@ -124,7 +134,7 @@ def sample_on_device(
     N, vocab = logits.shape
     if greedy_tokens is None:
         greedy_tokens = logits.argmax(dim=-1)  # (N,)
-    is_greedy = temperatures == 0  # (N,)
+    is_greedy = temperatures < GREEDY_BELOW  # (N,): a smaller divisor overflows fp32 (see GREEDY_BELOW)
     temp = torch.where(is_greedy, torch.ones_like(temperatures), temperatures)  # (N,)
     probs = torch.softmax(logits / temp[:, None], dim=-1)  # (N, vocab)
     sorted_p, sorted_idx = probs.sort(dim=-1, descending=True, stable=True)  # (N, vocab) each
@@ -145,6 +155,9 @@ class Sampler:
     each stream draws :attr:`PREFETCH` at a time and hands them out in order: the CPU generator
     produces the same numbers in one call of ``k`` as in ``k`` calls of one (a test checks it), so
     the stream is unchanged.
+
+    A step that fails after drawing (its forward pass raised) gives its draws back with
+    :meth:`rollback`, so the retried step draws the same numbers; :meth:`commit` keeps them.
     """
 
     PREFETCH = 64
@@ -154,6 +167,7 @@ class Sampler:
         self._seed_source = torch.Generator().manual_seed(seed)  # for requests without a seed
         self._generators: dict[tuple[int, int], torch.Generator] = {}
         self._drawn: dict[tuple[int, int], list[float]] = {}  # prefetched draws, next one last
+        self._taken: list[tuple[tuple[int, int], float]] = []  # this step's draws, until commit or rollback
 
     def add(self, request_id: int, params: SamplingParams) -> None:
         """Seed the ``n`` streams of a request (nothing for greedy ones)."""
@@ -187,7 +201,20 @@ class Sampler:
         drawn = self._drawn.get(key)
         if not drawn:
             drawn = self._drawn[key] = torch.rand(self.PREFETCH, generator=gen).tolist()[::-1]
-        return drawn.pop()
+        u = drawn.pop()
+        self._taken.append((key, u))
+        return u
+
+    def commit(self) -> None:
+        """The step's draws were used: forget them."""
+        self._taken.clear()
+
+    def rollback(self) -> None:
+        """Give the draws since the last :meth:`commit` back: each stream's next draws are them again."""
+        for key, u in reversed(self._taken):
+            if key in self._generators:  # a stream dropped since (an abort) takes nothing back
+                self._drawn.setdefault(key, []).append(u)
+        self._taken.clear()
 
 
 def rows_to_sample(scheduled, sampler: Sampler, requests) -> tuple[list, tuple]:

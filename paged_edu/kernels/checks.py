@@ -130,14 +130,21 @@ def check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens
             raise ValueError(f"max_q_len={max_q_len!r}, but the longest chunk in cu_seqlens_q has {longest} tokens")
 
 
+# The largest softmax scale accepted. Models use 1/sqrt(head_dim) (at most 1) or a scale of that
+# order; the fp32 scores ``scale * q.k`` of ordinary activations overflow to inf long before 1e38 and
+# turn the softmax into NaN, so a scale far past 1 is a units mistake, refused rather than computed.
+MAX_SCALE = 1e4
+
+
 def check_scale(scale, head_dim: int) -> float:
-    """The softmax scale: ``1/sqrt(head_dim)`` by default, else a finite real number > 0 (numpy
-    floats included). A NaN or infinite scale would silently turn every output into NaN."""
+    """The softmax scale: ``1/sqrt(head_dim)`` by default, else a real number in ``(0, MAX_SCALE]``
+    (numpy floats included). A NaN, infinite or huge scale would silently turn outputs into NaN."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a float (any real number) or None, got {type(scale).__name__} {scale!r}")
     value = float(scale)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+    if not 0 < value <= MAX_SCALE:  # NaN fails this too
+        raise ValueError(f"scale must be a finite number > 0 and <= MAX_SCALE = {MAX_SCALE:g} (1/sqrt(head_dim) = "
+                         f"{head_dim ** -0.5:.4g} by default), got {scale!r}")
     return value

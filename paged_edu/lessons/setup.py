@@ -144,7 +144,22 @@ def check_parameters(**params) -> dict:
         else:
             known = ", ".join(["device", *PARAMETERS])
             raise ValueError(f"{name!r} is not a lesson parameter with a rule; known: {known}")
+    _check_jointly(clean)
     return clean
+
+
+PRESSURE_BLOCK_SIZE = 8  # lesson 6's pool: blocks of 8 tokens (pool_blocks' rule says so)
+
+
+def _check_jointly(p: dict) -> None:
+    """Rules between parameters, each naming the one to change: in lesson 6 one request at full length
+    (``pressure_prompt_len + max_new_tokens`` tokens) must fit in the pool, or no run can finish."""
+    if {"pool_blocks", "pressure_prompt_len", "max_new_tokens"} <= p.keys():
+        need = -(-(p["pressure_prompt_len"] + p["max_new_tokens"]) // PRESSURE_BLOCK_SIZE)
+        if p["pool_blocks"] < need:
+            raise ValueError(f"pool_blocks={p['pool_blocks']} is too small: one request of pressure_prompt_len="
+                             f"{p['pressure_prompt_len']} + max_new_tokens={p['max_new_tokens']} tokens needs {need} "
+                             f"blocks of {PRESSURE_BLOCK_SIZE}; set pool_blocks >= {need}")
 
 
 def check_device(device) -> str:
