@@ -1,8 +1,13 @@
 """Offline throughput: the paged engine against transformers ``generate`` with static batching.
 
-    python benchmarks/bench_engine.py                 # on a GPU: the README's numbers (~7 min on an H200)
+    python benchmarks/bench_engine.py                 # on a GPU: every system (~15 min on an H200)
+    python benchmarks/bench_engine.py --skip-cb-default --skip-static --skip-eager   # engine + CB with graphs (~5 min)
     python benchmarks/bench_engine.py --skip-peer --skip-static   # the engine alone (~1 min)
     python benchmarks/bench_engine.py --smoke         # a tiny run on a CPU, to check the script
+
+Every system serves its requests once untimed before its timed run (the same requests: every shape
+the timed run meets is compiled or captured before it), and the record counts what was still
+compiled (Triton variants) or captured (CUDA graphs, in either system) inside the timed window.
 
 Peers, in the same process on the same requests, weights and KV budget: transformers' own
 continuous batching (``ContinuousBatchingManager``, driven like ``generate_batch``; once with CUDA
@@ -10,8 +15,9 @@ graphs forced on, once with its defaults; ``--skip-peer``, ``--skip-cb-graphs``,
 and its static-batch ``generate`` (``--skip-static``). The JSON is rewritten after every system, so
 a run cut short keeps what finished.
 
-Per engine run: useful tokens/s, the mean decode step against the cost model's roofline for the
-same batches (:mod:`paged_edu.sim.costmodel`, no overhead term), the host time per step -- the
+Per engine run: useful tokens/s, the mean decode and mixed step against the roofline of the same
+steps ("roofline (full efficiency, per-chunk shapes, LM head included)": ``CostModel.roofline()`` on
+each step's exact chunks, :mod:`paged_edu.sim.costmodel`), the host time per step -- the
 step's wall time minus the time the host waited for the device (``StepMetrics.device_wait``: the
 copy of the sampled tokens, the step's one sync), so GPU time is excluded -- and the share of steps
 that replayed a captured CUDA graph.
@@ -57,6 +63,7 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
+from paged_edu.labs.batching import model_spec  # noqa: E402
 from paged_edu.labs.timing import compiled_variant_counter, graph_capture_counter  # noqa: E402
 from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
@@ -64,6 +71,7 @@ from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.sim.workloads import L_MAX, sharegpt  # noqa: E402
 from engine_report import plot, report  # noqa: E402
+from record import provenance  # noqa: E402
 from hf_peers import FIRST_COMPARED, common_prefix, run_hf, run_hf_cb, sync  # noqa: E402
 
 
@@ -85,7 +93,7 @@ def make_requests(num: int, seed: int, vocab: int, scale: float = 1.0):
 
 
 def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, device, log,
-               preemption_mode="recompute", cuda_graphs=None, impls=None):
+               preemption_mode="recompute", cuda_graphs=None, impls=None, spec=None):
     """Serve the requests twice, timing the second run: the first, untimed, meets every shape the
     timed one meets (the schedule does not depend on timing), so Triton compiles none inside the
     timed window; the counters below say so (``triton_variants_compiled_in_window``,
@@ -144,7 +152,7 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
     # A step that compiled a new Triton variant (a shape, stride or split count not seen before) pays
     # the compiler's time: step_speed counts them, and the mixed steps' mean without them.
     new_variants = np.diff(np.array([compiled_before] + compiled_after)) > 0  # (steps,)
-    speed = step_speed(steps, decode_steps, running, new_variants)
+    speed = step_speed(steps, decode_steps, running, new_variants, spec)
     log(f"  host ms/step (wall - device wait): {speed['host_ms_per_step']:.3f} (decode steps "
         f"{speed['host_ms_per_decode_step']:.3f}, at ~256 running {speed['host_ms_at_256_running']}); "
         f"decode step {speed['mean_decode_step_ms']} ms vs roofline {speed['roofline_decode_step_ms']} ms, "
@@ -170,18 +178,19 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
     )
 
 
-def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.ndarray, new_variants: np.ndarray) -> dict:
+def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.ndarray, new_variants: np.ndarray,
+               spec=None) -> dict:
     """Step times against the roofline of the same steps, and the host's share of each step.
 
-    Roofline (:data:`paged_edu.sim.costmodel.ROOFLINE_NAME`): ``CostModel.roofline()`` for SmolLM2-135M
-    on the H200 -- full efficiency, no overhead, the tied LM head's weight read counted -- on each
+    Roofline (:data:`paged_edu.sim.costmodel.ROOFLINE_NAME`): ``CostModel.roofline()`` for ``spec`` (default
+    SmolLM2-135M) on the H200 -- full efficiency, no overhead, the tied LM head's weight read counted -- on each
     step's exact chunks (``StepShape.of_chunks`` of the step's ``chunk_starts`` / ``chunk_counts``).
     Host time: ``duration - device_wait``, the wall time less the time the host waited for the GPU
     (the copy of the sampled tokens: the one sync).
     """
     from paged_edu.sim.costmodel import MODELS, ROOFLINE_NAME, CostModel, StepShape
 
-    cost = CostModel(model=MODELS["smollm2-135m"]).roofline()
+    cost = CostModel(model=spec or MODELS["smollm2-135m"]).roofline()
     roof = np.array([cost.step_time(StepShape.of_chunks(m.chunk_starts, m.chunk_counts, m.num_emitting))
                      for m in steps])  # (steps,) seconds
     dur = np.array([m.duration for m in steps])
@@ -306,8 +315,7 @@ def main(argv=None):
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = dict(
-        command="python benchmarks/bench_engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        complete=False, device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        **provenance("bench_engine.py", argv), complete=False, device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__, transformers_version=transformers.__version__, dtype=str(dtype).replace("torch.", ""),
         model=dict(geometry="SmolLM2-135M" if not args.smoke else "tiny", weights="random", num_layers=config.num_layers,
                    num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
@@ -336,7 +344,8 @@ def main(argv=None):
     result.update(kernel_check=kernel_check, engine_impls=impls or "auto")
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
     common = (num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens, device, log)
-    kw = dict(impls=impls)
+    # The roofline's model: SmolLM2-135M's row of the model table; the smoke run's tiny model from its config.
+    kw = dict(impls=impls, spec=model_spec(config, dtype) if args.smoke else None)
     try:
         eng = run_engine(model, prompts, outputs, *common, cuda_graphs=graphs, **kw)
     except Exception as exc:  # keep the run's other numbers: retry without graphs, and say so
