@@ -36,11 +36,14 @@ def _cpu_name() -> str:
 
 def provenance(script: str, argv: list[str] | None = None, note: str = "") -> dict:
     """The command that ran (``python benchmarks/<script> ...``), the commit (``+dirty`` when the tree had
-    uncommitted changes), when, and on what: CPU, cores, Python, torch and the GPU if one was used."""
+    uncommitted changes; ``$PAGED_EDU_COMMIT`` where there is no git checkout), when, and on what: CPU,
+    cores, Python, torch and the GPU if one was used."""
     args = sys.argv[1:] if argv is None else list(argv)
     commit = _git("rev-parse", "HEAD")
     if commit and _git("status", "--porcelain", "--untracked-files=no"):
         commit += "+dirty"
+    # A tree copied without its .git (the GPU machine): whoever sends it names the commit.
+    commit = commit or os.environ.get("PAGED_EDU_COMMIT")
     machine = {"cpu": _cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
                "platform": platform.platform()}
     torch = sys.modules.get("torch")
