@@ -6,7 +6,7 @@ block size 16. The same trace as ``shared/guides/cpu-anchors.md`` describes, so 
 with its anchors (nano-vllm's BlockManager: 0.91 M appends/s, 10.7 k admissions/s).
 
     python benchmarks/bench_allocator.py [--requests 10000] [--repeat 3] [--clock wall|cpu]
-                                         [--json build/bench_allocator.json]
+                                         [--json figures/allocator_bench.json]
 
 Each configuration is replayed ``--repeat`` times, round robin; the best time is reported (machines
 are noisy).
@@ -24,10 +24,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from paged_edu import BlockAllocator  # noqa: E402
 from paged_edu.labs.seed_allocator import SeedAllocator  # noqa: E402
 from paged_edu.core.radix_cache import RadixAllocator  # noqa: E402
+from record import provenance  # noqa: E402
 
 
 class SeedHarness:
@@ -123,13 +125,14 @@ def replay(trace, *, subscribe: bool, max_running: int = 64, num_blocks: int = 8
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
-    parser.add_argument("--json", default="build/bench_allocator.json")
-    args = parser.parse_args()
+    parser.add_argument("--json", default="figures/allocator_bench.json",
+                        help="the record: the table's rows, the command, the commit, the machine")
+    args = parser.parse_args(argv)
     trace = make_trace(args.requests)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     rows = []
@@ -163,8 +166,11 @@ def main() -> None:
         print(f"| {r['label']} | {r['appends_per_s'] / 1e6:.2f} M | {r['admissions_per_s'] / 1e3:.1f} k | "
               f"{blocks} | {hits} |")
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    record = {**provenance("bench_allocator.py", argv, note=f"best of {args.repeat}, {args.clock} clock; the CPU may "
+                                                            "be shared with other work"),
+              "requests": args.requests, "repeat": args.repeat, "clock": args.clock, "rows": rows}
     with open(args.json, "w") as f:
-        json.dump(rows, f, indent=2)
+        json.dump(record, f, indent=2)
     print(f"wrote {args.json}")
 
 

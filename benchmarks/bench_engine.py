@@ -1,8 +1,13 @@
 """Offline throughput: the paged engine against transformers ``generate`` with static batching.
 
-    python benchmarks/bench_engine.py                 # on a GPU: the README's numbers (~7 min on an H200)
+    python benchmarks/bench_engine.py                 # on a GPU: every system (~15 min on an H200)
+    python benchmarks/bench_engine.py --skip-cb-default --skip-static --skip-eager   # engine + CB with graphs (~5 min)
     python benchmarks/bench_engine.py --skip-peer --skip-static   # the engine alone (~1 min)
     python benchmarks/bench_engine.py --smoke         # a tiny run on a CPU, to check the script
+
+Every system serves its requests once untimed before its timed run (the same requests: every shape
+the timed run meets is compiled or captured before it), and the record counts what was still
+compiled (Triton variants) or captured (CUDA graphs, in either system) inside the timed window.
 
 Peers, in the same process on the same requests, weights and KV budget: transformers' own
 continuous batching (``ContinuousBatchingManager``, driven like ``generate_batch``; once with CUDA
@@ -10,8 +15,9 @@ graphs forced on, once with its defaults; ``--skip-peer``, ``--skip-cb-graphs``,
 and its static-batch ``generate`` (``--skip-static``). The JSON is rewritten after every system, so
 a run cut short keeps what finished.
 
-Per engine run: useful tokens/s, the mean decode step against the cost model's roofline for the
-same batches (:mod:`paged_edu.sim.costmodel`, no overhead term), the host time per step -- the
+Per engine run: useful tokens/s, the mean decode and mixed step against the roofline of the same
+steps ("roofline (full efficiency, per-chunk shapes, LM head included)": ``CostModel.roofline()`` on
+each step's exact chunks, :mod:`paged_edu.sim.costmodel`), the host time per step -- the
 step's wall time minus the time the host waited for the device (``StepMetrics.device_wait``: the
 copy of the sampled tokens, the step's one sync), so GPU time is excluded -- and the share of steps
 that replayed a captured CUDA graph.
@@ -59,13 +65,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
-from paged_edu.labs.timing import compiled_variant_counter  # noqa: E402
+from paged_edu.labs.batching import model_spec  # noqa: E402
+from paged_edu.labs.timing import compiled_variant_counter, graph_capture_counter  # noqa: E402
 from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.sim.workloads import L_MAX, sharegpt  # noqa: E402
 from engine_report import plot, report  # noqa: E402
+from record import provenance  # noqa: E402
 from hf_peers import FIRST_COMPARED, common_prefix, run_hf, run_hf_cb, sync  # noqa: E402
 
 
@@ -87,13 +95,24 @@ def make_requests(num: int, seed: int, vocab: int, scale: float = 1.0):
 
 
 def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, device, log,
-               preemption_mode="recompute", cuda_graphs=None, impls=None):
-    engine = Engine(model, num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True,
-                    preemption_mode=preemption_mode, max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens, cuda_graphs=cuda_graphs, **(impls or {}))
+               preemption_mode="recompute", cuda_graphs=None, impls=None, spec=None):
+    """Serve the requests twice, timing the second run: the first, untimed, meets every shape the
+    timed one meets (the schedule does not depend on timing), so Triton compiles none inside the
+    timed window; the counters below say so (``triton_variants_compiled_in_window``,
+    ``graph_captures_in_window``: paged_edu captures its decode graphs when the engine is built)."""
+    def make():
+        return Engine(model, num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True,
+                      preemption_mode=preemption_mode, max_num_seqs=max_num_seqs,
+                      max_num_batched_tokens=max_num_batched_tokens, cuda_graphs=cuda_graphs, **(impls or {}))
+
+    t = time.perf_counter()
+    make().run(prompts, [SamplingParams(max_tokens=o) for o in outputs], use_tqdm=False)  # untimed: compiles
+    sync(device)
+    log(f"  engine warm-up on the same {len(prompts)} requests: {time.perf_counter() - t:.1f} s")
+    engine = make()
     steps: list[StepMetrics] = []
     compiled_after: list[int] = []  # Triton kernel variants compiled so far, after each step
-    count_variants = compiled_variant_counter()
+    count_variants, count_graphs = compiled_variant_counter(), graph_capture_counter()
 
     def on_event(e):
         if isinstance(e, StepMetrics):
@@ -102,12 +121,14 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
 
     engine.subscribe(on_event)
     params = [SamplingParams(max_tokens=o) for o in outputs]
-    compiled_before = count_variants()
+    compiled_before, graphs_before = count_variants(), count_graphs()
     sync(device)
     t0 = time.perf_counter()
     outs = engine.run(prompts, params, use_tqdm=False)
     sync(device)
     dt = time.perf_counter() - t0
+    window = dict(triton_variants_compiled_in_window=count_variants() - compiled_before,
+                  graph_captures_in_window=count_graphs() - graphs_before)
     useful = sum(len(o.outputs[0]) for o in outs)
     if useful != sum(outputs):
         raise RuntimeError(f"the engine produced {useful} tokens, expected {sum(outputs)}")
@@ -128,10 +149,12 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
         f"peak {running.max()} running, {engine.scheduler.num_preemptions} preemptions, "
         f"{engine.num_graph_steps} graph steps" + (f" (graphs failed: {engine.graph_error})" if engine.graph_error else ""))
     log("  mean step phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in phase_ms.items()))
+    log(f"  in the timed window: {window['triton_variants_compiled_in_window']} Triton variants compiled, "
+        f"{window['graph_captures_in_window']} CUDA graphs captured")
     # A step that compiled a new Triton variant (a shape, stride or split count not seen before) pays
     # the compiler's time: step_speed counts them, and the mixed steps' mean without them.
     new_variants = np.diff(np.array([compiled_before] + compiled_after)) > 0  # (steps,)
-    speed = step_speed(steps, decode_steps, running, new_variants)
+    speed = step_speed(steps, decode_steps, running, new_variants, spec)
     log(f"  host ms/step (wall - device wait): {speed['host_ms_per_step']:.3f} (decode steps "
         f"{speed['host_ms_per_decode_step']:.3f}, at ~256 running {speed['host_ms_at_256_running']}); "
         f"decode step {speed['mean_decode_step_ms']} ms vs roofline {speed['roofline_decode_step_ms']} ms, "
@@ -139,7 +162,7 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
         f"variant {speed['steps_that_compiled']} ({speed['mixed_steps_that_compiled']} mixed), mixed step without "
         f"them {speed['mean_mixed_step_ms_without_compiles']} ms")
     return dict(
-        **speed, first_outputs=[o.outputs[0] for o in outs[:FIRST_COMPARED]],
+        **speed, **window, first_outputs=[o.outputs[0] for o in outs[:FIRST_COMPARED]],
         seconds=dt, useful_tokens=useful, tokens_per_s=useful / dt, num_requests=len(prompts), num_steps=len(steps),
         peak_concurrency=int(running.max()), mean_concurrency=float((running * w).sum()),
         num_preemptions=engine.scheduler.num_preemptions,
@@ -157,17 +180,21 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
     )
 
 
-def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.ndarray, new_variants: np.ndarray) -> dict:
-    """Step times against the roofline of the same batches, and the host's share of each step.
+def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.ndarray, new_variants: np.ndarray,
+               spec=None) -> dict:
+    """Step times against the roofline of the same steps, and the host's share of each step.
 
-    Roofline: :class:`paged_edu.sim.costmodel.CostModel` (SmolLM2-135M, H200, no overhead term), each step's
-    shape from its metrics (``StepShape.from_step_metrics``). Host time: ``duration - device_wait``, the
-    wall time less the time the host waited for the GPU (the copy of the sampled tokens: the one sync).
+    Roofline (:data:`paged_edu.sim.costmodel.ROOFLINE_NAME`): ``CostModel.roofline()`` for ``spec`` (default
+    SmolLM2-135M) on the H200 -- full efficiency, no overhead, the tied LM head's weight read counted -- on each
+    step's exact chunks (``StepShape.of_chunks`` of the step's ``chunk_starts`` / ``chunk_counts``).
+    Host time: ``duration - device_wait``, the wall time less the time the host waited for the GPU
+    (the copy of the sampled tokens: the one sync).
     """
-    from paged_edu.sim.costmodel import MODELS, CostModel, StepShape
+    from paged_edu.sim.costmodel import MODELS, ROOFLINE_NAME, CostModel, StepShape
 
-    cost = CostModel(model=MODELS["smollm2-135m"], step_overhead_s=0.0)
-    roof = np.array([cost.step_time(StepShape.from_step_metrics(m)) for m in steps])  # (steps,) seconds
+    cost = CostModel(model=spec or MODELS["smollm2-135m"]).roofline()
+    roof = np.array([cost.step_time(StepShape.of_chunks(m.chunk_starts, m.chunk_counts, m.num_emitting))
+                     for m in steps])  # (steps,) seconds
     dur = np.array([m.duration for m in steps])
     host = dur - np.array([m.device_wait for m in steps])
     mixed = ~decode_steps & np.array([m.num_decode_seqs > 0 for m in steps])
@@ -175,7 +202,9 @@ def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.n
 
     ms = lambda values, mask: round(float(values[mask].mean() * 1e3), 4) if mask.any() else None  # noqa: E731
 
-    out = dict(mean_decode_step_ms=ms(dur, decode_steps), roofline_decode_step_ms=ms(roof, decode_steps),
+    out = dict(roofline=ROOFLINE_NAME, roofline_gpu=cost.gpu.name, roofline_bandwidth=cost.gpu.hbm_bandwidth,
+               roofline_run_s=round(float(roof.sum()), 4),
+               mean_decode_step_ms=ms(dur, decode_steps), roofline_decode_step_ms=ms(roof, decode_steps),
                mean_mixed_step_ms=ms(dur, mixed), roofline_mixed_step_ms=ms(roof, mixed),
                num_decode_steps=int(decode_steps.sum()), num_mixed_steps=int(mixed.sum()),
                device_wait_ms_per_decode_step=ms(dur - host, decode_steps),  # ~ the GPU's share of a decode step
@@ -228,26 +257,6 @@ def check_kernels(model, device, block_size=16, require_cuda=True):
                 logit_scale=scale)
 
 
-def warm_up(hf, model, device, block_size, num_blocks, max_num_seqs, max_num_batched_tokens, static=True):
-    """Compile the Triton kernels for every shape the timed runs meet, untimed.
-
-    Triton compiles a kernel variant the first time it meets it (split counts, grid orders); a
-    short workload with the timed runs' pool and limits meets mixed prefill/decode steps of many
-    sizes. (The numbers in paged_edu/data/engine_bench.json came from an earlier, smaller warm-up -- two
-    requests -- so their engine times include about 3 s of compilation in the ramp-up.)
-    """
-    prompts, outputs = make_requests(96, 12345, model.config.vocab_size)
-    engine = Engine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens)
-    engine.run(prompts, [SamplingParams(max_tokens=min(o, 48)) for o in outputs], use_tqdm=False)
-    engine = Engine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens, cuda_graphs=False)
-    engine.run(prompts[:32], [SamplingParams(max_tokens=min(o, 24)) for o in outputs[:32]], use_tqdm=False)
-    with torch.inference_mode():
-        if static:
-            hf.generate(input_ids=torch.tensor([prompts[0]] * 2, device=device), max_new_tokens=4, min_new_tokens=4,
-                        do_sample=False, pad_token_id=0)
-    sync(device)
 
 
 def main(argv=None):
@@ -269,6 +278,9 @@ def main(argv=None):
     ap.add_argument("--skip-cb-graphs", action="store_true", help="skip transformers CB with CUDA graphs forced on")
     ap.add_argument("--skip-cb-default", action="store_true", help="skip transformers CB with its defaults")
     ap.add_argument("--cb-requests", type=int, default=None, help="serve only the first N requests to transformers CB")
+    ap.add_argument("--cb-short-warm-up", action="store_true",
+                    help="warm transformers CB with 8 short requests, not the timed requests (it may then capture graphs "
+                         "inside its timed window: graph_captures_in_window says how many)")
     ap.add_argument("--skip-static", action="store_true", help="skip transformers' static-batch generate")
     args = ap.parse_args(argv)
 
@@ -308,8 +320,7 @@ def main(argv=None):
     figure_path = Path(args.figure or (out.with_suffix(".png") if args.smoke else ROOT / "figures" / "engine_bench.png"))
     out.parent.mkdir(parents=True, exist_ok=True)
     result = dict(
-        command="python benchmarks/bench_engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        complete=False, device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        **provenance("bench_engine.py", argv), complete=False, device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__, transformers_version=transformers.__version__, dtype=str(dtype).replace("torch.", ""),
         model=dict(geometry="SmolLM2-135M" if not args.smoke else "tiny", weights="random", num_layers=config.num_layers,
                    num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
@@ -336,14 +347,10 @@ def main(argv=None):
             impls["attn_impl"] = "torch"
             log("  the Triton decode disagrees: the engine uses the PyTorch decode path")
     result.update(kernel_check=kernel_check, engine_impls=impls or "auto")
-    t = time.perf_counter()
-    warm_up(hf, model, device, args.block_size, num_blocks, args.max_num_seqs, args.max_num_batched_tokens,
-            static=not args.skip_static)
-    log(f"warm-up {time.perf_counter() - t:.1f} s")
-
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
     common = (num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens, device, log)
-    kw = dict(impls=impls)
+    # The roofline's model: SmolLM2-135M's row of the model table; the smoke run's tiny model from its config.
+    kw = dict(impls=impls, spec=model_spec(config, dtype) if args.smoke else None)
     try:
         eng = run_engine(model, prompts, outputs, *common, cuda_graphs=graphs, **kw)
     except Exception as exc:  # keep the run's other numbers: retry without graphs, and say so
@@ -365,7 +372,7 @@ def main(argv=None):
     for name, use_graph in cb_runs:
         try:
             res = run_hf_cb(hf, prompts[:n_cb], outputs[:n_cb], num_blocks, args.block_size, args.max_num_batched_tokens,
-                            args.max_num_seqs, use_graph, log)
+                            args.max_num_seqs, use_graph, log, warm_same=not args.cb_short_warm_up)
             res["common_prefix_with_engine"] = [common_prefix(a, b) for a, b in zip(res["first_outputs"], eng["first_outputs"])]
             res["compared_lengths"] = [len(b) for b in eng["first_outputs"]]
             if n_cb < len(prompts):  # the engine on the same subset, for a like-for-like ratio
@@ -400,9 +407,8 @@ def main(argv=None):
         result["engine_on_hf_requests"] = eng_same
         save()
         hf_res = run_hf(hf, prompts, outputs, args.hf_batch, args.hf_batches, l_max, device, log)
-        result.update(
-            transformers=hf_res, speedup=eng["tokens_per_s"] / hf_res["tokens_per_s"],
-            speedup_same_requests=eng_same["tokens_per_s"] / hf_res["tokens_per_s"],
+        result.update(  # like for like only: the engine on the requests generate served
+            transformers=hf_res, speedup_same_requests=eng_same["tokens_per_s"] / hf_res["tokens_per_s"],
             concurrency_ratio=eng["peak_concurrency"] / hf_res["concurrency"],
             mean_concurrency_ratio=eng["mean_concurrency"] / hf_res["concurrency"],
         )

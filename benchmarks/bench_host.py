@@ -4,6 +4,10 @@ around a stub model that returns at once.
     python benchmarks/bench_host.py                    # 256 running sequences, 200 decode steps
     python benchmarks/bench_host.py --running 512 --profile
 
+The pool holds every sequence to its last token (``pool_blocks``), so no timed step preempts at
+any ``--running``. Writes its record (the command, the commit, the machine) to
+``figures/host_bench.json`` unless ``--out`` says otherwise.
+
 Every step of :meth:`Engine.step` except the model's kernels runs as in serving: scheduling,
 block-table appends, batch preparation, sampling bookkeeping, ``update``. The stub's forward
 returns zeros and its logits are a small fixed table, so what is timed is the host's share of a
@@ -26,6 +30,7 @@ import torch
 torch.set_num_threads(1)  # the host's work is single-threaded Python; keep torch's CPU kernels from competing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
 from paged_edu.engine.batch import StaticStaging  # noqa: E402
@@ -33,6 +38,7 @@ from paged_edu.engine.runner import DecodeCudaGraphs  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.models.config import LlamaConfig  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
+from record import provenance  # noqa: E402
 
 
 def stub_model(device: str = "cpu", vocab: int = 16) -> PagedLlama:
@@ -74,17 +80,30 @@ class StubGraphs(DecodeCudaGraphs):
         return self.outputs[bs]
 
 
+BLOCK_SIZE = 16
+EXTRA_TOKENS = 64  # each request may generate this many tokens past the timed steps (the prefill steps' tokens)
+
+
+def pool_blocks(running: int, steps: int, prompt_len: int) -> int:
+    """Blocks that hold ``running`` sequences of ``prompt_len + steps + EXTRA_TOKENS`` tokens each: a
+    pool that never preempts (8,192 blocks, the engine benchmark's pool, preempted at 512 running)."""
+    return running * -(-(prompt_len + steps + EXTRA_TOKENS) // BLOCK_SIZE)
+
+
 def measure(running: int = 256, steps: int = 200, prompt_len: int = 157, device: str = "cpu",
             temperature: float = 0.0, profile: bool = False, graph_path: bool = False) -> dict:
     model = stub_model(device)
-    engine = Engine(model, num_blocks=8192, block_size=16, max_num_seqs=running, max_num_batched_tokens=4096,
-                    cuda_graphs=False)
+    num_blocks = pool_blocks(running, steps, prompt_len)
+    max_model_len = prompt_len + steps + EXTRA_TOKENS
+    engine = Engine(model, num_blocks=num_blocks, block_size=BLOCK_SIZE, max_num_seqs=running,
+                    max_num_batched_tokens=4096, cuda_graphs=False)
     if graph_path:
-        engine.runner.graphs = StubGraphs(model, running, 2048 // 16)
+        engine.runner.graphs = StubGraphs(model, running, max(2048, max_model_len) // BLOCK_SIZE)
     rng = np.random.default_rng(0)
     for _ in range(running):
         engine.add_request(rng.integers(3, 16, size=prompt_len).tolist(),
-                           SamplingParams(max_tokens=steps + 64, temperature=temperature, seed=1 if temperature else None))
+                           SamplingParams(max_tokens=steps + EXTRA_TOKENS, temperature=temperature,
+                                          seed=1 if temperature else None))
     events: list[StepMetrics] = []
     engine.subscribe(lambda e: events.append(e) if isinstance(e, StepMetrics) else None)
     while any(e.num_prefill_tokens for e in events[-1:]) or not events:  # admit and prefill everyone
@@ -106,10 +125,12 @@ def measure(running: int = 256, steps: int = 200, prompt_len: int = 157, device:
         import pstats
 
         pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
-    assert all(e.num_decode_seqs == running for e in events), "every timed step must decode every sequence"
+    if not all(e.num_decode_seqs == running and not e.num_preempted for e in events):
+        raise RuntimeError("a timed step did not decode every sequence (preempted?): the timing would be of a smaller batch")
     # Medians: this measures the host, and a shared CPU adds long stalls that are not the engine's.
     phases = {k: float(np.median([e.phase_times[k] for e in events]) * 1e3) for k in events[0].phase_times}
-    return dict(running=running, steps=steps, graph_path=graph_path, ms_per_step=float(np.median(walls) * 1e3),
+    return dict(running=running, steps=steps, graph_path=graph_path, temperature=temperature, num_blocks=num_blocks,
+                ms_per_step=float(np.median(walls) * 1e3),
                 mean_ms_per_step=float(np.mean(walls) * 1e3), phase_ms=phases,
                 torch=torch.__version__, device=device)
 
@@ -122,15 +143,18 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--profile", action="store_true", help="cProfile the timed steps")
     ap.add_argument("--graph-path", action="store_true", help="stage decode steps as for a CUDA graph (stub replay)")
-    ap.add_argument("--out", default=None, help="write the result as JSON here")
+    ap.add_argument("--out", default="figures/host_bench.json", help="write the record as JSON here ('' for none)")
     args = ap.parse_args(argv)
     res = measure(args.running, args.steps, device=args.device, temperature=args.temperature, profile=args.profile,
                   graph_path=args.graph_path)
+    res = {**provenance("bench_host.py", argv, note="medians; the CPU may be shared with other work"), **res}
     print(f"{res['running']} running, {res['steps']} decode steps: median {res['ms_per_step']:.3f} ms host per step "
           f"(mean {res['mean_ms_per_step']:.3f}); median phases (ms): "
           + ", ".join(f"{k} {v:.3f}" for k, v in res["phase_ms"].items()))
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(res, indent=1))
+        print(f"wrote {args.out}")
     return res
 
 

@@ -3,8 +3,8 @@
 Targets (issue 5, item 6): 10,000 ShareGPT-like requests in at most 10 s on one CPU core, and 500
 requests in at most 0.5 s, so that a widget can re-run the simulation on every slider change.
 
-    python benchmarks/bench_simulator.py                 # prints a table, writes build/bench_simulator.json
-    python benchmarks/bench_simulator.py --repeat 3 --json build/bench_simulator.json
+    python benchmarks/bench_simulator.py                 # prints a table, writes figures/simulator_bench.json
+    python benchmarks/bench_simulator.py --quick --repeat 1 --json /tmp/sim.json
 
 Each case is timed end to end (workload generation excluded) in this process, pinned to one core
 where the OS allows; the best of ``--repeat`` runs (twice that for the short cases) is reported,
@@ -18,15 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from paged_edu.sim import workloads  # noqa: E402
 from paged_edu.sim.simulator import SimConfig, simulate  # noqa: E402
+from record import provenance  # noqa: E402
 
 CASES = [
     # (name, num_requests, rate, manager, block_size, target seconds)
@@ -41,7 +42,8 @@ CASES = [
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per case (best and median reported)")
-    parser.add_argument("--json", default="build/bench_simulator.json")
+    parser.add_argument("--json", default="figures/simulator_bench.json",
+                        help="the record: the table's rows, the command, the commit, the machine")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-pin", action="store_true", help="do not pin the process to one core")
     parser.add_argument("--quick", action="store_true", help="skip the 10k case")
@@ -84,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['case']} | {r['num_requests']:,} | {r['best_s']:.3f} | {r['median_s']:.3f} | {r['cpu_s']:.3f} | {r['target_s']:.1f} | "
               f"{'yes' if r['ok'] else 'no'} | {r['steps']:,} | {r['us_per_token']:.2f} |")
-    out = {"python": platform.python_version(), "machine": platform.machine(), "cpus_used": 1 if not args.no_pin else os.cpu_count(),
-           "rows": rows}
+    out = {**provenance("bench_simulator.py", argv, note="best and median wall time, and CPU time; the CPU may be "
+                                                          "shared with other work"),
+           "cpus_used": 1 if not args.no_pin else os.cpu_count(), "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1)

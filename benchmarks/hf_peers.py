@@ -38,6 +38,9 @@ def run_hf(hf, prompts, outputs, batch_size, num_batches, l_max, device, log):
             ids[row, p_max - len(p):] = torch.tensor(p)
             mask[row, p_max - len(p):] = 1
         steps = max(batch_out)
+        if k == 0:  # untimed: the same batch for a few tokens (cuBLAS heuristics, lazy inits); eager, nothing to capture
+            hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=4, min_new_tokens=4,
+                        do_sample=False, pad_token_id=0)
         sync(device)
         t0 = time.perf_counter()
         hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=steps,
@@ -103,12 +106,20 @@ def cb_config(num_blocks: int, block_size: int, max_batch_tokens: int, max_reque
 
 
 @torch.no_grad()  # as generate_batch: tensors made under inference_mode break its generation thread (5.17)
-def run_hf_cb(hf, prompts, outputs, num_blocks, block_size, max_batch_tokens, max_requests, use_cuda_graph, log):
+def run_hf_cb(hf, prompts, outputs, num_blocks, block_size, max_batch_tokens, max_requests, use_cuda_graph, log,
+              warm_same=True):
     """transformers' continuous batching: init, warm-up, start, one ``add_request`` per request with
     its own ``max_new_tokens`` and ``eos_token_id=-1`` (so each generates exactly its length),
-    collect, stop -- what ``generate_batch`` does, with per-request lengths. Warm-up (graph capture
-    and a short untimed batch through the started manager) is excluded from the time."""
+    collect, stop -- what ``generate_batch`` does, with per-request lengths. Warm-up is excluded
+    from the time: the manager's own ``warmup()``, then (``warm_same``) the same requests served
+    once untimed through the started manager, so that the graphs it captures lazily for each new
+    shape are captured before the timed window; ``graph_captures_in_window`` counts those it still
+    captured inside (every ``torch.cuda.CUDAGraph`` capture in the process)."""
     from transformers import GenerationConfig
+
+    from paged_edu.labs.timing import graph_capture_counter
+
+    count_graphs = graph_capture_counter()
 
     original = hf.config._attn_implementation
     errors = []
@@ -149,12 +160,18 @@ def run_hf_cb(hf, prompts, outputs, num_blocks, block_size, max_batch_tokens, ma
         return [done[f"{prefix}{i}"].generated_tokens for i in range(len(batch_prompts))]
 
     try:
-        serve(prompts[:8], [min(o, 16) for o in outputs[:8]], "warm")  # untimed
+        t = time.perf_counter()
+        if warm_same:  # untimed: every shape the timed run meets
+            serve(prompts, outputs, "warm")
+        else:
+            serve(prompts[:8], [min(o, 16) for o in outputs[:8]], "warm")
         sync(hf.device)
+        warm_s, graphs_before = time.perf_counter() - t, count_graphs()
         t0 = time.perf_counter()
         tokens = serve(prompts, outputs, "r")
         sync(hf.device)
         dt = time.perf_counter() - t0
+        graphs_in_window = count_graphs() - graphs_before
     finally:
         manager.stop(block=True, timeout=30)  # generate_batch stops it so too (timeout=5)
         if hasattr(manager, "destroy"):
@@ -162,8 +179,10 @@ def run_hf_cb(hf, prompts, outputs, num_blocks, block_size, max_batch_tokens, ma
         hf.set_attn_implementation(original)
     useful = sum(min(len(t), o) for t, o in zip(tokens, outputs))
     log(f"  transformers CB ({attn}, use_cuda_graph={use_cuda_graph}): {len(prompts)} requests, {dt:.1f} s, "
-        f"{useful / dt:,.0f} useful tok/s")
+        f"{useful / dt:,.0f} useful tok/s; warm-up {warm_s:.1f} s, {graphs_in_window} CUDA graphs captured in the "
+        f"timed window")
     return dict(seconds=dt, useful_tokens=useful, tokens_per_s=useful / dt, num_requests=len(prompts),
+                warm_same_requests=warm_same, warm_s=warm_s, graph_captures_in_window=graphs_in_window,
                 attn_implementation=attn, use_cuda_graph=use_cuda_graph, attn_errors=errors,
                 generated_exactly=all(len(t) == o for t, o in zip(tokens, outputs)),
                 first_outputs=[list(t) for t in tokens[:FIRST_COMPARED]])

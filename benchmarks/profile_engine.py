@@ -1,18 +1,25 @@
 """torch.profiler over the first steps of the engine benchmark's workload: where a step's time goes.
 
-    python benchmarks/profile_engine.py [--steps 22] [--num-requests 512]
+    python benchmarks/profile_engine.py --device cuda --out figures/h200/profile_engine   # on the H200
+    python benchmarks/profile_engine.py --tiny --steps 3 --num-requests 8 --out /tmp/p   # a CPU check
 
 The workload, model and pool of ``bench_engine.py`` (512 ShareGPT-like requests, SmolLM2-135M
-geometry with random weights, 8,192 blocks of 16). The first steps are the mixed ones: every
-request arrives at once, so each step carries 4,096 prompt tokens next to the decodes. One untimed
-run of the same steps first (Triton compiles, cuBLAS heuristics), then the profiled run of a fresh
-engine: per step its wall time and the time the host waited for the device, then the operators by
-host (CPU) time and by device time. On a CPU the device columns are empty.
+geometry with random weights, 8,192 blocks of 16, 512 running, 4,096 batch tokens). The first steps
+are the mixed ones: every request arrives at once, so each step carries 4,096 prompt tokens next to
+the decodes. One untimed run of the same steps first (Triton compiles, cuBLAS heuristics), then the
+profiled run of a fresh engine: per step its wall time, the time the host waited for the device, the
+phases and the roofline of its exact chunks (``CostModel.roofline``); then the operators by host
+(CPU) time and, on a GPU, by device time, and the number of kernels per step. ``--tiny``: a 2-layer
+model and short requests, for a check on a CPU (the device columns are then empty).
+
+Writes ``<out>.txt`` (the tables, to commit) and ``<out>.json`` (per-step numbers, the command, the
+commit, the machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -25,14 +32,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_engine import make_requests  # noqa: E402
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
-from paged_edu.models.config import smollm2_config  # noqa: E402
+from paged_edu.labs.batching import model_spec  # noqa: E402
+from paged_edu.labs.timing import compiled_variant_counter  # noqa: E402
+from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
+from paged_edu.sim.costmodel import GPUS, MODELS, ROOFLINE_NAME, CostModel, StepShape  # noqa: E402
+from record import provenance  # noqa: E402
+
+TINY = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                   head_dim=16, max_position_embeddings=2048)
 
 
-def engine_on(model, prompts, outputs):
-    engine = Engine(model, num_blocks=8192, block_size=16, enable_prefix_caching=True, max_num_seqs=512,
-                    max_num_batched_tokens=4096)
+def engine_on(model, prompts, outputs, args):
+    engine = Engine(model, num_blocks=args.num_blocks, block_size=16, enable_prefix_caching=True,
+                    max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
     engine.add_requests(prompts, [SamplingParams(max_tokens=o) for o in outputs])
     return engine
 
@@ -41,37 +55,78 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=22)
     ap.add_argument("--num-requests", type=int, default=512)
+    ap.add_argument("--num-blocks", type=int, default=8192)
+    ap.add_argument("--max-num-seqs", type=int, default=512)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
     ap.add_argument("--rows", type=int, default=25, help="operators listed per table")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer model and requests a tenth as long (a CPU check)")
+    ap.add_argument("--out", default="figures/h200/profile_engine", help="writes <out>.txt and <out>.json")
     args = ap.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    config = smollm2_config()
-    model = PagedLlama.from_hf(random_hf_llama(config, seed=0, dtype=dtype, device=device, eos_token_id=None,
-                                               pad_token_id=0))
-    prompts, outputs = make_requests(args.num_requests, 0, config.vocab_size)
-    warm = engine_on(model, prompts, outputs)
+    config = TINY if args.tiny else smollm2_config()
+    hf = random_hf_llama(config, seed=0, dtype=dtype, device=device, eos_token_id=None, pad_token_id=0)
+    model = PagedLlama.from_hf(hf)
+    del hf
+    prompts, outputs = make_requests(args.num_requests, 0, config.vocab_size, 0.1 if args.tiny else 1.0)
+    spec = model_spec(config, dtype) if args.tiny else MODELS["smollm2-135m"]
+    roofline = CostModel(model=spec, gpu=GPUS["h200"]).roofline()
+
+    warm = engine_on(model, prompts, outputs, args)
     for _ in range(args.steps):
         warm.step()
     del warm
-    engine = engine_on(model, prompts, outputs)
+    engine = engine_on(model, prompts, outputs, args)
     steps: list[StepMetrics] = []
     engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    cuda = device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    count_variants = compiled_variant_counter()
+    variants_before = count_variants()
     t0 = time.perf_counter()
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(args.steps):
             engine.step()
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize()
-    print(f"{args.steps} steps in {time.perf_counter() - t0:.3f} s (profiler on)")
+    wall = time.perf_counter() - t0
+    compiled = count_variants() - variants_before
+
+    lines = [f"{args.steps} steps of {'a tiny model' if args.tiny else 'SmolLM2-135M (random weights)'} on {device} "
+             f"({str(dtype).replace('torch.', '')}), {args.num_requests} requests, in {wall:.3f} s with the profiler on; "
+             f"Triton variants compiled while profiled: {compiled}",
+             f"roofline: {ROOFLINE_NAME}, on the {roofline.gpu.name}", "",
+             "| step | prompt tokens | decodes | wall ms | device wait ms | roofline us | phases (ms) |",
+             "|---:|---:|---:|---:|---:|---:|---|"]
+    rows = []
     for s in steps:
-        print(f"step {s.step}: {s.num_prefill_tokens} prompt + {s.num_decode_seqs} decode tokens, "
-              f"{s.duration * 1e3:.1f} ms, waited for the device {s.device_wait * 1e3:.1f} ms; "
-              + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in s.phase_times.items()))
+        roof = roofline.step_time(StepShape.of_chunks(s.chunk_starts, s.chunk_counts, s.num_emitting))
+        rows.append(dict(step=s.step, prompt_tokens=s.num_prefill_tokens, decodes=s.num_decode_seqs,
+                         wall_ms=s.duration * 1e3, device_wait_ms=s.device_wait * 1e3, roofline_ms=roof * 1e3,
+                         phase_ms={k: v * 1e3 for k, v in s.phase_times.items()}))
+        lines.append(f"| {s.step} | {s.num_prefill_tokens} | {s.num_decode_seqs} | {s.duration * 1e3:.2f} | "
+                     f"{s.device_wait * 1e3:.2f} | {roof * 1e6:.1f} | "
+                     + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in s.phase_times.items()) + " |")
     averages = prof.key_averages()
-    print(averages.table(sort_by="self_cpu_time_total", row_limit=args.rows))
-    if device.type == "cuda":
-        print(averages.table(sort_by="self_cuda_time_total", row_limit=args.rows))
+    lines += ["", "Operators by host (self CPU) time:", averages.table(sort_by="self_cpu_time_total", row_limit=args.rows)]
+    kernels = None
+    if cuda:
+        events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels = len(events) / max(len(steps), 1)
+        lines += [f"GPU kernels and copies per step: {kernels:.0f}", "", "Operators by device time:",
+                  averages.table(sort_by="self_device_time_total", row_limit=args.rows)]
+    text = "\n".join(lines)
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".txt").write_text(text + "\n")
+    record = dict(**provenance("profile_engine.py", argv), device=str(device), dtype=str(dtype).replace("torch.", ""),
+                  roofline=ROOFLINE_NAME, seconds_profiled=wall, triton_variants_compiled=compiled,
+                  device_events_per_step=kernels, steps=rows)
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1))
+    print(f"wrote {out.with_suffix('.txt')} and {out.with_suffix('.json')}")
+    return record
 
 
 if __name__ == "__main__":

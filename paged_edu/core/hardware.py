@@ -50,6 +50,9 @@ class ModelGeometry:
     latent_dim: int = 0
     rope_dim: int = 0
     max_position_embeddings: int = 0  # the config's context length: vLLM's default --max-model-len
+    # The LM head is the input embedding (config.json's tie_word_embeddings): its d_model x vocab
+    # weights are then not in matmul_params (which leaves the input embedding out); untied, they are.
+    tie_word_embeddings: bool = False
     note: str = ""
     source: str = ""
 
@@ -102,9 +105,9 @@ MODEL_TABLE: dict[str, ModelGeometry] = {
         ),
         ModelGeometry(
             "SmolLM2-135M", "smollm2-135m", 30, 9, 3, 64, 576, 49152, 0.135e9, 0.1065e9, "bf16",
-            max_position_embeddings=8192,
+            max_position_embeddings=8192, tie_word_embeddings=True,
             note="the model our engine runs: 9 query / 3 KV heads",
-            source="HuggingFaceTB/SmolLM2-135M config.json",
+            source="HuggingFaceTB/SmolLM2-135M config.json (tie_word_embeddings true)",
         ),
         ModelGeometry(
             "DeepSeek-V3 (MLA)", "deepseek-v3", 61, 128, 1, 64, 7168, 129280, 671e9, 37e9, "bf16",

@@ -83,6 +83,12 @@ class StepMetrics:
     # seconds the host waited for the device (the copy of the sampled tokens): duration - device_wait
     # is the step's host time, GPU time excluded (what the host could not overlap with the GPU)
     device_wait: float = 0.0
+    # Each scheduled chunk's shape, in the scheduler's order: chunk i computed chunk_counts[i] new
+    # tokens on top of chunk_starts[i] cached ones; num_emitting of them sampled a token. What the
+    # cost model's roofline needs: StepShape.of_chunks(m.chunk_starts, m.chunk_counts, m.num_emitting).
+    chunk_starts: list[int] = field(default_factory=list)
+    chunk_counts: list[int] = field(default_factory=list)
+    num_emitting: int = 0
     kind: str = "step"
 
 
@@ -140,8 +146,12 @@ def step_metrics(step: int, sched, scheduler, now: float, duration: float, num_f
                  phase_times: dict[str, float], device_wait: float = 0.0) -> StepMetrics:
     """The :class:`StepMetrics` of a step that ran ``sched`` (a ``SchedulerOutput``) and left ``scheduler`` so."""
     stats = scheduler.stats()
-    decodes = prefill_tokens = 0
+    decodes = prefill_tokens = emitting = 0
+    starts, counts = [], []
     for s in sched.scheduled:  # one pass (this runs every step a view is subscribed)
+        starts.append(s.start)
+        counts.append(s.num_new_tokens)
+        emitting += s.emits_token
         if s.start < s.seq.num_prompt_tokens or s.num_new_tokens > 1:  # a prefill (or recompute) chunk
             prefill_tokens += s.num_new_tokens
         else:
@@ -158,5 +168,5 @@ def step_metrics(step: int, sched, scheduler, now: float, duration: float, num_f
                    for s in sched.preempted],
         scheduled_request_ids=sorted({item.seq.request_id for item in sched.scheduled}),
         num_blocks_swapped_out=len(sched.blocks_to_swap_out), num_blocks_swapped_in=len(sched.blocks_to_swap_in),
-        device_wait=device_wait,
+        device_wait=device_wait, chunk_starts=starts, chunk_counts=counts, num_emitting=emitting,
     )

@@ -220,7 +220,8 @@ def model_spec(config, dtype: torch.dtype) -> ModelSpec:
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     per_layer = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size
     return ModelSpec("model", c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.vocab_size,
-                     float(c.num_layers * per_layer), torch.empty((), dtype=dtype).element_size())
+                     float(c.num_layers * per_layer), torch.empty((), dtype=dtype).element_size(),
+                     tie_word_embeddings=c.tie_word_embeddings)
 
 
 def phase_profile(model, requests, *, num_blocks: int, block_size: int = 16, max_num_seqs: int = 256,
@@ -228,9 +229,10 @@ def phase_profile(model, requests, *, num_blocks: int, block_size: int = 16, max
     """Run the requests; per step: the engine's ``phase_times`` and the cost model's roofline time.
 
     On a CUDA device the engine synchronises at every phase boundary (``sync_timing=True``), so
-    GPU work is booked to the phase that launched it. The roofline is :class:`CostModel` for the
-    same batch (:meth:`StepShape.from_step_metrics`) with no overheads: the time the step's FLOPs
-    and bytes need on ``gpu`` at full efficiency -- what a perfect engine could reach there.
+    GPU work is booked to the phase that launched it. The roofline is :meth:`CostModel.roofline` on
+    each step's exact chunks (``StepShape.of_chunks``): the time the step's FLOPs and bytes need on
+    ``gpu`` at full efficiency, no overhead, the tied LM head's read counted -- what a perfect engine
+    could reach there.
     """
     on_gpu = model.device.type == "cuda"
     engine = Engine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
@@ -238,11 +240,11 @@ def phase_profile(model, requests, *, num_blocks: int, block_size: int = 16, max
     steps: list[StepMetrics] = []
     engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
     engine.run([p for p, _ in requests], [SamplingParams(max_tokens=n) for _, n in requests])
-    roofline = CostModel(model=model_spec(model.config, model.dtype), gpu=GPUS[gpu], compute_efficiency=1.0,
-                         memory_efficiency=1.0, step_overhead_s=0.0)
+    roofline = CostModel(model=model_spec(model.config, model.dtype), gpu=GPUS[gpu]).roofline()
     out = {phase: [s.phase_times.get(phase, 0.0) for s in steps] for phase in PHASES}
     out.update(step=[s.step for s in steps], duration=[s.duration for s in steps],
                batched_tokens=[s.num_batched_tokens for s in steps], num_decode_seqs=[s.num_decode_seqs for s in steps],
-               roofline=[roofline.step_time(StepShape.from_step_metrics(s)) for s in steps],
+               roofline=[roofline.step_time(StepShape.of_chunks(s.chunk_starts, s.chunk_counts, s.num_emitting))
+                         for s in steps],
                gpu=roofline.gpu.name, cuda_graph_steps=engine.num_graph_steps)
     return out

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-__all__ = ["Timer", "compiled_variant_counter", "copy_ceiling_us", "decode_bytes", "percentile", "random_paged_case", "rel_err", "wall_us"]
+__all__ = ["Timer", "compiled_variant_counter", "copy_ceiling_us", "graph_capture_counter", "decode_bytes", "percentile", "random_paged_case", "rel_err", "wall_us"]
 
 
 class Timer:
@@ -169,3 +169,26 @@ def compiled_variant_counter():
             continue
         fns += [f for f in vars(mod).values() if hasattr(f, "device_caches")]
     return lambda: sum(len(c[0]) for f in fns for c in f.device_caches.values())
+
+
+_graph_captures = [0]  # CUDA graphs captured in this process since graph_capture_counter was first called
+
+
+def graph_capture_counter():
+    """A function returning how many CUDA graphs this process has captured since the first call.
+
+    Counts every ``torch.cuda.CUDAGraph.capture_begin`` -- what ``torch.cuda.graph(...)`` calls -- so
+    it sees paged_edu's decode graphs and transformers' continuous batching capturing one for a
+    shape it meets for the first time alike. Installs the count once, on the class.
+    """
+    cls = torch.cuda.CUDAGraph
+    if not getattr(cls.capture_begin, "_paged_edu_counted", False):
+        begin = cls.capture_begin
+
+        def capture_begin(self, *args, **kwargs):
+            _graph_captures[0] += 1
+            return begin(self, *args, **kwargs)
+
+        capture_begin._paged_edu_counted = True
+        cls.capture_begin = capture_begin
+    return lambda: _graph_captures[0]

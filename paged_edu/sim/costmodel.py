@@ -21,6 +21,12 @@ with ``P`` the parameters outside the embedding and ``M_KV = 2 * layers * kv_hea
 sizeof(dtype)`` the KV bytes per token. Activations, the softmax and norms are left out: they are a
 few per cent of both sums at these sizes.
 
+:meth:`CostModel.roofline` is the yardstick the benchmarks compare the engine with
+(:data:`ROOFLINE_NAME`): the same sums at full efficiency (peak FLOP/s, the copy-ceiling bandwidth),
+no overhead term, plus the tied LM head's weight read (``ModelSpec.lm_head_bytes``: a tied head is
+not in ``P``) in every step that samples, each step given as its exact chunks
+(:meth:`StepShape.of_chunks`). The default model leaves the head's read out, as it was calibrated.
+
 Assumptions are numbers on dataclasses, printed by :meth:`CostModel.describe` and adjustable:
 ``CostModel.calibrate`` fits the efficiencies and overhead to measured step times (for example the
 engine's per-step metrics on the H200, through ``StepShape.from_step_metrics``).
@@ -43,7 +49,10 @@ import numpy as np
 from paged_edu.core.hardware import GPU, GPU_TABLE, MODEL_TABLE, ModelGeometry
 from paged_edu.core.memory import vllm_kv_budget
 
-__all__ = ["GPUS", "MODELS", "CostModel", "GPUSpec", "ModelSpec", "StepShape"]
+__all__ = ["GPUS", "MODELS", "ROOFLINE_NAME", "CostModel", "GPUSpec", "ModelSpec", "StepShape"]
+
+# What every table calls the time of CostModel.roofline() on a step's exact chunks.
+ROOFLINE_NAME = "roofline (full efficiency, per-chunk shapes, LM head included)"
 
 
 # One GPU table for the whole package (paged_edu.core.hardware): memory as nvidia-smi reports it,
@@ -66,6 +75,9 @@ class ModelSpec:
     num_params: float  # P: parameters outside the input embedding (ModelGeometry.matmul_params)
     dtype_bytes: int = 2
     kv_dtype_bytes: int = 0  # bytes per cached K/V value; 0: the weights' dtype (an fp8 cache: 1)
+    # The LM head is the input embedding (config.json's tie_word_embeddings): P, which leaves the
+    # input embedding out, then leaves the head's weights out too (see lm_head_bytes).
+    tie_word_embeddings: bool = False
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -76,11 +88,18 @@ class ModelSpec:
     def weight_bytes(self) -> float:
         return self.num_params * self.dtype_bytes
 
+    @property
+    def lm_head_bytes(self) -> float:
+        """Bytes of LM-head weights a sampling step reads that ``P`` does not count: the whole
+        ``d_model x vocab`` matrix when it is tied to the input embedding (SmolLM2-135M: 56.6 MB), 0
+        when untied (``P`` already counts the head)."""
+        return self.d_model * self.vocab_size * self.dtype_bytes if self.tie_word_embeddings else 0.0
+
     @classmethod
     def from_geometry(cls, m: ModelGeometry) -> "ModelSpec":
         """The cost model's view of a row of the one model table: ``num_params`` here is ``P``."""
         return cls(m.name, m.num_layers, m.num_q_heads, m.num_kv_heads, m.head_dim, m.d_model,
-                   m.vocab_size, m.matmul_params, m.dtype_bytes)
+                   m.vocab_size, m.matmul_params, m.dtype_bytes, tie_word_embeddings=m.tie_word_embeddings)
 
 
 # The one model table (paged_edu.core.hardware), seen by the cost model, keyed by --model. MLA
@@ -162,6 +181,9 @@ class CostModel:
     # The paged kernel's cost per KV block it walks, per layer and KV head (block-table lookup,
     # a short tile, the running-softmax rescale). 0 (off) by default; see fit_per_block_cost.
     per_block_s: float = 0.0
+    # Count the tied LM head's weight read (ModelSpec.lm_head_bytes) in every step that samples. Off
+    # by default, which keeps the calibrated model's numbers as they were (lesson 7); on in roofline().
+    lm_head_read: bool = False
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency"):
@@ -183,7 +205,16 @@ class CostModel:
 
     def bytes_moved(self, s: StepShape) -> float:
         m = self.model
-        return m.weight_bytes + m.kv_bytes_per_token * (s.num_context_tokens + s.num_new_tokens)
+        head = m.lm_head_bytes if self.lm_head_read and s.num_emitting else 0.0
+        return m.weight_bytes + head + m.kv_bytes_per_token * (s.num_context_tokens + s.num_new_tokens)
+
+    def roofline(self) -> "CostModel":
+        """This model at full efficiency: the time a step's FLOPs and bytes need at the GPU's peak
+        FLOP/s and its roofline bandwidth (``GPU.hbm_bandwidth``, the copy ceiling), with no overhead
+        of any kind, the tied LM head's weight read counted. Give it each step's exact chunks
+        (:meth:`StepShape.of_chunks`); tables call it :data:`ROOFLINE_NAME`."""
+        return replace(self, compute_efficiency=1.0, memory_efficiency=1.0, step_overhead_s=0.0,
+                       per_seq_overhead_s=0.0, per_block_s=0.0, lm_head_read=True)
 
     def step_time(self, s: StepShape) -> float:
         """Seconds one step takes (0 for an empty step)."""
@@ -277,6 +308,7 @@ class CostModel:
             "step_overhead_s": self.step_overhead_s,
             "per_seq_overhead_s": self.per_seq_overhead_s,
             "per_block_s": self.per_block_s,
+            **({"lm_head_bytes": m.lm_head_bytes} if self.lm_head_read else {}),
         }
 
     def describe(self) -> str:

@@ -1,0 +1,58 @@
+"""Where a benchmark ran, for the JSON it writes: the command line, the commit, the machine.
+
+Every speed figure the README quotes comes from a committed JSON that says how to re-make it:
+``provenance()`` is the block each benchmark puts at the top of its record.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None  # not a git checkout (a copied tree on the GPU machine): the record says so
+    return out.stdout.strip()
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance(script: str, argv: list[str] | None = None, note: str = "") -> dict:
+    """The command that ran (``python benchmarks/<script> ...``), the commit (``+dirty`` when the tree had
+    uncommitted changes; ``$PAGED_EDU_COMMIT`` where there is no git checkout), when, and on what: CPU,
+    cores, Python, torch and the GPU if one was used."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    commit = _git("rev-parse", "HEAD")
+    if commit and _git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"
+    # A tree copied without its .git (the GPU machine): whoever sends it names the commit.
+    commit = commit or os.environ.get("PAGED_EDU_COMMIT")
+    machine = {"cpu": _cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+               "platform": platform.platform()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        machine["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            machine["gpu"] = torch.cuda.get_device_name(0)
+    out = {"command": " ".join(["python", f"benchmarks/{script}", *args]), "commit": commit,
+           "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine}
+    if note:
+        out["note"] = note
+    return out
