@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["CacheStats", "MemoryManager", "is_empty", "publishes_before_computed"]
+__all__ = ["CacheStats", "MemoryManager", "PrefixLookup", "is_empty", "publishes_before_computed"]
 
 
 @runtime_checkable
@@ -64,9 +64,6 @@ class MemoryManager(Protocol):
     def num_cached_tokens(self, seq_id: Hashable) -> int:
         """Leading tokens served by the cache at the last allocate (their K/V exists already)."""
 
-    def num_cached_tokens_for(self, token_ids: Sequence[int]) -> int:
-        """Leading tokens of ``token_ids`` an allocate now would hit; changes nothing (LPM asks it)."""
-
     def mark_computed(self, seq_id: Hashable, num_computed_tokens: int) -> None:
         """The first ``num_computed_tokens`` tokens' K/V is written: their full blocks may be shared."""
 
@@ -81,6 +78,15 @@ class MemoryManager(Protocol):
     @property
     def usage(self) -> float:
         """Share of the pool's blocks in use, in [0, 1]."""
+
+
+@runtime_checkable
+class PrefixLookup(Protocol):
+    """What the longest-prefix-match policy (``Scheduler(policy="lpm")``) asks of a manager besides
+    :class:`MemoryManager`: a look-up that changes nothing. A manager without one serves FCFS."""
+
+    def num_cached_tokens_for(self, token_ids: Sequence[int]) -> int:
+        """Leading tokens of ``token_ids`` an allocate now would hit; changes nothing."""
 
 
 def publishes_before_computed(manager: MemoryManager) -> bool:

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Sequence as Seq
 from paged_edu.core.allocator import OutOfBlocksError
 from paged_edu.sched.admission import check_request
-from paged_edu.sched.memory_manager import MemoryManager, publishes_before_computed
+from paged_edu.sched.memory_manager import MemoryManager, PrefixLookup, publishes_before_computed
 from paged_edu.sched.policy import POLICIES, LongestPrefixFirst
 from paged_edu.sched.scheduler_output import ScheduledSeq, SchedulerOutput
 from paged_edu.sched.sequence import Sequence, SequenceStatus
@@ -64,6 +64,9 @@ class Scheduler:
         for name, value in limits:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if policy == "lpm" and not isinstance(allocator, PrefixLookup):
+            raise ValueError(f"policy='lpm' needs a manager that can look up a prompt's cached prefix "
+                             f"(num_cached_tokens_for); {type(allocator).__name__} has none: use policy='fcfs'")
         swap_space = SwapSpace(num_cpu_blocks)
         if preemption_mode == "swap" and num_cpu_blocks == 0:  # "auto" recomputes without swap space
             raise ValueError("preemption_mode='swap' needs num_cpu_blocks > 0 to swap into")
