@@ -333,3 +333,22 @@ def test_cli_tenants_option(capsys):
                  "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "prefix hits per tenant (3 tenants" in out and "tenant-2" in out
+
+
+def test_the_side_channel_is_measured_and_closed_by_salts(model):
+    """Lesson 3's lab: the probe's accounting (tokens, steps, modeled time) with and without the
+    victim's prefix; salted, it is exactly the cold probe's. Oracle: the prompt's own arithmetic."""
+    from paged_edu.labs.side_channel import side_channel, tenant_hit_rates
+
+    secret = [3 + (5 * i) % 100 for i in range(8 * B)]
+    cold, shared_, salted = side_channel(model, secret, [1, 2], block_size=B, chunk=2 * B)
+    n = len(secret) + 2
+    assert (cold.num_cached_tokens, cold.num_computed_tokens, cold.num_steps) == (0, n, -(-n // (2 * B)))
+    assert (shared_.num_cached_tokens, shared_.num_computed_tokens, shared_.num_steps) == (len(secret), 2, 1)
+    assert (salted.num_cached_tokens, salted.num_computed_tokens, salted.num_steps, salted.modeled_ttft_s) == (
+        cold.num_cached_tokens, cold.num_computed_tokens, cold.num_steps, cold.modeled_ttft_s)
+    assert shared_.modeled_ttft_s < cold.modeled_ttft_s
+    rates = tenant_hit_rates(model, secret, num_tenants=3, requests_per_tenant=2, block_size=B, chunk=2 * B)
+    prompt = len(secret) + 2
+    assert rates["no salts"] == pytest.approx(5 * len(secret) / (6 * prompt))  # only the first computes it
+    assert rates["salted per tenant"] == pytest.approx(3 * len(secret) / (6 * prompt))  # each tenant's first does
