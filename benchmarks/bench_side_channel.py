@@ -41,7 +41,7 @@ def main() -> None:
         model = lesson_model(args.device, dtype).model
     vocab = model.config.vocab_size
     secret = [100 + (37 * i) % (vocab - 200) for i in range(args.secret_len)]
-    kwargs = dict(probe_tail=[7, 8], block_size=args.block_size, chunk=args.chunk)
+    kwargs = {"probe_tail": [7, 8], "block_size": args.block_size, "chunk": args.chunk}
     side_channel(model, secret, **kwargs)  # warm-up
     runs = [side_channel(model, secret, **kwargs) for _ in range(args.repeats)]
     rows = []

@@ -69,6 +69,7 @@ class RadixTree:
         # at most ``2 * num_nodes + 64`` entries however many requests touch the tree.
         self._candidates: list[tuple[int, int, RadixNode]] = []
         self.num_nodes = 0  # below the root
+        self._namespace_names: dict[int, bytes] = {}  # id(namespace node) -> its key in root.children
 
     def namespace(self, root: bytes, create: bool = False) -> RadixNode | None:
         """The node prefixes of the salt root ``root`` hang below: the tree's root for
@@ -82,6 +83,7 @@ class RadixTree:
         if node is None and create:
             node = RadixNode(array("q"), [], self.root)
             self.root.children[name] = node
+            self._namespace_names[id(node)] = name
         return node
 
     def _child_key(self, packed: array, block: int) -> bytes:
@@ -226,7 +228,7 @@ class RadixTree:
                     if parent.blocks:
                         self._push(parent)
                     else:  # an empty namespace: nothing below it can be locked any more
-                        del self.root.children[next(k for k, v in self.root.children.items() if v is parent)]
+                        del self.root.children[self._namespace_names.pop(id(parent))]
                         parent.parent = None
             else:
                 self._push(leaf)  # what is left of it stays a candidate
