@@ -190,6 +190,9 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--dataset", choices=("sharegpt", "alpaca"), default="sharegpt", help="lengths for the parallel workload")
     sim.add_argument("--system-prompt-len", type=_int(1, L_MAX - 2), default=512, help="chat workload: shared system prompt tokens")
     sim.add_argument("--num-groups", type=POSITIVE, default=1, help="chat workload: distinct system prompts")
+    sim.add_argument("--tenants", type=_int(0, 100_000), default=0,
+                     help="spread the requests over N tenants, each with its own cache salt (0: none); "
+                          "with --workload chat: N tenants sending the same system prompt")
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_server_args(sim)
 
@@ -276,6 +279,8 @@ def cmd_simulate(args) -> int:
             raise UserError(f"--trace: {exc}") from None
     else:
         requests = _workload(args)
+    if args.tenants:
+        workloads.assign_tenants(requests, args.tenants)
     configs = default_configs(block_sizes=args.block_sizes, managers=args.managers, **_server_kwargs(args))
     for config in configs:  # a request this server could never serve is refused before anything runs
         try:
@@ -303,6 +308,13 @@ def cmd_simulate(args) -> int:
     print("KV util: time-averaged token slots holding K/V / slots allocated; util@end: the same for each sequence as it finishes;")
     print("tokens/reserved/int.frag/ext.frag/other: the paper's Fig. 2 breakdown of memory allocated or wanted by waiting requests;")
     print("saved: blocks saved by sharing / blocks without sharing; s/tok: end-to-end latency / output tokens.")
+    if args.tenants:
+        print()
+        print(f"prefix hits per tenant ({args.tenants} tenants, one cache salt each):")
+        for res in results:
+            rates = res.prefix_hit_rate_per_salt
+            if rates:
+                print(f"  {res.config.label}: " + ", ".join(f"{salt} {rate:.1%}" for salt, rate in sorted(rates.items())))
     if args.json_path:
         records = []
         for res in results:

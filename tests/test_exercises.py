@@ -43,6 +43,7 @@ WRONG = {
     "3.2": [(15, "no sharing"), (8, "rounded per term"), (5, "in tokens"), (6, "off by -1")],
     "3.3": [(160 / 230, "160/230"), (0.6957, "160/230"), (8 / 15, "blocks, not tokens"), (0.53, "blocks, not tokens"),
             (0.8, "requests that hit"), (55.65, "a percentage"), (0.55, "expected 0.556522"), (0.5, "expected")],
+    "3.4": [(1, "unsalted case"), (4, "need a step too"), (258, "tokens, not steps"), (6, "off by +1")],
 }
 
 # name -> answers that must pass (the right value at the precision the exercise asks for)
@@ -156,7 +157,7 @@ def _answer(name, label):
 
 
 def test_every_exercise_is_fed_the_whole_list():
-    assert len(ex.EXERCISES) == 24 and set(ex.EXERCISES) >= FUNCTIONS | CLASSES
+    assert len(ex.EXERCISES) == 25 and set(ex.EXERCISES) >= FUNCTIONS | CLASSES
     assert all(len(_labels(n)) >= 10 for n in ex.EXERCISES)
 
 

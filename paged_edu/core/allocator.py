@@ -30,12 +30,12 @@ from array import array
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from paged_edu.core.block_hash import chained_block_hashes, hash_block
+from paged_edu.core.block_hash import ROOT_HASH, chained_block_hashes, hash_block, prefix_root
 from paged_edu.core.block_events import BlockEvent, Subscribers
 from paged_edu.core.block_pool import BlockPool, OutOfBlocksError, PrefixCacheStats
 from paged_edu.core.prefix_index import HashChainIndex, PrefixMatch
 from paged_edu.core.seq_lookup import SequenceLookup, UnknownSequenceError
-from paged_edu.core.validation import MAX_NUM_BLOCKS, MAX_TOKEN_ID, flag, integer, new_id, token_array, token_id as check_token_id
+from paged_edu.core.validation import MAX_NUM_BLOCKS, MAX_TOKEN_ID, cache_key, flag, integer, new_id, token_array, token_id as check_token_id
 
 __all__ = [
     "BlockAllocator",
@@ -97,6 +97,8 @@ class BlockAllocator(SequenceLookup):
         self._seqs: dict[SeqId, _SeqBlocks] = {}
         self._copies: list[tuple[int, int]] = []
         self._subscribers = Subscribers("allocator")
+        self._cache_subscribers = Subscribers("prefix cache")
+        self._cache_events: list[BlockEvent] = []  # for cache subscribers, once the operation is done
         self.stats = PrefixCacheStats()
 
     # -- events --------------------------------------------------------------------------------
@@ -108,6 +110,23 @@ class BlockAllocator(SequenceLookup):
         ``warnings.warn`` (a ``RuntimeWarning``) and the other subscribers still get the event.
         """
         return self._subscribers.add(callback)
+
+    def subscribe_cache(self, callback: Callable[[BlockEvent], None]) -> Callable[[], None]:
+        """Call ``callback(event)`` whenever the prefix cache's contents change (vLLM's KV cache
+        events, ``vllm/distributed/kv_events.py``): ``store`` (blocks entered the cache: vLLM's
+        ``BlockStored``), ``evict`` (one block left it, to make room or by
+        :meth:`reset_prefix_cache`: ``BlockRemoved``), ``clear`` (:meth:`reset_prefix_cache`
+        emptied it: ``AllBlocksCleared``). Replaying them gives the set of cached blocks; a widget
+        can draw the cache from them. Delivered after the operation has committed, after its
+        :meth:`subscribe` events, isolated the same way. Returns a function that unsubscribes."""
+        return self._cache_subscribers.add(callback)
+
+    def _deliver_cache_events(self) -> None:
+        """Hand the cache events of the operation just committed to the cache subscribers."""
+        if self._cache_events:
+            events, self._cache_events = self._cache_events, []
+            for event in events:
+                self._cache_subscribers.deliver(event)
 
     # -- queries -------------------------------------------------------------------------------
     def token_ids(self, seq_id: SeqId) -> list[int]:
@@ -179,15 +198,18 @@ class BlockAllocator(SequenceLookup):
         B, table = self.block_size, seq.block_table
         return [table[t // B] * B + t % B for t in range(start, end)]
 
-    def num_new_blocks_for(self, token_ids: Sequence[int]) -> int:
+    def num_new_blocks_for(self, token_ids: Sequence[int], *, cache_salt: str | None = None,
+                           extra_keys: Sequence[str] = ()) -> int:
         """Free blocks an :meth:`allocate` of ``token_ids`` would consume now (cache hits counted)."""
         packed = token_array("token_ids", token_ids)
-        match = self._lookup(packed)
+        match = self._lookup(packed, self._root(cache_salt, extra_keys))
         return -(-len(packed) // self.block_size) - len(match.block_ids) + match.num_evictable
 
-    def num_cached_tokens_for(self, token_ids: Sequence[int]) -> int:
+    def num_cached_tokens_for(self, token_ids: Sequence[int], *, cache_salt: str | None = None,
+                              extra_keys: Sequence[str] = ()) -> int:
         """Leading tokens of ``token_ids`` an :meth:`allocate` now would hit (changes nothing)."""
-        return len(self._lookup(token_array("token_ids", token_ids)).block_ids) * self.block_size
+        root = self._root(cache_salt, extra_keys)
+        return len(self._lookup(token_array("token_ids", token_ids), root).block_ids) * self.block_size
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The ``(src_block, dst_block)`` copy-on-write copies made since the last call."""
@@ -207,10 +229,23 @@ class BlockAllocator(SequenceLookup):
         self._cache_when_computed = bool(value)
 
     # -- internals -----------------------------------------------------------------------------
-    def _lookup(self, packed: array) -> PrefixMatch:
+    def _lookup(self, packed: array, root: bytes = ROOT_HASH) -> PrefixMatch:
         """The longest cached prefix of ``packed``, for at most ``ceil(n/B) - 1`` blocks: the prompt's
         last token is always computed, so its block is never a shared one. Changes nothing."""
-        return self.index.lookup(packed, max(len(packed) - 1, 0) // self.block_size)
+        return self.index.lookup(packed, max(len(packed) - 1, 0) // self.block_size, root)
+
+    @staticmethod
+    def _root(cache_salt: str | None, extra_keys: Sequence[str]) -> bytes:
+        """The hash before a request's first block: its salt and extra keys, checked."""
+        if cache_salt is None and not extra_keys:
+            return ROOT_HASH
+        if cache_salt is not None:
+            cache_key("cache_salt", cache_salt)
+        if isinstance(extra_keys, str) or not isinstance(extra_keys, (tuple, list)):
+            raise TypeError(f"extra_keys must be a tuple of str, got {type(extra_keys).__name__}")
+        for i, key in enumerate(extra_keys):
+            cache_key(f"extra_keys[{i}]", key)
+        return prefix_root(cache_salt, tuple(extra_keys))
 
     def _publish(self, seq_id: SeqId, seq: _SeqBlocks, num_blocks: int, dedupe: bool) -> list[BlockEvent]:
         """Offer the sequence's first ``num_blocks`` full blocks (``<= num_full``) to the cache.
@@ -220,9 +255,11 @@ class BlockAllocator(SequenceLookup):
         here, so read block tables only after publishing. Returns the events to deliver."""
         if num_blocks <= seq.num_published_blocks:
             return []
-        end, replaced = self.index.publish(seq.key, seq.block_table, seq.num_published_blocks, num_blocks,
-                                           self.pool.token_ids, self.pool.ref_count, dedupe)
+        end, replaced, stored = self.index.publish(seq.key, seq.block_table, seq.num_published_blocks, num_blocks,
+                                                   self.pool.token_ids, self.pool.ref_count, dedupe)
         seq.num_published_blocks = max(seq.num_published_blocks, end)
+        if stored and self._cache_subscribers.callbacks:
+            self._cache_events.append(BlockEvent("store", seq_id, list(stored), len(stored) * self.block_size))
         events = []
         for i, cached in replaced:  # computed twice: hold the cache's copy, drop our own
             own = seq.block_table[i]
@@ -234,8 +271,14 @@ class BlockAllocator(SequenceLookup):
         return events
 
     # -- operations ----------------------------------------------------------------------------
-    def allocate(self, seq_id: SeqId, token_ids: Sequence[int], *, record_stats: bool = True) -> list[int]:
+    def allocate(self, seq_id: SeqId, token_ids: Sequence[int], *, record_stats: bool = True,
+                 cache_salt: str | None = None, extra_keys: Sequence[str] = ()) -> list[int]:
         """Admit a prompt: reuse cached leading blocks, take fresh ones for the rest.
+
+        ``cache_salt`` (a non-empty str of at most 256 characters) and ``extra_keys`` (a tuple of
+        such str, e.g. a LoRA adapter's name) enter the hash before the first block (the radix
+        index: the salt's own child of the root): the prompt hits only blocks cached under the same
+        salt and keys, and its blocks are cached under them. None and ``()``: as without salting.
 
         Returns the block table, ``ceil(n/B)`` blocks. Raises :class:`OutOfBlocksError` (nothing
         changed) when the pool cannot supply the fresh blocks. ``record_stats=False`` (a swap-in,
@@ -247,7 +290,7 @@ class BlockAllocator(SequenceLookup):
         n, B = len(packed), self.block_size
         if n == 0:
             raise ValueError("cannot allocate an empty prompt: it needs at least one token")
-        match = self._lookup(packed)
+        match = self._lookup(packed, self._root(cache_salt, extra_keys))
         hits = match.block_ids
         num_fresh = -(-n // B) - len(hits)
         available = self.pool.num_free - match.num_evictable
@@ -270,7 +313,7 @@ class BlockAllocator(SequenceLookup):
         self._seqs[seq_id] = seq
         published = self._publish(seq_id, seq, num_full, dedupe=False) if not self._cache_when_computed else ()
         if record_stats:
-            self.stats.record(n, num_cached)
+            self.stats.record(n, num_cached, cache_salt=cache_salt)
 
         if self._subscribers.callbacks:
             for block_id in evicted:
@@ -280,6 +323,9 @@ class BlockAllocator(SequenceLookup):
             self._subscribers.deliver(BlockEvent("allocate", seq_id, list(table), n))
             for event in published:
                 self._subscribers.deliver(event)
+        if self._cache_subscribers.callbacks:
+            self._cache_events[:0] = [BlockEvent("evict", None, [b]) for b in evicted]  # before the stores
+            self._deliver_cache_events()
         return list(seq.block_table)
 
     def append(self, seq_id: SeqId, token_id: int) -> int:
@@ -309,6 +355,7 @@ class BlockAllocator(SequenceLookup):
             for event in events:  # evict, copy_on_write: when a block was taken; replace: a publish
                 self._subscribers.deliver(event)
             self._subscribers.deliver(BlockEvent("append", seq_id, [block_id], 1, slot))
+        self._deliver_cache_events()  # issue 23: evict / store events for cache subscribers
         return slot
 
     def _take_last_block(self, seq_id: SeqId, seq: _SeqBlocks) -> tuple[int, list[BlockEvent]]:
@@ -327,6 +374,8 @@ class BlockAllocator(SequenceLookup):
             self.pool.release([shared])
             seq.block_table[-1] = block_id
             self._copies.append((shared, block_id))
+        if evicted and self._cache_subscribers.callbacks:
+            self._cache_events.append(BlockEvent("evict", None, [block_id]))
         events = []
         if self._subscribers.callbacks:
             if evicted:  # the block just taken was evicted from the cache
@@ -363,6 +412,7 @@ class BlockAllocator(SequenceLookup):
         events = self._publish(seq_id, seq, min(num_computed_tokens // self.block_size, seq.num_full), dedupe=True)
         for event in events:
             self._subscribers.deliver(event)
+        self._deliver_cache_events()
 
     def fork(self, parent_id: SeqId, child_id: SeqId) -> list[int]:
         """A child that shares every block of its parent (parallel sampling, beam search)."""
@@ -387,14 +437,22 @@ class BlockAllocator(SequenceLookup):
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block that no live sequence holds (vLLM's ``reset_prefix_cache``, e.g.
-        after new weights make the cached K/V wrong): they become plain free blocks, one ``evict``
-        event each. Returns how many cached blocks it could not drop because sequences hold them
-        (0: nothing is cached any more)."""
+        after new weights make the cached K/V wrong): they become plain free blocks. Returns how
+        many cached blocks it could not drop because sequences hold them (0: nothing is cached any
+        more). Events: one ``evict`` per dropped block; to cache subscribers, ``clear`` (naming the
+        dropped blocks) instead when the cache is empty afterwards (vLLM's ``AllBlocksCleared``)."""
         dropped = self.pool.drop_cached()
+        left = self.index.num_cached_blocks
         if self._subscribers.callbacks:
             for block_id in dropped:
                 self._subscribers.deliver(BlockEvent("evict", None, [block_id]))
-        return self.index.num_cached_blocks
+        if self._cache_subscribers.callbacks and dropped:
+            if left == 0:
+                self._cache_events.append(BlockEvent("clear", None, dropped))
+            else:
+                self._cache_events += [BlockEvent("evict", None, [b]) for b in dropped]
+            self._deliver_cache_events()
+        return left
 
     def __repr__(self) -> str:
         return (

@@ -24,10 +24,16 @@ class BlockEvent:
     """One thing the allocator did.
 
     ``kind`` is one of ``allocate``, ``cache_hit``, ``append``, ``copy_on_write``, ``fork``,
-    ``free``, ``evict``. ``block_ids`` are the physical blocks involved: the new table
-    (allocate, fork), the reused blocks (cache_hit), the block written (append), ``[src, dst]``
-    (copy_on_write), the released blocks (free) or the block evicted to make room (evict: one event
-    per block, before the other events of the operation that evicted it).
+    ``free``, ``evict``, ``replace``, ``store``, ``clear``. ``block_ids`` are the physical blocks
+    involved: the new table (allocate, fork), the reused blocks (cache_hit), the block written
+    (append), ``[src, dst]`` (copy_on_write), the released blocks (free), the block evicted to make
+    room or dropped by ``reset_prefix_cache`` (evict: one event per block, before the other events
+    of the operation that evicted it), ``[own, cached]`` (replace: a sequence holds the cache's copy
+    instead of its own, uncached, block), the blocks that just entered the prefix cache (store,
+    ``num_tokens`` their tokens: vLLM's ``BlockStored``), or those dropped when ``reset_prefix_cache``
+    emptied the cache (clear: nothing is cached any more, vLLM's ``AllBlocksCleared``). store and
+    clear go to ``subscribe_cache`` subscribers, with every evict; replaying store (add), evict
+    (remove) and clear (empty) gives the set of cached blocks.
     """
 
     kind: str

@@ -9,6 +9,12 @@ condition for its K/V to be the same: past the first layer, the K and V of token
 every token ``<= t``. A hash of the block's own tokens alone -- the seed document's
 ``sha256(str(chunk))`` -- would hand one prefix's K/V to another (see ``seed_allocator.py``).
 
+A request may carry a *cache salt* (and other extra keys, as vLLM mixes LoRA names and multimodal
+hashes into its block hashes): they enter the hash before the first block, ``h_{-1} =
+``:func:`prefix_root` ``(salt, extra keys)``, so requests with different salts share no block and
+requests with the same salt share as before (vLLM v1 puts ``request.cache_salt`` into the first
+block's extra keys only, ``vllm/v1/core/kv_cache_utils.py``: every later hash chains from it).
+
 ``H`` is SHA-256 over the parent's digest and the block's token ids as int64 bytes: stable across
 processes (unlike Python's salted ``hash()``), so a hit means the same thing in every run.
 """
@@ -21,9 +27,24 @@ from collections.abc import Sequence
 
 from paged_edu.core.validation import token_array
 
-__all__ = ["ROOT_HASH", "chained_block_hashes", "extend_chain", "full_blocks", "hash_block", "hash_chain"]
+__all__ = ["ROOT_HASH", "chained_block_hashes", "extend_chain", "full_blocks", "hash_block", "hash_chain",
+           "prefix_root"]
 
-ROOT_HASH = b""  # h_{-1}: the hash of the empty prefix
+ROOT_HASH = b""  # h_{-1}: the hash of the empty prefix, for a request with no salt and no extra key
+
+
+def prefix_root(cache_salt: str | None = None, extra_keys: Sequence[str] = ()) -> bytes:
+    """``h_{-1}`` of a request: :data:`ROOT_HASH` with no salt and no extra key (exactly as without
+    salting), else a SHA-256 over the length-prefixed UTF-8 of the salt and each extra key (checked
+    by the caller: :func:`~paged_edu.core.validation.cache_key`). Also names the radix tree's
+    per-salt child of the root."""
+    if cache_salt is None and not extra_keys:
+        return ROOT_HASH
+    h = hashlib.sha256(b"paged_edu prefix root")
+    for part in (cache_salt or "", *extra_keys):
+        data = part.encode("utf-8")
+        h.update(len(data).to_bytes(4, "little") + data)
+    return h.digest()
 
 
 def hash_block(parent_hash: bytes, token_bytes: bytes) -> bytes:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["BlockPool", "OutOfBlocksError", "PrefixCacheStats"]
 
@@ -39,6 +39,8 @@ class PrefixCacheStats:
     blocks, cached before it was preempted: that is no prefix reuse, so its lookups are counted
     apart (``preempted_*``) and :attr:`hit_rate` reads only first admissions -- as vLLM v1's
     ``PrefixCacheStats.record(num_tokens, num_hits, preempted)`` does (``vllm/v1/metrics/stats.py``).
+    ``per_salt`` splits first admissions by cache salt (None: unsalted): ``salt -> [queried, hit]``,
+    the hits each tenant got.
     """
 
     queried_tokens: int = 0
@@ -47,9 +49,11 @@ class PrefixCacheStats:
     preempted_requests: int = 0  # re-admissions of preempted (recomputed) sequences
     preempted_queries: int = 0  # their prompt tokens looked up
     preempted_hits: int = 0  # ... and hit
+    per_salt: dict = field(default_factory=dict)  # cache salt -> [queried tokens, hit tokens]
 
-    def record(self, num_tokens: int, num_hits: int, preempted: bool = False) -> None:
-        """One admission's lookup: ``num_tokens`` looked up, ``num_hits`` found."""
+    def record(self, num_tokens: int, num_hits: int, preempted: bool = False,
+               cache_salt: str | None = None) -> None:
+        """One admission's lookup: ``num_tokens`` looked up, ``num_hits`` found (under ``cache_salt``)."""
         if preempted:
             self.preempted_requests += 1
             self.preempted_queries += num_tokens
@@ -58,6 +62,14 @@ class PrefixCacheStats:
             self.requests += 1
             self.queried_tokens += num_tokens
             self.hit_tokens += num_hits
+            tenant = self.per_salt.setdefault(cache_salt, [0, 0])
+            tenant[0] += num_tokens
+            tenant[1] += num_hits
+
+    def hit_rate_of(self, cache_salt: str | None) -> float:
+        """Hits over lookups of first admissions under ``cache_salt`` (0.0 if it sent none)."""
+        queried, hit = self.per_salt.get(cache_salt, (0, 0))
+        return hit / queried if queried else 0.0
 
     @property
     def hit_rate(self) -> float:

@@ -5,16 +5,18 @@ list); an index only *names* some of them as cached and says which cached ones m
 :class:`~paged_edu.core.allocator.BlockAllocator` keeps the block tables and drives one index
 through this interface, whichever it is:
 
-* ``lookup(packed, max_blocks) -> PrefixMatch`` -- the longest cached prefix (whole blocks, at most
-  ``max_blocks``); changes nothing;
+* ``lookup(packed, max_blocks, root) -> PrefixMatch`` -- the longest cached prefix (whole blocks, at
+  most ``max_blocks``) of a request whose salt and extra keys give ``root``
+  (:func:`~paged_edu.core.block_hash.prefix_root`; ``ROOT_HASH``: none); changes nothing;
 * ``lock(match) -> key`` -- hold the matched blocks for a new sequence (they cannot be evicted
   while it lives); ``key`` is the index's per-sequence state, passed back below;
 * ``extend(key, block_tokens)`` -- the sequence's next block just became full;
-* ``publish(key, table, start, end, token_ids, ref_count, dedupe) -> (end, replaced)`` -- offer
+* ``publish(key, table, start, end, token_ids, ref_count, dedupe) -> (end, replaced, stored)`` -- offer
   the table's full blocks ``start .. end-1``, whose K/V is written, to later prompts. ``replaced``
   lists ``(position, cached block)`` where the index already held these tokens in another block
   and ``dedupe`` allows the sequence to hold the cached copy instead (the caller swaps the table
-  entry, so *publish first, then read block tables*);
+  entry, so *publish first, then read block tables*); ``stored`` lists the blocks that entered the
+  cache (the allocator's ``store`` event);
 * ``fork(key) -> key`` / ``unlock(key)`` -- a second holder of the same blocks / a holder gone;
 * ``evict(n) -> [block ids]`` -- drop ``n <= num_evictable`` cached blocks nobody holds;
 * ``is_cached(b)``, ``hash_of(b)``; ``on_share(b)`` / ``on_free(b)`` -- a cached block's ref count
@@ -29,11 +31,11 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from paged_edu.core.block_hash import ROOT_HASH, extend_chain, full_blocks, hash_chain
 
-__all__ = ["HashChainIndex", "PrefixMatch"]
+__all__ = ["ChainKey", "HashChainIndex", "PrefixMatch"]
 
 
 @dataclass(slots=True)
@@ -43,13 +45,21 @@ class PrefixMatch:
 
     block_ids: list[int]
     num_evictable: int
-    note: object = None  # hash chain: the prompt's block hashes; radix: the tree path
+    note: object = None  # hash chain: the prompt's :class:`ChainKey`; radix: the tree path and the root
+
+
+@dataclass(slots=True)
+class ChainKey:
+    """A sequence's state in the hash chain: ``h_{-1}`` (its salt's root) and its full blocks' hashes."""
+
+    root: bytes = ROOT_HASH
+    hashes: list[bytes] = field(default_factory=list)
 
 
 class HashChainIndex:
     """vLLM's prefix cache: ``hash_to_block`` maps a full block's chained hash to the block;
     ``block_hash[b]`` is the reverse; ``evictable`` holds cached blocks with ref count 0, least
-    recently freed first. A sequence's key is the list of its full blocks' chained hashes."""
+    recently freed first. A sequence's key is a :class:`ChainKey`: its full blocks' chained hashes."""
 
     def __init__(self, num_blocks: int, block_size: int, enabled: bool = True) -> None:
         self.block_size = block_size
@@ -72,8 +82,8 @@ class HashChainIndex:
     def hash_of(self, block_id: int) -> bytes | None:
         return self.block_hash[block_id]
 
-    def lookup(self, packed: array, max_blocks: int) -> PrefixMatch:
-        hashes = hash_chain(full_blocks(packed, self.block_size)) if self.enabled else []
+    def lookup(self, packed: array, max_blocks: int, root: bytes = ROOT_HASH) -> PrefixMatch:
+        hashes = hash_chain(full_blocks(packed, self.block_size), root) if self.enabled else []
         hits: list[int] = []
         num_evictable = 0
         for block_hash in hashes[:max_blocks]:
@@ -82,29 +92,33 @@ class HashChainIndex:
                 break
             hits.append(block_id)
             num_evictable += block_id in self.evictable
-        return PrefixMatch(hits, num_evictable, hashes)
+        return PrefixMatch(hits, num_evictable, ChainKey(root, hashes))
 
-    def lock(self, match: PrefixMatch) -> list[bytes]:
+    def lock(self, match: PrefixMatch) -> ChainKey:
         return match.note  # the pool's ref counts keep held blocks out of ``evictable``
 
-    def extend(self, key: list[bytes], block_tokens: array) -> None:
+    def extend(self, key: ChainKey, block_tokens: array) -> None:
         if self.enabled:
-            key.append(extend_chain(key[-1] if key else ROOT_HASH, block_tokens))
+            hashes = key.hashes
+            hashes.append(extend_chain(hashes[-1] if hashes else key.root, block_tokens))
 
     def publish(self, key, table, start, end, token_ids, ref_count, dedupe):
         """The first writer of a hash wins: a block whose hash is cached already stays uncached."""
+        stored = []
         if self.enabled:
+            hashes = key.hashes
             for i in range(start, end):
-                block_hash = key[i]
+                block_hash = hashes[i]
                 if block_hash not in self.hash_to_block:
                     self.hash_to_block[block_hash] = table[i]
                     self.block_hash[table[i]] = block_hash
-        return end, ()
+                    stored.append(table[i])
+        return end, (), stored
 
-    def fork(self, key: list[bytes]) -> list[bytes]:
-        return list(key)
+    def fork(self, key: ChainKey) -> ChainKey:
+        return ChainKey(key.root, list(key.hashes))
 
-    def unlock(self, key: list[bytes]) -> None:
+    def unlock(self, key: ChainKey) -> None:
         pass
 
     def on_share(self, block_id: int) -> None:

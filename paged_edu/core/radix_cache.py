@@ -27,6 +27,7 @@ from array import array
 from dataclasses import dataclass
 
 from paged_edu.core.allocator import BlockAllocator
+from paged_edu.core.block_hash import ROOT_HASH
 from paged_edu.core.prefix_index import PrefixMatch
 from paged_edu.core.radix_tree import RadixNode, RadixTree
 from paged_edu.core.validation import integer
@@ -36,10 +37,12 @@ __all__ = ["RadixAllocator", "RadixIndex"]
 
 @dataclass(slots=True)
 class _RadixKey:
-    """A sequence's place in the tree: the deepest node it locks, and the blocks on the path to it."""
+    """A sequence's place in the tree: the deepest node it locks, the blocks on the path to it, and
+    its salt's root (which namespace of the tree its prefixes go to)."""
 
     node: RadixNode | None  # None: it locks nothing
     depth: int = 0
+    root: bytes = ROOT_HASH
 
 
 class RadixIndex:
@@ -61,19 +64,21 @@ class RadixIndex:
     def hash_of(self, block_id: int) -> None:
         return None  # the tree names a block by its path, not by a hash
 
-    def lookup(self, packed: array, max_blocks: int) -> PrefixMatch:
-        path = self.tree.match(packed, max_blocks)
+    def lookup(self, packed: array, max_blocks: int, root: bytes = ROOT_HASH) -> PrefixMatch:
+        below = self.tree.namespace(root)
+        path = self.tree.match(packed, max_blocks, below) if below is not None else []
         hits = [b for node, m in path for b in node.blocks[:m]]
         relocked = sum(m for node, m in path if node.lock_ref == 0)  # evictable now, locked by the hit
-        return PrefixMatch(hits, relocked, path)
+        return PrefixMatch(hits, relocked, (path, root))
 
     def lock(self, match: PrefixMatch) -> _RadixKey:
-        if not match.note:
-            return _RadixKey(None)
-        node = self.tree.settle(match.note)
+        path, root = match.note
+        if not path:
+            return _RadixKey(None, 0, root)
+        node = self.tree.settle(path)
         self.tree.lock(node)
         self.tree.touch(node)
-        return _RadixKey(node, len(match.block_ids))
+        return _RadixKey(node, len(match.block_ids), root)
 
     def extend(self, key: _RadixKey, block_tokens: array) -> None:
         pass  # the tree is keyed by tokens: nothing to compute per block
@@ -91,12 +96,15 @@ class RadixIndex:
         tokens = array("q")
         for block_id in table[first:end]:
             tokens += token_ids[block_id]
-        if not dedupe:  # a block the tree holds in another block stays out, and so does what follows it
-            end = first + self._num_own_blocks(key.node, tokens, table[first:end])
+        below = key.node
+        if below is None:
+            below = self.tree.namespace(key.root, create=end > first)
+        if not dedupe and below is not None:  # a block the tree holds in another block stays out, and so does what follows it
+            end = first + self._num_own_blocks(below, tokens, table[first:end])
         if end <= first:
-            return end, ()
+            return end, (), ()
         tokens = tokens[: (end - first) * self.block_size]
-        node, adopted, replaced = self.tree.insert(tokens, table[first:end], key.node)
+        node, adopted, replaced = self.tree.insert(tokens, table[first:end], below)
         for block_id in adopted:
             self.in_tree[block_id] = True
         self.num_cached_blocks += len(adopted)
@@ -104,7 +112,7 @@ class RadixIndex:
         if key.node is not None:
             self.tree.unlock(key.node)
         key.node, key.depth = node, end
-        return end, ([(first + i, b) for i, b in replaced] if dedupe else ())
+        return end, ([(first + i, b) for i, b in replaced] if dedupe else ()), adopted
 
     def _num_own_blocks(self, node: RadixNode | None, tokens: array, blocks: list[int]) -> int:
         """Leading ``blocks`` the tree does not hold in another block (below ``node``)."""
@@ -119,7 +127,7 @@ class RadixIndex:
     def fork(self, key: _RadixKey) -> _RadixKey:
         if key.node is not None:
             self.tree.lock(key.node)
-        return _RadixKey(key.node, key.depth)
+        return _RadixKey(key.node, key.depth, key.root)
 
     def unlock(self, key: _RadixKey) -> None:
         if key.node is not None:

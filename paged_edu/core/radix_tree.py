@@ -13,6 +13,9 @@ At ``B = 1`` the tree is token-granular, as SGLang's default ``page_size=1``.
   heap is kept, with stale entries skipped). A leaf loses blocks from its tail, one block at a
   time, so eviction frees exactly what is needed.
 * a node is split when a lookup or an insertion ends inside its edge (SGLang's ``_split_node``).
+* a salted request's prefixes live below its own child of the root, a *namespace* node with an
+  empty edge (TensorRT-LLM mixes ``cache_salt_id`` into the radix root the same way), so requests
+  with different salts never meet in the tree. A namespace node is removed with its last child.
 
 Source read: sgl-project/sglang, ``python/sglang/srt/mem_cache/radix_cache.py`` (``TreeNode``,
 ``match_prefix``, ``insert``, ``_split_node``, ``evict``, ``inc_lock_ref``). Written anew, plainly;
@@ -66,6 +69,22 @@ class RadixTree:
         # at most ``2 * num_nodes + 64`` entries however many requests touch the tree.
         self._candidates: list[tuple[int, int, RadixNode]] = []
         self.num_nodes = 0  # below the root
+        self._namespace_names: dict[int, bytes] = {}  # id(namespace node) -> its key in root.children
+
+    def namespace(self, root: bytes, create: bool = False) -> RadixNode | None:
+        """The node prefixes of the salt root ``root`` hang below: the tree's root for
+        ``ROOT_HASH`` (b""), else a child of the root with an empty edge -- made if ``create``, else
+        None when the tree holds nothing of that salt. Its key (``b"salt:" + root``) is never a
+        block's token bytes (those are a multiple of 8 bytes long)."""
+        if not root:
+            return self.root
+        name = b"salt:" + root
+        node = self.root.children.get(name)
+        if node is None and create:
+            node = RadixNode(array("q"), [], self.root)
+            self.root.children[name] = node
+            self._namespace_names[id(node)] = name
+        return node
 
     def _child_key(self, packed: array, block: int) -> bytes:
         B = self.block_size
@@ -206,7 +225,11 @@ class RadixTree:
                 leaf.parent = None  # removed: its stale entries are skipped
                 self.num_nodes -= 1
                 if not parent.children and parent.lock_ref == 0 and parent is not self.root:
-                    self._push(parent)
+                    if parent.blocks:
+                        self._push(parent)
+                    else:  # an empty namespace: nothing below it can be locked any more
+                        del self.root.children[self._namespace_names.pop(id(parent))]
+                        parent.parent = None
             else:
                 self._push(leaf)  # what is left of it stays a candidate
         self.num_evictable -= len(freed)

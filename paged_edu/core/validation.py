@@ -21,12 +21,13 @@ import operator
 from array import array
 from collections.abc import Iterable, Mapping, Set
 
-__all__ = ["MAX_NUM_BLOCKS", "MAX_TOKEN_ID", "SEED_LIMIT", "FieldTypeError", "FieldValueError", "as_int", "flag",
-           "integer", "new_id", "seed", "token_array", "token_id", "token_list"]
+__all__ = ["MAX_CACHE_SALT_LEN", "MAX_NUM_BLOCKS", "MAX_TOKEN_ID", "SEED_LIMIT", "FieldTypeError", "FieldValueError", "as_int",
+           "cache_key", "flag", "integer", "new_id", "seed", "token_array", "token_id", "token_list"]
 
 MAX_TOKEN_ID = 2**63 - 1  # token ids are hashed as int64 (``array('q')``)
 SEED_LIMIT = 2**64  # seeds are unsigned 64-bit, as ``numpy.random.SeedSequence`` and torch take them
 MAX_NUM_BLOCKS = 2**31 - 1  # block ids travel to the kernels in int32 block tables
+MAX_CACHE_SALT_LEN = 256  # characters in a cache salt or an extra cache key
 
 
 class FieldTypeError(TypeError):
@@ -91,6 +92,22 @@ def seed(name: str, value: object) -> int:
     value = as_int(value, f"{name} must be an integer")
     if not 0 <= value < SEED_LIMIT:
         raise ValueError(f"{name} must be in [0, 2**64), got {value}")
+    return value
+
+
+def cache_key(name: str, value: object) -> str:
+    """A cache salt or an extra prefix-cache key: a non-empty ``str`` of at most
+    ``MAX_CACHE_SALT_LEN`` characters that encodes as UTF-8 (no lone surrogates)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a non-empty str of at most {MAX_CACHE_SALT_LEN} characters, "
+                        f"got {_describe(value)}")
+    if not 1 <= len(value) <= MAX_CACHE_SALT_LEN:
+        raise ValueError(f"{name} must be a non-empty str of at most {MAX_CACHE_SALT_LEN} characters, "
+                         f"got one of {len(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} must encode as UTF-8, got {_describe(value)}") from None
     return value
 
 

@@ -40,6 +40,7 @@ The fixed contract::
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -51,7 +52,7 @@ from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.allocator import BlockAllocator
 from paged_edu.cache.sizing import bytes_per_block, check_blocks_fit
 from paged_edu.core import validation as check
-from paged_edu.core.validation import FieldTypeError, FieldValueError, as_int
+from paged_edu.core.validation import FieldTypeError, FieldValueError, as_int, cache_key
 from paged_edu.engine import offline
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
 from paged_edu.engine.requests import check_max_model_len, check_request
@@ -232,18 +233,29 @@ class Engine:
         return now
 
     # -- requests ------------------------------------------------------------------------------
-    def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None) -> int:
+    def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, *,
+                    cache_salt: str | None = None) -> int:
         """Queue a request; returns its id. All or nothing: a request the model, the pool or the
-        scheduler can never serve raises (naming the limit) and leaves the engine as it was."""
+        scheduler can never serve raises (naming the limit) and leaves the engine as it was.
+
+        ``cache_salt`` (a non-empty str of at most 256 characters, on the request as vLLM's
+        ``cache_salt``, not on the sampling params): the request hits only prefix-cache blocks
+        cached by requests with the same salt, so one tenant cannot time another's prompts."""
         if self._busy:
             raise RuntimeError("add_request was called from inside a step or an abort (from a subscriber?); "
                                "call it after the current one returns")
         params = SamplingParams() if params is None else params
         prompt = self._check_request(prompt_token_ids, params)
+        if cache_salt is not None:
+            cache_key("cache_salt", cache_salt)
+            if not _takes_cache_salt(self.allocator):
+                raise TypeError(f"cache_salt needs an allocator whose allocate() takes cache_salt=; "
+                                f"{type(self.allocator).__name__} does not")
         request_id = self._next_request_id
         seq = Seq(
             self.scheduler.new_seq_id(), prompt, params.max_tokens, arrival_time=self.now(),
             stop_token_ids=params.stop_token_ids, request_id=request_id, num_samples=params.n,
+            cache_salt=cache_salt,
         )
         self.scheduler.add(seq)  # the scheduler's admission checks; raises before queueing
         self._next_request_id += 1
@@ -483,3 +495,12 @@ class Engine:
         return (f"Engine(num_blocks={a.num_blocks}, block_size={a.block_size}, "
                 f"prefix_caching={a.enable_prefix_caching}, preemption_mode={self.scheduler.preemption_mode!r}, "
                 f"device={self.device}, dtype={self.model.dtype})")
+
+
+def _takes_cache_salt(allocator) -> bool:
+    """Does ``allocator.allocate`` take ``cache_salt=`` (a learner's allocator may not)?"""
+    try:
+        parameters = inspect.signature(allocator.allocate).parameters
+    except (TypeError, ValueError):
+        return False
+    return "cache_salt" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())

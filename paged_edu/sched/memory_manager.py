@@ -10,6 +10,10 @@ block before its K/V exists (``BlockAllocator(..., cache_when_computed=False)``)
 scheduler that computes prompts over several steps, and :class:`~paged_edu.sched.scheduler.Scheduler`
 refuses it (see :func:`publishes_before_computed`).
 
+A request with a cache salt (issue 23) is admitted with ``allocate(..., cache_salt=salt)`` and
+ordered with ``num_cached_tokens_for(..., cache_salt=salt)``: the keywords :func:`cache_keys` gives,
+none for an unsalted request, so a manager that knows nothing of salts still serves those.
+
 Plain Python, no torch.
 """
 
@@ -18,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["CacheStats", "MemoryManager", "PrefixLookup", "is_empty", "publishes_before_computed"]
+__all__ = ["CacheStats", "MemoryManager", "PrefixLookup", "cache_keys", "is_empty", "publishes_before_computed"]
 
 
 @runtime_checkable
@@ -87,6 +91,14 @@ class PrefixLookup(Protocol):
 
     def num_cached_tokens_for(self, token_ids: Sequence[int]) -> int:
         """Leading tokens of ``token_ids`` an allocate now would hit; changes nothing."""
+
+
+def cache_keys(seq) -> dict:
+    """The prefix-cache keywords a sequence's ``allocate`` / ``num_cached_tokens_for`` take:
+    ``{"cache_salt": salt}`` for a salted one, ``{}`` otherwise (also for anything that has no
+    ``cache_salt``: the admission policy takes any object with ``seq_id`` and ``token_ids``)."""
+    salt = getattr(seq, "cache_salt", None)
+    return {} if salt is None else {"cache_salt": salt}
 
 
 def publishes_before_computed(manager: MemoryManager) -> bool:

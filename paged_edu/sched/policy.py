@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from paged_edu.sched.memory_manager import cache_keys
+
 __all__ = ["POLICIES", "LongestPrefixFirst"]
 
 POLICIES = ("fcfs", "lpm")
@@ -45,5 +47,5 @@ class LongestPrefixFirst:
         head = [waiting.popleft() for _ in range(min(self.window, len(waiting)))]
         aged = [seq for seq in head if rounds[seq.seq_id] > self.max_wait_rounds]
         rest = [seq for seq in head if rounds[seq.seq_id] <= self.max_wait_rounds]
-        rest.sort(key=lambda seq: -manager.num_cached_tokens_for(seq.token_ids))  # stable: ties keep order
+        rest.sort(key=lambda seq: -manager.num_cached_tokens_for(seq.token_ids, **cache_keys(seq)))  # stable: ties keep order
         waiting.extendleft(reversed(aged + rest))

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Sequence as Seq
 from paged_edu.core.allocator import OutOfBlocksError
 from paged_edu.sched.admission import check_request
-from paged_edu.sched.memory_manager import MemoryManager, PrefixLookup, publishes_before_computed
+from paged_edu.sched.memory_manager import MemoryManager, PrefixLookup, cache_keys, publishes_before_computed
 from paged_edu.sched.policy import POLICIES, LongestPrefixFirst
 from paged_edu.sched.scheduler_output import ScheduledSeq, SchedulerOutput
 from paged_edu.sched.sequence import Sequence, SequenceStatus
@@ -260,7 +260,7 @@ class Scheduler:
                     break
                 readmitted = seq.num_preemptions > 0  # recomputed: its hits are its own blocks, no reuse
                 try:
-                    allocator.allocate(seq.seq_id, seq.token_ids, record_stats=not readmitted)
+                    allocator.allocate(seq.seq_id, seq.token_ids, record_stats=not readmitted, **cache_keys(seq))
                 except OutOfBlocksError:
                     break
                 self.waiting.popleft()
@@ -288,7 +288,8 @@ class Scheduler:
         (nothing changed) when the pool is too full."""
         allocator = self.allocator
         try:
-            allocator.allocate(seq.seq_id, seq.token_ids[: seq.num_placed_tokens], record_stats=False)
+            allocator.allocate(seq.seq_id, seq.token_ids[: seq.num_placed_tokens], record_stats=False,
+                               **cache_keys(seq))
         except OutOfBlocksError:
             return False
         if seq.num_placed_tokens < seq.num_tokens:  # its pending token needs a slot too
@@ -354,7 +355,7 @@ class Scheduler:
         child = Sequence(
             self.new_seq_id(), list(parent.prompt_token_ids), parent.max_new_tokens,
             arrival_time=parent.arrival_time, stop_token_ids=parent.stop_token_ids,
-            request_id=parent.request_id, sample_index=sample_index,
+            request_id=parent.request_id, sample_index=sample_index, cache_salt=parent.cache_salt,
         )
         self.fork(parent, child)
         child.output_token_ids.append(int(token))

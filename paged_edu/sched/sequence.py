@@ -49,6 +49,7 @@ class Sequence:
     finish_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None  # "length" | "stop" | "abort"
+    cache_salt: str | None = None  # its prefix-cache namespace (issue 23): hits only its own salt's blocks
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -199,7 +199,7 @@ class ContiguousManager:
         return self.reserve_size(seq_id, num_tokens) * (1 + self._pending.get(seq_id, 0))
 
     # -- the allocator subset the scheduler uses -----------------------------------------------
-    def allocate(self, seq_id, token_ids, *, record_stats: bool = True) -> list[int]:
+    def allocate(self, seq_id, token_ids, *, record_stats: bool = True, cache_salt: str | None = None) -> list[int]:
         if seq_id in self._slots:
             raise ValueError(f"sequence id {seq_id!r} already exists")
         n = len(token_ids)
@@ -273,8 +273,8 @@ class ContiguousManager:
         self._slot(seq_id)
         return 0  # nothing is shared
 
-    def num_cached_tokens_for(self, token_ids) -> int:
-        return 0  # no prefix cache
+    def num_cached_tokens_for(self, token_ids, *, cache_salt: str | None = None) -> int:
+        return 0  # no prefix cache (so no salt to keep apart)
 
     def take_copies(self) -> list[tuple[int, int]]:
         return []

@@ -6,10 +6,13 @@ Trace format (one JSON object per line)::
     {"arrival_time": 0.5, "prompt": [1, 2, 3], "output_len": 7, "prefix_group": "sys", "prefix_len": 2}
     {"arrival_time": 0.9, "prompt_len": 40, "output_len": 20, "n": 4, "fork": "beam"}
     {"arrival_time": 1.2, "prompt": [1, 2, 3], "output_len": 2, "output": [9, 10]}
+    {"arrival_time": 1.5, "prompt_len": 40, "output_len": 8, "prefix_group": "sys", "prefix_len": 32, "cache_salt": "tenant-1"}
 
 ``prompt_len`` or ``prompt`` (token ids) is required, not both; ``prefix_group``, ``prefix_len``,
 ``n`` (default 1), ``fork`` (``"parallel"``/``"beam"``) and ``output`` (the reply's token ids, one
-sample: a later prompt that quotes the reply then hits the reply's cached blocks) are optional.
+sample: a later prompt that quotes the reply then hits the reply's cached blocks) and
+``cache_salt`` (the request's prefix-cache salt: it hits only blocks cached under the same salt)
+are optional.
 
 Plain Python and numpy, no torch.
 """
@@ -22,6 +25,8 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+
+from paged_edu.core.validation import cache_key
 
 __all__ = ["FORK_MODES", "Request", "TraceKeyError", "load_trace", "prompt_token_ids", "save_trace"]
 
@@ -50,6 +55,7 @@ class Request:
     n: int = 1
     fork: str = "parallel"
     output: list[int] | None = None
+    cache_salt: str | None = None  # its tenant's prefix-cache salt (None: shared with every unsalted request)
 
     def __post_init__(self) -> None:
         _check_request(self)
@@ -74,6 +80,8 @@ class Request:
         if self.n != 1:
             record["n"] = self.n
             record["fork"] = self.fork
+        if self.cache_salt is not None:
+            record["cache_salt"] = self.cache_salt
         return record
 
 
@@ -113,6 +121,8 @@ def _check_request(r: Request) -> None:
             raise ValueError(f"output_len {r.output_len} disagrees with the {len(r.output)} output tokens")
         if r.n != 1:
             raise ValueError(f"output (the reply's token ids) names one sample; this request has n={r.n}")
+    if r.cache_salt is not None:
+        cache_key("cache_salt", r.cache_salt)
     if r.fork not in FORK_MODES:
         raise ValueError(f"fork must be one of {FORK_MODES}, got {r.fork!r}")
     if r.prefix_group is None:
@@ -160,7 +170,7 @@ class TraceKeyError(KeyError):
         return str(self.args[0]) if self.args else "missing field"
 
 
-_FIELDS = {"arrival_time", "prompt_len", "prompt", "output_len", "output", "prefix_group", "prefix_len", "n", "fork"}
+_FIELDS = {"arrival_time", "prompt_len", "prompt", "output_len", "output", "prefix_group", "prefix_len", "n", "fork", "cache_salt"}
 
 
 def save_trace(requests: list[Request], path: str | os.PathLike) -> None:
@@ -219,4 +229,5 @@ def _parse_record(record: object) -> Request:
         n=record.get("n", 1),
         fork=record.get("fork", "parallel"),
         output=record.get("output"),
+        cache_salt=record.get("cache_salt"),
     )

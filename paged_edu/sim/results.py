@@ -97,6 +97,7 @@ class SimResult:
     sim_wall_s: float
     assumptions: dict = field(default_factory=dict)
     live_lengths_mean: float = 0.0  # mean stored tokens of a live sequence over snapshots
+    prefix_hit_rate_per_salt: dict[str, float] = field(default_factory=dict)  # salted runs: each tenant's hits
 
     @property
     def kv_utilization_final(self) -> float:
@@ -142,6 +143,7 @@ class SimResult:
             "sim_wall_s": self.sim_wall_s,
             "config": asdict(self.config),
             "cost_model": self.assumptions,
+            **({"prefix_hit_rate_per_salt": dict(self.prefix_hit_rate_per_salt)} if self.prefix_hit_rate_per_salt else {}),
         }
 
 

@@ -318,6 +318,8 @@ def simulate(
         mean_batched=meters.batched_sum / step if step else 0.0,
         preemptions=preemptions,
         prefix_hit_rate=manager.stats.hit_rate,
+        prefix_hit_rate_per_salt={salt: manager.stats.hit_rate_of(salt)
+                                  for salt in manager.stats.per_salt if salt is not None},
         fragmentation_refusals=len(manager.fragmented),
         breakdown=meters.breakdown,
         kv_utilization=meters.util_tokens / meters.util_allocated if meters.util_allocated else 0.0,
@@ -340,7 +342,7 @@ def _sequence_for(r: Request, prompt: list[int], scheduler: Scheduler, manager, 
     beam = r.fork == "beam" and r.n > 1 and r.output_len > 1
     seq = Sequence(
         scheduler.new_seq_id(), prompt, r.output_len, arrival_time=r.arrival_time,
-        num_samples=1 if beam else r.n, num_pending_forks=r.n - 1 if beam else 0,
+        num_samples=1 if beam else r.n, num_pending_forks=r.n - 1 if beam else 0, cache_salt=r.cache_salt,
     )
     manager.expect(seq.seq_id, r.prompt_len + r.output_len - 1, r.n, r.prompt_len)
     if beam:  # sample j forks from sample 0 after j/n of the output
@@ -373,6 +375,7 @@ class _BeamForks:
                 child = Sequence(
                     scheduler.new_seq_id(), parent.prompt_token_ids, parent.max_new_tokens,
                     arrival_time=parent.arrival_time, request_id=parent.request_id, sample_index=len(points) + 1,
+                    cache_salt=parent.cache_salt,
                 )
                 scheduler.fork(parent, child)
                 child.output_token_ids[-1] = model.token(child.seq_id)  # its own branch

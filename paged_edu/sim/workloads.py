@@ -28,6 +28,10 @@ Sharing:
   share the prompt; ``fork="beam"`` makes beam-style trees whose branches also share a growing
   part of the output (sample ``j`` forks from sample 0 after ``j/n`` of the output).
 
+Isolation: :func:`assign_tenants` spreads a workload's requests round-robin over ``N`` tenants,
+each with its own cache salt (``tenant-0`` ...): a tenant's requests hit only its own cached
+blocks, so ``chat`` with tenants is N tenants sending the same system prompt, each computing it.
+
 Requests and their JSONL trace format live in :mod:`paged_edu.sim.request`, arrival times in
 :mod:`paged_edu.sim.arrivals`, the prefix-sharing workloads in :mod:`paged_edu.sim.prefix_workloads`.
 """
@@ -221,6 +225,15 @@ def parallel(
     for r in requests:
         r.n, r.fork = n, fork
         _check_request(r)
+    return requests
+
+
+def assign_tenants(requests: list[Request], num_tenants: int) -> list[Request]:
+    """Give request ``i`` the cache salt ``tenant-{i % num_tenants}`` (in place; returns ``requests``)."""
+    if not _is_int(num_tenants) or num_tenants < 1:
+        raise ValueError(f"num_tenants must be a positive int, got {num_tenants!r}")
+    for i, r in enumerate(requests):
+        r.cache_salt = f"tenant-{i % num_tenants}"
     return requests
 
 

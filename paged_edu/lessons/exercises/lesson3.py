@@ -88,3 +88,32 @@ def _check_3_3(answer) -> Verdict:
         (4 * 2) / (5 * 3): "blocks, not tokens: the hit rate counts prompt tokens",
         4 / 5: "requests that hit, not tokens",
         100 * right: "a percentage; give a fraction between 0 and 1"})
+
+
+# 3.4: the side channel of section 6, closed by salts. The victim's 256-token secret (16 full blocks
+# of B = 16) is cached under the victim's salt; the attacker's probe (the secret + 2 tokens) carries
+# another salt, so it hits nothing and computes all 258 tokens, 64 a step (chunked prefill).
+SECRET_LEN, PROBE_TAIL, CHUNK, PROBE_B = 256, 2, 64, 16
+
+
+def _salted_probe_steps() -> int:
+    """Steps to the probe's first token: its uncached prompt tokens, ``CHUNK`` a step; the cached
+    tokens read from the allocator itself (the victim's request cached under its own salt)."""
+    a = BlockAllocator(64, PROBE_B)
+    secret = list(range(1, SECRET_LEN + 1))
+    a.allocate("victim", secret + [0], cache_salt="victim")
+    a.free("victim")
+    probe = secret + list(range(1000, 1000 + PROBE_TAIL))
+    uncached = len(probe) - a.num_cached_tokens_for(probe, cache_salt="attacker")
+    return -(-uncached // CHUNK)
+
+
+@register("3.4", "The victim's 256-token secret ran to its end (B = 16); the engine computes at most 64 prompt "
+          "tokens a step. The attacker's probe is the secret plus 2 tokens of its own, and every user has their own "
+          "cache salt. How many engine steps does the probe take to its first token?", _salted_probe_steps)
+def _check_3_4(answer) -> Verdict:
+    return compare("steps to the salted probe's first token", answer, _salted_probe_steps(), hints={
+        1: "the unsalted case: the probe would hit the victim's 16 blocks and compute only its own 2 tokens",
+        4: "256 / 64: the probe's own 2 tokens need a step too",
+        258: "tokens, not steps: 64 of them a step",
+        0: "even a fully cached prompt computes its last token"})

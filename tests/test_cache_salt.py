@@ -1,0 +1,356 @@
+"""Salted prefix caches (issue 23 item 1) and the prefix cache's own events (item 3), on both indexes.
+
+A salt enters the hash before a prompt's first block (the hash chain, as vLLM's ``cache_salt``) or
+names the request's own child of the radix root (as TensorRT-LLM's ``cache_salt_id``). The oracle
+for sharing is the block tables themselves: two prompts share a block exactly when a physical block
+id appears in both tables. The oracle for the cache events is the index: replaying store / evict /
+clear must give exactly the blocks ``is_cached`` reports, after every operation of a random run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from paged_edu.core.allocator import BlockAllocator
+from paged_edu.core.block_hash import ROOT_HASH, prefix_root
+from paged_edu.core.radix_cache import RadixAllocator
+from paged_edu.core.validation import MAX_CACHE_SALT_LEN
+
+B = 4
+PROMPT = list(range(1, 4 * B + 2))  # four full blocks and one token
+
+
+def both(num_blocks: int = 32, **kwargs):
+    return [BlockAllocator(num_blocks, B, **kwargs), RadixAllocator(num_blocks, B, **kwargs)]
+
+
+def shared(a, s, t) -> set[int]:
+    return set(a.block_table(s)) & set(a.block_table(t))
+
+
+@pytest.mark.parametrize("a", both(), ids=["hash", "radix"])
+def test_different_salts_share_no_block_and_the_same_salt_shares_as_before(a):
+    a.allocate("alice", PROMPT, cache_salt="alice")
+    a.allocate("mallory", PROMPT, cache_salt="mallory")
+    assert shared(a, "alice", "mallory") == set() and a.num_cached_tokens("mallory") == 0
+    a.allocate("alice2", PROMPT, cache_salt="alice")
+    assert a.num_cached_tokens("alice2") == 4 * B and len(shared(a, "alice", "alice2")) == 4
+    a.allocate("nobody", PROMPT)  # unsalted: its own namespace, the one of every unsalted request
+    assert a.num_cached_tokens("nobody") == 0
+    assert all(not shared(a, "nobody", s) for s in ("alice", "mallory", "alice2"))
+    assert a.num_cached_tokens_for(PROMPT) == 4 * B  # nobody's blocks now
+    assert a.num_cached_tokens_for(PROMPT, cache_salt="mallory") == 4 * B
+    assert a.num_cached_tokens_for(PROMPT, cache_salt="eve") == 0
+    # after every holder is gone the salted blocks are still cached, still under their salt
+    for s in ("alice", "mallory", "alice2", "nobody"):
+        a.free(s)
+    assert a.num_cached_tokens_for(PROMPT, cache_salt="alice") == 4 * B
+    assert a.num_cached_tokens_for(PROMPT, cache_salt="eve") == 0
+
+
+@pytest.mark.parametrize("a", both(), ids=["hash", "radix"])
+def test_salts_hold_through_appends_forks_and_the_tail(a):
+    """Blocks filled by appends after admission are cached under the sequence's salt too."""
+    short = PROMPT[:B - 1]  # no full block at admission: the salt must survive to the first seal
+    a.allocate("a", short, cache_salt="x")
+    for t in PROMPT[B - 1:2 * B]:
+        a.append("a", t)
+    a.fork("a", "a2")
+    a.free("a")
+    a.free("a2")
+    probe = PROMPT[:2 * B] + [99]
+    assert a.num_cached_tokens_for(probe) == 0
+    assert a.num_cached_tokens_for(probe, cache_salt="y") == 0
+    assert a.num_cached_tokens_for(probe, cache_salt="x") == 2 * B
+
+
+@pytest.mark.parametrize("a", both(), ids=["hash", "radix"])
+def test_extra_keys_partition_like_a_salt(a):
+    a.allocate("lora1", PROMPT, extra_keys=("adapter-1",))
+    assert a.num_cached_tokens_for(PROMPT, extra_keys=("adapter-2",)) == 0
+    assert a.num_cached_tokens_for(PROMPT, extra_keys=("adapter-1",)) == 4 * B
+    assert a.num_cached_tokens_for(PROMPT, cache_salt="adapter-1") == 0  # a salt is not an extra key
+    assert a.num_cached_tokens_for(PROMPT) == 0
+
+
+def test_no_salt_is_the_unsalted_chain():
+    assert prefix_root() == ROOT_HASH == b""
+    assert prefix_root("a") != prefix_root(None, ("a",)) != ROOT_HASH
+    assert prefix_root("ab", ("c",)) != prefix_root("a", ("bc",))  # length-prefixed parts
+    a = BlockAllocator(8, B)
+    a.allocate("s", PROMPT)
+    from paged_edu.core.block_hash import chained_block_hashes
+    assert [a.block_hash(b) for b in a.block_table("s")[:4]] == chained_block_hashes(PROMPT, B)
+
+
+@pytest.mark.parametrize("bad, exc", [
+    ("", ValueError), ("x" * (MAX_CACHE_SALT_LEN + 1), ValueError), (b"salt", TypeError), (7, TypeError),
+    ("\udcff", ValueError),
+])
+def test_a_bad_salt_is_refused_and_changes_nothing(bad, exc):
+    for a in both(16):
+        a.allocate("s", PROMPT, cache_salt="ok")
+        before = (a.num_free_blocks, a.num_cached_blocks, a.stats.requests, dict(a.stats.per_salt))
+        with pytest.raises(exc, match="cache_salt"):
+            a.allocate("t", PROMPT, cache_salt=bad)
+        with pytest.raises(exc, match="cache_salt"):
+            a.num_cached_tokens_for(PROMPT, cache_salt=bad)
+        with pytest.raises(exc, match=r"extra_keys\[0\]"):
+            a.allocate("t", PROMPT, extra_keys=(bad,))
+        assert "t" not in a
+        assert (a.num_free_blocks, a.num_cached_blocks, a.stats.requests, dict(a.stats.per_salt)) == before
+    a.allocate("t", PROMPT, cache_salt="x" * MAX_CACHE_SALT_LEN)  # the bound itself is fine
+
+
+def test_hits_are_counted_per_salt():
+    for a in both():
+        a.allocate(1, PROMPT, cache_salt="t0")
+        a.allocate(2, PROMPT, cache_salt="t0")
+        a.allocate(3, PROMPT, cache_salt="t1")
+        a.allocate(4, PROMPT)
+        n = len(PROMPT)
+        assert a.stats.per_salt == {"t0": [2 * n, 4 * B], "t1": [n, 0], None: [n, 0]}
+        assert a.stats.hit_rate_of("t0") == 4 * B / (2 * n) and a.stats.hit_rate_of("t1") == 0.0
+        assert a.stats.hit_rate_of("never") == 0.0
+        assert a.stats.hit_tokens == 4 * B  # the totals as before
+
+
+def test_a_radix_namespace_goes_with_its_last_block():
+    a = RadixAllocator(5, B)
+    a.allocate("s", PROMPT, cache_salt="gone")
+    assert len(a.tree.root.children) == 1
+    a.free("s")
+    a.allocate("big", list(range(100, 100 + 5 * B)))  # needs every block: evicts the salted ones
+    assert a.num_cached_tokens_for(PROMPT, cache_salt="gone") == 0
+    assert all(child.blocks for child in a.tree.root.children.values())  # no empty namespace left
+
+
+# -- the prefix cache's events ----------------------------------------------------------------------
+
+
+class Replay:
+    """The cache's contents as its events tell them: store adds, evict removes, clear empties."""
+
+    def __init__(self, a) -> None:
+        self.cached: set[int] = set()
+        self.kinds: list[str] = []
+        a.subscribe_cache(self)
+
+    def __call__(self, event) -> None:
+        self.kinds.append(event.kind)
+        if event.kind == "store":
+            assert not self.cached & set(event.block_ids), "stored twice"
+            self.cached |= set(event.block_ids)
+            assert event.num_tokens == len(event.block_ids) * B
+        elif event.kind == "evict":
+            [b] = event.block_ids
+            assert b in self.cached, "evicted a block never stored"
+            self.cached.remove(b)
+        elif event.kind == "clear":
+            assert set(event.block_ids) == self.cached
+            self.cached = set()
+        else:
+            raise AssertionError(f"unexpected cache event {event.kind!r}")
+
+
+def cached_blocks(a) -> set[int]:
+    return {b for b in range(a.num_blocks) if a.index.is_cached(b)}
+
+
+@pytest.mark.parametrize("make", [lambda: BlockAllocator(12, B, cache_when_computed=True),
+                                  lambda: BlockAllocator(12, B),
+                                  lambda: RadixAllocator(12, B, cache_when_computed=True),
+                                  lambda: RadixAllocator(12, B)],
+                         ids=["hash-computed", "hash-full", "radix-computed", "radix-full"])
+def test_cache_events_replay_to_the_cache_contents(make):
+    rng = random.Random(5)
+    a = make()
+    replay = Replay(a)
+    live: list[int] = []
+    next_id = 0
+    for _ in range(600):
+        op = rng.random()
+        try:
+            if op < 0.3 or not live:
+                prompt = [rng.randrange(3) for _ in range(rng.randrange(1, 3 * B))]
+                salt = rng.choice([None, "a", "b"])
+                a.allocate(next_id, prompt, cache_salt=salt)
+                live.append(next_id)
+                next_id += 1
+            elif op < 0.6:
+                a.append(rng.choice(live), rng.randrange(3))
+            elif op < 0.7:
+                s = rng.choice(live)
+                a.mark_computed(s, a.num_tokens(s))
+            elif op < 0.75:
+                a.fork(rng.choice(live), next_id)
+                live.append(next_id)
+                next_id += 1
+            elif op < 0.95:
+                s = live.pop(rng.randrange(len(live)))
+                a.free(s)
+            else:
+                a.reset_prefix_cache()
+        except MemoryError:
+            pass
+        assert replay.cached == cached_blocks(a)
+        if isinstance(a, RadixAllocator):  # a namespace lives exactly as long as something below it
+            assert all(child.blocks or child.children for child in a.tree.root.children.values())
+    assert {"store", "evict"} <= set(replay.kinds)
+    for s in live:
+        a.free(s)
+    assert a.reset_prefix_cache() == 0
+    assert replay.kinds[-1] == "clear" and replay.cached == set() == cached_blocks(a)
+
+
+def test_store_and_clear_go_to_cache_subscribers_only():
+    """The general stream keeps its events (existing widgets and tests read it); the cache stream is apart."""
+    for a in both(8):
+        general, cache = [], []
+        a.subscribe(general.append)
+        a.subscribe_cache(cache.append)
+        a.allocate("s", PROMPT)
+        a.free("s")
+        assert a.reset_prefix_cache() == 0
+        assert "store" not in {e.kind for e in general} and "clear" not in {e.kind for e in general}
+        assert [e.kind for e in cache] == ["store", "clear"]
+        assert cache[0].seq_id == "s" and len(cache[0].block_ids) == 4
+        assert sorted(cache[1].block_ids) == sorted(cache[0].block_ids)
+
+
+def test_a_cache_subscriber_that_raises_loses_nothing():
+    a = BlockAllocator(8, B)
+
+    def boom(event):
+        raise RuntimeError("no")
+
+    a.subscribe_cache(boom)
+    replay = Replay(a)
+    with pytest.warns(RuntimeWarning, match="prefix cache subscriber"):
+        a.allocate("s", PROMPT)
+    assert replay.cached == cached_blocks(a) and len(replay.cached) == 4
+
+
+# -- the engine, the simulator, the CLI --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model():
+    from paged_edu.labs.engine_lab import tiny_model
+
+    return tiny_model(seed=3, vocab_size=128)
+
+
+@pytest.mark.parametrize("radix", [False, True], ids=["hash", "radix"])
+def test_engine_salts_keep_tenants_apart_and_a_bad_salt_is_refused(model, radix):
+    from paged_edu.engine import Engine
+    from paged_edu.engine.sampling import SamplingParams
+
+    def engine():
+        allocator = RadixAllocator(64, B, cache_when_computed=True) if radix else None
+        return Engine(model, num_blocks=64, block_size=B, allocator=allocator)
+
+    system = [5, 6, 7, 8] * 4
+    prompts = [system + [10 + i] for i in range(3)]
+    params = SamplingParams(max_tokens=5)
+    ref = engine()
+    expected = {tuple(o.prompt_token_ids): o.outputs for o in ref.run(prompts, [params] * 3)}
+
+    e = engine()
+    first = e.add_request(prompts[0], params, cache_salt="alice")
+    for bad in ("", "x" * (MAX_CACHE_SALT_LEN + 1), 42):
+        with pytest.raises((TypeError, ValueError), match="cache_salt"):
+            e.add_request(prompts[1], params, cache_salt=bad)
+    outputs = []
+    while e.has_unfinished():
+        outputs += e.step()
+    second = e.add_request(prompts[1], params, cache_salt="mallory")
+    third = e.add_request(prompts[2], params, cache_salt="alice")
+    while e.has_unfinished():
+        outputs += e.step()
+    by_id = {o.request_id: o for o in outputs}
+    assert sorted(by_id) == [first, second, third]  # the refused ones took no id, the rest served
+    for o in outputs:
+        assert o.outputs == expected[tuple(o.prompt_token_ids)]  # token-identical
+    assert by_id[second].metrics.num_cached_tokens == 0  # another tenant's prefix: no hit
+    assert by_id[third].metrics.num_cached_tokens == len(system)  # its own tenant's: hit
+    assert e.allocator.stats.per_salt["mallory"][1] == 0
+
+
+def test_engine_refuses_a_salt_its_allocator_cannot_take(model):
+    from paged_edu.engine import Engine
+    from paged_edu.lessons.my_allocator import MyAllocator
+
+    e = Engine(model, num_blocks=16, block_size=B, enable_prefix_caching=False, allocator=MyAllocator(16, B))
+    with pytest.raises(TypeError, match="cache_salt"):
+        e.add_request([1, 2, 3], cache_salt="t")
+    assert not e.has_unfinished()
+
+
+def test_trace_keeps_the_salt_and_refuses_a_bad_one(tmp_path):
+    from paged_edu.sim.request import Request, load_trace, save_trace
+
+    requests = [Request(0.0, 3, 2, prompt=[1, 2, 3], cache_salt="t1"), Request(0.5, 4, 1)]
+    path = tmp_path / "t.jsonl"
+    save_trace(requests, path)
+    assert [r.cache_salt for r in load_trace(path)] == ["t1", None]
+    assert "cache_salt" not in json.loads(path.read_text().splitlines()[1])
+    with pytest.raises(ValueError, match="cache_salt"):
+        Request(0.0, 3, 2, cache_salt="")
+    path.write_text(json.dumps({"arrival_time": 0, "prompt_len": 3, "output_len": 1, "cache_salt": 5}) + "\n")
+    with pytest.raises(TypeError, match="cache_salt"):
+        load_trace(path)
+
+
+def test_simulated_tenants_lose_the_shared_system_prompt():
+    from paged_edu.sim.compare import default_configs
+    from paged_edu.sim.simulator import simulate
+    from paged_edu.sim.workloads import assign_tenants, chat
+
+    def run(tenants, manager):
+        requests = chat(40, rate=2.0, seed=0, system_prompt_len=64)
+        if tenants:
+            assign_tenants(requests, tenants)
+        [config] = default_configs(block_sizes=[B], managers=[manager])
+        return simulate(requests, config)
+
+    for manager in ("paged-prefix", "paged-radix"):
+        shared_run, one, many = run(0, manager), run(1, manager), run(40, manager)
+        assert one.prefix_hit_rate == shared_run.prefix_hit_rate > 0  # one salt: shares as before
+        assert many.prefix_hit_rate == 0.0  # every request its own tenant: nothing to share
+        assert set(many.prefix_hit_rate_per_salt) == {f"tenant-{i}" for i in range(40)}
+        assert "prefix_hit_rate_per_salt" not in shared_run.record()
+    with pytest.raises(ValueError, match="num_tenants"):
+        assign_tenants([], 0)
+
+
+def test_cli_tenants_option(capsys):
+    from paged_edu.cli import main
+
+    assert main(["simulate", "--workload", "chat", "--num-requests", "12", "--rate", "2", "--tenants", "3",
+                 "--managers", "paged-prefix", "--block-sizes", "16", "--system-prompt-len", "64",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "prefix hits per tenant (3 tenants" in out and "tenant-2" in out
+
+
+def test_the_side_channel_is_measured_and_closed_by_salts(model):
+    """Lesson 3's lab: the probe's accounting (tokens, steps, modeled time) with and without the
+    victim's prefix; salted, it is exactly the cold probe's. Oracle: the prompt's own arithmetic."""
+    from paged_edu.labs.side_channel import side_channel, tenant_hit_rates
+
+    secret = [3 + (5 * i) % 100 for i in range(8 * B)]
+    cold, shared_, salted = side_channel(model, secret, [1, 2], block_size=B, chunk=2 * B)
+    n = len(secret) + 2
+    assert (cold.num_cached_tokens, cold.num_computed_tokens, cold.num_steps) == (0, n, -(-n // (2 * B)))
+    assert (shared_.num_cached_tokens, shared_.num_computed_tokens, shared_.num_steps) == (len(secret), 2, 1)
+    assert (salted.num_cached_tokens, salted.num_computed_tokens, salted.num_steps, salted.modeled_ttft_s) == (
+        cold.num_cached_tokens, cold.num_computed_tokens, cold.num_steps, cold.modeled_ttft_s)
+    assert shared_.modeled_ttft_s < cold.modeled_ttft_s
+    rates = tenant_hit_rates(model, secret, num_tenants=3, requests_per_tenant=2, block_size=B, chunk=2 * B)
+    prompt = len(secret) + 2
+    assert rates["no salts"] == pytest.approx(5 * len(secret) / (6 * prompt))  # only the first computes it
+    assert rates["salted per tenant"] == pytest.approx(3 * len(secret) / (6 * prompt))  # each tenant's first does
