@@ -29,7 +29,7 @@ from paged_edu.sim.simulator import simulate
 from paged_edu.sim.workloads import make_workload
 
 __all__ = ["BENCH_ALLOCATOR", "CACHES", "POLICIES", "SCENARIOS", "WORKLOADS", "CacheRow", "checks", "compare_caches",
-           "granularity", "lookup_cost", "markdown_table", "run_cell", "run_setting"]
+           "granularity", "lookup_cost", "markdown_table", "readmission_effect", "run_cell", "run_setting"]
 
 WORKLOADS = ("multiturn", "fewshot", "agents")
 CACHES = (("paged-prefix", 16), ("paged-radix", 16), ("paged-radix", 1))
@@ -61,6 +61,7 @@ class CacheRow:
     ttft_p50: float
     ttft_p99: float
     preemptions: int
+    hit_rate_counting_readmissions: float = 0.0  # re-admissions of preempted sequences pooled in
 
     @property
     def cache(self) -> str:
@@ -90,7 +91,8 @@ def run_setting(workload: str, num_kv_slots: int | None, rate: float, manager: s
     snapshots = max(res.num_steps // config.sample_every, 1)
     in_use = (b["token_states"] + b["reserved"] + b["internal_frag"]) / snapshots
     return CacheRow(workload, label, manager, block_size, policy, res.prefix_hit_rate, in_use, res.kv_utilization,
-                    rec["throughput_tokens_per_s"], rec["ttft_p50_s"], rec["ttft_p99_s"], res.preemptions)
+                    rec["throughput_tokens_per_s"], rec["ttft_p50_s"], rec["ttft_p99_s"], res.preemptions,
+                    res.hit_rate_counting_readmissions)
 
 
 def compare_caches(num_requests: int = 200, seed: int = 0, workloads=WORKLOADS, scenarios=tuple(SCENARIOS),
@@ -110,6 +112,28 @@ def markdown_table(rows: list[CacheRow]) -> str:
 
 def _index(rows: list[CacheRow]) -> dict:
     return {(r.workload, r.scenario, r.manager, r.block_size, r.policy): r for r in rows}
+
+
+def readmission_effect(rows: list[CacheRow], scenario: str = "tight") -> list[dict]:
+    """How much of each comparison under pressure was preempted sequences finding their own blocks again.
+
+    Per workload: radix B=16 - hash B=16 (FCFS) and LPM - FCFS (hash B=16), in hit rate, as the lesson counts
+    it (first admissions only: prefix reuse) and as a counter that pools re-admissions in would.
+    """
+    at = _index(rows)
+    out = []
+    for w in sorted({r.workload for r in rows if r.scenario == scenario}):
+        hash_f, radix_f = at[(w, scenario, "paged-prefix", 16, "fcfs")], at[(w, scenario, "paged-radix", 16, "fcfs")]
+        hash_l = at[(w, scenario, "paged-prefix", 16, "lpm")]
+        out.append(dict(
+            workload=w,
+            radix_minus_hash=radix_f.hit_rate - hash_f.hit_rate,
+            radix_minus_hash_pooled=radix_f.hit_rate_counting_readmissions - hash_f.hit_rate_counting_readmissions,
+            lpm_minus_fcfs=hash_l.hit_rate - hash_f.hit_rate,
+            lpm_minus_fcfs_pooled=hash_l.hit_rate_counting_readmissions - hash_f.hit_rate_counting_readmissions,
+            fcfs_hit_rate=hash_f.hit_rate, fcfs_hit_rate_pooled=hash_f.hit_rate_counting_readmissions,
+        ))
+    return out
 
 
 def checks(rows: list[CacheRow]) -> list[tuple[str, bool, str]]:

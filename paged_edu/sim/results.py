@@ -98,6 +98,8 @@ class SimResult:
     assumptions: dict = field(default_factory=dict)
     live_lengths_mean: float = 0.0  # mean stored tokens of a live sequence over snapshots
     prefix_hit_rate_per_salt: dict[str, float] = field(default_factory=dict)  # salted runs: each tenant's hits
+    preempted_hit_rate: float = 0.0  # re-admissions of recomputed sequences: their own blocks hit again, apart
+    hit_rate_counting_readmissions: float = 0.0  # both together: what a counter blind to preemption reports
 
     @property
     def kv_utilization_final(self) -> float:
@@ -134,6 +136,7 @@ class SimResult:
             "norm_latency_mean_s": sum(norm) / len(norm) if norm else 0.0,
             "preemptions": self.preemptions,
             "prefix_hit_rate": self.prefix_hit_rate,
+            "preempted_hit_rate": self.preempted_hit_rate,
             "fragmentation_refusals": self.fragmentation_refusals,
             "sharing_saving": self.sharing_saving,
             "memory_breakdown": self.breakdown_fractions(),

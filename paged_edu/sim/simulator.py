@@ -318,6 +318,8 @@ def simulate(
         mean_batched=meters.batched_sum / step if step else 0.0,
         preemptions=preemptions,
         prefix_hit_rate=manager.stats.hit_rate,
+        preempted_hit_rate=manager.stats.preempted_hit_rate,
+        hit_rate_counting_readmissions=_hits_with_readmissions(manager.stats),
         prefix_hit_rate_per_salt={salt: manager.stats.hit_rate_of(salt)
                                   for salt in manager.stats.per_salt if salt is not None},
         fragmentation_refusals=len(manager.fragmented),
@@ -401,3 +403,9 @@ def _request_record(r: Request, seqs: list[Sequence], manager) -> RequestRecord:
         held_slots=held,
     )
 
+
+def _hits_with_readmissions(stats) -> float:
+    """The hit rate a counter reports that takes a recomputed sequence's re-admission for a new prompt
+    (paged_edu's before issue 21): first admissions and re-admissions pooled."""
+    queried = stats.queried_tokens + stats.preempted_queries
+    return (stats.hit_tokens + stats.preempted_hits) / queried if queried else 0.0
