@@ -10,6 +10,27 @@ block before its K/V exists (``BlockAllocator(..., cache_when_computed=False)``)
 scheduler that computes prompts over several steps, and :class:`~paged_edu.sched.scheduler.Scheduler`
 refuses it (see :func:`publishes_before_computed`).
 
+**Counts, not token values.** Room for tokens is reserved by count: ``append_slots(seq_id,
+num_tokens=1)`` returns the new tokens' slots and needs none of their ids. The ids arrive with
+``mark_computed(seq_id, num_computed_tokens, token_ids)``, once the step that computed their K/V is
+done; only then is a full block hashed and published, since a block is named by its tokens and may
+be hit only once its K/V exists. So the manager keeps no copy of the sequence's tokens beyond the
+ones it has not yet handed to its prefix index. Prompts, whose ids are known, keep ``allocate(seq_id,
+token_ids)``. vLLM v1 splits it the same way: ``KVCacheManager.allocate_slots(request,
+num_new_tokens)`` (``vllm/v1/core/kv_cache_manager.py``) takes a count, and caches only
+``min(num_computed_tokens + num_new_tokens, request.num_tokens)`` tokens -- those whose ids the
+request holds -- through ``BlockPool.cache_full_blocks`` (``vllm/v1/core/block_pool.py``).
+
+**Why: a slot for a token still being sampled.** The synchronous scheduler reserves, at step
+``k + 1``, the slot of the token step ``k`` sampled, and passes its id at ``mark_computed`` after
+step ``k + 1``. An overlapping scheduler (issue 22) schedules step ``k + 1`` while step ``k`` still
+runs on the GPU: it calls ``append_slots`` for a token that does not exist yet (a *placeholder*;
+the runner feeds the sampled id from the device into step ``k + 1``'s input), and passes the id at
+the ``mark_computed`` after step ``k + 1``, by which time step ``k``'s output has reached the host.
+vLLM's async scheduler does exactly this: ``AsyncScheduler._update_after_schedule``
+(``vllm/v1/core/sched/async_scheduler.py``) counts ``request.num_output_placeholders`` for tokens
+scheduled before their ids are known, and the KV manager caches none of them until they are.
+
 Plain Python, no torch.
 """
 
@@ -50,8 +71,11 @@ class MemoryManager(Protocol):
     def allocate(self, seq_id: Hashable, token_ids: Sequence[int], *, record_stats: bool = True) -> list[int]:
         """A block table for a new sequence holding ``token_ids``; leading blocks may be cache hits."""
 
-    def append(self, seq_id: Hashable, token_id: int) -> int:
-        """Room for one more token; returns its slot (may copy a shared last block on write)."""
+    def append_slots(self, seq_id: Hashable, num_tokens: int = 1) -> list[int]:
+        """Slots for the next ``num_tokens`` tokens, ids not needed (may copy a shared last block on write)."""
+
+    def num_tokens(self, seq_id: Hashable) -> int:
+        """Slots the sequence holds: its tokens, placeholders (ids not known yet) included."""
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> list[int]:
         """A child sharing every block of its parent (parallel sampling, beams)."""
@@ -67,8 +91,10 @@ class MemoryManager(Protocol):
     def num_cached_tokens_for(self, token_ids: Sequence[int]) -> int:
         """Leading tokens of ``token_ids`` an allocate now would hit; changes nothing (LPM asks it)."""
 
-    def mark_computed(self, seq_id: Hashable, num_computed_tokens: int) -> None:
-        """The first ``num_computed_tokens`` tokens' K/V is written: their full blocks may be shared."""
+    def mark_computed(self, seq_id: Hashable, num_computed_tokens: int, token_ids: Sequence[int] | None = None) -> None:
+        """The first ``num_computed_tokens`` tokens' K/V is written, and ``token_ids`` are the ids of the
+        tokens after those already known: full blocks whose ids are known and whose K/V is written may be
+        shared. Publishing may swap a block for the cache's copy: read block tables after this call."""
 
     def take_copies(self) -> list[tuple[int, int]]:
         """Copy-on-write ``(src_block, dst_block)`` copies made since the last call."""
