@@ -11,25 +11,29 @@ scheduler that computes prompts over several steps, and :class:`~paged_edu.sched
 refuses it (see :func:`publishes_before_computed`).
 
 **Counts, not token values.** Room for tokens is reserved by count: ``append_slots(seq_id,
-num_tokens=1)`` returns the new tokens' slots and needs none of their ids. The ids arrive with
-``mark_computed(seq_id, num_computed_tokens, token_ids)``, once the step that computed their K/V is
-done; only then is a full block hashed and published, since a block is named by its tokens and may
-be hit only once its K/V exists. So the manager keeps no copy of the sequence's tokens beyond the
-ones it has not yet handed to its prefix index. Prompts, whose ids are known, keep ``allocate(seq_id,
-token_ids)``. vLLM v1 splits it the same way: ``KVCacheManager.allocate_slots(request,
+num_tokens=1)`` returns the new tokens' slots and needs none of their ids; ``num_tokens(seq_id)``
+counts the slots held, placeholders included. The ids arrive with ``mark_computed(seq_id,
+num_computed_tokens, token_ids)``: ``token_ids`` are the ids of the last ``len(token_ids)`` computed
+tokens (ending at ``num_computed_tokens``) and must reach back to the first id the manager lacks. A
+full block is hashed once its ids are known and published once its K/V is computed too, since a
+block is named by its tokens and may be hit only once its K/V exists. So the manager keeps no copy
+of the sequence's tokens beyond those its prefix index has not taken yet. Prompts, whose ids are
+known, keep ``allocate(seq_id, token_ids)``. vLLM v1 splits it the same way: ``KVCacheManager.allocate_slots(request,
 num_new_tokens)`` (``vllm/v1/core/kv_cache_manager.py``) takes a count, and caches only
 ``min(num_computed_tokens + num_new_tokens, request.num_tokens)`` tokens -- those whose ids the
 request holds -- through ``BlockPool.cache_full_blocks`` (``vllm/v1/core/block_pool.py``).
 
 **Why: a slot for a token still being sampled.** The synchronous scheduler reserves, at step
-``k + 1``, the slot of the token step ``k`` sampled, and passes its id at ``mark_computed`` after
-step ``k + 1``. An overlapping scheduler (issue 22) schedules step ``k + 1`` while step ``k`` still
+``k + 1``, the slot of the token step ``k`` sampled, and passes its id with the ``mark_computed``
+after the step that fills its block (a block's ids go together, one call per block). An overlapping scheduler (issue 22) schedules step ``k + 1`` while step ``k`` still
 runs on the GPU: it calls ``append_slots`` for a token that does not exist yet (a *placeholder*;
 the runner feeds the sampled id from the device into step ``k + 1``'s input), and passes the id at
 the ``mark_computed`` after step ``k + 1``, by which time step ``k``'s output has reached the host.
-vLLM's async scheduler does exactly this: ``AsyncScheduler._update_after_schedule``
-(``vllm/v1/core/sched/async_scheduler.py``) counts ``request.num_output_placeholders`` for tokens
-scheduled before their ids are known, and the KV manager caches none of them until they are.
+vLLM's async scheduler does the same (``vllm/v1/core/sched/async_scheduler.py``):
+``_update_after_schedule`` adds one to ``request.num_output_placeholders`` for each token scheduled
+before its id exists, and ``_update_request_with_output``, once the ids arrive, subtracts them and
+calls ``kv_cache_manager.cache_blocks(request, request.num_computed_tokens -
+request.num_output_placeholders)``: no block is cached past the last known token.
 
 Plain Python, no torch.
 """
