@@ -370,24 +370,21 @@ class BlockAllocator(SequenceLookup):
         """``token_ids`` are the ids of ``seq``'s tokens ``end - len(token_ids) .. end - 1``: those not
         known yet are kept, and each block they complete is hashed (the index's key grows by one
         block). Checks everything before changing anything."""
-        if type(token_ids) is list and len(token_ids) == 1 and type(token_ids[0]) is int \
-                and 0 <= token_ids[0] <= MAX_TOKEN_ID:  # a decode's one plain int in range: no more checks
-            packed = token_ids
-        else:
-            packed = token_array("token_ids", token_ids)
+        packed = token_array("token_ids", token_ids)
         begin = end - len(packed)
-        if begin > seq.num_known:
-            raise ValueError(f"sequence {seq_id!r}: ids of tokens {seq.num_known} .. {begin - 1} are missing "
+        known = seq.num_known
+        if begin > known:
+            raise ValueError(f"sequence {seq_id!r}: ids of tokens {known} .. {begin - 1} are missing "
                              f"(token_ids must cover every token up to num_computed_tokens={end} not given before)")
-        if end <= seq.num_known:
+        if end <= known:
             return
         B = self.block_size
         pending = seq.pending
-        for token in packed[seq.num_known - begin:]:
-            pending.append(token)
-            seq.num_known += 1
-            if seq.num_known % B == 0:  # a block's ids are all known: hash it
-                self.index.extend(seq.key, pending[len(pending) - B:])
+        pending += packed[known - begin:]
+        seq.num_known = end
+        base = seq.num_published_blocks  # pending starts at this block
+        for block in range(known // B, end // B):  # each block these ids complete: hash it
+            self.index.extend(seq.key, pending[(block - base) * B:(block - base + 1) * B])
 
     def mark_computed(self, seq_id: SeqId, num_computed_tokens: int, token_ids: Sequence[int] | None = None) -> None:
         """The first ``num_computed_tokens`` tokens' K/V is written; ``token_ids``, if given, are the
