@@ -8,6 +8,11 @@ with its anchors (nano-vllm's BlockManager: 0.91 M appends/s, 10.7 k admissions/
     python benchmarks/bench_allocator.py [--requests 10000] [--repeat 3] [--clock wall|cpu]
                                          [--json figures/allocator_bench.json]
 
+An *append* is one decode token placed as the scheduler places it (:mod:`paged_edu.sched.scheduler`):
+``append_slots(seq_id)`` reserves its slot by count, and each time a block fills, one
+``mark_computed(seq_id, n, ids)`` hands over the ids of the tokens placed since the last one, so the
+full block is hashed and published (the work nano-vllm's ``may_append`` does as a block fills).
+
 Each configuration is replayed ``--repeat`` times, round robin; the best time is reported (machines
 are noisy).
 ``--clock cpu`` times with ``time.process_time`` (this process's CPU time) instead of the wall
@@ -47,11 +52,14 @@ class SeedHarness:
         self.lengths[seq_id] = len(tokens)
         return self.inner.allocate_prompt(seq_id, tokens)
 
-    def append(self, seq_id, token):
+    def append_slots(self, seq_id):
         n = self.lengths[seq_id]
         self.lengths[seq_id] = n + 1
         block = self.inner.append_token_slot(seq_id, n)
-        return block * self.inner.block_size + n % self.inner.block_size
+        return [block * self.inner.block_size + n % self.inner.block_size]
+
+    def mark_computed(self, seq_id, num_computed_tokens, token_ids=None):
+        pass  # the seed hashes nothing after admission
 
     def free(self, seq_id):
         del self.lengths[seq_id]
@@ -84,7 +92,7 @@ def replay(trace, *, subscribe: bool, max_running: int = 64, num_blocks: int = 8
         def on_event(event):
             events[0] += 1
         a.subscribe(on_event)
-    running: list[list] = []  # [seq_id, decode tokens, next index]
+    running: list[list] = []  # [seq_id, decode tokens, next index, prompt length]
     next_req = 0
     t_admit = t_append = 0.0
     appends = peak_blocks = 0
@@ -93,14 +101,18 @@ def replay(trace, *, subscribe: bool, max_running: int = 64, num_blocks: int = 8
         while next_req < len(trace) and len(running) < max_running:
             prompt, decode = trace[next_req]
             a.allocate(next_req, prompt)
-            running.append([next_req, decode, 0])
+            running.append([next_req, decode, 0, len(prompt)])
             next_req += 1
         t1 = clock()
         t_admit += t1 - t0
-        append = a.append
+        append_slots, mark_computed = a.append_slots, a.mark_computed
         for entry in running:
-            append(entry[0], entry[1][entry[2]])
+            append_slots(entry[0])  # the slot, by count
             entry[2] += 1
+            n = entry[3] + entry[2]
+            if n % block_size == 0:  # a block is full: the ids since the last full block (or the prompt)
+                i = entry[2]
+                mark_computed(entry[0], n, entry[1][max(0, i - block_size):i])
         appends += len(running)
         t2 = clock()
         t_append += t2 - t1

@@ -15,6 +15,10 @@ import pytest
 
 from paged_edu import BlockAllocator, OutOfBlocksError
 from paged_edu.core.allocator import UnknownSequenceError, chained_block_hashes
+from paged_edu.core.contract import observable
+from paged_edu.core.radix_cache import RadixAllocator
+
+from allocator_helpers import append_token, assert_holds
 
 B = 4
 
@@ -24,7 +28,8 @@ def snapshot(a: BlockAllocator):
     return (
         a.num_free_blocks,
         a.num_evictable_blocks,
-        {s: (a.block_table(s), a.token_ids(s), a.num_cached_tokens(s)) for s in a.seq_ids},
+        {s: (a.block_table(s), a.num_tokens(s), a.num_known_tokens(s), list(a._seqs[s].pending), a.num_cached_tokens(s))
+         for s in a.seq_ids},
         [a.ref_count(b) for b in range(a.num_blocks)],
         [a.block_hash(b) for b in range(a.num_blocks)],
         copy.deepcopy(a.index.hash_to_block),
@@ -32,7 +37,6 @@ def snapshot(a: BlockAllocator):
         list(a.pool.free_block_ids),
         (a.stats.queried_tokens, a.stats.hit_tokens),
         list(a._copies),
-        [a.pool.token_ids[b] for b in range(a.num_blocks)],
     )
 
 
@@ -123,17 +127,17 @@ def test_prefix_caching_disabled_shares_nothing():
 def test_append_returns_physical_slot_and_takes_new_block_when_full():
     a = BlockAllocator(16, B)
     table = a.allocate("s", [1, 2, 3])
-    assert a.append("s", 4) == table[0] * B + 3
-    slot = a.append("s", 5)
+    assert append_token(a, "s", 4) == table[0] * B + 3
+    slot = append_token(a, "s", 5)
     new_table = a.block_table("s")
     assert len(new_table) == 2 and slot == new_table[1] * B + 0
-    assert a.token_ids("s") == [1, 2, 3, 4, 5]
+    assert_holds(a, "s", [1, 2, 3, 4, 5])
 
 
 def test_block_filled_by_append_enters_cache():
     a = BlockAllocator(16, B)
     a.allocate("a", [1, 2, 3])
-    a.append("a", 4)
+    append_token(a, "a", 4)
     t = a.allocate("b", [1, 2, 3, 4, 9])
     assert a.num_cached_tokens("b") == 4 and t[0] == a.block_table("a")[0]
 
@@ -143,7 +147,7 @@ def test_copy_on_write_on_append_into_shared_partial_block():
     parent = a.allocate("p", [1, 2, 3, 4, 5, 6])
     assert a.fork("p", "c") == parent
     assert [a.ref_count(b) for b in parent] == [2, 2]
-    slot = a.append("c", 7)
+    slot = append_token(a, "c", 7)
     child = a.block_table("c")
     assert child[0] == parent[0] and child[1] != parent[1]
     assert slot == child[1] * B + 2
@@ -151,7 +155,7 @@ def test_copy_on_write_on_append_into_shared_partial_block():
     assert a.take_copies() == [(parent[1], child[1])]
     assert a.take_copies() == []
     # The parent, now the only owner, writes in place.
-    assert a.append("p", 8) == parent[1] * B + 2
+    assert append_token(a, "p", 8) == parent[1] * B + 2
     assert a.take_copies() == []
 
 
@@ -159,7 +163,7 @@ def test_append_after_fork_into_full_block_needs_no_copy():
     a = BlockAllocator(16, B)
     a.allocate("p", [1, 2, 3, 4])
     a.fork("p", "c")
-    a.append("c", 5)
+    append_token(a, "c", 5)
     assert a.take_copies() == []
     assert a.block_table("c")[0] == a.block_table("p")[0]
 
@@ -248,18 +252,18 @@ def test_out_of_blocks_in_append_and_copy_on_write_changes_nothing():
     a2.allocate("x", [1, 2, 3, 4])
     before2 = snapshot(a2)
     with pytest.raises(OutOfBlocksError):
-        a2.append("x", 5)  # full block, pool empty
+        append_token(a2, "x", 5)  # full block, pool empty
     assert snapshot(a2) == before2
     a.allocate("z", [9])  # takes the last free block
     before = snapshot(a)
     with pytest.raises(OutOfBlocksError):
-        a.append("b", 6)  # needs a copy-on-write block
+        append_token(a, "b", 6)  # needs a copy-on-write block
     assert snapshot(a) == before
 
 
 def test_unknown_sequence_raises_key_error_naming_it():
     a = BlockAllocator(4, B)
-    for call in (lambda: a.append("ghost", 1), lambda: a.free("ghost"), lambda: a.block_table("ghost"),
+    for call in (lambda: append_token(a, "ghost", 1), lambda: a.free("ghost"), lambda: a.block_table("ghost"),
                  lambda: a.num_cached_tokens("ghost"), lambda: a.fork("ghost", "x")):
         with pytest.raises(KeyError) as err:
             call()
@@ -302,9 +306,10 @@ def test_bad_prompts_raise_clear_errors_and_change_nothing(tokens, exc, words):
 def test_bad_appended_token_raises_and_changes_nothing(token, exc):
     a = BlockAllocator(8, B)
     a.allocate("a", [1, 2, 3, 4])
+    a.append_slots("a")  # the slot, by count; the bad id arrives with mark_computed
     before = snapshot(a)
     with pytest.raises(exc):
-        a.append("a", token)
+        a.mark_computed("a", 5, [token])
     assert snapshot(a) == before
 
 
@@ -314,24 +319,26 @@ def test_bad_appended_token_raises_and_changes_nothing(token, exc):
 def test_appended_token_too_big_for_64_bits_raises_and_changes_nothing(prompt_len, token):
     a = BlockAllocator(8, B)
     a.allocate("a", list(range(1, prompt_len + 1)))
+    a.append_slots("a")
     before = snapshot(a)
     with pytest.raises(ValueError, match="64 bits"):
-        a.append("a", token)
+        a.mark_computed("a", prompt_len + 1, [token])
     assert snapshot(a) == before
-    assert a.token_ids("a") == list(range(1, prompt_len + 1))
-    a.append("a", 2**63 - 1)  # the largest int64 is a valid token, as in allocate
-    assert a.token_ids("a")[-1] == 2**63 - 1
+    assert a.num_known_tokens("a") == prompt_len
+    a.mark_computed("a", prompt_len + 1, [2**63 - 1])  # the largest int64 is a valid token, as in allocate
+    assert_holds(a, "a", [*range(1, prompt_len + 1), 2**63 - 1])
 
 
 @pytest.mark.parametrize("tokens", [[True, 2, 3], (1, False)])
 def test_bool_token_ids_in_a_prompt_are_refused_like_in_append(tokens):
     a = BlockAllocator(8, B)
     a.allocate("a", [1, 2, 3, 4, 5])
+    a.append_slots("a")
     before = snapshot(a)
     with pytest.raises(TypeError, match="bool"):
         a.allocate("new", tokens)
     with pytest.raises(TypeError):
-        a.append("a", tokens[0] if isinstance(tokens[0], bool) else tokens[1])
+        a.mark_computed("a", 6, [tokens[0] if isinstance(tokens[0], bool) else tokens[1]])
     assert snapshot(a) == before
 
 def test_numpy_style_integer_tokens_are_accepted():
@@ -344,7 +351,7 @@ def test_numpy_style_integer_tokens_are_accepted():
 
     a = BlockAllocator(8, B)
     a.allocate("a", [1, 2, 3])
-    assert a.append("a", Index(4)) == a.block_table("a")[0] * B + 3
+    assert append_token(a, "a", Index(4)) == a.block_table("a")[0] * B + 3
 
 
 @pytest.mark.parametrize("kwargs, exc", [
@@ -355,6 +362,67 @@ def test_bad_construction(kwargs, exc):
     args = {"num_blocks": 4, "block_size": 4, **kwargs}
     with pytest.raises(exc, match="num_blocks|block_size"):
         BlockAllocator(**args)
+
+
+# -- counts, not token values (issue 20 item 3) --------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [lambda: BlockAllocator(16, B), lambda: RadixAllocator(16, B)], ids=["hash", "radix"])
+def test_a_slot_is_reserved_without_its_token_id(make):
+    """A decode's slot before its token exists: the count grows, the known ids do not, nothing is hashed."""
+    a = make()
+    table = a.allocate("s", [1, 2, 3])
+    assert a.append_slots("s") == [table[0] * B + 3]  # no token id passed: it is still being sampled
+    assert a.num_tokens("s") == 4 and a.num_known_tokens("s") == 3
+    assert a.num_cached_tokens_for([1, 2, 3, 4, 9]) == 0  # the full block's ids are unknown: not cached
+    slots = a.append_slots("s", 5)  # several at once: one more block filled, one begun
+    assert slots == a.slot_mapping("s", 4) and len(a.block_table("s")) == 3
+    a.mark_computed("s", 9, [4, 5, 6, 7, 8, 9])  # ids of tokens 3 .. 8 (3 is known: not read again)
+    assert a.num_known_tokens("s") == 9 and a.num_tokens("s") == 9
+    assert a.num_cached_tokens_for([1, 2, 3, 4, 5, 6, 7, 8, 0]) == 8
+
+
+@pytest.mark.parametrize("make", [lambda: BlockAllocator(16, B, cache_when_computed=True),
+                                  lambda: RadixAllocator(16, B, cache_when_computed=True)], ids=["hash", "radix"])
+def test_a_full_block_is_published_only_once_its_ids_arrive_and_its_kv_is_computed(make):
+    a = make()
+    a.allocate("s", [1, 2, 3])
+    a.mark_computed("s", 3)  # the prompt's K/V
+    a.append_slots("s")  # block 0 is full by count
+    a.mark_computed("s", 3)
+    assert a.num_cached_tokens_for([1, 2, 3, 4, 9]) == 0  # ids unknown, K/V of token 3 not written
+    a.mark_computed("s", 4, [4])  # token 3's K/V is written and its id is 4
+    assert a.num_cached_tokens_for([1, 2, 3, 4, 9]) == 4
+    assert a.num_cached_tokens_for([1, 2, 3, 5, 9]) == 0  # published under the ids given, no other
+
+
+@pytest.mark.parametrize("make", [lambda: BlockAllocator(16, B), lambda: RadixAllocator(16, B)], ids=["hash", "radix"])
+def test_ids_that_leave_a_gap_or_overrun_the_reserved_slots_are_refused_and_change_nothing(make):
+    a = make()
+    a.allocate("s", [1, 2, 3])
+    a.append_slots("s", 2)
+    before = observable(a), a.num_known_tokens("s")
+    with pytest.raises(ValueError, match="missing"):
+        a.mark_computed("s", 5, [9])  # token 3's id was never given
+    with pytest.raises(ValueError, match="num_computed_tokens"):
+        a.mark_computed("s", 6, [4, 5, 6])  # only 5 slots are reserved
+    with pytest.raises(ValueError, match="num_tokens"):
+        a.append_slots("s", -1)
+    assert (observable(a), a.num_known_tokens("s")) == before
+
+
+def test_reserving_several_slots_is_all_or_nothing():
+    a = BlockAllocator(3, B)
+    a.allocate("p", [1, 2, 3, 4, 5])
+    a.fork("p", "c")  # c's last block is shared: its next slot needs a copy, and 4 more a new block
+    before = observable(a)
+    with pytest.raises(OutOfBlocksError):
+        a.append_slots("c", 8)  # a copy and 2 new blocks: 3 blocks, 1 free
+    assert observable(a) == before and a.take_copies() == []
+    shared = a.block_table("p")[1]
+    slots = a.append_slots("c", 3)  # the rest of the last block: a copy of it, and nothing more
+    copy = a.block_table("c")[1]
+    assert a.take_copies() == [(shared, copy)] and slots == [copy * B + 1, copy * B + 2, copy * B + 3]
 
 
 # -- events and helpers --------------------------------------------------------------------------
@@ -368,7 +436,7 @@ def test_event_stream_reports_each_operation():
     a.free("a")
     a.allocate("b", [1, 2, 3, 4, 6])
     a.fork("b", "c")
-    a.append("c", 7)
+    append_token(a, "c", 7)
     kinds = [e.kind for e in events]
     assert kinds[:3] == ["allocate", "free", "cache_hit"]
     assert "fork" in kinds and "copy_on_write" in kinds and kinds.count("append") == 1
@@ -464,7 +532,8 @@ def test_prompts_that_are_not_integer_sequences_are_refused_and_change_nothing(m
 def test_any_integer_sequence_is_a_prompt(prompt):
     a = BlockAllocator(8, B)
     a.allocate("x", prompt)
-    assert a.token_ids("x") == [1, 2, 3, 4, 5] and all(type(t) is int for t in a.token_ids("x"))
+    assert_holds(a, "x", [1, 2, 3, 4, 5])
+    assert [a.block_hash(b) for b in a.block_table("x")[:1]] == chained_block_hashes([1, 2, 3, 4, 5], B)[:1]
 
 
 def test_mark_computed_takes_numpy_integers_and_refuses_bools_and_floats():
@@ -527,7 +596,8 @@ def test_a_subscriber_raising_on_evict_during_allocate_loses_no_block():
     with pytest.warns(RuntimeWarning, match="evict"):
         table = a.allocate("b", [9] * 8)  # both blocks must be evicted
     _consistent(a)
-    assert a.block_table("b") == table and a.token_ids("b") == [9] * 8
+    assert a.block_table("b") == table
+    assert_holds(a, "b", [9] * 8)
     assert [e.kind for e in seen][-2:] == ["evict", "allocate"]
     a.free("b")
     assert a.num_free_blocks == 2  # before the fix both blocks were lost for good
@@ -552,7 +622,7 @@ def test_a_raising_subscriber_leaves_the_same_state_as_no_subscriber(kind):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
-                    results.append(getattr(a, op)(*args))
+                    results.append(append_token(a, *args) if op == "append" else getattr(a, op)(*args))
                 except (OutOfBlocksError, KeyError) as exc:  # the same refusal on both
                     results.append(type(exc).__name__)
             raised += [w for w in caught if issubclass(w.category, RuntimeWarning)]

@@ -1,4 +1,5 @@
-"""Random allocate / append / fork / free against a brute-force model of the KV memory.
+"""Random allocate / append / fork / free against a brute-force model of the KV memory; appends go
+by count, as a scheduler places them: a slot reserved first, its token resolved later.
 
 The model is the oracle, :class:`paged_edu.core.contract.ContractModel`: a dict from
 physical slot to what the slot *should* hold. Attention makes the K/V of token ``p`` a function of
@@ -46,6 +47,16 @@ class AllocatorMachine(RuleBasedStateMachine):
     def append(self, seq, token):
         AllocatorMachine.steps_run += 1
         self.model.append(seq, token)
+
+    @rule(seq=seqs)
+    def reserve_a_slot_before_its_token_exists(self, seq):
+        AllocatorMachine.steps_run += 1
+        self.model.reserve(seq)
+
+    @rule(seq=seqs, token=st.integers(0, 3))
+    def resolve_the_placeholder(self, seq, token):
+        AllocatorMachine.steps_run += 1
+        self.model.resolve(seq, token)
 
     @rule(target=seqs, parent=seqs)
     def fork(self, parent):

@@ -18,6 +18,7 @@ from paged_edu.core.allocator import BlockAllocator
 from paged_edu.core.block_hash import ROOT_HASH, prefix_root
 from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.core.validation import MAX_CACHE_SALT_LEN
+from allocator_helpers import append_token
 
 B = 4
 PROMPT = list(range(1, 4 * B + 2))  # four full blocks and one token
@@ -57,7 +58,7 @@ def test_salts_hold_through_appends_forks_and_the_tail(a):
     short = PROMPT[:B - 1]  # no full block at admission: the salt must survive to the first seal
     a.allocate("a", short, cache_salt="x")
     for t in PROMPT[B - 1:2 * B]:
-        a.append("a", t)
+        append_token(a, "a", t)
     a.fork("a", "a2")
     a.free("a")
     a.free("a2")
@@ -181,7 +182,7 @@ def test_cache_events_replay_to_the_cache_contents(make):
                 live.append(next_id)
                 next_id += 1
             elif op < 0.6:
-                a.append(rng.choice(live), rng.randrange(3))
+                append_token(a, rng.choice(live), rng.randrange(3))
             elif op < 0.7:
                 s = rng.choice(live)
                 a.mark_computed(s, a.num_tokens(s))

@@ -69,20 +69,35 @@ def assert_empty(engine) -> None:
 
 def record_admissions(allocator) -> list[tuple[str, list[int], int]]:
     """Wrap the allocator to log ``("allocate", tokens, cached tokens)`` for every admission and
-    ``("free", tokens its blocks held, 0)`` for every free (a finish or a preemption)."""
+    ``("free", tokens its blocks held, 0)`` for every free (a finish or a preemption): the tokens whose
+    ids reached the allocator, at allocate and ``mark_computed`` (the allocator keeps no copy)."""
     log: list[tuple[str, list[int], int]] = []
-    allocate, free = allocator.allocate, allocator.free
+    known: dict = {}  # seq_id -> the token ids the allocator was given
+    allocate, free, mark_computed, fork = allocator.allocate, allocator.free, allocator.mark_computed, allocator.fork
 
     def logged_allocate(seq_id, token_ids, *, record_stats=True):
         table = allocate(seq_id, token_ids, record_stats=record_stats)
         log.append(("allocate", list(token_ids), allocator.num_cached_tokens(seq_id)))
+        known[seq_id] = list(token_ids)
+        return table
+
+    def logged_mark_computed(seq_id, num_computed_tokens, token_ids=None):
+        mark_computed(seq_id, num_computed_tokens, token_ids)
+        if token_ids is not None:  # the ids of the tokens ending at num_computed_tokens
+            tokens, begin = known[seq_id], num_computed_tokens - len(token_ids)
+            tokens[begin:num_computed_tokens] = list(token_ids)
+
+    def logged_fork(parent_id, child_id):
+        table = fork(parent_id, child_id)
+        known[child_id] = list(known[parent_id])
         return table
 
     def logged_free(seq_id):
-        log.append(("free", allocator.token_ids(seq_id), 0))
+        log.append(("free", known.pop(seq_id), 0))
         free(seq_id)
 
     allocator.allocate, allocator.free = logged_allocate, logged_free
+    allocator.mark_computed, allocator.fork = logged_mark_computed, logged_fork
     return log
 
 

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from paged_edu.core.allocator import BlockAllocator
+
+from allocator_helpers import append_token
 from paged_edu.kernels import paged_attention_decode, triton_available, triton_interpreting
 from paged_edu.cache.kv_cache import (
     PagedKVCache,
@@ -66,7 +68,7 @@ def test_copy_on_write_copies_follow_the_allocator():
     alloc = BlockAllocator(NB, B)
     truth = fill(cache, alloc, {"parent": list(range(6))})  # 6 tokens: last block half full
     alloc.fork("parent", "child")
-    alloc.append("child", 99)  # writes into the shared last block: copy-on-write
+    append_token(alloc, "child", 99)  # writes into the shared last block: copy-on-write
     copies = alloc.take_copies()
     assert len(copies) == 1
     before = [c.clone() for c in cache.k_caches + cache.v_caches]

@@ -68,7 +68,7 @@ def test_the_seed_offset_is_right_for_one_head_counted_in_elements_and_the_check
 def test_kv_view_check_address_uses_symbols_and_reports_the_seed_landing():
     kv = KVView(BlockAllocator(8, 4), seed=0)
     kv.allocator.allocate("s", list(range(10)))
-    kv.write_prompt("s")
+    kv.write_prompt("s", list(range(10)))
     r = kv.check_address("s", 9)
     assert r["address_match"] and r["value_match"] and r["s_token"] == 2 * 64 * 4
     assert r["seed_lands"]["token"] == 8 and not r["seed_lands"]["k_matches"]

@@ -10,6 +10,8 @@ from paged_edu.core.allocator import OutOfBlocksError, UnknownSequenceError
 from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.core.contract import observable
 
+from allocator_helpers import append_token, assert_holds
+
 
 def _brute_force_hit(prompt, computed, B):
     """Whole blocks of the longest prefix ``prompt`` shares with a computed sequence, < len(prompt)."""
@@ -32,8 +34,8 @@ def test_hits_equal_the_longest_computed_prefix_and_the_hash_caches_hits(B):
         if live and rng.random() < 0.4:
             seq = rng.choice(list(live))
             tok = rng.randrange(3)
-            radix.append(seq, tok)
-            hashed.append(seq, tok)
+            append_token(radix, seq, tok)
+            append_token(hashed, seq, tok)
             live[seq].append(tok)
         elif live and rng.random() < 0.3:
             seq = rng.choice(list(live))
@@ -50,7 +52,7 @@ def test_hits_equal_the_longest_computed_prefix_and_the_hash_caches_hits(B):
             assert radix.num_cached_tokens(step) == expected == hashed.num_cached_tokens(step)
             live[step] = list(prompt)
         for seq, tokens in live.items():
-            assert radix.token_ids(seq) == tokens
+            assert_holds(radix, seq, tokens)
 
 
 def test_a_block_is_hit_only_once_its_kv_is_computed():
@@ -107,8 +109,8 @@ def test_bad_input_is_refused_naming_the_problem_and_changes_nothing():
         (lambda: a.allocate("y", [1, -2]), ValueError, "token"),
         (lambda: a.allocate("y", [1, 2.5]), TypeError, "token"),
         (lambda: a.allocate("x", [1]), ValueError, "sequence id"),
-        (lambda: a.append("x", -1), ValueError, "token id"),
-        (lambda: a.append("nope", 1), UnknownSequenceError, "unknown sequence"),
+        (lambda: a.mark_computed("x", 3, [-1]), ValueError, "token id"),
+        (lambda: append_token(a, "nope", 1), UnknownSequenceError, "unknown sequence"),
         (lambda: a.mark_computed("x", 4), ValueError, "num_computed_tokens"),
         (lambda: a.fork("x", "x"), ValueError, "sequence id"),
         (lambda: a.ref_count(8), ValueError, "block id"),
@@ -127,9 +129,9 @@ def test_the_radix_cache_emits_the_hash_caches_block_events():
         events = []
         a.subscribe(events.append)
         a.allocate("x", [1, 2, 3])
-        a.append("x", 4)
+        append_token(a, "x", 4)
         a.fork("x", "y")
-        a.append("y", 5)
+        append_token(a, "y", 5)
         a.allocate("z", [1, 2, 9])  # hits x's first block
         a.free("x")
         logs[name] = [(e.kind, e.seq_id, e.block_ids) for e in events]
@@ -166,11 +168,12 @@ def test_publishing_at_once_never_hands_out_a_slot_in_a_block_others_hold():
         a = RadixAllocator(16, B)
         a.allocate("x", [1, 2, 3])
         a.allocate("y", [1, 2, 3])
-        a.append("x", 4)
-        slot = a.append("y", 4)
+        append_token(a, "x", 4)
+        [slot] = a.append_slots("y")  # handed out before anything is published
         assert a.ref_count(slot // B) == 1
-        a.append("y", 5)  # the K/V of [.., 4] is written now: y may take the tree's copy
-        assert a.token_ids("y") == [1, 2, 3, 4, 5]
+        a.mark_computed("y", 4, [4])  # the K/V of [.., 4] is written now: y may take the tree's copy
+        append_token(a, "y", 5)
+        assert_holds(a, "y", [1, 2, 3, 4, 5])
 
 
 def test_the_caching_policy_cannot_change_while_sequences_are_live():

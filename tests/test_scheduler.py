@@ -403,3 +403,22 @@ def test_a_preempted_sequences_readmission_is_counted_apart_from_prefix_reuse():
     assert (a.stats.queried_tokens, a.stats.hit_tokens, a.stats.hit_rate) == (10, 0, 0.0)
     assert (a.stats.requests, a.stats.preempted_requests) == (2, 1)
     assert a.stats.preempted_queries == 7 and a.stats.preempted_hits == 4
+
+
+def test_a_decode_reserves_its_slot_by_count_and_the_ids_follow_when_its_block_fills():
+    """Issue 20 item 3: the scheduler reserves the sampled token's slot without its id (what an
+    overlapping scheduler needs for a token still on the GPU); the ids reach the allocator with the
+    ``mark_computed`` after the step that fills their block, and only then is that block cached."""
+    a = BlockAllocator(16, B, cache_when_computed=True)
+    s = Scheduler(a, max_num_batched_tokens=64)
+    seq = s.make_sequence([1, 2, 3], 8)
+    out = s.schedule()
+    s.update(out.scheduled, {seq.seq_id: 7})  # the prefill: 3 tokens computed, token 7 sampled
+    out = s.schedule()  # its decode: a slot for token 7, reserved by count
+    assert a.num_tokens(seq.seq_id) == 4 and a.num_known_tokens(seq.seq_id) == 3
+    assert a.num_cached_tokens_for([1, 2, 3, 7, 9]) == 0
+    s.update(out.scheduled, {seq.seq_id: 8})  # token 7's K/V is written: block 0 is full and known
+    assert a.num_known_tokens(seq.seq_id) == 4 and a.num_cached_tokens_for([1, 2, 3, 7, 9]) == B
+    out = s.schedule()
+    s.update(out.scheduled, {seq.seq_id: 9})  # token 8 computed: it waits for its block to fill
+    assert a.num_tokens(seq.seq_id) == 5 and a.num_known_tokens(seq.seq_id) == 4

@@ -7,9 +7,10 @@
 * :mod:`~paged_edu.core.contiguous` -- the contiguous ``L_max`` baseline and its three pathologies (lesson 1);
 * the paged block allocator (lessons 2-3), in five modules read in this order:
   :mod:`~paged_edu.core.block_hash` (the chained hash that names a full block),
-  :mod:`~paged_edu.core.block_pool` (the physical blocks: ref counts, contents, free list),
+  :mod:`~paged_edu.core.block_pool` (the physical blocks: ref counts, free list),
   :mod:`~paged_edu.core.prefix_index` (the prefix-index interface, and the hash chain behind it),
-  :mod:`~paged_edu.core.allocator` (block tables, allocate / append / fork / free, copy-on-write) and
+  :mod:`~paged_edu.core.allocator` (block tables, allocate / append_slots / mark_computed / fork / free,
+  copy-on-write) and
   :mod:`~paged_edu.core.block_events` (what it reports to widgets, after each change);
 * the radix-tree prefix cache (SGLang's RadixAttention, lesson 8): the same allocator over the same pool
   with a second index, :mod:`~paged_edu.core.radix_tree` (the tree, locks, LRU leaf eviction) and

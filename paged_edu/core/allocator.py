@@ -13,6 +13,11 @@ reference counting:
 * **copy-on-write** -- a sequence about to write into a shared, partly filled last block first
   gets a private copy. The copies are queued as ``(src, dst)`` pairs for the KV cache to apply on
   the device (:meth:`BlockAllocator.take_copies`).
+* **counts, not token values** -- :meth:`BlockAllocator.append_slots` reserves slots for tokens
+  whose ids need not exist yet (still being sampled); the ids arrive with
+  :meth:`BlockAllocator.mark_computed`, and a full block is hashed once its ids are known and
+  published once its K/V is computed (the protocol: :mod:`paged_edu.sched.memory_manager`). The
+  allocator keeps only the ids its prefix index has not taken yet.
 
 Blocks whose reference count drops to 0 keep their hash and stay reusable (the *evictable* cache)
 until the pool needs them; then the least-recently-freed one goes first. Never-cached free blocks
@@ -35,7 +40,7 @@ from paged_edu.core.block_events import BlockEvent, Subscribers
 from paged_edu.core.block_pool import BlockPool, OutOfBlocksError, PrefixCacheStats
 from paged_edu.core.prefix_index import HashChainIndex, PrefixMatch
 from paged_edu.core.seq_lookup import SequenceLookup, UnknownSequenceError
-from paged_edu.core.validation import MAX_NUM_BLOCKS, MAX_TOKEN_ID, cache_key, flag, integer, new_id, token_array, token_id as check_token_id
+from paged_edu.core.validation import MAX_NUM_BLOCKS, MAX_TOKEN_ID, cache_key, flag, integer, new_id, token_array
 
 __all__ = [
     "BlockAllocator",
@@ -52,14 +57,19 @@ SeqId = Hashable
 
 @dataclass(slots=True)
 class _SeqBlocks:
-    """What block management keeps per sequence: its block table, and the tokens it needs to hash
-    the next block. The tokens of its *full* blocks live in the pool (``BlockPool.token_ids``), once
-    per physical block however many sequences share it; only the partly filled last block's tokens
-    (``tail``) are the sequence's own until that block fills up and is hashed."""
+    """What block management keeps per sequence: its block table, how many slots it has reserved,
+    how many of their token ids are known, and the known tokens the prefix index has not taken yet.
+
+    Slots are reserved by count (:meth:`BlockAllocator.append_slots`): a token may have a slot before
+    its id exists (it is still being sampled). Ids arrive later (:meth:`BlockAllocator.mark_computed`);
+    a block is hashed once its ``B`` ids are known and published once its K/V is computed. ``pending``
+    holds the known tokens from the first unpublished block on; the index keeps what it publishes
+    (the hash chain its hashes, the radix tree its keys), so no token is stored twice for long."""
 
     block_table: list[int]
-    tail: array  # tokens of the partly filled last block (empty when the last block is full)
-    num_full: int  # full blocks (their tokens are in the pool)
+    num_tokens: int  # slots reserved (tokens placed, their ids known or not)
+    num_known: int  # leading tokens whose ids are known (<= num_tokens)
+    pending: array  # known tokens from block ``num_published_blocks`` on, not yet given to the index
     key: object  # the prefix index's state for this sequence (hash chain: its blocks' hashes)
     num_cached_tokens: int = 0  # leading tokens whose blocks came from the prefix cache
     num_published_blocks: int = 0  # leading full blocks already offered to the prefix cache
@@ -129,21 +139,13 @@ class BlockAllocator(SequenceLookup):
                 self._cache_subscribers.deliver(event)
 
     # -- queries -------------------------------------------------------------------------------
-    def token_ids(self, seq_id: SeqId) -> list[int]:
-        """The sequence's tokens, read from its blocks (as attention reads K/V through the table)."""
-        seq = self._seq(seq_id)
-        tokens = array("q")
-        for block_id in seq.block_table[: seq.num_full]:
-            tokens += self.pool.token_ids[block_id]
-        tokens += seq.tail
-        return tokens.tolist()
-
     def num_tokens(self, seq_id: SeqId) -> int:
-        return self._length(self._seq(seq_id))
+        """Slots the sequence has reserved: its tokens, those whose ids are not known yet included."""
+        return self._seq(seq_id).num_tokens
 
-    def _length(self, seq: _SeqBlocks) -> int:
-        """Tokens in ``seq``: ``B`` per full block, plus the tail's."""
-        return seq.num_full * self.block_size + len(seq.tail)
+    def num_known_tokens(self, seq_id: SeqId) -> int:
+        """Leading tokens of the sequence whose ids the allocator has been given."""
+        return self._seq(seq_id).num_known
 
     def num_cached_tokens(self, seq_id: SeqId) -> int:
         """Leading prompt tokens whose KV came from the prefix cache (a multiple of B, < prompt)."""
@@ -191,7 +193,7 @@ class BlockAllocator(SequenceLookup):
         """Physical slots of tokens ``start .. end-1`` (all of them by default)."""
         seq = self._seq(seq_id)
         start = integer("start", start)
-        n = self._length(seq)
+        n = seq.num_tokens
         end = n if end is None else integer("end", end)
         if not 0 <= start <= end <= n:
             raise ValueError(f"token range [{start}, {end}) is outside sequence {seq_id!r} of {n} tokens")
@@ -248,16 +250,19 @@ class BlockAllocator(SequenceLookup):
         return prefix_root(cache_salt, tuple(extra_keys))
 
     def _publish(self, seq_id: SeqId, seq: _SeqBlocks, num_blocks: int, dedupe: bool) -> list[BlockEvent]:
-        """Offer the sequence's first ``num_blocks`` full blocks (``<= num_full``) to the cache.
+        """Offer the sequence's first ``num_blocks`` full blocks (whose ids are known) to the cache.
 
         With ``dedupe`` (their K/V is written), a block whose tokens the index already holds in
         another block is swapped for the cached copy and released: ``seq.block_table`` changes
         here, so read block tables only after publishing. Returns the events to deliver."""
         if num_blocks <= seq.num_published_blocks:
             return []
-        end, replaced, stored = self.index.publish(seq.key, seq.block_table, seq.num_published_blocks, num_blocks,
-                                                   self.pool.token_ids, self.pool.ref_count, dedupe)
-        seq.num_published_blocks = max(seq.num_published_blocks, end)
+        start = seq.num_published_blocks
+        end, replaced, stored = self.index.publish(seq.key, seq.block_table, start, num_blocks, seq.pending,
+                                                   self.pool.ref_count, dedupe)
+        if end > start:  # the index keeps what it took: the sequence forgets those tokens
+            del seq.pending[: (end - start) * self.block_size]
+            seq.num_published_blocks = end
         if stored and self._cache_subscribers.callbacks:
             self._cache_events.append(BlockEvent("store", seq_id, list(stored), len(stored) * self.block_size))
         events = []
@@ -305,13 +310,10 @@ class BlockAllocator(SequenceLookup):
         self.pool.share(hits)
         fresh, evicted = self.pool.take(num_fresh)
         table = hits + fresh
-        num_full = n // B
-        for i in range(len(hits), num_full):  # the full blocks' tokens (hits hold theirs already)
-            self.pool.token_ids[table[i]] = packed[i * B:(i + 1) * B]
         num_cached = len(hits) * B
-        seq = _SeqBlocks(table, packed[num_full * B:], num_full, key, num_cached, len(hits))
+        seq = _SeqBlocks(table, n, n, packed[num_cached:], key, num_cached, len(hits))
         self._seqs[seq_id] = seq
-        published = self._publish(seq_id, seq, num_full, dedupe=False) if not self._cache_when_computed else ()
+        published = self._publish(seq_id, seq, n // B, dedupe=False) if not self._cache_when_computed else ()
         if record_stats:
             self.stats.record(n, num_cached, cache_salt=cache_salt)
 
@@ -328,41 +330,73 @@ class BlockAllocator(SequenceLookup):
             self._deliver_cache_events()
         return list(seq.block_table)
 
-    def append(self, seq_id: SeqId, token_id: int) -> int:
-        """Append one token; return its physical slot ``block_id * B + offset``.
+    def append_slots(self, seq_id: SeqId, num_tokens: int = 1) -> list[int]:
+        """Reserve slots for the sequence's next ``num_tokens`` tokens, whose ids need not exist yet;
+        return their physical slots ``block_id * B + offset``.
 
-        Takes a new block when the last one is full; copies a shared, partly filled last block
-        first (copy-on-write, queued for :meth:`take_copies`).
+        Takes new blocks as the last one fills; copies a shared, partly filled last block first
+        (copy-on-write, queued for :meth:`take_copies`). Nothing is hashed or published here: the
+        ids arrive with :meth:`mark_computed`. Raises :class:`OutOfBlocksError`, changing nothing,
+        when the pool is short.
         """
-        seq = self._seq(seq_id)
-        if not (type(token_id) is int and 0 <= token_id <= MAX_TOKEN_ID):  # a plain int in range needs no more
-            token_id = check_token_id("token id", token_id)
+        try:
+            seq = self._seqs[seq_id]
+        except (KeyError, TypeError):
+            seq = self._seq(seq_id)  # raises UnknownSequenceError
+        if num_tokens != 1:
+            return self._append_many(seq_id, seq, integer("num_tokens", num_tokens, low=0))
         B = self.block_size
-        offset = len(seq.tail)  # the new token's place in the last block
+        n = seq.num_tokens
+        offset = n % B  # the new token's place in the last block
         block_id = seq.block_table[-1]
         if offset == 0 or self.pool.ref_count[block_id] > 1:  # full, or shared: a new block, or a copy
-            block_id, events = self._take_last_block(seq_id, seq)
+            block_id, events = self._take_last_block(seq_id, seq, offset)
         else:
             events = ()
-        seq.tail.append(token_id)
-        if offset == B - 1:
-            published = self._seal_last_block(seq_id, seq)
-            if published:
-                events = [*events, *published]
-        slot = block_id * B + offset  # in our own block: an undeduped publish leaves the table alone
+        seq.num_tokens = n + 1
+        slot = block_id * B + offset
+        subscribers = self._subscribers
+        if subscribers.callbacks:
+            for event in events:  # evict, copy_on_write: when a block was taken
+                subscribers.deliver(event)
+            subscribers.deliver(BlockEvent("append", seq_id, [block_id], 1, slot))
+        if self._cache_events:  # a block taken from the cache: tell the cache subscribers
+            self._deliver_cache_events()
+        return [slot]
 
+    def _append_many(self, seq_id: SeqId, seq: _SeqBlocks, num_tokens: int) -> list[int]:
+        """:meth:`append_slots` for ``num_tokens != 1``: every block it needs is taken up front."""
+        if num_tokens == 0:
+            return []
+        B = self.block_size
+        offset = seq.num_tokens % B
+        copy = offset != 0 and self.pool.ref_count[seq.block_table[-1]] > 1
+        room = (B - offset) % B
+        need = -(-max(num_tokens - room, 0) // B) + copy
+        if need > self.pool.num_free:
+            raise OutOfBlocksError(f"sequence {seq_id!r} needs {need} free blocks for {num_tokens} slots, "
+                                   f"only {self.pool.num_free} available")
+        events = []
+        if copy:
+            events += self._take_last_block(seq_id, seq, offset)[1]
+        for _ in range(need - copy):
+            events += self._take_last_block(seq_id, seq, 0)[1]
+        start = seq.num_tokens
+        seq.num_tokens += num_tokens
+        slots = self.slot_mapping(seq_id, start)
         if self._subscribers.callbacks:
-            for event in events:  # evict, copy_on_write: when a block was taken; replace: a publish
+            for event in events:
                 self._subscribers.deliver(event)
-            self._subscribers.deliver(BlockEvent("append", seq_id, [block_id], 1, slot))
+            blocks = sorted({slot // B for slot in slots}, key=seq.block_table.index)
+            self._subscribers.deliver(BlockEvent("append", seq_id, blocks, num_tokens, slots[-1]))
         self._deliver_cache_events()  # issue 23: evict / store events for cache subscribers
-        return slot
+        return slots
 
-    def _take_last_block(self, seq_id: SeqId, seq: _SeqBlocks) -> tuple[int, list[BlockEvent]]:
+    def _take_last_block(self, seq_id: SeqId, seq: _SeqBlocks, offset: int) -> tuple[int, list[BlockEvent]]:
         """A block of its own with room for ``seq``'s next token: a new one when the last block is
-        full, else a copy of the shared last block (queued for :meth:`take_copies`).
+        full (``offset == 0``), else a copy of the shared last block (queued for :meth:`take_copies`).
         Returns ``(block id, the events to emit once the append is done)``."""
-        shared = seq.block_table[-1] if seq.tail else None
+        shared = seq.block_table[-1] if offset else None
         try:
             [block_id], evicted = self.pool.take(1)
         except OutOfBlocksError:
@@ -370,7 +404,7 @@ class BlockAllocator(SequenceLookup):
             raise OutOfBlocksError(f"no free block for {purpose} in sequence {seq_id!r}") from None
         if shared is None:
             seq.block_table.append(block_id)
-        else:  # copy on write: the K/V is copied by the cache; the tail's tokens are already ours
+        else:  # copy on write: the K/V is copied by the cache; the known tokens are the sequence's own
             self.pool.release([shared])
             seq.block_table[-1] = block_id
             self._copies.append((shared, block_id))
@@ -384,32 +418,51 @@ class BlockAllocator(SequenceLookup):
                 events.append(BlockEvent("copy_on_write", seq_id, [shared, block_id]))
         return block_id, events
 
-    def _seal_last_block(self, seq_id: SeqId, seq: _SeqBlocks) -> list[BlockEvent]:
-        """``seq``'s last block just became full: its tokens move to the pool, the index's key grows
-        by one block, and the block is published unless the policy waits for :meth:`mark_computed`.
+    def _learn(self, seq_id: SeqId, seq: _SeqBlocks, token_ids, end: int) -> None:
+        """``token_ids`` are the ids of ``seq``'s tokens ``end - len(token_ids) .. end - 1``: those not
+        known yet are kept, and each block they complete is hashed (the index's key grows by one
+        block). Checks everything before changing anything."""
+        packed = token_array("token_ids", token_ids)
+        begin = end - len(packed)
+        known = seq.num_known
+        if begin > known:
+            raise ValueError(f"sequence {seq_id!r}: ids of tokens {known} .. {begin - 1} are missing "
+                             f"(token_ids must cover every token up to num_computed_tokens={end} not given before)")
+        if end <= known:
+            return
+        B = self.block_size
+        pending = seq.pending
+        pending += packed[known - begin:]
+        seq.num_known = end
+        base = seq.num_published_blocks  # pending starts at this block
+        for block in range(known // B, end // B):  # each block these ids complete: hash it
+            self.index.extend(seq.key, pending[(block - base) * B:(block - base + 1) * B])
 
-        Publishing at once, the caller has written the K/V of every token but the one this append
-        places: earlier blocks may be swapped for a cached copy, the last one is not (the slot just
-        handed out stays in the sequence's own block). Returns the events to deliver."""
-        self.index.extend(seq.key, seq.tail)
-        self.pool.token_ids[seq.block_table[-1]], seq.tail = seq.tail, array("q")
-        seq.num_full += 1
-        if self._cache_when_computed:
-            return []
-        events = []
-        if seq.num_published_blocks < seq.num_full - 1:  # an earlier block waits (radix: a duplicate)
-            events = self._publish(seq_id, seq, seq.num_full - 1, dedupe=True)
-        return events + self._publish(seq_id, seq, seq.num_full, dedupe=False)
+    def mark_computed(self, seq_id: SeqId, num_computed_tokens: int, token_ids: Sequence[int] | None = None) -> None:
+        """The first ``num_computed_tokens`` tokens' K/V is written; ``token_ids``, if given, are the
+        ids of the last ``len(token_ids)`` of them (ending at ``num_computed_tokens``): it must reach
+        back to the first token whose id the allocator does not know (ids it knows are not read again).
 
-    def mark_computed(self, seq_id: SeqId, num_computed_tokens: int) -> None:
-        """Record that the first ``num_computed_tokens`` tokens' K/V is written; publish their full blocks.
-
-        A published block the cache already holds in another block may be swapped for that copy
-        (the radix index does): read the block table *after* this call, never before."""
+        A full block is published when its ids are known and, under ``cache_when_computed``, its K/V
+        is computed (otherwise as soon as its ids are known). A published block the cache already
+        holds in another block may be swapped for that copy (the radix index does): read the block
+        table *after* this call, never before. Bad input raises and changes nothing.
+        """
         seq = self._seq(seq_id)
-        num_computed_tokens = integer(f"num_computed_tokens for sequence {seq_id!r}", num_computed_tokens,
-                                      low=0, high=self._length(seq))
-        events = self._publish(seq_id, seq, min(num_computed_tokens // self.block_size, seq.num_full), dedupe=True)
+        if not (type(num_computed_tokens) is int and 0 <= num_computed_tokens <= seq.num_tokens):
+            num_computed_tokens = integer(f"num_computed_tokens for sequence {seq_id!r}", num_computed_tokens,
+                                          low=0, high=seq.num_tokens)
+        if token_ids is not None:
+            self._learn(seq_id, seq, token_ids, num_computed_tokens)
+        num_full = seq.num_known // self.block_size
+        computed = min(num_computed_tokens // self.block_size, num_full)
+        if self._cache_when_computed:
+            events = self._publish(seq_id, seq, computed, dedupe=True)
+        elif seq.num_published_blocks < num_full:  # published as its ids arrive; computed ones may dedupe
+            events = self._publish(seq_id, seq, computed, dedupe=True)
+            events += self._publish(seq_id, seq, num_full, dedupe=False)
+        else:
+            return
         for event in events:
             self._subscribers.deliver(event)
         self._deliver_cache_events()
@@ -419,11 +472,11 @@ class BlockAllocator(SequenceLookup):
         parent = self._seq(parent_id)
         new_id("sequence id", child_id, self._seqs)
         self.pool.share(parent.block_table)
-        self._seqs[child_id] = _SeqBlocks(list(parent.block_table), array("q", parent.tail), parent.num_full,
-                                          self.index.fork(parent.key), parent.num_cached_tokens,
-                                          parent.num_published_blocks)
+        self._seqs[child_id] = _SeqBlocks(list(parent.block_table), parent.num_tokens, parent.num_known,
+                                          array("q", parent.pending), self.index.fork(parent.key),
+                                          parent.num_cached_tokens, parent.num_published_blocks)
         if self._subscribers.callbacks:
-            self._subscribers.deliver(BlockEvent("fork", child_id, list(parent.block_table), self._length(parent)))
+            self._subscribers.deliver(BlockEvent("fork", child_id, list(parent.block_table), parent.num_tokens))
         return list(parent.block_table)
 
     def free(self, seq_id: SeqId) -> None:
@@ -433,7 +486,7 @@ class BlockAllocator(SequenceLookup):
         self.index.unlock(seq.key)
         self.pool.release(reversed(seq.block_table))
         if self._subscribers.callbacks:
-            self._subscribers.deliver(BlockEvent("free", seq_id, list(seq.block_table), self._length(seq)))
+            self._subscribers.deliver(BlockEvent("free", seq_id, list(seq.block_table), seq.num_tokens))
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block that no live sequence holds (vLLM's ``reset_prefix_cache``, e.g.

@@ -1,14 +1,14 @@
-"""The physical blocks: reference counts, what each block holds, and the free list.
+"""The physical blocks: reference counts and the free list.
 
 A :class:`BlockPool` knows nothing of sequences; :class:`~paged_edu.core.allocator.BlockAllocator`
 keeps the block tables and calls it. Which blocks are *cached* (may be hit by a later prompt) is
 the business of a prefix index (:mod:`~paged_edu.core.prefix_index`: a hash chain or a radix
 tree) that the pool is given. Each of the ``num_blocks`` blocks has
 
-* ``ref_count[b]`` -- how many block tables hold it (0: free);
-* ``token_ids[b]`` -- once the block is full, the ``block_size`` token ids whose K/V it holds
-  (``array('q')``), the content the paged KV cache holds as tensors: a shared block holds its tokens
-  once. ``None`` while it is not full (the sequence writing it keeps those tokens).
+* ``ref_count[b]`` -- how many block tables hold it (0: free).
+
+What a block holds is named by the index (a cached block's hash, or its path in the radix tree),
+never stored here: the sequences hold their tokens, the allocator only counts slots.
 
 A free block (ref count 0) is in exactly one of two places: ``free_block_ids`` if it holds nothing
 reusable, or the index's evictable blocks if it is still cached -- its K/V can be hit again until
@@ -19,7 +19,6 @@ num_blocks``.
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -83,14 +82,13 @@ class PrefixCacheStats:
 
 
 class BlockPool:
-    """``num_blocks`` blocks of ``block_size`` slots: ref counts, contents, free list, over one prefix index."""
+    """``num_blocks`` blocks of ``block_size`` slots: ref counts and free list, over one prefix index."""
 
     def __init__(self, num_blocks: int, block_size: int, index) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.index = index  # a prefix index (:mod:`~paged_edu.core.prefix_index`)
         self.ref_count: list[int] = [0] * num_blocks
-        self.token_ids: list[array | None] = [None] * num_blocks  # None: not full
         self.free_block_ids: deque[int] = deque(range(num_blocks))  # hold nothing reusable
 
     @property
@@ -110,14 +108,12 @@ class BlockPool:
         if n == 1 and free:  # an append's new block: the common case
             block_id = free.popleft()
             self.ref_count[block_id] = 1
-            self.token_ids[block_id] = None
             return [block_id], []
         taken = [free.popleft() for _ in range(min(n, len(free)))]
         evicted = self.index.evict(n - len(taken)) if len(taken) < n else []
         taken += evicted
         for block_id in taken:
             self.ref_count[block_id] = 1
-            self.token_ids[block_id] = None
         return taken, evicted
 
     def share(self, block_ids: Iterable[int]) -> None:
@@ -141,7 +137,5 @@ class BlockPool:
     def drop_cached(self) -> list[int]:
         """Evict every cached block no table holds into the free list; returns them."""
         dropped = self.index.evict(self.index.num_evictable)
-        for block_id in dropped:
-            self.token_ids[block_id] = None
         self.free_block_ids.extend(dropped)
         return dropped

@@ -1,6 +1,6 @@
 """A prefix index: which cached blocks hold a prompt's longest computed prefix (lesson 3, lesson 8).
 
-The :class:`~paged_edu.core.block_pool.BlockPool` owns the blocks (ref counts, contents, the free
+The :class:`~paged_edu.core.block_pool.BlockPool` owns the blocks (ref counts and the free
 list); an index only *names* some of them as cached and says which cached ones may be evicted.
 :class:`~paged_edu.core.allocator.BlockAllocator` keeps the block tables and drives one index
 through this interface, whichever it is:
@@ -11,8 +11,9 @@ through this interface, whichever it is:
 * ``lock(match) -> key`` -- hold the matched blocks for a new sequence (they cannot be evicted
   while it lives); ``key`` is the index's per-sequence state, passed back below;
 * ``extend(key, block_tokens)`` -- the sequence's next block just became full;
-* ``publish(key, table, start, end, token_ids, ref_count, dedupe) -> (end, replaced, stored)`` -- offer
-  the table's full blocks ``start .. end-1``, whose K/V is written, to later prompts. ``replaced``
+* ``publish(key, table, start, end, block_tokens, ref_count, dedupe) -> (end, replaced, stored)`` -- offer
+  the table's full blocks ``start .. end-1`` (``block_tokens``: their tokens, from block ``start``
+  on), whose K/V is written, to later prompts. ``replaced``
   lists ``(position, cached block)`` where the index already held these tokens in another block
   and ``dedupe`` allows the sequence to hold the cached copy instead (the caller swaps the table
   entry, so *publish first, then read block tables*); ``stored`` lists the blocks that entered the
@@ -102,7 +103,7 @@ class HashChainIndex:
             hashes = key.hashes
             hashes.append(extend_chain(hashes[-1] if hashes else key.root, block_tokens))
 
-    def publish(self, key, table, start, end, token_ids, ref_count, dedupe):
+    def publish(self, key, table, start, end, block_tokens, ref_count, dedupe):
         """The first writer of a hash wins: a block whose hash is cached already stays uncached."""
         stored = []
         if self.enabled:

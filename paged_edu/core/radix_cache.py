@@ -83,7 +83,7 @@ class RadixIndex:
     def extend(self, key: _RadixKey, block_tokens: array) -> None:
         pass  # the tree is keyed by tokens: nothing to compute per block
 
-    def publish(self, key, table, start, end, token_ids, ref_count, dedupe):
+    def publish(self, key, table, start, end, block_tokens, ref_count, dedupe):
         """Insert ``table``'s blocks up to ``end`` below the sequence's node and lock the new path.
         A block a fork shares that is not in the tree cannot join it (the other holder would hold
         it unlocked): publishing stops before it."""
@@ -93,9 +93,7 @@ class RadixIndex:
             if not self.in_tree[block_id] and ref_count[block_id] > 1:
                 end = i
                 break
-        tokens = array("q")
-        for block_id in table[first:end]:
-            tokens += token_ids[block_id]
+        tokens = block_tokens[: (end - first) * self.block_size]  # the tree keeps them as its keys
         below = key.node
         if below is None:
             below = self.tree.namespace(key.root, create=end > first)

@@ -1,5 +1,5 @@
 """What every block allocator answers about its sequences, from ``self._seqs`` (id -> state with a
-``block_table``) and ``self._length(state)``: shared by the hash-cache and radix-cache allocators."""
+``block_table`` and ``num_tokens``, its reserved slots): shared by the hash-cache and radix-cache allocators."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class SequenceLookup:
         """Physical slot of token ``position``: ``B(position // B) * B + position % B``."""
         seq = self._seq(seq_id)
         position = integer("position", position)
-        if not 0 <= position < self._length(seq):
-            raise ValueError(f"position {position} is outside sequence {seq_id!r} of {self._length(seq)} tokens")
+        if not 0 <= position < seq.num_tokens:
+            raise ValueError(f"position {position} is outside sequence {seq_id!r} of {seq.num_tokens} tokens")
         B = self.block_size
         return seq.block_table[position // B] * B + position % B

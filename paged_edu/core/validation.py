@@ -139,9 +139,11 @@ def token_array(name: str, value: object) -> array:
     token), sets and mappings (no order), bools and everything that is not an integer; the message
     names the first bad element and its position.
     """
-    if isinstance(value, (str, bytes, bytearray, memoryview, Set, Mapping)) or not isinstance(value, Iterable):
+    if type(value) is list:  # the common case: no ABC checks (a list is none of the refused kinds)
+        pass
+    elif isinstance(value, (str, bytes, bytearray, memoryview, Set, Mapping)) or not isinstance(value, Iterable):
         raise TypeError(f"{name} must be a sequence of integer token ids, got {_describe(value)}")
-    if not hasattr(value, "__len__"):
+    elif not hasattr(value, "__len__"):
         value = list(value)  # a generator or iterator: read it once
     try:
         packed = array("q", value)  # C speed; refuses floats and strings, not bools

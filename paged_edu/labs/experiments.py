@@ -166,9 +166,10 @@ def cow_experiment(kv, parent_tokens: list[int], new_token: int, *, kv_head: int
     """
     a = kv.allocator
     a.allocate("parent", parent_tokens)
-    kv.write_prompt("parent")
+    kv.write_prompt("parent", parent_tokens)
     a.fork("parent", "child")
-    a.append("child", new_token)
+    kv.fork("parent", "child")
+    a.append_slots("child")
     copies = a.take_copies()
     if len(copies) != 1:
         raise ValueError(f"expected one copy-on-write, got {copies}: the parent's last block must be partly filled")
@@ -180,7 +181,8 @@ def cow_experiment(kv, parent_tokens: list[int], new_token: int, *, kv_head: int
     stages = {"before copy": (k_of(src), k_of(dst))}
     check = kv.copy_block(src, dst)
     stages["after copy"] = (k_of(src), k_of(dst))
-    kv.write_last("child")
+    kv.write_last("child", new_token)
+    a.mark_computed("child", a.num_tokens("child"), [new_token])
     stages["after the child's write"] = (k_of(src), k_of(dst))
     cache = kv.cache
     copied = 2 * cache.num_layers * cache.block_size * cache.num_kv_heads * cache.head_dim * kv.k_cache.element_size()

@@ -2,8 +2,9 @@
 
 A :class:`KVView` pairs a :class:`~paged_edu.core.allocator.BlockAllocator` with one layer of a paged
 KV cache, ``k_cache, v_cache: (num_blocks, block_size, num_kv_heads, head_dim)``, and fills it
-with the prefix-dependent K/V of :class:`~paged_edu.labs.toy_kv.ToyLayer`. Widgets call it after each
-allocator operation; it also answers the two questions lessons 2 and 3 ask of the tensors:
+with the prefix-dependent K/V of :class:`~paged_edu.labs.toy_kv.ToyLayer`. It plays the model: it
+keeps each sequence's token ids (the allocator counts slots and never needs them), and widgets call
+it after each allocator operation; it also answers the two questions lessons 2 and 3 ask of the tensors:
 
 * where does token ``t`` live? ``BasePtr_K + B(t//B) * S_block + (t mod B) * S_token + h * S_head``,
   with the strides computed from the symbols, against ``k_cache[B(t//B), t mod B, h].data_ptr()`` --
@@ -35,6 +36,7 @@ class KVView:
         self.layer = ToyLayer(num_kv_heads=num_kv_heads, head_dim=head_dim, num_q_heads=2 * num_kv_heads, seed=seed)  # GQA 2:1
         self.cache = PagedKVCache(1, allocator.num_blocks, allocator.block_size, num_kv_heads, head_dim,
                                   dtype=self.dtype, device=self.device)
+        self.tokens: dict = {}  # seq_id -> its token ids, as the engine's sequences hold them
 
     @property
     def k_cache(self) -> torch.Tensor:  # (num_blocks, block_size, num_kv_heads, head_dim)
@@ -46,25 +48,33 @@ class KVView:
 
     def expected_kv(self, seq_id) -> tuple[torch.Tensor, torch.Tensor]:
         """The K/V the sequence's tokens *should* have: ``(n, num_kv_heads, head_dim)`` each."""
-        return self.layer.kv(self.allocator.token_ids(seq_id), device=self.device, dtype=self.dtype)
+        return self.layer.kv(self.tokens[seq_id], device=self.device, dtype=self.dtype)
 
-    def write_prompt(self, seq_id) -> int:
-        """Store the prompt's K/V, skipping the leading tokens the prefix cache already holds.
+    def write_prompt(self, seq_id, token_ids) -> int:
+        """Store the K/V of the prompt ``token_ids`` (just allocated), skipping the leading tokens the
+        prefix cache already holds.
 
         Returns how many tokens were written (``n - num_cached_tokens``), as an engine would.
         """
+        self.tokens[seq_id] = [int(t) for t in token_ids]
         k, v = self.expected_kv(seq_id)  # (n, H_kv, D)
         start = self.allocator.num_cached_tokens(seq_id)
         slots = torch.tensor(self.allocator.slot_mapping(seq_id, start), device=self.device, dtype=torch.int64)
         self.cache.store(0, k[start:].contiguous(), v[start:].contiguous(), slots)
         return len(slots)
 
-    def write_last(self, seq_id) -> None:
-        """Store the K/V of the sequence's newest token (after ``allocator.append``)."""
+    def write_last(self, seq_id, token_id: int) -> None:
+        """Store the K/V of the sequence's newest token ``token_id``, in the slot ``allocator.append_slots``
+        reserved for it (the caller then tells the allocator: ``mark_computed(seq_id, n, [token_id])``)."""
+        self.tokens[seq_id].append(int(token_id))
         k, v = self.expected_kv(seq_id)
         n = len(k)
         slots = torch.tensor(self.allocator.slot_mapping(seq_id, n - 1), device=self.device, dtype=torch.int64)
         self.cache.store(0, k[n - 1:], v[n - 1:], slots)
+
+    def fork(self, parent, child) -> None:
+        """``child`` (just forked by the allocator) holds ``parent``'s tokens."""
+        self.tokens[child] = list(self.tokens[parent])
 
     def gather(self, seq_id) -> tuple[torch.Tensor, torch.Tensor]:
         """Read the sequence back through its block table: ``(n, H_kv, D)`` each."""
@@ -112,7 +122,7 @@ class KVView:
         width = max(len(t) for t in tables)
         block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=self.device)
         seq_lens = torch.tensor([self.allocator.num_tokens(s) for s in seq_ids], dtype=torch.int32, device=self.device)
-        q = torch.stack([self.layer.query(self.allocator.token_ids(s), device=self.device, dtype=self.dtype)
+        q = torch.stack([self.layer.query(self.tokens[s], device=self.device, dtype=self.dtype)
                          for s in seq_ids])  # (num_seqs, H_q, D)
         return q, block_tables, seq_lens
 
@@ -128,7 +138,7 @@ class KVView:
         group = self.layer.num_q_heads // self.layer.num_kv_heads
         outs = []
         for s in seq_ids:
-            tokens = self.allocator.token_ids(s)
+            tokens = self.tokens[s]
             q = self.layer.query(tokens)  # (H_q, D) fp32 on the CPU
             k, v = self.layer.kv(tokens)  # (n, H_kv, D)
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (n, H_q, D)

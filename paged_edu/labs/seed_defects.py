@@ -66,10 +66,12 @@ class TensorRun:
         if self.seed:
             self.allocator.append_token_slot(seq_id, n)  # DEFECT 4: never copies a shared block
         else:
-            self.allocator.append(seq_id, token)
+            self.allocator.append_slots(seq_id)  # the slot, by count
             self.cache.copy_blocks(self.allocator.take_copies())  # copy-on-write first, then write
         self.tokens[seq_id].append(token)
         self._store(seq_id, [n])
+        if not self.seed:  # its K/V is written: the allocator learns its id (and may publish its block)
+            self.allocator.mark_computed(seq_id, n + 1, [token])
 
     def fork(self, parent, child) -> None:
         """Parallel sampling's fork. The seed has no fork method; with its data structures a fork

@@ -1,6 +1,6 @@
 """Exercise 5.3, "bring your own allocator": a block allocator for the engine, written by you.
 
-Fill in the four methods marked ``Exercise 5.3`` -- ``allocate``, ``append``, ``fork`` and
+Fill in the four methods marked ``Exercise 5.3`` -- ``allocate``, ``append_slots``, ``fork`` and
 ``free`` -- either here (edit this file and restart the kernel) or in a notebook cell, by
 subclassing::
 
@@ -16,12 +16,15 @@ samples share blocks. The rules, with ``B = block_size``:
 * ``allocate``: a prompt of ``n`` tokens takes ``ceil(n / B)`` free blocks, each with ref count 1;
   if there are not enough, raise :class:`~paged_edu.core.allocator.OutOfBlocksError` and change
   nothing. Return the block table (a new list).
-* ``append``: one more token at position ``t = len(tokens)``. If ``t % B == 0`` the last block is
-  full: take a free block. Else, if the last block is shared (ref count > 1), copy-on-write: take a
-  free block, record ``(old, new)`` in ``self.copies``, drop one reference to the old block, and
-  put the new one at the end of the table. Raise ``OutOfBlocksError`` (changing nothing) when a
-  block is needed and none is free. Return the token's slot ``table[t // B] * B + t % B``.
-* ``fork``: the child gets a copy of the parent's tokens and block table; every block's ref count
+* ``append_slots``: room for ``num_tokens`` more tokens (one, in a decode step), counted, not named:
+  the token may still be being sampled, so its id is not given (it arrives with ``mark_computed``,
+  which only a prefix cache needs). For each new position ``t = num_tokens(seq_id)``: if
+  ``t % B == 0`` the last block is full: take a free block. Else, if the last block is shared (ref
+  count > 1), copy-on-write: take a free block, record ``(old, new)`` in ``self.copies``, drop one
+  reference to the old block, and put the new one at the end of the table. Raise
+  ``OutOfBlocksError`` (changing nothing) when a block is needed and none is free. Return the new
+  tokens' slots ``table[t // B] * B + t % B``.
+* ``fork``: the child gets a copy of the parent's length and block table; every block's ref count
   goes up by one. Return the table.
 * ``free``: drop the sequence; every block of its table loses one reference, and a block at 0
   goes back to ``free_block_ids``.
@@ -55,7 +58,7 @@ class MyAllocator:
         self.free_block_ids: deque[int] = deque(range(num_blocks))  # take with popleft(), return with append()
         self.ref_counts: list[int] = [0] * num_blocks
         self.block_tables: dict[Hashable, list[int]] = {}  # seq_id -> physical block of each logical block
-        self.tokens: dict[Hashable, list[int]] = {}  # seq_id -> its token ids
+        self.lengths: dict[Hashable, int] = {}  # seq_id -> slots it holds (its tokens, ids not needed)
         self.copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) pairs not yet taken
         self.stats = PrefixCacheStats()  # no prefix cache: the hit rate stays 0
 
@@ -64,12 +67,12 @@ class MyAllocator:
         raise NotImplementedError("Exercise 5.3: allocate ceil(n / B) free blocks for the prompt (or raise "
                                   "OutOfBlocksError, changing nothing) and return the block table")
 
-    def append(self, seq_id: Hashable, token_id: int) -> int:
-        raise NotImplementedError("Exercise 5.3: append one token (a new block when the last is full, "
-                                  "copy-on-write when it is shared) and return its slot")
+    def append_slots(self, seq_id: Hashable, num_tokens: int = 1) -> list[int]:
+        raise NotImplementedError("Exercise 5.3: reserve slots for num_tokens more tokens (a new block when "
+                                  "the last is full, copy-on-write when it is shared) and return them")
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> list[int]:
-        raise NotImplementedError("Exercise 5.3: give the child the parent's tokens and blocks, "
+        raise NotImplementedError("Exercise 5.3: give the child the parent's length and blocks, "
                                   "every ref count + 1")
 
     def free(self, seq_id: Hashable) -> None:
@@ -86,13 +89,9 @@ class MyAllocator:
     def block_table(self, seq_id: Hashable) -> list[int]:
         return list(self._table(seq_id))
 
-    def token_ids(self, seq_id: Hashable) -> list[int]:
-        self._table(seq_id)
-        return list(self.tokens[seq_id])
-
     def num_tokens(self, seq_id: Hashable) -> int:
         self._table(seq_id)
-        return len(self.tokens[seq_id])
+        return self.lengths[seq_id]
 
     def num_cached_tokens(self, seq_id: Hashable) -> int:
         """No prefix cache: every prompt token is computed."""
@@ -101,15 +100,16 @@ class MyAllocator:
 
     def slot(self, seq_id: Hashable, position: int) -> int:
         table, B = self._table(seq_id), self.block_size
-        if not 0 <= position < len(self.tokens[seq_id]):
-            raise ValueError(f"position {position} is outside sequence {seq_id!r} of {len(self.tokens[seq_id])} tokens")
+        if not 0 <= position < self.lengths[seq_id]:
+            raise ValueError(f"position {position} is outside sequence {seq_id!r} of {self.lengths[seq_id]} tokens")
         return table[position // B] * B + position % B
 
     def ref_count(self, block_id: int) -> int:
         return self.ref_counts[block_id]
 
-    def mark_computed(self, seq_id: Hashable, num_computed_tokens: int) -> None:
-        """The scheduler reports K/V written; a prefix cache would publish full blocks now. Nothing to do."""
+    def mark_computed(self, seq_id: Hashable, num_computed_tokens: int, token_ids: Sequence[int] | None = None) -> None:
+        """The scheduler reports K/V written and the sampled tokens' ids; a prefix cache would hash and
+        publish full blocks now. Nothing to do."""
         self._table(seq_id)
 
     def take_copies(self) -> list[tuple[int, int]]:

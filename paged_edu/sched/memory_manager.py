@@ -14,6 +14,31 @@ A request with a cache salt (issue 23) is admitted with ``allocate(..., cache_sa
 ordered with ``num_cached_tokens_for(..., cache_salt=salt)``: the keywords :func:`cache_keys` gives,
 none for an unsalted request, so a manager that knows nothing of salts still serves those.
 
+**Counts, not token values.** Room for tokens is reserved by count: ``append_slots(seq_id,
+num_tokens=1)`` returns the new tokens' slots and needs none of their ids; ``num_tokens(seq_id)``
+counts the slots held, placeholders included. The ids arrive with ``mark_computed(seq_id,
+num_computed_tokens, token_ids)``: ``token_ids`` are the ids of the last ``len(token_ids)`` computed
+tokens (ending at ``num_computed_tokens``) and must reach back to the first id the manager lacks. A
+full block is hashed once its ids are known and published once its K/V is computed too, since a
+block is named by its tokens and may be hit only once its K/V exists. So the manager keeps no copy
+of the sequence's tokens beyond those its prefix index has not taken yet. Prompts, whose ids are
+known, keep ``allocate(seq_id, token_ids)``. vLLM v1 splits it the same way: ``KVCacheManager.allocate_slots(request,
+num_new_tokens)`` (``vllm/v1/core/kv_cache_manager.py``) takes a count, and caches only
+``min(num_computed_tokens + num_new_tokens, request.num_tokens)`` tokens -- those whose ids the
+request holds -- through ``BlockPool.cache_full_blocks`` (``vllm/v1/core/block_pool.py``).
+
+**Why: a slot for a token still being sampled.** The synchronous scheduler reserves, at step
+``k + 1``, the slot of the token step ``k`` sampled, and passes its id with the ``mark_computed``
+after the step that fills its block (a block's ids go together, one call per block). An overlapping scheduler (issue 22) schedules step ``k + 1`` while step ``k`` still
+runs on the GPU: it calls ``append_slots`` for a token that does not exist yet (a *placeholder*;
+the runner feeds the sampled id from the device into step ``k + 1``'s input), and passes the id at
+the ``mark_computed`` after step ``k + 1``, by which time step ``k``'s output has reached the host.
+vLLM's async scheduler does the same (``vllm/v1/core/sched/async_scheduler.py``):
+``_update_after_schedule`` adds one to ``request.num_output_placeholders`` for each token scheduled
+before its id exists, and ``_update_request_with_output``, once the ids arrive, subtracts them and
+calls ``kv_cache_manager.cache_blocks(request, request.num_computed_tokens -
+request.num_output_placeholders)``: no block is cached past the last known token.
+
 Plain Python, no torch.
 """
 
@@ -54,8 +79,11 @@ class MemoryManager(Protocol):
     def allocate(self, seq_id: Hashable, token_ids: Sequence[int], *, record_stats: bool = True) -> list[int]:
         """A block table for a new sequence holding ``token_ids``; leading blocks may be cache hits."""
 
-    def append(self, seq_id: Hashable, token_id: int) -> int:
-        """Room for one more token; returns its slot (may copy a shared last block on write)."""
+    def append_slots(self, seq_id: Hashable, num_tokens: int = 1) -> list[int]:
+        """Slots for the next ``num_tokens`` tokens, ids not needed (may copy a shared last block on write)."""
+
+    def num_tokens(self, seq_id: Hashable) -> int:
+        """Slots the sequence holds: its tokens, placeholders (ids not known yet) included."""
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> list[int]:
         """A child sharing every block of its parent (parallel sampling, beams)."""
@@ -68,8 +96,10 @@ class MemoryManager(Protocol):
     def num_cached_tokens(self, seq_id: Hashable) -> int:
         """Leading tokens served by the cache at the last allocate (their K/V exists already)."""
 
-    def mark_computed(self, seq_id: Hashable, num_computed_tokens: int) -> None:
-        """The first ``num_computed_tokens`` tokens' K/V is written: their full blocks may be shared."""
+    def mark_computed(self, seq_id: Hashable, num_computed_tokens: int, token_ids: Sequence[int] | None = None) -> None:
+        """The first ``num_computed_tokens`` tokens' K/V is written, and ``token_ids`` are the ids of the
+        tokens after those already known: full blocks whose ids are known and whose K/V is written may be
+        shared. Publishing may swap a block for the cache's copy: read block tables after this call."""
 
     def take_copies(self) -> list[tuple[int, int]]:
         """Copy-on-write ``(src_block, dst_block)`` copies made since the last call."""

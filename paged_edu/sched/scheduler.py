@@ -2,7 +2,9 @@
 
 Every step the scheduler decides which tokens are computed, in this order:
 
-1. **running decodes** -- each needs a slot for the token it will compute: ``allocator.append``.
+1. **running decodes** -- each needs a slot for the token it will compute: ``allocator.append_slots``
+   (a count: the token's id reaches the allocator with ``mark_computed`` after the step, in
+   :meth:`Scheduler.update`, so the slot could as well be reserved before the token is sampled).
    When the pool is empty the most recently admitted running sequence is *preempted*:
    ``recompute`` frees its blocks and puts it back at the front of the waiting queue (its K/V is
    recomputed later, partly from the prefix cache); ``swap`` copies its blocks to CPU memory and
@@ -172,7 +174,6 @@ class Scheduler:
         else:  # recompute (also the fallback when CPU swap space is full)
             self.allocator.free(seq.seq_id)
             seq.num_computed_tokens = 0
-            seq.num_placed_tokens = 0
             seq.status = SequenceStatus.WAITING
             self.waiting.appendleft(seq)
 
@@ -202,13 +203,13 @@ class Scheduler:
         while queue:
             seq = queue.popleft()
             num_tokens = len(seq.prompt_token_ids) + len(seq.output_token_ids)  # seq.num_tokens, without a call
-            if seq.num_placed_tokens < num_tokens:  # the token sampled last step needs a slot
+            if allocator.num_tokens(seq.seq_id) < num_tokens:  # the token sampled last step needs a slot
                 if budget == 0:
                     kept.append(seq)
                     continue
                 while True:
                     try:
-                        allocator.append(seq.seq_id, seq.output_token_ids[-1])
+                        allocator.append_slots(seq.seq_id)
                         break
                     except OutOfBlocksError:
                         preempted_any = True
@@ -220,7 +221,6 @@ class Scheduler:
                             break
                 if seq is None:
                     continue
-                seq.num_placed_tokens += 1
             kept.append(seq)
             remaining = num_tokens - seq.num_computed_tokens
             if budget == 0 or (remaining > budget and not chunked):
@@ -269,7 +269,6 @@ class Scheduler:
                     allocator.stats.record(seq.num_tokens, cached, preempted=True)
                 seq.num_cached_tokens = cached
                 seq.num_computed_tokens = cached
-                seq.num_placed_tokens = seq.num_tokens
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
                 num_seqs += seq.max_num_running_seqs
@@ -287,18 +286,20 @@ class Scheduler:
         """Give a swapped sequence GPU blocks again and ask for its K/V to be copied back; False
         (nothing changed) when the pool is too full."""
         allocator = self.allocator
+        tokens = seq.token_ids
+        # The slots it held when swapped out: every token, or all but the one sampled last (its slot
+        # not reserved yet); only where the two take different block counts does it matter.
+        pending = -(-len(tokens) // allocator.block_size) > self.swap_space.num_blocks_held(seq.seq_id)
         try:
-            allocator.allocate(seq.seq_id, seq.token_ids[: seq.num_placed_tokens], record_stats=False,
-                               **cache_keys(seq))
+            allocator.allocate(seq.seq_id, tokens[:-1] if pending else tokens, record_stats=False, **cache_keys(seq))
         except OutOfBlocksError:
             return False
-        if seq.num_placed_tokens < seq.num_tokens:  # its pending token needs a slot too
+        if pending:  # the token sampled last gets its slot, by count: its id reaches the allocator after its step
             try:
-                allocator.append(seq.seq_id, seq.output_token_ids[-1])
+                allocator.append_slots(seq.seq_id)
             except OutOfBlocksError:
                 allocator.free(seq.seq_id)
                 return False
-            seq.num_placed_tokens += 1
         # Leading blocks hit in the prefix cache are shared and already hold their K/V: never
         # recompute (write) into them, even when this sequence had computed less before its swap.
         num_cached = allocator.num_cached_tokens(seq.seq_id)
@@ -330,8 +331,13 @@ class Scheduler:
                 seq.first_scheduled_time = now
             end = item.start + item.num_new_tokens
             seq.num_computed_tokens = end
-            if end // block_size > item.start // block_size:  # a block was completed
-                mark_computed(seq.seq_id, end)
+            if end // block_size > item.start // block_size:  # a block was completed: publish it
+                num_prompt = len(seq.prompt_token_ids)
+                if end > num_prompt:  # sampled tokens' ids, from this chunk's first block on (the
+                    lo = max(num_prompt, item.start // block_size * block_size)  # earlier ones are known)
+                    mark_computed(seq.seq_id, end, seq.output_token_ids[lo - num_prompt:end - num_prompt])
+                else:
+                    mark_computed(seq.seq_id, end)
             if not item.emits_token:
                 continue  # a prefill chunk in the middle of the prompt
             token = sampled.get(seq.seq_id)
@@ -372,7 +378,6 @@ class Scheduler:
         self.allocator.fork(parent.seq_id, child.seq_id)
         child.output_token_ids = list(parent.output_token_ids)
         child.num_computed_tokens = parent.num_computed_tokens
-        child.num_placed_tokens = parent.num_placed_tokens
         child.num_cached_tokens = parent.num_cached_tokens
         child.first_scheduled_time = parent.first_scheduled_time
         child.status = SequenceStatus.RUNNING

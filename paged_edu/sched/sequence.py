@@ -22,10 +22,9 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """One stream of tokens: a prompt and what has been generated after it.
 
-    ``num_computed_tokens`` leading tokens have their K/V in the cache; the allocator holds
-    ``num_placed_tokens`` of them (one more than computed while a decode's new token waits for its
-    step). Its CPU blocks while swapped out belong to the scheduler's
-    :class:`~paged_edu.sched.swap.SwapSpace`. A sequence with ``num_samples = n > 1`` forks into ``n`` sequences when its prompt is
+    ``num_computed_tokens`` leading tokens have their K/V in the cache; how many slots the memory
+    manager holds for it is the manager's to count (``num_tokens(seq_id)``). Its CPU blocks while
+    swapped out belong to the scheduler's :class:`~paged_edu.sched.swap.SwapSpace`. A sequence with ``num_samples = n > 1`` forks into ``n`` sequences when its prompt is
     done (parallel sampling); the children share ``request_id`` and get ``sample_index`` 1 .. n-1.
     """
 
@@ -41,7 +40,6 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
-    num_placed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at the last admission
     num_preemptions: int = 0
     first_scheduled_time: float | None = None

@@ -83,7 +83,7 @@ class _PagedBookkeeping:
         final = self.final_len
         slack_total = reserved = 0
         for seq in running:
-            n = seq.num_placed_tokens
+            n = self.num_tokens(seq.seq_id)
             slack = -n % B
             if slack:
                 slack_total += slack
@@ -99,7 +99,7 @@ class _PagedBookkeeping:
     def sharing(self, running: list[Sequence]) -> tuple[int, int]:
         """``(blocks in use, blocks the same tables would take without sharing)``."""
         B = self.block_size
-        unshared = sum(-(-seq.num_placed_tokens // B) for seq in running)
+        unshared = sum(-(-self.num_tokens(seq.seq_id) // B) for seq in running)
         return self.num_blocks - self.num_free_blocks, unshared
 
 
@@ -221,12 +221,15 @@ class ContiguousManager:
         self._reserved_slots += size
         return list(range(start, start + cap))
 
-    def append(self, seq_id, token_id) -> int:
+    def append_slots(self, seq_id, num_tokens: int = 1) -> list[int]:
         slot = self._slot(seq_id)
-        if slot.num_tokens >= slot.cap:
+        if slot.num_tokens + num_tokens > slot.cap:
             raise OutOfBlocksError(f"sequence {seq_id!r} is full: its reservation holds {slot.cap} tokens")
-        slot.num_tokens += 1
-        return slot.start + slot.num_tokens - 1
+        slot.num_tokens += num_tokens
+        return list(range(slot.start + slot.num_tokens - num_tokens, slot.start + slot.num_tokens))
+
+    def num_tokens(self, seq_id) -> int:
+        return self._slot(seq_id).num_tokens
 
     def fork(self, parent_id, child_id) -> list[int]:
         """The child takes a spare sub-range of its parent's reservation and copies the tokens."""
@@ -279,8 +282,9 @@ class ContiguousManager:
     def take_copies(self) -> list[tuple[int, int]]:
         return []
 
-    def mark_computed(self, seq_id, num_computed_tokens: int) -> None:
-        """Nothing is shared, so nothing waits to be published (called for every token: B = 1)."""
+    def mark_computed(self, seq_id, num_computed_tokens: int, token_ids=None) -> None:
+        """Nothing is shared, so nothing waits to be published and no id is kept (called for every
+        token: B = 1)."""
 
     def __contains__(self, seq_id) -> bool:
         return seq_id in self._slots

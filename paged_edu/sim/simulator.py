@@ -166,7 +166,7 @@ class _Meters:
         self.breakdown["internal_frag"] += internal
         self.util_tokens += tokens
         self.util_allocated += allocated
-        self.live_len_sum += sum(seq.num_placed_tokens for seq in running)
+        self.live_len_sum += sum(manager.num_tokens(seq.seq_id) for seq in running)
         self.live_len_n += len(running)
         if scheduler.waiting:
             free, fragmented = manager.free_for(scheduler.waiting[0])
@@ -370,7 +370,8 @@ class _BeamForks:
             if parent.status is SequenceStatus.FINISHED:
                 raise RuntimeError(f"beam request {parent.request_id} finished before all its branches forked")
             # Fork right after a token was sampled and before it is placed, at the next fork point(s).
-            if parent.status is not SequenceStatus.RUNNING or parent.num_placed_tokens != parent.num_tokens - 1:
+            if (parent.status is not SequenceStatus.RUNNING
+                    or scheduler.allocator.num_tokens(parent.seq_id) != parent.num_tokens - 1):
                 continue
             while points and len(parent.output_token_ids) >= points[-1]:
                 points.pop()

@@ -20,7 +20,7 @@ def blocks_held(prompt_len, block_size, k):
     """After its prefill step and k decode steps, a request holds ceil((prompt_len + k) / B) blocks.
 
     The prefill step computes the prompt and samples token 1; each decode step first places the
-    token sampled last (allocator.append) and computes it. So k decode steps placed k tokens; the
+    token sampled last (allocator.append_slots) and computes it. So k decode steps placed k tokens; the
     token sampled in the k-th one has no slot yet.
     """
     return math.ceil((prompt_len + k) / block_size)
@@ -77,7 +77,7 @@ def _agrees(fn, wrong, case) -> bool:
 WRONG_5_1 = {
     lambda p, B, k: math.ceil((p + k + 1) / B):
         "ceil((p + k + 1) / B): a slot for every sampled token, the k-th decode step's too. That token has no slot "
-        "yet: a decode step first places the token sampled LAST (allocator.append), computes it, and samples the "
+        "yet: a decode step first places the token sampled LAST (allocator.append_slots), computes it, and samples the "
         "next one, which gets its slot only in the following step. After k decode steps the request holds p + k "
         "tokens' slots.",
     lambda p, B, k: math.ceil(p / B) + k:
@@ -172,29 +172,29 @@ class PlainAllocator(MyAllocator):
         for b in table:
             self.ref_counts[b] = 1
         self.block_tables[seq_id] = table
-        self.tokens[seq_id] = tokens
+        self.lengths[seq_id] = len(tokens)
         return list(table)
 
-    def append(self, seq_id, token_id):
-        table = self._table(seq_id)
-        tokens, B = self.tokens[seq_id], self.block_size
-        t = len(tokens)
-        if t % B == 0:  # the last block is full: a new one
-            if not self.free_block_ids:
-                raise OutOfBlocksError(f"no free block to append to {seq_id!r}")
-            block = self.free_block_ids.popleft()
-            self.ref_counts[block] = 1
-            table.append(block)
-        elif self.ref_counts[table[-1]] > 1:  # shared and partly filled: copy-on-write
-            if not self.free_block_ids:
-                raise OutOfBlocksError(f"no free block for copy-on-write in {seq_id!r}")
+    def append_slots(self, seq_id, num_tokens=1):
+        table, B = self._table(seq_id), self.block_size
+        t = self.lengths[seq_id]
+        copy = t % B != 0 and self.ref_counts[table[-1]] > 1  # shared and partly filled: copy-on-write
+        needed = math.ceil(max(num_tokens - (-t % B), 0) / B) + copy
+        if needed > len(self.free_block_ids):  # check first: a failed call changes nothing
+            raise OutOfBlocksError(f"{seq_id!r} needs {needed} blocks for {num_tokens} slots, "
+                                   f"{len(self.free_block_ids)} free")
+        if copy:
             block = self.free_block_ids.popleft()
             self.ref_counts[block] = 1
             self.ref_counts[table[-1]] -= 1
             self.copies.append((table[-1], block))
             table[-1] = block
-        tokens.append(int(token_id))
-        return table[t // B] * B + t % B
+        for _ in range(needed - copy):  # a new block each time the last one is full
+            block = self.free_block_ids.popleft()
+            self.ref_counts[block] = 1
+            table.append(block)
+        self.lengths[seq_id] = t + num_tokens
+        return [table[p // B] * B + p % B for p in range(t, t + num_tokens)]
 
     def fork(self, parent_id, child_id):
         table = self._table(parent_id)
@@ -203,12 +203,12 @@ class PlainAllocator(MyAllocator):
         for b in table:
             self.ref_counts[b] += 1
         self.block_tables[child_id] = list(table)
-        self.tokens[child_id] = list(self.tokens[parent_id])
+        self.lengths[child_id] = self.lengths[parent_id]
         return list(table)
 
     def free(self, seq_id):
         table = self._table(seq_id)
-        del self.block_tables[seq_id], self.tokens[seq_id]
+        del self.block_tables[seq_id], self.lengths[seq_id]
         for b in table:
             self.ref_counts[b] -= 1
             if self.ref_counts[b] == 0:
@@ -240,7 +240,7 @@ def engine_agreement(allocator_cls, model=None, *, num_blocks: int = 12, block_s
     return results
 
 
-@register("5.3", "Bring your own allocator: fill in MyAllocator's allocate, append, fork and free "
+@register("5.3", "Bring your own allocator: fill in MyAllocator's allocate, append_slots, fork and free "
           "(paged_edu/lessons/my_allocator.py); it must keep the allocator contract and give the engine "
           "token-identical output to the reference allocator.", PlainAllocator, kind="class")
 def _check_5_3(cls) -> Verdict:

@@ -69,8 +69,16 @@ class _AllocatorView:
         """Blocks for a new prompt (its block table), and its K/V written when there are tensors."""
         table = self.allocator.allocate(seq_id, tokens)
         if self.kv is not None:
-            self.kv.write_prompt(seq_id)
+            self.kv.write_prompt(seq_id, tokens)
         return table
+
+    def _computed(self, seq_id, token: int) -> None:
+        """The token in ``seq_id``'s newest slot (reserved by ``append_slots``, a count) is ``token``:
+        write its K/V when there are tensors, then tell the allocator -- the order a scheduler keeps,
+        and what lets a full block be hashed and published."""
+        if self.kv is not None:
+            self.kv.write_last(seq_id, token)
+        self.allocator.mark_computed(seq_id, self.allocator.num_tokens(seq_id), [token])
 
     def _after_change(self, select=None) -> None:
         """Offer the live sequences in the dropdown (selecting ``select``), then redraw."""

@@ -66,9 +66,8 @@ class BlockTableWidget(_AllocatorView):
         n = self.num_append.value if n is None else n
         slots = []
         for _ in range(n):
-            slots.append(self.allocator.append(seq_id, next(self._next_token)))
-            if self.kv is not None:
-                self.kv.write_last(seq_id)
+            slots += self.allocator.append_slots(seq_id)
+            self._computed(seq_id, next(self._next_token))
         self.say(f"{seq_id}: +{n} tokens at slots {slots}")
         self._after_change(select=seq_id)
         return slots

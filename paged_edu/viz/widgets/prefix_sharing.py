@@ -85,6 +85,8 @@ class PrefixSharingWidget(_AllocatorView):
         while child in self.allocator:
             child += "'"
         self.allocator.fork(parent, child)
+        if self.kv is not None:
+            self.kv.fork(parent, child)
         self.say(f"{child} forked from {parent}: shares all {len(self.allocator.block_table(child))} blocks")
         self._after_change(select=child)
         return child
@@ -92,13 +94,14 @@ class PrefixSharingWidget(_AllocatorView):
     def append_token(self, seq_id=None) -> int:
         """Append one token; a shared, partly filled last block is copied first (and checked)."""
         seq_id = self._selected(seq_id)
-        slot = self.allocator.append(seq_id, next(self._next_token))
+        [slot] = self.allocator.append_slots(seq_id)
         copies = self.allocator.take_copies()
         message = f"{seq_id}: appended at slot {slot}"
         if self.kv is not None:
             for src, dst in copies:
                 self.cow_checks.append(self.kv.copy_block(src, dst))
-            self.kv.write_last(seq_id)
+        self._computed(seq_id, next(self._next_token))
+        if self.kv is not None:
             for check in self.cow_checks[-len(copies):] if copies else []:
                 check["source_untouched"] = self.kv.block_unchanged(check)
         if copies:
