@@ -181,6 +181,8 @@ def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = new_page(browser, viewport={"width": 1400, "height": 1000})   # every wait: its condition or the hang guard
     stored = (root / "notebooks" / lesson).stat().st_mtime_ns
+    page_errors = []   # uncaught errors in the page (e.g. anywidget's "Failed to initialize model."), shown on failure
+    page.on("pageerror", lambda e: page_errors.append(str(e)[:500]))
     try:
         # A workspace of its own (?reset), so no tab of an earlier lesson is restored beside it.
         page.goto(f"{url}/lab/workspaces/{Path(lesson).stem}/tree/notebooks/{lesson}?reset", wait_until="domcontentloaded")
@@ -212,6 +214,7 @@ def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
     except BaseException:   # a wait that ran out (or the hang guard): show where the page was
         page.screenshot(path=str(SHOTS / f"{Path(lesson).stem}_failed.png"))
         print("page state:", page.evaluate(STATE, lesson))
+        print("page errors:", page_errors)
         raise
     finally:
         page.close()
