@@ -362,6 +362,7 @@ def test_figure_widgets_synced_state_is_the_figure_after_every_change():
     import json
 
     import plotly.io as pio
+
     from paged_edu.viz.widgets.figure import PLOTLY_WIDGET_BUNDLE
 
     def synced(fig):

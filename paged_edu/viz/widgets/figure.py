@@ -27,7 +27,7 @@ import plotly
 import plotly.graph_objects as go
 import traitlets
 
-__all__ = ["FigureWidget", "PLOTLY_WIDGET_BUNDLE"]
+__all__ = ["PLOTLY_WIDGET_BUNDLE", "FigureWidget"]
 
 PLOTLY_WIDGET_BUNDLE = Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
 
