@@ -85,11 +85,12 @@ def drop_error_banners(executed: Path) -> None:
 
 def drop_widget_code(executed: Path) -> None:
     """Keep the widgets' state but not anywidget's JavaScript bundles (about 5 MB per plotly
-    FigureWidget): the site draws a static view from the state and never loads the widget code."""
+    FigureWidget, in ``_plotly_esm`` for paged_edu's): the site draws a static view from the state
+    and never loads the widget code."""
     nb = json.loads(executed.read_text())
     state = nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE_MIME, {}).get("state", {})
     for model in state.values():
-        for key in ("_esm", "_css"):
+        for key in ("_esm", "_css", "_plotly_esm"):
             if isinstance(model.get("state", {}).get(key), str):
                 model["state"][key] = ""
     executed.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")

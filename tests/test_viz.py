@@ -352,3 +352,39 @@ def test_figure_colours_come_from_the_palette():
     stray = {f"{p.name}: {c}" for p in viz.rglob("*.py") if p.name != "palette.py"
              for c in re.findall(r"#[0-9a-fA-F]{6}\b", p.read_text()) if c.upper() != "#FFFFFF"}
     assert not stray, sorted(stray)
+
+
+def test_figure_widgets_synced_state_is_the_figure_after_every_change():
+    """The state a front-end model holds (``_widget_data``, ``_widget_layout``) is the figure as it
+    now is, after changes plotly sends only as one-off messages -- so a view drawn late, or a model
+    that missed those messages, draws the widget's current figure (issue 25: an empty lesson 2 plot).
+    Oracle: the figure's own JSON. plotly's FigureWidget keeps its state as first constructed."""
+    import json
+
+    import plotly.io as pio
+
+    from paged_edu.viz.widgets.figure import PLOTLY_WIDGET_BUNDLE
+
+    def synced(fig):
+        return json.loads(pio.to_json({"data": fig._widget_data, "layout": fig._widget_layout}))
+
+    def current(fig):
+        return json.loads(pio.to_json({"data": fig._data, "layout": fig._layout_obj._props}))
+
+    w = BlockTableWidget(num_blocks=24, block_size=4, kv=False)
+    w.add_request(6)
+    w.add_request(9)
+    w.append_tokens("req0", 5)
+    w.prompt_len.value = 3
+    w.add_button.click()
+    for fig in (w.grid, w.table):
+        assert synced(fig) == current(fig)
+    assert len(w.table._widget_layout) and synced(w.table)["layout"]["height"] == 110 + 36 * 3
+    assert [y.split()[0] for y in synced(w.table)["data"][0]["y"]] == list(w.allocator.seq_ids) == ["req0", "req1", "req2"]
+    w.table.data[0].z = [[1, 2]]          # a single restyle, outside batch_update
+    w.table.layout.title = "after"        # a single relayout
+    assert synced(w.table) == current(w.table)
+    assert synced(w.table)["data"][0]["z"] == [[1, 2]]
+    # plotly's module is not the widget's own (loaded by it, once a page, outside anywidget's deadline)
+    assert "_plotly_esm" in w.table.keys and len(w.table._esm) < 2000
+    assert w.table._plotly_esm == PLOTLY_WIDGET_BUNDLE.read_text(encoding="utf-8")

@@ -24,6 +24,7 @@ from plotly.subplots import make_subplots
 
 from paged_edu.labs.softmax_stepper import OnlineSoftmaxStepper
 from paged_edu.viz import palette as P
+from paged_edu.viz.widgets.base import _figure_widget
 
 __all__ = ["SoftmaxStepperWidget", "stepper_figure", "stepper_traces"]
 
@@ -113,7 +114,7 @@ class SoftmaxStepperWidget:
         self.shuffle_button = W.Button(description="shuffle physical blocks", layout=W.Layout(width="200px"))
         self.head = W.IntSlider(0, min=0, max=stepper.num_q_heads - 1, description="query head")
         self.status = W.HTML()
-        self.fig = go.FigureWidget(stepper_figure(stepper, 0))
+        self.fig = _figure_widget(stepper_figure(stepper, 0))
         self.next_button.on_click(lambda _: self.next_block())
         self.run_button.on_click(lambda _: self.run_to_end())
         self.reset_button.on_click(lambda _: self.reset())

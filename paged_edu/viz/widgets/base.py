@@ -12,12 +12,13 @@ from paged_edu.core.allocator import BlockAllocator, BlockEvent, OutOfBlocksErro
 from paged_edu.labs.kv_view import KVView
 from paged_edu.viz import figures as F
 from paged_edu.viz.palette import BAD, GOOD, NEUTRAL
+from paged_edu.viz.widgets.figure import FigureWidget
 
 __all__ = ["_AllocatorView", "_figure_widget", "_update_heatmap"]
 
 
-def _figure_widget(fig: go.Figure) -> go.FigureWidget:
-    return go.FigureWidget(fig)
+def _figure_widget(fig: go.Figure) -> FigureWidget:
+    return FigureWidget(fig)
 
 
 def _update_heatmap(trace, data: dict) -> None:
