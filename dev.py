@@ -2,7 +2,7 @@
 """The project's two commands, on any Linux machine with Python 3.10+:
 
     python3 dev.py lessons   # run every lesson headless (papermill) into build/lessons/
-    python3 dev.py test      # the whole test suite: unit, oracle, stateful, notebooks (nbval), browser
+    python3 dev.py test      # ruff, then the whole test suite: unit, oracle, stateful, notebooks (nbval), browser
 
 and, besides those two:
 
@@ -138,16 +138,32 @@ def lessons(extra: list[str]) -> int:
     return subprocess.run([str(PY), str(ROOT / "scripts" / "run_lessons.py"), *extra], cwd=ROOT).returncode
 
 
+LINTED = ["paged_edu", "tests", "scripts", "benchmarks", "dev.py"]
+
+
+def lint() -> int:
+    """ruff, configured in pyproject.toml: the lint rules, then the formatting (checked, not applied)."""
+    ruff = [str(PY), "-m", "ruff"]
+    status = 0
+    for cmd in ([*ruff, "check", *LINTED], [*ruff, "format", "--check", *LINTED]):
+        print("+", " ".join(cmd), flush=True)
+        status |= subprocess.run(cmd, cwd=ROOT).returncode
+    if status:
+        print(f"lint failed: `{PY} -m ruff format {' '.join(LINTED)}` applies the formatting", flush=True)
+    return status
+
+
 def test(extra: list[str]) -> int:
     ensure_env()
     ensure_chromium()
+    linted = lint()
     cmd = [
         str(PY), "-m", "pytest", "tests", "notebooks",
         "--nbval-lax", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
         "-p", "no:cacheprovider", "-ra", *extra,
     ]
     print("+", " ".join(cmd), flush=True)
-    return subprocess.run(cmd, cwd=ROOT).returncode
+    return subprocess.run(cmd, cwd=ROOT).returncode or linted
 
 
 def site(extra: list[str]) -> int:

@@ -20,9 +20,7 @@ prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import math
 import os
 import sys
 import time
@@ -79,7 +77,7 @@ def measure_case(timer, case, impls, sweep_configs=None, sweep_timer=None):
     ceil_us = copy_ceiling_us(timer, kv_bytes)  # eager: see its docstring for why not in a graph
     src = torch.randn(kv_bytes // 2, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    graph_memcpy_us, _, _ = timer.graph(lambda: dst.copy_(src))
+    graph_memcpy_us, _, _ = timer.graph(lambda: dst.copy_(src))  # noqa: F821 (a name deleted after this call)
     del src, dst
     ceil_gbs = 2 * kv_bytes / ceil_us / 1e3
     row = {"case": f"{num_seqs}x{seq_len}", "num_seqs": num_seqs, "seq_len": seq_len, "kv_bytes": kv_bytes,
@@ -96,11 +94,11 @@ def measure_case(timer, case, impls, sweep_configs=None, sweep_timer=None):
         if impl == "loop" and case not in LOOP_CASES:
             continue
         if impl == "loop":
-            us, samples, out = timer.eager(lambda: paged_attention_loop(q, k, v, t, lens, scale=scale))
+            us, samples, out = timer.eager(lambda: paged_attention_loop(q, k, v, t, lens, scale=scale))  # noqa: F821 (a name deleted after this call)
         elif impl == "torch":
-            us, samples, out = timer.graph(lambda: paged_attention_torch(q, k, v, t, lens, scale=scale))
+            us, samples, out = timer.graph(lambda: paged_attention_torch(q, k, v, t, lens, scale=scale))  # noqa: F821 (a name deleted after this call)
         else:
-            us, samples, out = timer.graph(lambda: paged_attention_decode(q, k, v, t, lens, impl="triton", validate=False))
+            us, samples, out = timer.graph(lambda: paged_attention_decode(q, k, v, t, lens, impl="triton", validate=False))  # noqa: F821 (a name deleted after this call)
         gbs = io_bytes / us / 1e3
         row["impls"][impl] = {"us": us, "GBps": gbs, "pct_of_ceiling": 100 * gbs / ceil_gbs,
                               "rel_err": rel_err(out, ref), "spread_us": [min(samples), max(samples)],
@@ -113,7 +111,7 @@ def measure_case(timer, case, impls, sweep_configs=None, sweep_timer=None):
         results = []
         for cfg, splits in sweep_configs(case):
             try:
-                us, _, out = sweep_timer.graph(lambda: paged_attention_triton(q, k, v, t, lens, scale=scale,
+                us, _, out = sweep_timer.graph(lambda: paged_attention_triton(q, k, v, t, lens, scale=scale,  # noqa: F821 (a name deleted after this call)
                                                                         num_splits=splits, config=cfg))
             except Exception as exc:  # a config that does not compile (shared memory) is skipped
                 results.append({"config": cfg, "splits": splits, "error": repr(exc)[:200]})

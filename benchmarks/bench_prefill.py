@@ -215,7 +215,7 @@ def measure_case(timer, case, sweep=None, flex_block_m=(128,), skip_flex=False):
 
     def record(name, fn, **extra):
         try:
-            us, err, how = timed(timer, fn, ref)
+            us, err, how = timed(timer, fn, ref)  # noqa: F821 (a name deleted after this call)
         except Exception as exc:  # noqa: BLE001 -- a formulation the backend refuses
             row["impls"][name] = {"error": repr(exc)[:300], **extra}
             return

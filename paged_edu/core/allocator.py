@@ -40,7 +40,7 @@ from paged_edu.core.block_events import BlockEvent, Subscribers
 from paged_edu.core.block_pool import BlockPool, OutOfBlocksError, PrefixCacheStats
 from paged_edu.core.prefix_index import HashChainIndex, PrefixMatch
 from paged_edu.core.seq_lookup import SequenceLookup, UnknownSequenceError
-from paged_edu.core.validation import MAX_NUM_BLOCKS, MAX_TOKEN_ID, cache_key, flag, integer, new_id, token_array
+from paged_edu.core.validation import MAX_NUM_BLOCKS, cache_key, flag, integer, new_id, token_array
 
 __all__ = [
     "BlockAllocator",

@@ -92,7 +92,7 @@ def paged_attention_decode_step(
             # Online Softmax Update
             m_block = torch.max(scores, dim=-1, keepdim=True).values
             m_new = torch.maximum(m_i, m_block)
-            
+
             p_block = torch.exp(scores - m_new)
             alpha = torch.exp(m_i - m_new)
 
@@ -152,7 +152,7 @@ def paged_attention_decode_step_fixed(
             # Online Softmax Update
             m_block = torch.max(scores, dim=-1, keepdim=True).values
             m_new = torch.maximum(m_i, m_block)
-            
+
             p_block = torch.exp(scores - m_new)
             alpha = torch.exp(m_i - m_new)
 

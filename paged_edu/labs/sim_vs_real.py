@@ -12,7 +12,6 @@ benchmark (``paged_edu/data/engine_bench.json``), whose per-step records were su
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np

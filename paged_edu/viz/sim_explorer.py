@@ -9,7 +9,6 @@ so tests set ``explorer.manager.value`` etc. and read ``explorer.result``.
 
 from __future__ import annotations
 
-import math
 
 import ipywidgets as W
 import plotly.graph_objects as go

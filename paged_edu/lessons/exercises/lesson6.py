@@ -17,7 +17,6 @@ KNOBS = ("max_num_seqs", "max_num_batched_tokens", "num_cpu_blocks", "preemption
 
 @lru_cache(maxsize=None)
 def _scenario_run(knob: tuple = ()):
-    from paged_edu.labs.engine_lab import tiny_model
     from paged_edu.labs.preemption import pressure_prompts, run_under_pressure
 
     s = SCENARIO
@@ -52,7 +51,7 @@ def _check_6_1(answer) -> Verdict:
     name, value = next(iter(answer.items()))
     change = (f"more than the {b} of every limit at its default: worse" if n > b else
               f"fewer than the {b} of every limit at its default, but not none" if n < b else
-              f"as many as with every limit at its default: no change")
+              "as many as with every limit at its default: no change")
     why = {"preemption_mode": "the mode decides HOW a victim is preempted (swap or recompute), not WHETHER",
            "num_cpu_blocks": "swap space only matters in swap mode, and it changes how, not whether",
            "max_num_batched_tokens": "the token budget limits prompt chunks per step, while every running decode "
