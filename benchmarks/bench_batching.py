@@ -48,21 +48,41 @@ def main(argv=None):
     else:
         lm = lesson_model(device, seed=args.seed)  # as lesson 5's cell: then its weights in the lesson's dtype
         model, label = PagedLlama.from_hf(lm.hf, dtype=dtype, device=device), lm.label
-    requests = make_requests(args.num_requests, seed=args.seed, vocab_size=model.config.vocab_size,
-                             output_len=(2, args.max_output_len))
+    requests = make_requests(
+        args.num_requests, seed=args.seed, vocab_size=model.config.vocab_size, output_len=(2, args.max_output_len)
+    )
     l_max = max(len(p) for p, _ in requests) + max(n for _, n in requests)
     kv_slots = args.static_batch * l_max
     static, cont = compare_batching(model, requests, kv_slots=kv_slots, block_size=16)
-    runs = {run.name: dict(num_steps=run.num_steps, useful_tokens=run.useful_tokens, computed_tokens=run.computed_tokens,
-                           seconds=run.seconds, tokens_per_s=run.tokens_per_s, wasted_fraction=run.wasted_fraction,
-                           kv_holding_token=run.kv_holding_token, max_batch=max(run.batch_size))
-            for run in (static, cont)}
-    record = dict(**provenance("bench_batching.py", argv), model=label, dtype=str(dtype).replace("torch.", ""),
-                  device=str(device), num_requests=len(requests), l_max=l_max, kv_slots=kv_slots, runs=runs,
-                  continuous_over_static=cont.tokens_per_s / static.tokens_per_s)
+    runs = {
+        run.name: dict(
+            num_steps=run.num_steps,
+            useful_tokens=run.useful_tokens,
+            computed_tokens=run.computed_tokens,
+            seconds=run.seconds,
+            tokens_per_s=run.tokens_per_s,
+            wasted_fraction=run.wasted_fraction,
+            kv_holding_token=run.kv_holding_token,
+            max_batch=max(run.batch_size),
+        )
+        for run in (static, cont)
+    }
+    record = dict(
+        **provenance("bench_batching.py", argv),
+        model=label,
+        dtype=str(dtype).replace("torch.", ""),
+        device=str(device),
+        num_requests=len(requests),
+        l_max=l_max,
+        kv_slots=kv_slots,
+        runs=runs,
+        continuous_over_static=cont.tokens_per_s / static.tokens_per_s,
+    )
     for name, r in runs.items():
-        print(f"{name:>15}: {r['num_steps']} steps, {r['tokens_per_s']:,.0f} useful tok/s, {r['wasted_fraction']:.0%} of "
-              f"computed tokens wasted, KV slots holding a token {r['kv_holding_token']:.0%}")
+        print(
+            f"{name:>15}: {r['num_steps']} steps, {r['tokens_per_s']:,.0f} useful tok/s, {r['wasted_fraction']:.0%} of "
+            f"computed tokens wasted, KV slots holding a token {r['kv_holding_token']:.0%}"
+        )
     print(f"continuous / static: {record['continuous_over_static']:.2f}x")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

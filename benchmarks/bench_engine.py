@@ -94,16 +94,38 @@ def make_requests(num: int, seed: int, vocab: int, scale: float = 1.0):
 # ----------------------------------------------------------------------------------------------
 
 
-def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, device, log,
-               preemption_mode="recompute", cuda_graphs=None, impls=None, spec=None):
+def run_engine(
+    model,
+    prompts,
+    outputs,
+    num_blocks,
+    block_size,
+    max_num_seqs,
+    max_num_batched_tokens,
+    device,
+    log,
+    preemption_mode="recompute",
+    cuda_graphs=None,
+    impls=None,
+    spec=None,
+):
     """Serve the requests twice, timing the second run: the first, untimed, meets every shape the
     timed one meets (the schedule does not depend on timing), so Triton compiles none inside the
     timed window; the counters below say so (``triton_variants_compiled_in_window``,
     ``graph_captures_in_window``: paged_edu captures its decode graphs when the engine is built)."""
+
     def make():
-        return Engine(model, num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True,
-                      preemption_mode=preemption_mode, max_num_seqs=max_num_seqs,
-                      max_num_batched_tokens=max_num_batched_tokens, cuda_graphs=cuda_graphs, **(impls or {}))
+        return Engine(
+            model,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            enable_prefix_caching=True,
+            preemption_mode=preemption_mode,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            cuda_graphs=cuda_graphs,
+            **(impls or {}),
+        )
 
     t = time.perf_counter()
     make().run(prompts, [SamplingParams(max_tokens=o) for o in outputs], use_tqdm=False)  # untimed: compiles
@@ -127,8 +149,10 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
     outs = engine.run(prompts, params, use_tqdm=False)
     sync(device)
     dt = time.perf_counter() - t0
-    window = dict(triton_variants_compiled_in_window=count_variants() - compiled_before,
-                  graph_captures_in_window=count_graphs() - graphs_before)
+    window = dict(
+        triton_variants_compiled_in_window=count_variants() - compiled_before,
+        graph_captures_in_window=count_graphs() - graphs_before,
+    )
     useful = sum(len(o.outputs[0]) for o in outs)
     if useful != sum(outputs):
         raise RuntimeError(f"the engine produced {useful} tokens, expected {sum(outputs)}")
@@ -143,45 +167,71 @@ def run_engine(model, prompts, outputs, num_blocks, block_size, max_num_seqs, ma
     # Where a step's time goes (host wall time per phase; without sync_timing the GPU's work lands
     # in whichever phase waits for it first, usually "sample", which copies the tokens back).
     phase_ms = {k: float(np.mean([s.phase_times[k] for s in steps]) * 1e3) for k in steps[0].phase_times}
-    decode_phase_ms = ({k: float(np.mean([s.phase_times[k] for s, d in zip(steps, decode_steps) if d]) * 1e3)
-                        for k in steps[0].phase_times} if decode_steps.any() else None)
-    log(f"  engine: {len(prompts)} requests, {len(steps)} steps, {dt:.1f} s, {useful / dt:,.0f} tok/s, "
+    decode_phase_ms = (
+        {
+            k: float(np.mean([s.phase_times[k] for s, d in zip(steps, decode_steps) if d]) * 1e3)
+            for k in steps[0].phase_times
+        }
+        if decode_steps.any()
+        else None
+    )
+    log(
+        f"  engine: {len(prompts)} requests, {len(steps)} steps, {dt:.1f} s, {useful / dt:,.0f} tok/s, "
         f"peak {running.max()} running, {engine.scheduler.num_preemptions} preemptions, "
-        f"{engine.num_graph_steps} graph steps" + (f" (graphs failed: {engine.graph_error})" if engine.graph_error else ""))
+        f"{engine.num_graph_steps} graph steps"
+        + (f" (graphs failed: {engine.graph_error})" if engine.graph_error else "")
+    )
     log("  mean step phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in phase_ms.items()))
-    log(f"  in the timed window: {window['triton_variants_compiled_in_window']} Triton variants compiled, "
-        f"{window['graph_captures_in_window']} CUDA graphs captured")
+    log(
+        f"  in the timed window: {window['triton_variants_compiled_in_window']} Triton variants compiled, "
+        f"{window['graph_captures_in_window']} CUDA graphs captured"
+    )
     # A step that compiled a new Triton variant (a shape, stride or split count not seen before) pays
     # the compiler's time: step_speed counts them, and the mixed steps' mean without them.
     new_variants = np.diff(np.array([compiled_before] + compiled_after)) > 0  # (steps,)
     speed = step_speed(steps, decode_steps, running, new_variants, spec)
-    log(f"  host ms/step (wall - device wait): {speed['host_ms_per_step']:.3f} (decode steps "
+    log(
+        f"  host ms/step (wall - device wait): {speed['host_ms_per_step']:.3f} (decode steps "
         f"{speed['host_ms_per_decode_step']:.3f}, at ~256 running {speed['host_ms_at_256_running']}); "
         f"decode step {speed['mean_decode_step_ms']} ms vs roofline {speed['roofline_decode_step_ms']} ms, "
         f"mixed {speed['mean_mixed_step_ms']} vs {speed['roofline_mixed_step_ms']} ms; steps that compiled a Triton "
         f"variant {speed['steps_that_compiled']} ({speed['mixed_steps_that_compiled']} mixed), mixed step without "
-        f"them {speed['mean_mixed_step_ms_without_compiles']} ms")
+        f"them {speed['mean_mixed_step_ms_without_compiles']} ms"
+    )
     return dict(
-        **speed, **window, first_outputs=[o.outputs[0] for o in outs[:FIRST_COMPARED]],
-        seconds=dt, useful_tokens=useful, tokens_per_s=useful / dt, num_requests=len(prompts), num_steps=len(steps),
-        peak_concurrency=int(running.max()), mean_concurrency=float((running * w).sum()),
+        **speed,
+        **window,
+        first_outputs=[o.outputs[0] for o in outs[:FIRST_COMPARED]],
+        seconds=dt,
+        useful_tokens=useful,
+        tokens_per_s=useful / dt,
+        num_requests=len(prompts),
+        num_steps=len(steps),
+        peak_concurrency=int(running.max()),
+        mean_concurrency=float((running * w).sum()),
         num_preemptions=engine.scheduler.num_preemptions,
-        cuda_graph_steps=engine.num_graph_steps, cuda_graph_error=engine.graph_error,
+        cuda_graph_steps=engine.num_graph_steps,
+        cuda_graph_error=engine.graph_error,
         kv_use_vs_allocated=float((in_cache / np.maximum(slots_used, 1) * w).sum()),
         kv_use_vs_pool=float((in_cache / (num_blocks * block_size) * w).sum()),
         peak_kv_usage=float(max(s.kv_usage for s in steps)),
         share_of_steps_with_graph=engine.num_graph_steps / len(steps),
-        mean_phase_ms=phase_ms, mean_decode_phase_ms=decode_phase_ms,
-        ttft_p50=float(np.median(ttft)), ttft_p90=float(np.percentile(ttft, 90)),
+        mean_phase_ms=phase_ms,
+        mean_decode_phase_ms=decode_phase_ms,
+        ttft_p50=float(np.median(ttft)),
+        ttft_p90=float(np.percentile(ttft, 90)),
         itl_p50_ms=float(np.median(itl) * 1e3) if itl else None,
-        timeline=dict(time=[round(s.time - steps[0].time + steps[0].duration, 4) for s in steps][::max(1, len(steps) // 400)],
-                      running=running.tolist()[::max(1, len(steps) // 400)],
-                      kv_usage=[round(s.kv_usage, 4) for s in steps][::max(1, len(steps) // 400)]),
+        timeline=dict(
+            time=[round(s.time - steps[0].time + steps[0].duration, 4) for s in steps][:: max(1, len(steps) // 400)],
+            running=running.tolist()[:: max(1, len(steps) // 400)],
+            kv_usage=[round(s.kv_usage, 4) for s in steps][:: max(1, len(steps) // 400)],
+        ),
     )
 
 
-def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.ndarray, new_variants: np.ndarray,
-               spec=None) -> dict:
+def step_speed(
+    steps: list[StepMetrics], decode_steps: np.ndarray, running: np.ndarray, new_variants: np.ndarray, spec=None
+) -> dict:
     """Step times against the roofline of the same steps, and the host's share of each step.
 
     Roofline (:data:`paged_edu.sim.costmodel.ROOFLINE_NAME`): ``CostModel.roofline()`` for ``spec`` (default
@@ -193,8 +243,9 @@ def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.n
     from paged_edu.sim.costmodel import MODELS, ROOFLINE_NAME, CostModel, StepShape
 
     cost = CostModel(model=spec or MODELS["smollm2-135m"]).roofline()
-    roof = np.array([cost.step_time(StepShape.of_chunks(m.chunk_starts, m.chunk_counts, m.num_emitting))
-                     for m in steps])  # (steps,) seconds
+    roof = np.array(
+        [cost.step_time(StepShape.of_chunks(m.chunk_starts, m.chunk_counts, m.num_emitting)) for m in steps]
+    )  # (steps,) seconds
     dur = np.array([m.duration for m in steps])
     host = dur - np.array([m.device_wait for m in steps])
     mixed = ~decode_steps & np.array([m.num_decode_seqs > 0 for m in steps])
@@ -202,18 +253,29 @@ def step_speed(steps: list[StepMetrics], decode_steps: np.ndarray, running: np.n
 
     ms = lambda values, mask: round(float(values[mask].mean() * 1e3), 4) if mask.any() else None  # noqa: E731
 
-    out = dict(roofline=ROOFLINE_NAME, roofline_gpu=cost.gpu.name, roofline_bandwidth=cost.gpu.hbm_bandwidth,
-               roofline_run_s=round(float(roof.sum()), 4),
-               mean_decode_step_ms=ms(dur, decode_steps), roofline_decode_step_ms=ms(roof, decode_steps),
-               mean_mixed_step_ms=ms(dur, mixed), roofline_mixed_step_ms=ms(roof, mixed),
-               num_decode_steps=int(decode_steps.sum()), num_mixed_steps=int(mixed.sum()),
-               device_wait_ms_per_decode_step=ms(dur - host, decode_steps),  # ~ the GPU's share of a decode step
-               host_ms_per_step=ms(host, np.ones(len(steps), bool)), host_ms_per_decode_step=ms(host, decode_steps),
-               host_ms_at_256_running=ms(host, near_256), num_steps_near_256_running=int(near_256.sum()),
-               host_ms_decode_p50_p90_max=[round(float(np.percentile(host[decode_steps], q)) * 1e3, 4) for q in (50, 90, 100)]
-               if decode_steps.any() else None,
-               steps_that_compiled=int(new_variants.sum()), mixed_steps_that_compiled=int((new_variants & mixed).sum()),
-               mean_mixed_step_ms_without_compiles=ms(dur, mixed & ~new_variants))
+    out = dict(
+        roofline=ROOFLINE_NAME,
+        roofline_gpu=cost.gpu.name,
+        roofline_bandwidth=cost.gpu.hbm_bandwidth,
+        roofline_run_s=round(float(roof.sum()), 4),
+        mean_decode_step_ms=ms(dur, decode_steps),
+        roofline_decode_step_ms=ms(roof, decode_steps),
+        mean_mixed_step_ms=ms(dur, mixed),
+        roofline_mixed_step_ms=ms(roof, mixed),
+        num_decode_steps=int(decode_steps.sum()),
+        num_mixed_steps=int(mixed.sum()),
+        device_wait_ms_per_decode_step=ms(dur - host, decode_steps),  # ~ the GPU's share of a decode step
+        host_ms_per_step=ms(host, np.ones(len(steps), bool)),
+        host_ms_per_decode_step=ms(host, decode_steps),
+        host_ms_at_256_running=ms(host, near_256),
+        num_steps_near_256_running=int(near_256.sum()),
+        host_ms_decode_p50_p90_max=[round(float(np.percentile(host[decode_steps], q)) * 1e3, 4) for q in (50, 90, 100)]
+        if decode_steps.any()
+        else None,
+        steps_that_compiled=int(new_variants.sum()),
+        mixed_steps_that_compiled=int((new_variants & mixed).sum()),
+        mean_mixed_step_ms_without_compiles=ms(dur, mixed & ~new_variants),
+    )
     for kind in ("decode", "mixed"):
         step, roofline = out[f"mean_{kind}_step_ms"], out[f"roofline_{kind}_step_ms"]
         out[f"{kind}_step_vs_roofline"] = round(step / roofline, 3) if step and roofline else None
@@ -242,21 +304,25 @@ def check_kernels(model, device, block_size=16, require_cuda=True):
     result = {}
     for impl in ("torch", "auto"):
         model.attn_impl = model.prefill_impl = impl
-        cache = PagedKVCache(c.num_layers, pos, block_size, c.num_kv_heads, c.head_dim, dtype=model.dtype, device=device)
+        cache = PagedKVCache(
+            c.num_layers, pos, block_size, c.num_kv_heads, c.head_dim, dtype=model.dtype, device=device
+        )
         kv = list(zip(cache.k_caches, cache.v_caches))
         model(prepare_batch([BatchChunk(t[:n], 0, tb) for t, n, tb in zip(toks, lens, tables)], block_size, device), kv)
         # Next step: even sequences decode one token, odd ones prefill a 39-token chunk.
-        chunks = [BatchChunk(t[n:n + (1 if i % 2 == 0 else 39)], n, tb) for i, (t, n, tb) in enumerate(zip(toks, lens, tables))]
+        chunks = [
+            BatchChunk(t[n : n + (1 if i % 2 == 0 else 39)], n, tb)
+            for i, (t, n, tb) in enumerate(zip(toks, lens, tables))
+        ]
         batch = prepare_batch(chunks, block_size, device)
         hidden = model(batch, kv)
         result[impl] = model.compute_logits(hidden[batch.logits_rows]).float()
     model.attn_impl = model.prefill_impl = "auto"
     diff = (result["auto"] - result["torch"]).abs().amax(-1)  # (num_chunks,)
     scale = result["torch"].abs().amax().item()
-    return dict(decode_max_abs_diff=float(diff[0::2].max()), prefill_max_abs_diff=float(diff[1::2].max()),
-                logit_scale=scale)
-
-
+    return dict(
+        decode_max_abs_diff=float(diff[0::2].max()), prefill_max_abs_diff=float(diff[1::2].max()), logit_scale=scale
+    )
 
 
 def main(argv=None):
@@ -268,8 +334,11 @@ def main(argv=None):
     ap.add_argument("--max-num-seqs", type=int, default=512)
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", help="the JSON record, without .json (default: paged_edu/data/engine_bench, the package "
-                    "data lessons 5 and 7 read; build/engine_bench_smoke with --smoke)")
+    ap.add_argument(
+        "--out",
+        help="the JSON record, without .json (default: paged_edu/data/engine_bench, the package "
+        "data lessons 5 and 7 read; build/engine_bench_smoke with --smoke)",
+    )
     ap.add_argument("--figure", help="the PNG figure (default: figures/engine_bench.png; beside --out with --smoke)")
     ap.add_argument("--smoke", action="store_true", help="a tiny model and workload on the CPU")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps only")
@@ -278,9 +347,12 @@ def main(argv=None):
     ap.add_argument("--skip-cb-graphs", action="store_true", help="skip transformers CB with CUDA graphs forced on")
     ap.add_argument("--skip-cb-default", action="store_true", help="skip transformers CB with its defaults")
     ap.add_argument("--cb-requests", type=int, default=None, help="serve only the first N requests to transformers CB")
-    ap.add_argument("--cb-short-warm-up", action="store_true",
-                    help="warm transformers CB with 8 short requests, not the timed requests (it may then capture graphs "
-                         "inside its timed window: graph_captures_in_window says how many)")
+    ap.add_argument(
+        "--cb-short-warm-up",
+        action="store_true",
+        help="warm transformers CB with 8 short requests, not the timed requests (it may then capture graphs "
+        "inside its timed window: graph_captures_in_window says how many)",
+    )
     ap.add_argument("--skip-static", action="store_true", help="skip transformers' static-batch generate")
     args = ap.parse_args(argv)
 
@@ -289,8 +361,16 @@ def main(argv=None):
 
     if args.smoke:
         device, dtype = torch.device("cpu"), torch.float32
-        config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                             num_kv_heads=2, head_dim=16, max_position_embeddings=L_MAX)
+        config = LlamaConfig(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+            max_position_embeddings=L_MAX,
+        )
         scale = 0.1
         args.num_requests, args.hf_batch = min(args.num_requests, 24), min(args.hf_batch, 8)
     else:
@@ -305,30 +385,64 @@ def main(argv=None):
     model = PagedLlama.from_hf(hf)
     l_max = int(round(L_MAX * scale))
     prompts, outputs = make_requests(args.num_requests, args.seed, config.vocab_size, scale)
-    bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * torch.empty((), dtype=dtype).element_size()
+    bytes_per_token = (
+        2 * config.num_layers * config.num_kv_heads * config.head_dim * torch.empty((), dtype=dtype).element_size()
+    )
     budget_tokens = args.hf_batch * l_max
     num_blocks = budget_tokens // args.block_size
-    log(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor()}), "
-        f"{dtype}, torch {torch.__version__}")
-    log(f"workload: {len(prompts)} requests, mean prompt {np.mean([len(p) for p in prompts]):.1f}, "
-        f"mean output {np.mean(outputs):.1f}, max total {max(len(p) + o for p, o in zip(prompts, outputs))}")
-    log(f"KV budget: {args.hf_batch} x L_max {l_max} = {budget_tokens:,} tokens = "
-        f"{budget_tokens * bytes_per_token / 2**30:.2f} GiB = {num_blocks} blocks of {args.block_size}")
+    log(
+        f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor()}), "
+        f"{dtype}, torch {torch.__version__}"
+    )
+    log(
+        f"workload: {len(prompts)} requests, mean prompt {np.mean([len(p) for p in prompts]):.1f}, "
+        f"mean output {np.mean(outputs):.1f}, max total {max(len(p) + o for p, o in zip(prompts, outputs))}"
+    )
+    log(
+        f"KV budget: {args.hf_batch} x L_max {l_max} = {budget_tokens:,} tokens = "
+        f"{budget_tokens * bytes_per_token / 2**30:.2f} GiB = {num_blocks} blocks of {args.block_size}"
+    )
     import transformers
 
-    out = Path(args.out or (ROOT / "build" / "engine_bench_smoke" if args.smoke else ROOT / "paged_edu" / "data" / "engine_bench"))
-    figure_path = Path(args.figure or (out.with_suffix(".png") if args.smoke else ROOT / "figures" / "engine_bench.png"))
+    out = Path(
+        args.out
+        or (ROOT / "build" / "engine_bench_smoke" if args.smoke else ROOT / "paged_edu" / "data" / "engine_bench")
+    )
+    figure_path = Path(
+        args.figure or (out.with_suffix(".png") if args.smoke else ROOT / "figures" / "engine_bench.png")
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     result = dict(
-        **provenance("bench_engine.py", argv), complete=False, device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        torch=torch.__version__, transformers_version=transformers.__version__, dtype=str(dtype).replace("torch.", ""),
-        model=dict(geometry="SmolLM2-135M" if not args.smoke else "tiny", weights="random", num_layers=config.num_layers,
-                   num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-                   kv_bytes_per_token=bytes_per_token),
-        workload=dict(num_requests=len(prompts), mean_prompt=float(np.mean([len(p) for p in prompts])),
-                      mean_output=float(np.mean(outputs)), l_max=l_max, seed=args.seed, source="paged_edu.sim.workloads.sharegpt"),
-        kv_budget=dict(tokens=budget_tokens, bytes=budget_tokens * bytes_per_token, num_blocks=num_blocks,
-                       block_size=args.block_size, hf_batch=args.hf_batch),
+        **provenance("bench_engine.py", argv),
+        complete=False,
+        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        torch=torch.__version__,
+        transformers_version=transformers.__version__,
+        dtype=str(dtype).replace("torch.", ""),
+        model=dict(
+            geometry="SmolLM2-135M" if not args.smoke else "tiny",
+            weights="random",
+            num_layers=config.num_layers,
+            num_heads=config.num_heads,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            kv_bytes_per_token=bytes_per_token,
+        ),
+        workload=dict(
+            num_requests=len(prompts),
+            mean_prompt=float(np.mean([len(p) for p in prompts])),
+            mean_output=float(np.mean(outputs)),
+            l_max=l_max,
+            seed=args.seed,
+            source="paged_edu.sim.workloads.sharegpt",
+        ),
+        kv_budget=dict(
+            tokens=budget_tokens,
+            bytes=budget_tokens * bytes_per_token,
+            num_blocks=num_blocks,
+            block_size=args.block_size,
+            hf_batch=args.hf_batch,
+        ),
     )
 
     def save():  # after every system: a run cut short keeps what finished
@@ -337,8 +451,10 @@ def main(argv=None):
     kernel_check = check_kernels(model, device, args.block_size)
     impls = {}
     if kernel_check:
-        log(f"kernels vs PyTorch references (bf16 logits, scale {kernel_check['logit_scale']:.2f}): "
-            f"decode max |diff| {kernel_check['decode_max_abs_diff']:.4f}, prefill {kernel_check['prefill_max_abs_diff']:.4f}")
+        log(
+            f"kernels vs PyTorch references (bf16 logits, scale {kernel_check['logit_scale']:.2f}): "
+            f"decode max |diff| {kernel_check['decode_max_abs_diff']:.4f}, prefill {kernel_check['prefill_max_abs_diff']:.4f}"
+        )
         tol = 0.05 * kernel_check["logit_scale"] + 0.05
         if kernel_check["prefill_max_abs_diff"] > tol:
             impls["prefill_impl"] = "torch"
@@ -367,24 +483,45 @@ def main(argv=None):
 
     # transformers' continuous batching: same requests, weights, KV budget (blocks of 16) and limits.
     n_cb = len(prompts) if args.cb_requests is None else min(args.cb_requests, len(prompts))
-    cb_runs = [] if args.skip_peer else (
-        [("transformers_cb_graphs", True)] * (not args.skip_cb_graphs) + [("transformers_cb_default", None)] * (not args.skip_cb_default))
+    cb_runs = (
+        []
+        if args.skip_peer
+        else (
+            [("transformers_cb_graphs", True)] * (not args.skip_cb_graphs)
+            + [("transformers_cb_default", None)] * (not args.skip_cb_default)
+        )
+    )
     for name, use_graph in cb_runs:
         try:
-            res = run_hf_cb(hf, prompts[:n_cb], outputs[:n_cb], num_blocks, args.block_size, args.max_num_batched_tokens,
-                            args.max_num_seqs, use_graph, log, warm_same=not args.cb_short_warm_up)
-            res["common_prefix_with_engine"] = [common_prefix(a, b) for a, b in zip(res["first_outputs"], eng["first_outputs"])]
+            res = run_hf_cb(
+                hf,
+                prompts[:n_cb],
+                outputs[:n_cb],
+                num_blocks,
+                args.block_size,
+                args.max_num_batched_tokens,
+                args.max_num_seqs,
+                use_graph,
+                log,
+                warm_same=not args.cb_short_warm_up,
+            )
+            res["common_prefix_with_engine"] = [
+                common_prefix(a, b) for a, b in zip(res["first_outputs"], eng["first_outputs"])
+            ]
             res["compared_lengths"] = [len(b) for b in eng["first_outputs"]]
             if n_cb < len(prompts):  # the engine on the same subset, for a like-for-like ratio
-                sub = result.get("engine_on_cb_requests") or run_engine(model, prompts[:n_cb], outputs[:n_cb], *common,
-                                                                         cuda_graphs=graphs, **kw)
+                sub = result.get("engine_on_cb_requests") or run_engine(
+                    model, prompts[:n_cb], outputs[:n_cb], *common, cuda_graphs=graphs, **kw
+                )
                 sub.pop("timeline", None)
                 result["engine_on_cb_requests"] = sub
                 res["engine_speedup"] = sub["tokens_per_s"] / res["tokens_per_s"]
             else:
                 res["engine_speedup"] = eng["tokens_per_s"] / res["tokens_per_s"]
-            log(f"  engine / transformers CB: {res['engine_speedup']:.1f}x; greedy tokens in common with the engine "
-                f"(first {FIRST_COMPARED} requests): {res['common_prefix_with_engine']}")
+            log(
+                f"  engine / transformers CB: {res['engine_speedup']:.1f}x; greedy tokens in common with the engine "
+                f"(first {FIRST_COMPARED} requests): {res['common_prefix_with_engine']}"
+            )
         except Exception as exc:  # a peer that breaks must not lose the engine's numbers
             import traceback
 
@@ -408,7 +545,8 @@ def main(argv=None):
         save()
         hf_res = run_hf(hf, prompts, outputs, args.hf_batch, args.hf_batches, l_max, device, log)
         result.update(  # like for like only: the engine on the requests generate served
-            transformers=hf_res, speedup_same_requests=eng_same["tokens_per_s"] / hf_res["tokens_per_s"],
+            transformers=hf_res,
+            speedup_same_requests=eng_same["tokens_per_s"] / hf_res["tokens_per_s"],
             concurrency_ratio=eng["peak_concurrency"] / hf_res["concurrency"],
             mean_concurrency_ratio=eng["mean_concurrency"] / hf_res["concurrency"],
         )

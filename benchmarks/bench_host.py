@@ -43,8 +43,16 @@ from record import provenance  # noqa: E402
 
 def stub_model(device: str = "cpu", vocab: int = 16) -> PagedLlama:
     """A 1-layer PagedLlama whose forward and logits do (almost) nothing."""
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=64, num_layers=1, num_heads=4,
-                      num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=64,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+    )
     model = PagedLlama(cfg, device=device)
     logits_table = torch.randn(vocab, generator=torch.Generator().manual_seed(0)).to(device)
 
@@ -68,13 +76,34 @@ class StubGraphs(DecodeCudaGraphs):
         self.model, self.max_blocks_per_seq = model, max_blocks_per_seq
         self.sizes = [b for b in [1, 2, 4, 8, *range(16, 129, 16), *range(160, 1025, 32)] if b < max_batch_size]
         self.sizes.append(max_batch_size)
-        n, W, i64, i32, f32 = max_batch_size, max_blocks_per_seq, np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
-        self.staging = StaticStaging(device, dict(
-            input_ids=(i64, (n,)), positions=(i64, (n,)), slot_mapping=(i64, (n,)), seq_lens=(i32, (n,)),
-            sample_rows=(i64, (n,)), temperatures=(f32, (n,)), top_ps=(f32, (n,)), uniforms=(f32, (n,)),
-            block_tables=(i32, (n, W))))
-        self.outputs = {b: (torch.zeros(b, model.config.hidden_size, device=device),
-                            torch.zeros(b, dtype=torch.long, device=device)) for b in self.sizes}
+        n, W, i64, i32, f32 = (
+            max_batch_size,
+            max_blocks_per_seq,
+            np.dtype(np.int64),
+            np.dtype(np.int32),
+            np.dtype(np.float32),
+        )
+        self.staging = StaticStaging(
+            device,
+            dict(
+                input_ids=(i64, (n,)),
+                positions=(i64, (n,)),
+                slot_mapping=(i64, (n,)),
+                seq_lens=(i32, (n,)),
+                sample_rows=(i64, (n,)),
+                temperatures=(f32, (n,)),
+                top_ps=(f32, (n,)),
+                uniforms=(f32, (n,)),
+                block_tables=(i32, (n, W)),
+            ),
+        )
+        self.outputs = {
+            b: (
+                torch.zeros(b, model.config.hidden_size, device=device),
+                torch.zeros(b, dtype=torch.long, device=device),
+            )
+            for b in self.sizes
+        }
 
     def replay(self, bs: int):
         return self.outputs[bs]
@@ -90,20 +119,34 @@ def pool_blocks(running: int, steps: int, prompt_len: int) -> int:
     return running * -(-(prompt_len + steps + EXTRA_TOKENS) // BLOCK_SIZE)
 
 
-def measure(running: int = 256, steps: int = 200, prompt_len: int = 157, device: str = "cpu",
-            temperature: float = 0.0, profile: bool = False, graph_path: bool = False) -> dict:
+def measure(
+    running: int = 256,
+    steps: int = 200,
+    prompt_len: int = 157,
+    device: str = "cpu",
+    temperature: float = 0.0,
+    profile: bool = False,
+    graph_path: bool = False,
+) -> dict:
     model = stub_model(device)
     num_blocks = pool_blocks(running, steps, prompt_len)
     max_model_len = prompt_len + steps + EXTRA_TOKENS
-    engine = Engine(model, num_blocks=num_blocks, block_size=BLOCK_SIZE, max_num_seqs=running,
-                    max_num_batched_tokens=4096, cuda_graphs=False)
+    engine = Engine(
+        model,
+        num_blocks=num_blocks,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=running,
+        max_num_batched_tokens=4096,
+        cuda_graphs=False,
+    )
     if graph_path:
         engine.runner.graphs = StubGraphs(model, running, max(2048, max_model_len) // BLOCK_SIZE)
     rng = np.random.default_rng(0)
     for _ in range(running):
-        engine.add_request(rng.integers(3, 16, size=prompt_len).tolist(),
-                           SamplingParams(max_tokens=steps + EXTRA_TOKENS, temperature=temperature,
-                                          seed=1 if temperature else None))
+        engine.add_request(
+            rng.integers(3, 16, size=prompt_len).tolist(),
+            SamplingParams(max_tokens=steps + EXTRA_TOKENS, temperature=temperature, seed=1 if temperature else None),
+        )
     events: list[StepMetrics] = []
     engine.subscribe(lambda e: events.append(e) if isinstance(e, StepMetrics) else None)
     while any(e.num_prefill_tokens for e in events[-1:]) or not events:  # admit and prefill everyone
@@ -126,13 +169,23 @@ def measure(running: int = 256, steps: int = 200, prompt_len: int = 157, device:
 
         pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
     if not all(e.num_decode_seqs == running and not e.num_preempted for e in events):
-        raise RuntimeError("a timed step did not decode every sequence (preempted?): the timing would be of a smaller batch")
+        raise RuntimeError(
+            "a timed step did not decode every sequence (preempted?): the timing would be of a smaller batch"
+        )
     # Medians: this measures the host, and a shared CPU adds long stalls that are not the engine's.
     phases = {k: float(np.median([e.phase_times[k] for e in events]) * 1e3) for k in events[0].phase_times}
-    return dict(running=running, steps=steps, graph_path=graph_path, temperature=temperature, num_blocks=num_blocks,
-                ms_per_step=float(np.median(walls) * 1e3),
-                mean_ms_per_step=float(np.mean(walls) * 1e3), phase_ms=phases,
-                torch=torch.__version__, device=device)
+    return dict(
+        running=running,
+        steps=steps,
+        graph_path=graph_path,
+        temperature=temperature,
+        num_blocks=num_blocks,
+        ms_per_step=float(np.median(walls) * 1e3),
+        mean_ms_per_step=float(np.mean(walls) * 1e3),
+        phase_ms=phases,
+        torch=torch.__version__,
+        device=device,
+    )
 
 
 def main(argv=None):
@@ -145,12 +198,20 @@ def main(argv=None):
     ap.add_argument("--graph-path", action="store_true", help="stage decode steps as for a CUDA graph (stub replay)")
     ap.add_argument("--out", default="figures/host_bench.json", help="write the record as JSON here ('' for none)")
     args = ap.parse_args(argv)
-    res = measure(args.running, args.steps, device=args.device, temperature=args.temperature, profile=args.profile,
-                  graph_path=args.graph_path)
+    res = measure(
+        args.running,
+        args.steps,
+        device=args.device,
+        temperature=args.temperature,
+        profile=args.profile,
+        graph_path=args.graph_path,
+    )
     res = {**provenance("bench_host.py", argv, note="medians; the CPU may be shared with other work"), **res}
-    print(f"{res['running']} running, {res['steps']} decode steps: median {res['ms_per_step']:.3f} ms host per step "
-          f"(mean {res['mean_ms_per_step']:.3f}); median phases (ms): "
-          + ", ".join(f"{k} {v:.3f}" for k, v in res["phase_ms"].items()))
+    print(
+        f"{res['running']} running, {res['steps']} decode steps: median {res['ms_per_step']:.3f} ms host per step "
+        f"(mean {res['mean_ms_per_step']:.3f}); median phases (ms): "
+        + ", ".join(f"{k} {v:.3f}" for k, v in res["phase_ms"].items())
+    )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(res, indent=1))

@@ -32,6 +32,7 @@ sys.path.insert(0, ROOT)
 
 from paged_edu.kernels import paged_attention_decode  # noqa: E402
 from paged_edu.kernels.reference import paged_attention_loop, paged_attention_torch  # noqa: E402
+
 # Timer (CUDA graphs, L2 flushed), the copy ceiling and the case generator live in the library, so
 # that lesson 4 times kernels exactly as this benchmark does.
 from paged_edu.labs.timing import Timer, copy_ceiling_us, random_paged_case, rel_err  # noqa: E402,F401
@@ -43,17 +44,47 @@ LOOP_CASES = {(1, 8192), (8, 2048)}  # the Python loop is only run where it fini
 
 # The guide's table (same H200 type, same shapes): microseconds / % of the copy ceiling.
 PEERS = {
-    "vLLM unified_attention": {(1, 8192): (54.0, 20), (8, 2048): (45.5, 40), (32, 2048): (126, 52),
-                               (64, 4096): (291, 87), (128, 1024): (157, 83), (16, 32768): (853, 59)},
-    "vLLM decode_attention_fwd": {(1, 8192): (34.8, 31), (8, 2048): (37.0, 49), (32, 2048): (93.3, 70),
-                                  (64, 4096): (293, 86), (128, 1024): (159, 82), (16, 32768): (559, 90)},
-    "SGLang decode_attention_fwd": {(1, 8192): (39.4, 27), (8, 2048): (40.4, 45), (32, 2048): (92.9, 70),
-                                    (64, 4096): (420, 60), (128, 1024): (229, 57), (16, 32768): (678, 74)},
-    "FlexAttention (contiguous)": {(1, 8192): (294, 4), (8, 2048): (95.9, 19), (32, 2048): (105, 62),
-                                   (64, 4096): (270, 94), (128, 1024): (147, 89), (16, 32768): (1161, 43)},
+    "vLLM unified_attention": {
+        (1, 8192): (54.0, 20),
+        (8, 2048): (45.5, 40),
+        (32, 2048): (126, 52),
+        (64, 4096): (291, 87),
+        (128, 1024): (157, 83),
+        (16, 32768): (853, 59),
+    },
+    "vLLM decode_attention_fwd": {
+        (1, 8192): (34.8, 31),
+        (8, 2048): (37.0, 49),
+        (32, 2048): (93.3, 70),
+        (64, 4096): (293, 86),
+        (128, 1024): (159, 82),
+        (16, 32768): (559, 90),
+    },
+    "SGLang decode_attention_fwd": {
+        (1, 8192): (39.4, 27),
+        (8, 2048): (40.4, 45),
+        (32, 2048): (92.9, 70),
+        (64, 4096): (420, 60),
+        (128, 1024): (229, 57),
+        (16, 32768): (678, 74),
+    },
+    "FlexAttention (contiguous)": {
+        (1, 8192): (294, 4),
+        (8, 2048): (95.9, 19),
+        (32, 2048): (105, 62),
+        (64, 4096): (270, 94),
+        (128, 1024): (147, 89),
+        (16, 32768): (1161, 43),
+    },
 }
-GUIDE_CEILING_US = {(1, 8192): 21.4, (8, 2048): 36.2, (32, 2048): 130.2, (64, 4096): 505.9,
-                    (128, 1024): 259.0, (16, 32768): 1006.8}
+GUIDE_CEILING_US = {
+    (1, 8192): 21.4,
+    (8, 2048): 36.2,
+    (32, 2048): 130.2,
+    (64, 4096): 505.9,
+    (128, 1024): 259.0,
+    (16, 32768): 1006.8,
+}
 TARGET_PCT = {(64, 4096): 90, (128, 1024): 90, (16, 32768): 90}
 TARGET_US = {(1, 8192): 25.0}
 
@@ -80,15 +111,23 @@ def measure_case(timer, case, impls, sweep_configs=None, sweep_timer=None):
     graph_memcpy_us, _, _ = timer.graph(lambda: dst.copy_(src))  # noqa: F821 (a name deleted after this call)
     del src, dst
     ceil_gbs = 2 * kv_bytes / ceil_us / 1e3
-    row = {"case": f"{num_seqs}x{seq_len}", "num_seqs": num_seqs, "seq_len": seq_len, "kv_bytes": kv_bytes,
-           "ceiling_us": ceil_us, "ceiling_GBps": ceil_gbs, "graph_memcpy_us": graph_memcpy_us, "impls": {}}
+    row = {
+        "case": f"{num_seqs}x{seq_len}",
+        "num_seqs": num_seqs,
+        "seq_len": seq_len,
+        "kv_bytes": kv_bytes,
+        "ceiling_us": ceil_us,
+        "ceiling_GBps": ceil_gbs,
+        "graph_memcpy_us": graph_memcpy_us,
+        "impls": {},
+    }
 
     from paged_edu.kernels.triton_decode import choose_num_splits, decode_config
 
     cfg = decode_config(D, H_Q // H_KV, on_gpu=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     row["triton_config"] = {**cfg, "num_splits": choose_num_splits(num_seqs, H_KV, seq_len, cfg["TILE"], sms)}
-    scale = D ** -0.5
+    scale = D**-0.5
     ref = paged_attention_torch(q, k, v, t, lens, scale=scale).float()
     for impl in impls:
         if impl == "loop" and case not in LOOP_CASES:
@@ -98,11 +137,18 @@ def measure_case(timer, case, impls, sweep_configs=None, sweep_timer=None):
         elif impl == "torch":
             us, samples, out = timer.graph(lambda: paged_attention_torch(q, k, v, t, lens, scale=scale))  # noqa: F821 (a name deleted after this call)
         else:
-            us, samples, out = timer.graph(lambda: paged_attention_decode(q, k, v, t, lens, impl="triton", validate=False))  # noqa: F821 (a name deleted after this call)
+            us, samples, out = timer.graph(
+                lambda: paged_attention_decode(q, k, v, t, lens, impl="triton", validate=False)
+            )  # noqa: F821 (a name deleted after this call)
         gbs = io_bytes / us / 1e3
-        row["impls"][impl] = {"us": us, "GBps": gbs, "pct_of_ceiling": 100 * gbs / ceil_gbs,
-                              "rel_err": rel_err(out, ref), "spread_us": [min(samples), max(samples)],
-                              "p10_p90_us": [_pct(samples, 10), _pct(samples, 90)]}
+        row["impls"][impl] = {
+            "us": us,
+            "GBps": gbs,
+            "pct_of_ceiling": 100 * gbs / ceil_gbs,
+            "rel_err": rel_err(out, ref),
+            "spread_us": [min(samples), max(samples)],
+            "p10_p90_us": [_pct(samples, 10), _pct(samples, 90)],
+        }
         torch.cuda.empty_cache()
 
     if sweep_configs:
@@ -111,15 +157,26 @@ def measure_case(timer, case, impls, sweep_configs=None, sweep_timer=None):
         results = []
         for cfg, splits in sweep_configs(case):
             try:
-                us, _, out = sweep_timer.graph(lambda: paged_attention_triton(q, k, v, t, lens, scale=scale,  # noqa: F821 (a name deleted after this call)
-                                                                        num_splits=splits, config=cfg))
+                us, _, out = sweep_timer.graph(
+                    lambda: paged_attention_triton(
+                        q,
+                        k,
+                        v,
+                        t,
+                        lens,
+                        scale=scale,  # noqa: F821 (a name deleted after this call)
+                        num_splits=splits,
+                        config=cfg,
+                    )
+                )
             except Exception as exc:  # a config that does not compile (shared memory) is skipped
                 results.append({"config": cfg, "splits": splits, "error": repr(exc)[:200]})
                 continue
             err = rel_err(out, ref)
             gbs = io_bytes / us / 1e3
-            results.append({"config": cfg, "splits": splits, "us": us, "pct_of_ceiling": 100 * gbs / ceil_gbs,
-                            "rel_err": err})
+            results.append(
+                {"config": cfg, "splits": splits, "us": us, "pct_of_ceiling": 100 * gbs / ceil_gbs, "rel_err": err}
+            )
         ok = [r for r in results if "us" in r and r["rel_err"] < 2e-2]
         row["sweep"] = sorted(ok, key=lambda r: r["us"])[:12]
         row["sweep_errors"] = [r for r in results if "error" in r or r.get("rel_err", 0) >= 2e-2][:5]
@@ -169,9 +226,11 @@ def markdown(rows):
         name, (p_us, p_pct) = best_peer(case)
         tri, tor = r["impls"]["triton"]["us"], r["impls"]["torch"]["us"]
         loop = r["impls"].get("loop", {}).get("us")
-        ladder = (f"{loop / tor:.0f}× → {tor / tri:.1f}×" if loop else f"– → {tor / tri:.1f}×")
-        lines.append(f"| {r['case']} | {r['ceiling_us']:.1f} µs | {cell['loop']} | {cell['torch']} | {cell['triton']} "
-                     f"| {p_us} µs / {p_pct}% ({name}) | {ladder} |")
+        ladder = f"{loop / tor:.0f}× → {tor / tri:.1f}×" if loop else f"– → {tor / tri:.1f}×"
+        lines.append(
+            f"| {r['case']} | {r['ceiling_us']:.1f} µs | {cell['loop']} | {cell['torch']} | {cell['triton']} "
+            f"| {p_us} µs / {p_pct}% ({name}) | {ladder} |"
+        )
     return "\n".join(lines)
 
 
@@ -208,10 +267,24 @@ def figure(rows, path, device_name=None):
     for j, impl in enumerate(("loop", "torch", "triton")):
         vals = [r["impls"].get(impl, {}).get("us", float("nan")) for r in rows]
         ax1.bar([i + (j - 1) * width for i in x], vals, width, label=impl, color=colors[impl])
-    ax1.scatter([i + width for i in x], [best_peer((r["num_seqs"], r["seq_len"]))[1][0] for r in rows], marker="_", s=300,
-                color="k", label="best paged peer (guide)", zorder=3)
-    ax1.scatter([i + width for i in x], [r["ceiling_us"] / 2 for r in rows], marker="_", s=300, color="g",
-                label="K+V read at copy bandwidth", zorder=3)
+    ax1.scatter(
+        [i + width for i in x],
+        [best_peer((r["num_seqs"], r["seq_len"]))[1][0] for r in rows],
+        marker="_",
+        s=300,
+        color="k",
+        label="best paged peer (guide)",
+        zorder=3,
+    )
+    ax1.scatter(
+        [i + width for i in x],
+        [r["ceiling_us"] / 2 for r in rows],
+        marker="_",
+        s=300,
+        color="g",
+        label="K+V read at copy bandwidth",
+        zorder=3,
+    )
     ax1.set_yscale("log")
     ax1.set_xticks(list(x), names)
     ax1.set_ylabel("µs per decode call (log)")
@@ -221,8 +294,15 @@ def figure(rows, path, device_name=None):
     for j, impl in enumerate(("torch", "triton")):
         vals = [r["impls"][impl]["pct_of_ceiling"] for r in rows]
         ax2.bar([i + (j - 0.5) * 0.38 for i in x], vals, 0.38, label=impl, color=colors[impl])
-    ax2.scatter([i + 0.19 for i in x], [best_peer((r["num_seqs"], r["seq_len"]))[1][1] for r in rows], marker="_", s=300,
-                color="k", label="best paged peer (guide)", zorder=3)
+    ax2.scatter(
+        [i + 0.19 for i in x],
+        [best_peer((r["num_seqs"], r["seq_len"]))[1][1] for r in rows],
+        marker="_",
+        s=300,
+        color="k",
+        label="best paged peer (guide)",
+        zorder=3,
+    )
     ax2.axhline(90, color="g", ls="--", lw=1, label="90% target")
     ax2.set_xticks(list(x), names)
     ax2.set_ylabel("% of copy bandwidth (same run)")
@@ -230,8 +310,10 @@ def figure(rows, path, device_name=None):
     ax2.set_title("Bandwidth vs a plain copy")
     ax2.set_ylim(0, 125)
     ax2.legend(fontsize=8, loc="upper left", ncol=2)
-    fig.suptitle(f"Paged decode, bf16, B=16, {H_Q}/{H_KV} heads, head_dim {D}: "
-                 f"{device_name or torch.cuda.get_device_name(0)}", fontsize=10)
+    fig.suptitle(
+        f"Paged decode, bf16, B=16, {H_Q}/{H_KV} heads, head_dim {D}: {device_name or torch.cuda.get_device_name(0)}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=130)
 
@@ -240,15 +322,21 @@ def main(argv=None):
     global H_Q, H_KV, D  # --geometry: the case generator, the timing and the table read it from here
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.path.join(ROOT, "figures"), help="folder of the PNG figure")
-    p.add_argument("--json", help="the JSON record (default: paged_edu/data/kernel_bench.json, or kernel_sweep.json with --sweep)")
+    p.add_argument(
+        "--json", help="the JSON record (default: paged_edu/data/kernel_bench.json, or kernel_sweep.json with --sweep)"
+    )
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--sweep", action="store_true", help="also time a grid of kernel configurations per case")
     p.add_argument("--cases", default="", help="subset, e.g. 1x8192,64x4096")
     p.add_argument("--impls", default="loop,torch,triton")
-    p.add_argument("--geometry", default=f"{H_Q}/{H_KV}/{D}", metavar="Q/KV/D",
-                   help="query heads / KV heads / head_dim (SmolLM2-135M: 9/3/64); the peers' columns and verdicts "
-                        "are for the default 32/8/128 only")
+    p.add_argument(
+        "--geometry",
+        default=f"{H_Q}/{H_KV}/{D}",
+        metavar="Q/KV/D",
+        help="query heads / KV heads / head_dim (SmolLM2-135M: 9/3/64); the peers' columns and verdicts "
+        "are for the default 32/8/128 only",
+    )
     p.add_argument("--replot", metavar="JSON", help="redraw the figure from a saved kernel_bench.json (no GPU needed)")
     args = p.parse_args(argv)
     if args.replot:
@@ -268,11 +356,16 @@ def main(argv=None):
     rows = []
     for case in cases:
         t0 = time.time()
-        rows.append(measure_case(timer, case, args.impls.split(","), sweep_configs if args.sweep else None, sweep_timer))
+        rows.append(
+            measure_case(timer, case, args.impls.split(","), sweep_configs if args.sweep else None, sweep_timer)
+        )
         tri = rows[-1]["impls"].get("triton", {})
-        print(f"{case}: ceiling {rows[-1]['ceiling_us']:.1f} us, triton {tri.get('us', float('nan')):.1f} us "
-              f"({tri.get('pct_of_ceiling', float('nan')):.0f}%), err {tri.get('rel_err', float('nan')):.1e}, "
-              f"{time.time() - t0:.0f}s", flush=True)
+        print(
+            f"{case}: ceiling {rows[-1]['ceiling_us']:.1f} us, triton {tri.get('us', float('nan')):.1f} us "
+            f"({tri.get('pct_of_ceiling', float('nan')):.0f}%), err {tri.get('rel_err', float('nan')):.1e}, "
+            f"{time.time() - t0:.0f}s",
+            flush=True,
+        )
         if args.sweep:
             for r in rows[-1]["sweep"][:3]:
                 print(f"   sweep best: {r['us']:.1f} us {r['pct_of_ceiling']:.0f}% splits={r['splits']} {r['config']}")
@@ -284,14 +377,18 @@ def main(argv=None):
         "triton": __import__("triton").__version__,
         "geometry": {"dtype": "bf16", "block_size": B, "num_q_heads": H_Q, "num_kv_heads": H_KV, "head_dim": D},
         "timing": f"CUDA-graph replay, L2 flushed (256 MiB write) before each, median of {args.reps}; "
-              "copy ceiling: eager dst.copy_(src) timed with events, L2 flushed, same median",
+        "copy ceiling: eager dst.copy_(src) timed with events, L2 flushed, same median",
         "cases": rows,
-        "verdicts": verdicts(rows) if anchor_geometry and all("triton" in r["impls"] and "torch" in r["impls"]
-                                                               for r in rows) else [],
+        "verdicts": verdicts(rows)
+        if anchor_geometry and all("triton" in r["impls"] and "torch" in r["impls"] for r in rows)
+        else [],
         "peers_from_guide": {n: {f"{a}x{b}": v for (a, b), v in d.items()} for n, d in PEERS.items()}
-        if anchor_geometry else {},
+        if anchor_geometry
+        else {},
     }
-    json_path = args.json or os.path.join(ROOT, "paged_edu", "data", "kernel_sweep.json" if args.sweep else "kernel_bench.json")
+    json_path = args.json or os.path.join(
+        ROOT, "paged_edu", "data", "kernel_sweep.json" if args.sweep else "kernel_bench.json"
+    )
     with open(json_path, "w") as f:
         json.dump(result, f, indent=1)
     if not anchor_geometry:  # no peers measured at this geometry: the Triton kernel against the copy ceiling
@@ -299,8 +396,10 @@ def main(argv=None):
         print("|---|---:|---:|---:|---:|")
         for r in rows:
             t = r["impls"].get("triton", {})
-            print(f"| {r['case']} | {r['ceiling_us']:.1f} | {t.get('us', float('nan')):.1f} | "
-                  f"{t.get('pct_of_ceiling', float('nan')):.0f}% | {t.get('rel_err', float('nan')):.1e} |")
+            print(
+                f"| {r['case']} | {r['ceiling_us']:.1f} | {t.get('us', float('nan')):.1f} | "
+                f"{t.get('pct_of_ceiling', float('nan')):.0f}% | {t.get('rel_err', float('nan')):.1e} |"
+            )
     if result["verdicts"]:
         print()
         print(markdown(rows))

@@ -105,8 +105,11 @@ def profile_replays(graph, fn, n: int = 10) -> dict:
             for _ in range(n):
                 step()
             torch.cuda.synchronize()
-        return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                and not e.name.startswith(("Memcpy", "Memset"))]
+        return [
+            e
+            for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+        ]
 
     source = "graph replay"
     kernels = kernels_of(graph.replay)
@@ -121,8 +124,13 @@ def profile_replays(graph, fn, n: int = 10) -> dict:
             entry[0] += 1
             entry[1] += us(e)
     per = lambda d: {k: {"kernels": c / n, "us": t / n} for k, (c, t) in sorted(d.items(), key=lambda kv: -kv[1][1])}  # noqa: E731
-    return {"source": source, "kernels_per_step": len(kernels) / n, "gpu_busy_us": sum(us(e) for e in kernels) / n,
-            "by_kind": per(by_kind), "top": dict(list(per(by_name).items())[:12])}
+    return {
+        "source": source,
+        "kernels_per_step": len(kernels) / n,
+        "gpu_busy_us": sum(us(e) for e in kernels) / n,
+        "by_kind": per(by_kind),
+        "top": dict(list(per(by_name).items())[:12]),
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -134,7 +142,7 @@ def decode_batch(batch: int, context: int, width: int, num_blocks: int, device, 
     """``batch`` sequences of ``context`` tokens, the last one new; shuffled, non-shared blocks."""
     g = torch.Generator().manual_seed(seed)
     per_seq = -(-context // BLOCK)
-    blocks = torch.randperm(num_blocks, generator=g)[:batch * per_seq].view(batch, per_seq)
+    blocks = torch.randperm(num_blocks, generator=g)[: batch * per_seq].view(batch, per_seq)
     tables = torch.zeros(batch, width, dtype=torch.int32)
     tables[:, :per_seq] = blocks.to(torch.int32)
     pos = context - 1
@@ -142,9 +150,13 @@ def decode_batch(batch: int, context: int, width: int, num_blocks: int, device, 
     return ForwardBatch(
         input_ids=torch.randint(0, 49152, (batch,), generator=g).to(device),
         positions=torch.full((batch,), pos, dtype=torch.long, device=device),
-        slot_mapping=slots.to(device), num_decodes=batch,
-        decode_block_tables=tables.to(device), decode_seq_lens=torch.full((batch,), context, dtype=torch.int32, device=device),
-        prefill_block_tables=None, prefill_seq_lens=None, prefill_cu_seqlens_q=None,
+        slot_mapping=slots.to(device),
+        num_decodes=batch,
+        decode_block_tables=tables.to(device),
+        decode_seq_lens=torch.full((batch,), context, dtype=torch.int32, device=device),
+        prefill_block_tables=None,
+        prefill_seq_lens=None,
+        prefill_cu_seqlens_q=None,
         logits_rows=torch.arange(batch, device=device),
     )
 
@@ -152,8 +164,12 @@ def decode_batch(batch: int, context: int, width: int, num_blocks: int, device, 
 def measure_step(model, kv_pairs, batch, context, width, reps, flush, roofline, cost) -> dict:
     num_blocks = kv_pairs[0][0].shape[0]
     fb = decode_batch(batch, context, width, num_blocks, model.device, seed=batch)
-    row = {"batch": batch, "context": context, "roofline_us": roofline.decode_step_time(batch, context - 1) * 1e6,
-           "cost_model_us": cost.decode_step_time(batch, context - 1) * 1e6}
+    row = {
+        "batch": batch,
+        "context": context,
+        "roofline_us": roofline.decode_step_time(batch, context - 1) * 1e6,
+        "cost_model_us": cost.decode_step_time(batch, context - 1) * 1e6,
+    }
     logits = {}
     for impl in ("torch", "triton"):
         model.fused_impl = impl
@@ -185,11 +201,12 @@ def sweep_decode(batch, context, width, flush, reps=30) -> dict:
     from paged_edu.labs.triton_decode_packed import paged_attention_packed
 
     c = smollm2_config()
-    q, k, v, tables, lens = random_paged_case(batch, context, c.num_heads, c.num_kv_heads, c.head_dim, BLOCK,
-                                              dtype=torch.bfloat16, device="cuda", seed=batch)
+    q, k, v, tables, lens = random_paged_case(
+        batch, context, c.num_heads, c.num_kv_heads, c.head_dim, BLOCK, dtype=torch.bfloat16, device="cuda", seed=batch
+    )
     wide = torch.zeros(batch, width, dtype=torch.int32, device="cuda")
-    wide[:, :tables.shape[1]] = tables
-    scale = c.head_dim ** -0.5
+    wide[:, : tables.shape[1]] = tables
+    scale = c.head_dim**-0.5
     ref = paged_attention_decode(q.float(), k.float(), v.float(), wide, lens, impl="torch")
 
     def run(config=None, splits=None, packed=False):
@@ -212,11 +229,19 @@ def sweep_decode(batch, context, width, flush, reps=30) -> dict:
         results.append({"tile": tile, "warps": warps, "stages": stages, "splits": splits, "us": us, "rel_err": err})
     ok = sorted((r for r in results if "us" in r and r["rel_err"] < 2e-2), key=lambda r: r["us"])
     kv_bytes = 2 * batch * context * c.num_kv_heads * c.head_dim * 2
-    return {"batch": batch, "context": context, "default_us": default_us, "default_rel_err": default_err,
-            "per_head_us": per_head_us, "per_head_rel_err": per_head_err,
-            "per_head_config": {**cfg, "splits": per_head_splits}, "kv_bytes": kv_bytes,
-            "default_TBps": kv_bytes / default_us / 1e6, "packed_best": ok[:8],
-            "errors": [r for r in results if "error" in r][:4]}
+    return {
+        "batch": batch,
+        "context": context,
+        "default_us": default_us,
+        "default_rel_err": default_err,
+        "per_head_us": per_head_us,
+        "per_head_rel_err": per_head_err,
+        "per_head_config": {**cfg, "splits": per_head_splits},
+        "kv_bytes": kv_bytes,
+        "default_TBps": kv_bytes / default_us / 1e6,
+        "packed_best": ok[:8],
+        "errors": [r for r in results if "error" in r][:4],
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,15 +250,25 @@ def sweep_decode(batch, context, width, flush, reps=30) -> dict:
 
 
 def markdown(rows) -> str:
-    lines = [f"| batch | unfused us | fused us | speedup | kernels/step unfused -> fused | {ROOFLINE_NAME} us | fused / roofline "
-             "| cost model us | logits rel err |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"| batch | unfused us | fused us | speedup | kernels/step unfused -> fused | {ROOFLINE_NAME} us | fused / roofline "
+        "| cost model us | logits rel err |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r['batch']} | {r['unfused_us']:.0f} | {r['fused_us']:.0f} | {r['speedup']:.2f}x "
-                     f"| {r['unfused_profile']['kernels_per_step']:.0f} -> {r['fused_profile']['kernels_per_step']:.0f} "
-                     f"| {r['roofline_us']:.0f} | {r['fused_over_roofline']:.2f}x | {r['cost_model_us']:.0f} "
-                     f"| {r['logits_rel_err']:.1e} |")
-    lines += ["", "GPU time per step by kind of kernel, unfused -> fused (us, kernels):", "",
-              "| batch | GEMM | attention | fused kernels | other elementwise |", "|---:|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {r['batch']} | {r['unfused_us']:.0f} | {r['fused_us']:.0f} | {r['speedup']:.2f}x "
+            f"| {r['unfused_profile']['kernels_per_step']:.0f} -> {r['fused_profile']['kernels_per_step']:.0f} "
+            f"| {r['roofline_us']:.0f} | {r['fused_over_roofline']:.2f}x | {r['cost_model_us']:.0f} "
+            f"| {r['logits_rel_err']:.1e} |"
+        )
+    lines += [
+        "",
+        "GPU time per step by kind of kernel, unfused -> fused (us, kernels):",
+        "",
+        "| batch | GEMM | attention | fused kernels | other elementwise |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         cells = []
         for kind in ("gemm", "attention", "fused", "other"):
@@ -248,7 +283,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="paged_edu/data/layer_bench.json")
     p.add_argument("--batches", default=",".join(map(str, BATCHES)))
     p.add_argument("--context", type=int, default=512, help="tokens per sequence, the new one included")
-    p.add_argument("--max-model-len", type=int, default=8192, help="block-table width x 16 (the engine's default for SmolLM2)")
+    p.add_argument(
+        "--max-model-len", type=int, default=8192, help="block-table width x 16 (the engine's default for SmolLM2)"
+    )
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--sweep-decode", action="store_true")
     args = p.parse_args(argv)
@@ -262,8 +299,13 @@ def main(argv=None) -> int:
     c = model.config
     num_blocks = max(batches) * per_seq + 16
     g = torch.Generator(device="cuda").manual_seed(1)
-    kv_pairs = [tuple(torch.randn(num_blocks, BLOCK, c.num_kv_heads, c.head_dim, device="cuda", generator=g)
-                      .to(torch.bfloat16) for _ in range(2)) for _ in range(c.num_layers)]
+    kv_pairs = [
+        tuple(
+            torch.randn(num_blocks, BLOCK, c.num_kv_heads, c.head_dim, device="cuda", generator=g).to(torch.bfloat16)
+            for _ in range(2)
+        )
+        for _ in range(c.num_layers)
+    ]
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     spec, gpu = MODELS["smollm2-135m"], GPUS["h200"]
     cost = CostModel(model=spec, gpu=gpu)
@@ -272,13 +314,21 @@ def main(argv=None) -> int:
     for b in batches:
         rows.append(measure_step(model, kv_pairs, b, args.context, width, args.reps, flush, roofline, cost))
         r = rows[-1]
-        print(f"batch {b}: unfused {r['unfused_us']:.0f} us ({r['unfused_profile']['kernels_per_step']:.0f} kernels), "
-              f"fused {r['fused_us']:.0f} us ({r['fused_profile']['kernels_per_step']:.0f} kernels), "
-              f"roofline {r['roofline_us']:.0f} us, logits rel err {r['logits_rel_err']:.1e}", flush=True)
-    result = {"command": "python benchmarks/bench_layer.py" + (" --sweep-decode" if args.sweep_decode else ""),
-              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "model": "SmolLM2-135M geometry, random bf16 weights", "block_size": BLOCK,
-              "max_model_len": args.max_model_len, "rows": rows}
+        print(
+            f"batch {b}: unfused {r['unfused_us']:.0f} us ({r['unfused_profile']['kernels_per_step']:.0f} kernels), "
+            f"fused {r['fused_us']:.0f} us ({r['fused_profile']['kernels_per_step']:.0f} kernels), "
+            f"roofline {r['roofline_us']:.0f} us, logits rel err {r['logits_rel_err']:.1e}",
+            flush=True,
+        )
+    result = {
+        "command": "python benchmarks/bench_layer.py" + (" --sweep-decode" if args.sweep_decode else ""),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "model": "SmolLM2-135M geometry, random bf16 weights",
+        "block_size": BLOCK,
+        "max_model_len": args.max_model_len,
+        "rows": rows,
+    }
     print(markdown(rows))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 
@@ -294,9 +344,12 @@ def main(argv=None) -> int:
             result["decode_sweep"].append(s)
             save()
             best = s["packed_best"][0] if s["packed_best"] else {}
-            print(f"decode {b} x {args.context}: default {s['default_us']:.1f} us ({s['default_TBps']:.2f} TB/s, "
-                  f"err {s['default_rel_err']:.1e}); per-head kernel {s['per_head_us']:.1f} us "
-                  f"({s['per_head_config']}); packed best {best}", flush=True)
+            print(
+                f"decode {b} x {args.context}: default {s['default_us']:.1f} us ({s['default_TBps']:.2f} TB/s, "
+                f"err {s['default_rel_err']:.1e}); per-head kernel {s['per_head_us']:.1f} us "
+                f"({s['per_head_config']}); packed best {best}",
+                flush=True,
+            )
     print(f"wrote {args.out}")
     return 0 if all(r["ok"] for r in rows) else 2
 

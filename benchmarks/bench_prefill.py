@@ -115,6 +115,7 @@ def sdpa_variants(q, k, v, t, lens, num_seqs, q_len, ctx, scale):
         def run():
             with sdpa_kernel([backend]):
                 return packed(fn())
+
         return run
 
     flash = lambda fn: forced(SDPBackend.FLASH_ATTENTION, fn)  # noqa: E731
@@ -128,23 +129,52 @@ def sdpa_variants(q, k, v, t, lens, num_seqs, q_len, ctx, scale):
     bool_mask = torch.arange(s, device=DEVICE)[None, :] <= pos_q[:, None]  # (q_len, s)
     sdpa = F.scaled_dot_product_attention
     out = [
-        (f"flash (FA2), {mask_name}, enable_gqa", "sdpa_flash",
-         flash(lambda: sdpa(qc, kc, vc, scale=scale, enable_gqa=True, **kw))),
-        (f"flash (FA2), {mask_name}, K/V repeated to {H_Q} heads", "sdpa_flash",
-         flash(lambda: sdpa(qc, kr, vr, scale=scale, **kw))),
+        (
+            f"flash (FA2), {mask_name}, enable_gqa",
+            "sdpa_flash",
+            flash(lambda: sdpa(qc, kc, vc, scale=scale, enable_gqa=True, **kw)),
+        ),
+        (
+            f"flash (FA2), {mask_name}, K/V repeated to {H_Q} heads",
+            "sdpa_flash",
+            flash(lambda: sdpa(qc, kr, vr, scale=scale, **kw)),
+        ),
     ]
     if ctx == 0:  # cuDNN's fused attention (Hopper: an FA3-class kernel); is_causal is top-left aligned
-        out += [("cuDNN, is_causal=True, enable_gqa", "sdpa_cudnn",
-                 cudnn(lambda: sdpa(qc, kc, vc, scale=scale, enable_gqa=True, is_causal=True))),
-                (f"cuDNN, is_causal=True, K/V repeated to {H_Q} heads", "sdpa_cudnn",
-                 cudnn(lambda: sdpa(qc, kr, vr, scale=scale, is_causal=True)))]
+        out += [
+            (
+                "cuDNN, is_causal=True, enable_gqa",
+                "sdpa_cudnn",
+                cudnn(lambda: sdpa(qc, kc, vc, scale=scale, enable_gqa=True, is_causal=True)),
+            ),
+            (
+                f"cuDNN, is_causal=True, K/V repeated to {H_Q} heads",
+                "sdpa_cudnn",
+                cudnn(lambda: sdpa(qc, kr, vr, scale=scale, is_causal=True)),
+            ),
+        ]
     # cuDNN with the bottom-right causal mask as an explicit boolean mask (if this build takes one)
-    out.append((f"cuDNN, boolean mask, K/V repeated to {H_Q} heads", "sdpa_cudnn",
-                cudnn(lambda: sdpa(qc, kr, vr, attn_mask=bool_mask, scale=scale))))
-    out.append((f"default backend choice, {mask_name}, enable_gqa", "sdpa_default",
-                lambda: packed(sdpa(qc, kc, vc, scale=scale, enable_gqa=True, **kw))))
-    out.append(("default backend choice, boolean mask, K/V repeated", "sdpa_other",
-                lambda: packed(sdpa(qc, kr, vr, attn_mask=bool_mask, scale=scale))))
+    out.append(
+        (
+            f"cuDNN, boolean mask, K/V repeated to {H_Q} heads",
+            "sdpa_cudnn",
+            cudnn(lambda: sdpa(qc, kr, vr, attn_mask=bool_mask, scale=scale)),
+        )
+    )
+    out.append(
+        (
+            f"default backend choice, {mask_name}, enable_gqa",
+            "sdpa_default",
+            lambda: packed(sdpa(qc, kc, vc, scale=scale, enable_gqa=True, **kw)),
+        )
+    )
+    out.append(
+        (
+            "default backend choice, boolean mask, K/V repeated",
+            "sdpa_other",
+            lambda: packed(sdpa(qc, kr, vr, attn_mask=bool_mask, scale=scale)),
+        )
+    )
     return out
 
 
@@ -206,12 +236,18 @@ def timed(timer, fn, ref):
 
 def measure_case(timer, case, sweep=None, flex_block_m=(128,), skip_flex=False):
     num_seqs, q_len, ctx = case
-    scale = D ** -0.5
+    scale = D**-0.5
     q, k, v, t, lens, cu = make_case(num_seqs, q_len, ctx)
     ref = oracle(q, k, v, t, lens, cu, scale)
     fl = flops(num_seqs, q_len, ctx)
-    row = {"case": f"{num_seqs}x{q_len}" + (f" over {ctx}" if ctx else ""), "num_seqs": num_seqs,
-           "q_len": q_len, "ctx": ctx, "tflop": fl / 1e12, "impls": {}}
+    row = {
+        "case": f"{num_seqs}x{q_len}" + (f" over {ctx}" if ctx else ""),
+        "num_seqs": num_seqs,
+        "q_len": q_len,
+        "ctx": ctx,
+        "tflop": fl / 1e12,
+        "impls": {},
+    }
 
     def record(name, fn, **extra):
         try:
@@ -219,8 +255,14 @@ def measure_case(timer, case, sweep=None, flex_block_m=(128,), skip_flex=False):
         except Exception as exc:  # noqa: BLE001 -- a formulation the backend refuses
             row["impls"][name] = {"error": repr(exc)[:300], **extra}
             return
-        row["impls"][name] = {"us": us, "TFLOPs": fl / us / 1e6, "rel_err": err, "correct": err < TOL,
-                              "timing": how, **extra}
+        row["impls"][name] = {
+            "us": us,
+            "TFLOPs": fl / us / 1e6,
+            "rel_err": err,
+            "correct": err < TOL,
+            "timing": how,
+            **extra,
+        }
         torch.cuda.empty_cache()
 
     from paged_edu.kernels.triton_prefill import prefill_config
@@ -231,8 +273,11 @@ def measure_case(timer, case, sweep=None, flex_block_m=(128,), skip_flex=False):
         record("SDPA " + name, fn, kind=kind)
     if not skip_flex:
         for bm in flex_block_m:
-            record(f"FlexAttention paged, BLOCK_M={bm}, BLOCK_N={B}",
-                   flex_paged_fn(q, k, v, t, lens, num_seqs, q_len, ctx, scale, bm), kind="flex_paged")
+            record(
+                f"FlexAttention paged, BLOCK_M={bm}, BLOCK_N={B}",
+                flex_paged_fn(q, k, v, t, lens, num_seqs, q_len, ctx, scale, bm),
+                kind="flex_paged",
+            )
 
     if sweep:
         results = []
@@ -264,9 +309,13 @@ def summarise(row):
     fa2_us, fa2_name = best(row, "sdpa_flash")
     x_us, x_name = best(row, "flex_paged")
     row["summary"] = {
-        "triton_us": tri, "best_sdpa_flash": f_name, "sdpa_flash_us": f_us,
-        "best_sdpa_fa2": fa2_name, "sdpa_fa2_us": fa2_us,
-        "best_flex_paged": x_name, "flex_paged_us": x_us,
+        "triton_us": tri,
+        "best_sdpa_flash": f_name,
+        "sdpa_flash_us": f_us,
+        "best_sdpa_fa2": fa2_name,
+        "sdpa_fa2_us": fa2_us,
+        "best_flex_paged": x_name,
+        "flex_paged_us": x_us,
         "vs_sdpa_flash": (f_us / tri) if tri and f_us else None,  # >= 0.8 is the target
         "vs_sdpa_fa2": (fa2_us / tri) if tri and fa2_us else None,
         "vs_flex_paged": (x_us / tri) if tri and x_us else None,  # > 1 is the target
@@ -276,15 +325,26 @@ def summarise(row):
 
 def sweep_grid():
     """Around the default (256 rows x 64 keys, 8 warps, 3 stages): depth, tile length, warps."""
-    grid = [(256, 64, 8, 3), (256, 64, 8, 4), (256, 32, 8, 4), (256, 64, 16, 3), (256, 128, 16, 2),
-            (256, 128, 16, 3), (512, 64, 16, 2), (128, 128, 8, 3), (128, 32, 4, 3)]
+    grid = [
+        (256, 64, 8, 3),
+        (256, 64, 8, 4),
+        (256, 32, 8, 4),
+        (256, 64, 16, 3),
+        (256, 128, 16, 2),
+        (256, 128, 16, 3),
+        (512, 64, 16, 2),
+        (128, 128, 8, 3),
+        (128, 32, 4, 3),
+    ]
     return [dict(ROWS=r, TILE=t, num_warps=w, num_stages=st) for r, t, w, st in grid]
 
 
 def markdown(rows):
-    lines = ["| case (seqs x new over cached) | paged_edu Triton | SDPA fused kernel, contiguous (best) | ratio | "
-             "FlexAttention paged (best) | speed-up over Flex |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| case (seqs x new over cached) | paged_edu Triton | SDPA fused kernel, contiguous (best) | ratio | "
+        "FlexAttention paged (best) | speed-up over Flex |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         s = r["summary"]
         tri = r["impls"]["paged_edu Triton"]
@@ -314,17 +374,32 @@ def main(argv=None):
     rows = []
     for case in cases:
         t0 = time.time()
-        rows.append(measure_case(timer, case, sweep_grid() if args.sweep else None,
-                                 [int(b) for b in args.flex_block_m.split(",")], args.no_flex))
+        rows.append(
+            measure_case(
+                timer,
+                case,
+                sweep_grid() if args.sweep else None,
+                [int(b) for b in args.flex_block_m.split(",")],
+                args.no_flex,
+            )
+        )
         print(f"{rows[-1]['case']}: {json.dumps(rows[-1]['summary'])} ({time.time() - t0:.0f}s)", flush=True)
         for name, m in rows[-1]["impls"].items():
-            print(f"   {name}: " + (f"{m['us']:.1f} us {m['TFLOPs']:.0f} TFLOP/s err {m['rel_err']:.1e} ({m['timing']})"
-                                    if "us" in m else m["error"][:160]), flush=True)
+            print(
+                f"   {name}: "
+                + (
+                    f"{m['us']:.1f} us {m['TFLOPs']:.0f} TFLOP/s err {m['rel_err']:.1e} ({m['timing']})"
+                    if "us" in m
+                    else m["error"][:160]
+                ),
+                flush=True,
+            )
         for r in rows[-1].get("sweep", [])[:4]:
             print(f"   sweep: {r['us']:.1f} us {r['TFLOPs']:.0f} TFLOP/s {r['config']}", flush=True)
     result = {
         "command": "python benchmarks/bench_prefill.py" + (" --sweep" if args.sweep else ""),
-        "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
         "triton": __import__("triton").__version__,
         "geometry": {"dtype": "bf16", "block_size": B, "num_q_heads": H_Q, "num_kv_heads": H_KV, "head_dim": D},
         "timing": f"CUDA-graph replay, L2 flushed (256 MiB write) before each, median of {args.reps}",

@@ -47,17 +47,29 @@ def main() -> None:
     rows = []
     for i, first in enumerate(runs[0]):
         walls = [run[i].wall_ttft_s for run in runs]
-        rows.append({"case": first.case, "cached": first.num_cached_tokens, "computed": first.num_computed_tokens,
-                     "steps": first.num_steps, "modeled_ttft_ms": 1e3 * first.modeled_ttft_s,
-                     "wall_ttft_ms_median": 1e3 * statistics.median(walls),
-                     "wall_ttft_ms_min": 1e3 * min(walls), "wall_ttft_ms_max": 1e3 * max(walls)})
+        rows.append(
+            {
+                "case": first.case,
+                "cached": first.num_cached_tokens,
+                "computed": first.num_computed_tokens,
+                "steps": first.num_steps,
+                "modeled_ttft_ms": 1e3 * first.modeled_ttft_s,
+                "wall_ttft_ms_median": 1e3 * statistics.median(walls),
+                "wall_ttft_ms_min": 1e3 * min(walls),
+                "wall_ttft_ms_max": 1e3 * max(walls),
+            }
+        )
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    print(f"{args.model} on {name}, secret {args.secret_len} tokens, chunk {args.chunk}, B={args.block_size}, "
-          f"{args.repeats} repeats")
+    print(
+        f"{args.model} on {name}, secret {args.secret_len} tokens, chunk {args.chunk}, B={args.block_size}, "
+        f"{args.repeats} repeats"
+    )
     print(f"{'case':33s} {'cached':>6s} {'computed':>8s} {'steps':>5s} {'model ms':>9s} {'wall ms (median)':>17s}")
     for r in rows:
-        print(f"{r['case']:33s} {r['cached']:6d} {r['computed']:8d} {r['steps']:5d} {r['modeled_ttft_ms']:9.2f} "
-              f"{r['wall_ttft_ms_median']:17.3f}")
+        print(
+            f"{r['case']:33s} {r['cached']:6d} {r['computed']:8d} {r['steps']:5d} {r['modeled_ttft_ms']:9.2f} "
+            f"{r['wall_ttft_ms_median']:17.3f}"
+        )
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as f:
             json.dump({"device": name, **vars(args), "rows": rows}, f, indent=1)

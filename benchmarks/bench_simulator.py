@@ -42,8 +42,11 @@ CASES = [
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per case (best and median reported)")
-    parser.add_argument("--json", default="figures/simulator_bench.json",
-                        help="the record: the table's rows, the command, the commit, the machine")
+    parser.add_argument(
+        "--json",
+        default="figures/simulator_bench.json",
+        help="the record: the table's rows, the command, the commit, the machine",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-pin", action="store_true", help="do not pin the process to one core")
     parser.add_argument("--quick", action="store_true", help="skip the 10k case")
@@ -67,28 +70,53 @@ def main(argv: list[str] | None = None) -> int:
         steps = rec["num_steps"]
         tokens = rec["num_output_tokens"]
         best = min(times)
-        rows.append({
-            "case": name, "num_requests": num, "rate": rate, "manager": manager, "block_size": block_size,
-            "best_s": best, "median_s": statistics.median(times), "cpu_s": min(cpu), "target_s": target,
-            "ok": min(cpu) <= target,
-            "steps": steps, "output_tokens": tokens, "us_per_token": 1e6 * best / tokens,
-            "steps_per_s": steps / best, "simulated_tokens_per_s": rec["throughput_tokens_per_s"],
-            "preemptions": rec["preemptions"], "max_concurrent": rec["max_concurrent"],
-        })
+        rows.append(
+            {
+                "case": name,
+                "num_requests": num,
+                "rate": rate,
+                "manager": manager,
+                "block_size": block_size,
+                "best_s": best,
+                "median_s": statistics.median(times),
+                "cpu_s": min(cpu),
+                "target_s": target,
+                "ok": min(cpu) <= target,
+                "steps": steps,
+                "output_tokens": tokens,
+                "us_per_token": 1e6 * best / tokens,
+                "steps_per_s": steps / best,
+                "simulated_tokens_per_s": rec["throughput_tokens_per_s"],
+                "preemptions": rec["preemptions"],
+                "max_concurrent": rec["max_concurrent"],
+            }
+        )
         r = rows[-1]
-        print(f"{name:34s} best {best:7.3f} s  median {r['median_s']:7.3f} s  cpu {r['cpu_s']:7.3f} s  target {target:5.1f} s  "
-              f"{'ok' if r['ok'] else 'SLOW'}  ({steps} steps, {tokens} tokens, {r['us_per_token']:.2f} us/token)",
-              flush=True)
+        print(
+            f"{name:34s} best {best:7.3f} s  median {r['median_s']:7.3f} s  cpu {r['cpu_s']:7.3f} s  target {target:5.1f} s  "
+            f"{'ok' if r['ok'] else 'SLOW'}  ({steps} steps, {tokens} tokens, {r['us_per_token']:.2f} us/token)",
+            flush=True,
+        )
 
     print()
-    print("| case | requests | best wall (s) | median wall (s) | CPU (s) | target (s) | ok | steps | us / output token |")
+    print(
+        "| case | requests | best wall (s) | median wall (s) | CPU (s) | target (s) | ok | steps | us / output token |"
+    )
     print("|---|---:|---:|---:|---:|---:|:-:|---:|---:|")
     for r in rows:
-        print(f"| {r['case']} | {r['num_requests']:,} | {r['best_s']:.3f} | {r['median_s']:.3f} | {r['cpu_s']:.3f} | {r['target_s']:.1f} | "
-              f"{'yes' if r['ok'] else 'no'} | {r['steps']:,} | {r['us_per_token']:.2f} |")
-    out = {**provenance("bench_simulator.py", argv, note="best and median wall time, and CPU time; the CPU may be "
-                                                          "shared with other work"),
-           "cpus_used": 1 if not args.no_pin else os.cpu_count(), "rows": rows}
+        print(
+            f"| {r['case']} | {r['num_requests']:,} | {r['best_s']:.3f} | {r['median_s']:.3f} | {r['cpu_s']:.3f} | {r['target_s']:.1f} | "
+            f"{'yes' if r['ok'] else 'no'} | {r['steps']:,} | {r['us_per_token']:.2f} |"
+        )
+    out = {
+        **provenance(
+            "bench_simulator.py",
+            argv,
+            note="best and median wall time, and CPU time; the CPU may be shared with other work",
+        ),
+        "cpus_used": 1 if not args.no_pin else os.cpu_count(),
+        "rows": rows,
+    }
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1)

@@ -18,8 +18,11 @@ def plot(result, path):
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
     same = result["engine_on_hf_requests"]  # the engine on the requests generate served: like for like
-    bars = ax.bar(["transformers\nstatic batch", "paged engine"], [hf["tokens_per_s"], same["tokens_per_s"]],
-                  color=["#999999", "#1f77b4"])
+    bars = ax.bar(
+        ["transformers\nstatic batch", "paged engine"],
+        [hf["tokens_per_s"], same["tokens_per_s"]],
+        color=["#999999", "#1f77b4"],
+    )
     ax.bar_label(bars, fmt="{:,.0f}")
     ax.set_ylabel("useful output tokens / s")
     ax.set_title(f"Throughput, same requests ({result['speedup_same_requests']:.1f}x)")
@@ -39,8 +42,11 @@ def plot(result, path):
     ax.set_ylim(0, 105)
     ax.set_ylabel("KV slots holding a live token (%)")
     ax.set_title("KV memory used by tokens")
-    fig.suptitle(f"{result['workload']['num_requests']} ShareGPT-like requests, SmolLM2-135M geometry "
-                 f"(random weights, {result['dtype']}), {result['device_name']}", fontsize=10)
+    fig.suptitle(
+        f"{result['workload']['num_requests']} ShareGPT-like requests, SmolLM2-135M geometry "
+        f"(random weights, {result['dtype']}), {result['device_name']}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -50,28 +56,42 @@ def report(result, args, log):
     eng = result["engine"]
     fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
     log("")
-    log(f"roofline: {eng['roofline']} on the {eng['roofline_gpu']} ({eng['roofline_bandwidth'] / 1e12:.2f} TB/s, "
-        f"peak FLOP/s); whole run {eng['roofline_run_s']:.3f} s")
-    log("| system | useful tokens/s | mean decode step (ms) | roofline (full efficiency, per-chunk shapes, LM head "
-        "included) (ms) | host ms/step | graph steps | engine speed-up |")
+    log(
+        f"roofline: {eng['roofline']} on the {eng['roofline_gpu']} ({eng['roofline_bandwidth'] / 1e12:.2f} TB/s, "
+        f"peak FLOP/s); whole run {eng['roofline_run_s']:.3f} s"
+    )
+    log(
+        "| system | useful tokens/s | mean decode step (ms) | roofline (full efficiency, per-chunk shapes, LM head "
+        "included) (ms) | host ms/step | graph steps | engine speed-up |"
+    )
     log("|---|---:|---:|---:|---:|---:|---:|")
-    log(f"| paged_edu Engine | {eng['tokens_per_s']:,.0f} | {fmt(eng['mean_decode_step_ms'])} | "
+    log(
+        f"| paged_edu Engine | {eng['tokens_per_s']:,.0f} | {fmt(eng['mean_decode_step_ms'])} | "
         f"{fmt(eng['roofline_decode_step_ms'])} | {fmt(eng['host_ms_per_step'], '{:.3f}')} | "
-        f"{100 * eng['share_of_steps_with_graph']:.0f}% | |")
-    for name, label in (("transformers_cb_graphs", "transformers CB, CUDA graphs"),
-                        ("transformers_cb_default", "transformers CB, defaults")):
+        f"{100 * eng['share_of_steps_with_graph']:.0f}% | |"
+    )
+    for name, label in (
+        ("transformers_cb_graphs", "transformers CB, CUDA graphs"),
+        ("transformers_cb_default", "transformers CB, defaults"),
+    ):
         r = result.get(name)
         if r and "error" not in r:
-            log(f"| {label} ({r['attn_implementation']}) | {r['tokens_per_s']:,.0f} | | | | | {r['engine_speedup']:.1f}x |")
+            log(
+                f"| {label} ({r['attn_implementation']}) | {r['tokens_per_s']:,.0f} | | | | | {r['engine_speedup']:.1f}x |"
+            )
         elif r:
             log(f"| {label} | failed: {r['error'][:80]} | | | | | |")
     hf_res = result.get("transformers")
     if hf_res:  # the ratio on the same requests: the engine's run over generate's batches
         same = result["engine_on_hf_requests"]
-        log(f"| transformers generate, static batch {args.hf_batch} ({hf_res['num_requests']} requests) | "
+        log(
+            f"| transformers generate, static batch {args.hf_batch} ({hf_res['num_requests']} requests) | "
             f"{hf_res['tokens_per_s']:,.0f} | | | | | {result['speedup_same_requests']:.1f}x (vs the engine on the same "
-            f"{same['num_requests']} requests, {same['tokens_per_s']:,.0f} tok/s) |")
-    log(f"\nmixed prefill/decode steps: {fmt(eng['mean_mixed_step_ms'])} ms vs {eng['roofline']} "
+            f"{same['num_requests']} requests, {same['tokens_per_s']:,.0f} tok/s) |"
+        )
+    log(
+        f"\nmixed prefill/decode steps: {fmt(eng['mean_mixed_step_ms'])} ms vs {eng['roofline']} "
         f"{fmt(eng['roofline_mixed_step_ms'])} ms ({eng['num_mixed_steps']} steps); host ms at ~256 running: "
         f"{fmt(eng['host_ms_at_256_running'], '{:.3f}')}; peak {eng['peak_concurrency']} running, "
-        f"{eng['num_preemptions']} preemptions")
+        f"{eng['num_preemptions']} preemptions"
+    )

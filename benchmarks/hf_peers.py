@@ -35,16 +35,30 @@ def run_hf(hf, prompts, outputs, batch_size, num_batches, l_max, device, log):
         ids = torch.zeros(len(idx), p_max, dtype=torch.long)
         mask = torch.zeros(len(idx), p_max, dtype=torch.long)
         for row, p in enumerate(batch_prompts):  # left padding, as decoder-only generation needs
-            ids[row, p_max - len(p):] = torch.tensor(p)
-            mask[row, p_max - len(p):] = 1
+            ids[row, p_max - len(p) :] = torch.tensor(p)
+            mask[row, p_max - len(p) :] = 1
         steps = max(batch_out)
-        if k == 0:  # untimed: the same batch for a few tokens (cuBLAS heuristics, lazy inits); eager, nothing to capture
-            hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=4, min_new_tokens=4,
-                        do_sample=False, pad_token_id=0)
+        if (
+            k == 0
+        ):  # untimed: the same batch for a few tokens (cuBLAS heuristics, lazy inits); eager, nothing to capture
+            hf.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                max_new_tokens=4,
+                min_new_tokens=4,
+                do_sample=False,
+                pad_token_id=0,
+            )
         sync(device)
         t0 = time.perf_counter()
-        hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=steps,
-                    min_new_tokens=steps, do_sample=False, pad_token_id=0)
+        hf.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+            do_sample=False,
+            pad_token_id=0,
+        )
         sync(device)
         dt = time.perf_counter() - t0
         # KV use per decode step t = 1..steps: live tokens vs the L_max reservation and vs the grown cache.
@@ -55,17 +69,32 @@ def run_hf(hf, prompts, outputs, batch_size, num_batches, l_max, device, log):
         use_lmax = float((live / (len(idx) * l_max)).mean())
         use_grown = float((live / (len(idx) * (p_max + t))).mean())
         useful = int(lens_o.sum())
-        results.append(dict(batch=k, num_requests=len(idx), seconds=dt, steps=steps, useful_tokens=useful,
-                            computed_tokens=steps * len(idx), kv_use_vs_lmax=use_lmax, kv_use_vs_grown_cache=use_grown,
-                            peak_kv_bytes=len(idx) * (p_max + steps)))
-        log(f"  transformers batch {k}: {len(idx)} requests, {steps} steps, {dt:.1f} s, "
-            f"{useful / dt:,.0f} useful tok/s")
+        results.append(
+            dict(
+                batch=k,
+                num_requests=len(idx),
+                seconds=dt,
+                steps=steps,
+                useful_tokens=useful,
+                computed_tokens=steps * len(idx),
+                kv_use_vs_lmax=use_lmax,
+                kv_use_vs_grown_cache=use_grown,
+                peak_kv_bytes=len(idx) * (p_max + steps),
+            )
+        )
+        log(
+            f"  transformers batch {k}: {len(idx)} requests, {steps} steps, {dt:.1f} s, {useful / dt:,.0f} useful tok/s"
+        )
     secs = sum(r["seconds"] for r in results)
     useful = sum(r["useful_tokens"] for r in results)
     computed = sum(r["computed_tokens"] for r in results)
     return dict(
-        batches=results, seconds=secs, useful_tokens=useful, tokens_per_s=useful / secs,
-        wasted_fraction=1 - useful / computed, concurrency=batch_size,
+        batches=results,
+        seconds=secs,
+        useful_tokens=useful,
+        tokens_per_s=useful / secs,
+        wasted_fraction=1 - useful / computed,
+        concurrency=batch_size,
         kv_use_vs_lmax=float(np.mean([r["kv_use_vs_lmax"] for r in results])),
         kv_use_vs_grown_cache=float(np.mean([r["kv_use_vs_grown_cache"] for r in results])),
         num_requests=sum(r["num_requests"] for r in results),
@@ -106,8 +135,9 @@ def cb_config(num_blocks: int, block_size: int, max_batch_tokens: int, max_reque
 
 
 @torch.no_grad()  # as generate_batch: tensors made under inference_mode break its generation thread (5.17)
-def run_hf_cb(hf, prompts, outputs, num_blocks, block_size, max_batch_tokens, max_requests, use_cuda_graph, log,
-              warm_same=True):
+def run_hf_cb(
+    hf, prompts, outputs, num_blocks, block_size, max_batch_tokens, max_requests, use_cuda_graph, log, warm_same=True
+):
     """transformers' continuous batching: init, warm-up, start, one ``add_request`` per request with
     its own ``max_new_tokens`` and ``eos_token_id=-1`` (so each generates exactly its length),
     collect, stop -- what ``generate_batch`` does, with per-request lengths. Warm-up is excluded
@@ -129,7 +159,10 @@ def run_hf_cb(hf, prompts, outputs, num_blocks, block_size, max_batch_tokens, ma
             gen = GenerationConfig(do_sample=False, max_new_tokens=max(outputs), eos_token_id=-1, pad_token_id=0)
             manager = hf.init_continuous_batching(
                 generation_config=gen,
-                continuous_batching_config=cb_config(num_blocks, block_size, max_batch_tokens, max_requests, use_cuda_graph))
+                continuous_batching_config=cb_config(
+                    num_blocks, block_size, max_batch_tokens, max_requests, use_cuda_graph
+                ),
+            )
             if hasattr(manager, "warmup"):
                 manager.warmup()
             manager.start()
@@ -178,13 +211,22 @@ def run_hf_cb(hf, prompts, outputs, num_blocks, block_size, max_batch_tokens, ma
             manager.destroy()
         hf.set_attn_implementation(original)
     useful = sum(min(len(t), o) for t, o in zip(tokens, outputs))
-    log(f"  transformers CB ({attn}, use_cuda_graph={use_cuda_graph}): {len(prompts)} requests, {dt:.1f} s, "
+    log(
+        f"  transformers CB ({attn}, use_cuda_graph={use_cuda_graph}): {len(prompts)} requests, {dt:.1f} s, "
         f"{useful / dt:,.0f} useful tok/s; warm-up {warm_s:.1f} s, {graphs_in_window} CUDA graphs captured in the "
-        f"timed window")
-    return dict(seconds=dt, useful_tokens=useful, tokens_per_s=useful / dt, num_requests=len(prompts),
-                warm_same_requests=warm_same, warm_s=warm_s, graph_captures_in_window=graphs_in_window,
-                attn_implementation=attn, use_cuda_graph=use_cuda_graph, attn_errors=errors,
-                generated_exactly=all(len(t) == o for t, o in zip(tokens, outputs)),
-                first_outputs=[list(t) for t in tokens[:FIRST_COMPARED]])
-
-
+        f"timed window"
+    )
+    return dict(
+        seconds=dt,
+        useful_tokens=useful,
+        tokens_per_s=useful / dt,
+        num_requests=len(prompts),
+        warm_same_requests=warm_same,
+        warm_s=warm_s,
+        graph_captures_in_window=graphs_in_window,
+        attn_implementation=attn,
+        use_cuda_graph=use_cuda_graph,
+        attn_errors=errors,
+        generated_exactly=all(len(t) == o for t, o in zip(tokens, outputs)),
+        first_outputs=[list(t) for t in tokens[:FIRST_COMPARED]],
+    )

@@ -40,13 +40,27 @@ from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.sim.costmodel import GPUS, MODELS, ROOFLINE_NAME, CostModel, StepShape  # noqa: E402
 from record import provenance  # noqa: E402
 
-TINY = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                   head_dim=16, max_position_embeddings=2048)
+TINY = LlamaConfig(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    max_position_embeddings=2048,
+)
 
 
 def engine_on(model, prompts, outputs, args):
-    engine = Engine(model, num_blocks=args.num_blocks, block_size=16, enable_prefix_caching=True,
-                    max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    engine = Engine(
+        model,
+        num_blocks=args.num_blocks,
+        block_size=16,
+        enable_prefix_caching=True,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
     engine.add_requests(prompts, [SamplingParams(max_tokens=o) for o in outputs])
     return engine
 
@@ -93,37 +107,66 @@ def main(argv=None):
     wall = time.perf_counter() - t0
     compiled = count_variants() - variants_before
 
-    lines = [f"{args.steps} steps of {'a tiny model' if args.tiny else 'SmolLM2-135M (random weights)'} on {device} "
-             f"({str(dtype).replace('torch.', '')}), {args.num_requests} requests, in {wall:.3f} s with the profiler on; "
-             f"Triton variants compiled while profiled: {compiled}",
-             f"roofline: {ROOFLINE_NAME}, on the {roofline.gpu.name}", "",
-             "| step | prompt tokens | decodes | wall ms | device wait ms | roofline us | phases (ms) |",
-             "|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"{args.steps} steps of {'a tiny model' if args.tiny else 'SmolLM2-135M (random weights)'} on {device} "
+        f"({str(dtype).replace('torch.', '')}), {args.num_requests} requests, in {wall:.3f} s with the profiler on; "
+        f"Triton variants compiled while profiled: {compiled}",
+        f"roofline: {ROOFLINE_NAME}, on the {roofline.gpu.name}",
+        "",
+        "| step | prompt tokens | decodes | wall ms | device wait ms | roofline us | phases (ms) |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+    ]
     rows = []
     for s in steps:
         roof = roofline.step_time(StepShape.of_chunks(s.chunk_starts, s.chunk_counts, s.num_emitting))
-        rows.append(dict(step=s.step, prompt_tokens=s.num_prefill_tokens, decodes=s.num_decode_seqs,
-                         wall_ms=s.duration * 1e3, device_wait_ms=s.device_wait * 1e3, roofline_ms=roof * 1e3,
-                         phase_ms={k: v * 1e3 for k, v in s.phase_times.items()}))
-        lines.append(f"| {s.step} | {s.num_prefill_tokens} | {s.num_decode_seqs} | {s.duration * 1e3:.2f} | "
-                     f"{s.device_wait * 1e3:.2f} | {roof * 1e6:.1f} | "
-                     + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in s.phase_times.items()) + " |")
+        rows.append(
+            dict(
+                step=s.step,
+                prompt_tokens=s.num_prefill_tokens,
+                decodes=s.num_decode_seqs,
+                wall_ms=s.duration * 1e3,
+                device_wait_ms=s.device_wait * 1e3,
+                roofline_ms=roof * 1e3,
+                phase_ms={k: v * 1e3 for k, v in s.phase_times.items()},
+            )
+        )
+        lines.append(
+            f"| {s.step} | {s.num_prefill_tokens} | {s.num_decode_seqs} | {s.duration * 1e3:.2f} | "
+            f"{s.device_wait * 1e3:.2f} | {roof * 1e6:.1f} | "
+            + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in s.phase_times.items())
+            + " |"
+        )
     averages = prof.key_averages()
-    lines += ["", "Operators by host (self CPU) time:", averages.table(sort_by="self_cpu_time_total", row_limit=args.rows)]
+    lines += [
+        "",
+        "Operators by host (self CPU) time:",
+        averages.table(sort_by="self_cpu_time_total", row_limit=args.rows),
+    ]
     kernels = None
     if cuda:
         events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         kernels = len(events) / max(len(steps), 1)
-        lines += [f"GPU kernels and copies per step: {kernels:.0f}", "", "Operators by device time:",
-                  averages.table(sort_by="self_device_time_total", row_limit=args.rows)]
+        lines += [
+            f"GPU kernels and copies per step: {kernels:.0f}",
+            "",
+            "Operators by device time:",
+            averages.table(sort_by="self_device_time_total", row_limit=args.rows),
+        ]
     text = "\n".join(lines)
     print(text)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".txt").write_text(text + "\n")
-    record = dict(**provenance("profile_engine.py", argv), device=str(device), dtype=str(dtype).replace("torch.", ""),
-                  roofline=ROOFLINE_NAME, seconds_profiled=wall, triton_variants_compiled=compiled,
-                  device_events_per_step=kernels, steps=rows)
+    record = dict(
+        **provenance("profile_engine.py", argv),
+        device=str(device),
+        dtype=str(dtype).replace("torch.", ""),
+        roofline=ROOFLINE_NAME,
+        seconds_profiled=wall,
+        triton_variants_compiled=compiled,
+        device_events_per_step=kernels,
+        steps=rows,
+    )
     out.with_suffix(".json").write_text(json.dumps(record, indent=1))
     print(f"wrote {out.with_suffix('.txt')} and {out.with_suffix('.json')}")
     return record

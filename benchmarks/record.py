@@ -44,15 +44,23 @@ def provenance(script: str, argv: list[str] | None = None, note: str = "") -> di
         commit += "+dirty"
     # A tree copied without its .git (the GPU machine): whoever sends it names the commit.
     commit = commit or os.environ.get("PAGED_EDU_COMMIT")
-    machine = {"cpu": _cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-               "platform": platform.platform()}
+    machine = {
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
     torch = sys.modules.get("torch")
     if torch is not None:
         machine["torch"] = torch.__version__
         if torch.cuda.is_available():
             machine["gpu"] = torch.cuda.get_device_name(0)
-    out = {"command": " ".join(["python", f"benchmarks/{script}", *args]), "commit": commit,
-           "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine}
+    out = {
+        "command": " ".join(["python", f"benchmarks/{script}", *args]),
+        "commit": commit,
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine,
+    }
     if note:
         out["note"] = note
     return out

@@ -47,6 +47,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _int(low: int, high: int | None = None):
     """An argparse type: an integer in ``[low, high]``."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -56,11 +57,13 @@ def _int(low: int, high: int | None = None):
             bound = f">= {low}" if high is None else f"in [{low}, {high}]"
             raise argparse.ArgumentTypeError(f"must be an integer {bound}, got {value}")
         return value
+
     return parse
 
 
 def _float(low: float, high: float, *, low_open: bool = True):
     """An argparse type: a number in ``(low, high]`` (``[low, high]`` when not ``low_open``); inf allowed if high is."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -69,11 +72,13 @@ def _float(low: float, high: float, *, low_open: bool = True):
         if math.isnan(value) or value > high or value < low or (low_open and value == low):
             raise argparse.ArgumentTypeError(f"must be in {'(' if low_open else '['}{low:g}, {high:g}], got {text!r}")
         return value
+
     return parse
 
 
 def _csv(item, what: str):
     """An argparse type: a non-empty comma-separated list, each item parsed by ``item``."""
+
     def parse(text: str) -> list:
         parts = [x.strip() for x in text.split(",")]
         if not any(parts):
@@ -81,6 +86,7 @@ def _csv(item, what: str):
         if not all(parts):
             raise argparse.ArgumentTypeError(f"empty item in {text!r}; expected a comma-separated list of {what}")
         return [item(x) for x in parts]
+
     return parse
 
 
@@ -89,6 +95,7 @@ def _choice(choices):
         if text not in choices:
             raise argparse.ArgumentTypeError(f"unknown {text!r}; choose from {','.join(choices)}")
         return text
+
     return parse
 
 
@@ -99,16 +106,42 @@ SEED = _int(0, 2**64 - 1)
 def _add_server_args(p: argparse.ArgumentParser) -> None:
     from paged_edu.sim.costmodel import GPUS, MODELS
 
-    p.add_argument("--model", default="opt-13b", choices=sorted(MODELS), help="model geometry for the cost model (opt-13b: the paper's)")
+    p.add_argument(
+        "--model",
+        default="opt-13b",
+        choices=sorted(MODELS),
+        help="model geometry for the cost model (opt-13b: the paper's)",
+    )
     p.add_argument("--gpu", default="h200", choices=sorted(GPUS), help="GPU for the roofline and the memory")
-    p.add_argument("--kv-slots", type=POSITIVE, default=None, help="KV pool in token slots (None: what --gpu-memory-utilization leaves after the weights)")
-    p.add_argument("--gpu-memory-utilization", type=_float(0.0, 1.0), default=0.9, help="share of GPU memory for weights + KV, as vLLM's flag")
+    p.add_argument(
+        "--kv-slots",
+        type=POSITIVE,
+        default=None,
+        help="KV pool in token slots (None: what --gpu-memory-utilization leaves after the weights)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=_float(0.0, 1.0),
+        default=0.9,
+        help="share of GPU memory for weights + KV, as vLLM's flag",
+    )
     p.add_argument("--max-num-seqs", type=POSITIVE, default=256, help="most sequences running in one step")
-    p.add_argument("--max-num-batched-tokens", type=POSITIVE, default=2048, help="most tokens (prefill + decode) in one step")
-    p.add_argument("--preemption", choices=("recompute", "swap", "auto"), default="recompute",
-                   help="what happens to a preempted sequence's blocks: freed and recomputed, swapped to the CPU, or the cheaper")
+    p.add_argument(
+        "--max-num-batched-tokens", type=POSITIVE, default=2048, help="most tokens (prefill + decode) in one step"
+    )
+    p.add_argument(
+        "--preemption",
+        choices=("recompute", "swap", "auto"),
+        default="recompute",
+        help="what happens to a preempted sequence's blocks: freed and recomputed, swapped to the CPU, or the cheaper",
+    )
     p.add_argument("--cpu-blocks", type=_int(0), default=0, help="CPU swap space in blocks (for --preemption swap)")
-    p.add_argument("--policy", choices=("fcfs", "lpm"), default="fcfs", help="admission order: first come first served, or longest cached prefix first")
+    p.add_argument(
+        "--policy",
+        choices=("fcfs", "lpm"),
+        default="fcfs",
+        help="admission order: first come first served, or longest cached prefix first",
+    )
 
 
 def _check_server_args(args) -> None:
@@ -128,13 +161,17 @@ def _check_server_args(args) -> None:
     if args.kv_slots is None:
         weights, total = cost.model.weight_bytes, cost.gpu.memory_bytes
         if weights >= total:
-            error(f"argument --model: the weights of {model} ({weights / 1e9:.1f} GB) do not fit in the whole of {gpu}; "
-                  "choose a smaller --model or a larger --gpu")
+            error(
+                f"argument --model: the weights of {model} ({weights / 1e9:.1f} GB) do not fit in the whole of {gpu}; "
+                "choose a smaller --model or a larger --gpu"
+            )
         try:
             cost.kv_capacity_tokens(args.gpu_memory_utilization)
         except ValueError:
-            error(f"argument --gpu-memory-utilization: {args.gpu_memory_utilization:g} of {gpu} leaves no room for a KV "
-                  f"cache after the weights of {model} ({weights / 1e9:.1f} GB); it needs more than {weights / total:.3f}")
+            error(
+                f"argument --gpu-memory-utilization: {args.gpu_memory_utilization:g} of {gpu} leaves no room for a KV "
+                f"cache after the weights of {model} ({weights / 1e9:.1f} GB); it needs more than {weights / total:.3f}"
+            )
     if args.preemption == "swap" and args.cpu_blocks == 0:
         error("argument --cpu-blocks: --preemption swap needs --cpu-blocks > 0 to swap into")
 
@@ -142,7 +179,9 @@ def _check_server_args(args) -> None:
 def _check_output_paths(args) -> None:
     """Every output goes into a folder that exists (a typo must not scatter new folders): checked
     before anything runs. ``--out`` itself may be new, its parent may not."""
-    paths = [(flag, getattr(args, dest, None)) for flag, dest in (("--json", "json_path"), ("--save-trace", "save_trace"))]
+    paths = [
+        (flag, getattr(args, dest, None)) for flag, dest in (("--json", "json_path"), ("--save-trace", "save_trace"))
+    ]
     for flag, path in paths:
         if path is not None:
             folder = os.path.dirname(os.path.abspath(path))
@@ -152,7 +191,9 @@ def _check_output_paths(args) -> None:
                 raise UserError(f"argument {flag}: the folder {folder!r} does not exist; create it first")
     out = getattr(args, "out", None)
     if out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
-        raise UserError(f"argument --out: the folder {os.path.dirname(os.path.abspath(out))!r} does not exist; create it first")
+        raise UserError(
+            f"argument --out: the folder {os.path.dirname(os.path.abspath(out))!r} does not exist; create it first"
+        )
 
 
 def _cost_model(args):
@@ -165,44 +206,92 @@ def _build_parser() -> argparse.ArgumentParser:
     from paged_edu.sim.managers import BLOCK_SIZES, DEFAULT_MANAGERS, MANAGERS
     from paged_edu.sim.workloads import L_MAX
 
-    parser = _Parser(prog="paged-edu", description="PagedAttention you can see, poke and measure.",
-                     formatter_class=_HelpFormatter, epilog=EXAMPLES["paged-edu"])
+    parser = _Parser(
+        prog="paged-edu",
+        description="PagedAttention you can see, poke and measure.",
+        formatter_class=_HelpFormatter,
+        epilog=EXAMPLES["paged-edu"],
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sim = sub.add_parser("simulate", help="simulate serving a workload with every memory manager",
-                         description="Serve one workload with every memory manager; print the table, write JSON.",
-                         formatter_class=_HelpFormatter, epilog=EXAMPLES["simulate"])
-    sim.add_argument("--workload", choices=("sharegpt", "alpaca", "chat", "parallel", "multiturn", "fewshot", "agents"),
-                     default="sharegpt", help="generated workload: request lengths (sharegpt, alpaca) or a sharing pattern")
+    sim = sub.add_parser(
+        "simulate",
+        help="simulate serving a workload with every memory manager",
+        description="Serve one workload with every memory manager; print the table, write JSON.",
+        formatter_class=_HelpFormatter,
+        epilog=EXAMPLES["simulate"],
+    )
+    sim.add_argument(
+        "--workload",
+        choices=("sharegpt", "alpaca", "chat", "parallel", "multiturn", "fewshot", "agents"),
+        default="sharegpt",
+        help="generated workload: request lengths (sharegpt, alpaca) or a sharing pattern",
+    )
     sim.add_argument("--trace", help="a JSONL trace to serve instead of a generated workload")
     sim.add_argument("--num-requests", type=POSITIVE, default=1000, help="requests generated")
-    sim.add_argument("--rate", type=_float(0.0, math.inf), default=10.0, help="Poisson arrivals per second (inf: all at t=0)")
+    sim.add_argument(
+        "--rate", type=_float(0.0, math.inf), default=10.0, help="Poisson arrivals per second (inf: all at t=0)"
+    )
     sim.add_argument("--seed", type=SEED, default=0, help="random seed of the workload")
-    sim.add_argument("--json", dest="json_path", help="write the records here (.jsonl: one per line; else a JSON list); the folder must exist")
+    sim.add_argument(
+        "--json",
+        dest="json_path",
+        help="write the records here (.jsonl: one per line; else a JSON list); the folder must exist",
+    )
     sim.add_argument("--save-trace", help="also write the generated workload as a JSONL trace; the folder must exist")
-    sim.add_argument("--managers", type=_csv(_choice(MANAGERS), "managers"), default=",".join(DEFAULT_MANAGERS),
-                     help=f"comma-separated subset of {','.join(MANAGERS)}")
-    sim.add_argument("--block-sizes", type=_csv(POSITIVE, "positive integers"), default=",".join(map(str, BLOCK_SIZES)),
-                     help="paged block sizes, comma-separated")
+    sim.add_argument(
+        "--managers",
+        type=_csv(_choice(MANAGERS), "managers"),
+        default=",".join(DEFAULT_MANAGERS),
+        help=f"comma-separated subset of {','.join(MANAGERS)}",
+    )
+    sim.add_argument(
+        "--block-sizes",
+        type=_csv(POSITIVE, "positive integers"),
+        default=",".join(map(str, BLOCK_SIZES)),
+        help="paged block sizes, comma-separated",
+    )
     sim.add_argument("--n", type=POSITIVE, default=4, help="samples per request (parallel workload)")
-    sim.add_argument("--fork", choices=("parallel", "beam"), default="parallel", help="parallel workload: independent samples or a beam-style tree")
-    sim.add_argument("--dataset", choices=("sharegpt", "alpaca"), default="sharegpt", help="lengths for the parallel workload")
-    sim.add_argument("--system-prompt-len", type=_int(1, L_MAX - 2), default=512, help="chat workload: shared system prompt tokens")
+    sim.add_argument(
+        "--fork",
+        choices=("parallel", "beam"),
+        default="parallel",
+        help="parallel workload: independent samples or a beam-style tree",
+    )
+    sim.add_argument(
+        "--dataset", choices=("sharegpt", "alpaca"), default="sharegpt", help="lengths for the parallel workload"
+    )
+    sim.add_argument(
+        "--system-prompt-len", type=_int(1, L_MAX - 2), default=512, help="chat workload: shared system prompt tokens"
+    )
     sim.add_argument("--num-groups", type=POSITIVE, default=1, help="chat workload: distinct system prompts")
-    sim.add_argument("--tenants", type=_int(0, 100_000), default=0,
-                     help="spread the requests over N tenants, each with its own cache salt (0: none); "
-                          "with --workload chat: N tenants sending the same system prompt")
+    sim.add_argument(
+        "--tenants",
+        type=_int(0, 100_000),
+        default=0,
+        help="spread the requests over N tenants, each with its own cache salt (0: none); "
+        "with --workload chat: N tenants sending the same system prompt",
+    )
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_server_args(sim)
 
-    fig = sub.add_parser("figures-sim", help="write the simulator's figures under figures/ (needs plotly)",
-                         description=f"Run the simulations behind the simulator's figures and save them. {NEEDS_PLOTLY}",
-                         formatter_class=_HelpFormatter, epilog=EXAMPLES["figures-sim"])
+    fig = sub.add_parser(
+        "figures-sim",
+        help="write the simulator's figures under figures/ (needs plotly)",
+        description=f"Run the simulations behind the simulator's figures and save them. {NEEDS_PLOTLY}",
+        formatter_class=_HelpFormatter,
+        epilog=EXAMPLES["figures-sim"],
+    )
     fig.add_argument("--out", default="figures", help="output folder (created if its parent exists)")
     fig.add_argument("--num-requests", type=POSITIVE, default=1000, help="requests per simulation")
     fig.add_argument("--seed", type=SEED, default=0, help="random seed of the workloads")
-    fig.add_argument("--format", choices=("png", "html", "both"), default="both", help="file format (PNG needs kaleido and a Chromium; HTML is the fallback)")
+    fig.add_argument(
+        "--format",
+        choices=("png", "html", "both"),
+        default="both",
+        help="file format (PNG needs kaleido and a Chromium; HTML is the fallback)",
+    )
     fig.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_server_args(fig)
     return parser
@@ -258,8 +347,11 @@ def _server_kwargs(args) -> dict:
 
 def _flag_for(message: str, args) -> str:
     """The flag to change when a request cannot be served (the message names the limit)."""
-    for limit, flag in (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-num-batched-tokens"),
-                        ("max_seq_len", "--trace" if args.trace else "--workload")):
+    for limit, flag in (
+        ("max_num_seqs", "--max-num-seqs"),
+        ("max_num_batched_tokens", "--max-num-batched-tokens"),
+        ("max_seq_len", "--trace" if args.trace else "--workload"),
+    ):
         if limit in message:
             return f"argument {flag}"
     return "argument --kv-slots" if args.kv_slots is not None else "argument --gpu-memory-utilization"
@@ -300,13 +392,19 @@ def cmd_simulate(args) -> int:
         f"rate {args.rate:g}/s, seed {args.seed}"
     )
     results = compare(requests, configs, cost, progress=not args.no_progress)
-    print(f"  KV pool: {results[0].num_kv_slots:,} token slots; max_num_seqs {args.max_num_seqs}, "
-          f"max_num_batched_tokens {args.max_num_batched_tokens}, preemption {args.preemption}")
+    print(
+        f"  KV pool: {results[0].num_kv_slots:,} token slots; max_num_seqs {args.max_num_seqs}, "
+        f"max_num_batched_tokens {args.max_num_batched_tokens}, preemption {args.preemption}"
+    )
     print()
     print(format_table(results))
     print()
-    print("KV util: time-averaged token slots holding K/V / slots allocated; util@end: the same for each sequence as it finishes;")
-    print("tokens/reserved/int.frag/ext.frag/other: the paper's Fig. 2 breakdown of memory allocated or wanted by waiting requests;")
+    print(
+        "KV util: time-averaged token slots holding K/V / slots allocated; util@end: the same for each sequence as it finishes;"
+    )
+    print(
+        "tokens/reserved/int.frag/ext.frag/other: the paper's Fig. 2 breakdown of memory allocated or wanted by waiting requests;"
+    )
     print("saved: blocks saved by sharing / blocks without sharing; s/tok: end-to-end latency / output tokens.")
     if args.tenants:
         print()
@@ -314,13 +412,21 @@ def cmd_simulate(args) -> int:
         for res in results:
             rates = res.prefix_hit_rate_per_salt
             if rates:
-                print(f"  {res.config.label}: " + ", ".join(f"{salt} {rate:.1%}" for salt, rate in sorted(rates.items())))
+                print(
+                    f"  {res.config.label}: " + ", ".join(f"{salt} {rate:.1%}" for salt, rate in sorted(rates.items()))
+                )
     if args.json_path:
         records = []
         for res in results:
             rec = res.record()
-            rec.update({"workload": name, "rate": args.rate if math.isfinite(args.rate) else "inf", "seed": args.seed,
-                        "num_requests": summary["num_requests"]})
+            rec.update(
+                {
+                    "workload": name,
+                    "rate": args.rate if math.isfinite(args.rate) else "inf",
+                    "seed": args.seed,
+                    "num_requests": summary["num_requests"],
+                }
+            )
             records.append(rec)
         _write(args.json_path, lambda path: _write_records(path, records), "--json")
         print(f"wrote {len(records)} records to {args.json_path}")
@@ -356,8 +462,13 @@ def cmd_figures(args) -> int:
     except OSError as exc:
         raise UserError(f"--out: cannot create {args.out!r}: {exc.strerror or exc}") from None
     written = sim_figures.write_all(
-        args.out, cost, num_requests=args.num_requests, seed=args.seed, fmt=args.format,
-        server=_server_kwargs(args), progress=not args.no_progress,
+        args.out,
+        cost,
+        num_requests=args.num_requests,
+        seed=args.seed,
+        fmt=args.format,
+        server=_server_kwargs(args),
+        progress=not args.no_progress,
     )
     for path in written:
         print(path)

@@ -122,20 +122,26 @@ def solution_markdown(name: str) -> str:
     except Exception as exc:  # an exercise without a printable solution: say so, do not break the page
         return f"*(No solution to show for exercise {name}: {type(exc).__name__}.)*"
     source = buffer.getvalue().strip("\n")
-    return (f'<details class="solution"><summary>Solution to exercise {html.escape(name)} (click to show)</summary>\n\n'
-            f"```python\n{source}\n```\n\n</details>")
+    return (
+        f'<details class="solution"><summary>Solution to exercise {html.escape(name)} (click to show)</summary>\n\n'
+        f"```python\n{source}\n```\n\n</details>"
+    )
 
 
 def header_markdown(notebook: Path, record: dict) -> str:
     from paged_edu.lessons import setup
 
-    where = (f"Executed on <b>{html.escape(record.get('device', '?'))}</b> ({html.escape(record.get('machine', '?'))}), "
-             f"{record.get('seconds', 0):.1f} s, {html.escape(record.get('executed_at', '?'))}")
+    where = (
+        f"Executed on <b>{html.escape(record.get('device', '?'))}</b> ({html.escape(record.get('machine', '?'))}), "
+        f"{record.get('seconds', 0):.1f} s, {html.escape(record.get('executed_at', '?'))}"
+    )
     if not record.get("ok"):
         where += f" -- <b>the run failed</b>: {html.escape(str(record.get('error')))}"
-    return (f'<div class="lesson-meta"><a class="button colab" href="{setup.colab_url(notebook.name)}">Open in Colab</a> '
-            f'<a class="button download" href="../notebooks/{notebook.name}" download>Download notebook</a> '
-            f'<span class="device">{where}</span></div>')
+    return (
+        f'<div class="lesson-meta"><a class="button colab" href="{setup.colab_url(notebook.name)}">Open in Colab</a> '
+        f'<a class="button download" href="../notebooks/{notebook.name}" download>Download notebook</a> '
+        f'<span class="device">{where}</span></div>'
+    )
 
 
 def _markdown_cell(cell_id: str, source: str) -> dict:
@@ -154,10 +160,13 @@ def course_cells(cells: list[dict]) -> list[dict]:
         cell = copy.deepcopy(cell)
         source = "".join(cell["source"])
         if cell["cell_type"] == "code" and COLAB_CELL in source:
-            shown.append(_markdown_cell(
-                cell.get("id", "colab-install"),
-                '<details class="colab-install"><summary>On Colab, the first cell installs paged_edu '
-                "(click to show)</summary>\n\n```python\n" + source.strip("\n") + "\n```\n\n</details>"))
+            shown.append(
+                _markdown_cell(
+                    cell.get("id", "colab-install"),
+                    '<details class="colab-install"><summary>On Colab, the first cell installs paged_edu '
+                    "(click to show)</summary>\n\n```python\n" + source.strip("\n") + "\n```\n\n</details>",
+                )
+            )
             continue
         if cell["cell_type"] == "code":
             cell["source"] = HARNESS_MARKER.sub("", source)
@@ -212,10 +221,14 @@ def landing_page(records: list[dict]) -> str:
     text = re.sub(r"\]\(notebooks/([0-9][0-9]_[^)]+\.ipynb)\)", r"](lessons/\1)", text)
     rows = "\n".join(
         f"| [{r['lesson']}](lessons/{r['lesson']}.ipynb) | {r['device']} | {r.get('machine', '?')} | "
-        f"{r['seconds']:.1f} s | {r.get('executed_at', '?')} | {'ok' if r['ok'] else 'failed'} |" for r in records)
-    return (text.rstrip() + "\n\n## About this site\n\nBuilt by `python3 dev.py site` (Sphinx + MyST-NB from the "
-            "executed lessons; plotly.js and MathJax are part of the site). Each lesson page was produced on:\n\n"
-            "| lesson | device | machine | seconds | executed | status |\n|---|---|---|---:|---|---|\n" + rows + "\n")
+        f"{r['seconds']:.1f} s | {r.get('executed_at', '?')} | {'ok' if r['ok'] else 'failed'} |"
+        for r in records
+    )
+    return (
+        text.rstrip() + "\n\n## About this site\n\nBuilt by `python3 dev.py site` (Sphinx + MyST-NB from the "
+        "executed lessons; plotly.js and MathJax are part of the site). Each lesson page was produced on:\n\n"
+        "| lesson | device | machine | seconds | executed | status |\n|---|---|---|---:|---|---|\n" + rows + "\n"
+    )
 
 
 def write_if_changed(path: Path, text: str) -> None:
@@ -245,14 +258,18 @@ def prepare(records: list[dict]) -> None:
     for record, notebook in zip(records, lessons()):
         copy_if_changed(notebook, SRC / "_extra" / "notebooks" / notebook.name)
         if (EXECUTED / notebook.name).exists():
-            write_if_changed(SRC / "lessons" / notebook.name, json.dumps(site_notebook(notebook, record), indent=1) + "\n")
+            write_if_changed(
+                SRC / "lessons" / notebook.name, json.dumps(site_notebook(notebook, record), indent=1) + "\n"
+            )
             names.add(notebook.name)
     for stale in (SRC / "lessons").glob("*.ipynb"):  # a lesson renamed or removed since the last build
         if stale.name not in names:
             stale.unlink()
     toc = "\n".join(f"lessons/{Path(n).stem}" for n in sorted(names))
-    write_if_changed(SRC / "index.md", landing_page(records) +
-                     f"\n```{{toctree}}\n:hidden:\n:caption: Lessons\n:maxdepth: 1\n\n{toc}\n```\n")
+    write_if_changed(
+        SRC / "index.md",
+        landing_page(records) + f"\n```{{toctree}}\n:hidden:\n:caption: Lessons\n:maxdepth: 1\n\n{toc}\n```\n",
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -273,8 +290,11 @@ def build(device: str = "auto", *, force: bool = False, out: Path = ROOT / "buil
     executed_s = time.perf_counter() - start
     prepare(records)
     code = render(out)
-    print(f"site: {len(records)} lessons, execution {executed_s:.1f} s, total {time.perf_counter() - start:.1f} s "
-          f"-> {out}/index.html (serve it: python -m http.server -d {out})", flush=True)
+    print(
+        f"site: {len(records)} lessons, execution {executed_s:.1f} s, total {time.perf_counter() - start:.1f} s "
+        f"-> {out}/index.html (serve it: python -m http.server -d {out})",
+        flush=True,
+    )
     failed = [r["lesson"] for r in records if not r["ok"]]
     if failed:
         print(f"lessons that failed (their pages show the error): {', '.join(failed)}", file=sys.stderr)

@@ -50,28 +50,41 @@ def widget_html(model_id: str, models: dict) -> str:
         return f'<button type="button" disabled>{_label(state)}</button>'
     if name == "ToggleButtonsModel":
         chosen = state.get("index")
-        buttons = "".join(f'<button type="button" disabled{" class=chosen" if i == chosen else ""}>'
-                          f"{'&#10003; ' if i == chosen else ''}{html.escape(str(o))}</button>"
-                          for i, o in enumerate(state.get("_options_labels", [])))
+        buttons = "".join(
+            f'<button type="button" disabled{" class=chosen" if i == chosen else ""}>'
+            f"{'&#10003; ' if i == chosen else ''}{html.escape(str(o))}</button>"
+            for i, o in enumerate(state.get("_options_labels", []))
+        )
         return f"<span>{_label(state)} {buttons}</span>"
     if name in ("DropdownModel", "SelectModel", "RadioButtonsModel"):
         chosen = state.get("index")
-        options = "".join(f"<option{' selected' if i == chosen else ''}>{html.escape(str(o))}</option>"
-                          for i, o in enumerate(state.get("_options_labels", [])))
+        options = "".join(
+            f"<option{' selected' if i == chosen else ''}>{html.escape(str(o))}</option>"
+            for i, o in enumerate(state.get("_options_labels", []))
+        )
         return f"<label>{_label(state)} <select disabled>{options}</select></label>"
     if name.endswith("SliderModel") and not isinstance(state.get("value"), list):
-        return (f"<label>{_label(state)} <input type=\"range\" disabled min=\"{state.get('min', 0)}\" "
-                f"max=\"{state.get('max', 100)}\" step=\"{state.get('step', 1)}\" value=\"{state.get('value', 0)}\"> "
-                f"{html.escape(str(state.get('value', '')))}</label>")
+        return (
+            f'<label>{_label(state)} <input type="range" disabled min="{state.get("min", 0)}" '
+            f'max="{state.get("max", 100)}" step="{state.get("step", 1)}" value="{state.get("value", 0)}"> '
+            f"{html.escape(str(state.get('value', '')))}</label>"
+        )
     if name == "CheckboxModel":
-        return f"<label><input type=\"checkbox\" disabled{' checked' if state.get('value') else ''}> {_label(state)}</label>"
+        return (
+            f'<label><input type="checkbox" disabled{" checked" if state.get("value") else ""}> {_label(state)}</label>'
+        )
     if name in ("TextModel", "IntTextModel", "FloatTextModel", "BoundedIntTextModel", "BoundedFloatTextModel"):
-        return f"<label>{_label(state)} <input disabled value=\"{html.escape(str(state.get('value', '')))}\"></label>"
+        return f'<label>{_label(state)} <input disabled value="{html.escape(str(state.get("value", "")))}"></label>'
     if name == "OutputModel":
         return "".join(output_html(o) for o in state.get("outputs", []))
     if "_widget_data" in state:  # plotly's FigureWidget (an anywidget)
-        return plotly_html({"data": state["_widget_data"], "layout": state.get("_widget_layout", {}),
-                            "config": state.get("_config", {})})
+        return plotly_html(
+            {
+                "data": state["_widget_data"],
+                "layout": state.get("_widget_layout", {}),
+                "config": state.get("_config", {}),
+            }
+        )
     return ""
 
 
@@ -112,12 +125,22 @@ def site_outputs(outputs: list, models: dict) -> list:
         if WIDGET_VIEW_MIME in data and is_progress_bar(data[WIDGET_VIEW_MIME].get("model_id", ""), models):
             continue
         if PLOTLY_MIME in data:
-            output = {"output_type": "display_data", "metadata": {}, "data": {"text/html": plotly_html(data[PLOTLY_MIME])}}
+            output = {
+                "output_type": "display_data",
+                "metadata": {},
+                "data": {"text/html": plotly_html(data[PLOTLY_MIME])},
+            }
         elif WIDGET_VIEW_MIME in data:
             view = widget_html(data[WIDGET_VIEW_MIME].get("model_id", ""), models)
-            note = (f'<div class="note">A live widget, shown as it was at the end of the run; {RUN_IT}.</div>'
-                    if view else f'<div class="note">A live widget: {RUN_IT}.</div>')
-            output = {"output_type": "display_data", "metadata": {},
-                      "data": {"text/html": f'<div class="widget-snapshot">{note}{view}</div>'}}
+            note = (
+                f'<div class="note">A live widget, shown as it was at the end of the run; {RUN_IT}.</div>'
+                if view
+                else f'<div class="note">A live widget: {RUN_IT}.</div>'
+            )
+            output = {
+                "output_type": "display_data",
+                "metadata": {},
+                "data": {"text/html": f'<div class="widget-snapshot">{note}{view}</div>'},
+            }
         shown.append(output)
     return shown

@@ -68,9 +68,13 @@ def unexpected_errors(executed: Path) -> list[str]:
     import nbformat
 
     nb = nbformat.read(executed, as_version=4)
-    return [f"{o.ename}: {o.evalue}" for c in nb.cells if c.cell_type == "code"
-            and "raises-exception" not in c.metadata.get("tags", [])
-            for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    return [
+        f"{o.ename}: {o.evalue}"
+        for c in nb.cells
+        if c.cell_type == "code" and "raises-exception" not in c.metadata.get("tags", [])
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
 
 
 def drop_error_banners(executed: Path) -> None:
@@ -101,8 +105,11 @@ def source_hash(notebook: Path, parameters: dict) -> str:
     start-up file and the parameters other than ``device`` (checked on its own: ``auto`` may pick
     either). Equal hashes mean executing again would run the same code on the same input."""
     digest = hashlib.sha256()
-    files = [notebook, KERNEL_STARTUP, *sorted(p for p in LIBRARY.rglob("*")
-                                               if p.is_file() and "__pycache__" not in p.parts)]
+    files = [
+        notebook,
+        KERNEL_STARTUP,
+        *sorted(p for p in LIBRARY.rglob("*") if p.is_file() and "__pycache__" not in p.parts),
+    ]
     for path in files:
         digest.update(_rel(path).encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(json.dumps({k: v for k, v in parameters.items() if k != "device"}, sort_keys=True).encode())
@@ -210,17 +217,34 @@ def run(path: Path, out_dir: Path, parameters: dict | str, timeout: int, *, prog
     log = out_dir / f"{path.stem}.kernel.log"
     log.unlink(missing_ok=True)
     start = time.perf_counter()
-    record = {"lesson": path.stem, "notebook": _rel(path), "output": _rel(dst),
-              "device": "?", "machine": "?", "seconds": 0.0, "ok": False, "error": None,
-              "executed_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "parameters": parameters, "source_hash": source_hash(path, parameters), "kernel_log": _rel(log)}
+    record = {
+        "lesson": path.stem,
+        "notebook": _rel(path),
+        "output": _rel(dst),
+        "device": "?",
+        "machine": "?",
+        "seconds": 0.0,
+        "ok": False,
+        "error": None,
+        "executed_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "parameters": parameters,
+        "source_hash": source_hash(path, parameters),
+        "kernel_log": _rel(log),
+    }
     bar = {"desc": f"  {path.stem}", "leave": False, "mininterval": 1.0 if sys.stderr.isatty() else 30.0}
     try:
         with lesson_kernels(out_dir):
             papermill.execute_notebook(
-                str(path), str(dst), parameters=parameters, kernel_name="python3", cwd=str(path.parent),
-                execution_timeout=timeout, progress_bar=bar if progress else False, log_output=False,
-                store_widget_state=True, kernel_manager_class=kernel_manager_class(log),
+                str(path),
+                str(dst),
+                parameters=parameters,
+                kernel_name="python3",
+                cwd=str(path.parent),
+                execution_timeout=timeout,
+                progress_bar=bar if progress else False,
+                log_output=False,
+                store_widget_state=True,
+                kernel_manager_class=kernel_manager_class(log),
             )
         record["ok"] = True
     except Exception as exc:  # one failed lesson must not stop the others
@@ -245,8 +269,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=str(ROOT / "notebooks"), help="folder holding the NN_*.ipynb lessons")
     parser.add_argument("--out", default=str(ROOT / "build" / "lessons"), help="where executed copies go")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
-    parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                        help="set a lesson parameter (repeatable); an unknown name is an error")
+    parser.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="set a lesson parameter (repeatable); an unknown name is an error",
+    )
     args = parser.parse_args(argv)
 
     lessons = [p for p in sorted(Path(args.dir).resolve().glob("[0-9][0-9]_*.ipynb")) if args.only in p.name]
@@ -258,8 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in lessons:
         unknown, known = unknown_parameters(path, parameters)
         if unknown:
-            print(f"{path.name}: unknown parameter(s) {', '.join(unknown)}; its parameters cell defines "
-                  f"{', '.join(known)}", file=sys.stderr)
+            print(
+                f"{path.name}: unknown parameter(s) {', '.join(unknown)}; its parameters cell defines "
+                f"{', '.join(known)}",
+                file=sys.stderr,
+            )
             return 2
     out_dir = Path(args.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -21,16 +21,28 @@ from nbclient import NotebookClient
 from nbstripout import strip_output
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRA_KEYS = ["metadata.signature", "metadata.widgets", "cell.metadata.collapsed", "cell.metadata.ExecuteTime",
-              "cell.metadata.execution", "cell.metadata.heading_collapsed", "cell.metadata.hidden",
-              "cell.metadata.scrolled"]
+EXTRA_KEYS = [
+    "metadata.signature",
+    "metadata.widgets",
+    "cell.metadata.collapsed",
+    "cell.metadata.ExecuteTime",
+    "cell.metadata.execution",
+    "cell.metadata.heading_collapsed",
+    "cell.metadata.hidden",
+    "cell.metadata.scrolled",
+]
 
 
 def store(path: Path) -> float:
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
-    NotebookClient(nb, kernel_name="python3", timeout=600, resources={"metadata": {"path": str(path.parent)}},
-                   store_widget_state=False).execute()
+    NotebookClient(
+        nb,
+        kernel_name="python3",
+        timeout=600,
+        resources={"metadata": {"path": str(path.parent)}},
+        store_widget_state=False,
+    ).execute()
     seconds = time.perf_counter() - start
     for cell in nb.cells:  # error outputs are never stored; only a cell tagged raises-exception may raise
         expected = "raises-exception" in cell.metadata.get("tags", [])

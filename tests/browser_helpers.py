@@ -13,8 +13,16 @@ from hang_guard import HANG_GUARD_S
 CHROMIUM = "/usr/bin/chromium"
 HAS_CHROMIUM = Path(CHROMIUM).exists()
 SKIP_REASON = f"{CHROMIUM} is absent (the README's test command installs Debian's chromium)"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 
 def free_port() -> int:
@@ -25,8 +33,9 @@ def free_port() -> int:
 
 def launch_chromium(playwright):
     """A headless Chromium from ``sync_playwright()``; the caller closes it."""
-    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-                                      timeout=HANG_GUARD_S * 1000)
+    return playwright.chromium.launch(
+        executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS, timeout=HANG_GUARD_S * 1000
+    )
 
 
 def new_page(browser, **kwargs):

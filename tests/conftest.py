@@ -18,7 +18,7 @@ start (unless given on the command line), and the wait for each output message a
 import os
 import shutil
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")   # before torch is imported (it reads it once)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported (it reads it once)
 
 import pytest  # noqa: E402
 from hang_guard import HANG_GUARD_S  # noqa: E402
@@ -40,17 +40,21 @@ if not HAS_CUDA:
 def pytest_configure(config):
     per_test = float(config.getini("timeout") or 0) if config.pluginmanager.hasplugin("timeout") else 0
     if per_test and per_test < 2 * HANG_GUARD_S:
-        raise pytest.UsageError(f"pytest-timeout's timeout = {per_test:g} s must be at least twice "
-                                f"HANG_GUARD_S = {HANG_GUARD_S} s (tests/hang_guard.py says why)")
-    for option, flag in (("nbval_cell_timeout", "--nbval-cell-timeout"),
-                         ("nbval_kernel_startup_timeout", "--nbval-kernel-startup-timeout")):
+        raise pytest.UsageError(
+            f"pytest-timeout's timeout = {per_test:g} s must be at least twice "
+            f"HANG_GUARD_S = {HANG_GUARD_S} s (tests/hang_guard.py says why)"
+        )
+    for option, flag in (
+        ("nbval_cell_timeout", "--nbval-cell-timeout"),
+        ("nbval_kernel_startup_timeout", "--nbval-kernel-startup-timeout"),
+    ):
         if hasattr(config.option, option) and not any(a.startswith(flag) for a in config.invocation_params.args):
             setattr(config.option, option, HANG_GUARD_S)
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if type(item).__name__ == "IPyNbCell":   # nbval's cell item: its output wait is an attribute
+        if type(item).__name__ == "IPyNbCell":  # nbval's cell item: its output wait is an attribute
             item.output_timeout = HANG_GUARD_S
     if HAS_CUDA:
         return

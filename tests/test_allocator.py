@@ -28,8 +28,16 @@ def snapshot(a: BlockAllocator):
     return (
         a.num_free_blocks,
         a.num_evictable_blocks,
-        {s: (a.block_table(s), a.num_tokens(s), a.num_known_tokens(s), list(a._seqs[s].pending), a.num_cached_tokens(s))
-         for s in a.seq_ids},
+        {
+            s: (
+                a.block_table(s),
+                a.num_tokens(s),
+                a.num_known_tokens(s),
+                list(a._seqs[s].pending),
+                a.num_cached_tokens(s),
+            )
+            for s in a.seq_ids
+        },
         [a.ref_count(b) for b in range(a.num_blocks)],
         [a.block_hash(b) for b in range(a.num_blocks)],
         copy.deepcopy(a.index.hash_to_block),
@@ -58,7 +66,7 @@ def test_hash_is_chained_sha256_over_token_bytes():
     tokens = list(range(10))
     expected, parent = [], b""
     for i in range(2):
-        parent = hashlib.sha256(parent + array("q", tokens[i * B:(i + 1) * B]).tobytes()).digest()
+        parent = hashlib.sha256(parent + array("q", tokens[i * B : (i + 1) * B]).tobytes()).digest()
         expected.append(parent)
     assert chained_block_hashes(tokens, B) == expected
 
@@ -263,8 +271,13 @@ def test_out_of_blocks_in_append_and_copy_on_write_changes_nothing():
 
 def test_unknown_sequence_raises_key_error_naming_it():
     a = BlockAllocator(4, B)
-    for call in (lambda: append_token(a, "ghost", 1), lambda: a.free("ghost"), lambda: a.block_table("ghost"),
-                 lambda: a.num_cached_tokens("ghost"), lambda: a.fork("ghost", "x")):
+    for call in (
+        lambda: append_token(a, "ghost", 1),
+        lambda: a.free("ghost"),
+        lambda: a.block_table("ghost"),
+        lambda: a.num_cached_tokens("ghost"),
+        lambda: a.fork("ghost", "x"),
+    ):
         with pytest.raises(KeyError) as err:
             call()
         assert isinstance(err.value, UnknownSequenceError)
@@ -313,7 +326,6 @@ def test_bad_appended_token_raises_and_changes_nothing(token, exc):
     assert snapshot(a) == before
 
 
-
 @pytest.mark.parametrize("prompt_len", [B - 1, B])  # the token would fill the block / need a new one
 @pytest.mark.parametrize("token", [2**63, 2**70])
 def test_appended_token_too_big_for_64_bits_raises_and_changes_nothing(prompt_len, token):
@@ -341,6 +353,7 @@ def test_bool_token_ids_in_a_prompt_are_refused_like_in_append(tokens):
         a.mark_computed("a", 6, [tokens[0] if isinstance(tokens[0], bool) else tokens[1]])
     assert snapshot(a) == before
 
+
 def test_numpy_style_integer_tokens_are_accepted():
     class Index:
         def __init__(self, v):
@@ -354,10 +367,16 @@ def test_numpy_style_integer_tokens_are_accepted():
     assert append_token(a, "a", Index(4)) == a.block_table("a")[0] * B + 3
 
 
-@pytest.mark.parametrize("kwargs, exc", [
-    ({"num_blocks": 0}, ValueError), ({"num_blocks": -1}, ValueError), ({"block_size": 0}, ValueError),
-    ({"num_blocks": 2.0}, TypeError), ({"block_size": "16"}, TypeError),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc",
+    [
+        ({"num_blocks": 0}, ValueError),
+        ({"num_blocks": -1}, ValueError),
+        ({"block_size": 0}, ValueError),
+        ({"num_blocks": 2.0}, TypeError),
+        ({"block_size": "16"}, TypeError),
+    ],
+)
 def test_bad_construction(kwargs, exc):
     args = {"num_blocks": 4, "block_size": 4, **kwargs}
     with pytest.raises(exc, match="num_blocks|block_size"):
@@ -382,8 +401,11 @@ def test_a_slot_is_reserved_without_its_token_id(make):
     assert a.num_cached_tokens_for([1, 2, 3, 4, 5, 6, 7, 8, 0]) == 8
 
 
-@pytest.mark.parametrize("make", [lambda: BlockAllocator(16, B, cache_when_computed=True),
-                                  lambda: RadixAllocator(16, B, cache_when_computed=True)], ids=["hash", "radix"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: BlockAllocator(16, B, cache_when_computed=True), lambda: RadixAllocator(16, B, cache_when_computed=True)],
+    ids=["hash", "radix"],
+)
 def test_a_full_block_is_published_only_once_its_ids_arrive_and_its_kv_is_computed(make):
     a = make()
     a.allocate("s", [1, 2, 3])
@@ -509,13 +531,16 @@ def test_block_queries_take_any_integer_and_refuse_bools_and_floats():
 # -- issue 15: prompts, positions and counts of the wrong type -----------------------------------
 
 
-@pytest.mark.parametrize("make_prompt, exc, words", [
-    (lambda: b"abcdefgh", TypeError, "bytes"),  # once stored as ONE token, 7523094288207667809
-    (lambda: bytearray(b"abcd"), TypeError, "bytearray"),
-    (lambda: "abcd", TypeError, "str"),
-    (lambda: (t for t in [1, 2, True]), TypeError, "element 2 is bool"),  # a generator's bools too
-    (lambda: [np.int64(1), 2.5], TypeError, "element 1 is float"),  # the float, not the numpy int
-])
+@pytest.mark.parametrize(
+    "make_prompt, exc, words",
+    [
+        (lambda: b"abcdefgh", TypeError, "bytes"),  # once stored as ONE token, 7523094288207667809
+        (lambda: bytearray(b"abcd"), TypeError, "bytearray"),
+        (lambda: "abcd", TypeError, "str"),
+        (lambda: (t for t in [1, 2, True]), TypeError, "element 2 is bool"),  # a generator's bools too
+        (lambda: [np.int64(1), 2.5], TypeError, "element 1 is float"),  # the float, not the numpy int
+    ],
+)
 def test_prompts_that_are_not_integer_sequences_are_refused_and_change_nothing(make_prompt, exc, words):
     a = BlockAllocator(8, B)
     a.allocate("a", [1, 2, 3, 4, 5])
@@ -527,8 +552,10 @@ def test_prompts_that_are_not_integer_sequences_are_refused_and_change_nothing(m
     assert snapshot(a) == before and "x" not in a
 
 
-@pytest.mark.parametrize("prompt", [np.array([1, 2, 3, 4, 5]), (t for t in [1, 2, 3, 4, 5]), range(1, 6),
-                                    [np.int64(1), 2, np.uint8(3), 4, 5]])
+@pytest.mark.parametrize(
+    "prompt",
+    [np.array([1, 2, 3, 4, 5]), (t for t in [1, 2, 3, 4, 5]), range(1, 6), [np.int64(1), 2, np.uint8(3), 4, 5]],
+)
 def test_any_integer_sequence_is_a_prompt(prompt):
     a = BlockAllocator(8, B)
     a.allocate("x", prompt)
@@ -555,8 +582,12 @@ def test_positions_must_be_integers():
     table = a.block_table("a")
     assert a.slot("a", np.int64(5)) == table[1] * B + 1
     assert a.slot_mapping("a", np.int64(4), np.int32(6)) == [table[1] * B, table[1] * B + 1]
-    for call in (lambda: a.slot("a", 1.5), lambda: a.slot("a", True), lambda: a.slot_mapping("a", 1.5),
-                 lambda: a.slot_mapping("a", 0, 2.0)):
+    for call in (
+        lambda: a.slot("a", 1.5),
+        lambda: a.slot("a", True),
+        lambda: a.slot_mapping("a", 1.5),
+        lambda: a.slot_mapping("a", 0, 2.0),
+    ):
         with pytest.raises(TypeError, match="position|start|end"):
             call()
 
@@ -573,6 +604,7 @@ def _raise_on(kind):
     def callback(event):
         if event.kind == kind:
             raise RuntimeError(f"subscriber failed on {kind}")
+
     return callback
 
 
@@ -611,10 +643,21 @@ def test_a_raising_subscriber_leaves_the_same_state_as_no_subscriber(kind):
     the observable states must agree after every step (the quiet twin is the oracle)."""
     quiet, noisy = BlockAllocator(4, B), BlockAllocator(4, B)
     noisy.subscribe(_raise_on(kind))
-    ops = [("allocate", "a", [1, 2, 3, 4, 5, 6]), ("fork", "a", "b"), ("append", "b", 7), ("append", "a", 8),
-           ("free", "a"), ("allocate", "c", [1, 2, 3, 4, 9]), ("free", "b"), ("allocate", "d", [3] * 12),
-           ("append", "d", 1), ("free", "c"), ("allocate", "e", [1, 2, 3, 4, 5]), ("free", "e"),
-           ("allocate", "f", [7] * 16)]  # the last one evicts every cached block
+    ops = [
+        ("allocate", "a", [1, 2, 3, 4, 5, 6]),
+        ("fork", "a", "b"),
+        ("append", "b", 7),
+        ("append", "a", 8),
+        ("free", "a"),
+        ("allocate", "c", [1, 2, 3, 4, 9]),
+        ("free", "b"),
+        ("allocate", "d", [3] * 12),
+        ("append", "d", 1),
+        ("free", "c"),
+        ("allocate", "e", [1, 2, 3, 4, 5]),
+        ("free", "e"),
+        ("allocate", "f", [7] * 16),
+    ]  # the last one evicts every cached block
     raised = []
     for op, *args in ops:
         results = []

@@ -21,9 +21,7 @@ from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.core.contract import B, NUM_BLOCKS, PREFIXES, ContractModel, check_contract
 
 # Stateful runs: max_examples * stateful_step_count >= 2,000 steps in CI.
-STEPS = settings(
-    max_examples=120, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+STEPS = settings(max_examples=120, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 class AllocatorMachine(RuleBasedStateMachine):
@@ -36,8 +34,12 @@ class AllocatorMachine(RuleBasedStateMachine):
         super().__init__()
         self.model = ContractModel(self.factory(NUM_BLOCKS, B))
 
-    @rule(target=seqs, prefix=st.sampled_from(PREFIXES), suffix=st.lists(st.integers(0, 3), max_size=6),
-          cut=st.integers(0, 9))
+    @rule(
+        target=seqs,
+        prefix=st.sampled_from(PREFIXES),
+        suffix=st.lists(st.integers(0, 3), max_size=6),
+        cut=st.integers(0, 9),
+    )
     def allocate(self, prefix, suffix, cut):
         AllocatorMachine.steps_run += 1
         seq_id = self.model.allocate(prefix[: max(1, len(prefix) - cut % 3)] + suffix)
@@ -133,8 +135,14 @@ class TokenRadixMachine(AllocatorMachine):
 
 def _match_first_block_only(monkeypatch):
     """A broken radix cache: an edge whose first block matches is taken as matched whole."""
+
     def broken(key, packed, start, limit, block_size):
-        return min(len(key) // block_size, limit) if key[:block_size] == packed[start * block_size:(start + 1) * block_size] else 0
+        return (
+            min(len(key) // block_size, limit)
+            if key[:block_size] == packed[start * block_size : (start + 1) * block_size]
+            else 0
+        )
+
     monkeypatch.setattr(radix_tree, "edge_match", broken)
 
 

@@ -40,7 +40,9 @@ def test_bench_host_running_512_times_full_steps(tmp_path):
     out = tmp_path / "host.json"
     rec = main(["--running", "512", "--steps", "110", "--out", str(out)])
     assert rec["running"] == 512 and rec["num_blocks"] == pool_blocks_for(512, 110)
-    assert json.loads(out.read_text())["command"] == "python benchmarks/bench_host.py --running 512 --steps 110 --out " + str(out)
+    assert json.loads(out.read_text())[
+        "command"
+    ] == "python benchmarks/bench_host.py --running 512 --steps 110 --out " + str(out)
 
 
 def pool_blocks_for(running, steps):

@@ -45,9 +45,10 @@ if not HAS_CHROMIUM:
 def _write_settings(config_dir: Path) -> None:
     """Render every cell (no windowing), and no news or update toasts."""
     settings = config_dir / "lab" / "user-settings" / "@jupyterlab"
-    for rel, value in (("notebook-extension/tracker.jupyterlab-settings", {"windowingMode": "none"}),
-                       ("apputils-extension/notification.jupyterlab-settings",
-                        {"fetchNews": "false", "checkForUpdates": False})):
+    for rel, value in (
+        ("notebook-extension/tracker.jupyterlab-settings", {"windowingMode": "none"}),
+        ("apputils-extension/notification.jupyterlab-settings", {"fetchNews": "false", "checkForUpdates": False}),
+    ):
         path = settings / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(value))
@@ -74,8 +75,12 @@ def lab(tmp_path_factory):
     root = tmp / "root"
     shutil.copytree(ROOT / "notebooks", root / "notebooks")
     env = dict(os.environ)
-    for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
-                     ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
+    for var, sub in (
+        ("JUPYTER_CONFIG_DIR", "config"),
+        ("JUPYTER_DATA_DIR", "data"),
+        ("JUPYTER_RUNTIME_DIR", "runtime"),
+        ("IPYTHONDIR", "ipython"),
+    ):
         (tmp / sub).mkdir()
         env[var] = str(tmp / sub)
     _write_settings(tmp / "config")
@@ -84,14 +89,27 @@ def lab(tmp_path_factory):
     port = _free_port()
     log = open(tmp / "lab.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         "--IdentityProvider.token=", "--ServerApp.password=", "--LabApp.news_url=None", "--allow-root",
-         f"--ServerApp.root_dir={root}"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            "--IdentityProvider.token=",
+            "--ServerApp.password=",
+            "--LabApp.news_url=None",
+            "--allow-root",
+            f"--ServerApp.root_dir={root}",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + HANG_GUARD_S   # until the server answers (or exits)
+        deadline = time.monotonic() + HANG_GUARD_S  # until the server answers (or exits)
         while True:
             try:
                 urllib.request.urlopen(f"{url}/api/status", timeout=max(1.0, deadline - time.monotonic()))
@@ -100,8 +118,10 @@ def lab(tmp_path_factory):
                 if proc.poll() is not None:
                     raise RuntimeError(f"JupyterLab exited: {(tmp / 'lab.log').read_text()[-2000:]}") from None
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"JupyterLab did not answer within the hang guard ({HANG_GUARD_S} s): "
-                                       f"{(tmp / 'lab.log').read_text()[-2000:]}") from None
+                    raise RuntimeError(
+                        f"JupyterLab did not answer within the hang guard ({HANG_GUARD_S} s): "
+                        f"{(tmp / 'lab.log').read_text()[-2000:]}"
+                    ) from None
                 time.sleep(0.5)
         yield url, root
     finally:
@@ -138,32 +158,35 @@ STATE = f"""(lesson) => ({{kernel_idle: ({KERNEL_IDLE})(lesson), all_ran: ({ALL_
 def _select(label: str):
     def select(page) -> None:
         page.locator(f"{PANEL} .widget-dropdown select").first.select_option(label=label)
+
     return select
 
 
 def _click(label: str):
     def click(page) -> None:
         page.locator(f"{PANEL} .widget-button", has_text=label).first.click()
+
     return click
 
 
 def _toggle(label: str):
     def toggle(page) -> None:
         page.locator(f"{PANEL} .widget-toggle-button", has_text=label).first.click()
+
     return toggle
 
 
 # The one interaction per lesson whose effect on a plot we check: lesson prefix -> interaction.
 # A new lesson adds one entry.
 INTERACTIONS = {
-    "01_": _select("Llama-2-7B"),          # the calculator's model preset
-    "02_": _click("add request"),          # the block-table widget
-    "03_": _click("new chat request"),     # the prefix-sharing widget
-    "04_": _click("next block"),           # the online-softmax stepper
-    "05_": _click("step"),                 # one engine step: the pool, the tables and the metrics move
-    "06_": _toggle("swap"),                # the preemption mode: the timeline is rerun in swap mode
-    "07_": _select("contiguous-max"),      # the simulator explorer's manager: both plots redraw
-    "08_": _select("Llama-2-7B"),          # the flags explorer's model: the memory bar and the TTFT plot redraw
+    "01_": _select("Llama-2-7B"),  # the calculator's model preset
+    "02_": _click("add request"),  # the block-table widget
+    "03_": _click("new chat request"),  # the prefix-sharing widget
+    "04_": _click("next block"),  # the online-softmax stepper
+    "05_": _click("step"),  # one engine step: the pool, the tables and the metrics move
+    "06_": _toggle("swap"),  # the preemption mode: the timeline is rerun in swap mode
+    "07_": _select("contiguous-max"),  # the simulator explorer's manager: both plots redraw
+    "08_": _select("Llama-2-7B"),  # the flags explorer's model: the memory bar and the TTFT plot redraw
 }
 
 
@@ -179,13 +202,15 @@ def _interact(page, lesson: str) -> None:
 def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
     url, root = lab
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page = new_page(browser, viewport={"width": 1400, "height": 1000})   # every wait: its condition or the hang guard
+    page = new_page(browser, viewport={"width": 1400, "height": 1000})  # every wait: its condition or the hang guard
     stored = (root / "notebooks" / lesson).stat().st_mtime_ns
-    page_errors = []   # uncaught errors in the page (e.g. anywidget's "Failed to initialize model."), shown on failure
+    page_errors = []  # uncaught errors in the page (e.g. anywidget's "Failed to initialize model."), shown on failure
     page.on("pageerror", lambda e: page_errors.append(str(e)[:500]))
     try:
         # A workspace of its own (?reset), so no tab of an earlier lesson is restored beside it.
-        page.goto(f"{url}/lab/workspaces/{Path(lesson).stem}/tree/notebooks/{lesson}?reset", wait_until="domcontentloaded")
+        page.goto(
+            f"{url}/lab/workspaces/{Path(lesson).stem}/tree/notebooks/{lesson}?reset", wait_until="domcontentloaded"
+        )
         page.wait_for_function(KERNEL_IDLE, arg=lesson, polling=500)
         page.locator(".lm-MenuBar-item", has_text="Run").first.click()
         page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
@@ -211,7 +236,7 @@ def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
         tab = f"#jp-main-dock-panel .lm-TabBar-tab:has-text('{lesson}')"
         page.keyboard.press("Control+s")
         page.locator(f"{tab}:not(.jp-mod-dirty)").wait_for()
-    except BaseException:   # a wait that ran out (or the hang guard): show where the page was
+    except BaseException:  # a wait that ran out (or the hang guard): show where the page was
         page.screenshot(path=str(SHOTS / f"{Path(lesson).stem}_failed.png"))
         print("page state:", page.evaluate(STATE, lesson))
         print("page errors:", page_errors)
@@ -220,9 +245,14 @@ def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
         page.close()
     assert (root / "notebooks" / lesson).stat().st_mtime_ns != stored, "the notebook was not saved"
     saved = json.loads((root / "notebooks" / lesson).read_text())
-    errors = [o for c in saved["cells"] if c["cell_type"] == "code"
-              and "raises-exception" not in c.get("metadata", {}).get("tags", [])  # meant to fail (lesson 4)
-              for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    errors = [
+        o
+        for c in saved["cells"]
+        if c["cell_type"] == "code"
+        and "raises-exception" not in c.get("metadata", {}).get("tags", [])  # meant to fail (lesson 4)
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     assert not errors, [f"{e['ename']}: {e['evalue']}" for e in errors]
     ran = [c for c in saved["cells"] if c["cell_type"] == "code"]
     assert all(c.get("execution_count") for c in ran), "a cell did not run"
@@ -250,8 +280,10 @@ DEADLINE_AT_PLOTLY_IMPORT = """(() => {
   document.addEventListener("plotlywidget-after-render", () => { window.__figure_views += 1; });
 })()"""
 FIGURE_NOTEBOOK_CELLS = [
-    ("import plotly.graph_objects as go\nfrom paged_edu.viz.widgets import _figure_widget\n\n"
-     "fig = _figure_widget(go.Figure(go.Scatter(x=[0, 1, 2], y=[1, 2, 3])))\nfig.data[0].y = [2, 4, 6]\nfig"),
+    (
+        "import plotly.graph_objects as go\nfrom paged_edu.viz.widgets import _figure_widget\n\n"
+        "fig = _figure_widget(go.Figure(go.Scatter(x=[0, 1, 2], y=[1, 2, 3])))\nfig.data[0].y = [2, 4, 6]\nfig"
+    ),
     "fig.data[0].y = [3, 2, 1]   # after the figure is shown",
 ]
 
@@ -260,11 +292,20 @@ def test_a_figure_widget_draws_and_follows_its_figure_when_plotly_loads_past_any
     url, root = lab
     SHOTS.mkdir(parents=True, exist_ok=True)
     name = "figure_widget_deadline.ipynb"
-    cells = [{"cell_type": "code", "metadata": {}, "source": s, "outputs": [], "execution_count": None}
-             for s in FIGURE_NOTEBOOK_CELLS]
-    (root / "notebooks" / name).write_text(json.dumps({
-        "cells": cells, "nbformat": 4, "nbformat_minor": 5,
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}}))
+    cells = [
+        {"cell_type": "code", "metadata": {}, "source": s, "outputs": [], "execution_count": None}
+        for s in FIGURE_NOTEBOOK_CELLS
+    ]
+    (root / "notebooks" / name).write_text(
+        json.dumps(
+            {
+                "cells": cells,
+                "nbformat": 4,
+                "nbformat_minor": 5,
+                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+            }
+        )
+    )
     page = new_page(browser, viewport={"width": 1400, "height": 1000})
     page.add_init_script(DEADLINE_AT_PLOTLY_IMPORT)
     page_errors = []
@@ -275,13 +316,16 @@ def test_a_figure_widget_draws_and_follows_its_figure_when_plotly_loads_past_any
         page.locator(".lm-MenuBar-item", has_text="Run").first.click()
         page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
         page.wait_for_function(ALL_RAN, arg=name, polling=500)
-        page.wait_for_function("() => window.__figure_views > 0", polling=200)   # the figure's view is drawn
+        page.wait_for_function("() => window.__figure_views > 0", polling=200)  # the figure's view is drawn
         assert page.evaluate(f"() => document.querySelectorAll('{PANEL} .js-plotly-plot').length") == 1
         traces = page.evaluate(f"() => (document.querySelector('{PANEL} .js-plotly-plot').data || []).length")
         assert traces == 1, f"the view drew {traces} traces, not the figure's 1; page errors: {page_errors}"
         # and it follows the figure: the second cell's change, made after the figure was shown
-        page.wait_for_function(f"""() => JSON.stringify([...document.querySelector('{PANEL} .js-plotly-plot').data[0].y])
-                                   === JSON.stringify([3, 2, 1])""", polling=200)
+        page.wait_for_function(
+            f"""() => JSON.stringify([...document.querySelector('{PANEL} .js-plotly-plot').data[0].y])
+                                   === JSON.stringify([3, 2, 1])""",
+            polling=200,
+        )
         assert not page_errors, page_errors
     except BaseException:
         page.screenshot(path=str(SHOTS / "figure_widget_deadline_failed.png"))

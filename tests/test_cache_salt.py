@@ -55,14 +55,14 @@ def test_different_salts_share_no_block_and_the_same_salt_shares_as_before(a):
 @pytest.mark.parametrize("a", both(), ids=["hash", "radix"])
 def test_salts_hold_through_appends_forks_and_the_tail(a):
     """Blocks filled by appends after admission are cached under the sequence's salt too."""
-    short = PROMPT[:B - 1]  # no full block at admission: the salt must survive to the first seal
+    short = PROMPT[: B - 1]  # no full block at admission: the salt must survive to the first seal
     a.allocate("a", short, cache_salt="x")
-    for t in PROMPT[B - 1:2 * B]:
+    for t in PROMPT[B - 1 : 2 * B]:
         append_token(a, "a", t)
     a.fork("a", "a2")
     a.free("a")
     a.free("a2")
-    probe = PROMPT[:2 * B] + [99]
+    probe = PROMPT[: 2 * B] + [99]
     assert a.num_cached_tokens_for(probe) == 0
     assert a.num_cached_tokens_for(probe, cache_salt="y") == 0
     assert a.num_cached_tokens_for(probe, cache_salt="x") == 2 * B
@@ -84,13 +84,20 @@ def test_no_salt_is_the_unsalted_chain():
     a = BlockAllocator(8, B)
     a.allocate("s", PROMPT)
     from paged_edu.core.block_hash import chained_block_hashes
+
     assert [a.block_hash(b) for b in a.block_table("s")[:4]] == chained_block_hashes(PROMPT, B)
 
 
-@pytest.mark.parametrize("bad, exc", [
-    ("", ValueError), ("x" * (MAX_CACHE_SALT_LEN + 1), ValueError), (b"salt", TypeError), (7, TypeError),
-    ("\udcff", ValueError),
-])
+@pytest.mark.parametrize(
+    "bad, exc",
+    [
+        ("", ValueError),
+        ("x" * (MAX_CACHE_SALT_LEN + 1), ValueError),
+        (b"salt", TypeError),
+        (7, TypeError),
+        ("\udcff", ValueError),
+    ],
+)
 def test_a_bad_salt_is_refused_and_changes_nothing(bad, exc):
     for a in both(16):
         a.allocate("s", PROMPT, cache_salt="ok")
@@ -161,11 +168,16 @@ def cached_blocks(a) -> set[int]:
     return {b for b in range(a.num_blocks) if a.index.is_cached(b)}
 
 
-@pytest.mark.parametrize("make", [lambda: BlockAllocator(12, B, cache_when_computed=True),
-                                  lambda: BlockAllocator(12, B),
-                                  lambda: RadixAllocator(12, B, cache_when_computed=True),
-                                  lambda: RadixAllocator(12, B)],
-                         ids=["hash-computed", "hash-full", "radix-computed", "radix-full"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: BlockAllocator(12, B, cache_when_computed=True),
+        lambda: BlockAllocator(12, B),
+        lambda: RadixAllocator(12, B, cache_when_computed=True),
+        lambda: RadixAllocator(12, B),
+    ],
+    ids=["hash-computed", "hash-full", "radix-computed", "radix-full"],
+)
 def test_cache_events_replay_to_the_cache_contents(make):
     rng = random.Random(5)
     a = make()
@@ -331,9 +343,29 @@ def test_simulated_tenants_lose_the_shared_system_prompt():
 def test_cli_tenants_option(capsys):
     from paged_edu.cli import main
 
-    assert main(["simulate", "--workload", "chat", "--num-requests", "12", "--rate", "2", "--tenants", "3",
-                 "--managers", "paged-prefix", "--block-sizes", "16", "--system-prompt-len", "64",
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--workload",
+                "chat",
+                "--num-requests",
+                "12",
+                "--rate",
+                "2",
+                "--tenants",
+                "3",
+                "--managers",
+                "paged-prefix",
+                "--block-sizes",
+                "16",
+                "--system-prompt-len",
+                "64",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "prefix hits per tenant (3 tenants" in out and "tenant-2" in out
 
@@ -349,7 +381,11 @@ def test_the_side_channel_is_measured_and_closed_by_salts(model):
     assert (cold.num_cached_tokens, cold.num_computed_tokens, cold.num_steps) == (0, n, -(-n // (2 * B)))
     assert (shared_.num_cached_tokens, shared_.num_computed_tokens, shared_.num_steps) == (len(secret), 2, 1)
     assert (salted.num_cached_tokens, salted.num_computed_tokens, salted.num_steps, salted.modeled_ttft_s) == (
-        cold.num_cached_tokens, cold.num_computed_tokens, cold.num_steps, cold.modeled_ttft_s)
+        cold.num_cached_tokens,
+        cold.num_computed_tokens,
+        cold.num_steps,
+        cold.modeled_ttft_s,
+    )
     assert shared_.modeled_ttft_s < cold.modeled_ttft_s
     rates = tenant_hit_rates(model, secret, num_tenants=3, requests_per_tenant=2, block_size=B, chunk=2 * B)
     prompt = len(secret) + 2

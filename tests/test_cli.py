@@ -33,8 +33,8 @@ def test_an_output_file_in_a_missing_folder_is_refused_before_simulating(flag, l
     missing = tmp_path / "no" / "such"
     err = _error(["simulate", *QUICK, flag, str(missing / leaf)], capsys)
     assert f"argument {flag}:" in err and str(missing) in err and "does not exist" in err, err
-    assert "| manager" not in err                      # refused before the table was simulated
-    assert not (tmp_path / "no").exists()              # and nothing created
+    assert "| manager" not in err  # refused before the table was simulated
+    assert not (tmp_path / "no").exists()  # and nothing created
 
 
 def test_an_output_file_that_is_a_folder_is_refused(tmp_path, capsys):
@@ -67,7 +67,7 @@ def test_a_kv_pool_bigger_than_the_gpu_names_the_model_by_the_name_given(capsys)
 
 
 def test_figures_sim_without_plotly_says_which_extra_to_install(monkeypatch, tmp_path, capsys):
-    monkeypatch.setitem(sys.modules, "plotly", None)          # import plotly -> ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly -> ModuleNotFoundError
     monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
     monkeypatch.delitem(sys.modules, "paged_edu.viz.sim_figures", raising=False)
     err = _error(["figures-sim", "--out", str(tmp_path / "figs"), "--no-progress"], capsys)

@@ -97,8 +97,12 @@ def test_bad_input_is_refused_naming_it_and_numpy_integers_are_taken():
     import numpy as np
 
     c = ContiguousAllocator(np.int64(20), 8)
-    for bad, kind, words in ((b"abc", TypeError, "token_ids"), ([1, True], TypeError, "element 1"),
-                             ([1, 2.5], TypeError, "element 1"), ([1, -3], ValueError, "1")):
+    for bad, kind, words in (
+        (b"abc", TypeError, "token_ids"),
+        ([1, True], TypeError, "element 1"),
+        ([1, 2.5], TypeError, "element 1"),
+        ([1, -3], ValueError, "1"),
+    ):
         with pytest.raises(kind, match=words):
             c.allocate("x", bad)
     with pytest.raises(TypeError, match="reserve"):

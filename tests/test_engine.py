@@ -27,8 +27,17 @@ VOCAB = 384
 
 @pytest.fixture(scope="module")
 def hf_model():
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     # A wide init makes the logits peaked, so greedy choices are far from ties.
     return random_hf_llama(cfg, seed=11, initializer_range=0.25)
 
@@ -44,9 +53,14 @@ def hf_greedy(hf, prompts, max_new_tokens, eos_token_id=None):
     outs = []
     with torch.no_grad():
         for p in prompts:
-            o = hf.generate(torch.tensor([p]), max_new_tokens=max_new_tokens, do_sample=False,
-                            eos_token_id=eos_token_id, pad_token_id=0)
-            outs.append(o[0, len(p):].tolist())
+            o = hf.generate(
+                torch.tensor([p]),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=eos_token_id,
+                pad_token_id=0,
+            )
+            outs.append(o[0, len(p) :].tolist())
     return outs
 
 
@@ -184,11 +198,17 @@ def test_parallel_samples_share_prompt_blocks_then_diverge_by_copy_on_write(hf_m
     # A fixed seed reproduces every sample; sample i equals a lone request seeded seed + i.
     again = Engine(PagedLlama.from_hf(hf_model), num_blocks=64, block_size=B).run([prompt], params)[0].outputs
     assert again == samples
-    lone = Engine(PagedLlama.from_hf(hf_model), num_blocks=64, block_size=B).run(
-        [prompt], SamplingParams(max_tokens=10, temperature=1.3, top_p=0.95, seed=1236))[0].outputs[0]
+    lone = (
+        Engine(PagedLlama.from_hf(hf_model), num_blocks=64, block_size=B)
+        .run([prompt], SamplingParams(max_tokens=10, temperature=1.3, top_p=0.95, seed=1236))[0]
+        .outputs[0]
+    )
     assert lone == samples[2]
-    other = Engine(PagedLlama.from_hf(hf_model), num_blocks=64, block_size=B).run(
-        [prompt], SamplingParams(max_tokens=10, temperature=1.3, top_p=0.95, seed=99, n=n))[0].outputs
+    other = (
+        Engine(PagedLlama.from_hf(hf_model), num_blocks=64, block_size=B)
+        .run([prompt], SamplingParams(max_tokens=10, temperature=1.3, top_p=0.95, seed=99, n=n))[0]
+        .outputs
+    )
     assert other != samples
 
 
@@ -220,7 +240,9 @@ def test_parallel_samples_respect_max_num_seqs(hf_model, prompts):
         for i, s in enumerate(out.outputs):
             assert s == replay_sample(hf_model, prompt, s, params, i)
     with pytest.raises(ValueError, match="max_num_seqs=3"):
-        engine.run([prompts[0][:5], prompts[1][:5]], [SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, n=4)])
+        engine.run(
+            [prompts[0][:5], prompts[1][:5]], [SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, n=4)]
+        )
     assert not engine.has_unfinished()
     assert_no_leaks(engine)
 
@@ -273,8 +295,13 @@ def test_phase_times_split_each_step(hf_model, prompts, sync_timing):
 
 def test_bad_requests_raise_and_leave_the_engine_untouched(hf_model, prompts):
     engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=8, block_size=4)
-    for bad, err in [("hello", TypeError), ([], ValueError), ([1, VOCAB], ValueError), ([1, 2.5], TypeError),
-                     ([1] * 40, ValueError)]:  # the last can never fit: 40 + 16 tokens > 8 blocks of 4
+    for bad, err in [
+        ("hello", TypeError),
+        ([], ValueError),
+        ([1, VOCAB], ValueError),
+        ([1, 2.5], TypeError),
+        ([1] * 40, ValueError),
+    ]:  # the last can never fit: 40 + 16 tokens > 8 blocks of 4
         with pytest.raises(err):
             engine.generate([prompts[0][:3], bad], max_new_tokens=16)
         assert not engine.has_unfinished()
@@ -323,11 +350,14 @@ def test_limits_are_checked_up_front(hf_model):
 def test_engine_arguments_are_checked_when_it_is_built(hf_model):
     """A kernel name, a seed or a flag that would fail at the first step fails at construction."""
     model = PagedLlama.from_hf(hf_model)
-    for kwargs, err, words in ((dict(attn_impl="flash"), ValueError, "attn_impl"),
-                               (dict(prefill_impl="loop"), ValueError, "prefill_impl"),
-                               (dict(seed=-1), ValueError, "seed"), (dict(seed=1.5), TypeError, "seed"),
-                               (dict(sync_timing="yes"), TypeError, "sync_timing"),
-                               (dict(cuda_graphs=True), ValueError, "CUDA")):
+    for kwargs, err, words in (
+        (dict(attn_impl="flash"), ValueError, "attn_impl"),
+        (dict(prefill_impl="loop"), ValueError, "prefill_impl"),
+        (dict(seed=-1), ValueError, "seed"),
+        (dict(seed=1.5), TypeError, "seed"),
+        (dict(sync_timing="yes"), TypeError, "sync_timing"),
+        (dict(cuda_graphs=True), ValueError, "CUDA"),
+    ):
         with pytest.raises(err, match=words):
             Engine(model, num_blocks=8, block_size=4, **kwargs)
     from paged_edu.kernels import kernel_support
@@ -357,18 +387,31 @@ def test_a_request_aborted_during_run_is_returned_by_run(hf_model, prompts, refe
     assert_no_leaks(engine)
 
 
-@pytest.mark.parametrize("bad", [
-    dict(seed=2**64, temperature=1.0), dict(seed=2**64 - 1, n=2, temperature=1.0), dict(temperature=True),
-    dict(top_p=float("nan")), dict(n=0), dict(max_tokens=-1), dict(stop_token_ids=[1.5]),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(seed=2**64, temperature=1.0),
+        dict(seed=2**64 - 1, n=2, temperature=1.0),
+        dict(temperature=True),
+        dict(top_p=float("nan")),
+        dict(n=0),
+        dict(max_tokens=-1),
+        dict(stop_token_ids=[1.5]),
+    ],
+)
 def test_bad_sampling_params_never_reach_the_queue(hf_model, bad):
     with pytest.raises((TypeError, ValueError)):
         SamplingParams(**bad)
 
 
 def test_add_request_and_run_are_all_or_nothing(hf_model, prompts):
-    engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=64, block_size=4, max_num_batched_tokens=40,
-                    enable_chunked_prefill=False)
+    engine = Engine(
+        PagedLlama.from_hf(hf_model),
+        num_blocks=64,
+        block_size=4,
+        max_num_batched_tokens=40,
+        enable_chunked_prefill=False,
+    )
     good = SamplingParams(max_tokens=4)
     with pytest.raises(ValueError, match="outside the vocabulary"):  # a stop token the model can never emit
         engine.add_request(prompts[0], SamplingParams(stop_token_ids=(VOCAB,)))
@@ -482,8 +525,12 @@ def test_gpu_engine_with_cuda_graphs_matches_transformers(hf_model, prompts, ref
     import copy
 
     hf = copy.deepcopy(hf_model).cuda()
-    for kwargs in (dict(num_blocks=64, block_size=4), dict(num_blocks=64, block_size=4, max_num_batched_tokens=12),
-                   dict(num_blocks=10, block_size=8), dict(num_blocks=10, block_size=8, preemption_mode="swap")):
+    for kwargs in (
+        dict(num_blocks=64, block_size=4),
+        dict(num_blocks=64, block_size=4, max_num_batched_tokens=12),
+        dict(num_blocks=10, block_size=8),
+        dict(num_blocks=10, block_size=8, preemption_mode="swap"),
+    ):
         engine = Engine(PagedLlama.from_hf(hf), **kwargs)
         assert engine.graphs is not None, engine.graph_error
         assert engine.generate(prompts, max_new_tokens=24) == reference, kwargs
@@ -505,11 +552,16 @@ def test_gpu_smollm2_geometry_graphs_and_eager_match_transformers():
     rng = random.Random(0)
     system = [rng.randrange(3, 49152) for _ in range(40)]
     prompts = [system + [rng.randrange(3, 49152) for _ in range(rng.randrange(1, 150))] for _ in range(12)]
-    want = [hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=20, do_sample=False, eos_token_id=None,
-                        pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    want = [
+        hf.generate(
+            torch.tensor([p], device="cuda"), max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0
+        )[0, len(p) :].tolist()
+        for p in prompts
+    ]
     for graphs in (False, True):
-        engine = Engine(PagedLlama.from_hf(hf), num_blocks=90, block_size=16, cuda_graphs=graphs,
-                        max_num_batched_tokens=256)
+        engine = Engine(
+            PagedLlama.from_hf(hf), num_blocks=90, block_size=16, cuda_graphs=graphs, max_num_batched_tokens=256
+        )
         assert engine.generate(prompts, max_new_tokens=20) == want, f"cuda_graphs={graphs}"
         assert (engine.num_graph_steps > 0) == graphs
         assert engine.scheduler.num_preemptions > 0
@@ -533,8 +585,9 @@ def test_smollm2_engine_matches_transformers_generate():
     questions = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?"]
     prompts = []
     for q in questions:
-        text = tokenizer.apply_chat_template([system, {"role": "user", "content": q}], add_generation_prompt=True,
-                                             tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [system, {"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+        )
         prompts.append(tokenizer.encode(text, add_special_tokens=False))
     want = hf_greedy(hf, prompts, 8)
     longest = max(len(p) for p in prompts) + 8

@@ -148,13 +148,22 @@ def reference(model, prompts, config, kind):
 
 def has_op(model, prompts, config, kind, phase) -> bool:
     _, engine = _reference[(config, kind)]
-    counts = {"swap_out": engine.num_blocks_swapped_out, "swap_in": engine.num_blocks_swapped_in,
-              "copy": engine.num_blocks_copied}
+    counts = {
+        "swap_out": engine.num_blocks_swapped_out,
+        "swap_in": engine.num_blocks_swapped_in,
+        "copy": engine.num_blocks_copied,
+    }
     return counts.get(phase, 1) > 0
 
 
-PHASES = {"swap_out": "block copies", "copy": "block copies", "swap_in": "block copies",
-          "prepare": "prepare", "forward": "forward", "sample": "sample"}
+PHASES = {
+    "swap_out": "block copies",
+    "copy": "block copies",
+    "swap_in": "block copies",
+    "prepare": "prepare",
+    "forward": "forward",
+    "sample": "sample",
+}
 
 
 @pytest.mark.parametrize("kind", ["greedy", "sampled"])

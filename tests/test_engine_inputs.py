@@ -45,18 +45,21 @@ def model():
     return tiny_model(seed=1)
 
 
-@pytest.mark.parametrize("kwargs,error,field", [
-    (dict(num_blocks="8"), FieldTypeError, "num_blocks"),
-    (dict(num_blocks=8, enable_prefix_caching="no"), FieldTypeError, "enable_prefix_caching"),
-    (dict(num_blocks=8, enable_chunked_prefill="false"), FieldTypeError, "enable_chunked_prefill"),
-    (dict(num_blocks=8, sync_timing=1), FieldTypeError, "sync_timing"),
-    (dict(num_blocks=8, allocator=object()), FieldTypeError, "allocator"),
-    (dict(num_blocks=10**10), FieldValueError, "num_blocks"),  # past int32 block ids
-    (dict(num_blocks=10**9), FieldValueError, "num_blocks"),  # 7,600 GiB of K/V: more than the machine has
-    (dict(num_blocks=8, preemption_mode="swap", num_cpu_blocks=10**9), FieldValueError, "num_cpu_blocks"),
-    (dict(num_blocks=8, max_num_seqs=0), FieldValueError, "max_num_seqs"),
-    (dict(num_blocks=8, preemption_mode="spill"), FieldValueError, "preemption_mode"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,field",
+    [
+        (dict(num_blocks="8"), FieldTypeError, "num_blocks"),
+        (dict(num_blocks=8, enable_prefix_caching="no"), FieldTypeError, "enable_prefix_caching"),
+        (dict(num_blocks=8, enable_chunked_prefill="false"), FieldTypeError, "enable_chunked_prefill"),
+        (dict(num_blocks=8, sync_timing=1), FieldTypeError, "sync_timing"),
+        (dict(num_blocks=8, allocator=object()), FieldTypeError, "allocator"),
+        (dict(num_blocks=10**10), FieldValueError, "num_blocks"),  # past int32 block ids
+        (dict(num_blocks=10**9), FieldValueError, "num_blocks"),  # 7,600 GiB of K/V: more than the machine has
+        (dict(num_blocks=8, preemption_mode="swap", num_cpu_blocks=10**9), FieldValueError, "num_cpu_blocks"),
+        (dict(num_blocks=8, max_num_seqs=0), FieldValueError, "max_num_seqs"),
+        (dict(num_blocks=8, preemption_mode="spill"), FieldValueError, "preemption_mode"),
+    ],
+)
 def test_engine_arguments_are_refused_naming_their_field(model, kwargs, error, field):
     with pytest.raises(error, match=field) as info:
         Engine(model, **kwargs)
@@ -64,8 +67,15 @@ def test_engine_arguments_are_refused_naming_their_field(model, kwargs, error, f
 
 
 def test_numpy_integers_are_integers_everywhere(model):
-    engine = Engine(model, num_blocks=np.int64(12), block_size=np.int64(3), max_num_seqs=np.int32(4),
-                    max_num_batched_tokens=np.int64(64), preemption_mode="swap", num_cpu_blocks=np.int64(4))
+    engine = Engine(
+        model,
+        num_blocks=np.int64(12),
+        block_size=np.int64(3),
+        max_num_seqs=np.int32(4),
+        max_num_batched_tokens=np.int64(64),
+        preemption_mode="swap",
+        num_cpu_blocks=np.int64(4),
+    )
     assert engine.max_model_len == 36 and type(engine.allocator.block_size) is int
     (out,) = engine.run([[1, 2, 3]], SamplingParams(max_tokens=np.int64(2)))
     assert len(out.outputs[0]) == 2

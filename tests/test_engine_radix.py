@@ -157,8 +157,9 @@ def test_radix_engine_under_preemption(model):
             seen.append(tokens)
 
 
-@pytest.mark.parametrize("extra", [dict(preemption_mode="swap"), dict(max_num_batched_tokens=8)],
-                         ids=["swap", "chunked-prefill-8"])
+@pytest.mark.parametrize(
+    "extra", [dict(preemption_mode="swap"), dict(max_num_batched_tokens=8)], ids=["swap", "chunked-prefill-8"]
+)
 def test_radix_engine_with_swap_and_with_small_chunks(model, extra):
     """The other protocol paths: preemption by swapping (a swapped-in sequence is re-allocated on the
     radix cache without counting hits) and prompts computed over several steps (a block joins the
@@ -225,15 +226,24 @@ def test_swap_in_reads_the_block_table_after_the_radix_publish():
     from paged_edu.models.config import LlamaConfig
     from paged_edu.models.loaders import random_llama
 
-    cfg = LlamaConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                      num_kv_heads=2, head_dim=16)
+    cfg = LlamaConfig(
+        vocab_size=8, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=2, head_dim=16
+    )
     prompts, params = [[3, 2, 2], [2, 3], [3, 2]], [SamplingParams(max_tokens=m) for m in (3, 4, 4)]
     outputs = {}
-    for name, allocator in (("radix", RadixAllocator(7, 1, cache_when_computed=True)),
-                            ("none", BlockAllocator(7, 1, enable_prefix_caching=False))):
+    for name, allocator in (
+        ("radix", RadixAllocator(7, 1, cache_when_computed=True)),
+        ("none", BlockAllocator(7, 1, enable_prefix_caching=False)),
+    ):
         torch.manual_seed(0)
-        engine = Engine(random_llama(cfg, seed=0), num_blocks=7, block_size=1, preemption_mode="swap",
-                        num_cpu_blocks=16, allocator=allocator)
+        engine = Engine(
+            random_llama(cfg, seed=0),
+            num_blocks=7,
+            block_size=1,
+            preemption_mode="swap",
+            num_cpu_blocks=16,
+            allocator=allocator,
+        )
         outputs[name] = [out.outputs[0] for out in engine.run(prompts, params)]
         assert allocator.num_free_blocks == 7
     assert outputs["radix"] == outputs["none"]

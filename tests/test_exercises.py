@@ -23,26 +23,58 @@ from paged_edu.lessons import exercises as ex
 
 # name -> [(tempting wrong answer, words the verdict must contain)]
 WRONG = {
-    "1.1": [(2 * 32 * 8 * 128, "K or V alone"), (65_536 * 4, "fp32"), (2 * 32 * 32 * 128 * 2, "GQA"),
-            (2 * 8 * 128 * 2, "one layer"), (131_071, "off by -1")],
+    "1.1": [
+        (2 * 32 * 8 * 128, "K or V alone"),
+        (65_536 * 4, "fp32"),
+        (2 * 32 * 32 * 128 * 2, "GQA"),
+        (2 * 8 * 128 * 2, "one layer"),
+        (131_071, "off by -1"),
+    ],
     "1.2": [(40e9 / (131_072 * 4096), "round down"), (75, "rounded up"), (80, "40 GiB"), (73, "off by -1")],
     "1.3": [(305, "whole blocks"), (302 / 74, "the gain"), (303, "off by +1")],
-    "2.1": [(lambda table, t, B: table[t // B] * B, "cases match; first differences"),
-            (lambda table, t, B: t, "cases match"),
-            (lambda table, t, B: table[t % B] * B + t // B, "cases match"),
-            (lambda table, t, B: 1 / 0, "ZeroDivisionError")],
-    "2.2": [(0.99225, "the bound"), (1 - 16 / 2065, "the bound"), (0.9922, "the seed's 99.22"),
-            (1 - 16 / 2064, "the seed's 99.22"), (1.0, "a multiple of 16"), (99.27, "a percentage"),
-            (0.993, "at least 4 significant figures"), (0.9928, "expected 0.992733")],
-    "2.3": [(400, "B/2 per request"), (350, "(B-1)/2"), (sum(s % 8 for s in range(1, 101)), "tokens in each last block"),
-            (359, "off by +1")],
-    "3.1": [(lambda tokens, B: [hash_block(b"", array("q", tokens[i:i + B]).tobytes())
-                                for i in range(0, len(tokens) - B + 1, B)], "cases match; first differences"),
-            (lambda tokens, B: [], "cases match"),
-            (lambda tokens, B: [hash_block(b"", array("q", tokens).tobytes())], "cases match")],
+    "2.1": [
+        (lambda table, t, B: table[t // B] * B, "cases match; first differences"),
+        (lambda table, t, B: t, "cases match"),
+        (lambda table, t, B: table[t % B] * B + t // B, "cases match"),
+        (lambda table, t, B: 1 / 0, "ZeroDivisionError"),
+    ],
+    "2.2": [
+        (0.99225, "the bound"),
+        (1 - 16 / 2065, "the bound"),
+        (0.9922, "the seed's 99.22"),
+        (1 - 16 / 2064, "the seed's 99.22"),
+        (1.0, "a multiple of 16"),
+        (99.27, "a percentage"),
+        (0.993, "at least 4 significant figures"),
+        (0.9928, "expected 0.992733"),
+    ],
+    "2.3": [
+        (400, "B/2 per request"),
+        (350, "(B-1)/2"),
+        (sum(s % 8 for s in range(1, 101)), "tokens in each last block"),
+        (359, "off by +1"),
+    ],
+    "3.1": [
+        (
+            lambda tokens, B: [
+                hash_block(b"", array("q", tokens[i : i + B]).tobytes()) for i in range(0, len(tokens) - B + 1, B)
+            ],
+            "cases match; first differences",
+        ),
+        (lambda tokens, B: [], "cases match"),
+        (lambda tokens, B: [hash_block(b"", array("q", tokens).tobytes())], "cases match"),
+    ],
     "3.2": [(15, "no sharing"), (8, "rounded per term"), (5, "in tokens"), (6, "off by -1")],
-    "3.3": [(160 / 230, "160/230"), (0.6957, "160/230"), (8 / 15, "blocks, not tokens"), (0.53, "blocks, not tokens"),
-            (0.8, "requests that hit"), (55.65, "a percentage"), (0.55, "expected 0.556522"), (0.5, "expected")],
+    "3.3": [
+        (160 / 230, "160/230"),
+        (0.6957, "160/230"),
+        (8 / 15, "blocks, not tokens"),
+        (0.53, "blocks, not tokens"),
+        (0.8, "requests that hit"),
+        (55.65, "a percentage"),
+        (0.55, "expected 0.556522"),
+        (0.5, "expected"),
+    ],
     "3.4": [(1, "unsalted case"), (4, "need a step too"), (258, "tokens, not steps"), (6, "off by +1")],
 }
 
@@ -126,9 +158,21 @@ def _raising_class(exc):
     return Stub
 
 
-LABELS = ["reference", "the reference's value", "a function returning it", "an instance of the reference class",
-          "an instance", "a NotImplementedError stub", "a RuntimeError stub", "None", "a string", "a tensor", "NaN",
-          "a dict", "an empty list"]
+LABELS = [
+    "reference",
+    "the reference's value",
+    "a function returning it",
+    "an instance of the reference class",
+    "an instance",
+    "a NotImplementedError stub",
+    "a RuntimeError stub",
+    "None",
+    "a string",
+    "a tensor",
+    "NaN",
+    "a dict",
+    "an empty list",
+]
 PASSING = LABELS[:3]
 
 
@@ -136,8 +180,11 @@ def _labels(name):
     """The answers exercise ``name`` is fed: the value ones only for a value exercise, the instance of
     the reference class only for the class exercise."""
     value = name not in FUNCTIONS | CLASSES
-    return [label for label in LABELS if (value or label not in PASSING[1:])
-            and (name in CLASSES or label != "an instance of the reference class")]
+    return [
+        label
+        for label in LABELS
+        if (value or label not in PASSING[1:]) and (name in CLASSES or label != "an instance of the reference class")
+    ]
 
 
 def _answer(name, label):
@@ -151,9 +198,17 @@ def _answer(name, label):
         from paged_edu.lessons.exercises.lesson5 import PlainAllocator
 
         return PlainAllocator(8, 4)
-    return {"an instance": Thing(), "a NotImplementedError stub": stub(NotImplementedError(f"Exercise {name}: your turn")),
-            "a RuntimeError stub": stub(RuntimeError("boom")), "None": None, "a string": "a string",
-            "a tensor": torch.tensor([1.0, 2.0]), "NaN": float("nan"), "a dict": {"x": 1}, "an empty list": []}[label]
+    return {
+        "an instance": Thing(),
+        "a NotImplementedError stub": stub(NotImplementedError(f"Exercise {name}: your turn")),
+        "a RuntimeError stub": stub(RuntimeError("boom")),
+        "None": None,
+        "a string": "a string",
+        "a tensor": torch.tensor([1.0, 2.0]),
+        "NaN": float("nan"),
+        "a dict": {"x": 1},
+        "an empty list": [],
+    }[label]
 
 
 def test_every_exercise_is_fed_the_whole_list():

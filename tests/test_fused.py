@@ -26,7 +26,7 @@ from paged_edu.kernels.triton_store import rotary_store_kv_triton  # noqa: E402
 DEVICE = "cpu" if kernel_support("cpu").fused else "cuda"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # The relative size of one ulp (the spacing next to 1.0) per dtype.
-ULP = {torch.float32: 2.0 ** -23, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+ULP = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 
 
 def close_in_ulps(out: torch.Tensor, ref: torch.Tensor, ulps: float = 2, min_identical: float = 0.98) -> None:
@@ -149,11 +149,16 @@ def run_model(model, fused_impl, dtype, sizes=(9, 1, 1)):
 
     c = model.config
     model.fused_impl = fused_impl
-    caches = [(rand(8, 4, c.num_kv_heads, c.head_dim, dtype=dtype, seed=10 + i),
-               rand(8, 4, c.num_kv_heads, c.head_dim, dtype=dtype, seed=20 + i)) for i in range(c.num_layers)]
+    caches = [
+        (
+            rand(8, 4, c.num_kv_heads, c.head_dim, dtype=dtype, seed=10 + i),
+            rand(8, 4, c.num_kv_heads, c.head_dim, dtype=dtype, seed=20 + i),
+        )
+        for i in range(c.num_layers)
+    ]
     tokens, pos, hidden = list(range(3, 3 + sum(sizes))), 0, []
     for n in sizes:
-        batch = prepare_batch([BatchChunk(tokens[pos:pos + n], pos, [5, 1, 7, 2])], 4, DEVICE)
+        batch = prepare_batch([BatchChunk(tokens[pos : pos + n], pos, [5, 1, 7, 2])], 4, DEVICE)
         hidden.append(model(batch, caches))
         pos += n
     return torch.cat(hidden), caches
@@ -163,8 +168,16 @@ def run_model(model, fused_impl, dtype, sizes=(9, 1, 1)):
 def test_fused_model_matches_plain_model(dtype):
     from paged_edu.models.loaders import random_llama
 
-    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=16, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
     model = random_llama(cfg, seed=2, dtype=dtype, device=DEVICE)
     model.attn_impl = model.prefill_impl = "torch"
     plain, plain_caches = run_model(model, "torch", dtype)
@@ -225,8 +238,13 @@ def test_gpu_fused_model_matches_plain_model_under_graph_capture():
     for impl in ("torch", "triton"):
         model.fused_impl = impl
         g = torch.Generator(device="cuda").manual_seed(7)  # the same stale pool for both
-        caches = [tuple(torch.randn(64, 16, c.num_kv_heads, c.head_dim, device="cuda", generator=g).to(torch.bfloat16)
-                        for _ in range(2)) for _ in range(c.num_layers)]
+        caches = [
+            tuple(
+                torch.randn(64, 16, c.num_kv_heads, c.head_dim, device="cuda", generator=g).to(torch.bfloat16)
+                for _ in range(2)
+            )
+            for _ in range(c.num_layers)
+        ]
         graphs = DecodeCudaGraphs(model, caches, max_batch_size=8, max_blocks_per_seq=8)
         inputs = graphs.staging.np  # the graphs' static inputs, written on the host, copied in one go
         inputs["input_ids"][:8] = np.arange(100, 108)

@@ -32,8 +32,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RTOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 
-def make_case(num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, lens, dtype, device="cpu",
-              seed=0, extra_blocks=3, max_blocks=None):
+def make_case(
+    num_seqs,
+    num_q_heads,
+    num_kv_heads,
+    head_dim,
+    block_size,
+    lens,
+    dtype,
+    device="cpu",
+    seed=0,
+    extra_blocks=3,
+    max_blocks=None,
+):
     """Random q and pools; block tables that are shuffled and hold garbage past each sequence's end."""
     g = torch.Generator().manual_seed(seed)
     lens = torch.tensor(lens, dtype=torch.int32)
@@ -48,7 +59,7 @@ def make_case(num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, lens, d
     tables[:, ::2] = -1  # garbage: huge, negative and -1 entries past the end
     used = 0
     for i, n in enumerate(need):
-        tables[i, :n] = perm[used:used + n]
+        tables[i, :n] = perm[used : used + n]
         used += n
     tables = tables.to(torch.int32)
     return q.to(device), k.to(device), v.to(device), tables.to(device), lens.to(device)
@@ -149,24 +160,26 @@ def test_triton_split_kv_matches_oracle(num_splits):
     # Lengths from 1 token (most splits empty) to 200 (4 tiles of 64): every split shape occurs.
     q, k, v, t, lens = make_case(3, 8, 2, 64, B, [1, 70, 200], torch.float32, seed=num_splits)
     ref = paged_attention_decode(q, k, v, t, lens, impl="torch")
-    out = paged_attention_triton(q, k, v, t, lens, scale=64 ** -0.5, num_splits=num_splits)
+    out = paged_attention_triton(q, k, v, t, lens, scale=64**-0.5, num_splits=num_splits)
     check(out, ref, torch.float32, f"{num_splits} splits")
 
 
 @needs_triton
 @needs_interp
-@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim,block_size", [(9, 3, 64, 16), (4, 2, 16, 8), (8, 1, 64, 16),
-                                                                          (6, 3, 24, 4)])
+@pytest.mark.parametrize(
+    "num_q_heads,num_kv_heads,head_dim,block_size", [(9, 3, 64, 16), (4, 2, 16, 8), (8, 1, 64, 16), (6, 3, 24, 4)]
+)
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
 def test_packed_kernel_matches_oracle(num_q_heads, num_kv_heads, head_dim, block_size, num_splits):
     """Whole token rows per program (SmolLM2's 9/3 heads of 64 and others, head_dim 24 not a power of
     two): each query head must see only its own KV head's columns."""
     from paged_edu.labs.triton_decode_packed import paged_attention_packed
 
-    q, k, v, t, lens = make_case(3, num_q_heads, num_kv_heads, head_dim, block_size, [1, 37, 80], torch.float32,
-                                 seed=num_q_heads)
-    ref = brute_force(q, k, v, t, lens, head_dim ** -0.5)
-    out = paged_attention_packed(q, k, v, t, lens, scale=head_dim ** -0.5, num_splits=num_splits)
+    q, k, v, t, lens = make_case(
+        3, num_q_heads, num_kv_heads, head_dim, block_size, [1, 37, 80], torch.float32, seed=num_q_heads
+    )
+    ref = brute_force(q, k, v, t, lens, head_dim**-0.5)
+    out = paged_attention_packed(q, k, v, t, lens, scale=head_dim**-0.5, num_splits=num_splits)
     check(out, ref.float(), torch.float32, "packed")
 
 
@@ -226,8 +239,9 @@ def prefill_via_decode(q, k, v, t, lens, cu):
         s, start, end = int(lens[i]), int(cu[i]), int(cu[i + 1])
         for j in range(end - start):
             p = s - (end - start) + j
-            out[start + j] = paged_attention_decode(q[start + j:start + j + 1], k, v, t[i:i + 1],
-                                                    torch.tensor([p + 1], dtype=torch.int32), impl="torch")[0]
+            out[start + j] = paged_attention_decode(
+                q[start + j : start + j + 1], k, v, t[i : i + 1], torch.tensor([p + 1], dtype=torch.int32), impl="torch"
+            )[0]
     return out
 
 
@@ -285,14 +299,16 @@ def test_triton_prefill_tiles_and_diagonal(q_lens, seq_lens, block_size, config)
     q = torch.randn(sum(q_lens), 8, 32, generator=g)
     cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
     ref = prefill_via_decode(q, k, v, t, lens, cu)
-    out = paged_prefill_triton(q, k, v, t, lens, cu, scale=32 ** -0.5, config=config)
+    out = paged_prefill_triton(q, k, v, t, lens, cu, scale=32**-0.5, config=config)
     check(out, ref, torch.float32, f"prefill {config}")
 
 
 @needs_triton
 @needs_interp
-@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim,dtype",
-                         [(4, 4, 64, torch.float16), (6, 2, 96, torch.bfloat16), (8, 1, 16, torch.float32)])
+@pytest.mark.parametrize(
+    "num_q_heads,num_kv_heads,head_dim,dtype",
+    [(4, 4, 64, torch.float16), (6, 2, 96, torch.bfloat16), (8, 1, 16, torch.float32)],
+)
 def test_triton_prefill_head_layouts(num_q_heads, num_kv_heads, head_dim, dtype):
     """MHA, a non-power-of-two GQA group with a padded head_dim, and MQA."""
     q, k, v, t, lens, cu = make_prefill([4, 19], [30, 19], num_q_heads, num_kv_heads, head_dim, dtype, seed=11)
@@ -310,8 +326,8 @@ def test_triton_prefill_stale_nan_past_the_end_and_capture_grid():
     ref = prefill_via_decode(q, k, v, t, lens, cu)
     for i, s in enumerate(lens.tolist()):
         last = int(t[i, (s - 1) // B])
-        k[last, s % B or B:] = float("nan")
-        v[last, s % B or B:] = float("nan")
+        k[last, s % B or B :] = float("nan")
+        v[last, s % B or B :] = float("nan")
     out = paged_prefill_triton(q, k, v, t, lens, cu, scale=0.25, max_q_len=q.shape[0], config=dict(ROWS=8, TILE=16))
     check(out, ref, torch.float32, "prefill nan slots")
 
@@ -343,7 +359,11 @@ def _good():
         (lambda a: a.update(q=a["q"].to("meta")), ValueError, "one device"),
         (lambda a: a.update(q=a["q"].tolist()), TypeError, "q must be a torch.Tensor"),
         (lambda a: a.update(seq_lens=torch.tensor([0, 9], dtype=torch.int32)), ValueError, "at least one token"),
-        (lambda a: a.update(seq_lens=torch.tensor([3, 13], dtype=torch.int32)), ValueError, "exceeds what the block table covers"),
+        (
+            lambda a: a.update(seq_lens=torch.tensor([3, 13], dtype=torch.int32)),
+            ValueError,
+            "exceeds what the block table covers",
+        ),
         (lambda a: a.update(impl="cuda"), ValueError, "impl must be one of"),
         (lambda a: a.update(scale="0.1"), TypeError, "scale must be a float"),
         (lambda a: a.update(scale=1e38), ValueError, "scale must be .* <= MAX_SCALE"),  # fp32 scores overflow: NaN
@@ -395,8 +415,9 @@ def test_prefill_errors():
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": ROOT, **env}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
-                          timeout=HANG_GUARD_S)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=HANG_GUARD_S
+    )
 
 
 # For the scripts below (decode imported as f): one sequence of s = 1, q (1, 2, 16) over a cache of
@@ -477,7 +498,7 @@ def test_gpu_split_kv(num_splits):
 
     q, k, v, t, lens = make_case(4, 32, 8, 128, B, [1, 200, 3000, 8192], torch.bfloat16, device="cuda", seed=num_splits)
     ref = paged_attention_decode(q.float(), k.float(), v.float(), t, lens, impl="torch")
-    check(paged_attention_triton(q, k, v, t, lens, scale=128 ** -0.5, num_splits=num_splits), ref, torch.bfloat16)
+    check(paged_attention_triton(q, k, v, t, lens, scale=128**-0.5, num_splits=num_splits), ref, torch.bfloat16)
 
 
 @pytest.mark.gpu
@@ -519,15 +540,18 @@ def test_gpu_triton_prefill(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [None, dict(ROWS=64, TILE=32, num_warps=4, num_stages=2),
-                                    dict(ROWS=128, TILE=128, num_warps=8, num_stages=2)])
+@pytest.mark.parametrize(
+    "config",
+    [None, dict(ROWS=64, TILE=32, num_warps=4, num_stages=2), dict(ROWS=128, TILE=128, num_warps=8, num_stages=2)],
+)
 def test_gpu_triton_prefill_long_causal_and_prefix(config):
     from paged_edu.kernels.triton_prefill import paged_prefill_triton
 
-    q, k, v, t, lens, cu = make_prefill([2048, 129, 1, 700], [2048, 1153, 3000, 701], 32, 8, 128, torch.bfloat16,
-                                        device="cuda", seed=4)
+    q, k, v, t, lens, cu = make_prefill(
+        [2048, 129, 1, 700], [2048, 1153, 3000, 701], 32, 8, 128, torch.bfloat16, device="cuda", seed=4
+    )
     ref = paged_attention_prefill(q.float(), k.float(), v.float(), t, lens, cu, impl="torch")
-    check(paged_prefill_triton(q, k, v, t, lens, cu, scale=128 ** -0.5, config=config), ref, torch.bfloat16, "gpu")
+    check(paged_prefill_triton(q, k, v, t, lens, cu, scale=128**-0.5, config=config), ref, torch.bfloat16, "gpu")
 
 
 @pytest.mark.parametrize("impl", ["loop", "torch", "triton"])
@@ -537,8 +561,8 @@ def test_stale_nan_slots_past_the_end_do_not_leak(impl):
     ref = brute_force(q, k, v, t, lens, 0.25)
     for i, s in enumerate(lens.tolist()):
         last = int(t[i, (s - 1) // 4])
-        k[last, s % 4 or 4:] = float("nan")
-        v[last, s % 4 or 4:] = float("nan")
+        k[last, s % 4 or 4 :] = float("nan")
+        v[last, s % 4 or 4 :] = float("nan")
     if impl == "triton" and CUDA:
         q, k, v, t, lens = (x.cuda() for x in (q, k, v, t, lens))
     elif impl == "triton" and not triton_interpreting():
@@ -560,7 +584,9 @@ def test_validate_false_runs_no_python_check(monkeypatch):
     calls = []
     for name in ("check_decode_inputs", "check_prefill_inputs", "check_scale"):
         real = getattr(attention, name)
-        monkeypatch.setattr(attention, name, lambda *a, _real=real, _name=name, **kw: (calls.append(_name), _real(*a, **kw))[1])
+        monkeypatch.setattr(
+            attention, name, lambda *a, _real=real, _name=name, **kw: (calls.append(_name), _real(*a, **kw))[1]
+        )
     out = paged_attention_decode(q, k, v, t, lens.long(), impl="torch", validate=False)
     torch.testing.assert_close(out, ref)
     cu = torch.tensor([0, 1, 2], dtype=torch.int32)

@@ -287,7 +287,9 @@ def _decode_inputs(head_dim=8):
     return q, k_cache, v_cache, tables, lens
 
 
-@pytest.mark.parametrize("impl", ["torch", "loop"] + (["triton"] if triton_available() and triton_interpreting() else []))
+@pytest.mark.parametrize(
+    "impl", ["torch", "loop"] + (["triton"] if triton_available() and triton_interpreting() else [])
+)
 def test_kernel_wrapper_refuses_head_dim_zero_and_bad_scales(impl):
     import numpy as np
 
@@ -310,16 +312,20 @@ def test_numpy_integers_are_integers_everywhere_in_the_cache():
     bools and floats are refused, naming the argument."""
     import numpy as np
 
-    cache = PagedKVCache(np.int64(L), np.int32(NB), np.int64(B), H_KV, D, dtype=torch.float32, num_cpu_blocks=np.int64(2))
+    cache = PagedKVCache(
+        np.int64(L), np.int32(NB), np.int64(B), H_KV, D, dtype=torch.float32, num_cpu_blocks=np.int64(2)
+    )
     assert type(cache.num_blocks) is int and cache.nbytes == NB * bytes_per_block(L, B, H_KV, D, torch.float32)
     k = torch.randn(5, H_KV, D)
     cache.store(np.int64(1), k, k, [0, 1, 2, 3, 4])
     gk, _ = cache.gather(np.int64(1), [np.int64(0), 1], np.int64(5))
     assert torch.equal(gk, k)
     assert cache.address(np.int64(1), [0, 1], np.int64(4), np.int64(1)) == cache.k_caches[1][1, 0, 1].data_ptr()
-    for call, words in ((lambda: cache.layer(True), "layer must be an int"),
-                        (lambda: cache.gather(0, [0], 2.0), "seq_len must be an int"),
-                        (lambda: cache.address(0, [0], 1, kv_head=1.0), "kv_head must be an int"),
-                        (lambda: PagedKVCache(L, NB, B, H_KV, D, num_cpu_blocks=True), "num_cpu_blocks")):
+    for call, words in (
+        (lambda: cache.layer(True), "layer must be an int"),
+        (lambda: cache.gather(0, [0], 2.0), "seq_len must be an int"),
+        (lambda: cache.address(0, [0], 1, kv_head=1.0), "kv_head must be an int"),
+        (lambda: PagedKVCache(L, NB, B, H_KV, D, num_cpu_blocks=True), "num_cpu_blocks"),
+    ):
         with pytest.raises(TypeError, match=words):
             call()

@@ -47,9 +47,14 @@ def _imported(name: str, is_package: bool, node: ast.AST, known: set[str]) -> li
             here = here[: len(here) - (node.level - 1)]
             base = ".".join(here + ([base] if base else []))
         return [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
-    if (isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
-            and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")
-            and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, (ast.Attribute, ast.Name))
+        and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ):
         return [node.args[0].value]
     return []
 
@@ -121,8 +126,7 @@ def violations(root: Path, layers: list[str] = LAYERS, package: str = TOP) -> li
     layer order (or into the package's own ``__init__``), a circle, heavy imports in the torch-free
     layers."""
     graph, external = import_graph(root, package)
-    problems = [f"{m}: not in any layer of {layers}" for m in graph
-                if layer_of(m) != TOP and layer_of(m) not in layers]
+    problems = [f"{m}: not in any layer of {layers}" for m in graph if layer_of(m) != TOP and layer_of(m) not in layers]
     if problems:
         return problems
     for m, targets in sorted(graph.items()):
@@ -156,8 +160,12 @@ def test_the_graph_sees_the_imports_that_matter():
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
-    for rel, text in {"paged_edu/__init__.py": "", "paged_edu/core/__init__.py": "",
-                      "paged_edu/viz/__init__.py": "", **files}.items():
+    for rel, text in {
+        "paged_edu/__init__.py": "",
+        "paged_edu/core/__init__.py": "",
+        "paged_edu/viz/__init__.py": "",
+        **files,
+    }.items():
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -169,14 +177,17 @@ def test_the_checker_accepts_a_downward_import(tmp_path):
     assert violations(root) == []
 
 
-@pytest.mark.parametrize("source", [
-    "from paged_edu.viz.v import draw\n",
-    "import paged_edu.viz.v\n",
-    "def f():\n    from paged_edu.viz import v\n    return v\n",          # a lazy import counts
-    "from ..viz import v\n",                                              # so does a relative one
-    "import importlib\nV = importlib.import_module('paged_edu.viz.v')\n",
-    "from paged_edu import thing\n",                                      # the package's facade
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from paged_edu.viz.v import draw\n",
+        "import paged_edu.viz.v\n",
+        "def f():\n    from paged_edu.viz import v\n    return v\n",  # a lazy import counts
+        "from ..viz import v\n",  # so does a relative one
+        "import importlib\nV = importlib.import_module('paged_edu.viz.v')\n",
+        "from paged_edu import thing\n",  # the package's facade
+    ],
+)
 def test_the_checker_fails_on_an_upward_import(tmp_path, source):
     root = _tree(tmp_path, {"paged_edu/core/a.py": source, "paged_edu/viz/v.py": "def draw(): pass\n"})
     (problem,) = violations(root)
@@ -184,8 +195,13 @@ def test_the_checker_fails_on_an_upward_import(tmp_path, source):
 
 
 def test_the_checker_fails_on_a_circle_inside_one_layer(tmp_path):
-    root = _tree(tmp_path, {"paged_edu/core/a.py": "from paged_edu.core import b\n",
-                            "paged_edu/core/b.py": "def f():\n    from paged_edu.core.a import x\n"})
+    root = _tree(
+        tmp_path,
+        {
+            "paged_edu/core/a.py": "from paged_edu.core import b\n",
+            "paged_edu/core/b.py": "def f():\n    from paged_edu.core.a import x\n",
+        },
+    )
     assert violations(root) == ["circle: paged_edu.core.a -> paged_edu.core.b"]
 
 

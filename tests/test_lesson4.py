@@ -38,11 +38,20 @@ def brute_force(stepper: OnlineSoftmaxStepper) -> torch.Tensor:
 # The stepper
 # ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("update", [block_update, ex.reference("4.3")], ids=["library", "exercise-reference"])
 @pytest.mark.parametrize("seq_len,block_size,hq,hkv", [(45, 8, 4, 2), (32, 8, 8, 1), (1, 4, 2, 2), (77, 16, 6, 3)])
 def test_stepper_reaches_the_oracle_at_the_last_block_and_not_before(update, seq_len, block_size, hq, hkv):
-    s = OnlineSoftmaxStepper(seq_len, block_size=block_size, num_blocks=-(-seq_len // block_size) + 4,
-                             num_q_heads=hq, num_kv_heads=hkv, head_dim=8, seed=seq_len, update=update)
+    s = OnlineSoftmaxStepper(
+        seq_len,
+        block_size=block_size,
+        num_blocks=-(-seq_len // block_size) + 4,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=8,
+        seed=seq_len,
+        update=update,
+    )
     truth = brute_force(s)
     assert torch.allclose(s.truth.double(), truth, atol=1e-5)
     errors = [s.step()["error"].max().item() for _ in range(s.num_logical_blocks)]
@@ -130,6 +139,7 @@ def test_stepper_refuses_bad_input_and_a_bad_update_leaves_the_state_as_it_was()
 # The seed's kernel, as written, and fixed
 # ----------------------------------------------------------------------------------------------
 
+
 def _seed_case(dtype):
     case = random_paged_case(2, 48, 8, 2, 32, 16, dtype=dtype, device="cpu", seed=1)
     q, k, v, t, _ = case
@@ -146,7 +156,7 @@ def test_the_seeds_kernel_fails_on_half_precision_as_written(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_the_fixed_seed_kernel_matches_the_oracle(dtype):
     q, k, v, t, lens = _seed_case(dtype)
-    ref = paged_attention_torch(q, k, v, t, lens, scale=32 ** -0.5).float()
+    ref = paged_attention_torch(q, k, v, t, lens, scale=32**-0.5).float()
     out = paged_attention_decode_step_fixed(q, k, v, t, lens, block_size=16)
     assert out.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 1e-2
@@ -163,6 +173,7 @@ def test_the_seeds_fudge_changes_nothing_for_a_real_sequence():
 # ----------------------------------------------------------------------------------------------
 # Merge, bytes, timing helpers
 # ----------------------------------------------------------------------------------------------
+
 
 def test_merge_states_of_two_halves_is_the_state_of_the_whole_and_empty_is_neutral():
     g = torch.Generator().manual_seed(0)
@@ -199,7 +210,9 @@ def test_stored_figures_and_kernel_source():
     assert figures is not None and {r["case"] for r in figures["cases"]} >= {"1x8192", "64x4096"}
     assert stored_gpu_figures(path="/nonexistent/kernel_bench.json") is None
     sweep = stored_split_points(stored_gpu_figures("kernel_sweep.json"), "1x8192")
-    assert sweep["chosen_splits"] == 64 and [p["splits"] for p in sweep["points"]] == sorted({p["splits"] for p in sweep["points"]})
+    assert sweep["chosen_splits"] == 64 and [p["splits"] for p in sweep["points"]] == sorted(
+        {p["splits"] for p in sweep["points"]}
+    )
     assert stored_split_points({"cases": []}, "1x8192") is None
     assert len(split_figure([sweep], "t").data) == 3 and len(ladder_figure(figures["cases"], "t").data) == 4
     from paged_edu.kernels import triton_decode
@@ -213,6 +226,7 @@ def test_stored_figures_and_kernel_source():
 # ----------------------------------------------------------------------------------------------
 # Exercises: right and tempting wrong answers
 # ----------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["4.1", "4.2", "4.3"])
 def test_references_pass_and_stubs_and_none_do_not(name, capsys):
@@ -263,6 +277,7 @@ def test_a_learners_correct_update_is_checked_by_the_same_stepper_test():
 # The widget, headless: every callback
 # ----------------------------------------------------------------------------------------------
 
+
 def test_widget_next_block_run_reset_shuffle_and_head_slider():
     w = SoftmaxStepperWidget(OnlineSoftmaxStepper(45, block_size=8, num_blocks=10))
     assert len(w.fig.data) == 8 and len(w.fig.data[1].x) == 0 and "no block processed" in w.status.value
@@ -301,9 +316,15 @@ def test_every_piece_of_the_kernel_the_lesson_shows_is_still_in_its_source():
     from paged_edu.kernels import triton_decode as td
     from paged_edu.labs import kernel_ladder as ladder
 
-    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "04_online_softmax_and_the_kernel.ipynb").read_text())
-    calls = [m for c in nb["cells"] if c["cell_type"] == "code"
-             for m in re.findall(r"ladder\.source_between\([^\n]*\)(?=\))", "".join(c["source"]))]
+    nb = json.loads(
+        (Path(__file__).resolve().parents[1] / "notebooks" / "04_online_softmax_and_the_kernel.ipynb").read_text()
+    )
+    calls = [
+        m
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+        for m in re.findall(r"ladder\.source_between\([^\n]*\)(?=\))", "".join(c["source"]))
+    ]
     assert len(calls) >= 5
     for call in calls:
         assert eval(call, {"ladder": ladder, "td": td}).strip(), call  # noqa: S307 -- our own notebook

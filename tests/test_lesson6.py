@@ -76,8 +76,9 @@ def test_sizing_refuses_before_allocating(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 2**31))
     with pytest.raises(ValueError, match="reserved"):
-        PagedKVCache.from_gpu_memory_utilization(2, 8, 2, 16, gpu_memory_utilization=0.98, reserve_bytes=2**30,
-                                                 device="cuda")
+        PagedKVCache.from_gpu_memory_utilization(
+            2, 8, 2, 16, gpu_memory_utilization=0.98, reserve_bytes=2**30, device="cuda"
+        )
     with pytest.raises(ValueError, match="does not fit"):
         PagedKVCache.from_gpu_memory_utilization(30, 16, 64, 128, gpu_memory_utilization=0.01, device="cuda")
 
@@ -132,8 +133,14 @@ def test_the_plan_on_the_measured_h200_figures_predicts_what_the_h200_did():
 
     m = T.h200_measured_warmup()
     for run in m["runs"]:
-        plan = T.plan_memory("h200", "SmolLM2-135M", run["gpu_memory_utilization"], context_bytes=m["context"],
-                             activation_bytes=m["activations"], total_bytes=m["total"])
+        plan = T.plan_memory(
+            "h200",
+            "SmolLM2-135M",
+            run["gpu_memory_utilization"],
+            context_bytes=m["context"],
+            activation_bytes=m["activations"],
+            total_bytes=m["total"],
+        )
         assert plan.fits == run["ok"], run
         assert abs(plan.kv / 2**30 - run["kv_gib"]) < 0.05, (plan.kv / 2**30, run["kv_gib"])
 

@@ -26,7 +26,9 @@ def table():
 def test_table_cells_against_the_simulator_and_the_bounds(table):
     reqs = bt.workload("sharegpt", 120, 3.0, 0)
     stored = [s - 1 for s in bt.final_lengths(reqs)]
-    assert table["contiguous-max"].kv_utilization_final == pytest.approx(bt.contiguous_max_utilization(stored), abs=1e-12)
+    assert table["contiguous-max"].kv_utilization_final == pytest.approx(
+        bt.contiguous_max_utilization(stored), abs=1e-12
+    )
     for b in (8, 16, 32, 64, 128):
         res = table[f"paged B={b}"]
         for req in res.requests:
@@ -82,9 +84,17 @@ def test_per_block_fit_recovers_a_planted_cost():
         for n, s in ((1, 8192), (8, 2048), (64, 4096), (16, 32768)):
             blocks = n * math.ceil(s / 16) * 8
             ceiling = 1e-3 * n * s
-            cases.append({"case": f"{n}x{s}", "num_seqs": n, "seq_len": s, "ceiling_us": ceiling,
-                          "impls": {"triton": {"us": ceiling / 2 + fixed + per_block * blocks * 1e6}}})
+            cases.append(
+                {
+                    "case": f"{n}x{s}",
+                    "num_seqs": n,
+                    "seq_len": s,
+                    "ceiling_us": ceiling,
+                    "impls": {"triton": {"us": ceiling / 2 + fixed + per_block * blocks * 1e6}},
+                }
+            )
         return {"geometry": {"block_size": 16, "num_kv_heads": 8}, "cases": cases}
+
     fit = fit_per_block_cost(bench(3e-10, 5.0))
     assert fit.per_block_s == pytest.approx(3e-10, rel=1e-6) and fit.fixed_s == pytest.approx(5e-6, rel=1e-6)
     assert bt.kernel_block_fit().per_block_s >= 0

@@ -33,8 +33,14 @@ def _blocks_by_hand(model: str, gpu: str, util: float, block_size: int, value_by
 
 def test_defaults_are_vllms():
     f = sf.parse_vllm_serve(LLAMA)
-    assert (f.model, f.gpu_memory_utilization, f.block_size, f.enable_prefix_caching, f.swap_space,
-            f.kv_cache_dtype) == ("meta-llama/Meta-Llama-3-8B-Instruct", 0.9, 16, True, 4.0, "auto")
+    assert (
+        f.model,
+        f.gpu_memory_utilization,
+        f.block_size,
+        f.enable_prefix_caching,
+        f.swap_space,
+        f.kv_cache_dtype,
+    ) == ("meta-llama/Meta-Llama-3-8B-Instruct", 0.9, 16, True, 4.0, "auto")
     assert f.max_num_seqs is f.max_num_batched_tokens is f.max_model_len is None
     # Hardware-dependent defaults of `vllm serve`: >= 70 GiB and not an A100 -> 1024 / 8192, else 256 / 2048.
     big = sf.translate(f, gpu="h200").flags
@@ -49,48 +55,63 @@ def test_every_flag_in_both_spellings_and_human_readable_ints():
     f = sf.parse_vllm_serve(
         "vllm serve 'facebook/opt-13b' --gpu-memory-utilization=0.8 --block-size 32 --max-num-seqs 64 \\\n"
         " --max-num-batched-tokens 4K --no-enable-prefix-caching --swap-space 0 --max-model-len 1k "
-        "--kv-cache-dtype fp8_e5m2")
-    assert (f.model, f.gpu_memory_utilization, f.block_size, f.max_num_seqs, f.max_num_batched_tokens,
-            f.enable_prefix_caching, f.swap_space, f.max_model_len, f.kv_cache_dtype) == (
-        "facebook/opt-13b", 0.8, 32, 64, 4096, False, 0.0, 1000, "fp8_e5m2")
+        "--kv-cache-dtype fp8_e5m2"
+    )
+    assert (
+        f.model,
+        f.gpu_memory_utilization,
+        f.block_size,
+        f.max_num_seqs,
+        f.max_num_batched_tokens,
+        f.enable_prefix_caching,
+        f.swap_space,
+        f.max_model_len,
+        f.kv_cache_dtype,
+    ) == ("facebook/opt-13b", 0.8, 32, 64, 4096, False, 0.0, 1000, "fp8_e5m2")
     assert sf.parse_vllm_serve("vllm serve x --no-enable-prefix-caching --enable-prefix-caching").enable_prefix_caching
     assert sf.parse_vllm_serve("vllm serve x --max-model-len 2M").max_model_len == 2 * 2**20
     assert sf.parse_vllm_serve("vllm serve x --max-model-len 1.5k").max_model_len == 1500
 
 
-@pytest.mark.parametrize("tail, words", [
-    ("--gpu-memory-utilization 1.5", ["--gpu-memory-utilization", "(0, 1]"]),
-    ("--gpu-memory-utilization 0", ["--gpu-memory-utilization", "(0, 1]"]),
-    ("--gpu-memory-utilization lots", ["--gpu-memory-utilization", "not a number"]),
-    ("--gpu-memory-utilization nan", ["--gpu-memory-utilization", "finite"]),
-    ("--block-size 12", ["--block-size", "invalid choice '12'", "1, 8, 16, 32, 64, 128, 256"]),
-    ("--block-size sixteen", ["--block-size", "invalid choice"]),
-    ("--max-num-seqs 0", ["--max-num-seqs", ">= 1"]),
-    ("--max-num-seqs 2.5", ["--max-num-seqs", "not an integer"]),
-    ("--max-num-batched-tokens 1.5K", ["--max-num-batched-tokens", "decimals only with k/m/g"]),
-    ("--enable-prefix-caching=true", ["--enable-prefix-caching", "takes no value"]),
-    ("--swap-space -1", ["--swap-space", "negative"]),
-    ("--max-model-len", ["--max-model-len", "expects a value"]),
-    ("--max-model-len --block-size 16", ["--max-model-len", "expects a value"]),
-    ("--kv-cache-dtype float16", ["--kv-cache-dtype", "invalid choice 'float16'", "fp8_e4m3"]),
-    ("--kv-cache-dtype fp8_ds_mla", ["--kv-cache-dtype", "does not model"]),
-    ("--max-num-seq 8", ["unrecognized flag --max-num-seq", "did you mean --max-num-seqs?"]),
-    ("--max_model_len 8", ["unrecognized flag --max_model_len", "did you mean --max-model-len?"]),
-    ("--tensor-parallel-size 2", ["unrecognized flag --tensor-parallel-size"]),
-    ("extra", ["unexpected argument 'extra'"]),
-])
+@pytest.mark.parametrize(
+    "tail, words",
+    [
+        ("--gpu-memory-utilization 1.5", ["--gpu-memory-utilization", "(0, 1]"]),
+        ("--gpu-memory-utilization 0", ["--gpu-memory-utilization", "(0, 1]"]),
+        ("--gpu-memory-utilization lots", ["--gpu-memory-utilization", "not a number"]),
+        ("--gpu-memory-utilization nan", ["--gpu-memory-utilization", "finite"]),
+        ("--block-size 12", ["--block-size", "invalid choice '12'", "1, 8, 16, 32, 64, 128, 256"]),
+        ("--block-size sixteen", ["--block-size", "invalid choice"]),
+        ("--max-num-seqs 0", ["--max-num-seqs", ">= 1"]),
+        ("--max-num-seqs 2.5", ["--max-num-seqs", "not an integer"]),
+        ("--max-num-batched-tokens 1.5K", ["--max-num-batched-tokens", "decimals only with k/m/g"]),
+        ("--enable-prefix-caching=true", ["--enable-prefix-caching", "takes no value"]),
+        ("--swap-space -1", ["--swap-space", "negative"]),
+        ("--max-model-len", ["--max-model-len", "expects a value"]),
+        ("--max-model-len --block-size 16", ["--max-model-len", "expects a value"]),
+        ("--kv-cache-dtype float16", ["--kv-cache-dtype", "invalid choice 'float16'", "fp8_e4m3"]),
+        ("--kv-cache-dtype fp8_ds_mla", ["--kv-cache-dtype", "does not model"]),
+        ("--max-num-seq 8", ["unrecognized flag --max-num-seq", "did you mean --max-num-seqs?"]),
+        ("--max_model_len 8", ["unrecognized flag --max_model_len", "did you mean --max-model-len?"]),
+        ("--tensor-parallel-size 2", ["unrecognized flag --tensor-parallel-size"]),
+        ("extra", ["unexpected argument 'extra'"]),
+    ],
+)
 def test_a_bad_flag_is_refused_by_name(tail, words):
     with pytest.raises(ValueError) as err:
         sf.parse_vllm_serve(f"vllm serve some/model {tail}")
     assert all(w in str(err.value) for w in words), str(err.value)
 
 
-@pytest.mark.parametrize("command, words", [
-    ("python -m vllm serve x", ["must start with 'vllm serve MODEL'"]),
-    ("vllm serve", ["needs the model first"]),
-    ("vllm serve --block-size 16", ["needs the model first"]),
-    ("vllm serve 'x", ["does not split"]),
-])
+@pytest.mark.parametrize(
+    "command, words",
+    [
+        ("python -m vllm serve x", ["must start with 'vllm serve MODEL'"]),
+        ("vllm serve", ["needs the model first"]),
+        ("vllm serve --block-size 16", ["needs the model first"]),
+        ("vllm serve 'x", ["does not split"]),
+    ],
+)
 def test_a_malformed_command_line_is_refused(command, words):
     with pytest.raises(ValueError) as err:
         sf.parse_vllm_serve(command)
@@ -102,15 +123,21 @@ def test_a_malformed_command_line_is_refused(command, words):
 # -- translation -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model, gpu, util, block, dtype, value_bytes", [
-    ("Llama-3-8B", "h200", 0.9, 16, "auto", 2), ("Llama-3-8B", "h200", 0.9, 16, "fp8", 1),
-    ("OPT-13B", "a100-80gb", 0.85, 32, "fp8", 1), ("Llama-2-7B", "h100", 0.7, 8, "bfloat16", 2),
-    ("SmolLM2-135M", "t4", 0.5, 256, "auto", 2),
-])
+@pytest.mark.parametrize(
+    "model, gpu, util, block, dtype, value_bytes",
+    [
+        ("Llama-3-8B", "h200", 0.9, 16, "auto", 2),
+        ("Llama-3-8B", "h200", 0.9, 16, "fp8", 1),
+        ("OPT-13B", "a100-80gb", 0.85, 32, "fp8", 1),
+        ("Llama-2-7B", "h100", 0.7, 8, "bfloat16", 2),
+        ("SmolLM2-135M", "t4", 0.5, 256, "auto", 2),
+    ],
+)
 def test_blocks_tokens_and_concurrency_against_the_arithmetic(model, gpu, util, block, dtype, value_bytes):
     key = MODEL_TABLE[model].key
-    t = sf.translate(f"vllm serve org/{key} --gpu-memory-utilization {util} --block-size {block} "
-                     f"--kv-cache-dtype {dtype}", gpu=gpu)
+    t = sf.translate(
+        f"vllm serve org/{key} --gpu-memory-utilization {util} --block-size {block} --kv-cache-dtype {dtype}", gpu=gpu
+    )
     assert t.model == model and t.num_blocks == _blocks_by_hand(model, gpu, util, block, value_bytes)
     assert t.kv_tokens == t.num_blocks * block
     length = MODEL_TABLE[model].max_position_embeddings
@@ -149,8 +176,9 @@ def test_the_simulated_run_uses_the_translated_settings():
     res = sf.simulate_flags(t, "fewshot", 40)
     assert res.config.manager == "paged-prefix" and res.num_kv_slots == t.kv_tokens
     assert res.max_concurrent <= 4 and res.config.max_num_batched_tokens == 2048
-    off = sf.simulate_flags(sf.translate("vllm serve facebook/opt-13b --no-enable-prefix-caching", gpu="a100-80gb"),
-                            "fewshot", 40)
+    off = sf.simulate_flags(
+        sf.translate("vllm serve facebook/opt-13b --no-enable-prefix-caching", gpu="a100-80gb"), "fewshot", 40
+    )
     assert off.config.manager == "paged" and off.prefix_hit_rate == 0 < res.prefix_hit_rate
     fp8 = sf.translate("vllm serve facebook/opt-13b --kv-cache-dtype fp8", gpu="a100-80gb")
     assert sf.simulate_flags(fp8, "fewshot", 40).assumptions["kv_bytes_per_token"] == fp8.bytes_per_token
@@ -206,15 +234,22 @@ def test_roomy_claims_hold(roomy):
 
 
 def test_the_checks_can_fail(roomy):
-    bent = [r if (r.manager, r.block_size, r.policy) != ("paged-radix", 16, "lpm") else
-            replace(r, hit_rate=r.hit_rate + 0.01) for r in roomy]
+    bent = [
+        r
+        if (r.manager, r.block_size, r.policy) != ("paged-radix", 16, "lpm")
+        else replace(r, hit_rate=r.hit_rate + 0.01)
+        for r in roomy
+    ]
     failed = [name for name, ok, _ in cc.checks(bent) if not ok]
     assert any("hit alike" in n for n in failed) and any("LPM == FCFS" in n for n in failed)
     assert any("B=1 hits at least" in n for n in failed)
-    tight = [cc.CacheRow("w", "tight", m, 16, "fcfs", h, 0, 0, 0, 0, 0, 0)
-             for m, h in (("paged-prefix", 0.5), ("paged-radix", 0.6))]
-    assert cc.checks(tight) == [("tight: neither B=16 cache hits more everywhere", False,
-                                 "radix - hash from +0.100 to +0.100 (widest: w/fcfs)")]
+    tight = [
+        cc.CacheRow("w", "tight", m, 16, "fcfs", h, 0, 0, 0, 0, 0, 0)
+        for m, h in (("paged-prefix", 0.5), ("paged-radix", 0.6))
+    ]
+    assert cc.checks(tight) == [
+        ("tight: neither B=16 cache hits more everywhere", False, "radix - hash from +0.100 to +0.100 (widest: w/fcfs)")
+    ]
 
 
 def test_token_granularity_hits_the_partial_block_and_matches_the_arithmetic():
@@ -244,12 +279,14 @@ def test_exercise_8_1_right_and_wrong():
     right = _blocks_by_hand("OPT-13B", "a100-80gb", 0.85, 32, 1)
     assert ex.reference("8.1")() == right and ex.check("8.1", right) and ex.check("8.1", ex.reference("8.1"))
     total, weights, m = GPU_TABLE["a100-80gb"].memory_bytes, 12.9e9 * 2, 2 * 40 * 40 * 128
-    for wrong, words in ((_blocks_by_hand("OPT-13B", "a100-80gb", 0.85, 32, 2), "fp16 cache"),
-                         (_blocks_by_hand("OPT-13B", "a100-80gb", 0.85, 16, 1), "blocks of 16"),
-                         (int(0.85 * (total - weights) // (32 * m)), "TOTAL"),
-                         (int((0.85 * 80e9 - weights) // (32 * m)), "decimal"),
-                         (int((0.85 * total - weights) // m), "tokens, not blocks"),
-                         (int(0.85 * total // (32 * m)), "weights were not subtracted")):
+    for wrong, words in (
+        (_blocks_by_hand("OPT-13B", "a100-80gb", 0.85, 32, 2), "fp16 cache"),
+        (_blocks_by_hand("OPT-13B", "a100-80gb", 0.85, 16, 1), "blocks of 16"),
+        (int(0.85 * (total - weights) // (32 * m)), "TOTAL"),
+        (int((0.85 * 80e9 - weights) // (32 * m)), "decimal"),
+        (int((0.85 * total - weights) // m), "tokens, not blocks"),
+        (int(0.85 * total // (32 * m)), "weights were not subtracted"),
+    ):
         v = ex.check("8.1", wrong)
         assert not v and words in str(v), str(v)
 
@@ -306,7 +343,8 @@ def test_a_measured_total_and_the_pool_really_allocated():
     assert t.total_bytes == total and t.num_blocks == int((0.9 * total - g.num_params * 2) // per_block)
     cache = sf.allocate_pool(t, "cpu")
     assert cache.num_blocks == t.num_blocks and cache.nbytes == t.num_blocks * t.block_bytes
-    fp8 = sf.translate("vllm serve HuggingFaceTB/SmolLM2-135M --max-model-len 256 --kv-cache-dtype fp8", gpu="t4",
-                       total_bytes=total)
+    fp8 = sf.translate(
+        "vllm serve HuggingFaceTB/SmolLM2-135M --max-model-len 256 --kv-cache-dtype fp8", gpu="t4", total_bytes=total
+    )
     with pytest.raises(ValueError, match="--kv-cache-dtype: allocate_pool builds"):
         sf.allocate_pool(fp8, "cpu")

@@ -35,15 +35,21 @@ def test_address_check_runs_the_seed_formula_as_written_and_the_corrected_one(dt
         for h in range(H):
             a = E.address_check(cache, table, t, k_true, kv_head=h)
             block, j = table[t // B], t % B
-            assert a["strides_match"] and a["symbols"] == {"S_token": H * D * size, "S_block": B * H * D * size,
-                                                           "S_head": D * size}
+            assert a["strides_match"] and a["symbols"] == {
+                "S_token": H * D * size,
+                "S_block": B * H * D * size,
+                "S_head": D * size,
+            }
             assert a["right"]["byte_offset"] == block * B * H * D * size + j * H * D * size + h * D * size
             assert a["right"]["k_matches"] and a["right"]["token"] == t and a["right"]["head"] == h
             seed_offset = block * B * H * D * size + j * D  # bytes + elements: the seed's formula
             assert a["seed"]["byte_offset"] == seed_offset
             element = seed_offset // size
             assert (a["seed"]["slot_in_block"], a["seed"]["head"], a["seed"]["dim"]) == (
-                element % (B * H * D) // (H * D), element % (H * D) // D, element % D)
+                element % (B * H * D) // (H * D),
+                element % (H * D) // D,
+                element % D,
+            )
             if j or h:  # only token j = 0, head 0 happens to start where the seed points
                 assert not a["seed"]["k_matches"]
 
@@ -57,7 +63,7 @@ def test_the_seed_offset_is_right_for_one_head_counted_in_elements_and_the_check
     for block in range(4):
         for j in range(B):  # in elements, with one head: B(i) * (B * d_head) + j * d_head
             start = block * B * D + j * D
-            assert torch.equal(flat[start:start + D], k[block, j, 0])
+            assert torch.equal(flat[start : start + D], k[block, j, 0])
     table = [3, 1]
     truth = torch.stack([k[table[t // B], t % B] for t in range(8)])  # (8, 1, D)
     assert E.address_check(cache, table, 6, truth)["right"]["k_matches"]

@@ -76,13 +76,17 @@ NOT_YET_RENDERED: dict[str, set[str]] = {
 # Numbers that are never figures: exercise numbers (**4.1**, exercise 6.2), model sizes (135M),
 # years, arXiv ids, version numbers -- removed before the scan.
 _NOT_FIGURES = [
-    r"`[^`]*`",                      # code spans
-    r"\$\$.*?\$\$", r"\$[^$]*\$",    # maths (the formula's symbols, not measurements)
-    r"\]\([^)]*\)", r"https?://\S+",  # link targets, addresses
-    r"\*\*\d+\.\d+\b",               # **4.1**, **5.3 — ...**
+    r"`[^`]*`",  # code spans
+    r"\$\$.*?\$\$",
+    r"\$[^$]*\$",  # maths (the formula's symbols, not measurements)
+    r"\]\([^)]*\)",
+    r"https?://\S+",  # link targets, addresses
+    r"\*\*\d+\.\d+\b",  # **4.1**, **5.3 — ...**
     r"(?i)exercises? \d+\.\d+(?:\s*(?:and|,|-)\s*\d+\.\d+)*",  # exercise 6.2 (and 6.3)
-    r"(?i)\bv\d+(?:\.\d+)*\b", r"(?i)vLLM \d+(?:\.\d+)+",  # versions
-    r"(?i)arXiv:\d+\.\d+", r"\b\d+(?:\.\d+)?[MBK]\b",  # arXiv ids, 135M / 8B / 70B models
+    r"(?i)\bv\d+(?:\.\d+)*\b",
+    r"(?i)vLLM \d+(?:\.\d+)+",  # versions
+    r"(?i)arXiv:\d+\.\d+",
+    r"\b\d+(?:\.\d+)?[MBK]\b",  # arXiv ids, 135M / 8B / 70B models
     r"(?i)\b(?:torch|triton|python|cuda|nbval|plotly) \d+(?:\.\d+)+",
 ]
 
@@ -102,7 +106,10 @@ def _value(figure: str) -> tuple[float, int]:
 
 
 def _numbers(text: str) -> set[float]:
-    return {float(m.replace(",", "")) for m in re.findall(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:e-?\d+)?", text)}
+    return {
+        float(m.replace(",", ""))
+        for m in re.findall(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:e-?\d+)?", text)
+    }
 
 
 def _is_input_size(figure: str) -> bool:
@@ -172,20 +179,36 @@ def _load(path: Path) -> dict:
 def test_no_lesson_types_a_figure_in_its_prose(path):
     nb = _load(path)
     bad = [b for b in typed_figures(nb) if b[1] not in NOT_YET_RENDERED.get(nb["_lesson"], set())]
-    assert not bad, "render these from the computation (paged_edu.lessons.prose.say) or name their source:\n" + \
-        "\n".join(f"  cell {i}: {fig!r} ({why})" for i, fig, why in bad)
+    assert not bad, (
+        "render these from the computation (paged_edu.lessons.prose.say) or name their source:\n"
+        + "\n".join(f"  cell {i}: {fig!r} ({why})" for i, fig, why in bad)
+    )
 
 
 def test_the_scan_finds_a_typed_figure_and_ignores_code_maths_and_exercise_numbers():
-    nb = {"_lesson": "99", "cells": [
-        {"cell_type": "markdown", "source": ["The engine measured 15,315 tok/s; **4.1** asks `x = 2.5 ms`; "
-                                             "$\\lceil 56 / 8 \\rceil = 7$; SmolLM2-135M; exercise 6.2."]},
-        {"cell_type": "markdown", "source": ["Up to 1,739 of them, 4.49 on average."]},
-        {"cell_type": "code", "source": ["print(x)"], "outputs": [{"output_type": "stream", "text": "1,739.2 and 4.486\n"}]},
-    ]}
-    assert typed_figures(nb) == [(0, "15,315 tok/s", "a measured figure typed in the prose"),
-                                 (1, "1,739", "typed, and the lesson computes it"),
-                                 (1, "4.49", "typed, and the lesson computes it")]
+    nb = {
+        "_lesson": "99",
+        "cells": [
+            {
+                "cell_type": "markdown",
+                "source": [
+                    "The engine measured 15,315 tok/s; **4.1** asks `x = 2.5 ms`; "
+                    "$\\lceil 56 / 8 \\rceil = 7$; SmolLM2-135M; exercise 6.2."
+                ],
+            },
+            {"cell_type": "markdown", "source": ["Up to 1,739 of them, 4.49 on average."]},
+            {
+                "cell_type": "code",
+                "source": ["print(x)"],
+                "outputs": [{"output_type": "stream", "text": "1,739.2 and 4.486\n"}],
+            },
+        ],
+    }
+    assert typed_figures(nb) == [
+        (0, "15,315 tok/s", "a measured figure typed in the prose"),
+        (1, "1,739", "typed, and the lesson computes it"),
+        (1, "4.49", "typed, and the lesson computes it"),
+    ]
 
 
 def test_say_renders_markdown_with_the_lessons_number_format():

@@ -21,12 +21,15 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import run_lessons  # noqa: E402
 
 
-@pytest.mark.parametrize("device, words", [
-    ("bogus", ["device='bogus'", "'auto', 'cpu', 'cuda'"]),
-    ("CPU", ["device='CPU'", "lower case", "'auto', 'cpu'"]),
-    (0, ["device must be a string"]),
-    ("cuda:x", ["device='cuda:x'"]),
-])
+@pytest.mark.parametrize(
+    "device, words",
+    [
+        ("bogus", ["device='bogus'", "'auto', 'cpu', 'cuda'"]),
+        ("CPU", ["device='CPU'", "lower case", "'auto', 'cpu'"]),
+        (0, ["device must be a string"]),
+        ("cuda:x", ["device='cuda:x'"]),
+    ],
+)
 def test_a_wrong_device_is_refused_by_name(device, words):
     with pytest.raises(ValueError) as err:
         S.setup(device, seed=0, quiet=True)
@@ -40,10 +43,23 @@ def test_cuda_without_a_gpu_names_the_parameter(monkeypatch):
     assert S.check_device("auto") == "cpu"
 
 
-@pytest.mark.parametrize("name, value", [
-    ("L_max", -20), ("L_max", 0), ("L_max", 10**6), ("L_max", 6.4), ("L_max", True), ("L_max", "64"),
-    ("num_requests", 0), ("num_requests", -1), ("s_max", 0), ("num_chats", 0), ("seed", -1), ("seed", 2**64),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("L_max", -20),
+        ("L_max", 0),
+        ("L_max", 10**6),
+        ("L_max", 6.4),
+        ("L_max", True),
+        ("L_max", "64"),
+        ("num_requests", 0),
+        ("num_requests", -1),
+        ("s_max", 0),
+        ("num_chats", 0),
+        ("seed", -1),
+        ("seed", 2**64),
+    ],
+)
 def test_a_wrong_lesson_parameter_is_refused_with_the_values_it_takes(name, value):
     rule = S.PARAMETERS[name]
     with pytest.raises(ValueError) as err:
@@ -54,7 +70,13 @@ def test_a_wrong_lesson_parameter_is_refused_with_the_values_it_takes(name, valu
 
 def test_good_parameters_pass_and_unknown_names_are_refused():
     assert S.check_parameters(device="auto", seed=3, L_max=64, num_requests=200, s_max=512, num_chats=20) == {
-        "device": "auto", "seed": 3, "L_max": 64, "num_requests": 200, "s_max": 512, "num_chats": 20}
+        "device": "auto",
+        "seed": 3,
+        "L_max": 64,
+        "num_requests": 200,
+        "s_max": 512,
+        "num_chats": 20,
+    }
     assert S.setup("cpu", seed=0, quiet=True, L_max=64)[0] == torch.device("cpu")
     with pytest.raises(ValueError, match="'Lmax' is not a lesson parameter"):
         S.check_parameters(Lmax=64)
@@ -70,18 +92,37 @@ def test_run_lessons_refuses_an_unknown_parameter_before_running(tmp_path, capsy
 
 def test_run_lessons_reports_a_bad_value_by_name(tmp_path, capsys):
     """num_requests 0 was a ZeroDivisionError in lesson 2; now the set-up cell refuses it."""
-    code = run_lessons.main(["--only", "02_", "--device", "cpu", "--out", str(tmp_path),
-                             "--timeout", str(HANG_GUARD_S), "-p", "num_requests", "0"])
+    code = run_lessons.main(
+        [
+            "--only",
+            "02_",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+            "--timeout",
+            str(HANG_GUARD_S),
+            "-p",
+            "num_requests",
+            "0",
+        ]
+    )
     assert code == 1
     record = json.loads((tmp_path / "summary.json").read_text())[0]
     assert "num_requests=0 is out of range" in record["error"] and "ZeroDivision" not in record["error"]
 
 
-@pytest.mark.parametrize("name, value, words", [
-    ("batching_model", "big", "one of 'auto', 'tiny', 'lesson'"), ("batching_model", 1, "one of"),
-    ("question", "", "a non-empty string"), ("question", None, "a non-empty string"),
-    ("block_size", 0, "from 1 to 256"), ("max_new_tokens", 0, "from 1 to 512"),
-])
+@pytest.mark.parametrize(
+    "name, value, words",
+    [
+        ("batching_model", "big", "one of 'auto', 'tiny', 'lesson'"),
+        ("batching_model", 1, "one of"),
+        ("question", "", "a non-empty string"),
+        ("question", None, "a non-empty string"),
+        ("block_size", 0, "from 1 to 256"),
+        ("max_new_tokens", 0, "from 1 to 512"),
+    ],
+)
 def test_lessons_4_and_5_parameters_are_refused_with_the_values_they_take(name, value, words):
     with pytest.raises(ValueError) as err:
         S.setup("cpu", quiet=True, **{"seed": 0, name: value})
@@ -94,11 +135,14 @@ def test_a_lesson_whose_only_error_is_meant_runs_ok_without_papermills_error_ban
     the executed copy (which the site renders) carries no "An Exception was encountered" banner."""
     import nbformat
 
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                           "language": "python"}})
-    nb.cells = [nbformat.v4.new_code_cell("device = 'cpu'", metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell("1 / 0", metadata={"tags": ["raises-exception"]}),
-                nbformat.v4.new_code_cell("print('after')")]
+    nb = nbformat.v4.new_notebook(
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    )
+    nb.cells = [
+        nbformat.v4.new_code_cell("device = 'cpu'", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("1 / 0", metadata={"tags": ["raises-exception"]}),
+        nbformat.v4.new_code_cell("print('after')"),
+    ]
     src = tmp_path / "99_meant.ipynb"
     nbformat.write(nb, src)
     (tmp_path / "out").mkdir(), (tmp_path / "out2").mkdir()

@@ -6,8 +6,16 @@ import pytest
 
 from paged_edu import BlockAllocator, ContiguousAllocator, OutOfBlocksError
 from paged_edu.core.memory import (
-    PRESETS, KVSpec, eta_naive, eta_paged, eta_paged_bound, format_bytes, kv_bytes,
-    max_requests_contiguous, max_requests_paged, seed_70b_example,
+    PRESETS,
+    KVSpec,
+    eta_naive,
+    eta_paged,
+    eta_paged_bound,
+    format_bytes,
+    kv_bytes,
+    max_requests_contiguous,
+    max_requests_paged,
+    seed_70b_example,
 )
 
 
@@ -23,13 +31,16 @@ def test_seed_70b_example_exactly_and_its_unit_slip():
     assert format_bytes(ex["total_bytes"]) == "2.50 GiB (2.68 GB)"
 
 
-@pytest.mark.parametrize("name, per_token", [
-    ("Llama-3-8B", 2 * 32 * 8 * 128 * 2),
-    ("Llama-2-7B", 2 * 32 * 32 * 128 * 2),
-    ("OPT-13B", 800 * 1024),  # the paper's "800 KB per token"
-    ("SmolLM2-135M", 2 * 30 * 3 * 64 * 2),
-    ("DeepSeek-V3 (MLA)", 61 * (512 + 64) * 2),
-])
+@pytest.mark.parametrize(
+    "name, per_token",
+    [
+        ("Llama-3-8B", 2 * 32 * 8 * 128 * 2),
+        ("Llama-2-7B", 2 * 32 * 32 * 128 * 2),
+        ("OPT-13B", 800 * 1024),  # the paper's "800 KB per token"
+        ("SmolLM2-135M", 2 * 30 * 3 * 64 * 2),
+        ("DeepSeek-V3 (MLA)", 61 * (512 + 64) * 2),
+    ],
+)
 def test_presets_bytes_per_token(name, per_token):
     assert PRESETS[name].bytes_per_token == per_token
     assert kv_bytes(PRESETS[name], 10) == 10 * per_token
@@ -77,16 +88,24 @@ def test_capacity_matches_filling_the_allocators():
     assert max_requests_paged(budget, spec, s, B) == n_paged == 125 // math.ceil(s / B)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"num_layers": 0}, {"num_kv_heads": -1}, {"head_dim": 1.5}, {"dtype": "fp64"},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_layers": 0},
+        {"num_kv_heads": -1},
+        {"head_dim": 1.5},
+        {"dtype": "fp64"},
+    ],
+)
 def test_bad_specs(kwargs):
     args = {"name": "x", "num_layers": 2, "num_kv_heads": 2, "head_dim": 8, **kwargs}
     with pytest.raises(ValueError):
         KVSpec(**args)
 
 
-@pytest.mark.parametrize("call", [lambda: eta_paged(0, 16), lambda: eta_paged(5, 0), lambda: kv_bytes(PRESETS["OPT-13B"], -1)])
+@pytest.mark.parametrize(
+    "call", [lambda: eta_paged(0, 16), lambda: eta_paged(5, 0), lambda: kv_bytes(PRESETS["OPT-13B"], -1)]
+)
 def test_bad_lengths(call):
     with pytest.raises(ValueError):
         call()

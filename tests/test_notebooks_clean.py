@@ -26,9 +26,16 @@ from paged_edu.lessons.setup import PARAMETERS, REPO_URL, colab_badge, colab_cel
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 CHECK = "# NBVAL_CHECK_OUTPUT"
-EXTRA_KEYS = ["metadata.signature", "metadata.widgets", "cell.metadata.collapsed", "cell.metadata.ExecuteTime",
-              "cell.metadata.execution", "cell.metadata.heading_collapsed", "cell.metadata.hidden",
-              "cell.metadata.scrolled"]
+EXTRA_KEYS = [
+    "metadata.signature",
+    "metadata.widgets",
+    "cell.metadata.collapsed",
+    "cell.metadata.ExecuteTime",
+    "cell.metadata.execution",
+    "cell.metadata.heading_collapsed",
+    "cell.metadata.hidden",
+    "cell.metadata.scrolled",
+]
 MAX_OUTPUT_CHARS = 3000  # per checked cell
 MAX_FILE_BYTES = 80_000
 
@@ -63,8 +70,11 @@ def problems(nb: nbformat.NotebookNode, name: str) -> list[str]:
                 size += len(out.get("text", ""))
             elif kind == "execute_result" and set(out.get("data", {})) == {"text/plain"}:
                 size += len(out["data"]["text/plain"])
-            elif kind == "display_data" and set(out.get("data", {})) == {"text/markdown", "text/plain"} \
-                    and out["data"]["text/markdown"] == out["data"]["text/plain"]:
+            elif (
+                kind == "display_data"
+                and set(out.get("data", {})) == {"text/markdown", "text/plain"}
+                and out["data"]["text/markdown"] == out["data"]["text/plain"]
+            ):
                 size += len(out["data"]["text/plain"])  # a sentence rendered by paged_edu.lessons.prose.say
             else:
                 found.append(f"cell {k}: output of type {kind} {sorted(out.get('data', {}))} is not plain text")
@@ -107,7 +117,7 @@ def test_sync_colab_rewrites_a_stale_badge_and_install_cell(tmp_path, monkeypatc
 
     path = tmp_path / LESSONS[0].name
     shutil.copy(LESSONS[0], path)
-    assert not sync_colab.sync(path)                     # the stored lesson is in sync
+    assert not sync_colab.sync(path)  # the stored lesson is in sync
     nb = nbformat.read(path, as_version=4)
     nb.cells[0].source = nb.cells[0].source.replace("paged-edu/paged_edu", "someone/else")
     next(c for c in nb.cells if c.cell_type == "code").source = "# stale"

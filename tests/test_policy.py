@@ -21,16 +21,24 @@ def _run(scheduler, until_done):
     order = []
     for _ in range(500):
         out = scheduler.schedule()
-        order += [item.seq.seq_id for item in out.scheduled if item.start == item.seq.num_cached_tokens
-                  and item.seq.seq_id not in order]
+        order += [
+            item.seq.seq_id
+            for item in out.scheduled
+            if item.start == item.seq.num_cached_tokens and item.seq.seq_id not in order
+        ]
         scheduler.update(out.scheduled, {item.seq.seq_id: 1 for item in out.scheduled if item.emits_token})
         if not scheduler.has_unfinished() or until_done(order):
             return order
     raise AssertionError("did not finish")
 
 
-@pytest.mark.parametrize("make", [lambda: BlockAllocator(64, 16, cache_when_computed=True),
-                                  lambda: RadixAllocator(64, 16, cache_when_computed=True)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: BlockAllocator(64, 16, cache_when_computed=True),
+        lambda: RadixAllocator(64, 16, cache_when_computed=True),
+    ],
+)
 @pytest.mark.parametrize("policy, expected", [("fcfs", ["cold", "warm"]), ("lpm", ["warm", "cold"])])
 def test_lpm_admits_the_request_whose_prefix_is_cached_first(make, policy, expected):
     s = Scheduler(make(), max_num_seqs=1, policy=policy)
@@ -126,7 +134,7 @@ def test_fewshot_and_agent_prompts_share_exactly_their_declared_heads():
     few = prefix_workloads.fewshot(30, seed=1)
     heads = {tuple(r.prompt[:128]) for r in few}
     assert len(heads) == 1 and all(len(r.prompt) == 128 + 4 * 96 + 32 for r in few)
-    orders = {tuple(r.prompt[128:128 + 96]) for r in few}
+    orders = {tuple(r.prompt[128 : 128 + 96]) for r in few}
     assert len(orders) > 1  # the first example varies
     calls = prefix_workloads.agents(40, seed=2, num_tasks=1)
     assert len({tuple(r.prompt[:256]) for r in calls}) == 1
@@ -137,13 +145,31 @@ def test_fewshot_and_agent_prompts_share_exactly_their_declared_heads():
 
 def test_cli_simulates_both_prefix_caches_with_lpm(tmp_path, capsys):
     out = tmp_path / "sim.json"
-    argv = ["simulate", "--workload", "multiturn", "--num-requests", "60", "--seed", "0", "--managers",
-            "paged,paged-prefix,paged-radix", "--block-sizes", "16", "--policy", "lpm", "--no-progress",
-            "--json", str(out)]
+    argv = [
+        "simulate",
+        "--workload",
+        "multiturn",
+        "--num-requests",
+        "60",
+        "--seed",
+        "0",
+        "--managers",
+        "paged,paged-prefix,paged-radix",
+        "--block-sizes",
+        "16",
+        "--policy",
+        "lpm",
+        "--no-progress",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     records = json.loads(out.read_text())
     assert [(r["manager"], r["policy"]) for r in records] == [
-        ("paged", "lpm"), ("paged-prefix", "lpm"), ("paged-radix", "lpm")]
+        ("paged", "lpm"),
+        ("paged-prefix", "lpm"),
+        ("paged-radix", "lpm"),
+    ]
     assert records[0]["prefix_hit_rate"] == 0 < records[1]["prefix_hit_rate"]
     assert records[2]["prefix_hit_rate"] == pytest.approx(records[1]["prefix_hit_rate"], rel=0.2)
     capsys.readouterr()

@@ -48,9 +48,20 @@ def test_the_head_is_read_only_by_a_step_that_samples():
 def test_roofline_is_a_copy_at_full_efficiency_and_the_default_model_is_unchanged():
     base = CostModel(model=SMOL)
     roof = base.roofline()
-    assert (roof.compute_efficiency, roof.memory_efficiency, roof.step_overhead_s, roof.per_seq_overhead_s,
-            roof.per_block_s, roof.lm_head_read) == (1.0, 1.0, 0.0, 0.0, 0.0, True)
-    assert (base.compute_efficiency, base.memory_efficiency, base.step_overhead_s, base.lm_head_read) == (0.6, 0.85, 1e-3, False)
+    assert (
+        roof.compute_efficiency,
+        roof.memory_efficiency,
+        roof.step_overhead_s,
+        roof.per_seq_overhead_s,
+        roof.per_block_s,
+        roof.lm_head_read,
+    ) == (1.0, 1.0, 0.0, 0.0, 0.0, True)
+    assert (base.compute_efficiency, base.memory_efficiency, base.step_overhead_s, base.lm_head_read) == (
+        0.6,
+        0.85,
+        1e-3,
+        False,
+    )
     # the default model's formula as it was: no head bytes, 85 % of the bandwidth, 1 ms per step
     old = (0.1065e9 * 2 + 64 * 513 * M_KV) / (4.24e12 * 0.85) + 1e-3
     assert base.decode_step_time(64, 512) == pytest.approx(old, rel=1e-12)
@@ -76,13 +87,17 @@ def test_the_h200_runs_schedule_gives_the_issues_recomputed_roofline():
     def record(out, *args, **kwargs):
         chunks = out.scheduled
         prefill = [c.start < c.seq.num_prompt_tokens or c.num_new_tokens > 1 for c in chunks]
-        shapes.append(StepShape.of_chunks([c.start for c in chunks], [c.num_new_tokens for c in chunks],
-                                          sum(c.emits_token for c in chunks)))
+        shapes.append(
+            StepShape.of_chunks(
+                [c.start for c in chunks], [c.num_new_tokens for c in chunks], sum(c.emits_token for c in chunks)
+            )
+        )
         kinds.append("decode" if not any(prefill) else "mixed" if not all(prefill) else "prefill")
         return shape_of(out, *args, **kwargs)
 
-    config = S.SimConfig(manager="paged-prefix", block_size=16, num_kv_slots=8192 * 16, max_num_seqs=512,
-                         max_num_batched_tokens=4096)
+    config = S.SimConfig(
+        manager="paged-prefix", block_size=16, num_kv_slots=8192 * 16, max_num_seqs=512, max_num_batched_tokens=4096
+    )
     mp = pytest.MonkeyPatch()
     mp.setattr(S, "step_shape", record)
     try:
@@ -106,12 +121,27 @@ def test_step_metrics_carry_each_chunks_shape():
     from paged_edu.models.config import LlamaConfig
     from paged_edu.models.llama import PagedLlama
 
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
-                      head_dim=16, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
     model = PagedLlama(cfg)
     model.fused_impl = "torch"  # the PyTorch paths: the shapes are the point, not the kernels
-    engine = Engine(model, num_blocks=16, block_size=4, max_num_batched_tokens=8, enable_prefix_caching=False,
-                    attn_impl="torch", prefill_impl="torch")
+    engine = Engine(
+        model,
+        num_blocks=16,
+        block_size=4,
+        max_num_batched_tokens=8,
+        enable_prefix_caching=False,
+        attn_impl="torch",
+        prefill_impl="torch",
+    )
     steps = []
     engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
     engine.run([list(range(3, 23))], [SamplingParams(max_tokens=3)], use_tqdm=False)

@@ -45,14 +45,16 @@ def test_vectorised_batch_equals_the_per_token_definition(seed):
     assert batch.input_ids.tolist() == ids and batch.positions.tolist() == pos
     assert batch.slot_mapping.tolist() == slots and batch.logits_rows.tolist() == last
     assert batch.num_decodes == len(dec)
-    for tables, lens, group in ((batch.decode_block_tables, batch.decode_seq_lens, dec),
-                                (batch.prefill_block_tables, batch.prefill_seq_lens, pre)):
+    for tables, lens, group in (
+        (batch.decode_block_tables, batch.decode_seq_lens, dec),
+        (batch.prefill_block_tables, batch.prefill_seq_lens, pre),
+    ):
         if not group:
             assert tables is None and lens is None
             continue
         assert lens.tolist() == [c.start + len(c.token_ids) for c in group]
         for row, c in zip(tables.tolist(), group):
-            assert row[:len(c.block_table)] == c.block_table and not any(row[len(c.block_table):])
+            assert row[: len(c.block_table)] == c.block_table and not any(row[len(c.block_table) :])
     if pre:
         cu = [0]
         for c in pre:
@@ -99,8 +101,17 @@ def test_staged_views_are_aligned_for_triton():
     new kernel variant for a pointer that is not 16-byte aligned)."""
     chunks = [BatchChunk([5], 3, [0]), BatchChunk([1, 2, 3], 0, [2]), BatchChunk([7], 9, [4, 1, 3])]
     batch = prepare_batch(chunks, 4)
-    fields = [batch.input_ids, batch.positions, batch.slot_mapping, batch.logits_rows, batch.decode_block_tables,
-              batch.decode_seq_lens, batch.prefill_block_tables, batch.prefill_seq_lens, batch.prefill_cu_seqlens_q]
+    fields = [
+        batch.input_ids,
+        batch.positions,
+        batch.slot_mapping,
+        batch.logits_rows,
+        batch.decode_block_tables,
+        batch.decode_seq_lens,
+        batch.prefill_block_tables,
+        batch.prefill_seq_lens,
+        batch.prefill_cu_seqlens_q,
+    ]
     base = batch.input_ids.untyped_storage().data_ptr()
     assert all(f.untyped_storage().data_ptr() == base for f in fields)  # one buffer, one copy
     assert all((f.data_ptr() - base) % 256 == 0 for f in fields)
@@ -122,18 +133,37 @@ def test_the_graph_path_stages_pads_and_samples_like_the_eager_path():
             self.model, self.kv_caches, self.max_blocks_per_seq, self.sizes = model, kv_caches, W, [1, 2, 4, 8]
             i64, i32, f32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
             n = self.sizes[-1]
-            self.staging = StaticStaging(torch.device("cpu"), dict(
-                input_ids=(i64, (n,)), positions=(i64, (n,)), slot_mapping=(i64, (n,)), seq_lens=(i32, (n,)),
-                sample_rows=(i64, (n,)), temperatures=(f32, (n,)), top_ps=(f32, (n,)), uniforms=(f32, (n,)),
-                block_tables=(i32, (n, W))))
+            self.staging = StaticStaging(
+                torch.device("cpu"),
+                dict(
+                    input_ids=(i64, (n,)),
+                    positions=(i64, (n,)),
+                    slot_mapping=(i64, (n,)),
+                    seq_lens=(i32, (n,)),
+                    sample_rows=(i64, (n,)),
+                    temperatures=(f32, (n,)),
+                    top_ps=(f32, (n,)),
+                    uniforms=(f32, (n,)),
+                    block_tables=(i32, (n, W)),
+                ),
+            )
             self.replays = []
 
         def replay(self, bs):
             self.replays.append(bs)
             return self._forward(self._batch(bs))
 
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
-                      head_dim=16, max_position_embeddings=256, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     hf = random_hf_llama(cfg, seed=3, initializer_range=0.25)
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(2, 30))] for _ in range(7)]
@@ -141,7 +171,7 @@ def test_the_graph_path_stages_pads_and_samples_like_the_eager_path():
     with torch.no_grad():
         for p in prompts:
             out = hf.generate(torch.tensor([p]), max_new_tokens=9, do_sample=False, eos_token_id=None, pad_token_id=0)
-            want.append(out[0, len(p):].tolist())
+            want.append(out[0, len(p) :].tolist())
     params = [SamplingParams(max_tokens=9, temperature=0.9, top_p=0.9, seed=5 + i) for i in range(len(prompts))]
     runs = {}
     for graphs in (False, True):

@@ -98,24 +98,35 @@ class BruteForceExecutor:
 def make_requests(rng, num, shared_prefix):
     reqs = []
     for _ in range(num):
-        prompt = shared_prefix[: rng.randint(1, len(shared_prefix))] + [rng.randrange(VOCAB) for _ in range(rng.randint(0, 9))]
+        prompt = shared_prefix[: rng.randint(1, len(shared_prefix))] + [
+            rng.randrange(VOCAB) for _ in range(rng.randint(0, 9))
+        ]
         reqs.append((prompt, rng.randint(1, 14)))
     return reqs
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap", "auto"])
-@pytest.mark.parametrize("num_blocks, budget, chunked, caching", [
-    (200, 64, True, True),   # roomy: no preemption
-    (14, 8, True, True),     # tight pool, small budget: preemption and chunking
-    (14, 40, False, False),  # no chunking, no prefix caching
-    (10, 3, True, True),     # tiny budget: prompts span many steps
-])
+@pytest.mark.parametrize(
+    "num_blocks, budget, chunked, caching",
+    [
+        (200, 64, True, True),  # roomy: no preemption
+        (14, 8, True, True),  # tight pool, small budget: preemption and chunking
+        (14, 40, False, False),  # no chunking, no prefix caching
+        (10, 3, True, True),  # tiny budget: prompts span many steps
+    ],
+)
 def test_outputs_equal_the_sequential_oracle(mode, num_blocks, budget, chunked, caching):
     rng = random.Random(num_blocks * 100 + budget)
     shared = [rng.randrange(VOCAB) for _ in range(11)]
     a = BlockAllocator(num_blocks, B, enable_prefix_caching=caching, cache_when_computed=True)
-    s = Scheduler(a, max_num_seqs=5, max_num_batched_tokens=budget, enable_chunked_prefill=chunked,
-                  preemption_mode=mode, num_cpu_blocks=64)
+    s = Scheduler(
+        a,
+        max_num_seqs=5,
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=chunked,
+        preemption_mode=mode,
+        num_cpu_blocks=64,
+    )
     reqs = make_requests(rng, 12, shared)
     seqs = [s.make_sequence(p, m, stop_token_ids=(3,)) for p, m in reqs]
     BruteForceExecutor(s).run()
@@ -233,14 +244,16 @@ def test_swapped_in_prefill_never_recomputes_into_a_shared_cached_block():
     # Request 3 is swapped out after computing 3 tokens of its first block; meanwhile request 0
     # publishes that block, so the swap-in hits it. Recomputing token 3 would write into a block
     # four sequences read (found by a randomised run; the requests are kept as found).
-    reqs = [([48, 42, 10, 23, 14, 33, 29, 1, 22, 12, 14, 46], 10, (3,), 1),
-            ([48, 42, 10, 23, 14, 33, 29, 1, 24, 26, 39, 25, 16, 1], 2, (3,), 1),
-            ([48, 42, 10, 23, 14, 41, 5, 37, 0, 4, 15], 5, (3,), 3),
-            ([48, 42, 10, 23, 14, 33, 10, 18, 35, 27, 9], 9, (16,), 1),
-            ([48, 42, 10, 23, 44, 37, 10, 27, 25, 14, 38, 44, 10], 2, (3,), 2),
-            ([48, 42, 10, 23, 14, 33, 29, 1, 24, 38, 37], 2, (30,), 2),
-            ([48, 42, 32, 32, 10, 16, 4, 0, 33], 1, (3,), 2),
-            ([48, 42, 10, 23, 14, 33, 25, 30, 21, 32], 4, (3,), 2)]
+    reqs = [
+        ([48, 42, 10, 23, 14, 33, 29, 1, 22, 12, 14, 46], 10, (3,), 1),
+        ([48, 42, 10, 23, 14, 33, 29, 1, 24, 26, 39, 25, 16, 1], 2, (3,), 1),
+        ([48, 42, 10, 23, 14, 41, 5, 37, 0, 4, 15], 5, (3,), 3),
+        ([48, 42, 10, 23, 14, 33, 10, 18, 35, 27, 9], 9, (16,), 1),
+        ([48, 42, 10, 23, 44, 37, 10, 27, 25, 14, 38, 44, 10], 2, (3,), 2),
+        ([48, 42, 10, 23, 14, 33, 29, 1, 24, 38, 37], 2, (30,), 2),
+        ([48, 42, 32, 32, 10, 16, 4, 0, 33], 1, (3,), 2),
+        ([48, 42, 10, 23, 14, 33, 25, 30, 21, 32], 4, (3,), 2),
+    ]
     a = BlockAllocator(13, B, cache_when_computed=True)
     s = Scheduler(a, max_num_seqs=6, max_num_batched_tokens=40, preemption_mode="swap", num_cpu_blocks=64)
     seqs = [s.make_sequence(p, m, stop_token_ids=stop, num_samples=n) for p, m, stop, n in reqs]
@@ -320,8 +333,15 @@ def test_abort_releases_memory_wherever_the_sequence_is():
 def _state(s: Scheduler):
     """Everything abort could disturb: queues, free GPU blocks and block tables, free CPU blocks."""
     a = s.allocator
-    return ([q.seq_id for q in s.waiting], [q.seq_id for q in s.running], [q.seq_id for q in s.swapped],
-            a.num_free_blocks, {i: a.block_table(i) for i in a.seq_ids}, s.free_cpu_blocks, s.has_unfinished())
+    return (
+        [q.seq_id for q in s.waiting],
+        [q.seq_id for q in s.running],
+        [q.seq_id for q in s.swapped],
+        a.num_free_blocks,
+        {i: a.block_table(i) for i in a.seq_ids},
+        s.free_cpu_blocks,
+        s.has_unfinished(),
+    )
 
 
 def test_abort_of_an_unknown_or_finished_sequence_is_refused_and_changes_nothing():

@@ -62,8 +62,11 @@ def test_tiny_trace_paged_step_by_step():
     # after step 2, A's 5 tokens in 2 blocks (1 slot to fill, 2 never); after step 3 nothing.
     assert res.kv_utilization == approx(15 / 20)
     assert res.breakdown_fractions() == {
-        "token_states": approx(15 / 20), "reserved": approx(2 / 20), "internal_frag": approx(3 / 20),
-        "external_frag": 0.0, "other": 0.0,
+        "token_states": approx(15 / 20),
+        "reserved": approx(2 / 20),
+        "internal_frag": approx(3 / 20),
+        "external_frag": 0.0,
+        "other": 0.0,
     }
     assert res.max_concurrent == 2 and res.mean_batched == approx(1.0)
     rec = res.record()
@@ -71,11 +74,14 @@ def test_tiny_trace_paged_step_by_step():
     assert rec["ttft_p50_s"] == approx(t1) and rec["preemptions"] == 0
 
 
-@pytest.mark.parametrize("manager, held, util", [
-    ("contiguous-max", (16, 16), 15 / 48),  # L_max = 16 each
-    ("contiguous-oracle", (6, 7), 15 / 19),  # exactly what each will store
-    ("contiguous-pow2", (4 + 2, 6 + 1), 15 / 19),  # prompt + next power of two of the stored output
-])
+@pytest.mark.parametrize(
+    "manager, held, util",
+    [
+        ("contiguous-max", (16, 16), 15 / 48),  # L_max = 16 each
+        ("contiguous-oracle", (6, 7), 15 / 19),  # exactly what each will store
+        ("contiguous-pow2", (4 + 2, 6 + 1), 15 / 19),  # prompt + next power of two of the stored output
+    ],
+)
 def test_tiny_trace_contiguous(manager, held, util):
     res = simulate(TINY, SimConfig(manager=manager, num_kv_slots=64, max_seq_len=16, sample_every=1))
     a, b = sorted(res.requests, key=lambda r: r.prompt_len)
@@ -129,8 +135,11 @@ def test_contiguous_max_utilisation_is_mean_length_over_l_max(sharegpt_small):
 
 
 def test_utilisation_falls_as_block_size_grows(sharegpt_small):
-    results = compare(sharegpt_small, [SimConfig(manager="paged", block_size=b, num_kv_slots=20_000)
-                                       for b in (8, 16, 32, 64, 128)], A100)
+    results = compare(
+        sharegpt_small,
+        [SimConfig(manager="paged", block_size=b, num_kv_slots=20_000) for b in (8, 16, 32, 64, 128)],
+        A100,
+    )
     util = [r.kv_utilization for r in results]
     final = [r.kv_utilization_final for r in results]
     assert util == sorted(util, reverse=True) and len(set(util)) == 5
@@ -267,7 +276,11 @@ def test_cost_model_matches_the_memory_model_and_the_roofline():
     # A 2048-token prefill is compute-bound.
     s = StepShape()
     s.add(0, 2048, True)
-    flops = 2 * m.num_params * 2048 + 2 * m.d_model * m.vocab_size + 4 * m.num_layers * m.num_q_heads * m.head_dim * 2048 * 2049 / 2
+    flops = (
+        2 * m.num_params * 2048
+        + 2 * m.d_model * m.vocab_size
+        + 4 * m.num_layers * m.num_q_heads * m.head_dim * 2048 * 2049 / 2
+    )
     assert cost.step_time(s) == approx(flops / (g.peak_flops * cost.compute_efficiency) + cost.step_overhead_s)
     assert "OPT-13B" in cost.describe() and cost.assumptions()["kv_bytes_per_token"] == 819_200
     with pytest.raises(ValueError, match="compute_efficiency"):
@@ -289,7 +302,9 @@ def test_calibration_recovers_known_constants():
         s.add(0, chunk, True)
         samples.append((s, truth.step_time(s)))
     # The engine's per-step metrics map onto a shape: a pure decode step of 8 x 900 tokens.
-    metrics = SimpleNamespace(num_prefill_tokens=0, num_decode_seqs=8, num_batched_tokens=8, num_tokens_in_cache=8 * 901)
+    metrics = SimpleNamespace(
+        num_prefill_tokens=0, num_decode_seqs=8, num_batched_tokens=8, num_tokens_in_cache=8 * 901
+    )
     shape = StepShape.from_step_metrics(metrics)
     assert (shape.num_seqs, shape.num_new_tokens, shape.num_context_tokens, shape.attention_pairs) == (8, 8, 7200, 7208)
     assert truth.step_time(shape) == approx(samples[1][1])
@@ -305,27 +320,76 @@ def test_calibration_recovers_known_constants():
 # The command line
 # ----------------------------------------------------------------------------------------------
 
-KEYS = ("manager", "block_size", "kv_utilization", "max_concurrent", "throughput_tokens_per_s", "ttft_p50_s",
-        "ttft_p99_s", "preemptions", "prefix_hit_rate", "memory_breakdown")
+KEYS = (
+    "manager",
+    "block_size",
+    "kv_utilization",
+    "max_concurrent",
+    "throughput_tokens_per_s",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "preemptions",
+    "prefix_hit_rate",
+    "memory_breakdown",
+)
 
 
 def test_cli_simulate_writes_one_record_per_manager_and_block_size(tmp_path, capsys):
     out, trace = tmp_path / "sim.json", tmp_path / "trace.jsonl"
-    argv = ["simulate", "--workload", "chat", "--num-requests", "40", "--rate", "4", "--seed", "3",
-            "--managers", "contiguous-oracle,paged,paged-prefix", "--block-sizes", "16,32", "--gpu", "a100-40gb",
-            "--system-prompt-len", "128", "--no-progress"]
+    argv = [
+        "simulate",
+        "--workload",
+        "chat",
+        "--num-requests",
+        "40",
+        "--rate",
+        "4",
+        "--seed",
+        "3",
+        "--managers",
+        "contiguous-oracle,paged,paged-prefix",
+        "--block-sizes",
+        "16,32",
+        "--gpu",
+        "a100-40gb",
+        "--system-prompt-len",
+        "128",
+        "--no-progress",
+    ]
     assert main(argv + ["--json", str(out), "--save-trace", str(trace)]) == 0
     printed = capsys.readouterr().out
     assert "| manager" in printed and "paged-prefix B=32" in printed and "OPT-13B" in printed
     records = json.loads(out.read_text())
     assert [(r["manager"], r["block_size"]) for r in records] == [
-        ("contiguous-oracle", None), ("paged", 16), ("paged", 32), ("paged-prefix", 16), ("paged-prefix", 32)]
+        ("contiguous-oracle", None),
+        ("paged", 16),
+        ("paged", 32),
+        ("paged-prefix", 16),
+        ("paged-prefix", 32),
+    ]
     assert all(all(k in r for k in KEYS) for r in records)
     assert records[3]["prefix_hit_rate"] > 0 and records[1]["prefix_hit_rate"] == 0
     # The saved trace replays to the same numbers (JSON lines this time).
     out2 = tmp_path / "sim.jsonl"
-    assert main(["simulate", "--trace", str(trace), "--managers", "paged-prefix", "--block-sizes", "16",
-                 "--gpu", "a100-40gb", "--no-progress", "--json", str(out2)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--trace",
+                str(trace),
+                "--managers",
+                "paged-prefix",
+                "--block-sizes",
+                "16",
+                "--gpu",
+                "a100-40gb",
+                "--no-progress",
+                "--json",
+                str(out2),
+            ]
+        )
+        == 0
+    )
     replay = [json.loads(line) for line in out2.read_text().splitlines()]
     assert replay[0]["throughput_tokens_per_s"] == pytest.approx(records[3]["throughput_tokens_per_s"])
 
@@ -340,8 +404,13 @@ def test_cli_reports_bad_input(tmp_path, capsys):
 
 
 def test_format_table_has_a_row_per_config():
-    res = compare(TINY, [SimConfig(manager="contiguous-max", num_kv_slots=64, max_seq_len=16),
-                         SimConfig(manager="paged", block_size=4, num_kv_slots=64)])
+    res = compare(
+        TINY,
+        [
+            SimConfig(manager="contiguous-max", num_kv_slots=64, max_seq_len=16),
+            SimConfig(manager="paged", block_size=4, num_kv_slots=64),
+        ],
+    )
     lines = format_table(res).splitlines()
     assert len(lines) == 4 and lines[2].startswith("| contiguous-max") and lines[3].startswith("| paged B=4")
 
@@ -355,11 +424,14 @@ def test_one_token_beam_request_finishes(manager):
     assert res.num_output_tokens == 3 * 1 + 2 * 4
 
 
-@pytest.mark.parametrize("manager, req, slots_needed", [
-    ("contiguous-pow2", Request(0.0, 5, 26, n=3, fork="beam"), 3 * (5 + 32)),  # 26 outputs -> 32 slots
-    ("contiguous-pow2", Request(0.0, 5, 26, n=3), 3 * (5 + 32)),
-    ("contiguous-max", Request(0.0, 10, 10, n=2), 2 * 64),  # L_max = 64 slots per sample
-])
+@pytest.mark.parametrize(
+    "manager, req, slots_needed",
+    [
+        ("contiguous-pow2", Request(0.0, 5, 26, n=3, fork="beam"), 3 * (5 + 32)),  # 26 outputs -> 32 slots
+        ("contiguous-pow2", Request(0.0, 5, 26, n=3), 3 * (5 + 32)),
+        ("contiguous-max", Request(0.0, 10, 10, n=2), 2 * 64),  # L_max = 64 slots per sample
+    ],
+)
 def test_contiguous_request_larger_than_the_pool_is_refused_up_front(manager, req, slots_needed):
     # n * (prompt + output) fits in the pool, but the policy's n reservations do not: refuse it
     # clearly instead of letting the scheduler wait forever; one slot more and it runs.
@@ -372,28 +444,56 @@ def test_contiguous_request_larger_than_the_pool_is_refused_up_front(manager, re
 
 def test_request_with_more_samples_than_max_num_seqs_is_refused_up_front():
     with pytest.raises(ValueError, match="max_num_seqs=2"):
-        simulate([Request(0.0, 8, 4), Request(0.0, 8, 4, n=3)], SimConfig(manager="paged", num_kv_slots=400, max_num_seqs=2))
-    res = simulate([Request(0.0, 8, 4), Request(0.0, 8, 4, n=3)], SimConfig(manager="paged", num_kv_slots=400, max_num_seqs=3))
+        simulate(
+            [Request(0.0, 8, 4), Request(0.0, 8, 4, n=3)], SimConfig(manager="paged", num_kv_slots=400, max_num_seqs=2)
+        )
+    res = simulate(
+        [Request(0.0, 8, 4), Request(0.0, 8, 4, n=3)], SimConfig(manager="paged", num_kv_slots=400, max_num_seqs=3)
+    )
     assert res.num_output_tokens == 4 + 3 * 4 and res.max_concurrent <= 3
 
 
 BAD_FLAGS = [
     # (argv, flag the one-line error must name)
-    (["--managers", ""], "--managers"), (["--managers", ",,,"], "--managers"), (["--managers", "paged,buddy"], "--managers"),
-    (["--block-sizes", ""], "--block-sizes"), (["--block-sizes", "16,,32"], "--block-sizes"), (["--block-sizes", "0"], "--block-sizes"),
-    (["--block-sizes", "x"], "--block-sizes"), (["--seed", "-1"], "--seed"), (["--seed", "1.5"], "--seed"),
-    (["--seed", str(2**64)], "--seed"), (["--kv-slots", "1e10"], "--kv-slots"), (["--kv-slots", "0"], "--kv-slots"),
-    (["--kv-slots", "10000000000"], "--kv-slots"), (["--kv-slots", "10"], "--kv-slots"), (["--num-requests", "0"], "--num-requests"),
-    (["--num-requests", "-3"], "--num-requests"), (["--rate", "0"], "--rate"), (["--rate", "nan"], "--rate"),
-    (["--rate", "-1"], "--rate"), (["--rate", "fast"], "--rate"), (["--n", "0"], "--n"),
-    (["--system-prompt-len", "0"], "--system-prompt-len"), (["--system-prompt-len", "5000"], "--system-prompt-len"),
-    (["--num-groups", "0"], "--num-groups"), (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization"),
-    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"), (["--gpu-memory-utilization", "0.01"], "--gpu-memory-utilization"),
-    (["--max-num-seqs", "0"], "--max-num-seqs"), (["--max-num-seqs", "2", "--workload", "parallel", "--n", "4"], "--max-num-seqs"),
-    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"), (["--cpu-blocks", "-1"], "--cpu-blocks"),
-    (["--preemption", "swap"], "--cpu-blocks"), (["--preemption", "drop"], "--preemption"), (["--model", "gpt-5"], "--model"),
-    (["--gpu", "a100"], "--gpu"), (["--workload", "nope"], "--workload"), (["--fork", "tree"], "--fork"),
-    (["--dataset", "wiki"], "--dataset"), (["--trace", "/no/such/trace.jsonl"], "--trace"),
+    (["--managers", ""], "--managers"),
+    (["--managers", ",,,"], "--managers"),
+    (["--managers", "paged,buddy"], "--managers"),
+    (["--block-sizes", ""], "--block-sizes"),
+    (["--block-sizes", "16,,32"], "--block-sizes"),
+    (["--block-sizes", "0"], "--block-sizes"),
+    (["--block-sizes", "x"], "--block-sizes"),
+    (["--seed", "-1"], "--seed"),
+    (["--seed", "1.5"], "--seed"),
+    (["--seed", str(2**64)], "--seed"),
+    (["--kv-slots", "1e10"], "--kv-slots"),
+    (["--kv-slots", "0"], "--kv-slots"),
+    (["--kv-slots", "10000000000"], "--kv-slots"),
+    (["--kv-slots", "10"], "--kv-slots"),
+    (["--num-requests", "0"], "--num-requests"),
+    (["--num-requests", "-3"], "--num-requests"),
+    (["--rate", "0"], "--rate"),
+    (["--rate", "nan"], "--rate"),
+    (["--rate", "-1"], "--rate"),
+    (["--rate", "fast"], "--rate"),
+    (["--n", "0"], "--n"),
+    (["--system-prompt-len", "0"], "--system-prompt-len"),
+    (["--system-prompt-len", "5000"], "--system-prompt-len"),
+    (["--num-groups", "0"], "--num-groups"),
+    (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+    (["--gpu-memory-utilization", "0.01"], "--gpu-memory-utilization"),
+    (["--max-num-seqs", "0"], "--max-num-seqs"),
+    (["--max-num-seqs", "2", "--workload", "parallel", "--n", "4"], "--max-num-seqs"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+    (["--cpu-blocks", "-1"], "--cpu-blocks"),
+    (["--preemption", "swap"], "--cpu-blocks"),
+    (["--preemption", "drop"], "--preemption"),
+    (["--model", "gpt-5"], "--model"),
+    (["--gpu", "a100"], "--gpu"),
+    (["--workload", "nope"], "--workload"),
+    (["--fork", "tree"], "--fork"),
+    (["--dataset", "wiki"], "--dataset"),
+    (["--trace", "/no/such/trace.jsonl"], "--trace"),
     (["--json", "/proc/no/such/dir/x.json", "--managers", "paged", "--block-sizes", "16"], "--json"),
 ]
 
@@ -410,8 +510,20 @@ def test_cli_every_bad_value_exits_2_with_one_line_naming_the_flag(argv, flag, c
 
 
 def test_cli_a_huge_swap_space_costs_nothing_until_used(capsys):
-    argv = ["simulate", "--num-requests", "5", "--no-progress", "--managers", "paged", "--block-sizes", "16",
-            "--preemption", "swap", "--cpu-blocks", str(10**12)]
+    argv = [
+        "simulate",
+        "--num-requests",
+        "5",
+        "--no-progress",
+        "--managers",
+        "paged",
+        "--block-sizes",
+        "16",
+        "--preemption",
+        "swap",
+        "--cpu-blocks",
+        str(10**12),
+    ]
     assert main(argv) == 0
 
 
@@ -465,7 +577,9 @@ def test_beam_branches_respect_max_num_seqs(manager, max_num_seqs):
     """A beam request forks later, but its branches count against max_num_seqs from admission, as
     the engine's parallel samples do: the batch never holds more sequences than the limit."""
     reqs = workloads.parallel(120, rate=math.inf, seed=3, n=6, fork="beam", dataset="alpaca")
-    res = simulate(reqs, SimConfig(manager=manager, num_kv_slots=40_000, max_num_seqs=max_num_seqs, sample_every=1), A100)
+    res = simulate(
+        reqs, SimConfig(manager=manager, num_kv_slots=40_000, max_num_seqs=max_num_seqs, sample_every=1), A100
+    )
     assert len(res.requests) == 120 and res.num_output_tokens == sum(r.n * r.output_len for r in reqs)
     assert res.max_concurrent <= max_num_seqs  # the unlimited forks ran 22 and 109 at once here
 

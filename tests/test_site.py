@@ -41,7 +41,6 @@ finally:
     sys.path.remove(str(ROOT / "scripts"))
 
 
-
 def needs_chromium(test):
     """A test in the real browser: marked ``browser``, skipped where Chromium is absent."""
     return pytest.mark.browser(pytest.mark.skipif(not HAS_CHROMIUM, reason=SKIP_REASON)(test))
@@ -70,18 +69,28 @@ def test_a_widget_becomes_a_static_view_of_its_state_and_never_a_placeholder():
         "row": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_button", "IPY_MODEL_slider"]}},
         "button": {"model_name": "ButtonModel", "state": {"description": "add request"}},
         "slider": {"model_name": "IntSliderModel", "state": {"description": "len", "value": 6, "min": 1, "max": 9}},
-        "fig": {"model_name": "AnyModel", "state": {"_widget_data": [{"type": "heatmap", "z": [[1]]}],
-                                                    "_widget_layout": {"height": 200}, "_config": {}}},
+        "fig": {
+            "model_name": "AnyModel",
+            "state": {
+                "_widget_data": [{"type": "heatmap", "z": [[1]]}],
+                "_widget_layout": {"height": 200},
+                "_config": {},
+            },
+        },
     }
-    view = {"output_type": "execute_result", "execution_count": 1, "metadata": {},
-            "data": {lesson_outputs.WIDGET_VIEW_MIME: {"model_id": "box", "version_major": 2}, "text/plain": "VBox(...)"}}
+    view = {
+        "output_type": "execute_result",
+        "execution_count": 1,
+        "metadata": {},
+        "data": {lesson_outputs.WIDGET_VIEW_MIME: {"model_id": "box", "version_major": 2}, "text/plain": "VBox(...)"},
+    }
     (shown,) = lesson_outputs.site_outputs([view], models)
     page = shown["data"]["text/html"]
     assert set(shown["data"]) == {"text/html"}
     assert "<b>3 blocks in use</b>" in page and '<button type="button" disabled>add request</button>' in page
     assert 'value="6"' in page and "to interact" in page
     assert _spec_of(page) == {"data": [{"type": "heatmap", "z": [[1]]}], "layout": {"height": 200}, "config": {}}
-    view["data"][lesson_outputs.WIDGET_VIEW_MIME]["model_id"] = "gone"   # no saved state: the note alone
+    view["data"][lesson_outputs.WIDGET_VIEW_MIME]["model_id"] = "gone"  # no saved state: the note alone
     (shown,) = lesson_outputs.site_outputs([view], models)
     assert "to interact" in shown["data"]["text/html"] and "plotly-figure" not in shown["data"]["text/html"]
 
@@ -93,14 +102,23 @@ def test_a_figure_widget_saves_the_figure_the_run_left_not_the_first_one(tmp_pat
     nbformat = pytest.importorskip("nbformat")
     pytest.importorskip("plotly")
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("import plotly.graph_objects as go\n"
-                                          "fig = go.FigureWidget(data=[go.Heatmap(z=[[0, 0]])])\nfig"),
-                nbformat.v4.new_code_cell("with fig.batch_update():\n    fig.data[0].z = [[5, 6]]")]
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import plotly.graph_objects as go\nfig = go.FigureWidget(data=[go.Heatmap(z=[[0, 0]])])\nfig"
+        ),
+        nbformat.v4.new_code_cell("with fig.batch_update():\n    fig.data[0].z = [[5, 6]]"),
+    ]
     nbformat.write(nb, tmp_path / "in.ipynb")
     with run_lessons.lesson_kernels(tmp_path):
-        papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                                   progress_bar=False, store_widget_state=True,
-                                   start_timeout=HANG_GUARD_S, execution_timeout=HANG_GUARD_S)
+        papermill.execute_notebook(
+            str(tmp_path / "in.ipynb"),
+            str(tmp_path / "out.ipynb"),
+            kernel_name="python3",
+            progress_bar=False,
+            store_widget_state=True,
+            start_timeout=HANG_GUARD_S,
+            execution_timeout=HANG_GUARD_S,
+        )
     executed = json.loads((tmp_path / "out.ipynb").read_text())
     models = executed["metadata"]["widgets"][build_site.WIDGET_STATE_MIME]["state"]
     (output,) = executed["cells"][0]["outputs"]
@@ -110,14 +128,19 @@ def test_a_figure_widget_saves_the_figure_the_run_left_not_the_first_one(tmp_pat
 
 def test_a_progress_bar_widget_is_left_out_of_the_page():
     """tqdm's notebook bar (an HBox of HTML, FloatProgress, HTML) meant something only during the run."""
-    models = {"bar": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_label", "IPY_MODEL_progress"]}},
-              "label": {"model_name": "HTMLModel", "state": {"value": "Loading weights: 100%"}},
-              "progress": {"model_name": "FloatProgressModel", "state": {"value": 1.0, "max": 1.0}},
-              "html": {"model_name": "HTMLModel", "state": {"value": "<b>kept</b>"}}}
+    models = {
+        "bar": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_label", "IPY_MODEL_progress"]}},
+        "label": {"model_name": "HTMLModel", "state": {"value": "Loading weights: 100%"}},
+        "progress": {"model_name": "FloatProgressModel", "state": {"value": 1.0, "max": 1.0}},
+        "html": {"model_name": "HTMLModel", "state": {"value": "<b>kept</b>"}},
+    }
 
     def view(model_id):
-        return {"output_type": "display_data", "metadata": {},
-                "data": {lesson_outputs.WIDGET_VIEW_MIME: {"model_id": model_id, "version_major": 2}}}
+        return {
+            "output_type": "display_data",
+            "metadata": {},
+            "data": {lesson_outputs.WIDGET_VIEW_MIME: {"model_id": model_id, "version_major": 2}},
+        }
 
     shown = lesson_outputs.site_outputs([view("bar"), view("html")], models)
     assert len(shown) == 1 and "<b>kept</b>" in shown[0]["data"]["text/html"]
@@ -126,19 +149,21 @@ def test_a_progress_bar_widget_is_left_out_of_the_page():
 def test_the_page_drops_harness_markers_the_injected_cell_and_folds_the_colab_cell():
     nbformat = pytest.importorskip("nbformat")
     code, md = nbformat.v4.new_code_cell, nbformat.v4.new_markdown_cell
-    cells = [md("# Lesson"),
-             code('import sys\nif "google.colab" in sys.modules:\n    %pip install -q paged_edu'),
-             code('device = "auto"', metadata={"tags": ["parameters"]}),
-             code('# Parameters\ndevice = "cpu"\n', metadata={"tags": ["injected-parameters"]}),
-             code("# NBVAL_CHECK_OUTPUT\nprint(1)  # one\n", metadata={"tags": ["keep_output"]}),
-             code("x = 2\n    # NBVAL_IGNORE_OUTPUT\nx")]
+    cells = [
+        md("# Lesson"),
+        code('import sys\nif "google.colab" in sys.modules:\n    %pip install -q paged_edu'),
+        code('device = "auto"', metadata={"tags": ["parameters"]}),
+        code('# Parameters\ndevice = "cpu"\n', metadata={"tags": ["injected-parameters"]}),
+        code("# NBVAL_CHECK_OUTPUT\nprint(1)  # one\n", metadata={"tags": ["keep_output"]}),
+        code("x = 2\n    # NBVAL_IGNORE_OUTPUT\nx"),
+    ]
     shown = build_site.course_cells([dict(c) for c in cells])
     sources = ["".join(c["source"]) for c in shown]
     assert len(shown) == 5 and not any("# Parameters" in t or "NBVAL_" in t for t in sources)
     assert sources[2] == 'device = "auto"' and sources[3] == "print(1)  # one\n" and sources[4] == "x = 2\nx"
     assert shown[1]["cell_type"] == "markdown" and sources[1].startswith('<details class="colab-install">')
     assert "%pip install -q paged_edu" in sources[1] and sources[1].rstrip().endswith("</details>")
-    assert "NBVAL_CHECK_OUTPUT" in "".join(cells[4]["source"])   # the executed copy is not touched
+    assert "NBVAL_CHECK_OUTPUT" in "".join(cells[4]["source"])  # the executed copy is not touched
 
 
 def test_the_site_reuses_what_the_lessons_run_executed_and_only_that(tmp_path, monkeypatch, capfd):
@@ -149,10 +174,13 @@ def test_the_site_reuses_what_the_lessons_run_executed_and_only_that(tmp_path, m
     notebooks, out = tmp_path / "notebooks", tmp_path / "lessons"
     notebooks.mkdir()
     for k in (1, 2):
-        nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                               "language": "python"}})
-        nb.cells = [nbformat.v4.new_code_cell('device = "auto"', metadata={"tags": ["parameters"]}),
-                    nbformat.v4.new_code_cell(f"print('device: cpu, dtype: float32'); {k}")]
+        nb = nbformat.v4.new_notebook(
+            metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+        )
+        nb.cells = [
+            nbformat.v4.new_code_cell('device = "auto"', metadata={"tags": ["parameters"]}),
+            nbformat.v4.new_code_cell(f"print('device: cpu, dtype: float32'); {k}"),
+        ]
         nbformat.write(nb, notebooks / f"0{k}_tiny.ipynb")
     assert run_lessons.main(["--dir", str(notebooks), "--out", str(out)]) == 0
     console = capfd.readouterr()
@@ -170,21 +198,32 @@ def test_the_site_reuses_what_the_lessons_run_executed_and_only_that(tmp_path, m
     nbformat.write(nb, notebooks / "02_tiny.ipynb")
     build_site.execute("cpu", 60, force=False)
     printed = capfd.readouterr().out
-    assert "01_tiny" in printed and printed.count("reused the run of") == 1 and "02_tiny: executing (notebook, library" in printed
+    assert (
+        "01_tiny" in printed
+        and printed.count("reused the run of") == 1
+        and "02_tiny: executing (notebook, library" in printed
+    )
     assert (out / "01_tiny.ipynb").stat().st_mtime_ns == before["01_tiny.ipynb"]
     assert (out / "02_tiny.ipynb").stat().st_mtime_ns != before["02_tiny.ipynb"]
     assert build_site.why_execute(notebooks / "01_tiny.ipynb", records[0], "cuda") == "it ran on cpu, not cuda"
 
 
 def test_links_to_repository_files_leave_the_site_and_pages_stay():
-    text = ("[a](paged_edu/core/allocator.py) [b](figures/utilisation.png) [c](#sources) "
-            "[d](notebooks/01_kv_cache_memory.ipynb) [e](no/such/file.py) [f](https://x.org/y)")
+    text = (
+        "[a](paged_edu/core/allocator.py) [b](figures/utilisation.png) [c](#sources) "
+        "[d](notebooks/01_kv_cache_memory.ipynb) [e](no/such/file.py) [f](https://x.org/y)"
+    )
     out = build_site.repository_links(text, ROOT, ("figures/", "notebooks/"))
     from paged_edu.lessons.setup import REPO_URL
 
     assert f"[a]({REPO_URL}/blob/main/paged_edu/core/allocator.py)" in out
-    for kept in ("[b](figures/utilisation.png)", "[c](#sources)", "[d](notebooks/01_kv_cache_memory.ipynb)",
-                 "[e](no/such/file.py)", "[f](https://x.org/y)"):
+    for kept in (
+        "[b](figures/utilisation.png)",
+        "[c](#sources)",
+        "[d](notebooks/01_kv_cache_memory.ipynb)",
+        "[e](no/such/file.py)",
+        "[f](https://x.org/y)",
+    ):
         assert kept in out
 
 
@@ -198,7 +237,9 @@ def site() -> Path:
     """build/site/, built from CPU-executed lessons (copies newer than notebook and library are reused)."""
     pytest.importorskip("myst_nb")
     pytest.importorskip("sphinx")
-    assert build_site.build("cpu", out=SITE, timeout=HANG_GUARD_S) == 0, "python3 dev.py site failed; see its output above"
+    assert build_site.build("cpu", out=SITE, timeout=HANG_GUARD_S) == 0, (
+        "python3 dev.py site failed; see its output above"
+    )
     return SITE
 
 
@@ -210,8 +251,9 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def url(site):
     """The site behind a plain file server on 127.0.0.1 (stopped at the end of the module)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()),
-                                             functools.partial(_QuietHandler, directory=str(site)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", free_port()), functools.partial(_QuietHandler, directory=str(site))
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -228,7 +270,7 @@ def _pages(site: Path) -> list[str]:
 
 def _open(browser, url: str, path: str):
     """A page at ``path`` with its console errors, page errors, failed and outside requests recorded."""
-    page = new_page(browser, viewport={"width": 1300, "height": 900})   # every wait: its condition or the hang guard
+    page = new_page(browser, viewport={"width": 1300, "height": 900})  # every wait: its condition or the hang guard
     problems: list[str] = []
     page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
@@ -267,7 +309,7 @@ def test_every_page_loads_clean_and_every_internal_link_and_image_resolves(site,
         broken_images.update({src: path for src, ok in images if not ok})
         for link in links:
             if link.startswith(url):
-                target, _, fragment = link[len(url):].partition("#")
+                target, _, fragment = link[len(url) :].partition("#")
                 targets.setdefault(target.split("?")[0] or "/", set()).add(fragment)
     assert not broken_images, broken_images
     assert len(targets) > len(pages) // 2
@@ -286,7 +328,7 @@ def test_every_page_loads_clean_and_every_internal_link_and_image_resolves(site,
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_lesson_page_draws_plotly_typesets_math_and_folds_solutions(site, url, browser, lesson):
     page, problems = _open(browser, url, f"lessons/{lesson}.html")
-    shots = lesson == LESSONS[min(1, len(LESSONS) - 1)]   # screenshots of one lesson page
+    shots = lesson == LESSONS[min(1, len(LESSONS) - 1)]  # screenshots of one lesson page
     try:
         page.wait_for_selector(".js-plotly-plot .main-svg")
         page.wait_for_selector("mjx-container")
@@ -295,8 +337,11 @@ def test_lesson_page_draws_plotly_typesets_math_and_folds_solutions(site, url, b
             SHOTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SHOTS / f"{lesson}.png"))
         assert page.locator("mjx-container").count() >= 1
-        assert page.locator("a", has_text="Open in Colab").first.get_attribute("href").startswith(
-            "https://colab.research.google.com/github/")
+        assert (
+            page.locator("a", has_text="Open in Colab")
+            .first.get_attribute("href")
+            .startswith("https://colab.research.google.com/github/")
+        )
         download = page.locator("a", has_text="Download notebook").first.get_attribute("href")
         assert download.endswith(f"{lesson}.ipynb")
         assert page.locator(".lesson-meta .device", has_text="Executed on").count() == 1
@@ -382,9 +427,9 @@ def test_lesson_pages_fit_the_column_and_show_no_test_harness(site, url, browser
 def test_landing_page_search_and_next_previous(site, url, browser):
     page, problems = _open(browser, url, "index.html")
     try:
-        assert page.locator("img").count() >= 2          # the README's figures
-        assert page.locator("table").count() >= 2        # its lesson and benchmark tables
-        icon = page.locator("link[rel~='icon']").first.get_attribute("href")   # no 404 for /favicon.ico
+        assert page.locator("img").count() >= 2  # the README's figures
+        assert page.locator("table").count() >= 2  # its lesson and benchmark tables
+        icon = page.locator("link[rel~='icon']").first.get_attribute("href")  # no 404 for /favicon.ico
         with urllib.request.urlopen(urllib.parse.urljoin(f"{url}/index.html", icon), timeout=10) as response:
             assert response.status == 200 and b"<svg" in response.read()
         nxt = page.locator("a.next-page").first

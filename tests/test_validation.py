@@ -45,9 +45,17 @@ def test_seeds_are_integers_in_0_to_2_pow_64(value):
     assert check.seed("seed", value) == int(value)
 
 
-@pytest.mark.parametrize("value, exc", [
-    (2**64, ValueError), (-1, ValueError), (True, TypeError), (1.0, TypeError), ("1", TypeError), (None, TypeError),
-])
+@pytest.mark.parametrize(
+    "value, exc",
+    [
+        (2**64, ValueError),
+        (-1, ValueError),
+        (True, TypeError),
+        (1.0, TypeError),
+        ("1", TypeError),
+        (None, TypeError),
+    ],
+)
 def test_bad_seeds_are_refused_naming_the_argument(value, exc):
     with pytest.raises(exc, match="^seed must"):
         check.seed("seed", value)
@@ -60,10 +68,20 @@ def _gen(values):
     yield from values
 
 
-@pytest.mark.parametrize("value", [
-    [1, 2, 3], (1, 2, 3), range(1, 4), np.array([1, 2, 3]), np.array([1, 2, 3], dtype=np.uint16),
-    [np.int64(1), np.int32(2), 3], array("q", [1, 2, 3]), _gen([1, 2, 3]), iter([1, 2, 3]),
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        [1, 2, 3],
+        (1, 2, 3),
+        range(1, 4),
+        np.array([1, 2, 3]),
+        np.array([1, 2, 3], dtype=np.uint16),
+        [np.int64(1), np.int32(2), 3],
+        array("q", [1, 2, 3]),
+        _gen([1, 2, 3]),
+        iter([1, 2, 3]),
+    ],
+)
 def test_any_ordered_collection_of_integers_is_a_token_list(value):
     tokens = check.token_list("prompt", value)
     assert tokens == [1, 2, 3] and all(type(t) is int for t in tokens)
@@ -75,46 +93,68 @@ def test_the_empty_list_is_a_token_list_and_the_largest_int64_is_a_token():
     assert check.token_list("prompt", [2**63 - 1]) == [2**63 - 1]
 
 
-@pytest.mark.parametrize("value", [b"abcdefgh", bytearray(b"abcdefgh"), memoryview(b"abcdefgh"), "abc",
-                                   {1, 2}, frozenset({1}), {1: 2}, 5, None, 2.5, np.array(3)])
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"abcdefgh",
+        bytearray(b"abcdefgh"),
+        memoryview(b"abcdefgh"),
+        "abc",
+        {1, 2},
+        frozenset({1}),
+        {1: 2},
+        5,
+        None,
+        2.5,
+        np.array(3),
+    ],
+)
 def test_bytes_strings_unordered_collections_and_scalars_are_refused(value):
     # array('q', b"abcdefgh") would read the 8 bytes as ONE token, 7523094288207667809.
     with pytest.raises(TypeError, match="^prompt must be a sequence of integer token ids, got"):
         check.token_list("prompt", value)
 
 
-@pytest.mark.parametrize("value, position, kind", [
-    ([np.int64(1), 2.5], 1, "float"),  # the float is to blame, not the numpy int before it
-    ([1, 2, True], 2, "bool"),
-    ((1, False), 1, "bool"),
-    (_gen([1, 2, True]), 2, "bool"),  # a generator is read once, then checked like a list
-    ([0, 1, np.True_], 2, "bool"),
-    (np.array([True, False]), 0, "bool"),
-    ([1, "2"], 1, "str"),
-    ([1, None], 1, "NoneType"),
-    ([1, [2]], 1, "list"),
-    (np.array([1.0, 2.0]), 0, "float"),
-    (np.array([[1, 2]]), 0, "ndarray"),
-])
+@pytest.mark.parametrize(
+    "value, position, kind",
+    [
+        ([np.int64(1), 2.5], 1, "float"),  # the float is to blame, not the numpy int before it
+        ([1, 2, True], 2, "bool"),
+        ((1, False), 1, "bool"),
+        (_gen([1, 2, True]), 2, "bool"),  # a generator is read once, then checked like a list
+        ([0, 1, np.True_], 2, "bool"),
+        (np.array([True, False]), 0, "bool"),
+        ([1, "2"], 1, "str"),
+        ([1, None], 1, "NoneType"),
+        ([1, [2]], 1, "list"),
+        (np.array([1.0, 2.0]), 0, "float"),
+        (np.array([[1, 2]]), 0, "ndarray"),
+    ],
+)
 def test_the_first_element_that_is_not_an_integer_is_named_with_its_position(value, position, kind):
     with pytest.raises(TypeError, match=rf"^prompt must be a sequence of integers: element {position} is {kind}"):
         check.token_list("prompt", value)
 
 
-@pytest.mark.parametrize("value, position, words", [
-    ([1, -2, -3], 1, "non-negative"),
-    ([5, 2**63], 1, "64 bits"),
-    ([2**70], 0, "64 bits"),
-    ([np.uint64(2**63)], 0, "64 bits"),
-    (_gen([3, -1]), 1, "non-negative"),
-])
+@pytest.mark.parametrize(
+    "value, position, words",
+    [
+        ([1, -2, -3], 1, "non-negative"),
+        ([5, 2**63], 1, "64 bits"),
+        ([2**70], 0, "64 bits"),
+        ([np.uint64(2**63)], 0, "64 bits"),
+        (_gen([3, -1]), 1, "non-negative"),
+    ],
+)
 def test_out_of_range_token_ids_are_named_with_their_position(value, position, words):
     with pytest.raises(ValueError, match=rf"{words}.*element {position} is"):
         check.token_list("prompt", value)
 
 
-@pytest.mark.parametrize("value, exc", [(5, None), (np.int64(5), None), (True, TypeError), (5.0, TypeError),
-                                        (-1, ValueError), (2**63, ValueError)])
+@pytest.mark.parametrize(
+    "value, exc",
+    [(5, None), (np.int64(5), None), (True, TypeError), (5.0, TypeError), (-1, ValueError), (2**63, ValueError)],
+)
 def test_one_token_id(value, exc):
     if exc is None:
         assert check.token_id("token id", value) == 5

@@ -349,8 +349,13 @@ def test_figure_colours_come_from_the_palette():
     from pathlib import Path
 
     viz = Path(__file__).resolve().parents[1] / "paged_edu" / "viz"
-    stray = {f"{p.name}: {c}" for p in viz.rglob("*.py") if p.name != "palette.py"
-             for c in re.findall(r"#[0-9a-fA-F]{6}\b", p.read_text()) if c.upper() != "#FFFFFF"}
+    stray = {
+        f"{p.name}: {c}"
+        for p in viz.rglob("*.py")
+        if p.name != "palette.py"
+        for c in re.findall(r"#[0-9a-fA-F]{6}\b", p.read_text())
+        if c.upper() != "#FFFFFF"
+    }
     assert not stray, sorted(stray)
 
 
@@ -380,9 +385,11 @@ def test_figure_widgets_synced_state_is_the_figure_after_every_change():
     for fig in (w.grid, w.table):
         assert synced(fig) == current(fig)
     assert len(w.table._widget_layout) and synced(w.table)["layout"]["height"] == 110 + 36 * 3
-    assert [y.split()[0] for y in synced(w.table)["data"][0]["y"]] == list(w.allocator.seq_ids) == ["req0", "req1", "req2"]
-    w.table.data[0].z = [[1, 2]]          # a single restyle, outside batch_update
-    w.table.layout.title = "after"        # a single relayout
+    assert (
+        [y.split()[0] for y in synced(w.table)["data"][0]["y"]] == list(w.allocator.seq_ids) == ["req0", "req1", "req2"]
+    )
+    w.table.data[0].z = [[1, 2]]  # a single restyle, outside batch_update
+    w.table.layout.title = "after"  # a single relayout
     assert synced(w.table) == current(w.table)
     assert synced(w.table)["data"][0]["z"] == [[1, 2]]
     # plotly's module is not the widget's own (loaded by it, once a page, outside anywidget's deadline)

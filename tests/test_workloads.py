@@ -93,22 +93,32 @@ def test_trace_round_trip(tmp_path):
     assert explicit.prompt == [5, 6, 7] and explicit.prompt_len == 3
 
 
-@pytest.mark.parametrize("line, error, message", [
-    ('{"arrival_time": 0, "prompt_len": 5}', KeyError, "missing field 'output_len'"),
-    ('{"arrival_time": 0, "prompt_len": 5, "prompt": [1], "output_len": 2}', ValueError, "exactly one of"),
-    ('{"arrival_time": 0, "output_len": 2}', ValueError, "exactly one of"),
-    ('{"arrival_time": -1, "prompt_len": 5, "output_len": 2}', ValueError, "arrival_time must be finite and >= 0"),
-    ('{"arrival_time": 0, "prompt_len": 0, "output_len": 2}', ValueError, "prompt_len must be >= 1"),
-    ('{"arrival_time": 0, "prompt_len": 5, "output_len": 2.5}', TypeError, "output_len must be an int"),
-    ('{"arrival_time": 0, "prompt_len": true, "output_len": 2}', TypeError, "prompt_len must be an int"),
-    ('{"arrival_time": 0, "prompt": [1, -2], "output_len": 2}', ValueError, "non-negative integer token ids"),
-    ('{"arrival_time": 0, "prompt_len": 5, "output_len": 2, "colour": 1}', ValueError, "unknown field"),
-    ('{"arrival_time": 0, "prompt_len": 5, "output_len": 2, "prefix_len": 3}', ValueError, "without a prefix_group"),
-    ('{"arrival_time": 0, "prompt_len": 5, "output_len": 2, "prefix_group": "a", "prefix_len": 9}', ValueError,
-     "prefix_len must be in"),
-    ('[1, 2, 3]', TypeError, "must be a JSON object"),
-    ('{"arrival_time": 0, ', ValueError, "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "line, error, message",
+    [
+        ('{"arrival_time": 0, "prompt_len": 5}', KeyError, "missing field 'output_len'"),
+        ('{"arrival_time": 0, "prompt_len": 5, "prompt": [1], "output_len": 2}', ValueError, "exactly one of"),
+        ('{"arrival_time": 0, "output_len": 2}', ValueError, "exactly one of"),
+        ('{"arrival_time": -1, "prompt_len": 5, "output_len": 2}', ValueError, "arrival_time must be finite and >= 0"),
+        ('{"arrival_time": 0, "prompt_len": 0, "output_len": 2}', ValueError, "prompt_len must be >= 1"),
+        ('{"arrival_time": 0, "prompt_len": 5, "output_len": 2.5}', TypeError, "output_len must be an int"),
+        ('{"arrival_time": 0, "prompt_len": true, "output_len": 2}', TypeError, "prompt_len must be an int"),
+        ('{"arrival_time": 0, "prompt": [1, -2], "output_len": 2}', ValueError, "non-negative integer token ids"),
+        ('{"arrival_time": 0, "prompt_len": 5, "output_len": 2, "colour": 1}', ValueError, "unknown field"),
+        (
+            '{"arrival_time": 0, "prompt_len": 5, "output_len": 2, "prefix_len": 3}',
+            ValueError,
+            "without a prefix_group",
+        ),
+        (
+            '{"arrival_time": 0, "prompt_len": 5, "output_len": 2, "prefix_group": "a", "prefix_len": 9}',
+            ValueError,
+            "prefix_len must be in",
+        ),
+        ("[1, 2, 3]", TypeError, "must be a JSON object"),
+        ('{"arrival_time": 0, ', ValueError, "not valid JSON"),
+    ],
+)
 def test_bad_trace_records_name_the_line(tmp_path, line, error, message):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"arrival_time": 0, "prompt_len": 5, "output_len": 2}\n\n' + line + "\n")

@@ -75,9 +75,15 @@ class PagedKVCache:
         num_cpu_blocks: int = 0,
     ) -> None:
         num_layers, num_blocks, block_size, num_kv_heads, head_dim = (
-            integer(name, value, low=1) for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks),
-                                                         ("block_size", block_size), ("num_kv_heads", num_kv_heads),
-                                                         ("head_dim", head_dim)))
+            integer(name, value, low=1)
+            for name, value in (
+                ("num_layers", num_layers),
+                ("num_blocks", num_blocks),
+                ("block_size", block_size),
+                ("num_kv_heads", num_kv_heads),
+                ("head_dim", head_dim),
+            )
+        )
         num_cpu_blocks = integer("num_cpu_blocks", num_cpu_blocks, low=0)
         if dtype not in _FLOAT_DTYPES:
             raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
@@ -92,13 +98,21 @@ class PagedKVCache:
 
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         # Zeros, not empty: a lesson that looks at a never-written slot sees 0, not old memory.
-        self.k_caches: list[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
-        self.v_caches: list[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.k_caches: list[torch.Tensor] = [
+            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+        ]
+        self.v_caches: list[torch.Tensor] = [
+            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+        ]
         self.device = self.k_caches[0].device  # "cuda" becomes "cuda:0": compare like with like
         cpu_shape = (num_cpu_blocks, block_size, num_kv_heads, head_dim)
         pin = self.device.type == "cuda"
-        self.cpu_k_caches: list[torch.Tensor] = [torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers)]
-        self.cpu_v_caches: list[torch.Tensor] = [torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers)]
+        self.cpu_k_caches: list[torch.Tensor] = [
+            torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers)
+        ]
+        self.cpu_v_caches: list[torch.Tensor] = [
+            torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers)
+        ]
 
     # -- sizing ----------------------------------------------------------------------------------
     @classmethod
@@ -116,13 +130,25 @@ class PagedKVCache:
         min_blocks: int = 1,
     ) -> PagedKVCache:
         """As many blocks as ``budget_bytes`` holds (all layers, K and V)."""
-        for name, value in (("num_layers", num_layers), ("block_size", block_size),
-                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        for name, value in (
+            ("num_layers", num_layers),
+            ("block_size", block_size),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+        ):
             integer(name, value, low=1)
         block_bytes = bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
         num_blocks = num_blocks_for_budget(budget_bytes, block_bytes, min_blocks=min_blocks)
-        return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device,
-                   num_cpu_blocks=num_cpu_blocks)
+        return cls(
+            num_layers,
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_dim,
+            dtype=dtype,
+            device=device,
+            num_cpu_blocks=num_cpu_blocks,
+        )
 
     @classmethod
     def from_gpu_memory_utilization(
@@ -151,11 +177,21 @@ class PagedKVCache:
         free, total = torch.cuda.mem_get_info(device)
         budget = kv_budget_from_free_memory(free, gpu_memory_utilization, reserve_bytes)
         block_bytes = bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
-        what = (f"{device} has {format_gib(free)} free of {format_gib(total)}; gpu_memory_utilization={gpu_memory_utilization} "
-                f"minus {format_gib(reserve_bytes)} reserved gives ")
+        what = (
+            f"{device} has {format_gib(free)} free of {format_gib(total)}; gpu_memory_utilization={gpu_memory_utilization} "
+            f"minus {format_gib(reserve_bytes)} reserved gives "
+        )
         num_blocks = num_blocks_for_budget(budget, block_bytes, min_blocks=min_blocks, what=what)
-        return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device,
-                   num_cpu_blocks=num_cpu_blocks)
+        return cls(
+            num_layers,
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_dim,
+            dtype=dtype,
+            device=device,
+            num_cpu_blocks=num_cpu_blocks,
+        )
 
     @property
     def block_bytes(self) -> int:
@@ -168,9 +204,11 @@ class PagedKVCache:
         return self.num_blocks * self.block_bytes
 
     def __repr__(self) -> str:
-        return (f"PagedKVCache(num_layers={self.num_layers}, num_blocks={self.num_blocks}, block_size={self.block_size}, "
-                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dtype={self.dtype}, "
-                f"device={self.device}, num_cpu_blocks={self.num_cpu_blocks}, nbytes={self.nbytes:,})")
+        return (
+            f"PagedKVCache(num_layers={self.num_layers}, num_blocks={self.num_blocks}, block_size={self.block_size}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dtype={self.dtype}, "
+            f"device={self.device}, num_cpu_blocks={self.num_cpu_blocks}, nbytes={self.nbytes:,})"
+        )
 
     # -- checks ----------------------------------------------------------------------------------
     def _layer(self, layer: int) -> int:
@@ -193,7 +231,9 @@ class PagedKVCache:
             out.append(b)
         return out
 
-    def _pairs(self, pairs: Sequence[tuple[int, int]], src_limit: int, dst_limit: int, what: str) -> tuple[list[int], list[int]]:
+    def _pairs(
+        self, pairs: Sequence[tuple[int, int]], src_limit: int, dst_limit: int, what: str
+    ) -> tuple[list[int], list[int]]:
         try:
             pairs = [tuple(p) for p in pairs]
         except TypeError:
@@ -238,7 +278,9 @@ class PagedKVCache:
             slots = [as_int(x, "slot_mapping entries must be ints") for x in slot_mapping]
             slot_mapping = torch.tensor(slots, dtype=torch.int64, device=self.device)
         if slot_mapping.dtype not in (torch.int32, torch.int64) or slot_mapping.dim() != 1:
-            raise TypeError(f"slot_mapping must be a 1-D int32/int64 tensor, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+            raise TypeError(
+                f"slot_mapping must be a 1-D int32/int64 tensor, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
+            )
         if slot_mapping.shape[0] != key.shape[0]:
             raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} entries for {key.shape[0]} tokens")
         if slot_mapping.device != self.device:
@@ -340,8 +382,12 @@ class PagedKVCache:
         cache = (self.k_caches if which == "k" else self.v_caches)[layer]
         strides = self.strides_bytes()
         B = self.block_size
-        return (cache.data_ptr() + table[t // B] * strides["S_block"] + (t % B) * strides["S_token"]
-                + kv_head * strides["S_head"])
+        return (
+            cache.data_ptr()
+            + table[t // B] * strides["S_block"]
+            + (t % B) * strides["S_token"]
+            + kv_head * strides["S_head"]
+        )
 
 
 def store_kv(

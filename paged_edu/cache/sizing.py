@@ -84,5 +84,8 @@ def check_blocks_fit(field: str, num_blocks: int, block_bytes: int, device: torc
     free = available_bytes(device)
     need = num_blocks * block_bytes
     if free is not None and need > free:
-        raise FieldValueError(field, f"{field}={num_blocks} blocks of {block_bytes} bytes need {format_gib(need)}, "
-                              f"but {device} has {format_gib(free)} free; at most {free // block_bytes} fit now")
+        raise FieldValueError(
+            field,
+            f"{field}={num_blocks} blocks of {block_bytes} bytes need {format_gib(need)}, "
+            f"but {device} has {format_gib(free)} free; at most {free // block_bytes} fit now",
+        )

@@ -95,8 +95,9 @@ class BlockAllocator(SequenceLookup):
         self.num_blocks = integer("num_blocks", num_blocks, low=1, high=MAX_NUM_BLOCKS)
         self.block_size = integer("block_size", block_size, low=1)
         prefix_caching = flag("enable_prefix_caching", enable_prefix_caching)
-        self._init_blocks(HashChainIndex(self.num_blocks, self.block_size, prefix_caching), prefix_caching,
-                          cache_when_computed)
+        self._init_blocks(
+            HashChainIndex(self.num_blocks, self.block_size, prefix_caching), prefix_caching, cache_when_computed
+        )
 
     def _init_blocks(self, index, enable_prefix_caching: bool, cache_when_computed: bool) -> None:
         """The pool over ``index`` (a prefix index, :mod:`~paged_edu.core.prefix_index`) and no sequence."""
@@ -200,15 +201,17 @@ class BlockAllocator(SequenceLookup):
         B, table = self.block_size, seq.block_table
         return [table[t // B] * B + t % B for t in range(start, end)]
 
-    def num_new_blocks_for(self, token_ids: Sequence[int], *, cache_salt: str | None = None,
-                           extra_keys: Sequence[str] = ()) -> int:
+    def num_new_blocks_for(
+        self, token_ids: Sequence[int], *, cache_salt: str | None = None, extra_keys: Sequence[str] = ()
+    ) -> int:
         """Free blocks an :meth:`allocate` of ``token_ids`` would consume now (cache hits counted)."""
         packed = token_array("token_ids", token_ids)
         match = self._lookup(packed, self._root(cache_salt, extra_keys))
         return -(-len(packed) // self.block_size) - len(match.block_ids) + match.num_evictable
 
-    def num_cached_tokens_for(self, token_ids: Sequence[int], *, cache_salt: str | None = None,
-                              extra_keys: Sequence[str] = ()) -> int:
+    def num_cached_tokens_for(
+        self, token_ids: Sequence[int], *, cache_salt: str | None = None, extra_keys: Sequence[str] = ()
+    ) -> int:
         """Leading tokens of ``token_ids`` an :meth:`allocate` now would hit (changes nothing)."""
         root = self._root(cache_salt, extra_keys)
         return len(self._lookup(token_array("token_ids", token_ids), root).block_ids) * self.block_size
@@ -258,8 +261,9 @@ class BlockAllocator(SequenceLookup):
         if num_blocks <= seq.num_published_blocks:
             return []
         start = seq.num_published_blocks
-        end, replaced, stored = self.index.publish(seq.key, seq.block_table, start, num_blocks, seq.pending,
-                                                   self.pool.ref_count, dedupe)
+        end, replaced, stored = self.index.publish(
+            seq.key, seq.block_table, start, num_blocks, seq.pending, self.pool.ref_count, dedupe
+        )
         if end > start:  # the index keeps what it took: the sequence forgets those tokens
             del seq.pending[: (end - start) * self.block_size]
             seq.num_published_blocks = end
@@ -276,8 +280,15 @@ class BlockAllocator(SequenceLookup):
         return events
 
     # -- operations ----------------------------------------------------------------------------
-    def allocate(self, seq_id: SeqId, token_ids: Sequence[int], *, record_stats: bool = True,
-                 cache_salt: str | None = None, extra_keys: Sequence[str] = ()) -> list[int]:
+    def allocate(
+        self,
+        seq_id: SeqId,
+        token_ids: Sequence[int],
+        *,
+        record_stats: bool = True,
+        cache_salt: str | None = None,
+        extra_keys: Sequence[str] = (),
+    ) -> list[int]:
         """Admit a prompt: reuse cached leading blocks, take fresh ones for the rest.
 
         ``cache_salt`` (a non-empty str of at most 256 characters) and ``extra_keys`` (a tuple of
@@ -374,8 +385,10 @@ class BlockAllocator(SequenceLookup):
         room = (B - offset) % B
         need = -(-max(num_tokens - room, 0) // B) + copy
         if need > self.pool.num_free:
-            raise OutOfBlocksError(f"sequence {seq_id!r} needs {need} free blocks for {num_tokens} slots, "
-                                   f"only {self.pool.num_free} available")
+            raise OutOfBlocksError(
+                f"sequence {seq_id!r} needs {need} free blocks for {num_tokens} slots, "
+                f"only {self.pool.num_free} available"
+            )
         events = []
         if copy:
             events += self._take_last_block(seq_id, seq, offset)[1]
@@ -426,17 +439,19 @@ class BlockAllocator(SequenceLookup):
         begin = end - len(packed)
         known = seq.num_known
         if begin > known:
-            raise ValueError(f"sequence {seq_id!r}: ids of tokens {known} .. {begin - 1} are missing "
-                             f"(token_ids must cover every token up to num_computed_tokens={end} not given before)")
+            raise ValueError(
+                f"sequence {seq_id!r}: ids of tokens {known} .. {begin - 1} are missing "
+                f"(token_ids must cover every token up to num_computed_tokens={end} not given before)"
+            )
         if end <= known:
             return
         B = self.block_size
         pending = seq.pending
-        pending += packed[known - begin:]
+        pending += packed[known - begin :]
         seq.num_known = end
         base = seq.num_published_blocks  # pending starts at this block
         for block in range(known // B, end // B):  # each block these ids complete: hash it
-            self.index.extend(seq.key, pending[(block - base) * B:(block - base + 1) * B])
+            self.index.extend(seq.key, pending[(block - base) * B : (block - base + 1) * B])
 
     def mark_computed(self, seq_id: SeqId, num_computed_tokens: int, token_ids: Sequence[int] | None = None) -> None:
         """The first ``num_computed_tokens`` tokens' K/V is written; ``token_ids``, if given, are the
@@ -450,8 +465,9 @@ class BlockAllocator(SequenceLookup):
         """
         seq = self._seq(seq_id)
         if not (type(num_computed_tokens) is int and 0 <= num_computed_tokens <= seq.num_tokens):
-            num_computed_tokens = integer(f"num_computed_tokens for sequence {seq_id!r}", num_computed_tokens,
-                                          low=0, high=seq.num_tokens)
+            num_computed_tokens = integer(
+                f"num_computed_tokens for sequence {seq_id!r}", num_computed_tokens, low=0, high=seq.num_tokens
+            )
         if token_ids is not None:
             self._learn(seq_id, seq, token_ids, num_computed_tokens)
         num_full = seq.num_known // self.block_size
@@ -472,9 +488,15 @@ class BlockAllocator(SequenceLookup):
         parent = self._seq(parent_id)
         new_id("sequence id", child_id, self._seqs)
         self.pool.share(parent.block_table)
-        self._seqs[child_id] = _SeqBlocks(list(parent.block_table), parent.num_tokens, parent.num_known,
-                                          array("q", parent.pending), self.index.fork(parent.key),
-                                          parent.num_cached_tokens, parent.num_published_blocks)
+        self._seqs[child_id] = _SeqBlocks(
+            list(parent.block_table),
+            parent.num_tokens,
+            parent.num_known,
+            array("q", parent.pending),
+            self.index.fork(parent.key),
+            parent.num_cached_tokens,
+            parent.num_published_blocks,
+        )
         if self._subscribers.callbacks:
             self._subscribers.deliver(BlockEvent("fork", child_id, list(parent.block_table), parent.num_tokens))
         return list(parent.block_table)

@@ -71,5 +71,9 @@ class Subscribers:
             except Exception as exc:  # noqa: BLE001 -- isolating subscribers is the point
                 name = getattr(callback, "__qualname__", repr(callback))
                 kind = getattr(event, "kind", type(event).__name__)
-                warnings.warn(f"{self.source} subscriber {name} raised {exc!r} on a {kind!r} event; "
-                              f"the {self.source}'s state is unaffected", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"{self.source} subscriber {name} raised {exc!r} on a {kind!r} event; "
+                    f"the {self.source}'s state is unaffected",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )

@@ -27,8 +27,15 @@ from collections.abc import Sequence
 
 from paged_edu.core.validation import token_array
 
-__all__ = ["ROOT_HASH", "chained_block_hashes", "extend_chain", "full_blocks", "hash_block", "hash_chain",
-           "prefix_root"]
+__all__ = [
+    "ROOT_HASH",
+    "chained_block_hashes",
+    "extend_chain",
+    "full_blocks",
+    "hash_block",
+    "hash_chain",
+    "prefix_root",
+]
 
 ROOT_HASH = b""  # h_{-1}: the hash of the empty prefix, for a request with no salt and no extra key
 
@@ -59,7 +66,7 @@ def extend_chain(parent_hash: bytes, block_tokens: array) -> bytes:
 
 def full_blocks(packed: array, block_size: int) -> list[array]:
     """The tokens of every *full* block of ``packed`` (a partial tail is left out)."""
-    return [packed[start:start + block_size] for start in range(0, len(packed) - block_size + 1, block_size)]
+    return [packed[start : start + block_size] for start in range(0, len(packed) - block_size + 1, block_size)]
 
 
 def hash_chain(blocks: list[array], parent_hash: bytes = ROOT_HASH) -> list[bytes]:

@@ -50,8 +50,7 @@ class PrefixCacheStats:
     preempted_hits: int = 0  # ... and hit
     per_salt: dict = field(default_factory=dict)  # cache salt -> [queried tokens, hit tokens]
 
-    def record(self, num_tokens: int, num_hits: int, preempted: bool = False,
-               cache_salt: str | None = None) -> None:
+    def record(self, num_tokens: int, num_hits: int, preempted: bool = False, cache_salt: str | None = None) -> None:
         """One admission's lookup: ``num_tokens`` looked up, ``num_hits`` found (under ``cache_salt``)."""
         if preempted:
             self.preempted_requests += 1

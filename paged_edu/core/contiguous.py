@@ -163,9 +163,7 @@ class ContiguousAllocator:
         res = self._res(seq_id)
         token_id = check_token_id("token id", token_id)
         if len(res.token_ids) >= res.size:
-            raise OutOfBlocksError(
-                f"sequence {seq_id!r} is full: its reservation holds {res.size} tokens"
-            )
+            raise OutOfBlocksError(f"sequence {seq_id!r} is full: its reservation holds {res.size} tokens")
         res.token_ids.append(token_id)
         return res.start + len(res.token_ids) - 1
 

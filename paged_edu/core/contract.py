@@ -44,8 +44,16 @@ from dataclasses import dataclass, field
 
 from paged_edu.core.allocator import OutOfBlocksError
 
-__all__ = ["B", "NUM_BLOCKS", "PREFIXES", "ContractModel", "ContractReport", "ContractViolation",
-           "check_contract", "observable"]
+__all__ = [
+    "B",
+    "NUM_BLOCKS",
+    "PREFIXES",
+    "ContractModel",
+    "ContractReport",
+    "ContractViolation",
+    "check_contract",
+    "observable",
+]
 
 B = 4
 NUM_BLOCKS = 14
@@ -107,8 +115,10 @@ class ContractModel:
                     self.memory[dst * Bs + j] = self.memory[src * Bs + j]
 
     def _unchanged(self, before, what: str) -> None:
-        _require(observable(self.a) == before,
-                 f"{what} raised OutOfBlocksError but changed the allocator (a failed call must change nothing)")
+        _require(
+            observable(self.a) == before,
+            f"{what} raised OutOfBlocksError but changed the allocator (a failed call must change nothing)",
+        )
 
     # -- operations (each checks what it can at once) -----------------------------------------
     def allocate(self, tokens: list[int]):
@@ -124,9 +134,11 @@ class ContractModel:
         self.history.append(f"allocate({seq_id}, {tokens})")
         self.next_id += 1
         cached = self.a.num_cached_tokens(seq_id)
-        _require(cached % self.block_size == 0 and cached < len(tokens),
-                 f"sequence {seq_id}: {cached} cached tokens of a {len(tokens)}-token prompt; a hit must be whole "
-                 f"blocks of {self.block_size} and leave the last token to compute")
+        _require(
+            cached % self.block_size == 0 and cached < len(tokens),
+            f"sequence {seq_id}: {cached} cached tokens of a {len(tokens)}-token prompt; a hit must be whole "
+            f"blocks of {self.block_size} and leave the last token to compute",
+        )
         self.tokens[seq_id] = list(tokens)
         self._check_table(seq_id)  # before writing through the table
         self._write(seq_id, cached)  # the cached head must already hold these prefixes: check() sees it
@@ -159,9 +171,11 @@ class ContractModel:
         self.placeholders.add(seq_id)
         self._check_table(seq_id)
         position = len(self.tokens[seq_id])
-        _require(slot == self.a.slot(seq_id, position),
-                 f"append_slots({seq_id}) returned slot {slot}, but the block table puts token {position} in slot "
-                 f"{self.a.slot(seq_id, position)}")
+        _require(
+            slot == self.a.slot(seq_id, position),
+            f"append_slots({seq_id}) returned slot {slot}, but the block table puts token {position} in slot "
+            f"{self.a.slot(seq_id, position)}",
+        )
         return True
 
     def resolve(self, seq_id, token: int) -> bool:
@@ -186,8 +200,10 @@ class ContractModel:
         self.next_id += 1
         table = list(self.a.fork(parent, child))
         self.history.append(f"fork({parent} -> {child})")
-        _require(table == list(self.a.block_table(parent)),
-                 f"fork({parent} -> {child}) returned {table}, not the parent's table {self.a.block_table(parent)}")
+        _require(
+            table == list(self.a.block_table(parent)),
+            f"fork({parent} -> {child}) returned {table}, not the parent's table {self.a.block_table(parent)}",
+        )
         self.tokens[child] = list(self.tokens[parent])
         return child
 
@@ -208,19 +224,26 @@ class ContractModel:
                 holders[b] += 1
         counts = [self.a.ref_count(b) for b in range(self.num_blocks)]
         for b in range(self.num_blocks):
-            _require(holders[b] == counts[b],
-                     f"block {b} has ref_count {counts[b]} but {holders[b]} live block tables hold it")
-        _require(self.a.num_free_blocks == holders.count(0),
-                 f"num_free_blocks is {self.a.num_free_blocks}, but {holders.count(0)} blocks are held by nobody")
+            _require(
+                holders[b] == counts[b],
+                f"block {b} has ref_count {counts[b]} but {holders[b]} live block tables hold it",
+            )
+        _require(
+            self.a.num_free_blocks == holders.count(0),
+            f"num_free_blocks is {self.a.num_free_blocks}, but {holders.count(0)} blocks are held by nobody",
+        )
 
     def _check_table(self, s) -> None:
         n = len(self.tokens[s]) + (s in self.placeholders)  # a placeholder holds a slot too
         n_blocks = len(self.a.block_table(s))
-        _require(n_blocks == math.ceil(n / self.block_size),
-                 f"sequence {s} has {n} tokens but {n_blocks} blocks (expected ceil(n/B) = "
-                 f"{math.ceil(n / self.block_size)})")
-        _require(self.a.num_tokens(s) == n, f"sequence {s}: num_tokens is {self.a.num_tokens(s)}, "
-                                            f"{n} slots were reserved")
+        _require(
+            n_blocks == math.ceil(n / self.block_size),
+            f"sequence {s} has {n} tokens but {n_blocks} blocks (expected ceil(n/B) = "
+            f"{math.ceil(n / self.block_size)})",
+        )
+        _require(
+            self.a.num_tokens(s) == n, f"sequence {s}: num_tokens is {self.a.num_tokens(s)}, {n} slots were reserved"
+        )
 
     def check_tables(self) -> None:
         for s in self.tokens:
@@ -230,9 +253,11 @@ class ContractModel:
         for s, tokens in self.tokens.items():
             for p in range(len(tokens)):
                 got = self.memory.get(self.a.slot(s, p))
-                _require(got == tuple(tokens[: p + 1]),
-                         f"sequence {s} position {p}: slot {self.a.slot(s, p)} holds the K/V of {list(got) if got else got}, "
-                         f"expected {tokens[: p + 1]} (another sequence wrote there)")
+                _require(
+                    got == tuple(tokens[: p + 1]),
+                    f"sequence {s} position {p}: slot {self.a.slot(s, p)} holds the K/V of {list(got) if got else got}, "
+                    f"expected {tokens[: p + 1]} (another sequence wrote there)",
+                )
 
     def check(self) -> None:
         self.check_ref_counts()
@@ -254,8 +279,9 @@ class ContractReport:
         return self.ok
 
 
-def check_contract(factory: Callable[[int, int], object], *, num_runs: int = 60, steps: int = 40,
-                   seed: int = 0) -> ContractReport:
+def check_contract(
+    factory: Callable[[int, int], object], *, num_runs: int = 60, steps: int = 40, seed: int = 0
+) -> ContractReport:
     """Run ``num_runs`` seeded random sequences of ``steps`` operations on ``factory(NUM_BLOCKS, B)``.
 
     The same rules as the stateful test: allocate a prompt (one of :data:`PREFIXES`, maybe cut,
@@ -274,7 +300,8 @@ def check_contract(factory: Callable[[int, int], object], *, num_runs: int = 60,
                 if kind == "allocate" or not live:
                     prefix = rng.choice(PREFIXES)
                     tokens = prefix[: max(1, len(prefix) - rng.randrange(9) % 3)] + [
-                        rng.randrange(4) for _ in range(rng.randrange(7))]
+                        rng.randrange(4) for _ in range(rng.randrange(7))
+                    ]
                     seq_id = model.allocate(tokens)
                     if seq_id is not None:
                         live.append(seq_id)

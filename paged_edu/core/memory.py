@@ -43,6 +43,7 @@ __all__ = [
     "seed_70b_example",
 ]
 
+
 @dataclass(frozen=True, slots=True)
 class KVSpec:
     """The shape of one token's cache.
@@ -74,8 +75,16 @@ class KVSpec:
     @classmethod
     def from_geometry(cls, g: ModelGeometry) -> "KVSpec":
         """The cache shape of a model of :mod:`paged_edu.core.hardware`'s table."""
-        return cls(g.name, g.num_layers, g.num_kv_heads, g.head_dim, g.dtype,
-                   latent_dim=g.latent_dim, rope_dim=g.rope_dim, note=g.note)
+        return cls(
+            g.name,
+            g.num_layers,
+            g.num_kv_heads,
+            g.head_dim,
+            g.dtype,
+            latent_dim=g.latent_dim,
+            rope_dim=g.rope_dim,
+            note=g.note,
+        )
 
     @property
     def is_mla(self) -> bool:
@@ -96,8 +105,9 @@ class KVSpec:
         """Bytes of one block of ``B`` tokens across all layers (K and V)."""
         return self.bytes_per_token * block_size
 
-    def per_gpu(self, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-                kv_cache_dtype: str | None = None) -> KVSpec:
+    def per_gpu(
+        self, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1, kv_cache_dtype: str | None = None
+    ) -> KVSpec:
         """The cache one GPU holds per token when the model runs on ``tp x pp`` GPUs.
 
         * tensor parallelism splits the KV heads: ``kv_heads_per_rank(N_kv, tp)`` each (vLLM's
@@ -139,8 +149,9 @@ def kv_heads_per_rank(num_kv_heads: int, tensor_parallel_size: int) -> tuple[int
             raise ValueError(f"num_kv_heads={n} is not divisible by tensor_parallel_size={tp}")
         return n // tp, 1
     if tp % n:
-        raise ValueError(f"tensor_parallel_size={tp} is not a multiple of num_kv_heads={n}: "
-                         "the heads cannot be replicated evenly")
+        raise ValueError(
+            f"tensor_parallel_size={tp} is not a multiple of num_kv_heads={n}: the heads cannot be replicated evenly"
+        )
     return 1, tp // n
 
 

@@ -74,9 +74,18 @@ class ParallelKVPlan:
         return self.num_blocks // -(-tokens_per_sequence // self.block_size)
 
 
-def plan_kv_per_gpu(model: str, gpu: str = "h200", *, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-                    kv_cache_dtype: str | None = None, gpu_memory_utilization: float = 0.9, block_size: int = 16,
-                    reserve_bytes: int = 0, weight_dtype: str | None = None) -> ParallelKVPlan:
+def plan_kv_per_gpu(
+    model: str,
+    gpu: str = "h200",
+    *,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    kv_cache_dtype: str | None = None,
+    gpu_memory_utilization: float = 0.9,
+    block_size: int = 16,
+    reserve_bytes: int = 0,
+    weight_dtype: str | None = None,
+) -> ParallelKVPlan:
     """The KV pool one GPU of ``gpu`` keeps for ``model`` on ``tp x pp`` GPUs (see the module docstring).
 
     ``kv_cache_dtype`` None keeps the model's dtype (vLLM's ``--kv-cache-dtype auto``); ``weight_dtype``
@@ -85,8 +94,11 @@ def plan_kv_per_gpu(model: str, gpu: str = "h200", *, tensor_parallel_size: int 
     g = geometry(model)
     if gpu not in GPU_TABLE:
         raise ValueError(f"unknown gpu {gpu!r}; choose one of {sorted(GPU_TABLE)}")
-    if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, (int, float)) \
-            or not 0 < gpu_memory_utilization <= 1:
+    if (
+        isinstance(gpu_memory_utilization, bool)
+        or not isinstance(gpu_memory_utilization, (int, float))
+        or not 0 < gpu_memory_utilization <= 1
+    ):
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -103,23 +115,45 @@ def plan_kv_per_gpu(model: str, gpu: str = "h200", *, tensor_parallel_size: int 
     weights = int(g.num_params * DTYPE_BYTES[wdtype]) // (tp * pp)
     budget = max(int(vllm_kv_budget(GPU_TABLE[gpu].memory_bytes, gpu_memory_utilization, weights + reserve_bytes)), 0)
     return ParallelKVPlan(
-        model=g.name, gpu=gpu, tensor_parallel_size=tp, pipeline_parallel_size=pp, kv_cache_dtype=spec.dtype,
-        kv_heads_per_gpu=spec.num_kv_heads if not spec.is_mla else 1, kv_head_replicas=replicas,
-        layers_per_gpu=spec.num_layers, bytes_per_token_per_gpu=spec.bytes_per_token,
-        bytes_per_token_all_gpus=full * replicas, weights_bytes_per_gpu=weights, kv_budget_bytes_per_gpu=budget,
-        block_size=block_size, num_blocks=budget // spec.block_bytes(block_size),
+        model=g.name,
+        gpu=gpu,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        kv_cache_dtype=spec.dtype,
+        kv_heads_per_gpu=spec.num_kv_heads if not spec.is_mla else 1,
+        kv_head_replicas=replicas,
+        layers_per_gpu=spec.num_layers,
+        bytes_per_token_per_gpu=spec.bytes_per_token,
+        bytes_per_token_all_gpus=full * replicas,
+        weights_bytes_per_gpu=weights,
+        kv_budget_bytes_per_gpu=budget,
+        block_size=block_size,
+        num_blocks=budget // spec.block_bytes(block_size),
     )
 
 
-def parallel_kv_rows(models=("Llama-3-8B", "Llama-3-70B"), gpu: str = "h200", tensor_parallel_sizes=(1, 2, 4, 8),
-                     kv_cache_dtypes=(None, "fp8"), pipeline_parallel_size: int = 1, **kwargs) -> list[dict]:
+def parallel_kv_rows(
+    models=("Llama-3-8B", "Llama-3-70B"),
+    gpu: str = "h200",
+    tensor_parallel_sizes=(1, 2, 4, 8),
+    kv_cache_dtypes=(None, "fp8"),
+    pipeline_parallel_size: int = 1,
+    **kwargs,
+) -> list[dict]:
     """One row (a dict: the plan's fields plus ``num_tokens`` and ``fits``) per model x tp x KV dtype."""
     rows = []
     for model in models:
         for dtype in kv_cache_dtypes:
             for tp in tensor_parallel_sizes:
-                plan = plan_kv_per_gpu(model, gpu, tensor_parallel_size=tp,
-                                       pipeline_parallel_size=pipeline_parallel_size, kv_cache_dtype=dtype, **kwargs)
-                rows.append({**asdict(plan), "num_gpus": plan.num_gpus, "num_tokens": plan.num_tokens,
-                             "fits": plan.fits})
+                plan = plan_kv_per_gpu(
+                    model,
+                    gpu,
+                    tensor_parallel_size=tp,
+                    pipeline_parallel_size=pipeline_parallel_size,
+                    kv_cache_dtype=dtype,
+                    **kwargs,
+                )
+                rows.append(
+                    {**asdict(plan), "num_gpus": plan.num_gpus, "num_tokens": plan.num_tokens, "fits": plan.fits}
+                )
     return rows

@@ -97,7 +97,9 @@ class RadixIndex:
         below = key.node
         if below is None:
             below = self.tree.namespace(key.root, create=end > first)
-        if not dedupe and below is not None:  # a block the tree holds in another block stays out, and so does what follows it
+        if (
+            not dedupe and below is not None
+        ):  # a block the tree holds in another block stays out, and so does what follows it
             end = first + self._num_own_blocks(below, tokens, table[first:end])
         if end <= first:
             return end, (), ()
@@ -158,5 +160,7 @@ class RadixAllocator(BlockAllocator):
         return self.index.tree
 
     def __repr__(self) -> str:
-        return (f"RadixAllocator(num_blocks={self.num_blocks}, block_size={self.block_size}, "
-                f"free={self.num_free_blocks}, cached={self.num_cached_blocks}, seqs={len(self._seqs)})")
+        return (
+            f"RadixAllocator(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+            f"free={self.num_free_blocks}, cached={self.num_cached_blocks}, seqs={len(self._seqs)})"
+        )

@@ -47,7 +47,7 @@ def edge_match(key: array, packed: array, start: int, limit: int, block_size: in
     at most ``limit``: the whole edge is compared, block by block."""
     B = block_size
     m, num = 0, min(len(key) // B, limit)
-    while m < num and key[m * B:(m + 1) * B] == packed[(start + m) * B:(start + m + 1) * B]:
+    while m < num and key[m * B : (m + 1) * B] == packed[(start + m) * B : (start + m + 1) * B]:
         m += 1
     return m
 
@@ -88,7 +88,7 @@ class RadixTree:
 
     def _child_key(self, packed: array, block: int) -> bytes:
         B = self.block_size
-        return packed[block * B:(block + 1) * B].tobytes()
+        return packed[block * B : (block + 1) * B].tobytes()
 
     def match(self, packed: array, max_blocks: int, below: RadixNode | None = None) -> list[tuple[RadixNode, int]]:
         """The path of the longest cached prefix of ``packed`` (at most ``max_blocks`` blocks) below
@@ -117,7 +117,7 @@ class RadixTree:
         upper.lock_ref, upper.last_access = node.lock_ref, node.last_access
         self.num_nodes += 1
         node.parent.children[upper.key[:B].tobytes()] = upper
-        node.key, node.blocks, node.parent = node.key[m * B:], node.blocks[m:], upper
+        node.key, node.blocks, node.parent = node.key[m * B :], node.blocks[m:], upper
         upper.children[node.key[:B].tobytes()] = node
         return upper
 
@@ -128,8 +128,9 @@ class RadixTree:
         node, m = path[-1]
         return self.split(node, m) if m < len(node.blocks) else node
 
-    def insert(self, packed: array, blocks: list[int], below: RadixNode | None = None
-               ) -> tuple[RadixNode, list[int], list[tuple[int, int]]]:
+    def insert(
+        self, packed: array, blocks: list[int], below: RadixNode | None = None
+    ) -> tuple[RadixNode, list[int], list[tuple[int, int]]]:
         """Add the prefix ``packed`` (``len(blocks)`` blocks) held in ``blocks``, below the node
         ``below`` (the root by default: then ``packed`` continues the prefix ``below`` spells).
 
@@ -144,7 +145,7 @@ class RadixTree:
             child = node.children.get(self._child_key(packed, pos))
             if child is None:
                 B = self.block_size
-                leaf = RadixNode(packed[pos * B: n * B], blocks[pos:], node)
+                leaf = RadixNode(packed[pos * B : n * B], blocks[pos:], node)
                 leaf.last_access = self.clock
                 node.children[leaf.key[:B].tobytes()] = leaf
                 self.num_nodes += 1
@@ -200,8 +201,13 @@ class RadixTree:
 
     def _is_candidate(self, entry: tuple[int, int, RadixNode]) -> bool:
         last_access, _, node = entry
-        return (node.parent is not None and not node.children and node.lock_ref == 0 and node.blocks != []
-                and node.last_access == last_access)
+        return (
+            node.parent is not None
+            and not node.children
+            and node.lock_ref == 0
+            and node.blocks != []
+            and node.last_access == last_access
+        )
 
     def evict(self, num_blocks: int) -> list[int]:
         """Free ``num_blocks`` (``<= num_evictable``) blocks from unlocked leaves, least recently
@@ -216,7 +222,7 @@ class RadixTree:
             leaf = entry[2]
             k = min(num_blocks - len(freed), len(leaf.blocks))
             edge = leaf.key[:B].tobytes()
-            freed += leaf.blocks[len(leaf.blocks) - k:]
+            freed += leaf.blocks[len(leaf.blocks) - k :]
             leaf.blocks = leaf.blocks[: len(leaf.blocks) - k]
             leaf.key = leaf.key[: len(leaf.blocks) * B]
             if not leaf.blocks:

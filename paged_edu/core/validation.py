@@ -21,8 +21,23 @@ import operator
 from array import array
 from collections.abc import Iterable, Mapping, Set
 
-__all__ = ["MAX_CACHE_SALT_LEN", "MAX_NUM_BLOCKS", "MAX_TOKEN_ID", "SEED_LIMIT", "FieldTypeError", "FieldValueError", "as_int",
-           "cache_key", "flag", "integer", "new_id", "seed", "token_array", "token_id", "token_list"]
+__all__ = [
+    "MAX_CACHE_SALT_LEN",
+    "MAX_NUM_BLOCKS",
+    "MAX_TOKEN_ID",
+    "SEED_LIMIT",
+    "FieldTypeError",
+    "FieldValueError",
+    "as_int",
+    "cache_key",
+    "flag",
+    "integer",
+    "new_id",
+    "seed",
+    "token_array",
+    "token_id",
+    "token_list",
+]
 
 MAX_TOKEN_ID = 2**63 - 1  # token ids are hashed as int64 (``array('q')``)
 SEED_LIMIT = 2**64  # seeds are unsigned 64-bit, as ``numpy.random.SeedSequence`` and torch take them
@@ -99,11 +114,13 @@ def cache_key(name: str, value: object) -> str:
     """A cache salt or an extra prefix-cache key: a non-empty ``str`` of at most
     ``MAX_CACHE_SALT_LEN`` characters that encodes as UTF-8 (no lone surrogates)."""
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a non-empty str of at most {MAX_CACHE_SALT_LEN} characters, "
-                        f"got {_describe(value)}")
+        raise TypeError(
+            f"{name} must be a non-empty str of at most {MAX_CACHE_SALT_LEN} characters, got {_describe(value)}"
+        )
     if not 1 <= len(value) <= MAX_CACHE_SALT_LEN:
-        raise ValueError(f"{name} must be a non-empty str of at most {MAX_CACHE_SALT_LEN} characters, "
-                         f"got one of {len(value)}")
+        raise ValueError(
+            f"{name} must be a non-empty str of at most {MAX_CACHE_SALT_LEN} characters, got one of {len(value)}"
+        )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

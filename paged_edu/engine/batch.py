@@ -34,7 +34,15 @@ import torch
 
 from paged_edu.models.llama import ForwardBatch
 
-__all__ = ["BatchChunk", "BatchStaging", "SamplingBatch", "StaticStaging", "pack_chunks", "prepare_batch", "token_slice"]
+__all__ = [
+    "BatchChunk",
+    "BatchStaging",
+    "SamplingBatch",
+    "StaticStaging",
+    "pack_chunks",
+    "prepare_batch",
+    "token_slice",
+]
 
 
 @dataclass(slots=True)
@@ -66,14 +74,19 @@ def token_slice(seq, start: int, end: int) -> list[int]:
     """``seq.token_ids[start:end]`` without building the whole prompt + output list."""
     p = seq.num_prompt_tokens
     if start >= p:
-        return seq.output_token_ids[start - p:end - p]
+        return seq.output_token_ids[start - p : end - p]
     if end <= p:
         return seq.prompt_token_ids[start:end]
-    return seq.prompt_token_ids[start:] + seq.output_token_ids[:end - p]
+    return seq.prompt_token_ids[start:] + seq.output_token_ids[: end - p]
 
 
-def pack_chunks(token_ids: Sequence[int], starts: Sequence[int], counts: Sequence[int],
-                tables: Sequence[Sequence[int]], block_size: int) -> dict[str, np.ndarray | int]:
+def pack_chunks(
+    token_ids: Sequence[int],
+    starts: Sequence[int],
+    counts: Sequence[int],
+    tables: Sequence[Sequence[int]],
+    block_size: int,
+) -> dict[str, np.ndarray | int]:
     """The fields of a :class:`ForwardBatch` as numpy arrays (see the module docstring).
 
     ``token_ids`` holds every chunk's tokens back to back in input order; chunk ``i`` has
@@ -102,7 +115,8 @@ def pack_chunks(token_ids: Sequence[int], starts: Sequence[int], counts: Sequenc
     W = int(lens.max())
     table = np.zeros((C, W), dtype=np.int32)  # (C, W): the block tables in row order, zero-padded
     table[np.arange(W)[None, :] < lens_o[:, None]] = np.fromiter(
-        chain.from_iterable(tables[i] for i in order.tolist()), dtype=np.int32, count=int(lens.sum()))
+        chain.from_iterable(tables[i] for i in order.tolist()), dtype=np.int32, count=int(lens.sum())
+    )
     last_row = np.cumsum(n_o) - 1  # (C,) in row order
     first_row = last_row + 1 - n_o
     chunk_of_row = np.repeat(np.arange(C), n_o)  # (T,)
@@ -118,7 +132,11 @@ def pack_chunks(token_ids: Sequence[int], starts: Sequence[int], counts: Sequenc
     Wd = int(lens_o[:D].max()) if D else 0
     Wp = int(lens_o[D:].max()) if D < C else 0
     return dict(
-        input_ids=input_ids, positions=positions, slot_mapping=slots, logits_rows=logits_rows, num_decodes=D,
+        input_ids=input_ids,
+        positions=positions,
+        slot_mapping=slots,
+        logits_rows=logits_rows,
+        num_decodes=D,
         decode_block_tables=table[:D, :Wd] if D else None,
         decode_seq_lens=end_o[:D].astype(np.int32) if D else None,
         prefill_block_tables=table[D:, :Wp] if D < C else None,
@@ -133,12 +151,22 @@ def _pack_decodes(token_ids, c: np.ndarray, lens: np.ndarray, tables, B: int) ->
     C, W = len(c), int(lens.max())
     table = np.zeros((C, W), dtype=np.int32)  # (C, W)
     table[np.arange(W)[None, :] < lens[:, None]] = np.fromiter(
-        chain.from_iterable(tables), dtype=np.int32, count=int(lens.sum()))
+        chain.from_iterable(tables), dtype=np.int32, count=int(lens.sum())
+    )
     slots = table[np.arange(C), c // B].astype(np.int64) * B + c % B  # (C,)
-    return dict(input_ids=np.asarray(token_ids, dtype=np.int64), positions=c, slot_mapping=slots,
-                logits_rows=np.arange(C, dtype=np.int64), num_decodes=C, decode_block_tables=table,
-                decode_seq_lens=(c + 1).astype(np.int32), prefill_block_tables=None, prefill_seq_lens=None,
-                prefill_cu_seqlens_q=None, prefill_max_q_len=None)
+    return dict(
+        input_ids=np.asarray(token_ids, dtype=np.int64),
+        positions=c,
+        slot_mapping=slots,
+        logits_rows=np.arange(C, dtype=np.int64),
+        num_decodes=C,
+        decode_block_tables=table,
+        decode_seq_lens=(c + 1).astype(np.int32),
+        prefill_block_tables=None,
+        prefill_seq_lens=None,
+        prefill_cu_seqlens_q=None,
+        prefill_max_q_len=None,
+    )
 
 
 _INT64 = ("input_ids", "positions", "slot_mapping", "logits_rows")
@@ -170,7 +198,9 @@ class BatchStaging:
         pin = self.device.type == "cuda"
         self.host = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=pin)  # (num_bytes,)
         self.host_np = self.host.numpy()
-        self.dev = self.host if self.device.type == "cpu" else torch.empty(num_bytes, dtype=torch.uint8, device=self.device)
+        self.dev = (
+            self.host if self.device.type == "cpu" else torch.empty(num_bytes, dtype=torch.uint8, device=self.device)
+        )
 
     def upload(self, arrays: dict[str, np.ndarray | None]) -> dict[str, torch.Tensor | None]:
         _wait(self)  # the last copy out of the host buffer must be done before it is overwritten
@@ -183,7 +213,7 @@ class BatchStaging:
             self._alloc(max(total, 2 * self.host.numel()))
         for name, off in offsets.items():
             a = arrays[name]
-            self.host_np[off:off + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
+            self.host_np[off : off + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
         if self.dev is not self.host:
             self.dev[:total].copy_(self.host[:total], non_blocking=True)  # the one host-to-device copy
             _record(self)
@@ -193,7 +223,7 @@ class BatchStaging:
                 out[name] = None
                 continue
             off = offsets[name]
-            out[name] = self.dev[off:off + a.nbytes].view(_DTYPES[a.dtype]).view(a.shape)
+            out[name] = self.dev[off : off + a.nbytes].view(_DTYPES[a.dtype]).view(a.shape)
         return out
 
 
@@ -215,8 +245,8 @@ class StaticStaging:
         self.views: dict[str, torch.Tensor] = {}  # device views, read by the graph
         for name, (dtype, shape) in fields.items():
             off, nbytes = offsets[name], int(np.prod(shape)) * np.dtype(dtype).itemsize
-            self.np[name] = host_np[off:off + nbytes].view(dtype).reshape(shape)
-            self.views[name] = self.dev[off:off + nbytes].view(_DTYPES[np.dtype(dtype)]).view(shape)
+            self.np[name] = host_np[off : off + nbytes].view(dtype).reshape(shape)
+            self.views[name] = self.dev[off : off + nbytes].view(_DTYPES[np.dtype(dtype)]).view(shape)
         self._last_off, (_, last_shape) = offsets[name], fields[name]
         self._row_bytes = int(np.prod(last_shape[1:])) * np.dtype(fields[name][0]).itemsize
 
@@ -250,11 +280,17 @@ def _wait(staging) -> None:
 
 def to_forward_batch(fields: dict, tensors: dict[str, torch.Tensor | None]) -> ForwardBatch:
     return ForwardBatch(
-        input_ids=tensors["input_ids"], positions=tensors["positions"], slot_mapping=tensors["slot_mapping"],
-        num_decodes=fields["num_decodes"], decode_block_tables=tensors["decode_block_tables"],
-        decode_seq_lens=tensors["decode_seq_lens"], prefill_block_tables=tensors["prefill_block_tables"],
-        prefill_seq_lens=tensors["prefill_seq_lens"], prefill_cu_seqlens_q=tensors["prefill_cu_seqlens_q"],
-        logits_rows=tensors["logits_rows"], prefill_max_q_len=fields["prefill_max_q_len"],
+        input_ids=tensors["input_ids"],
+        positions=tensors["positions"],
+        slot_mapping=tensors["slot_mapping"],
+        num_decodes=fields["num_decodes"],
+        decode_block_tables=tensors["decode_block_tables"],
+        decode_seq_lens=tensors["decode_seq_lens"],
+        prefill_block_tables=tensors["prefill_block_tables"],
+        prefill_seq_lens=tensors["prefill_seq_lens"],
+        prefill_cu_seqlens_q=tensors["prefill_cu_seqlens_q"],
+        logits_rows=tensors["logits_rows"],
+        prefill_max_q_len=fields["prefill_max_q_len"],
     )
 
 
@@ -267,8 +303,15 @@ def prepare_batch(chunks: Sequence[BatchChunk], block_size: int, device: torch.d
     """
     if not chunks:
         raise ValueError("a batch needs at least one chunk")
-    fields = pack_chunks(list(chain.from_iterable(c.token_ids for c in chunks)), [c.start for c in chunks],
-                         [len(c.token_ids) for c in chunks], [c.block_table for c in chunks], block_size)
+    fields = pack_chunks(
+        list(chain.from_iterable(c.token_ids for c in chunks)),
+        [c.start for c in chunks],
+        [len(c.token_ids) for c in chunks],
+        [c.block_table for c in chunks],
+        block_size,
+    )
     arrays = {k: fields[k] for k in (*_INT64, *_INT32)}
-    staging = BatchStaging(torch.device(device), sum(a.nbytes + BatchStaging.ALIGN for a in arrays.values() if a is not None))
+    staging = BatchStaging(
+        torch.device(device), sum(a.nbytes + BatchStaging.ALIGN for a in arrays.values() if a is not None)
+    )
     return to_forward_batch(fields, staging.upload(arrays))

@@ -81,9 +81,11 @@ class StepFailed(RuntimeError):
     def __init__(self, step: int, phase: str, sched, cause: BaseException) -> None:
         self.step, self.phase = step, phase
         self.request_ids = sorted({item.seq.request_id for item in sched.scheduled})
-        super().__init__(f"engine step {step} failed in {phase} ({type(cause).__name__}: {cause}); the step was "
-                         f"undone and nothing is lost: call step() again to retry requests {self.request_ids}, "
-                         "or abort_request() one that fails every time")
+        super().__init__(
+            f"engine step {step} failed in {phase} ({type(cause).__name__}: {cause}); the step was "
+            f"undone and nothing is lost: call step() again to retry requests {self.request_ids}, "
+            "or abort_request() one that fails every time"
+        )
 
 
 class Engine:
@@ -130,10 +132,13 @@ class Engine:
         allocator: MemoryManager | None = None,
     ) -> None:
         if not isinstance(model, PagedLlama):
-            raise FieldTypeError("model", f"model must be a PagedLlama (use PagedLlama.from_hf), got {type(model).__name__}")
+            raise FieldTypeError(
+                "model", f"model must be a PagedLlama (use PagedLlama.from_hf), got {type(model).__name__}"
+            )
         if preemption_mode not in PREEMPTION_MODES:
-            raise FieldValueError("preemption_mode", f"preemption_mode must be one of {PREEMPTION_MODES}, "
-                                  f"got {preemption_mode!r}")
+            raise FieldValueError(
+                "preemption_mode", f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}"
+            )
         num_blocks = check.integer("num_blocks", num_blocks, low=1, high=check.MAX_NUM_BLOCKS)
         block_size = check.integer("block_size", block_size, low=1)
         enable_prefix_caching = check.flag("enable_prefix_caching", enable_prefix_caching)
@@ -144,10 +149,14 @@ class Engine:
             num_cpu_blocks = num_blocks if preemption_mode in ("swap", "auto") else 0
         num_cpu_blocks = check.integer("num_cpu_blocks", num_cpu_blocks, low=0, high=check.MAX_NUM_BLOCKS)
         if allocator is not None and not isinstance(allocator, MemoryManager):
-            raise FieldTypeError("allocator", "allocator must be a memory manager (a BlockAllocator, a RadixAllocator, "
-                                 f"or anything with the MemoryManager protocol), got {type(allocator).__name__}")
-        block_bytes = bytes_per_block(model.config.num_layers, block_size, model.config.num_kv_heads,
-                                      model.config.head_dim, model.dtype)
+            raise FieldTypeError(
+                "allocator",
+                "allocator must be a memory manager (a BlockAllocator, a RadixAllocator, "
+                f"or anything with the MemoryManager protocol), got {type(allocator).__name__}",
+            )
+        block_bytes = bytes_per_block(
+            model.config.num_layers, block_size, model.config.num_kv_heads, model.config.head_dim, model.dtype
+        )
         check_blocks_fit("num_blocks", num_blocks, block_bytes, model.device)
         check_blocks_fit("num_cpu_blocks", num_cpu_blocks, block_bytes, torch.device("cpu"))
         self.model = model
@@ -157,26 +166,47 @@ class Engine:
         self.max_model_len = check_max_model_len(max_model_len, c.max_position_embeddings, num_blocks, block_size)
         # A prompt computed over several steps must not be hit in the prefix cache before its K/V
         # exists: the allocator publishes a block when the scheduler marks it computed.
-        a = self.allocator = allocator if allocator is not None else BlockAllocator(
-            num_blocks, block_size, enable_prefix_caching, cache_when_computed=True)
+        a = self.allocator = (
+            allocator
+            if allocator is not None
+            else BlockAllocator(num_blocks, block_size, enable_prefix_caching, cache_when_computed=True)
+        )
         if (a.num_blocks, a.block_size, a.num_free_blocks) != (num_blocks, block_size, num_blocks):
             raise ValueError(f"allocator must be an empty pool of num_blocks={num_blocks} x block_size={block_size}")
         if not is_empty(a):
-            raise ValueError(f"allocator still caches {a.num_cached_blocks} blocks whose K/V is in another engine's "
-                             f"KV cache, not this one's: pass a new allocator, or call its reset_prefix_cache() first")
+            raise ValueError(
+                f"allocator still caches {a.num_cached_blocks} blocks whose K/V is in another engine's "
+                f"KV cache, not this one's: pass a new allocator, or call its reset_prefix_cache() first"
+            )
         self.scheduler = Scheduler(
-            self.allocator, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            enable_chunked_prefill=enable_chunked_prefill, preemption_mode=preemption_mode,
-            num_cpu_blocks=num_cpu_blocks, max_model_len=self.max_model_len,
+            self.allocator,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_chunked_prefill=enable_chunked_prefill,
+            preemption_mode=preemption_mode,
+            num_cpu_blocks=num_cpu_blocks,
+            max_model_len=self.max_model_len,
         )
         self.kv_cache = PagedKVCache(
-            c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim,
-            dtype=model.dtype, device=self.device, num_cpu_blocks=num_cpu_blocks,
+            c.num_layers,
+            num_blocks,
+            block_size,
+            c.num_kv_heads,
+            c.head_dim,
+            dtype=model.dtype,
+            device=self.device,
+            num_cpu_blocks=num_cpu_blocks,
         )
         self.block_size = block_size
-        self.runner = ModelRunner(model, self.kv_cache, attn_impl=attn_impl, prefill_impl=prefill_impl,
-                                  cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs, max_num_seqs=max_num_seqs,
-                                  max_model_len=min(self.max_model_len, num_blocks * block_size))
+        self.runner = ModelRunner(
+            model,
+            self.kv_cache,
+            attn_impl=attn_impl,
+            prefill_impl=prefill_impl,
+            cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs,
+            max_num_seqs=max_num_seqs,
+            max_model_len=min(self.max_model_len, num_blocks * block_size),
+        )
         self.sampler = Sampler(seed)
         self.sync_timing = check.flag("sync_timing", sync_timing)
         self.subscriber_errors: list[tuple[Callable, Exception]] = []  # callbacks that raised, isolated
@@ -218,8 +248,11 @@ class Engine:
                 callback(event)
             except Exception as exc:  # a view must not lose the engine's outputs
                 self.subscriber_errors.append((callback, exc))
-                warnings.warn(f"engine subscriber {callback!r} raised {type(exc).__name__}: {exc} "
-                              f"(on {event.kind} event; isolated, see Engine.subscriber_errors)", stacklevel=3)
+                warnings.warn(
+                    f"engine subscriber {callback!r} raised {type(exc).__name__}: {exc} "
+                    f"(on {event.kind} event; isolated, see Engine.subscriber_errors)",
+                    stacklevel=3,
+                )
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
@@ -233,8 +266,9 @@ class Engine:
         return now
 
     # -- requests ------------------------------------------------------------------------------
-    def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, *,
-                    cache_salt: str | None = None) -> int:
+    def add_request(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, *, cache_salt: str | None = None
+    ) -> int:
         """Queue a request; returns its id. All or nothing: a request the model, the pool or the
         scheduler can never serve raises (naming the limit) and leaves the engine as it was.
 
@@ -242,19 +276,28 @@ class Engine:
         ``cache_salt``, not on the sampling params): the request hits only prefix-cache blocks
         cached by requests with the same salt, so one tenant cannot time another's prompts."""
         if self._busy:
-            raise RuntimeError("add_request was called from inside a step or an abort (from a subscriber?); "
-                               "call it after the current one returns")
+            raise RuntimeError(
+                "add_request was called from inside a step or an abort (from a subscriber?); "
+                "call it after the current one returns"
+            )
         params = SamplingParams() if params is None else params
         prompt = self._check_request(prompt_token_ids, params)
         if cache_salt is not None:
             cache_key("cache_salt", cache_salt)
             if not _takes_cache_salt(self.allocator):
-                raise TypeError(f"cache_salt needs an allocator whose allocate() takes cache_salt=; "
-                                f"{type(self.allocator).__name__} does not")
+                raise TypeError(
+                    f"cache_salt needs an allocator whose allocate() takes cache_salt=; "
+                    f"{type(self.allocator).__name__} does not"
+                )
         request_id = self._next_request_id
         seq = Seq(
-            self.scheduler.new_seq_id(), prompt, params.max_tokens, arrival_time=self.now(),
-            stop_token_ids=params.stop_token_ids, request_id=request_id, num_samples=params.n,
+            self.scheduler.new_seq_id(),
+            prompt,
+            params.max_tokens,
+            arrival_time=self.now(),
+            stop_token_ids=params.stop_token_ids,
+            request_id=request_id,
+            num_samples=params.n,
             cache_salt=cache_salt,
         )
         self.scheduler.add(seq)  # the scheduler's admission checks; raises before queueing
@@ -316,8 +359,11 @@ class Engine:
 
     def _abort(self, request: RequestState, sample_index: int | None) -> RequestOutput | None:
         request_id, n = request.request_id, request.params.n
-        live = [s for s in (*self.scheduler.waiting, *self.scheduler.running, *self.scheduler.swapped)
-                if s.request_id == request.request_id]
+        live = [
+            s
+            for s in (*self.scheduler.waiting, *self.scheduler.running, *self.scheduler.swapped)
+            if s.request_id == request.request_id
+        ]
         unforked = next((s for s in live if s.num_tokens_to_sample > 1), None)
         if sample_index is not None:
             i = as_int(sample_index, "sample_index must be an int")
@@ -351,8 +397,10 @@ class Engine:
     def _critical(self):
         """Scheduler state changes here; engine calls from callbacks wait until it ends."""
         if self._busy:
-            raise RuntimeError("Engine.step() was called from inside a step or an abort (from a subscriber?); "
-                               "call it after the current one returns")
+            raise RuntimeError(
+                "Engine.step() was called from inside a step or an abort (from a subscriber?); "
+                "call it after the current one returns"
+            )
         self._busy = True
         try:
             yield
@@ -442,8 +490,20 @@ class Engine:
             self._drop_aborted_forks(emitting)
         outputs = self._take_aborted() + self._collect(finished_seqs)
         now = self._lap(phases, "update", t)
-        metrics = step_metrics(self.step_count, sched, self.scheduler, now, now - t_start, len(finished_seqs), phases,
-                               self.runner.device_wait_s) if self._subscribers else None
+        metrics = (
+            step_metrics(
+                self.step_count,
+                sched,
+                self.scheduler,
+                now,
+                now - t_start,
+                len(finished_seqs),
+                phases,
+                self.runner.device_wait_s,
+            )
+            if self._subscribers
+            else None
+        )
         self.step_count += 1
         return outputs, metrics
 
@@ -484,17 +544,24 @@ class Engine:
     def stats(self) -> dict:
         """The scheduler's gauges plus the engine's counters."""
         out = dict(self.scheduler.stats())
-        out.update(step=self.step_count, generated_tokens=self.num_generated_tokens,
-                   blocks_swapped_out=self.num_blocks_swapped_out, blocks_swapped_in=self.num_blocks_swapped_in,
-                   blocks_copied=self.num_blocks_copied,
-                   used_blocks=self.allocator.num_used_blocks, free_blocks=self.allocator.num_free_blocks)
+        out.update(
+            step=self.step_count,
+            generated_tokens=self.num_generated_tokens,
+            blocks_swapped_out=self.num_blocks_swapped_out,
+            blocks_swapped_in=self.num_blocks_swapped_in,
+            blocks_copied=self.num_blocks_copied,
+            used_blocks=self.allocator.num_used_blocks,
+            free_blocks=self.allocator.num_free_blocks,
+        )
         return out
 
     def __repr__(self) -> str:
         a = self.allocator
-        return (f"Engine(num_blocks={a.num_blocks}, block_size={a.block_size}, "
-                f"prefix_caching={a.enable_prefix_caching}, preemption_mode={self.scheduler.preemption_mode!r}, "
-                f"device={self.device}, dtype={self.model.dtype})")
+        return (
+            f"Engine(num_blocks={a.num_blocks}, block_size={a.block_size}, "
+            f"prefix_caching={a.enable_prefix_caching}, preemption_mode={self.scheduler.preemption_mode!r}, "
+            f"device={self.device}, dtype={self.model.dtype})"
+        )
 
 
 def _takes_cache_salt(allocator) -> bool:

@@ -15,9 +15,13 @@ from paged_edu.engine.sampling import SamplingParams
 __all__ = ["chat", "generate", "run"]
 
 
-def run(engine, prompts: Sequence[Sequence[int]],
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        *, use_tqdm: bool | None = None) -> list[RequestOutput]:
+def run(
+    engine,
+    prompts: Sequence[Sequence[int]],
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    *,
+    use_tqdm: bool | None = None,
+) -> list[RequestOutput]:
     """Add every prompt, step until all are done; outputs in the order of ``prompts``.
 
     Nothing is queued unless every request is accepted (see :meth:`Engine.add_requests`).
@@ -27,8 +31,10 @@ def run(engine, prompts: Sequence[Sequence[int]],
     if sampling_params is None or isinstance(sampling_params, SamplingParams):
         params_list = [sampling_params or SamplingParams()] * len(prompts)
     elif isinstance(sampling_params, (str, bytes)) or not isinstance(sampling_params, Sequence):
-        raise TypeError("sampling_params must be a SamplingParams, a list of them (one per prompt) or None, "
-                        f"got {type(sampling_params).__name__} {sampling_params!r}")
+        raise TypeError(
+            "sampling_params must be a SamplingParams, a list of them (one per prompt) or None, "
+            f"got {type(sampling_params).__name__} {sampling_params!r}"
+        )
     else:
         params_list = list(sampling_params)
         if len(params_list) != len(prompts):
@@ -37,7 +43,7 @@ def run(engine, prompts: Sequence[Sequence[int]],
     wanted = set(ids)
     results: dict[int, RequestOutput] = {}
     bar = None
-    if (len(prompts) >= 64 if use_tqdm is None else use_tqdm):
+    if len(prompts) >= 64 if use_tqdm is None else use_tqdm:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(ids), desc="requests", unit="req")
@@ -56,9 +62,14 @@ def run(engine, prompts: Sequence[Sequence[int]],
     return [results[i] for i in ids]
 
 
-def generate(engine, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32,
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             *, use_tqdm: bool | None = None) -> list[list[int]]:
+def generate(
+    engine,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int = 32,
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    *,
+    use_tqdm: bool | None = None,
+) -> list[list[int]]:
     """New tokens for each prompt: greedy with ``max_new_tokens`` unless ``sampling_params`` say otherwise.
 
     One sample per prompt; for ``n > 1`` use :func:`run`, which returns every sample.
@@ -73,8 +84,9 @@ def generate(engine, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32,
     return [out.outputs[0] for out in run(engine, prompts, sampling_params, use_tqdm=use_tqdm)]
 
 
-def chat(engine, conversations, tokenizer, sampling_params: SamplingParams | None = None,
-         *, max_new_tokens: int = 64) -> list[str]:
+def chat(
+    engine, conversations, tokenizer, sampling_params: SamplingParams | None = None, *, max_new_tokens: int = 64
+) -> list[str]:
     """Reply to chat conversations: apply the tokenizer's chat template, generate, decode.
 
     ``conversations`` is one conversation (a list of ``{"role", "content"}`` dicts) or a list of

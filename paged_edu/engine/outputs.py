@@ -124,8 +124,9 @@ class RequestState:
         metrics = RequestMetrics(
             request_id=self.request_id,
             arrival_time=self.arrival_time,
-            first_scheduled_time=min((s.first_scheduled_time for s in samples if s.first_scheduled_time is not None),
-                                     default=None),
+            first_scheduled_time=min(
+                (s.first_scheduled_time for s in samples if s.first_scheduled_time is not None), default=None
+            ),
             first_token_time=min((s.first_token_time for s in samples if s.first_token_time is not None), default=None),
             finish_time=max((s.finish_time for s in samples if s.finish_time is not None), default=None),
             num_prompt_tokens=len(self.prompt_token_ids),
@@ -142,8 +143,16 @@ class RequestState:
         return RequestOutput(self.request_id, self.prompt_token_ids, outputs, reasons, metrics)
 
 
-def step_metrics(step: int, sched, scheduler, now: float, duration: float, num_finished: int,
-                 phase_times: dict[str, float], device_wait: float = 0.0) -> StepMetrics:
+def step_metrics(
+    step: int,
+    sched,
+    scheduler,
+    now: float,
+    duration: float,
+    num_finished: int,
+    phase_times: dict[str, float],
+    device_wait: float = 0.0,
+) -> StepMetrics:
     """The :class:`StepMetrics` of a step that ran ``sched`` (a ``SchedulerOutput``) and left ``scheduler`` so."""
     stats = scheduler.stats()
     decodes = prefill_tokens = emitting = 0
@@ -158,15 +167,32 @@ def step_metrics(step: int, sched, scheduler, now: float, duration: float, num_f
             decodes += 1
     in_cache = sum(map(attrgetter("num_computed_tokens"), scheduler.running))
     return StepMetrics(
-        step=step, time=now, duration=duration,
-        num_running=stats["running"], num_waiting=stats["waiting"], num_swapped=stats["swapped"],
-        num_batched_tokens=sched.num_batched_tokens, num_prefill_tokens=prefill_tokens,
-        num_decode_seqs=decodes, num_preempted=len(sched.preempted), num_preemptions=stats["preemptions"],
-        num_finished=num_finished, kv_usage=stats["kv_usage"], num_used_blocks=scheduler.allocator.num_used_blocks,
-        num_tokens_in_cache=in_cache, prefix_hit_rate=stats["prefix_hit_rate"], phase_times=phase_times,
-        preempted=[(s.request_id, s.seq_id, "swap" if s.status is SequenceStatus.SWAPPED else "recompute")
-                   for s in sched.preempted],
+        step=step,
+        time=now,
+        duration=duration,
+        num_running=stats["running"],
+        num_waiting=stats["waiting"],
+        num_swapped=stats["swapped"],
+        num_batched_tokens=sched.num_batched_tokens,
+        num_prefill_tokens=prefill_tokens,
+        num_decode_seqs=decodes,
+        num_preempted=len(sched.preempted),
+        num_preemptions=stats["preemptions"],
+        num_finished=num_finished,
+        kv_usage=stats["kv_usage"],
+        num_used_blocks=scheduler.allocator.num_used_blocks,
+        num_tokens_in_cache=in_cache,
+        prefix_hit_rate=stats["prefix_hit_rate"],
+        phase_times=phase_times,
+        preempted=[
+            (s.request_id, s.seq_id, "swap" if s.status is SequenceStatus.SWAPPED else "recompute")
+            for s in sched.preempted
+        ],
         scheduled_request_ids=sorted({item.seq.request_id for item in sched.scheduled}),
-        num_blocks_swapped_out=len(sched.blocks_to_swap_out), num_blocks_swapped_in=len(sched.blocks_to_swap_in),
-        device_wait=device_wait, chunk_starts=starts, chunk_counts=counts, num_emitting=emitting,
+        num_blocks_swapped_out=len(sched.blocks_to_swap_out),
+        num_blocks_swapped_in=len(sched.blocks_to_swap_in),
+        device_wait=device_wait,
+        chunk_starts=starts,
+        chunk_counts=counts,
+        num_emitting=emitting,
     )

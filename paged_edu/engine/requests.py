@@ -58,6 +58,8 @@ def check_max_model_len(max_model_len, num_positions: int, num_blocks: int, bloc
     if value < 1:
         raise ValueError(f"max_model_len must be >= 1, got {value}")
     if value > num_positions:
-        raise ValueError(f"max_model_len={value} exceeds the model's {num_positions} positions "
-                         "(max_position_embeddings); a longer sequence has no rotary position")
+        raise ValueError(
+            f"max_model_len={value} exceeds the model's {num_positions} positions "
+            "(max_position_embeddings); a longer sequence has no rotary position"
+        )
     return value

@@ -27,8 +27,16 @@ import numpy as np
 import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
-from paged_edu.engine.batch import (BatchChunk, BatchStaging, SamplingBatch, StaticStaging, pack_chunks,
-                                    prepare_batch, to_forward_batch, token_slice)
+from paged_edu.engine.batch import (
+    BatchChunk,
+    BatchStaging,
+    SamplingBatch,
+    StaticStaging,
+    pack_chunks,
+    prepare_batch,
+    to_forward_batch,
+    token_slice,
+)
 from paged_edu.engine.sampling import sample_on_device
 from paged_edu.kernels import kernel_support
 from paged_edu.models.llama import ForwardBatch, PagedLlama
@@ -83,11 +91,20 @@ class DecodeCudaGraphs:
         self.sizes = [b for b in sizes if b < max_batch_size] + [max_batch_size]
         n, W = max_batch_size, max_blocks_per_seq
         i64, i32, f32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
-        self.staging = StaticStaging(device, dict(
-            input_ids=(i64, (n,)), positions=(i64, (n,)), slot_mapping=(i64, (n,)), seq_lens=(i32, (n,)),
-            sample_rows=(i64, (n,)), temperatures=(f32, (n,)), top_ps=(f32, (n,)), uniforms=(f32, (n,)),
-            block_tables=(i32, (n, W)),  # last: only the rows of the step travel
-        ))
+        self.staging = StaticStaging(
+            device,
+            dict(
+                input_ids=(i64, (n,)),
+                positions=(i64, (n,)),
+                slot_mapping=(i64, (n,)),
+                seq_lens=(i32, (n,)),
+                sample_rows=(i64, (n,)),
+                temperatures=(f32, (n,)),
+                top_ps=(f32, (n,)),
+                uniforms=(f32, (n,)),
+                block_tables=(i32, (n, W)),  # last: only the rows of the step travel
+            ),
+        )
         self.staging.np["seq_lens"][:] = 1
         self.staging.np["slot_mapping"][:] = -1
         self.staging.upload(n)
@@ -116,9 +133,15 @@ class DecodeCudaGraphs:
     def _batch(self, bs: int) -> ForwardBatch:
         v = self.staging.views
         return ForwardBatch(
-            input_ids=v["input_ids"][:bs], positions=v["positions"][:bs], slot_mapping=v["slot_mapping"][:bs],
-            num_decodes=bs, decode_block_tables=v["block_tables"][:bs], decode_seq_lens=v["seq_lens"][:bs],
-            prefill_block_tables=None, prefill_seq_lens=None, prefill_cu_seqlens_q=None,
+            input_ids=v["input_ids"][:bs],
+            positions=v["positions"][:bs],
+            slot_mapping=v["slot_mapping"][:bs],
+            num_decodes=bs,
+            decode_block_tables=v["block_tables"][:bs],
+            decode_seq_lens=v["seq_lens"][:bs],
+            prefill_block_tables=None,
+            prefill_seq_lens=None,
+            prefill_cu_seqlens_q=None,
             logits_rows=torch.arange(bs, device=v["input_ids"].device),
         )
 
@@ -135,11 +158,15 @@ class DecodeCudaGraphs:
         h, v = self.staging.np, self.staging.views
         D, N = len(fields["input_ids"]), len(sample_rows)
         tables = fields["decode_block_tables"]
-        for name, key, pad in (("input_ids", "input_ids", 0), ("positions", "positions", 0),
-                               ("slot_mapping", "slot_mapping", -1), ("seq_lens", "decode_seq_lens", 1)):
+        for name, key, pad in (
+            ("input_ids", "input_ids", 0),
+            ("positions", "positions", 0),
+            ("slot_mapping", "slot_mapping", -1),
+            ("seq_lens", "decode_seq_lens", 1),
+        ):
             h[name][:D] = fields[key]
             h[name][D:bs] = pad
-        h["block_tables"][:D, :tables.shape[1]] = tables  # columns past the width: stale, unread
+        h["block_tables"][:D, : tables.shape[1]] = tables  # columns past the width: stale, unread
         h["block_tables"][D:bs, 0] = 0
         h["sample_rows"][:N] = sample_rows
         if sampling is not None:
@@ -187,17 +214,35 @@ class ModelRunner:
     for every step's tokens before it schedules the next one; the wait is the step's only sync.
     """
 
-    def __init__(self, model: PagedLlama, kv_cache: PagedKVCache, *, attn_impl: str | None = None,
-                 prefill_impl: str | None = None, cuda_graphs: bool = False, max_num_seqs: int = 256,
-                 max_model_len: int = 2048) -> None:
+    def __init__(
+        self,
+        model: PagedLlama,
+        kv_cache: PagedKVCache,
+        *,
+        attn_impl: str | None = None,
+        prefill_impl: str | None = None,
+        cuda_graphs: bool = False,
+        max_num_seqs: int = 256,
+        max_model_len: int = 2048,
+    ) -> None:
         on_gpu = model.device.type == "cuda"
         # The kernels, checked now rather than at the first forward pass. Default: "auto" on CUDA
         # (Triton where kernel_support says it runs), PyTorch on a CPU, where the Triton
         # interpreter is exact but far too slow for a whole model.
-        model.attn_impl = _check_impl("attn_impl", attn_impl or ("auto" if on_gpu else "torch"), "decode",
-                                      ("auto", "triton", "torch", "loop"), model.device)
-        model.prefill_impl = _check_impl("prefill_impl", prefill_impl or ("auto" if on_gpu else "torch"), "prefill",
-                                         ("auto", "triton", "torch"), model.device)
+        model.attn_impl = _check_impl(
+            "attn_impl",
+            attn_impl or ("auto" if on_gpu else "torch"),
+            "decode",
+            ("auto", "triton", "torch", "loop"),
+            model.device,
+        )
+        model.prefill_impl = _check_impl(
+            "prefill_impl",
+            prefill_impl or ("auto" if on_gpu else "torch"),
+            "prefill",
+            ("auto", "triton", "torch"),
+            model.device,
+        )
         if not isinstance(cuda_graphs, bool):
             raise TypeError(f"cuda_graphs must be True, False or None, got {cuda_graphs!r}")
         self.model = model
@@ -262,8 +307,13 @@ class ModelRunner:
         """Block copies the scheduler asked for that have not reached the cache (after one raised)."""
         return sum(map(len, self._unapplied))
 
-    def prepare(self, scheduled, block_table, sample_chunks: Sequence[int],
-                sampling: tuple[Sequence[float], Sequence[float], Sequence[float]] | None = None) -> StepBatch:
+    def prepare(
+        self,
+        scheduled,
+        block_table,
+        sample_chunks: Sequence[int],
+        sampling: tuple[Sequence[float], Sequence[float], Sequence[float]] | None = None,
+    ) -> StepBatch:
         """The step's inputs on the device, from the scheduler's ``ScheduledSeq`` s.
 
         ``block_table(seq_id)`` gives each sequence's blocks (the allocator's); ``sample_chunks``
@@ -279,17 +329,33 @@ class ModelRunner:
                 token_ids.append(seq.output_token_ids[s - p] if s >= p else seq.prompt_token_ids[s])
             else:
                 token_ids += token_slice(seq, s, s + n)
-        fields = pack_chunks(token_ids, [it.start for it in scheduled], [it.num_new_tokens for it in scheduled],
-                             [block_table(it.seq.seq_id) for it in scheduled], self.block_size)
+        fields = pack_chunks(
+            token_ids,
+            [it.start for it in scheduled],
+            [it.num_new_tokens for it in scheduled],
+            [block_table(it.seq.seq_id) for it in scheduled],
+            self.block_size,
+        )
         rows = len(fields["input_ids"])
         sample_rows = fields["logits_rows"][np.asarray(sample_chunks, dtype=np.int64)]  # (N,) rows of the hidden states
         if self.graphs is not None and fields["num_decodes"] == rows:
             bs = self.graphs.size_for(rows, fields["decode_block_tables"].shape[1])
             if bs is not None:  # straight into the captured graph's inputs
                 return StepBatch(None, self.graphs.stage(fields, bs, sample_rows, sampling), rows, bs)
-        arrays = {k: fields[k] for k in ("input_ids", "positions", "slot_mapping", "logits_rows", "decode_block_tables",
-                                         "decode_seq_lens", "prefill_block_tables", "prefill_seq_lens",
-                                         "prefill_cu_seqlens_q")}
+        arrays = {
+            k: fields[k]
+            for k in (
+                "input_ids",
+                "positions",
+                "slot_mapping",
+                "logits_rows",
+                "decode_block_tables",
+                "decode_seq_lens",
+                "prefill_block_tables",
+                "prefill_seq_lens",
+                "prefill_cu_seqlens_q",
+            )
+        }
         arrays["sample_rows"] = sample_rows
         if sampling is not None:
             for name, values in zip(("temperatures", "top_ps", "uniforms"), sampling):
@@ -317,8 +383,11 @@ class ModelRunner:
         else:
             logits = self.model.compute_logits(batch.hidden[s.rows])  # (N, vocab) fp32
             greedy = batch.greedy[s.rows] if batch.greedy is not None else logits.argmax(dim=-1)  # (N,)
-            tokens = greedy if s.temperatures is None else sample_on_device(
-                logits, s.temperatures, s.top_ps, s.uniforms, greedy_tokens=greedy)
+            tokens = (
+                greedy
+                if s.temperatures is None
+                else sample_on_device(logits, s.temperatures, s.top_ps, s.uniforms, greedy_tokens=greedy)
+            )
         if N > self._tokens_host.numel():
             self._tokens_host = torch.empty(2 * N, dtype=torch.long, pin_memory=self.device.type == "cuda")
         host = self._tokens_host[:N]
@@ -334,6 +403,8 @@ def _check_impl(name: str, impl, kernel: str, allowed: tuple[str, ...], device: 
     if not isinstance(impl, str) or impl not in allowed:
         raise ValueError(f"{name} must be one of {allowed}, got {impl!r}")
     if impl == "triton" and not getattr(kernel_support(device), kernel):
-        raise ValueError(f"{name}='triton', but the Triton {kernel} kernel cannot run on {device} here "
-                         "(see paged_edu.kernels.kernel_support); use 'auto' or 'torch'")
+        raise ValueError(
+            f"{name}='triton', but the Triton {kernel} kernel cannot run on {device} here "
+            "(see paged_edu.kernels.kernel_support); use 'auto' or 'torch'"
+        )
     return impl

@@ -28,7 +28,15 @@ import torch
 from paged_edu.core.validation import SEED_LIMIT, as_int, integer
 from paged_edu.core.validation import seed as check_seed
 
-__all__ = ["GREEDY_BELOW", "SamplingParams", "Sampler", "rows_to_sample", "sample", "sample_on_device", "tokens_by_sequence"]
+__all__ = [
+    "GREEDY_BELOW",
+    "SamplingParams",
+    "Sampler",
+    "rows_to_sample",
+    "sample",
+    "sample_on_device",
+    "tokens_by_sequence",
+]
 
 
 # A temperature below this is greedy, as in vLLM (``_SAMPLING_EPS = 1e-5`` in vllm/sampling_params.py and
@@ -89,10 +97,18 @@ class SamplingParams:
         if any(t < 0 for t in stop):
             raise ValueError(f"stop_token_ids must be token ids >= 0, got {stop!r}")
         if n > 1 and temperature == 0:
-            raise ValueError(f"n > 1 with temperature {self.temperature!r} (greedy: below {GREEDY_BELOW}) would give "
-                             "n identical samples; set a higher temperature")
-        for name, value in (("max_tokens", max_tokens), ("n", n), ("temperature", temperature),
-                            ("top_p", top_p), ("seed", seed), ("stop_token_ids", stop)):
+            raise ValueError(
+                f"n > 1 with temperature {self.temperature!r} (greedy: below {GREEDY_BELOW}) would give "
+                "n identical samples; set a higher temperature"
+            )
+        for name, value in (
+            ("max_tokens", max_tokens),
+            ("n", n),
+            ("temperature", temperature),
+            ("top_p", top_p),
+            ("seed", seed),
+            ("stop_token_ids", stop),
+        ):
             object.__setattr__(self, name, value)  # the checked, plain-Python values
 
     @property
@@ -140,10 +156,13 @@ def sample_on_device(
     sorted_p, sorted_idx = probs.sort(dim=-1, descending=True, stable=True)  # (N, vocab) each
     mass_before = sorted_p.cumsum(dim=-1) - sorted_p  # (N, vocab): mass of more likely tokens
     in_nucleus = torch.zeros_like(probs, dtype=torch.bool).scatter_(
-        -1, sorted_idx, mass_before < top_ps.to(sorted_p.dtype)[:, None])  # (N, vocab) token-id order; the top token stays
+        -1, sorted_idx, mass_before < top_ps.to(sorted_p.dtype)[:, None]
+    )  # (N, vocab) token-id order; the top token stays
     cdf = (probs * in_nucleus).cumsum(dim=-1)  # (N, vocab), token-id order
     target = uniforms.to(cdf.dtype)[:, None] * cdf[:, -1:]  # (N, 1)
-    sampled = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1).squeeze(-1)  # first id with cdf > target
+    sampled = (
+        torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1).squeeze(-1)
+    )  # first id with cdf > target
     return torch.where(is_greedy, greedy_tokens, sampled)
 
 
@@ -246,6 +265,6 @@ def tokens_by_sequence(tokens: list[int], emitting) -> dict[int, int | list[int]
     sampled: dict[int, int | list[int]] = {}
     pos = 0
     for _, seq, n in emitting:
-        sampled[seq.seq_id] = tokens[pos] if n == 1 else tokens[pos:pos + n]
+        sampled[seq.seq_id] = tokens[pos] if n == 1 else tokens[pos : pos + n]
         pos += n
     return sampled

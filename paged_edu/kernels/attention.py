@@ -170,6 +170,5 @@ def _triton_module(name: str):
         return importlib.import_module(f"paged_edu.kernels.{name}")
     except ImportError as exc:
         raise RuntimeError(
-            f"impl='triton' needs the triton package (Linux only; pip install triton): {exc}. "
-            "Use impl='torch' instead."
+            f"impl='triton' needs the triton package (Linux only; pip install triton): {exc}. Use impl='torch' instead."
         ) from exc

@@ -25,8 +25,13 @@ def _check_cache_and_tables(q, k_cache, v_cache, block_tables, seq_lens, num_seq
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t, rank in (("q", q, 3), ("k_cache", k_cache, 4), ("v_cache", v_cache, 4),
-                          ("block_tables", block_tables, 2), ("seq_lens", seq_lens, 1)):
+    for name, t, rank in (
+        ("q", q, 3),
+        ("k_cache", k_cache, 4),
+        ("v_cache", v_cache, 4),
+        ("block_tables", block_tables, 2),
+        ("seq_lens", seq_lens, 1),
+    ):
         if t.dim() != rank:
             raise ValueError(f"{name} must have rank {rank}, got shape {tuple(t.shape)}")
     devices = {name: t.device for name, t in tensors.items()}
@@ -44,13 +49,13 @@ def _check_cache_and_tables(q, k_cache, v_cache, block_tables, seq_lens, num_seq
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape")
     _, _, num_kv_heads, head_dim = k_cache.shape
     if min(k_cache.shape) < 1:
-        raise ValueError(f"k_cache must be non-empty in every dimension (head_dim >= 1 too), got shape {tuple(k_cache.shape)}")
+        raise ValueError(
+            f"k_cache must be non-empty in every dimension (head_dim >= 1 too), got shape {tuple(k_cache.shape)}"
+        )
     if q.shape[2] != head_dim:
         raise ValueError(f"q head_dim {q.shape[2]} differs from the cache's head_dim {head_dim}")
     if q.shape[1] % num_kv_heads != 0:
-        raise ValueError(
-            f"num_q_heads ({q.shape[1]}) must be a multiple of num_kv_heads ({num_kv_heads}) for GQA"
-        )
+        raise ValueError(f"num_q_heads ({q.shape[1]}) must be a multiple of num_kv_heads ({num_kv_heads}) for GQA")
     if block_tables.shape[0] != num_seqs or seq_lens.shape[0] != num_seqs:
         raise ValueError(
             f"block_tables {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)} must have "
@@ -101,13 +106,16 @@ def check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens, *, validate
         _check_lengths(seq_lens, block_tables, k_cache.shape[1], k_cache.shape[0])
 
 
-def check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, validate: bool = True,
-                         max_q_len: int | None = None) -> None:
+def check_prefill_inputs(
+    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, validate: bool = True, max_q_len: int | None = None
+) -> None:
     """Raise ``TypeError``/``ValueError`` for anything :func:`paged_attention_prefill` cannot take."""
     if not isinstance(cu_seqlens_q, torch.Tensor):
         raise TypeError(f"cu_seqlens_q must be a torch.Tensor, got {type(cu_seqlens_q).__name__}")
     if cu_seqlens_q.dim() != 1 or cu_seqlens_q.dtype != torch.int32:
-        raise TypeError(f"cu_seqlens_q must be a 1-D int32 tensor, got {cu_seqlens_q.dtype} {tuple(cu_seqlens_q.shape)}")
+        raise TypeError(
+            f"cu_seqlens_q must be a 1-D int32 tensor, got {cu_seqlens_q.dtype} {tuple(cu_seqlens_q.shape)}"
+        )
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     if q.dim() != 3:
@@ -120,13 +128,17 @@ def check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens
         _check_lengths(seq_lens, block_tables, k_cache.shape[1], k_cache.shape[0])
         cu = cu_seqlens_q.tolist()
         if cu[0] != 0 or cu[-1] != q.shape[0]:
-            raise ValueError(f"cu_seqlens_q must start at 0 and end at num_q_tokens ({q.shape[0]}), got {cu[0]}..{cu[-1]}")
+            raise ValueError(
+                f"cu_seqlens_q must start at 0 and end at num_q_tokens ({q.shape[0]}), got {cu[0]}..{cu[-1]}"
+            )
         for i, s in enumerate(seq_lens.tolist()):
             q_len = cu[i + 1] - cu[i]
             if not 1 <= q_len <= s:
                 raise ValueError(f"sequence {i}: q_len {q_len} must be in [1, seq_lens[{i}] = {s}]")
         longest = max((b - a for a, b in zip(cu, cu[1:])), default=0)
-        if max_q_len is not None and (isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or max_q_len < longest):
+        if max_q_len is not None and (
+            isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or max_q_len < longest
+        ):
             raise ValueError(f"max_q_len={max_q_len!r}, but the longest chunk in cu_seqlens_q has {longest} tokens")
 
 
@@ -145,6 +157,8 @@ def check_scale(scale, head_dim: int) -> float:
         raise TypeError(f"scale must be a float (any real number) or None, got {type(scale).__name__} {scale!r}")
     value = float(scale)
     if not 0 < value <= MAX_SCALE:  # NaN fails this too
-        raise ValueError(f"scale must be a finite number > 0 and <= MAX_SCALE = {MAX_SCALE:g} (1/sqrt(head_dim) = "
-                         f"{head_dim ** -0.5:.4g} by default), got {scale!r}")
+        raise ValueError(
+            f"scale must be a finite number > 0 and <= MAX_SCALE = {MAX_SCALE:g} (1/sqrt(head_dim) = "
+            f"{head_dim**-0.5:.4g} by default), got {scale!r}"
+        )
     return value

@@ -56,8 +56,12 @@ def block_update(
 
 
 def merge_states(
-    m1: torch.Tensor, l1: torch.Tensor, o1: torch.Tensor,  # (..., ), (..., ), (..., D): tokens T1
-    m2: torch.Tensor, l2: torch.Tensor, o2: torch.Tensor,  # the same over a disjoint set T2
+    m1: torch.Tensor,
+    l1: torch.Tensor,
+    o1: torch.Tensor,  # (..., ), (..., ), (..., D): tokens T1
+    m2: torch.Tensor,
+    l2: torch.Tensor,
+    o2: torch.Tensor,  # the same over a disjoint set T2
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The state over ``T1 + T2``: both rescaled to the common max, then added."""
     m = torch.maximum(m1, m2)

@@ -66,13 +66,21 @@ __all__ = ["paged_attention_triton", "choose_num_splits", "decode_config", "INTE
 @triton.jit
 def _attend_tile(
     q,  # (GROUP_PAD, HEAD_DIM_PAD) the group's queries, already in the dot dtype
-    m_i, l_i, acc,  # running max (GROUP_PAD,), normaliser (GROUP_PAD,), output (GROUP_PAD, HEAD_DIM_PAD)
+    m_i,
+    l_i,
+    acc,  # running max (GROUP_PAD,), normaliser (GROUP_PAD,), output (GROUP_PAD, HEAD_DIM_PAD)
     tile,  # which tile of TILE tokens (logical positions tile*TILE ...)
     seq_len,  # tokens in this sequence
     bt_row_ptr,  # this sequence's row of the block table
-    k_head_ptr, v_head_ptr,  # k_cache / v_cache advanced to this KV head
-    stride_k_block, stride_k_tok, stride_v_block, stride_v_tok,
-    offs_t, offs_d, d_mask,  # aranges (TILE,), (HEAD_DIM_PAD,) and the head_dim mask
+    k_head_ptr,
+    v_head_ptr,  # k_cache / v_cache advanced to this KV head
+    stride_k_block,
+    stride_k_tok,
+    stride_v_block,
+    stride_v_tok,
+    offs_t,
+    offs_d,
+    d_mask,  # aranges (TILE,), (HEAD_DIM_PAD,) and the head_dim mask
     qk_scale,  # scale * log2(e): scores in base 2, so exp2 can be used
     BLOCK_SIZE: tl.constexpr,  # B, tokens per KV block
     TILE: tl.constexpr,  # tokens per step
@@ -140,11 +148,17 @@ def _paged_decode_kernel(
     qk_scale,  # softmax scale * log2(e)
     num_splits,  # splits per sequence (runtime: changing it does not recompile)
     num_q_heads,  # H
-    stride_q_seq, stride_q_head,  # q strides (head_dim stride is 1)
-    stride_k_block, stride_k_tok, stride_k_head,  # k_cache strides
-    stride_v_block, stride_v_tok, stride_v_head,  # v_cache strides
+    stride_q_seq,
+    stride_q_head,  # q strides (head_dim stride is 1)
+    stride_k_block,
+    stride_k_tok,
+    stride_k_head,  # k_cache strides
+    stride_v_block,
+    stride_v_tok,
+    stride_v_head,  # v_cache strides
     stride_bt_seq,  # block_tables row stride
-    stride_o_seq, stride_o_head,  # out strides
+    stride_o_seq,
+    stride_o_head,  # out strides
     GROUP: tl.constexpr,  # G = num_q_heads // num_kv_heads
     GROUP_PAD: tl.constexpr,  # G rounded up to a power of two (>= 16 on a GPU, for tl.dot)
     HEAD_DIM: tl.constexpr,  # D
@@ -202,16 +216,56 @@ def _paged_decode_kernel(
     # the block ids and then the K/V rows of the next tiles while this one is computed.
     for tile in range(tile_lo, num_full):
         m_i, l_i, acc = _attend_tile(
-            q, m_i, l_i, acc, tile, seq_len, bt_row_ptr, k_head_ptr, v_head_ptr,
-            stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_d, d_mask, qk_scale,
-            BLOCK_SIZE, TILE, HEAD_DIM == HEAD_DIM_PAD, False, UPCAST, DOT_PRECISION,
+            q,
+            m_i,
+            l_i,
+            acc,
+            tile,
+            seq_len,
+            bt_row_ptr,
+            k_head_ptr,
+            v_head_ptr,
+            stride_k_block,
+            stride_k_tok,
+            stride_v_block,
+            stride_v_tok,
+            offs_t,
+            offs_d,
+            d_mask,
+            qk_scale,
+            BLOCK_SIZE,
+            TILE,
+            HEAD_DIM == HEAD_DIM_PAD,
+            False,
+            UPCAST,
+            DOT_PRECISION,
         )
     # At most one partial tile: the sequence's last, and only in the last non-empty split.
     for tile in range(tl.maximum(num_full, tile_lo), tile_hi):
         m_i, l_i, acc = _attend_tile(
-            q, m_i, l_i, acc, tile, seq_len, bt_row_ptr, k_head_ptr, v_head_ptr,
-            stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_d, d_mask, qk_scale,
-            BLOCK_SIZE, TILE, HEAD_DIM == HEAD_DIM_PAD, True, UPCAST, DOT_PRECISION,
+            q,
+            m_i,
+            l_i,
+            acc,
+            tile,
+            seq_len,
+            bt_row_ptr,
+            k_head_ptr,
+            v_head_ptr,
+            stride_k_block,
+            stride_k_tok,
+            stride_v_block,
+            stride_v_tok,
+            offs_t,
+            offs_d,
+            d_mask,
+            qk_scale,
+            BLOCK_SIZE,
+            TILE,
+            HEAD_DIM == HEAD_DIM_PAD,
+            True,
+            UPCAST,
+            DOT_PRECISION,
         )
 
     if SPLIT:
@@ -240,7 +294,8 @@ def _merge_splits_kernel(
     part_lse_ptr,  # fp32 (num_seqs, num_q_heads, num_splits)
     out_ptr,  # (num_seqs, num_q_heads, head_dim)
     num_splits,  # splits per sequence
-    stride_o_seq, stride_o_head,  # out strides
+    stride_o_seq,
+    stride_o_head,  # out strides
     HEAD_DIM: tl.constexpr,  # D
     HEAD_DIM_PAD: tl.constexpr,  # D rounded up to a power of two
     SPLITS_PAD: tl.constexpr,  # num_splits rounded up to a power of two
@@ -260,8 +315,11 @@ def _merge_splits_kernel(
     m = tl.max(lse, 0)  # finite: split 0 always holds the sequence's first token
     w = tl.exp2(lse - m)  # (SPLITS_PAD,) weight of each split, 0 for empty ones
     merged = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)  # (HEAD_DIM_PAD,)
-    tl.store(out_ptr + seq * stride_o_seq + head * stride_o_head + offs_d,
-             merged.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    tl.store(
+        out_ptr + seq * stride_o_seq + head * stride_o_head + offs_d,
+        merged.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -293,8 +351,9 @@ def decode_config(head_dim: int, group: int, on_gpu: bool) -> dict:
     if on_gpu:
         group_pad = max(16, group_pad)  # a 16-bit tl.dot needs M >= 16 on the tensor cores
     tile = max(16, min(64, 8192 // head_dim_pad))
-    return dict(TILE=tile, GROUP_PAD=group_pad, HEAD_DIM_PAD=head_dim_pad, HEADS_FASTEST=True,
-                num_warps=4, num_stages=2)
+    return dict(
+        TILE=tile, GROUP_PAD=group_pad, HEAD_DIM_PAD=head_dim_pad, HEADS_FASTEST=True, num_warps=4, num_stages=2
+    )
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_len: int, tile: int, num_sms: int) -> int:
@@ -330,7 +389,11 @@ def launch_inputs(q, block_tables, seq_lens, block_size: int):
 def split_plan(cfg: dict, config: dict | None, num_programs: int, max_len: int, device) -> int:
     """:func:`choose_num_splits` for ``num_programs`` (sequence, head-group) pairs; sets
     ``cfg["num_stages"] = 1`` for short splits unless ``config`` fixed it."""
-    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else 8
+    sms = (
+        _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+        if device.type == "cuda"
+        else 8
+    )
     num_splits = choose_num_splits(num_programs, 1, max_len, cfg["TILE"], sms)
     if "num_stages" not in (config or {}) and -(-max_len // num_splits) <= 4 * cfg["TILE"]:
         # Short splits (four tiles or fewer) run without software pipelining: filling the
@@ -370,29 +433,61 @@ def paged_attention_triton(
         raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
     split = num_splits > 1
     if split:
-        part_o = torch.empty(num_seqs, num_q_heads, num_splits, cfg["HEAD_DIM_PAD"], device=q.device, dtype=torch.float32)
+        part_o = torch.empty(
+            num_seqs, num_q_heads, num_splits, cfg["HEAD_DIM_PAD"], device=q.device, dtype=torch.float32
+        )
         part_lse = torch.empty(num_seqs, num_q_heads, num_splits, device=q.device, dtype=torch.float32)
     else:
         part_o = part_lse = out  # unused
 
     grid = (num_kv_heads, num_seqs, num_splits) if cfg["HEADS_FASTEST"] else (num_seqs, num_kv_heads, num_splits)
     _paged_decode_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse,
-        scale * math.log2(math.e), num_splits, num_q_heads,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        out,
+        part_o,
+        part_lse,
+        scale * math.log2(math.e),
+        num_splits,
+        num_q_heads,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
         block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        GROUP=group, GROUP_PAD=cfg["GROUP_PAD"], HEAD_DIM=head_dim, HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
-        BLOCK_SIZE=block_size, TILE=cfg["TILE"], SPLIT=split,
-        UPCAST=INTERPRETING, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        HEADS_FASTEST=cfg["HEADS_FASTEST"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        GROUP_PAD=cfg["GROUP_PAD"],
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
+        BLOCK_SIZE=block_size,
+        TILE=cfg["TILE"],
+        SPLIT=split,
+        UPCAST=INTERPRETING,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        HEADS_FASTEST=cfg["HEADS_FASTEST"],
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     if split:
         _merge_splits_kernel[(num_seqs, num_q_heads)](
-            part_o, part_lse, out, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
-            SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+            part_o,
+            part_lse,
+            out,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            num_warps=4,
         )
     return out

@@ -83,7 +83,10 @@ def _add_rms_norm_kernel(
     weight_ptr,  # (N,): the norm's weight w
     y_ptr,  # (T, N) out: the normalised row y
     residual_out_ptr,  # (T, N) out: r' = h + r (unused when HAS_RESIDUAL is False)
-    stride_x, stride_r, stride_y, stride_ro,  # row strides (the column stride is 1)
+    stride_x,
+    stride_r,
+    stride_y,
+    stride_ro,  # row strides (the column stride is 1)
     eps,  # the norm's epsilon
     N: tl.constexpr,  # hidden size
     BLOCK_N: tl.constexpr,  # N rounded up to a power of two: the whole row in one program
@@ -127,9 +130,20 @@ def add_rms_norm_triton(
         return y, residual_out
     block_n = triton.next_power_of_2(N)
     _add_rms_norm_kernel[(T,)](
-        x, r, weight, y, residual_out,
-        x.stride(0), r.stride(0), y.stride(0), residual_out.stride(0), float(eps),
-        N=N, BLOCK_N=block_n, HAS_RESIDUAL=residual is not None, BY_HAND=by_hand(x.dtype),
+        x,
+        r,
+        weight,
+        y,
+        residual_out,
+        x.stride(0),
+        r.stride(0),
+        y.stride(0),
+        residual_out.stride(0),
+        float(eps),
+        N=N,
+        BLOCK_N=block_n,
+        HAS_RESIDUAL=residual is not None,
+        BY_HAND=by_hand(x.dtype),
         num_warps=4 if block_n >= 1024 else 2,  # 8-16 values per thread
     )
     return y, residual_out
@@ -144,7 +158,8 @@ def add_rms_norm_triton(
 def _silu_and_mul_kernel(
     gate_up_ptr,  # (T, 2I): gate in columns [0, I), up in [I, 2I)
     out_ptr,  # (T, I)
-    stride_in, stride_out,  # row strides (the column stride is 1)
+    stride_in,
+    stride_out,  # row strides (the column stride is 1)
     I: tl.constexpr,  # intermediate size
     BLOCK: tl.constexpr,  # columns per program
     BY_HAND: tl.constexpr,  # round_to rounds by hand (the interpreter, bf16)
@@ -173,6 +188,13 @@ def silu_and_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:  # (T, 2I) -> (T
         return out
     block = min(1024, triton.next_power_of_2(I))
     _silu_and_mul_kernel[(T, triton.cdiv(I, block))](
-        gate_up, out, gate_up.stride(0), out.stride(0), I=I, BLOCK=block, BY_HAND=by_hand(gate_up.dtype), num_warps=4,
+        gate_up,
+        out,
+        gate_up.stride(0),
+        out.stride(0),
+        I=I,
+        BLOCK=block,
+        BY_HAND=by_hand(gate_up.dtype),
+        num_warps=4,
     )
     return out

@@ -79,18 +79,29 @@ __all__ = ["paged_prefill_triton", "prefill_config"]
 @triton.jit
 def _attend_tile(
     q,  # (ROWS, HEAD_DIM_PAD) this program's queries
-    m_i, l_i, acc,  # running max (ROWS,) [log2 units], normaliser (ROWS,), output (ROWS, HEAD_DIM_PAD)
+    m_i,
+    l_i,
+    acc,  # running max (ROWS,) [log2 units], normaliser (ROWS,), output (ROWS, HEAD_DIM_PAD)
     tile,  # which tile of TILE keys (positions tile*TILE ...)
     key_end,  # keys 0 .. key_end - 1 exist for this program (diagonal tiles mask past it)
     q_pos,  # (ROWS,) position of each row's token in its sequence
     bt_row_ptr,  # this sequence's row of the block table
-    k_head_ptr, v_head_ptr,  # k_cache / v_cache advanced to this KV head
-    stride_k_block, stride_k_tok, stride_v_block, stride_v_tok,
-    offs_t, offs_d, d_mask,  # (TILE,), (HEAD_DIM_PAD,), (HEAD_DIM_PAD,)
+    k_head_ptr,
+    v_head_ptr,  # k_cache / v_cache advanced to this KV head
+    stride_k_block,
+    stride_k_tok,
+    stride_v_block,
+    stride_v_tok,
+    offs_t,
+    offs_d,
+    d_mask,  # (TILE,), (HEAD_DIM_PAD,), (HEAD_DIM_PAD,)
     qk_scale,  # scale * log2(e)
-    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, EVEN_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+    EVEN_D: tl.constexpr,
     DIAGONAL: tl.constexpr,  # True: the causal mask (and the sequence end) apply to this tile
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     pos = tile * TILE + offs_t  # (TILE,) key positions
     # Gather: key at position t lives in block B(t // B), slot t % B.
@@ -138,11 +149,17 @@ def _paged_prefill_kernel(
     cu_seqlens_q_ptr,  # int32 (num_seqs + 1,)
     out_ptr,  # (num_q_tokens, num_q_heads, head_dim)
     qk_scale,  # softmax scale * log2(e)
-    stride_q_tok, stride_q_head,  # q strides (head_dim stride is 1)
-    stride_k_block, stride_k_tok, stride_k_head,  # k_cache strides
-    stride_v_block, stride_v_tok, stride_v_head,  # v_cache strides
+    stride_q_tok,
+    stride_q_head,  # q strides (head_dim stride is 1)
+    stride_k_block,
+    stride_k_tok,
+    stride_k_head,  # k_cache strides
+    stride_v_block,
+    stride_v_tok,
+    stride_v_head,  # v_cache strides
     stride_bt_seq,  # block_tables row stride
-    stride_o_tok, stride_o_head,  # out strides
+    stride_o_tok,
+    stride_o_head,  # out strides
     GROUP: tl.constexpr,  # G = num_q_heads // num_kv_heads
     GROUP_PAD: tl.constexpr,  # G rounded up to a power of two
     HEAD_DIM: tl.constexpr,  # D
@@ -172,8 +189,11 @@ def _paged_prefill_kernel(
     d_mask = offs_d < HEAD_DIM
     offs_t = tl.arange(0, TILE)
 
-    q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_q_tok + head[:, None] * stride_q_head + offs_d[None, :],
-                mask=row_ok[:, None] & d_mask[None, :], other=0.0)  # (ROWS, HEAD_DIM_PAD)
+    q = tl.load(
+        q_ptr + (q_start + tok)[:, None] * stride_q_tok + head[:, None] * stride_q_head + offs_d[None, :],
+        mask=row_ok[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # (ROWS, HEAD_DIM_PAD)
     if UPCAST:
         q = q.to(tl.float32)
     q_pos = ctx + tok  # (ROWS,) position of each row's token in the sequence
@@ -195,21 +215,66 @@ def _paged_prefill_kernel(
     # Below the diagonal: no masks, the hot loop (software-pipelined, num_stages).
     for tile in range(0, num_full):
         m_i, l_i, acc = _attend_tile(
-            q, m_i, l_i, acc, tile, key_end, q_pos, bt_row_ptr, k_head_ptr, v_head_ptr,
-            stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_d, d_mask, qk_scale,
-            BLOCK_SIZE, TILE, HEAD_DIM == HEAD_DIM_PAD, False, UPCAST, DOT_PRECISION,
+            q,
+            m_i,
+            l_i,
+            acc,
+            tile,
+            key_end,
+            q_pos,
+            bt_row_ptr,
+            k_head_ptr,
+            v_head_ptr,
+            stride_k_block,
+            stride_k_tok,
+            stride_v_block,
+            stride_v_tok,
+            offs_t,
+            offs_d,
+            d_mask,
+            qk_scale,
+            BLOCK_SIZE,
+            TILE,
+            HEAD_DIM == HEAD_DIM_PAD,
+            False,
+            UPCAST,
+            DOT_PRECISION,
         )
     # On the diagonal: ceil((BLOCK_Q + TILE - 1) / TILE) tiles at most, masked.
     for tile in range(num_full, num_tiles):
         m_i, l_i, acc = _attend_tile(
-            q, m_i, l_i, acc, tile, key_end, q_pos, bt_row_ptr, k_head_ptr, v_head_ptr,
-            stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_d, d_mask, qk_scale,
-            BLOCK_SIZE, TILE, HEAD_DIM == HEAD_DIM_PAD, True, UPCAST, DOT_PRECISION,
+            q,
+            m_i,
+            l_i,
+            acc,
+            tile,
+            key_end,
+            q_pos,
+            bt_row_ptr,
+            k_head_ptr,
+            v_head_ptr,
+            stride_k_block,
+            stride_k_tok,
+            stride_v_block,
+            stride_v_tok,
+            offs_t,
+            offs_d,
+            d_mask,
+            qk_scale,
+            BLOCK_SIZE,
+            TILE,
+            HEAD_DIM == HEAD_DIM_PAD,
+            True,
+            UPCAST,
+            DOT_PRECISION,
         )
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l = 0 only in programs with no work
-    tl.store(out_ptr + (q_start + tok)[:, None] * stride_o_tok + head[:, None] * stride_o_head + offs_d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_mask[None, :])
+    tl.store(
+        out_ptr + (q_start + tok)[:, None] * stride_o_tok + head[:, None] * stride_o_head + offs_d[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & d_mask[None, :],
+    )
 
 
 def prefill_config(head_dim: int, group: int, on_gpu: bool) -> dict:
@@ -273,16 +338,35 @@ def paged_prefill_triton(
     block_q = max(1, cfg["ROWS"] // cfg["GROUP_PAD"])
     grid = (num_kv_heads, num_seqs, triton.cdiv(max_q_len, block_q))
     _paged_prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        cu_seqlens_q,
+        out,
         scale * math.log2(math.e),
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
         block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        GROUP=group, GROUP_PAD=cfg["GROUP_PAD"], HEAD_DIM=head_dim, HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
-        BLOCK_SIZE=block_size, BLOCK_Q=block_q, TILE=cfg["TILE"],
-        UPCAST=INTERPRETING, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        GROUP_PAD=cfg["GROUP_PAD"],
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
+        BLOCK_SIZE=block_size,
+        BLOCK_Q=block_q,
+        TILE=cfg["TILE"],
+        UPCAST=INTERPRETING,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     return out

@@ -61,12 +61,20 @@ def _store_kv_kernel(
     q_ptr,  # ROTARY: (num_tokens, num_q_heads, head_dim) queries to rotate
     q_out_ptr,  # ROTARY: (num_tokens, num_q_heads, head_dim) out, contiguous
     positions_ptr,  # ROTARY: int64 (num_tokens,) each token's position p
-    cos_ptr, sin_ptr,  # ROTARY: (max_positions, head_dim) tables, fp32 (or the model's dtype after .to)
-    stride_key_tok, stride_key_head,  # key strides (head_dim stride is 1)
-    stride_value_tok, stride_value_head,  # value strides
-    stride_k_block, stride_k_tok, stride_k_head,  # k_cache strides
-    stride_v_block, stride_v_tok, stride_v_head,  # v_cache strides
-    stride_q_tok, stride_q_head,  # q strides (ROTARY)
+    cos_ptr,
+    sin_ptr,  # ROTARY: (max_positions, head_dim) tables, fp32 (or the model's dtype after .to)
+    stride_key_tok,
+    stride_key_head,  # key strides (head_dim stride is 1)
+    stride_value_tok,
+    stride_value_head,  # value strides
+    stride_k_block,
+    stride_k_tok,
+    stride_k_head,  # k_cache strides
+    stride_v_block,
+    stride_v_tok,
+    stride_v_head,  # v_cache strides
+    stride_q_tok,
+    stride_q_head,  # q strides (ROTARY)
     stride_table,  # cos/sin row stride (ROTARY)
     NUM_KV_HEADS: tl.constexpr,  # H_kv
     HEAD_DIM: tl.constexpr,  # D
@@ -101,13 +109,17 @@ def _store_kv_kernel(
         # q: every row, padding too (its attention output is dropped).
         hq = tl.arange(0, Q_HEADS_PAD)[:, None]  # (Q_HEADS_PAD, 1)
         q_mask = (hq < NUM_Q_HEADS) & (i < HALF)
-        q1, q2 = _rotate(q_ptr + tok * stride_q_tok + hq * stride_q_head + i, HALF, c1, s1, c2, s2, q_mask, dtype, BY_HAND)
+        q1, q2 = _rotate(
+            q_ptr + tok * stride_q_tok + hq * stride_q_head + i, HALF, c1, s1, c2, s2, q_mask, dtype, BY_HAND
+        )
         q_dst = q_out_ptr + tok * (NUM_Q_HEADS * HEAD_DIM) + hq * HEAD_DIM + i
         tl.store(q_dst, q1, mask=q_mask)
         tl.store(q_dst + HALF, q2, mask=q_mask)
         # k: rotated, then stored at the slot like V below.
         k_mask = (h < NUM_KV_HEADS) & (i < HALF) & ((h * 0 + slot) >= 0)
-        k1, k2 = _rotate(key_ptr + tok * stride_key_tok + h * stride_key_head + i, HALF, c1, s1, c2, s2, k_mask, dtype, BY_HAND)
+        k1, k2 = _rotate(
+            key_ptr + tok * stride_key_tok + h * stride_key_head + i, HALF, c1, s1, c2, s2, k_mask, dtype, BY_HAND
+        )
         tl.store(k_dst + i, k1, mask=k_mask)
         tl.store(k_dst + i + HALF, k2, mask=k_mask)
     else:
@@ -142,16 +154,40 @@ def _launch(key, value, k_cache, v_cache, slot_mapping, q=None, q_out=None, posi
     num_q_heads = q.shape[1]
     width = (num_q_heads + 2 * num_kv_heads if rotary else 2 * num_kv_heads) * head_dim  # values per token
     _store_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping, q, q_out, positions, cos, sin,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        q.stride(0), q.stride(1), cos.stride(0),
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        HEADS_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
-        BLOCK_SIZE=k_cache.shape[1], ROTARY=rotary, NUM_Q_HEADS=num_q_heads,
-        Q_HEADS_PAD=triton.next_power_of_2(num_q_heads), HALF_PAD=triton.next_power_of_2(max(1, head_dim // 2)),
-        BY_HAND=by_hand(key.dtype), num_warps=4 if width >= 2048 else (2 if width >= 512 else 1),
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        q,
+        q_out,
+        positions,
+        cos,
+        sin,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        q.stride(0),
+        q.stride(1),
+        cos.stride(0),
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+        HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=k_cache.shape[1],
+        ROTARY=rotary,
+        NUM_Q_HEADS=num_q_heads,
+        Q_HEADS_PAD=triton.next_power_of_2(num_q_heads),
+        HALF_PAD=triton.next_power_of_2(max(1, head_dim // 2)),
+        BY_HAND=by_hand(key.dtype),
+        num_warps=4 if width >= 2048 else (2 if width >= 512 else 1),
         enable_fp_fusion=False,  # no a * b + c contracted into one FMA: PyTorch rounds the product first
     )
 

@@ -28,15 +28,34 @@ import torch
 from paged_edu.engine import Engine, SamplingParams, StepMetrics
 from paged_edu.sim.costmodel import GPUS, CostModel, ModelSpec, StepShape
 
-__all__ = ["DONE", "USEFUL", "WAITING", "WASTED", "BatchingRun", "PHASES", "make_requests", "model_spec",
-           "chunked_prefill_trace", "compare_batching", "phase_profile", "run_continuous", "run_static"]
+__all__ = [
+    "DONE",
+    "USEFUL",
+    "WAITING",
+    "WASTED",
+    "BatchingRun",
+    "PHASES",
+    "make_requests",
+    "model_spec",
+    "chunked_prefill_trace",
+    "compare_batching",
+    "phase_profile",
+    "run_continuous",
+    "run_static",
+]
 
 WAITING, USEFUL, WASTED, DONE = 0, 1, 2, 3  # timeline codes: request x step
 PHASES = ("schedule", "prepare", "forward", "sample", "update")
 
 
-def make_requests(num: int, *, seed: int = 0, vocab_size: int = 512, prompt_len: tuple[int, int] = (4, 24),
-                  output_len: tuple[int, int] = (2, 40)) -> list[tuple[list[int], int]]:
+def make_requests(
+    num: int,
+    *,
+    seed: int = 0,
+    vocab_size: int = 512,
+    prompt_len: tuple[int, int] = (4, 24),
+    output_len: tuple[int, int] = (2, 40),
+) -> list[tuple[list[int], int]]:
     """``num`` requests ``(prompt token ids, output length)`` with lengths uniform in the ranges given."""
     rng = random.Random(seed)
     out = []
@@ -81,12 +100,19 @@ def _sync(device) -> None:
 
 
 def _engine(model, kv_slots: int, block_size: int, max_num_seqs: int, **kwargs) -> Engine:
-    return Engine(model, num_blocks=kv_slots // block_size, block_size=block_size, enable_prefix_caching=False,
-                  max_num_seqs=max_num_seqs, **kwargs)
+    return Engine(
+        model,
+        num_blocks=kv_slots // block_size,
+        block_size=block_size,
+        enable_prefix_caching=False,
+        max_num_seqs=max_num_seqs,
+        **kwargs,
+    )
 
 
-def run_continuous(model, requests, *, kv_slots: int, block_size: int = 16, max_num_seqs: int = 256,
-                   max_num_batched_tokens: int = 2048) -> BatchingRun:
+def run_continuous(
+    model, requests, *, kv_slots: int, block_size: int = 16, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048
+) -> BatchingRun:
     """All requests into one engine at once; it admits whatever the pool and ``max_num_seqs`` allow."""
     engine = _engine(model, kv_slots, block_size, max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     steps: list[StepMetrics] = []
@@ -107,13 +133,29 @@ def run_continuous(model, requests, *, kv_slots: int, block_size: int = 16, max_
     _sync(model.device)
     seconds = time.perf_counter() - t0
     useful = sum(n for _, n in requests)
-    return BatchingRun("continuous", len(steps), useful, useful, seconds, kv_slots,
-                       [s.num_decode_seqs + (s.num_prefill_tokens > 0) for s in steps],
-                       [s.num_tokens_in_cache for s in steps], timeline, [outputs[i] for i in ids])
+    return BatchingRun(
+        "continuous",
+        len(steps),
+        useful,
+        useful,
+        seconds,
+        kv_slots,
+        [s.num_decode_seqs + (s.num_prefill_tokens > 0) for s in steps],
+        [s.num_tokens_in_cache for s in steps],
+        timeline,
+        [outputs[i] for i in ids],
+    )
 
 
-def run_static(model, requests, *, kv_slots: int, block_size: int = 16, max_seq_len: int | None = None,
-               max_num_batched_tokens: int = 2048) -> BatchingRun:
+def run_static(
+    model,
+    requests,
+    *,
+    kv_slots: int,
+    block_size: int = 16,
+    max_seq_len: int | None = None,
+    max_num_batched_tokens: int = 2048,
+) -> BatchingRun:
     """Batches of ``b = kv_slots // max_seq_len`` in arrival order, each run to its longest output.
 
     ``max_seq_len`` (``L_max``, what a contiguous cache reserves per sequence) defaults to the
@@ -127,8 +169,13 @@ def run_static(model, requests, *, kv_slots: int, block_size: int = 16, max_seq_
     b = kv_slots // max_seq_len
     if b < 1:
         raise ValueError(f"kv_slots={kv_slots} cannot hold even one sequence of L_max={max_seq_len} tokens")
-    engine = _engine(model, b * -(-max_seq_len // block_size) * block_size, block_size, b,
-                     max_num_batched_tokens=max_num_batched_tokens)
+    engine = _engine(
+        model,
+        b * -(-max_seq_len // block_size) * block_size,
+        block_size,
+        b,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
     timeline: list[list[int]] = [[] for _ in requests]
     outputs: list[list[int]] = [[] for _ in requests]
     batch_size, live, computed = [], [], 0
@@ -155,21 +202,26 @@ def run_static(model, requests, *, kv_slots: int, block_size: int = 16, max_seq_
     _sync(model.device)
     seconds = time.perf_counter() - t0
     useful = sum(n for _, n in requests)
-    return BatchingRun(f"static (b = {b})", len(batch_size), useful, computed, seconds, kv_slots, batch_size, live,
-                       timeline, outputs)
+    return BatchingRun(
+        f"static (b = {b})", len(batch_size), useful, computed, seconds, kv_slots, batch_size, live, timeline, outputs
+    )
 
 
-def compare_batching(model, requests, *, kv_slots: int, block_size: int = 16,
-                     max_seq_len: int | None = None) -> tuple[BatchingRun, BatchingRun]:
+def compare_batching(
+    model, requests, *, kv_slots: int, block_size: int = 16, max_seq_len: int | None = None
+) -> tuple[BatchingRun, BatchingRun]:
     """``(static, continuous)`` on the same requests, model and KV budget, each timed on its second run.
 
     The first run of each is an untimed warm-up: a fresh process pays for lazy initialisation, and
     on a GPU Triton compiles a kernel variant the first time it meets a new batch shape -- seconds
     that would otherwise land in whichever run met the shape first.
     """
+
     def both():
-        return (run_static(model, requests, kv_slots=kv_slots, block_size=block_size, max_seq_len=max_seq_len),
-                run_continuous(model, requests, kv_slots=kv_slots, block_size=block_size))
+        return (
+            run_static(model, requests, kv_slots=kv_slots, block_size=block_size, max_seq_len=max_seq_len),
+            run_continuous(model, requests, kv_slots=kv_slots, block_size=block_size),
+        )
 
     both()
     return both()
@@ -180,8 +232,16 @@ def compare_batching(model, requests, *, kv_slots: int, block_size: int = 16,
 # ----------------------------------------------------------------------------------------------
 
 
-def chunked_prefill_trace(model, *, max_num_batched_tokens: int, long_prompt_len: int = 200, num_decodes: int = 3,
-                          decode_len: int = 24, arrive_at_step: int = 2, block_size: int = 16) -> dict[str, list]:
+def chunked_prefill_trace(
+    model,
+    *,
+    max_num_batched_tokens: int,
+    long_prompt_len: int = 200,
+    num_decodes: int = 3,
+    decode_len: int = 24,
+    arrive_at_step: int = 2,
+    block_size: int = 16,
+) -> dict[str, list]:
     """A long prompt arrives while ``num_decodes`` requests decode; what each step computes.
 
     Returns per step: ``decode_tokens`` (one per running decode), ``prefill_tokens`` (the long
@@ -189,8 +249,13 @@ def chunked_prefill_trace(model, *, max_num_batched_tokens: int, long_prompt_len
     prompt computed so far).
     """
     vocab = model.config.vocab_size
-    engine = Engine(model, num_blocks=64 + 2 * (long_prompt_len // block_size), block_size=block_size,
-                    enable_prefix_caching=False, max_num_batched_tokens=max_num_batched_tokens)
+    engine = Engine(
+        model,
+        num_blocks=64 + 2 * (long_prompt_len // block_size),
+        block_size=block_size,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
     steps: list[StepMetrics] = []
     engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
     for i in range(num_decodes):
@@ -198,15 +263,21 @@ def chunked_prefill_trace(model, *, max_num_batched_tokens: int, long_prompt_len
     long_id, long_seq, done = None, None, []
     while engine.has_unfinished():
         if engine.step_count == arrive_at_step and long_id is None:
-            long_id = engine.add_request([3 + (11 * t) % (vocab - 3) for t in range(long_prompt_len)],
-                                         SamplingParams(max_tokens=2))
+            long_id = engine.add_request(
+                [3 + (11 * t) % (vocab - 3) for t in range(long_prompt_len)], SamplingParams(max_tokens=2)
+            )
         engine.step()
         if long_id is not None:
             long_seq = next((s for s in engine.scheduler.running if s.request_id == long_id), long_seq)
         done.append(min(long_prompt_len, long_seq.num_computed_tokens) if long_seq is not None else 0)
-    return {"step": [s.step for s in steps], "decode_tokens": [s.num_decode_seqs for s in steps],
-            "prefill_tokens": [s.num_prefill_tokens for s in steps], "long_done": done,
-            "long_prompt_len": long_prompt_len, "budget": max_num_batched_tokens}
+    return {
+        "step": [s.step for s in steps],
+        "decode_tokens": [s.num_decode_seqs for s in steps],
+        "prefill_tokens": [s.num_prefill_tokens for s in steps],
+        "long_done": done,
+        "long_prompt_len": long_prompt_len,
+        "budget": max_num_batched_tokens,
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,13 +290,31 @@ def model_spec(config, dtype: torch.dtype) -> ModelSpec:
     c = config
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     per_layer = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size
-    return ModelSpec("model", c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.vocab_size,
-                     float(c.num_layers * per_layer), torch.empty((), dtype=dtype).element_size(),
-                     tie_word_embeddings=c.tie_word_embeddings)
+    return ModelSpec(
+        "model",
+        c.num_layers,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.hidden_size,
+        c.vocab_size,
+        float(c.num_layers * per_layer),
+        torch.empty((), dtype=dtype).element_size(),
+        tie_word_embeddings=c.tie_word_embeddings,
+    )
 
 
-def phase_profile(model, requests, *, num_blocks: int, block_size: int = 16, max_num_seqs: int = 256,
-                  max_num_batched_tokens: int = 2048, gpu: str = "h200", **engine_kwargs) -> dict[str, list]:
+def phase_profile(
+    model,
+    requests,
+    *,
+    num_blocks: int,
+    block_size: int = 16,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 2048,
+    gpu: str = "h200",
+    **engine_kwargs,
+) -> dict[str, list]:
     """Run the requests; per step: the engine's ``phase_times`` and the cost model's roofline time.
 
     On a CUDA device the engine synchronises at every phase boundary (``sync_timing=True``), so
@@ -235,16 +324,29 @@ def phase_profile(model, requests, *, num_blocks: int, block_size: int = 16, max
     could reach there.
     """
     on_gpu = model.device.type == "cuda"
-    engine = Engine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens, sync_timing=on_gpu, **engine_kwargs)
+    engine = Engine(
+        model,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        sync_timing=on_gpu,
+        **engine_kwargs,
+    )
     steps: list[StepMetrics] = []
     engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
     engine.run([p for p, _ in requests], [SamplingParams(max_tokens=n) for _, n in requests])
     roofline = CostModel(model=model_spec(model.config, model.dtype), gpu=GPUS[gpu]).roofline()
     out = {phase: [s.phase_times.get(phase, 0.0) for s in steps] for phase in PHASES}
-    out.update(step=[s.step for s in steps], duration=[s.duration for s in steps],
-               batched_tokens=[s.num_batched_tokens for s in steps], num_decode_seqs=[s.num_decode_seqs for s in steps],
-               roofline=[roofline.step_time(StepShape.of_chunks(s.chunk_starts, s.chunk_counts, s.num_emitting))
-                         for s in steps],
-               gpu=roofline.gpu.name, cuda_graph_steps=engine.num_graph_steps)
+    out.update(
+        step=[s.step for s in steps],
+        duration=[s.duration for s in steps],
+        batched_tokens=[s.num_batched_tokens for s in steps],
+        num_decode_seqs=[s.num_decode_seqs for s in steps],
+        roofline=[
+            roofline.step_time(StepShape.of_chunks(s.chunk_starts, s.chunk_counts, s.num_emitting)) for s in steps
+        ],
+        gpu=roofline.gpu.name,
+        cuda_graph_steps=engine.num_graph_steps,
+    )
     return out

@@ -23,9 +23,23 @@ from paged_edu.sim.results import SimConfig, SimResult
 from paged_edu.sim.simulator import simulate
 from paged_edu.sim.workloads import L_MAX
 
-__all__ = ["TABLE_ROWS", "batch_ratio_formula", "benchmark_table", "contiguous_max_utilization",
-           "final_lengths", "kernel_block_fit", "markdown_table", "p99_ttft_crossing", "paper_cost_model",
-           "simulated_batch_ratio", "table_rows", "workload", "block_size_sweep", "paper_comparison", "PAPER"]
+__all__ = [
+    "TABLE_ROWS",
+    "batch_ratio_formula",
+    "benchmark_table",
+    "contiguous_max_utilization",
+    "final_lengths",
+    "kernel_block_fit",
+    "markdown_table",
+    "p99_ttft_crossing",
+    "paper_cost_model",
+    "simulated_batch_ratio",
+    "table_rows",
+    "workload",
+    "block_size_sweep",
+    "paper_comparison",
+    "PAPER",
+]
 
 KERNEL_BENCHES = ("kernel_bench.json", "kernel_sweep.json")
 
@@ -64,8 +78,14 @@ def workload(dataset: str, num_requests: int, rate: float, seed: int = 0):
     return workloads.make_workload(dataset, num_requests, rate, seed)
 
 
-def benchmark_table(dataset: str = "sharegpt", num_requests: int = 300, rate: float = 3.0, seed: int = 0,
-                    cost: CostModel | None = None, block_sizes=(8, 16, 32, 64, 128)) -> list[SimResult]:
+def benchmark_table(
+    dataset: str = "sharegpt",
+    num_requests: int = 300,
+    rate: float = 3.0,
+    seed: int = 0,
+    cost: CostModel | None = None,
+    block_sizes=(8, 16, 32, 64, 128),
+) -> list[SimResult]:
     """Every manager (contiguous max / pow2 / oracle; paged and paged + prefix caching per block size)."""
     cost = cost or paper_cost_model()
     return compare(workload(dataset, num_requests, rate, seed), default_configs(block_sizes), cost)
@@ -119,8 +139,15 @@ def simulated_batch_ratio(requests, cost: CostModel, block_size: int = 16) -> fl
     return paged.mean_batched / contiguous.mean_batched
 
 
-def p99_ttft_crossing(dataset: str, rates, num_requests: int = 200, seed: int = 0, bound_s: float = 1.0,
-                      managers=("paged", "contiguous-max"), cost: CostModel | None = None) -> dict:
+def p99_ttft_crossing(
+    dataset: str,
+    rates,
+    num_requests: int = 200,
+    seed: int = 0,
+    bound_s: float = 1.0,
+    managers=("paged", "contiguous-max"),
+    cost: CostModel | None = None,
+) -> dict:
     """The lowest rate in ``rates`` at which p99 TTFT exceeds ``bound_s``, per manager (None: never)."""
     cost = cost or paper_cost_model()
     out = {}
@@ -134,8 +161,15 @@ def p99_ttft_crossing(dataset: str, rates, num_requests: int = 200, seed: int = 
     return out
 
 
-def block_size_sweep(dataset: str = "alpaca", num_requests: int = 300, rate: float = math.inf, seed: int = 0,
-                     gpu: str = "a100-40gb", block_sizes=(8, 16, 32, 64, 128), per_block_s: float | None = None) -> list[dict]:
+def block_size_sweep(
+    dataset: str = "alpaca",
+    num_requests: int = 300,
+    rate: float = math.inf,
+    seed: int = 0,
+    gpu: str = "a100-40gb",
+    block_sizes=(8, 16, 32, 64, 128),
+    per_block_s: float | None = None,
+) -> list[dict]:
     """Fig. 18: per block size, the mean normalised latency with the per-block kernel cost off and on.
 
     ``per_block_s``: the cost to use when on (default: the fit from the stored H200 kernel benchmark).
@@ -147,10 +181,17 @@ def block_size_sweep(dataset: str = "alpaca", num_requests: int = 300, rate: flo
     for b in block_sizes:
         config = SimConfig(manager="paged", block_size=b)
         r_off, r_on = simulate(requests, config, off).record(), simulate(requests, config, on).record()
-        rows.append({"block_size": b, "latency_off_s": r_off["norm_latency_mean_s"],
-                     "latency_on_s": r_on["norm_latency_mean_s"], "tok_s_off": r_off["throughput_tokens_per_s"],
-                     "tok_s_on": r_on["throughput_tokens_per_s"], "kv_utilization": r_on["kv_utilization"],
-                     "per_block_s": on.per_block_s})
+        rows.append(
+            {
+                "block_size": b,
+                "latency_off_s": r_off["norm_latency_mean_s"],
+                "latency_on_s": r_on["norm_latency_mean_s"],
+                "tok_s_off": r_off["throughput_tokens_per_s"],
+                "tok_s_on": r_on["throughput_tokens_per_s"],
+                "kv_utilization": r_on["kv_utilization"],
+                "per_block_s": on.per_block_s,
+            }
+        )
     return rows
 
 
@@ -159,25 +200,49 @@ def block_size_sweep(dataset: str = "alpaca", num_requests: int = 300, rate: flo
 # ShareGPT (2 reqs/s) and Alpaca (30 reqs/s) traces", the figure's caption).
 FIG13A_RATE = 2.0
 PAPER = {
-    "Fig. 2 token states": {"contiguous-max": 0.204, "contiguous-pow2": 0.268, "contiguous-oracle": 0.382, "paged": 0.963},
-    "Fig. 13a mean batched (ShareGPT)": {"contiguous-max": 7.00, "contiguous-pow2": 9.81, "contiguous-oracle": 13.62,
-                                         "paged": 30.42},
+    "Fig. 2 token states": {
+        "contiguous-max": 0.204,
+        "contiguous-pow2": 0.268,
+        "contiguous-oracle": 0.382,
+        "paged": 0.963,
+    },
+    "Fig. 13a mean batched (ShareGPT)": {
+        "contiguous-max": 7.00,
+        "contiguous-pow2": 9.81,
+        "contiguous-oracle": 13.62,
+        "paged": 30.42,
+    },
 }
 
 
 def paper_values(saturated: list[SimResult], at_fig13a_rate: list[SimResult]) -> list[dict]:
     """Ours against the paper's Fig. 2 (from a saturated ShareGPT-like run) and Fig. 13a (from a run at
     :data:`FIG13A_RATE`, the paper's rate), B = 16 for paged: rows ``{quantity, manager, simulated, paper}``."""
+
     def by_manager(results):
-        return {r.config.manager: r for r in results if r.config.manager in PAPER["Fig. 2 token states"]
-                and (r.config.manager != "paged" or r.config.block_size == 16)}
+        return {
+            r.config.manager: r
+            for r in results
+            if r.config.manager in PAPER["Fig. 2 token states"]
+            and (r.config.manager != "paged" or r.config.block_size == 16)
+        }
 
     sat, at_rate = by_manager(saturated), by_manager(at_fig13a_rate)
-    rows = [{"quantity": "Fig. 2 token states", "manager": m, "paper": p,
-             "simulated": sat[m].breakdown_fractions()["token_states"]}
-            for m, p in PAPER["Fig. 2 token states"].items() if m in sat]
-    rows += [{"quantity": "Fig. 13a mean batched", "manager": m, "paper": p, "simulated": at_rate[m].mean_batched}
-             for m, p in PAPER["Fig. 13a mean batched (ShareGPT)"].items() if m in at_rate]
+    rows = [
+        {
+            "quantity": "Fig. 2 token states",
+            "manager": m,
+            "paper": p,
+            "simulated": sat[m].breakdown_fractions()["token_states"],
+        }
+        for m, p in PAPER["Fig. 2 token states"].items()
+        if m in sat
+    ]
+    rows += [
+        {"quantity": "Fig. 13a mean batched", "manager": m, "paper": p, "simulated": at_rate[m].mean_batched}
+        for m, p in PAPER["Fig. 13a mean batched (ShareGPT)"].items()
+        if m in at_rate
+    ]
     return rows
 
 

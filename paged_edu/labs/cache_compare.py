@@ -28,8 +28,22 @@ from paged_edu.sim.results import SimConfig
 from paged_edu.sim.simulator import simulate
 from paged_edu.sim.workloads import make_workload
 
-__all__ = ["BENCH_ALLOCATOR", "CACHES", "POLICIES", "SCENARIOS", "WORKLOADS", "CacheRow", "checks", "compare_caches",
-           "granularity", "lookup_cost", "markdown_table", "readmission_effect", "run_cell", "run_setting"]
+__all__ = [
+    "BENCH_ALLOCATOR",
+    "CACHES",
+    "POLICIES",
+    "SCENARIOS",
+    "WORKLOADS",
+    "CacheRow",
+    "checks",
+    "compare_caches",
+    "granularity",
+    "lookup_cost",
+    "markdown_table",
+    "readmission_effect",
+    "run_cell",
+    "run_setting",
+]
 
 WORKLOADS = ("multiturn", "fewshot", "agents")
 CACHES = (("paged-prefix", 16), ("paged-radix", 16), ("paged-radix", 1))
@@ -68,19 +82,49 @@ class CacheRow:
         return f"{'hash' if self.manager == 'paged-prefix' else 'radix'} B={self.block_size}"
 
 
-def run_cell(workload: str, scenario: str, manager: str, block_size: int, policy: str, num_requests: int = 200,
-             seed: int = 0, cost: CostModel | None = None, **workload_kwargs) -> CacheRow:
+def run_cell(
+    workload: str,
+    scenario: str,
+    manager: str,
+    block_size: int,
+    policy: str,
+    num_requests: int = 200,
+    seed: int = 0,
+    cost: CostModel | None = None,
+    **workload_kwargs,
+) -> CacheRow:
     """Simulate one cell of a named scenario (``workload_kwargs`` go to the workload, e.g. ``user_len=40``)."""
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {sorted(SCENARIOS)}, got {scenario!r}")
     s = SCENARIOS[scenario]
-    return run_setting(workload, s["num_kv_slots"], s["rate"], manager, block_size, policy, num_requests, seed, cost,
-                       scenario, **workload_kwargs)
+    return run_setting(
+        workload,
+        s["num_kv_slots"],
+        s["rate"],
+        manager,
+        block_size,
+        policy,
+        num_requests,
+        seed,
+        cost,
+        scenario,
+        **workload_kwargs,
+    )
 
 
-def run_setting(workload: str, num_kv_slots: int | None, rate: float, manager: str, block_size: int, policy: str,
-                num_requests: int = 200, seed: int = 0, cost: CostModel | None = None, label: str = "custom",
-                **workload_kwargs) -> CacheRow:
+def run_setting(
+    workload: str,
+    num_kv_slots: int | None,
+    rate: float,
+    manager: str,
+    block_size: int,
+    policy: str,
+    num_requests: int = 200,
+    seed: int = 0,
+    cost: CostModel | None = None,
+    label: str = "custom",
+    **workload_kwargs,
+) -> CacheRow:
     """Simulate ``workload`` on a pool of ``num_kv_slots`` token slots (None: the GPU's whole pool),
     arriving at ``rate`` requests/s (``math.inf``: all at t = 0)."""
     requests = make_workload(workload, num_requests, rate, seed, **workload_kwargs)
@@ -90,23 +134,52 @@ def run_setting(workload: str, num_kv_slots: int | None, rate: float, manager: s
     b = res.breakdown
     snapshots = max(res.num_steps // config.sample_every, 1)
     in_use = (b["token_states"] + b["reserved"] + b["internal_frag"]) / snapshots
-    return CacheRow(workload, label, manager, block_size, policy, res.prefix_hit_rate, in_use, res.kv_utilization,
-                    rec["throughput_tokens_per_s"], rec["ttft_p50_s"], rec["ttft_p99_s"], res.preemptions,
-                    res.hit_rate_counting_readmissions)
+    return CacheRow(
+        workload,
+        label,
+        manager,
+        block_size,
+        policy,
+        res.prefix_hit_rate,
+        in_use,
+        res.kv_utilization,
+        rec["throughput_tokens_per_s"],
+        rec["ttft_p50_s"],
+        rec["ttft_p99_s"],
+        res.preemptions,
+        res.hit_rate_counting_readmissions,
+    )
 
 
-def compare_caches(num_requests: int = 200, seed: int = 0, workloads=WORKLOADS, scenarios=tuple(SCENARIOS),
-                   caches=CACHES, policies=POLICIES, cost: CostModel | None = None) -> list[CacheRow]:
+def compare_caches(
+    num_requests: int = 200,
+    seed: int = 0,
+    workloads=WORKLOADS,
+    scenarios=tuple(SCENARIOS),
+    caches=CACHES,
+    policies=POLICIES,
+    cost: CostModel | None = None,
+) -> list[CacheRow]:
     """Every (workload, scenario, cache, policy) cell, in that order."""
-    return [run_cell(w, s, m, b, p, num_requests, seed, cost)
-            for w in workloads for s in scenarios for m, b in caches for p in policies]
+    return [
+        run_cell(w, s, m, b, p, num_requests, seed, cost)
+        for w in workloads
+        for s in scenarios
+        for m, b in caches
+        for p in policies
+    ]
 
 
 def markdown_table(rows: list[CacheRow]) -> str:
-    head = ("| workload | scenario | cache | policy | hit rate | KV slots in use | throughput (tok/s) | TTFT p50 (s) "
-            "| TTFT p99 (s) | preemptions |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|")
-    lines = [f"| {r.workload} | {r.scenario} | {r.cache} | {r.policy} | {r.hit_rate:.3f} | {r.kv_slots_in_use:,.0f} | "
-             f"{r.throughput:,.0f} | {r.ttft_p50:.3f} | {r.ttft_p99:.3f} | {r.preemptions} |" for r in rows]
+    head = (
+        "| workload | scenario | cache | policy | hit rate | KV slots in use | throughput (tok/s) | TTFT p50 (s) "
+        "| TTFT p99 (s) | preemptions |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|"
+    )
+    lines = [
+        f"| {r.workload} | {r.scenario} | {r.cache} | {r.policy} | {r.hit_rate:.3f} | {r.kv_slots_in_use:,.0f} | "
+        f"{r.throughput:,.0f} | {r.ttft_p50:.3f} | {r.ttft_p99:.3f} | {r.preemptions} |"
+        for r in rows
+    ]
     return "\n".join([head, *lines])
 
 
@@ -125,14 +198,17 @@ def readmission_effect(rows: list[CacheRow], scenario: str = "tight") -> list[di
     for w in sorted({r.workload for r in rows if r.scenario == scenario}):
         hash_f, radix_f = at[(w, scenario, "paged-prefix", 16, "fcfs")], at[(w, scenario, "paged-radix", 16, "fcfs")]
         hash_l = at[(w, scenario, "paged-prefix", 16, "lpm")]
-        out.append(dict(
-            workload=w,
-            radix_minus_hash=radix_f.hit_rate - hash_f.hit_rate,
-            radix_minus_hash_pooled=radix_f.hit_rate_counting_readmissions - hash_f.hit_rate_counting_readmissions,
-            lpm_minus_fcfs=hash_l.hit_rate - hash_f.hit_rate,
-            lpm_minus_fcfs_pooled=hash_l.hit_rate_counting_readmissions - hash_f.hit_rate_counting_readmissions,
-            fcfs_hit_rate=hash_f.hit_rate, fcfs_hit_rate_pooled=hash_f.hit_rate_counting_readmissions,
-        ))
+        out.append(
+            dict(
+                workload=w,
+                radix_minus_hash=radix_f.hit_rate - hash_f.hit_rate,
+                radix_minus_hash_pooled=radix_f.hit_rate_counting_readmissions - hash_f.hit_rate_counting_readmissions,
+                lpm_minus_fcfs=hash_l.hit_rate - hash_f.hit_rate,
+                lpm_minus_fcfs_pooled=hash_l.hit_rate_counting_readmissions - hash_f.hit_rate_counting_readmissions,
+                fcfs_hit_rate=hash_f.hit_rate,
+                fcfs_hit_rate_pooled=hash_f.hit_rate_counting_readmissions,
+            )
+        )
     return out
 
 
@@ -152,37 +228,61 @@ def checks(rows: list[CacheRow]) -> list[tuple[str, bool, str]]:
         if m == "paged-radix" and b == 16:
             h = at[(w, s, "paged-prefix", 16, p)]
             if s == "roomy":
-                out.append((f"{w}/roomy/{p}: hash B=16 and radix B=16 hit alike", r.hit_rate == h.hit_rate,
-                            f"{h.hit_rate:.3f} vs {r.hit_rate:.3f}"))
+                out.append(
+                    (
+                        f"{w}/roomy/{p}: hash B=16 and radix B=16 hit alike",
+                        r.hit_rate == h.hit_rate,
+                        f"{h.hit_rate:.3f} vs {r.hit_rate:.3f}",
+                    )
+                )
             else:
                 gaps.append((r.hit_rate - h.hit_rate, f"{w}/{p}"))
         if s == "roomy" and m == "paged-radix" and b == 1:
             coarse = at[(w, s, "paged-radix", 16, p)]
-            out.append((f"{w}/roomy/{p}: radix B=1 hits at least as much as B=16", r.hit_rate >= coarse.hit_rate,
-                        f"{r.hit_rate:.3f} vs {coarse.hit_rate:.3f}"))
+            out.append(
+                (
+                    f"{w}/roomy/{p}: radix B=1 hits at least as much as B=16",
+                    r.hit_rate >= coarse.hit_rate,
+                    f"{r.hit_rate:.3f} vs {coarse.hit_rate:.3f}",
+                )
+            )
         if s == "roomy" and p == "lpm":
             f = at[(w, s, m, b, "fcfs")]
-            same = (r.hit_rate, r.throughput, r.ttft_p50, r.ttft_p99, r.preemptions) == \
-                   (f.hit_rate, f.throughput, f.ttft_p50, f.ttft_p99, f.preemptions)
+            same = (r.hit_rate, r.throughput, r.ttft_p50, r.ttft_p99, r.preemptions) == (
+                f.hit_rate,
+                f.throughput,
+                f.ttft_p50,
+                f.ttft_p99,
+                f.preemptions,
+            )
             out.append((f"{w}/roomy/{m} B={b}: LPM == FCFS", same, f"TTFT p50 {f.ttft_p50:.4f} vs {r.ttft_p50:.4f}"))
     if gaps:
         signs = {g > 0 for g, _ in gaps if g != 0}
         widest = max(gaps, key=lambda g: abs(g[0]))
-        out.append(("tight: neither B=16 cache hits more everywhere", signs == {True, False},
-                    f"radix - hash from {min(gaps)[0]:+.3f} to {max(gaps)[0]:+.3f} (widest: {widest[1]})"))
+        out.append(
+            (
+                "tight: neither B=16 cache hits more everywhere",
+                signs == {True, False},
+                f"radix - hash from {min(gaps)[0]:+.3f} to {max(gaps)[0]:+.3f} (widest: {widest[1]})",
+            )
+        )
     return out
 
 
-def granularity(num_requests: int = 200, seed: int = 0, user_len: int = 40, reply_len: int = 56,
-                cost: CostModel | None = None) -> list[CacheRow]:
+def granularity(
+    num_requests: int = 200, seed: int = 0, user_len: int = 40, reply_len: int = 56, cost: CostModel | None = None
+) -> list[CacheRow]:
     """Multi-turn chat whose turns end inside a block (user and reply lengths not multiples of 16),
     roomy, FCFS: where B = 1 hits what B = 16 cannot (the shared conversation's last partial block)."""
-    return [run_cell("multiturn", "roomy", m, b, "fcfs", num_requests, seed, cost, user_len=user_len,
-                     reply_len=reply_len) for m, b in CACHES]
+    return [
+        run_cell("multiturn", "roomy", m, b, "fcfs", num_requests, seed, cost, user_len=user_len, reply_len=reply_len)
+        for m, b in CACHES
+    ]
 
 
-def lookup_cost(num_prompts: int = 32, prompt_len: int = 1024, shared_len: int = 512, repeats: int = 20,
-                seed: int = 0) -> dict[str, float]:
+def lookup_cost(
+    num_prompts: int = 32, prompt_len: int = 1024, shared_len: int = 512, repeats: int = 20, seed: int = 0
+) -> dict[str, float]:
     """Microseconds per prefix lookup (``num_cached_tokens_for``, which changes nothing) once
     ``num_prompts`` prompts of ``prompt_len`` tokens sharing ``shared_len`` leading tokens are cached:
     the hash chain hashes every full block of the query; the radix tree walks its edges.
@@ -196,8 +296,12 @@ def lookup_cost(num_prompts: int = 32, prompt_len: int = 1024, shared_len: int =
     shared = [rng.randrange(1, 50_000) for _ in range(shared_len)]
     prompts = [shared + [rng.randrange(1, 50_000) for _ in range(prompt_len - shared_len)] for _ in range(num_prompts)]
     out = {}
-    for label, make in (("hash B=16", lambda n: BlockAllocator(n, 16)), ("radix B=16", lambda n: RadixAllocator(n, 16)),
-                        ("hash B=1", lambda n: BlockAllocator(n, 1)), ("radix B=1", lambda n: RadixAllocator(n, 1))):
+    for label, make in (
+        ("hash B=16", lambda n: BlockAllocator(n, 16)),
+        ("radix B=16", lambda n: RadixAllocator(n, 16)),
+        ("hash B=1", lambda n: BlockAllocator(n, 1)),
+        ("radix B=1", lambda n: RadixAllocator(n, 1)),
+    ):
         block = int(label.split("B=")[1])
         cache = make(num_prompts * prompt_len // block + 64)
         for i, p in enumerate(prompts):

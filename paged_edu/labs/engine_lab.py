@@ -58,16 +58,25 @@ def lesson_model(device="cpu", dtype=torch.float32, *, seed: int = 0) -> LessonM
     return LessonModel(PagedLlama.from_hf(hf, dtype=dtype, device=device), hf, tokenizer, real, label)
 
 
-def tiny_model(device="cpu", dtype=torch.float32, *, seed: int = 0, vocab_size: int = 512,
-               max_position_embeddings: int = 2048) -> PagedLlama:
+def tiny_model(
+    device="cpu", dtype=torch.float32, *, seed: int = 0, vocab_size: int = 512, max_position_embeddings: int = 2048
+) -> PagedLlama:
     """A 2-layer random Llama (hidden 64, 4 query / 2 KV heads of 16): a step takes milliseconds.
 
     Initialised wide (std 0.25), so its next-token distributions are peaked and depend on the
     context: a wrong K/V read changes the tokens, which is what the allocator checks need.
     """
-    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=16, max_position_embeddings=max_position_embeddings,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=False,
+    )
     hf = random_hf_llama(cfg, seed=seed, initializer_range=0.25)
     return PagedLlama.from_hf(hf, dtype=dtype, device=device)
 
@@ -83,10 +92,15 @@ def chat_prompt(tokenizer, user: str, system: str | None = None) -> list[int]:
 def hf_greedy(hf, prompt: list[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:
     """transformers' greedy continuation of one prompt (new tokens only, up to and with eos)."""
     device = next(hf.parameters()).device
-    out = hf.generate(torch.tensor([prompt], device=device), attention_mask=torch.ones(1, len(prompt), dtype=torch.long,
-                      device=device), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos_token_id,
-                      pad_token_id=eos_token_id if eos_token_id is not None else 0)
-    new = out[0, len(prompt):].tolist()
+    out = hf.generate(
+        torch.tensor([prompt], device=device),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id if eos_token_id is not None else 0,
+    )
+    new = out[0, len(prompt) :].tolist()
     if eos_token_id is not None and eos_token_id in new:
         new = new[: new.index(eos_token_id) + 1]
     return new
@@ -98,6 +112,11 @@ def engine_on(model: PagedLlama, allocator, **engine_kwargs) -> Engine:
     The pool's size and block size are the allocator's; the other keyword arguments are
     :class:`~paged_edu.engine.Engine`'s (``max_num_seqs``, ``max_num_batched_tokens``, ...).
     """
-    return Engine(model, num_blocks=allocator.num_blocks, block_size=allocator.block_size,
-                  enable_prefix_caching=bool(getattr(allocator, "enable_prefix_caching", False)),
-                  allocator=allocator, **engine_kwargs)
+    return Engine(
+        model,
+        num_blocks=allocator.num_blocks,
+        block_size=allocator.block_size,
+        enable_prefix_caching=bool(getattr(allocator, "enable_prefix_caching", False)),
+        allocator=allocator,
+        **engine_kwargs,
+    )

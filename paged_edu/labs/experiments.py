@@ -22,12 +22,26 @@ import torch
 from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.allocator import BlockAllocator
 from paged_edu.core.memory import KVSpec, kv_bytes
-from paged_edu.labs.seed_defects import (no_copy_on_write_experiment, no_rollback_experiment,  # noqa: F401
-                                            prefix_reuse_experiment, stale_entry_experiment)
+from paged_edu.labs.seed_defects import (
+    no_copy_on_write_experiment,
+    no_rollback_experiment,  # noqa: F401
+    prefix_reuse_experiment,
+    stale_entry_experiment,
+)
 
-__all__ = ["TORCH_DTYPES", "address_check", "contiguous_idle_share", "cow_experiment", "decode_throughput",
-           "measure_cache_memory", "no_copy_on_write_experiment", "no_rollback_experiment",
-           "prefix_reuse_experiment", "shared_prefix_blocks", "stale_entry_experiment"]
+__all__ = [
+    "TORCH_DTYPES",
+    "address_check",
+    "contiguous_idle_share",
+    "cow_experiment",
+    "decode_throughput",
+    "measure_cache_memory",
+    "no_copy_on_write_experiment",
+    "no_rollback_experiment",
+    "prefix_reuse_experiment",
+    "shared_prefix_blocks",
+    "stale_entry_experiment",
+]
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -47,18 +61,36 @@ def measure_cache_memory(spec: KVSpec, num_tokens: int, *, block_size: int = 16,
         torch.cuda.synchronize(device)
         free_before, total = torch.cuda.mem_get_info(device)
         allocated_before = torch.cuda.memory_allocated(device)
-    cache = PagedKVCache(spec.num_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
-                         dtype=TORCH_DTYPES[spec.dtype], device=device)
+    cache = PagedKVCache(
+        spec.num_layers,
+        num_blocks,
+        block_size,
+        spec.num_kv_heads,
+        spec.head_dim,
+        dtype=TORCH_DTYPES[spec.dtype],
+        device=device,
+    )
     tensors = cache.k_caches + cache.v_caches
-    result = {"num_tokens": num_blocks * block_size, "num_blocks": num_blocks, "num_tensors": len(tensors),
-              "shape": tuple(tensors[0].shape), "m_kv": kv_bytes(spec, num_blocks * block_size),
-              "numel_bytes": sum(t.numel() * t.element_size() for t in tensors), "device": str(cache.device),
-              "mem_get_info_drop": None, "memory_allocated_drop": None, "gpu_total_bytes": None}
+    result = {
+        "num_tokens": num_blocks * block_size,
+        "num_blocks": num_blocks,
+        "num_tensors": len(tensors),
+        "shape": tuple(tensors[0].shape),
+        "m_kv": kv_bytes(spec, num_blocks * block_size),
+        "numel_bytes": sum(t.numel() * t.element_size() for t in tensors),
+        "device": str(cache.device),
+        "mem_get_info_drop": None,
+        "memory_allocated_drop": None,
+        "gpu_total_bytes": None,
+    }
     if cuda:
         torch.cuda.synchronize(device)
         free_after, _ = torch.cuda.mem_get_info(device)
-        result.update(mem_get_info_drop=free_before - free_after, gpu_total_bytes=total,
-                      memory_allocated_drop=torch.cuda.memory_allocated(device) - allocated_before)
+        result.update(
+            mem_get_info_drop=free_before - free_after,
+            gpu_total_bytes=total,
+            memory_allocated_drop=torch.cuda.memory_allocated(device) - allocated_before,
+        )
     del cache, tensors
     if cuda:
         torch.cuda.empty_cache()
@@ -80,9 +112,13 @@ def contiguous_idle_share(requests, max_seq_len: int) -> dict:
     # sum over steps k = 0 .. output-1 of (prompt + k + 1) tokens, against output * L_max reserved
     step_tokens = sum(r.output_len * r.prompt_len + r.output_len * (r.output_len + 1) // 2 for r in requests)
     steps = sum(r.output_len for r in requests)
-    return {"num_requests": len(requests), "max_seq_len": max_seq_len,
-            "mean_len": held / len(requests), "at_finish": 1 - held / (len(requests) * max_seq_len),
-            "over_lifetime": 1 - step_tokens / (steps * max_seq_len)}
+    return {
+        "num_requests": len(requests),
+        "max_seq_len": max_seq_len,
+        "mean_len": held / len(requests),
+        "at_finish": 1 - held / (len(requests) * max_seq_len),
+        "over_lifetime": 1 - step_tokens / (steps * max_seq_len),
+    }
 
 
 # -- lesson 2 -------------------------------------------------------------------------------------
@@ -96,12 +132,21 @@ def _landing(cache: PagedKVCache, k: torch.Tensor, block_table, address: int) ->
     slot, rest = divmod(rest, H * D)
     head, dim = divmod(rest, D)
     logical = block_table.index(block) * B + slot if block in block_table else None
-    return {"byte_offset": offset, "misaligned_bytes": misaligned, "block": block, "slot_in_block": slot,
-            "token": logical, "head": head, "dim": dim, "read": k.reshape(-1)[element:element + D].clone()}
+    return {
+        "byte_offset": offset,
+        "misaligned_bytes": misaligned,
+        "block": block,
+        "slot_in_block": slot,
+        "token": logical,
+        "head": head,
+        "dim": dim,
+        "read": k.reshape(-1)[element : element + D].clone(),
+    }
 
 
-def address_check(cache: PagedKVCache, block_table: list[int], t: int, expected_k: torch.Tensor,
-                  kv_head: int = 0, layer: int = 0) -> dict:
+def address_check(
+    cache: PagedKVCache, block_table: list[int], t: int, expected_k: torch.Tensor, kv_head: int = 0, layer: int = 0
+) -> dict:
     """The address of token ``t``'s key for ``kv_head``, three ways, each read back from the cache.
 
     * the strides from the symbols, ``S_token = H_kv d_head sizeof`` and ``S_block = B S_token``
@@ -123,11 +168,23 @@ def address_check(cache: PagedKVCache, block_table: list[int], t: int, expected_
     seed = base + block * symbols["S_block"] + j * D
     right = base + block * symbols["S_block"] + j * symbols["S_token"] + kv_head * symbols["S_head"]
     truth = expected_k[t, kv_head].to(k.dtype)
-    out = {"t": t, "i": i, "j": j, "block": block, "kv_head": kv_head, "base": base, "sizeof": size,
-           "num_kv_heads": H, "head_dim": D, "symbols": symbols, "strides": strides,
-           "strides_match": all(symbols[n] == strides[n] for n in symbols),
-           "seed_address": seed, "right_address": right,
-           "right_is_data_ptr": right == k[block, j, kv_head].data_ptr()}
+    out = {
+        "t": t,
+        "i": i,
+        "j": j,
+        "block": block,
+        "kv_head": kv_head,
+        "base": base,
+        "sizeof": size,
+        "num_kv_heads": H,
+        "head_dim": D,
+        "symbols": symbols,
+        "strides": strides,
+        "strides_match": all(symbols[n] == strides[n] for n in symbols),
+        "seed_address": seed,
+        "right_address": right,
+        "right_is_data_ptr": right == k[block, j, kv_head].data_ptr(),
+    }
     for name, address in (("seed", seed), ("right", right)):
         land = _landing(cache, k, block_table, address)
         land["k_matches"] = land["misaligned_bytes"] == 0 and bool(torch.equal(land.pop("read"), truth))
@@ -149,8 +206,9 @@ def decode_throughput(model, gpu, batches, context: int) -> list[dict]:
             shape.add(context, 1, True)
         step = cost.step_time(shape)
         moved = cost.bytes_moved(shape)
-        rows.append({"batch": batch, "step_s": step, "tokens_per_s": batch / step,
-                     "kv_share": 1 - model.weight_bytes / moved})
+        rows.append(
+            {"batch": batch, "step_s": step, "tokens_per_s": batch / step, "kv_share": 1 - model.weight_bytes / moved}
+        )
     return rows
 
 
@@ -186,11 +244,18 @@ def cow_experiment(kv, parent_tokens: list[int], new_token: int, *, kv_head: int
     stages["after the child's write"] = (k_of(src), k_of(dst))
     cache = kv.cache
     copied = 2 * cache.num_layers * cache.block_size * cache.num_kv_heads * cache.head_dim * kv.k_cache.element_size()
-    return {"src": src, "dst": dst, "stages": stages, "bytes_copied": copied, "block_bytes": cache.block_bytes,
-            "copy_equal": check["copy_equal"], "source_untouched": kv.block_unchanged(check),
-            "slot_written": a.slot("child", a.num_tokens("child") - 1) % cache.block_size,
-            "reads_back": {s: kv.reads_back(s) for s in ("parent", "child")},
-            "tables": {s: a.block_table(s) for s in ("parent", "child")}}
+    return {
+        "src": src,
+        "dst": dst,
+        "stages": stages,
+        "bytes_copied": copied,
+        "block_bytes": cache.block_bytes,
+        "copy_equal": check["copy_equal"],
+        "source_untouched": kv.block_unchanged(check),
+        "slot_written": a.slot("child", a.num_tokens("child") - 1) % cache.block_size,
+        "reads_back": {s: kv.reads_back(s) for s in ("parent", "child")},
+        "tables": {s: a.block_table(s) for s in ("parent", "child")},
+    }
 
 
 def shared_prefix_blocks(prefix_len: int, gen_lens: list[int], block_size: int) -> dict:
@@ -211,6 +276,10 @@ def shared_prefix_blocks(prefix_len: int, gen_lens: list[int], block_size: int) 
     prefix = list(range(1, prefix_len + 1))
     for k, g in enumerate(gen_lens):
         allocator.allocate(k, prefix + [10_000 + 1_000 * k + j for j in range(g)])
-    return {"allocator": allocator.num_used_blocks, "block_rounded": rounded,
-            "seed_tokens": seed_tokens, "seed_blocks": math.ceil(seed_tokens / B),
-            "seed_blocks_per_term": math.ceil(prefix_len / B) + sum(math.ceil(g / B) for g in gen_lens)}
+    return {
+        "allocator": allocator.num_used_blocks,
+        "block_rounded": rounded,
+        "seed_tokens": seed_tokens,
+        "seed_blocks": math.ceil(seed_tokens / B),
+        "seed_blocks_per_term": math.ceil(prefix_len / B) + sum(math.ceil(g / B) for g in gen_lens),
+    }

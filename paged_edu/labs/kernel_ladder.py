@@ -48,64 +48,99 @@ def _measured_case(timer, num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim
     kv_bytes = 2 * k.numel() * k.element_size()
     io_bytes = decode_bytes(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, k.element_size())
     ceil_us = copy_ceiling_us(timer, kv_bytes)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     ref = paged_attention_torch(*case, scale=scale).float()
     return case, io_bytes, ceil_us, 2 * kv_bytes / ceil_us / 1e3, scale, ref
 
 
-def gpu_ladder(cases, *, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, loop_cases=(),
-               reps=50, warmup=10) -> list[dict]:
+def gpu_ladder(
+    cases, *, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, loop_cases=(), reps=50, warmup=10
+) -> list[dict]:
     """Per case ``(num_seqs, seq_len)``: the copy ceiling and each implementation's µs, GB/s, % of ceiling."""
     timer = Timer(reps, warmup)
     rows = []
     for num_seqs, seq_len in cases:
         case, io_bytes, ceil_us, ceil_gbs, scale, ref = _measured_case(
-            timer, num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size)
-        row = {"case": f"{num_seqs}x{seq_len}", "bytes": io_bytes, "ceiling_us": ceil_us, "ceiling_GBps": ceil_gbs,
-               "impls": {}}
+            timer, num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size
+        )
+        row = {
+            "case": f"{num_seqs}x{seq_len}",
+            "bytes": io_bytes,
+            "ceiling_us": ceil_us,
+            "ceiling_GBps": ceil_gbs,
+            "impls": {},
+        }
         for impl in ("seed", "loop", "torch", "triton"):
             if impl in ("seed", "loop") and (num_seqs, seq_len) not in set(loop_cases):
                 continue
             fn = _impl_fn(impl, case, scale)
             us, _, out = timer.eager(fn) if impl in ("seed", "loop") else timer.graph(fn)
             gbs = io_bytes / us / 1e3
-            row["impls"][impl] = {"us": us, "GBps": gbs, "pct_of_ceiling": 100 * gbs / ceil_gbs,
-                                  "rel_err": rel_err(out, ref)}
+            row["impls"][impl] = {
+                "us": us,
+                "GBps": gbs,
+                "pct_of_ceiling": 100 * gbs / ceil_gbs,
+                "rel_err": rel_err(out, ref),
+            }
         rows.append(row)
         del case, ref
         torch.cuda.empty_cache()
     return rows
 
 
-def split_sweep(num_seqs: int, seq_len: int, splits, *, num_q_heads=32, num_kv_heads=8, head_dim=128,
-                block_size=16, reps=50, warmup=10) -> dict:
+def split_sweep(
+    num_seqs: int,
+    seq_len: int,
+    splits,
+    *,
+    num_q_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    block_size=16,
+    reps=50,
+    warmup=10,
+) -> dict:
     """The Triton kernel with ``num_splits`` forced to each value of ``splits``; µs and % of ceiling each,
     and the split count the kernel picks by itself (:func:`~paged_edu.kernels.triton_decode.choose_num_splits`)."""
     from paged_edu.kernels.triton_decode import _num_sms, choose_num_splits, decode_config, paged_attention_triton
 
     timer = Timer(reps, warmup)
     case, io_bytes, ceil_us, ceil_gbs, scale, ref = _measured_case(
-        timer, num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size)
+        timer, num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size
+    )
     q = case[0]
     cfg = decode_config(head_dim, num_q_heads // num_kv_heads, on_gpu=True)
     chosen = choose_num_splits(num_seqs, num_kv_heads, seq_len, cfg["TILE"], _num_sms(q.device.index or 0))
     points = []
     for n in sorted(set(splits) | {chosen}):  # the kernel's own choice is always measured too
         us, _, out = timer.graph(lambda: paged_attention_triton(*case, scale=scale, num_splits=n))  # noqa: F821 (a name deleted after this call)
-        points.append({"splits": n, "us": us, "pct_of_ceiling": 100 * io_bytes / us / 1e3 / ceil_gbs,
-                       "rel_err": rel_err(out, ref)})
+        points.append(
+            {
+                "splits": n,
+                "us": us,
+                "pct_of_ceiling": 100 * io_bytes / us / 1e3 / ceil_gbs,
+                "rel_err": rel_err(out, ref),
+            }
+        )
     del case, q, ref
     torch.cuda.empty_cache()
-    return {"case": f"{num_seqs}x{seq_len}", "ceiling_us": ceil_us, "programs_without_splits": num_seqs * num_kv_heads,
-            "chosen_splits": chosen, "points": points}
+    return {
+        "case": f"{num_seqs}x{seq_len}",
+        "ceiling_us": ceil_us,
+        "programs_without_splits": num_seqs * num_kv_heads,
+        "chosen_splits": chosen,
+        "points": points,
+    }
 
 
-def cpu_ladder(num_seqs=2, seq_len=64, *, num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
-               dtype=torch.float32, reps=3) -> dict:
+def cpu_ladder(
+    num_seqs=2, seq_len=64, *, num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float32, reps=3
+) -> dict:
     """Wall-clock µs of the seed's code (fixed), loop, torch and Triton (interpreted on a CPU) at a small size, and their errors."""
-    case = random_paged_case(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size,
-                             dtype=dtype, device="cpu")
-    scale = head_dim ** -0.5
+    case = random_paged_case(
+        num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, block_size, dtype=dtype, device="cpu"
+    )
+    scale = head_dim**-0.5
     ref = paged_attention_torch(*case, scale=scale).float()
     out = {"case": f"{num_seqs}x{seq_len}", "impls": {}}
     # One thread: at this size every op is tiny, and a thread pool on a busy machine costs far more than

@@ -26,16 +26,27 @@ __all__ = ["KVView"]
 class KVView:
     """One layer of paged K/V on ``device``, written through ``allocator``'s slot mapping."""
 
-    def __init__(self, allocator: BlockAllocator, *, device="cpu", dtype: torch.dtype | None = None,
-                 num_kv_heads: int = 2, head_dim: int = 64, seed: int = 0) -> None:
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        *,
+        device="cpu",
+        dtype: torch.dtype | None = None,
+        num_kv_heads: int = 2,
+        head_dim: int = 64,
+        seed: int = 0,
+    ) -> None:
         from paged_edu.cache.kv_cache import PagedKVCache
 
         self.allocator = allocator
         self.device = torch.device(device)
         self.dtype = default_dtype(self.device) if dtype is None else dtype
-        self.layer = ToyLayer(num_kv_heads=num_kv_heads, head_dim=head_dim, num_q_heads=2 * num_kv_heads, seed=seed)  # GQA 2:1
-        self.cache = PagedKVCache(1, allocator.num_blocks, allocator.block_size, num_kv_heads, head_dim,
-                                  dtype=self.dtype, device=self.device)
+        self.layer = ToyLayer(
+            num_kv_heads=num_kv_heads, head_dim=head_dim, num_q_heads=2 * num_kv_heads, seed=seed
+        )  # GQA 2:1
+        self.cache = PagedKVCache(
+            1, allocator.num_blocks, allocator.block_size, num_kv_heads, head_dim, dtype=self.dtype, device=self.device
+        )
         self.tokens: dict = {}  # seq_id -> its token ids, as the engine's sequences hold them
 
     @property
@@ -70,7 +81,7 @@ class KVView:
         k, v = self.expected_kv(seq_id)
         n = len(k)
         slots = torch.tensor(self.allocator.slot_mapping(seq_id, n - 1), device=self.device, dtype=torch.int64)
-        self.cache.store(0, k[n - 1:], v[n - 1:], slots)
+        self.cache.store(0, k[n - 1 :], v[n - 1 :], slots)
 
     def fork(self, parent, child) -> None:
         """``child`` (just forked by the allocator) holds ``parent``'s tokens."""
@@ -95,19 +106,33 @@ class KVView:
         k_ref, _ = self.expected_kv(seq_id)
         a = address_check(self.cache, self.allocator.block_table(seq_id), t, k_ref, kv_head=kv_head)
         actual = self.k_cache[a["block"], a["j"], kv_head].data_ptr()
-        return {"base": a["base"], "s_block": a["symbols"]["S_block"], "s_token": a["symbols"]["S_token"],
-                "s_head": a["symbols"]["S_head"], "kv_head": kv_head, "strides_match": a["strides_match"],
-                "address_formula": a["right_address"], "address_tensor": actual,
-                "address_match": a["right_address"] == actual, "value_match": a["right"]["k_matches"],
-                "seed_address": a["seed_address"], "seed_lands": a["seed"]}
+        return {
+            "base": a["base"],
+            "s_block": a["symbols"]["S_block"],
+            "s_token": a["symbols"]["S_token"],
+            "s_head": a["symbols"]["S_head"],
+            "kv_head": kv_head,
+            "strides_match": a["strides_match"],
+            "address_formula": a["right_address"],
+            "address_tensor": actual,
+            "address_match": a["right_address"] == actual,
+            "value_match": a["right"]["k_matches"],
+            "seed_address": a["seed_address"],
+            "seed_lands": a["seed"],
+        }
 
     def copy_block(self, src: int, dst: int) -> dict:
         """Apply one copy-on-write copy on the device; record what to check afterwards."""
         self.cache.copy_blocks([(src, dst)])
         k, v = self.k_cache, self.v_cache
-        return {"src": src, "dst": dst,
-                "copy_equal": bool(torch.equal(k[dst], k[src]) and torch.equal(v[dst], v[src])),
-                "src_k": k[src].clone(), "src_v": v[src].clone(), "source_untouched": None}
+        return {
+            "src": src,
+            "dst": dst,
+            "copy_equal": bool(torch.equal(k[dst], k[src]) and torch.equal(v[dst], v[src])),
+            "src_k": k[src].clone(),
+            "src_v": v[src].clone(),
+            "source_untouched": None,
+        }
 
     def block_unchanged(self, check: dict) -> bool:
         src = check["src"]
@@ -122,8 +147,9 @@ class KVView:
         width = max(len(t) for t in tables)
         block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=self.device)
         seq_lens = torch.tensor([self.allocator.num_tokens(s) for s in seq_ids], dtype=torch.int32, device=self.device)
-        q = torch.stack([self.layer.query(self.tokens[s], device=self.device, dtype=self.dtype)
-                         for s in seq_ids])  # (num_seqs, H_q, D)
+        q = torch.stack(
+            [self.layer.query(self.tokens[s], device=self.device, dtype=self.dtype) for s in seq_ids]
+        )  # (num_seqs, H_q, D)
         return q, block_tables, seq_lens
 
     def attention(self, seq_ids, impl: str = "auto") -> torch.Tensor:
@@ -142,6 +168,6 @@ class KVView:
             q = self.layer.query(tokens)  # (H_q, D) fp32 on the CPU
             k, v = self.layer.kv(tokens)  # (n, H_kv, D)
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (n, H_q, D)
-            scores = torch.einsum("hd,thd->ht", q, k) / self.layer.head_dim ** 0.5  # (H_q, n)
+            scores = torch.einsum("hd,thd->ht", q, k) / self.layer.head_dim**0.5  # (H_q, n)
             outs.append(torch.einsum("ht,thd->hd", scores.softmax(-1), v))
         return torch.stack(outs).to(self.device)  # (num_seqs, H_q, D)

@@ -35,14 +35,28 @@ def sharing_rows(cost: CostModel, num_requests: int, seed: int, config: SimConfi
             for n in (2, 4, 6):
                 rate = 0.4 * capacity / n
                 res = simulate(workloads.parallel(num, rate, seed, n=n, fork=fork, dataset=dataset), config, cost)
-                rows.append({"dataset": dataset, "fork": fork, "n": n, "rate": rate, "saving": res.sharing_saving,
-                             "mean_batched": res.mean_batched, "max_concurrent": res.max_concurrent,
-                             "preemptions": res.preemptions})
+                rows.append(
+                    {
+                        "dataset": dataset,
+                        "fork": fork,
+                        "n": n,
+                        "rate": rate,
+                        "saving": res.sharing_saving,
+                        "mean_batched": res.mean_batched,
+                        "max_concurrent": res.max_concurrent,
+                        "preemptions": res.preemptions,
+                    }
+                )
     return rows
 
 
-def paper_figure_runs(cost: CostModel | None = None, num_requests: int = 1000, seed: int = 0,
-                      server: dict | None = None, progress: bool = True) -> dict:
+def paper_figure_runs(
+    cost: CostModel | None = None,
+    num_requests: int = 1000,
+    seed: int = 0,
+    server: dict | None = None,
+    progress: bool = True,
+) -> dict:
     """Every run the simulator's figures show: ``saturated`` and ``block_sizes`` (lists of results),
     ``latency_vs_rate`` (points), ``sharing`` (rows), and ``data``, the plain records of them all."""
     cost = cost or CostModel()
@@ -64,8 +78,13 @@ def paper_figure_runs(cost: CostModel | None = None, num_requests: int = 1000, s
     # 3. Normalised latency vs rate, rates spread up to 1.2x what paging sustains.
     capacity = next(r for r in main if r.config.manager == "paged").record()["throughput_requests_per_s"]
     rates = [round(capacity * f, 3) for f in (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.2)]
-    points = latency_vs_rate(lambda rate: workloads.sharegpt(num_requests, rate, seed), rates,
-                             [cfg(m) for m in MAIN], cost, progress=progress)
+    points = latency_vs_rate(
+        lambda rate: workloads.sharegpt(num_requests, rate, seed),
+        rates,
+        [cfg(m) for m in MAIN],
+        cost,
+        progress=progress,
+    )
     data["latency_vs_rate"] = points
 
     # 4. Sharing: parallel sampling and beam-style forking.

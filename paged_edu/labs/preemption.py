@@ -27,8 +27,15 @@ import torch
 from paged_edu.engine import Engine, SamplingParams
 from paged_edu.engine.outputs import RequestMetrics, StepMetrics
 
-__all__ = ["PressureRun", "blocks_needed", "output_mismatches", "pressure_prompts", "remedy_rows", "run_under_pressure",
-           "victim_rule_violations"]
+__all__ = [
+    "PressureRun",
+    "blocks_needed",
+    "output_mismatches",
+    "pressure_prompts",
+    "remedy_rows",
+    "run_under_pressure",
+    "victim_rule_violations",
+]
 
 
 def pressure_prompts(num_requests: int, prompt_len: int, vocab_size: int, *, seed: int = 0) -> list[list[int]]:
@@ -67,17 +74,26 @@ class PressureRun:
     @property
     def preemptions(self) -> list[dict]:
         """Every preemption in order: step, time, request, how (swap / recompute)."""
-        return [{"step": s.step, "time": s.time, "request_id": rid, "seq_id": sid, "how": how}
-                for s in self.steps for rid, sid, how in s.preempted]
+        return [
+            {"step": s.step, "time": s.time, "request_id": rid, "seq_id": sid, "how": how}
+            for s in self.steps
+            for rid, sid, how in s.preempted
+        ]
 
     def resumptions(self) -> list[dict]:
         """For every preemption, the next step that computed tokens for that request again."""
         out = []
         for p in self.preemptions:
-            nxt = next((s for s in self.steps if s.step > p["step"] and p["request_id"] in s.scheduled_request_ids),
-                       None)
-            out.append({**p, "resumed_step": None if nxt is None else nxt.step,
-                        "resumed_time": None if nxt is None else nxt.time})
+            nxt = next(
+                (s for s in self.steps if s.step > p["step"] and p["request_id"] in s.scheduled_request_ids), None
+            )
+            out.append(
+                {
+                    **p,
+                    "resumed_step": None if nxt is None else nxt.step,
+                    "resumed_time": None if nxt is None else nxt.time,
+                }
+            )
         return out
 
     @property
@@ -116,15 +132,35 @@ class PressureRun:
         return p[0]["request_id"] if p else None
 
 
-def run_under_pressure(model, prompts: list[list[int]], num_blocks: int, mode: str = "recompute", *,
-                       max_new_tokens: int = 32, block_size: int = 8, num_cpu_blocks: int | None = None,
-                       max_num_seqs: int = 256, max_num_batched_tokens: int = 2048) -> PressureRun:
+def run_under_pressure(
+    model,
+    prompts: list[list[int]],
+    num_blocks: int,
+    mode: str = "recompute",
+    *,
+    max_new_tokens: int = 32,
+    block_size: int = 8,
+    num_cpu_blocks: int | None = None,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 2048,
+) -> PressureRun:
     """Greedy-decode ``prompts`` (all queued at once) on an engine of ``num_blocks`` GPU blocks."""
-    settings = {"num_cpu_blocks": num_cpu_blocks, "max_num_seqs": max_num_seqs,
-                "max_num_batched_tokens": max_num_batched_tokens, "max_new_tokens": max_new_tokens}
-    engine = Engine(model, num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=False,
-                    preemption_mode=mode, num_cpu_blocks=num_cpu_blocks, max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens)
+    settings = {
+        "num_cpu_blocks": num_cpu_blocks,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "max_new_tokens": max_new_tokens,
+    }
+    engine = Engine(
+        model,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        enable_prefix_caching=False,
+        preemption_mode=mode,
+        num_cpu_blocks=num_cpu_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
     steps: list[StepMetrics] = []
     requests: dict[int, RequestMetrics] = {}
     finished_at: dict[int, int] = {}
@@ -150,9 +186,21 @@ def run_under_pressure(model, prompts: list[list[int]], num_blocks: int, mode: s
         for gap in m.inter_token_latencies:
             times.append(times[-1] + gap)
         token_times[rid] = times
-    return PressureRun(mode, num_blocks, block_size, settings, outputs, steps, requests, finished_at, wall,
-                       engine.kv_cache.block_bytes, engine.num_blocks_swapped_out, engine.num_blocks_swapped_in,
-                       token_times)
+    return PressureRun(
+        mode,
+        num_blocks,
+        block_size,
+        settings,
+        outputs,
+        steps,
+        requests,
+        finished_at,
+        wall,
+        engine.kv_cache.block_bytes,
+        engine.num_blocks_swapped_out,
+        engine.num_blocks_swapped_in,
+        token_times,
+    )
 
 
 def output_mismatches(run: PressureRun, reference: PressureRun) -> list[int]:
@@ -190,8 +238,7 @@ def victim_rule_violations(run: PressureRun) -> list[str]:
             continue
         before = by_step[s.step - 1]
         victims = {rid for rid, _, _ in s.preempted}
-        kept = [r for r in before.scheduled_request_ids
-                if run.finished_at.get(r) != before.step and r not in victims]
+        kept = [r for r in before.scheduled_request_ids if run.finished_at.get(r) != before.step and r not in victims]
 
         def last_admission(rid: int) -> int:
             return max(a for a in admitted[rid] if a < s.step)
@@ -201,13 +248,16 @@ def victim_rule_violations(run: PressureRun) -> list[str]:
                 continue  # preempted again before it ran (a swap-in fallback); nothing to compare
             younger = [r for r in kept if last_admission(r) > last_admission(rid)]
             if younger:
-                problems.append(f"step {s.step}: request {rid} (admitted at step {last_admission(rid)}) was preempted "
-                                f"while {younger} (admitted later) kept running")
+                problems.append(
+                    f"step {s.step}: request {rid} (admitted at step {last_admission(rid)}) was preempted "
+                    f"while {younger} (admitted later) kept running"
+                )
     return problems
 
 
-def remedy_rows(model, prompts, num_blocks: int, cases: dict[str, dict], *, max_new_tokens: int = 32,
-                block_size: int = 8) -> list[dict]:
+def remedy_rows(
+    model, prompts, num_blocks: int, cases: dict[str, dict], *, max_new_tokens: int = 32, block_size: int = 8
+) -> list[dict]:
     """One run per case (``{label: {"mode": ..., engine knobs...}}``) on the same requests and pool:
     preemptions, the longest stall in steps, ITL median / p99 / max (ms), KV bytes moved, recomputed
     prompt tokens and wall time."""
@@ -216,12 +266,23 @@ def remedy_rows(model, prompts, num_blocks: int, cases: dict[str, dict], *, max_
     for label, knobs in cases.items():
         knobs = dict(knobs)
         mode = knobs.pop("mode", "recompute")
-        run = run_under_pressure(model, prompts, num_blocks, mode, max_new_tokens=max_new_tokens,
-                                 block_size=block_size, **knobs)
+        run = run_under_pressure(
+            model, prompts, num_blocks, mode, max_new_tokens=max_new_tokens, block_size=block_size, **knobs
+        )
         itl = run.itl_summary()
         gaps = [g for v in run.itl_steps().values() for g in v]
-        rows.append({"case": label, "preemptions": run.num_preemptions, "max_gap_steps": max(gaps),
-                     "itl_median_ms": 1e3 * itl["median"], "itl_p99_ms": 1e3 * itl["p99"],
-                     "itl_max_ms": 1e3 * itl["max"], "bytes_moved": run.bytes_moved,
-                     "recomputed_tokens": run.prefill_tokens - base_prefill, "wall_s": run.wall_time, "run": run})
+        rows.append(
+            {
+                "case": label,
+                "preemptions": run.num_preemptions,
+                "max_gap_steps": max(gaps),
+                "itl_median_ms": 1e3 * itl["median"],
+                "itl_p99_ms": 1e3 * itl["p99"],
+                "itl_max_ms": 1e3 * itl["max"],
+                "bytes_moved": run.bytes_moved,
+                "recomputed_tokens": run.prefill_tokens - base_prefill,
+                "wall_s": run.wall_time,
+                "run": run,
+            }
+        )
     return rows

@@ -21,8 +21,13 @@ from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.allocator import OutOfBlocksError
 from paged_edu.labs.seed_allocator import SeedAllocator
 
-__all__ = ["TensorRun", "no_copy_on_write_experiment", "no_rollback_experiment", "prefix_reuse_experiment",
-           "stale_entry_experiment"]
+__all__ = [
+    "TensorRun",
+    "no_copy_on_write_experiment",
+    "no_rollback_experiment",
+    "prefix_reuse_experiment",
+    "stale_entry_experiment",
+]
 
 
 class TensorRun:
@@ -33,8 +38,9 @@ class TensorRun:
         self.device, self.dtype = torch.device(device), torch.float32 if dtype is None else dtype
         self.seed = isinstance(allocator, SeedAllocator)
         B = allocator.block_size
-        self.cache = PagedKVCache(1, allocator.num_blocks, B, layer.num_kv_heads, layer.head_dim,
-                                  dtype=self.dtype, device=self.device)
+        self.cache = PagedKVCache(
+            1, allocator.num_blocks, B, layer.num_kv_heads, layer.head_dim, dtype=self.dtype, device=self.device
+        )
         self.tokens: dict = {}
 
     def table(self, seq_id) -> list[int]:
@@ -106,7 +112,7 @@ class TensorRun:
         group = layer.num_q_heads // layer.num_kv_heads
         k, v = layer.kv(tokens, device=self.device, dtype=torch.float32)  # the truth, (n, H_kv, D)
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (n, H_q, D)
-        scores = torch.einsum("hd,thd->ht", q.float(), k) / layer.head_dim ** 0.5  # (H_q, n)
+        scores = torch.einsum("hd,thd->ht", q.float(), k) / layer.head_dim**0.5  # (H_q, n)
         truth = torch.einsum("ht,thd->hd", scores.softmax(-1), v)  # (H_q, D)
         return (out.float() - truth).abs().max().item()
 
@@ -115,7 +121,9 @@ def prefix_reuse_experiment(allocator, prompts: dict, layer, *, device="cpu", dt
     """Defect 1. Prefill ``prompts`` (``seq_id -> token ids``) in order, then decode attention for each:
     per request its block table, the blocks reused from the cache, and ``max_abs_diff``."""
     run = TensorRun(allocator, layer, device=device, dtype=dtype)
-    results = {s: {"reused_blocks": run.prefill(s, tokens), "block_table": run.table(s)} for s, tokens in prompts.items()}
+    results = {
+        s: {"reused_blocks": run.prefill(s, tokens), "block_table": run.table(s)} for s, tokens in prompts.items()
+    }
     for s in prompts:
         results[s]["max_abs_diff"] = run.attention_error(s)
     return results
@@ -138,8 +146,14 @@ def stale_entry_experiment(allocator, layer, *, device="cpu", dtype=None) -> dic
     d_table = run.table("D")
     run.free("D")
     reused = run.prefill("E", [1, 2, 3, 4, 7])
-    return {"a_table": a_table, "d_table": d_table, "e_table": run.table("E"), "e_reused": reused,
-            "reused_overwritten_by_d": [b in d_table for b in reused], "e_error": run.attention_error("E")}
+    return {
+        "a_table": a_table,
+        "d_table": d_table,
+        "e_table": run.table("E"),
+        "e_reused": reused,
+        "reused_overwritten_by_d": [b in d_table for b in reused],
+        "e_error": run.attention_error("E"),
+    }
 
 
 def no_rollback_experiment(allocator, layer, *, device="cpu", dtype=None) -> dict:
@@ -179,6 +193,9 @@ def no_copy_on_write_experiment(allocator, layer, *, device="cpu", dtype=None) -
     after_own = bool(torch.equal(run.stored_k("child", 5), own))
     run.append("parent", 60)
     after_parent = bool(torch.equal(run.stored_k("child", 5), own))
-    return {"tables": {s: run.table(s) for s in ("parent", "child")}, "child_k5_after_its_write": after_own,
-            "child_k5_after_parent_write": after_parent,
-            "errors": {s: run.attention_error(s) for s in ("parent", "child")}}
+    return {
+        "tables": {s: run.table(s) for s in ("parent", "child")},
+        "child_k5_after_its_write": after_own,
+        "child_k5_after_parent_write": after_parent,
+        "errors": {s: run.attention_error(s) for s in ("parent", "child")},
+    }

@@ -60,8 +60,17 @@ from dataclasses import dataclass, replace
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, MORE_MODELS, ModelGeometry
 from paged_edu.core.memory import KVSpec
 
-__all__ = ["FLAGS", "VLLM_SOURCE", "ServeFlags", "Translation", "allocate_pool", "model_for", "parse_vllm_serve", "simulate_flags",
-           "translate"]
+__all__ = [
+    "FLAGS",
+    "VLLM_SOURCE",
+    "ServeFlags",
+    "Translation",
+    "allocate_pool",
+    "model_for",
+    "parse_vllm_serve",
+    "simulate_flags",
+    "translate",
+]
 
 VLLM_SOURCE = "vLLM v0.11 (vllm-project/vllm main, late 2025: vllm/config/cache.py, vllm/engine/arg_utils.py)"
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vllm/config/cache.py BlockSize
@@ -94,12 +103,16 @@ class ServeFlags:
         if not length:
             raise ValueError(f"--max-model-len: the model table has no context length for {geometry.name}; give one")
         if self.max_model_len and geometry.max_position_embeddings and length > geometry.max_position_embeddings:
-            raise ValueError(f"--max-model-len: User-specified max_model_len ({length}) is greater than the derived "
-                             f"max_model_len (max_position_embeddings={geometry.max_position_embeddings} in "
-                             f"{geometry.name}'s config.json)")
+            raise ValueError(
+                f"--max-model-len: User-specified max_model_len ({length}) is greater than the derived "
+                f"max_model_len (max_position_embeddings={geometry.max_position_embeddings} in "
+                f"{geometry.name}'s config.json)"
+            )
         if tokens < seqs:
-            raise ValueError(f"--max-num-batched-tokens: max_num_batched_tokens ({tokens}) must be greater than or "
-                             f"equal to max_num_seqs ({seqs})")
+            raise ValueError(
+                f"--max-num-batched-tokens: max_num_batched_tokens ({tokens}) must be greater than or "
+                f"equal to max_num_seqs ({seqs})"
+            )
         return replace(self, max_num_seqs=seqs, max_num_batched_tokens=tokens, max_model_len=length)
 
 
@@ -140,8 +153,9 @@ def _human_int(flag: str, text: str) -> int:
         else:
             value = int(text)
     except ValueError:
-        raise ValueError(f"{flag}: {text!r} is not an integer (1k = 1,000 and 1K = 1,024 are allowed, "
-                         "decimals only with k/m/g)") from None
+        raise ValueError(
+            f"{flag}: {text!r} is not an integer (1k = 1,000 and 1K = 1,024 are allowed, decimals only with k/m/g)"
+        ) from None
     if value < 1:
         raise ValueError(f"{flag}: {text!r} must be >= 1")
     return value
@@ -171,8 +185,10 @@ def _cache_dtype(flag: str, text: str) -> str:
     if text not in CACHE_DTYPES:
         raise ValueError(f"{flag}: invalid choice {text!r} (choose from {', '.join(CACHE_DTYPES)})")
     if text == "fp8_ds_mla":
-        raise ValueError(f"{flag}: {text!r} is a choice vLLM accepts that paged_edu does not model; "
-                         "use auto, bfloat16 or an fp8 variant")
+        raise ValueError(
+            f"{flag}: {text!r} is a choice vLLM accepts that paged_edu does not model; "
+            "use auto, bfloat16 or an fp8 variant"
+        )
     return text
 
 
@@ -213,8 +229,9 @@ def parse_vllm_serve(command: str) -> ServeFlags:
         flag, eq, inline = word.partition("=")
         if flag not in FLAGS:
             if not word.startswith("--"):
-                raise ValueError(f"unexpected argument {word!r}: every flag starts with '--' "
-                                 "(vllm serve takes one MODEL)")
+                raise ValueError(
+                    f"unexpected argument {word!r}: every flag starts with '--' (vllm serve takes one MODEL)"
+                )
             near = difflib.get_close_matches(flag.replace("_", "-"), FLAGS, n=1)
             hint = f"; did you mean {near[0]}?" if near else ""
             raise ValueError(f"unrecognized flag {flag}{hint} (this translator reads {', '.join(FLAGS)})")
@@ -280,22 +297,36 @@ class Translation:
         f = self.flags
         gib = 2**30
         return [
-            ("--gpu-memory-utilization", f"{f.gpu_memory_utilization:g}",
-             f"KV budget = {f.gpu_memory_utilization:g} x {self.total_bytes / gib:.1f} GiB - "
-             f"{self.weight_bytes / gib:.1f} GiB weights = {self.budget_bytes / gib:.2f} GiB"),
+            (
+                "--gpu-memory-utilization",
+                f"{f.gpu_memory_utilization:g}",
+                f"KV budget = {f.gpu_memory_utilization:g} x {self.total_bytes / gib:.1f} GiB - "
+                f"{self.weight_bytes / gib:.1f} GiB weights = {self.budget_bytes / gib:.2f} GiB",
+            ),
             ("--kv-cache-dtype", f.kv_cache_dtype, f"{self.kv_dtype}: M_KV = {self.bytes_per_token:,} bytes per token"),
-            ("--block-size", str(f.block_size),
-             f"one block = {f.block_size} x {self.bytes_per_token:,} = {self.block_bytes:,} bytes; "
-             f"{self.num_blocks:,} blocks ({self.kv_tokens:,} tokens of KV)"),
-            ("--max-model-len", f"{f.max_model_len:,}",
-             f"{self.blocks_per_request:,} blocks per request at full length: "
-             f"max concurrency {self.max_concurrency:.2f}x"),
+            (
+                "--block-size",
+                str(f.block_size),
+                f"one block = {f.block_size} x {self.bytes_per_token:,} = {self.block_bytes:,} bytes; "
+                f"{self.num_blocks:,} blocks ({self.kv_tokens:,} tokens of KV)",
+            ),
+            (
+                "--max-model-len",
+                f"{f.max_model_len:,}",
+                f"{self.blocks_per_request:,} blocks per request at full length: "
+                f"max concurrency {self.max_concurrency:.2f}x",
+            ),
             ("--max-num-seqs", f"{f.max_num_seqs:,}", "running sequences per step at most (Scheduler.max_num_seqs)"),
-            ("--max-num-batched-tokens", f"{f.max_num_batched_tokens:,}",
-             "tokens per step at most; longer prompts are prefilled in chunks"),
-            ("--enable-prefix-caching" if f.enable_prefix_caching else "--no-enable-prefix-caching",
-             "on" if f.enable_prefix_caching else "off",
-             "simulated as paged-prefix (block hashes)" if f.enable_prefix_caching else "simulated as paged"),
+            (
+                "--max-num-batched-tokens",
+                f"{f.max_num_batched_tokens:,}",
+                "tokens per step at most; longer prompts are prefilled in chunks",
+            ),
+            (
+                "--enable-prefix-caching" if f.enable_prefix_caching else "--no-enable-prefix-caching",
+                "on" if f.enable_prefix_caching else "off",
+                "simulated as paged-prefix (block hashes)" if f.enable_prefix_caching else "simulated as paged",
+            ),
             ("--swap-space", f"{f.swap_space:g} GiB", f"{self.num_cpu_blocks:,} CPU blocks (V1 recomputes instead)"),
         ]
 
@@ -317,8 +348,9 @@ def _cost_model(geometry: ModelGeometry, gpu_key: str, kv_dtype: str, total_byte
     return CostModel(model=model, gpu=gpu)
 
 
-def translate(flags: ServeFlags | str, model: str | None = None, gpu: str = "h200",
-              total_bytes: int | None = None) -> Translation:
+def translate(
+    flags: ServeFlags | str, model: str | None = None, gpu: str = "h200", total_bytes: int | None = None
+) -> Translation:
     """``flags`` (or a command line) on model ``model`` (a :data:`MODELS` name or key; default:
     the one the command names) and GPU ``gpu`` (a :data:`GPU_TABLE` key); ``total_bytes`` replaces
     the table's memory with a measured figure (``torch.cuda.mem_get_info()[1]``)."""
@@ -337,22 +369,43 @@ def translate(flags: ServeFlags | str, model: str | None = None, gpu: str = "h20
         cost = _cost_model(geometry, gpu, kv_dtype, total_bytes)
         budget = cost.kv_budget_bytes(flags.gpu_memory_utilization, weights)
     except ValueError as exc:
-        raise ValueError(f"--gpu-memory-utilization={flags.gpu_memory_utilization:g}: {exc} "
-                         "(a model this size is split over several GPUs: tensor or pipeline parallelism)") from None
+        raise ValueError(
+            f"--gpu-memory-utilization={flags.gpu_memory_utilization:g}: {exc} "
+            "(a model this size is split over several GPUs: tensor or pipeline parallelism)"
+        ) from None
     block_bytes = spec.block_bytes(flags.block_size)
     blocks_per_request = -(-flags.max_model_len // flags.block_size)
     try:
-        num_blocks = num_blocks_for_budget(int(budget), block_bytes, min_blocks=blocks_per_request,
-                                           what=f"{geometry.name} on {GPU_TABLE[gpu].label}: ")
+        num_blocks = num_blocks_for_budget(
+            int(budget), block_bytes, min_blocks=blocks_per_request, what=f"{geometry.name} on {GPU_TABLE[gpu].label}: "
+        )
     except ValueError as exc:
-        raise ValueError(f"--max-model-len / --gpu-memory-utilization: to serve at least one request of "
-                         f"max_model_len={flags.max_model_len} ({exc})") from None
-    return Translation(flags, geometry.name, gpu, cost.gpu.memory_bytes, kv_dtype, spec.bytes_per_token, block_bytes, weights, budget,
-                       num_blocks, int(flags.swap_space * GiB // block_bytes))
+        raise ValueError(
+            f"--max-model-len / --gpu-memory-utilization: to serve at least one request of "
+            f"max_model_len={flags.max_model_len} ({exc})"
+        ) from None
+    return Translation(
+        flags,
+        geometry.name,
+        gpu,
+        cost.gpu.memory_bytes,
+        kv_dtype,
+        spec.bytes_per_token,
+        block_bytes,
+        weights,
+        budget,
+        num_blocks,
+        int(flags.swap_space * GiB // block_bytes),
+    )
 
 
-def simulate_flags(translation: Translation, workload: str = "multiturn", num_requests: int = 200,
-                   rate: float = math.inf, seed: int = 0):
+def simulate_flags(
+    translation: Translation,
+    workload: str = "multiturn",
+    num_requests: int = 200,
+    rate: float = math.inf,
+    seed: int = 0,
+):
     """Serve ``workload`` (a :func:`paged_edu.sim.workloads.make_workload` name) with the translated
     settings; returns the :class:`~paged_edu.sim.results.SimResult`."""
     from paged_edu.sim.results import SimConfig
@@ -366,13 +419,21 @@ def simulate_flags(translation: Translation, workload: str = "multiturn", num_re
     requests = make_workload(workload, num_requests, rate, seed)
     longest = max(r.total_len for r in requests)
     if longest - 1 > f.max_model_len:
-        raise ValueError(f"--max-model-len={f.max_model_len}: the {workload} workload has requests of {longest} "
-                         "tokens; vLLM would refuse them")
-    config = SimConfig(manager="paged-prefix" if f.enable_prefix_caching else "paged", block_size=f.block_size,
-                       num_kv_slots=translation.kv_tokens, max_seq_len=f.max_model_len, max_num_seqs=f.max_num_seqs,
-                       max_num_batched_tokens=f.max_num_batched_tokens)
-    return simulate(requests, config, _cost_model(geometry, translation.gpu, translation.kv_dtype,
-                                                  translation.total_bytes))
+        raise ValueError(
+            f"--max-model-len={f.max_model_len}: the {workload} workload has requests of {longest} "
+            "tokens; vLLM would refuse them"
+        )
+    config = SimConfig(
+        manager="paged-prefix" if f.enable_prefix_caching else "paged",
+        block_size=f.block_size,
+        num_kv_slots=translation.kv_tokens,
+        max_seq_len=f.max_model_len,
+        max_num_seqs=f.max_num_seqs,
+        max_num_batched_tokens=f.max_num_batched_tokens,
+    )
+    return simulate(
+        requests, config, _cost_model(geometry, translation.gpu, translation.kv_dtype, translation.total_bytes)
+    )
 
 
 def allocate_pool(translation: Translation, device):
@@ -387,5 +448,12 @@ def allocate_pool(translation: Translation, device):
     if translation.kv_dtype not in dtypes:
         raise ValueError(f"--kv-cache-dtype: allocate_pool builds {sorted(dtypes)} caches, not {translation.kv_dtype}")
     g = MODELS[translation.model]
-    return PagedKVCache(g.num_layers, translation.num_blocks, translation.flags.block_size, g.num_kv_heads, g.head_dim,
-                        dtype=dtypes[translation.kv_dtype], device=device)
+    return PagedKVCache(
+        g.num_layers,
+        translation.num_blocks,
+        translation.flags.block_size,
+        g.num_kv_heads,
+        g.head_dim,
+        dtype=dtypes[translation.kv_dtype],
+        device=device,
+    )

@@ -43,9 +43,14 @@ class ProbeTTFT:
 
 
 def _engine(model, block_size: int, chunk: int) -> Engine:
-    return Engine(model, num_blocks=max(64, 4 * model.config.max_position_embeddings // block_size),
-                  block_size=block_size, enable_chunked_prefill=True, max_num_batched_tokens=chunk,
-                  max_num_seqs=4)
+    return Engine(
+        model,
+        num_blocks=max(64, 4 * model.config.max_position_embeddings // block_size),
+        block_size=block_size,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=chunk,
+        max_num_seqs=4,
+    )
 
 
 def _run(engine: Engine, prompt: list[int], salt: str | None) -> None:
@@ -54,9 +59,19 @@ def _run(engine: Engine, prompt: list[int], salt: str | None) -> None:
         engine.step()
 
 
-def probe_ttft(model, secret: list[int], probe_tail: list[int], *, victim: bool, victim_salt: str | None = None,
-               probe_salt: str | None = None, block_size: int = 16, chunk: int = 64,
-               cost_model: CostModel | None = None, case: str = "") -> ProbeTTFT:
+def probe_ttft(
+    model,
+    secret: list[int],
+    probe_tail: list[int],
+    *,
+    victim: bool,
+    victim_salt: str | None = None,
+    probe_salt: str | None = None,
+    block_size: int = 16,
+    chunk: int = 64,
+    cost_model: CostModel | None = None,
+    case: str = "",
+) -> ProbeTTFT:
     """On a fresh engine (chunked prefill, ``chunk`` tokens a step): if ``victim``, the victim's
     request ``secret + [0]`` runs to its end under ``victim_salt``; then the probe
     ``secret + probe_tail`` arrives under ``probe_salt`` and runs to its first token.
@@ -84,8 +99,9 @@ def probe_ttft(model, secret: list[int], probe_tail: list[int], *, victim: bool,
         shape.add(start, m.num_prefill_tokens, start + m.num_prefill_tokens == len(prompt))
         start += m.num_prefill_tokens
         modeled += cost.step_time(shape)
-    return ProbeTTFT(case, len(prompt), cached, sum(m.num_prefill_tokens for m in steps), len(steps), modeled,
-                     out.metrics.ttft)
+    return ProbeTTFT(
+        case, len(prompt), cached, sum(m.num_prefill_tokens for m in steps), len(steps), modeled, out.metrics.ttft
+    )
 
 
 def side_channel(model, secret: list[int], probe_tail: list[int], **kwargs) -> list[ProbeTTFT]:
@@ -94,13 +110,28 @@ def side_channel(model, secret: list[int], probe_tail: list[int], **kwargs) -> l
     return [
         probe_ttft(model, secret, probe_tail, victim=False, case="no victim", **kwargs),
         probe_ttft(model, secret, probe_tail, victim=True, case="victim sent it, no salts", **kwargs),
-        probe_ttft(model, secret, probe_tail, victim=True, victim_salt="victim", probe_salt="attacker",
-                   case="victim sent it, salted per user", **kwargs),
+        probe_ttft(
+            model,
+            secret,
+            probe_tail,
+            victim=True,
+            victim_salt="victim",
+            probe_salt="attacker",
+            case="victim sent it, salted per user",
+            **kwargs,
+        ),
     ]
 
 
-def tenant_hit_rates(model, system_prompt: list[int], *, num_tenants: int, requests_per_tenant: int,
-                     block_size: int = 16, chunk: int = 64) -> dict[str, float]:
+def tenant_hit_rates(
+    model,
+    system_prompt: list[int],
+    *,
+    num_tenants: int,
+    requests_per_tenant: int,
+    block_size: int = 16,
+    chunk: int = 64,
+) -> dict[str, float]:
     """The prefix hit rate of ``num_tenants x requests_per_tenant`` requests (each the system prompt
     plus its own two tokens, one at a time) without salts and with a salt per tenant."""
     rates = {}

@@ -27,13 +27,22 @@ from paged_edu.sim.simulator import simulate
 __all__ = ["describe_fit", "error_table", "fit_engine_steps", "h200_engine_summary", "sim_vs_real"]
 
 
-
 def _p(values, q):
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def sim_vs_real(model, *, num_requests: int = 24, num_blocks: int = 24, block_size: int = 16, max_num_seqs: int = 16,
-                max_num_batched_tokens: int = 256, seed: int = 0, fit_seed: int | None = None, gpu: str = "h200") -> dict:
+def sim_vs_real(
+    model,
+    *,
+    num_requests: int = 24,
+    num_blocks: int = 24,
+    block_size: int = 16,
+    max_num_seqs: int = 16,
+    max_num_batched_tokens: int = 256,
+    seed: int = 0,
+    fit_seed: int | None = None,
+    gpu: str = "h200",
+) -> dict:
     """Fit the cost model on one trace, then compare engine and simulator on another (all at t = 0).
 
     The fit trace is drawn with ``fit_seed`` (default ``seed + 1``), the test trace with ``seed``;
@@ -48,12 +57,18 @@ def sim_vs_real(model, *, num_requests: int = 24, num_blocks: int = 24, block_si
         raise ValueError(f"fit_seed={fit_seed} equals seed: the fit must be tested on another trace")
 
     def trace(s):
-        return make_requests(num_requests, seed=s, vocab_size=model.config.vocab_size, prompt_len=(8, 96),
-                             output_len=(8, 64))
+        return make_requests(
+            num_requests, seed=s, vocab_size=model.config.vocab_size, prompt_len=(8, 96), output_len=(8, 64)
+        )
 
     def new_engine():
-        return Engine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                      max_num_batched_tokens=max_num_batched_tokens)
+        return Engine(
+            model,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+        )
 
     def serve(requests):
         prompts, params = [p for p, _ in requests], [SamplingParams(max_tokens=n) for _, n in requests]
@@ -77,31 +92,56 @@ def sim_vs_real(model, *, num_requests: int = 24, num_blocks: int = 24, block_si
     seconds = sum(s.duration for s in steps)
     out_tokens = sum(r.num_output_tokens for r in finished)
     t0 = min(r.arrival_time for r in finished)
-    measured = {"tokens_per_s": out_tokens / seconds, "ttft_p50_s": _p([r.first_token_time - t0 for r in finished], 50),
-                "ttft_p99_s": _p([r.first_token_time - t0 for r in finished], 99),
-                "preemptions": steps[-1].num_preemptions, "num_steps": len(steps), "seconds": seconds}
+    measured = {
+        "tokens_per_s": out_tokens / seconds,
+        "ttft_p50_s": _p([r.first_token_time - t0 for r in finished], 50),
+        "ttft_p99_s": _p([r.first_token_time - t0 for r in finished], 99),
+        "preemptions": steps[-1].num_preemptions,
+        "num_steps": len(steps),
+        "seconds": seconds,
+    }
     sim_trace = [Request(0.0, len(p), n, prompt=list(p)) for p, n in requests]
-    config = SimConfig(manager="paged", block_size=block_size, num_kv_slots=num_blocks * block_size,
-                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    config = SimConfig(
+        manager="paged",
+        block_size=block_size,
+        num_kv_slots=num_blocks * block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
     rec = simulate(sim_trace, config, cost).record()
-    simulated = {"tokens_per_s": rec["throughput_tokens_per_s"], "ttft_p50_s": rec["ttft_p50_s"],
-                 "ttft_p99_s": rec["ttft_p99_s"], "preemptions": rec["preemptions"], "num_steps": rec["num_steps"],
-                 "seconds": rec["makespan_s"]}
+    simulated = {
+        "tokens_per_s": rec["throughput_tokens_per_s"],
+        "ttft_p50_s": rec["ttft_p50_s"],
+        "ttft_p99_s": rec["ttft_p99_s"],
+        "preemptions": rec["preemptions"],
+        "num_steps": rec["num_steps"],
+        "seconds": rec["makespan_s"],
+    }
     durations = [s.duration for s in steps]
     predicted = [cost.step_time(StepShape.from_step_metrics(s)) for s in steps]
-    return {"measured": measured, "simulated": simulated, "cost": cost, "num_requests": num_requests,
-            "seed": seed, "fit_seed": fit_seed, "fit_steps": len(fit_steps),
-            "step_rel_error_p50": _p([abs(p - d) / d for p, d in zip(predicted, durations)], 50),
-            "step_durations": durations, "step_predicted": predicted,
-            "step_batched_tokens": [s.num_batched_tokens for s in steps]}
+    return {
+        "measured": measured,
+        "simulated": simulated,
+        "cost": cost,
+        "num_requests": num_requests,
+        "seed": seed,
+        "fit_seed": fit_seed,
+        "fit_steps": len(fit_steps),
+        "step_rel_error_p50": _p([abs(p - d) / d for p, d in zip(predicted, durations)], 50),
+        "step_durations": durations,
+        "step_predicted": predicted,
+        "step_batched_tokens": [s.num_batched_tokens for s in steps],
+    }
 
 
 def describe_fit(cost: CostModel) -> str:
     """The fitted step time in the terms that were fitted, on the machine that was measured: no GPU's
     peak and no efficiency against it (a CPU fit against an H200 roofline reads "x 0.00")."""
     flop_rate = cost.gpu.peak_flops * cost.compute_efficiency
-    return (f"fitted step time: {cost.step_overhead_s * 1e3:.3f} ms + {cost.per_seq_overhead_s * 1e6:.1f} us per sequence "
-            f"+ FLOPs / {flop_rate / 1e9:,.1f} GFLOP/s (the measured machine's effective rate)")
+    return (
+        f"fitted step time: {cost.step_overhead_s * 1e3:.3f} ms + {cost.per_seq_overhead_s * 1e6:.1f} us per sequence "
+        f"+ FLOPs / {flop_rate / 1e9:,.1f} GFLOP/s (the measured machine's effective rate)"
+    )
 
 
 def fit_engine_steps(base: CostModel, steps: list[StepMetrics]) -> CostModel:
@@ -118,15 +158,26 @@ def fit_engine_steps(base: CostModel, steps: list[StepMetrics]) -> CostModel:
     a = np.array([[1.0, sh.num_seqs, base.flops(sh) / base.gpu.peak_flops] for sh in shapes])
     y = np.array([s.duration for s in steps])
     (overhead, per_seq, inv_c), *_ = np.linalg.lstsq(a, y, rcond=None)
-    return replace(base, step_overhead_s=max(float(overhead), 0.0), per_seq_overhead_s=max(float(per_seq), 0.0),
-                   compute_efficiency=min(1.0, 1.0 / inv_c) if inv_c > 0 else 1.0, memory_efficiency=1.0)
+    return replace(
+        base,
+        step_overhead_s=max(float(overhead), 0.0),
+        per_seq_overhead_s=max(float(per_seq), 0.0),
+        compute_efficiency=min(1.0, 1.0 / inv_c) if inv_c > 0 else 1.0,
+        memory_efficiency=1.0,
+    )
 
 
 def error_table(result: dict) -> str:
     """Measured against simulated, with the relative error, as a markdown table."""
     lines = ["| | real engine | simulator | error |", "|---|--:|--:|--:|"]
-    for key, fmt in (("tokens_per_s", "{:,.0f}"), ("ttft_p50_s", "{:.4f}"), ("ttft_p99_s", "{:.4f}"),
-                     ("num_steps", "{}"), ("preemptions", "{}"), ("seconds", "{:.3f}")):
+    for key, fmt in (
+        ("tokens_per_s", "{:,.0f}"),
+        ("ttft_p50_s", "{:.4f}"),
+        ("ttft_p99_s", "{:.4f}"),
+        ("num_steps", "{}"),
+        ("preemptions", "{}"),
+        ("seconds", "{:.3f}"),
+    ):
         m, s = result["measured"][key], result["simulated"][key]
         err = f"{(s - m) / m:+.1%}" if m else ("0" if s == m else f"{s - m:+}")
         lines.append(f"| {key} | {fmt.format(m)} | {fmt.format(s)} | {err} |")
@@ -138,15 +189,29 @@ def h200_engine_summary(name: str = "engine_bench.json") -> dict:
     512 ShareGPT-like requests)."""
     bench = data.load_json(name)
     e = bench["engine"]
-    out = {"device": bench["device_name"], "tokens_per_s": e["tokens_per_s"], "num_steps": e["num_steps"],
-           "mean_decode_step_ms": e["mean_decode_step_ms"], "ttft_p50_s": e["ttft_p50"],
-           "preemptions": e["num_preemptions"], "mean_concurrency": e["mean_concurrency"],
-           "kv_tokens": bench["kv_budget"]["tokens"], "block_size": bench["kv_budget"]["block_size"],
-           "num_requests": bench["workload"]["num_requests"]}
+    out = {
+        "device": bench["device_name"],
+        "tokens_per_s": e["tokens_per_s"],
+        "num_steps": e["num_steps"],
+        "mean_decode_step_ms": e["mean_decode_step_ms"],
+        "ttft_p50_s": e["ttft_p50"],
+        "preemptions": e["num_preemptions"],
+        "mean_concurrency": e["mean_concurrency"],
+        "kv_tokens": bench["kv_budget"]["tokens"],
+        "block_size": bench["kv_budget"]["block_size"],
+        "num_requests": bench["workload"]["num_requests"],
+    }
     # Runs since issue 14 also split the decode step (host work / waiting for the GPU), give its
     # roofline, and ran transformers' continuous batching beside the engine.
-    for key in ("roofline_decode_step_ms", "host_ms_per_decode_step", "device_wait_ms_per_decode_step",
-                "mean_decode_phase_ms", "mean_mixed_step_ms", "num_mixed_steps", "share_of_steps_with_graph"):
+    for key in (
+        "roofline_decode_step_ms",
+        "host_ms_per_decode_step",
+        "device_wait_ms_per_decode_step",
+        "mean_decode_phase_ms",
+        "mean_mixed_step_ms",
+        "num_mixed_steps",
+        "share_of_steps_with_graph",
+    ):
         if key in e:
             out[key] = e[key]
     for peer in ("transformers_cb_graphs", "transformers_cb_default"):

@@ -40,9 +40,20 @@ SEQ = "query"  # the sequence's id in the allocator; the other requests are "oth
 class OnlineSoftmaxStepper:
     """State of the block-by-block online softmax for one query over one paged sequence."""
 
-    def __init__(self, seq_len: int = 45, *, block_size: int = 8, num_blocks: int = 12, num_q_heads: int = 4,
-                 num_kv_heads: int = 2, head_dim: int = 16, device="cpu", dtype=torch.float32, seed: int = 0,
-                 update=None) -> None:
+    def __init__(
+        self,
+        seq_len: int = 45,
+        *,
+        block_size: int = 8,
+        num_blocks: int = 12,
+        num_q_heads: int = 4,
+        num_kv_heads: int = 2,
+        head_dim: int = 16,
+        device="cpu",
+        dtype=torch.float32,
+        seed: int = 0,
+        update=None,
+    ) -> None:
         names = ("seq_len", "block_size", "num_blocks", "num_q_heads", "num_kv_heads", "head_dim")
         values = (seq_len, block_size, num_blocks, num_q_heads, num_kv_heads, head_dim)
         for name, value in zip(names, values):
@@ -52,7 +63,9 @@ class OnlineSoftmaxStepper:
             raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         needed = -(-seq_len // block_size)
         if needed > num_blocks:
-            raise ValueError(f"seq_len={seq_len} needs {needed} blocks of {block_size}, the pool has num_blocks={num_blocks}")
+            raise ValueError(
+                f"seq_len={seq_len} needs {needed} blocks of {block_size}, the pool has num_blocks={num_blocks}"
+            )
         self.update = block_update if update is None else update
         if not callable(self.update):
             raise TypeError(f"update must be a function (m, l, o, scores, values, valid) -> (m, l, o), got {update!r}")
@@ -155,8 +168,17 @@ class OnlineSoftmaxStepper:
         new = self.update(self.m, self.l, self.o, scores, values, valid)
         m, l, o = self._check_state(new)  # a learner's update may return anything: state unchanged then
         self.m, self.l, self.o = m, l, o
-        record = {"b": b, "block_id": self.block_table[b], "num_valid": int(valid.sum()), "scores": scores,
-                  "valid": valid, "m": m.clone(), "l": l.clone(), "o": o.clone(), "error": self.error()}
+        record = {
+            "b": b,
+            "block_id": self.block_table[b],
+            "num_valid": int(valid.sum()),
+            "scores": scores,
+            "valid": valid,
+            "m": m.clone(),
+            "l": l.clone(),
+            "o": o.clone(),
+            "error": self.error(),
+        }
         self.history.append(record)
         return record
 

@@ -19,7 +19,17 @@ import time
 
 import torch
 
-__all__ = ["Timer", "compiled_variant_counter", "copy_ceiling_us", "graph_capture_counter", "decode_bytes", "percentile", "random_paged_case", "rel_err", "wall_us"]
+__all__ = [
+    "Timer",
+    "compiled_variant_counter",
+    "copy_ceiling_us",
+    "graph_capture_counter",
+    "decode_bytes",
+    "percentile",
+    "random_paged_case",
+    "rel_err",
+    "wall_us",
+]
 
 
 class Timer:
@@ -105,8 +115,7 @@ def copy_ceiling_us(timer: Timer, kv_bytes: int, dtype=torch.bfloat16) -> float:
     return us
 
 
-def decode_bytes(num_seqs: int, seq_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                 itemsize: int) -> int:
+def decode_bytes(num_seqs: int, seq_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
     """Bytes one decode call must move at least: K and V of every token once per *KV* head (the query
     heads of a GQA group share them), the queries read and the outputs written."""
     kv = 2 * num_seqs * seq_len * num_kv_heads * head_dim * itemsize
@@ -114,8 +123,18 @@ def decode_bytes(num_seqs: int, seq_len: int, num_q_heads: int, num_kv_heads: in
     return kv + q_and_out
 
 
-def random_paged_case(num_seqs: int, seq_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                      block_size: int, *, dtype=torch.bfloat16, device="cuda", seed: int = 0):
+def random_paged_case(
+    num_seqs: int,
+    seq_len: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    *,
+    dtype=torch.bfloat16,
+    device="cuda",
+    seed: int = 0,
+):
     """``(q, k_cache, v_cache, block_tables, seq_lens)``: every sequence ``seq_len`` tokens (a multiple of
     ``block_size``), the pool exactly full, blocks handed out in a random order (non-contiguous tables)."""
     g = torch.Generator(device=device).manual_seed(seed)
@@ -161,8 +180,13 @@ def compiled_variant_counter():
     import importlib
 
     fns = []
-    for name in ("kernels.triton_decode", "kernels.triton_prefill", "kernels.triton_store", "kernels.triton_fused",
-                 "labs.triton_decode_packed"):
+    for name in (
+        "kernels.triton_decode",
+        "kernels.triton_prefill",
+        "kernels.triton_store",
+        "kernels.triton_fused",
+        "labs.triton_decode_packed",
+    ):
         try:
             mod = importlib.import_module(f"paged_edu.{name}")
         except ImportError:  # no triton here (the --smoke run on a bare CPU)

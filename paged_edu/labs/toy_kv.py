@@ -27,8 +27,14 @@ __all__ = ["ToyLayer"]
 class ToyLayer:
     """``K, V = layer.kv(token_ids)`` and ``q = layer.query(token_id)`` -- prefix-dependent KV."""
 
-    def __init__(self, num_kv_heads: int = 2, head_dim: int = 16, num_q_heads: int | None = None,
-                 d_model: int = 32, seed: int = 0) -> None:
+    def __init__(
+        self,
+        num_kv_heads: int = 2,
+        head_dim: int = 16,
+        num_q_heads: int | None = None,
+        d_model: int = 32,
+        seed: int = 0,
+    ) -> None:
         num_q_heads = num_kv_heads if num_q_heads is None else num_q_heads
         if min(num_kv_heads, head_dim, num_q_heads, d_model) < 1:
             raise ValueError("num_kv_heads, head_dim, num_q_heads and d_model must be >= 1")
@@ -36,7 +42,7 @@ class ToyLayer:
             raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         self.num_kv_heads, self.head_dim, self.num_q_heads = num_kv_heads, head_dim, num_q_heads
         g = torch.Generator().manual_seed(seed)
-        scale = d_model ** -0.5
+        scale = d_model**-0.5
         self.freqs = torch.rand(d_model, generator=g, dtype=torch.float64) * 0.9 + 0.1  # (d_model,)
         self.phases = torch.rand(d_model, generator=g, dtype=torch.float64) * 6.283  # (d_model,)
         self.w_k = torch.randn(d_model, num_kv_heads * head_dim, generator=g, dtype=torch.float64) * scale

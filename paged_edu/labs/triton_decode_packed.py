@@ -62,10 +62,15 @@ def _packed_decode_kernel(
     part_lse_ptr,  # fp32 (num_seqs, num_q_heads, num_splits): split log2-sum-exp
     qk_scale,  # softmax scale * log2(e)
     num_splits,  # splits per sequence
-    stride_q_seq, stride_q_head,  # q strides (head_dim stride is 1)
-    stride_k_block, stride_k_tok, stride_v_block, stride_v_tok,  # cache strides (heads packed in a row)
+    stride_q_seq,
+    stride_q_head,  # q strides (head_dim stride is 1)
+    stride_k_block,
+    stride_k_tok,
+    stride_v_block,
+    stride_v_tok,  # cache strides (heads packed in a row)
     stride_bt_seq,  # block_tables row stride
-    stride_o_seq, stride_o_head,  # out strides
+    stride_o_seq,
+    stride_o_head,  # out strides
     NUM_Q_HEADS: tl.constexpr,  # H
     GROUP: tl.constexpr,  # G = H // H_kv
     HEADS_PAD: tl.constexpr,  # H rounded up to a power of two (>= 16 on a GPU, for tl.dot)
@@ -95,8 +100,11 @@ def _packed_decode_kernel(
     c_dim = offs_c % HEAD_DIM
     # own[h, c]: column c belongs to query head h's KV head -- where Q~ holds q_h and where row h's
     # output is read back. (HEADS_PAD, ROW_PAD)
-    own = ((offs_h[:, None] < NUM_Q_HEADS) & ((offs_c // HEAD_DIM)[None, :] == (offs_h // GROUP)[:, None])
-           & c_mask[None, :])
+    own = (
+        (offs_h[:, None] < NUM_Q_HEADS)
+        & ((offs_c // HEAD_DIM)[None, :] == (offs_h // GROUP)[:, None])
+        & c_mask[None, :]
+    )
     q = tl.load(q_ptr + seq * stride_q_seq + offs_h[:, None] * stride_q_head + c_dim[None, :], mask=own, other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
@@ -107,15 +115,55 @@ def _packed_decode_kernel(
     bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     for tile in range(tile_lo, num_full):  # full tiles: no token mask
         m_i, l_i, acc = _attend_tile(
-            q, m_i, l_i, acc, tile, seq_len, bt_row_ptr, k_cache_ptr, v_cache_ptr,
-            stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_c, c_mask, qk_scale,
-            BLOCK_SIZE, TILE, ROW == ROW_PAD, False, UPCAST, DOT_PRECISION,
+            q,
+            m_i,
+            l_i,
+            acc,
+            tile,
+            seq_len,
+            bt_row_ptr,
+            k_cache_ptr,
+            v_cache_ptr,
+            stride_k_block,
+            stride_k_tok,
+            stride_v_block,
+            stride_v_tok,
+            offs_t,
+            offs_c,
+            c_mask,
+            qk_scale,
+            BLOCK_SIZE,
+            TILE,
+            ROW == ROW_PAD,
+            False,
+            UPCAST,
+            DOT_PRECISION,
         )
     for tile in range(tl.maximum(num_full, tile_lo), tile_hi):  # the last, partial tile
         m_i, l_i, acc = _attend_tile(
-            q, m_i, l_i, acc, tile, seq_len, bt_row_ptr, k_cache_ptr, v_cache_ptr,
-            stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_c, c_mask, qk_scale,
-            BLOCK_SIZE, TILE, ROW == ROW_PAD, True, UPCAST, DOT_PRECISION,
+            q,
+            m_i,
+            l_i,
+            acc,
+            tile,
+            seq_len,
+            bt_row_ptr,
+            k_cache_ptr,
+            v_cache_ptr,
+            stride_k_block,
+            stride_k_tok,
+            stride_v_block,
+            stride_v_tok,
+            offs_t,
+            offs_c,
+            c_mask,
+            qk_scale,
+            BLOCK_SIZE,
+            TILE,
+            ROW == ROW_PAD,
+            True,
+            UPCAST,
+            DOT_PRECISION,
         )
 
     if SPLIT:
@@ -145,8 +193,7 @@ def packed_config(row: int, num_q_heads: int, on_gpu: bool) -> dict:
     heads_pad = triton.next_power_of_2(num_q_heads)
     if on_gpu:
         heads_pad = max(16, heads_pad)  # a 16-bit tl.dot needs M >= 16
-    return dict(TILE=max(16, min(64, 8192 // row_pad)), HEADS_PAD=heads_pad, ROW_PAD=row_pad,
-                num_warps=4, num_stages=2)
+    return dict(TILE=max(16, min(64, 8192 // row_pad)), HEADS_PAD=heads_pad, ROW_PAD=row_pad, num_warps=4, num_stages=2)
 
 
 def paged_attention_packed(
@@ -162,8 +209,10 @@ def paged_attention_packed(
 ) -> torch.Tensor:  # (num_seqs, num_q_heads, head_dim)
     """Launch the packed kernel on validated inputs for which :func:`packs` holds."""
     if not packs(q.shape[1], k_cache, v_cache):
-        raise ValueError(f"the packed kernel needs contiguous token rows of at most 256 values and at most 64 "
-                         f"query heads, got cache {tuple(k_cache.shape)} with {q.shape[1]} query heads")
+        raise ValueError(
+            f"the packed kernel needs contiguous token rows of at most 256 values and at most 64 "
+            f"query heads, got cache {tuple(k_cache.shape)} with {q.shape[1]} query heads"
+        )
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     row = num_kv_heads * head_dim
@@ -182,18 +231,51 @@ def paged_attention_packed(
     else:
         part_o = part_lse = out  # unused
     _packed_decode_kernel[(num_seqs, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse,
-        scale * math.log2(math.e), num_splits,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        NUM_Q_HEADS=num_q_heads, GROUP=num_q_heads // num_kv_heads, HEADS_PAD=cfg["HEADS_PAD"], HEAD_DIM=head_dim,
-        ROW=row, ROW_PAD=cfg["ROW_PAD"], PART_D=part_d, BLOCK_SIZE=block_size, TILE=cfg["TILE"], SPLIT=split,
-        UPCAST=INTERPRETING, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        out,
+        part_o,
+        part_lse,
+        scale * math.log2(math.e),
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        NUM_Q_HEADS=num_q_heads,
+        GROUP=num_q_heads // num_kv_heads,
+        HEADS_PAD=cfg["HEADS_PAD"],
+        HEAD_DIM=head_dim,
+        ROW=row,
+        ROW_PAD=cfg["ROW_PAD"],
+        PART_D=part_d,
+        BLOCK_SIZE=block_size,
+        TILE=cfg["TILE"],
+        SPLIT=split,
+        UPCAST=INTERPRETING,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     if split:
         _merge_splits_kernel[(num_seqs, num_q_heads)](
-            part_o, part_lse, out, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, HEAD_DIM_PAD=part_d, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+            part_o,
+            part_lse,
+            out,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            HEAD_DIM_PAD=part_d,
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            num_warps=4,
         )
     return out

@@ -69,13 +69,25 @@ class MemoryPlan:
     def rows(self) -> list[tuple[str, float]]:
         """(part, GiB) for a table or a bar."""
         gib = 2**30
-        return [("CUDA context", self.context / gib), ("weights", self.weights / gib), ("KV pool", self.kv / gib),
-                ("activations (warm-up)", self.activations / gib)]
+        return [
+            ("CUDA context", self.context / gib),
+            ("weights", self.weights / gib),
+            ("KV pool", self.kv / gib),
+            ("activations (warm-up)", self.activations / gib),
+        ]
 
 
-def plan_memory(gpu_key: str, model_key: str, gpu_memory_utilization: float, *, context_bytes: int,
-                activation_bytes: int, block_size: int = 16, reserve_bytes: int = 0,
-                total_bytes: int | None = None) -> MemoryPlan:
+def plan_memory(
+    gpu_key: str,
+    model_key: str,
+    gpu_memory_utilization: float,
+    *,
+    context_bytes: int,
+    activation_bytes: int,
+    block_size: int = 16,
+    reserve_bytes: int = 0,
+    total_bytes: int | None = None,
+) -> MemoryPlan:
     """The warm-up's memory on ``gpu_key`` for ``model_key`` at ``gpu_memory_utilization``.
 
     The pool is sized as the engine sizes it (``utilization * free - reserve_bytes``, whole blocks);
@@ -87,13 +99,25 @@ def plan_memory(gpu_key: str, model_key: str, gpu_memory_utilization: float, *, 
     weights = int(g.num_params * DTYPE_BYTES[g.dtype])
     free = total - context_bytes - weights
     if free <= 0:
-        raise ValueError(f"{g.name} needs {weights / 2**30:.1f} GiB of weights plus {context_bytes / 2**30:.1f} GiB of "
-                         f"context; {gpu.name} has {total / 2**30:.1f} GiB")
+        raise ValueError(
+            f"{g.name} needs {weights / 2**30:.1f} GiB of weights plus {context_bytes / 2**30:.1f} GiB of "
+            f"context; {gpu.name} has {total / 2**30:.1f} GiB"
+        )
     block_bytes = KVSpec.from_geometry(g).block_bytes(block_size)
     budget = kv_budget_from_free_memory(free, gpu_memory_utilization, reserve_bytes)
     num_blocks = num_blocks_for_budget(budget, block_bytes, what=f"{gpu.name}, {g.name}: ")
-    return MemoryPlan(gpu.name, total, context_bytes, weights, free, gpu_memory_utilization, num_blocks * block_bytes,
-                      num_blocks, block_bytes, activation_bytes)
+    return MemoryPlan(
+        gpu.name,
+        total,
+        context_bytes,
+        weights,
+        free,
+        gpu_memory_utilization,
+        num_blocks * block_bytes,
+        num_blocks,
+        block_bytes,
+        activation_bytes,
+    )
 
 
 def h200_measured_warmup() -> dict:
@@ -103,8 +127,13 @@ def h200_measured_warmup() -> dict:
     rec = data.load_json("oom_child.json")
     fitted = next(r for r in rec["runs"] if r["ok"])
     gib = 2**30
-    return {"total": int(fitted["total_gib"] * gib), "context": int(fitted["context_gib"] * gib),
-            "activations": int(fitted["activations_gib"] * gib), "runs": rec["runs"], "source": rec["source"]}
+    return {
+        "total": int(fitted["total_gib"] * gib),
+        "context": int(fitted["context_gib"] * gib),
+        "activations": int(fitted["activations_gib"] * gib),
+        "runs": rec["runs"],
+        "source": rec["source"],
+    }
 
 
 _CHILD = r"""
@@ -142,16 +171,21 @@ print(json.dumps(rec))
 """
 
 
-def cuda_oom_child(gpu_memory_utilization: float, num_tokens: int = 32768, block_size: int = 16,
-                   timeout: float = 300) -> dict:
+def cuda_oom_child(
+    gpu_memory_utilization: float, num_tokens: int = 32768, block_size: int = 16, timeout: float = 300
+) -> dict:
     """Run the warm-up on the GPU in a child process; returns its record (``ok``, the error message,
     and context / weights / KV / activations in GiB). Needs CUDA (not run on a CPU)."""
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError("cuda_oom_child needs a CUDA GPU; on a CPU use plan_memory")
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(gpu_memory_utilization), str(num_tokens), str(block_size)],
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(gpu_memory_utilization), str(num_tokens), str(block_size)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if not lines:
         raise RuntimeError(f"the child process failed (exit {proc.returncode}): {proc.stderr[-2000:]}")

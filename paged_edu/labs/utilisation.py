@@ -26,8 +26,9 @@ def measure_eta_paged(lengths: Sequence[int], block_size: int, num_blocks: int |
     return sum(lengths) / (allocator.num_used_blocks * block_size)
 
 
-def admit_until_full(lengths: Sequence[int], num_slots: int, block_size: int | None = None,
-                     max_seq_len: int | None = None) -> int:
+def admit_until_full(
+    lengths: Sequence[int], num_slots: int, block_size: int | None = None, max_seq_len: int | None = None
+) -> int:
     """How many requests of ``lengths`` (final lengths ``s``, admitted in order) fit in ``num_slots``.
 
     Paged (``block_size``): each takes ``ceil(s/B)`` blocks of a real :class:`BlockAllocator`.

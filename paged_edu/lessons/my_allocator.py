@@ -64,20 +64,24 @@ class MyAllocator:
 
     # -- Exercise 5.3: the four operations ---------------------------------------------------------
     def allocate(self, seq_id: Hashable, token_ids: Sequence[int], *, record_stats: bool = True) -> list[int]:
-        raise NotImplementedError("Exercise 5.3: allocate ceil(n / B) free blocks for the prompt (or raise "
-                                  "OutOfBlocksError, changing nothing) and return the block table")
+        raise NotImplementedError(
+            "Exercise 5.3: allocate ceil(n / B) free blocks for the prompt (or raise "
+            "OutOfBlocksError, changing nothing) and return the block table"
+        )
 
     def append_slots(self, seq_id: Hashable, num_tokens: int = 1) -> list[int]:
-        raise NotImplementedError("Exercise 5.3: reserve slots for num_tokens more tokens (a new block when "
-                                  "the last is full, copy-on-write when it is shared) and return them")
+        raise NotImplementedError(
+            "Exercise 5.3: reserve slots for num_tokens more tokens (a new block when "
+            "the last is full, copy-on-write when it is shared) and return them"
+        )
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> list[int]:
-        raise NotImplementedError("Exercise 5.3: give the child the parent's length and blocks, "
-                                  "every ref count + 1")
+        raise NotImplementedError("Exercise 5.3: give the child the parent's length and blocks, every ref count + 1")
 
     def free(self, seq_id: Hashable) -> None:
-        raise NotImplementedError("Exercise 5.3: drop one reference to each block of the sequence; "
-                                  "blocks at 0 go back to free_block_ids")
+        raise NotImplementedError(
+            "Exercise 5.3: drop one reference to each block of the sequence; blocks at 0 go back to free_block_ids"
+        )
 
     # -- queries (written for you) -----------------------------------------------------------------
     def _table(self, seq_id: Hashable) -> list[int]:

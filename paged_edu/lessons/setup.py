@@ -23,8 +23,20 @@ import sys
 
 from dataclasses import dataclass
 
-__all__ = ["PARAMETERS", "REPO_PUBLISHED", "REPO_URL", "IntParameter", "TextParameter", "check_device", "check_parameters",
-           "colab_badge", "colab_cell_source", "colab_url", "pick_device", "setup"]
+__all__ = [
+    "PARAMETERS",
+    "REPO_PUBLISHED",
+    "REPO_URL",
+    "IntParameter",
+    "TextParameter",
+    "check_device",
+    "check_parameters",
+    "colab_badge",
+    "colab_cell_source",
+    "colab_url",
+    "pick_device",
+    "setup",
+]
 
 # The repository the Colab badges and install cells use. No public repository holds the course yet:
 # point this at your fork and run scripts/sync_colab.py; set REPO_PUBLISHED once the address is real.
@@ -63,8 +75,10 @@ def colab_badge(notebook_name: str) -> str:
     if REPO_PUBLISHED:
         return badge
     path = REPO_URL.removeprefix("https://github.com/").removesuffix(".git")
-    return (f"{badge} *(not yet: `{path}` is a placeholder until the course is published; "
-            "to use Colab, point `REPO_URL` in `paged_edu/lessons/setup.py` at your fork, as the README says)*")
+    return (
+        f"{badge} *(not yet: `{path}` is a placeholder until the course is published; "
+        "to use Colab, point `REPO_URL` in `paged_edu/lessons/setup.py` at your fork, as the README says)*"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +117,12 @@ class TextParameter:
 PARAMETERS: dict[str, IntParameter | TextParameter] = {
     "seed": IntParameter(0, 2**32 - 1, "the random seed"),
     "L_max": IntParameter(1, 1024, "lesson 1: the contiguous reservation per request, in tokens"),
-    "num_requests": IntParameter(1, 100_000, "lesson 2: requests per block size in the utilisation experiment; "
-                                 "lesson 5: requests in the static-vs-continuous measurement"),
+    "num_requests": IntParameter(
+        1,
+        100_000,
+        "lesson 2: requests per block size in the utilisation experiment; "
+        "lesson 5: requests in the static-vs-continuous measurement",
+    ),
     "s_max": IntParameter(1, 65_536, "lesson 2: the longest request length drawn, in tokens"),
     "num_chats": IntParameter(1, 10_000, "lesson 3: chat requests in the hit-rate experiment"),
     "seq_len": IntParameter(1, 4096, "lesson 4: tokens of the sequence in the online-softmax stepper"),
@@ -112,8 +130,12 @@ PARAMETERS: dict[str, IntParameter | TextParameter] = {
     "cpu_seq_len": IntParameter(1, 4096, "lesson 4: per-sequence length of the CPU ladder (Triton's interpreter)"),
     "gpu_reps": IntParameter(1, 10_000, "lesson 4: timed replays per measurement on a GPU"),
     "question": TextParameter("lesson 5: the chat prompt the real model answers"),
-    "max_new_tokens": IntParameter(1, 512, "lesson 5: tokens the model may generate for the question; "
-                                   "lesson 6: tokens every request of the pressure runs generates"),
+    "max_new_tokens": IntParameter(
+        1,
+        512,
+        "lesson 5: tokens the model may generate for the question; "
+        "lesson 6: tokens every request of the pressure runs generates",
+    ),
     "max_output_len": IntParameter(2, 4096, "lesson 5: the longest output drawn in the batching measurement"),
     "static_batch": IntParameter(1, 1024, "lesson 5: the KV budget, in contiguous reservations of L_max tokens"),
     "batching_model": TextParameter("lesson 5: the model of the batching measurement", ("auto", "tiny", "lesson")),
@@ -157,9 +179,11 @@ def _check_jointly(p: dict) -> None:
     if {"pool_blocks", "pressure_prompt_len", "max_new_tokens"} <= p.keys():
         need = -(-(p["pressure_prompt_len"] + p["max_new_tokens"]) // PRESSURE_BLOCK_SIZE)
         if p["pool_blocks"] < need:
-            raise ValueError(f"pool_blocks={p['pool_blocks']} is too small: one request of pressure_prompt_len="
-                             f"{p['pressure_prompt_len']} + max_new_tokens={p['max_new_tokens']} tokens needs {need} "
-                             f"blocks of {PRESSURE_BLOCK_SIZE}; set pool_blocks >= {need}")
+            raise ValueError(
+                f"pool_blocks={p['pool_blocks']} is too small: one request of pressure_prompt_len="
+                f"{p['pressure_prompt_len']} + max_new_tokens={p['max_new_tokens']} tokens needs {need} "
+                f"blocks of {PRESSURE_BLOCK_SIZE}; set pool_blocks >= {need}"
+            )
 
 
 def check_device(device) -> str:
@@ -181,8 +205,10 @@ def check_device(device) -> str:
     if not has_cuda:
         raise ValueError(f"device={device!r} but this machine has no CUDA GPU; use 'auto' or 'cpu'")
     if ":" in name and int(name[5:]) >= torch.cuda.device_count():
-        raise ValueError(f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA "
-                         f"GPU(s), numbered from 0; use 'auto', 'cuda' or a smaller index")
+        raise ValueError(
+            f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA "
+            f"GPU(s), numbered from 0; use 'auto', 'cuda' or a smaller index"
+        )
     return name
 
 
@@ -220,8 +246,10 @@ def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False, **params)
         from paged_edu.kernels import triton_available, triton_interpreting
 
         if triton_available() and not triton_interpreting():
-            print("note: the Triton kernels were imported before TRITON_INTERPRET=1 was set; "
-                  "restart the kernel to run them on the CPU (the PyTorch reference runs meanwhile)")
+            print(
+                "note: the Triton kernels were imported before TRITON_INTERPRET=1 was set; "
+                "restart the kernel to run them on the CPU (the PyTorch reference runs meanwhile)"
+            )
     dev, dtype = pick_device(resolved)
     if dev.type == "cpu":
         torch.set_num_threads(1)

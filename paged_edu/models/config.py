@@ -48,8 +48,16 @@ class LlamaConfig:
     max_position_embeddings: int = 2048
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not hasattr(value, "__index__") or operator.index(value) < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -111,8 +119,16 @@ class LlamaConfig:
 def smollm2_config(**overrides) -> LlamaConfig:
     """SmolLM2-135M's geometry: 30 layers, 9 query / 3 KV heads of 64, vocab 49,152, tied embeddings."""
     config = dict(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-        num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
         max_position_embeddings=8192,
     )
     config.update(overrides)

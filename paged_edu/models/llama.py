@@ -61,7 +61,9 @@ class ForwardBatch:
     prefill_seq_lens: torch.Tensor | None  # int32 (P,): cached prefix + chunk
     prefill_cu_seqlens_q: torch.Tensor | None  # int32 (P + 1,)
     logits_rows: torch.Tensor  # (num_chunks,) int64: the row of each chunk's last token, input order
-    prefill_max_q_len: int | None = None  # the longest prompt chunk, known on the host (None: the kernel reads it, a sync)
+    prefill_max_q_len: int | None = (
+        None  # the longest prompt chunk, known on the host (None: the kernel reads it, a sync)
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -92,8 +94,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
-                fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, fused: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if fused:
             from paged_edu.kernels.triton_fused import add_rms_norm_triton
 
@@ -147,9 +150,11 @@ class PagedAttention(nn.Module):
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
-        self.scale = config.head_dim ** -0.5
+        self.scale = config.head_dim**-0.5
         # q, k and v projections fused into one matmul: (H + 2 H_kv) * D outputs.
-        self.qkv_proj = nn.Linear(config.hidden_size, (config.num_heads + 2 * config.num_kv_heads) * config.head_dim, bias=False)
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, (config.num_heads + 2 * config.num_kv_heads) * config.head_dim, bias=False
+        )
         self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels):
@@ -172,18 +177,41 @@ class PagedAttention(nn.Module):
 
         Dn = batch.num_decodes
         if Dn == T:  # a pure decode step: one kernel call, no copy
-            out = paged_attention_decode(q, k_cache, v_cache, batch.decode_block_tables, batch.decode_seq_lens,
-                                         scale=self.scale, impl=kernels.decode, validate=False)
+            out = paged_attention_decode(
+                q,
+                k_cache,
+                v_cache,
+                batch.decode_block_tables,
+                batch.decode_seq_lens,
+                scale=self.scale,
+                impl=kernels.decode,
+                validate=False,
+            )
         else:
             out = torch.empty_like(q)  # (T, H, D)
             if Dn:
-                out[:Dn] = paged_attention_decode(q[:Dn], k_cache, v_cache, batch.decode_block_tables,
-                                                  batch.decode_seq_lens, scale=self.scale, impl=kernels.decode,
-                                                  validate=False)
-            out[Dn:] = paged_attention_prefill(q[Dn:], k_cache, v_cache, batch.prefill_block_tables,
-                                               batch.prefill_seq_lens, batch.prefill_cu_seqlens_q,
-                                               scale=self.scale, impl=kernels.prefill, validate=False,
-                                               max_q_len=batch.prefill_max_q_len)
+                out[:Dn] = paged_attention_decode(
+                    q[:Dn],
+                    k_cache,
+                    v_cache,
+                    batch.decode_block_tables,
+                    batch.decode_seq_lens,
+                    scale=self.scale,
+                    impl=kernels.decode,
+                    validate=False,
+                )
+            out[Dn:] = paged_attention_prefill(
+                q[Dn:],
+                k_cache,
+                v_cache,
+                batch.prefill_block_tables,
+                batch.prefill_seq_lens,
+                batch.prefill_cu_seqlens_q,
+                scale=self.scale,
+                impl=kernels.prefill,
+                validate=False,
+                max_q_len=batch.prefill_max_q_len,
+            )
         return self.o_proj(out.reshape(T, H * D))
 
 
@@ -245,8 +273,16 @@ class PagedLlama(nn.Module):
     ``"triton"`` (also under the interpreter: tests) or ``"torch"``.
     """
 
-    def __init__(self, config: LlamaConfig, *, inv_freq: torch.Tensor | None = None, attention_scaling: float = 1.0,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", seed: int | None = 0) -> None:
+    def __init__(
+        self,
+        config: LlamaConfig,
+        *,
+        inv_freq: torch.Tensor | None = None,
+        attention_scaling: float = 1.0,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        seed: int | None = 0,
+    ) -> None:
         super().__init__()
         self.config = config
         self.attn_impl = "auto"
@@ -311,8 +347,10 @@ class PagedLlama(nn.Module):
         if impl == "auto":
             return kernel_support(device).use_triton("fused")
         if impl == "triton" and not kernel_support(device).fused:
-            raise ValueError(f"fused_impl='triton', but the fused Triton kernels cannot run on {device} here "
-                             "(see paged_edu.kernels.kernel_support); use 'auto' or 'torch'")
+            raise ValueError(
+                f"fused_impl='triton', but the fused Triton kernels cannot run on {device} here "
+                "(see paged_edu.kernels.kernel_support); use 'auto' or 'torch'"
+            )
         return impl == "triton"
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -320,7 +358,9 @@ class PagedLlama(nn.Module):
 
     # -- weights -------------------------------------------------------------------------------
     @classmethod
-    def from_hf(cls, hf_model, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> PagedLlama:
+    def from_hf(
+        cls, hf_model, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ) -> PagedLlama:
         """Copy the weights of a Hugging Face ``LlamaForCausalLM`` (same dtype and device by default)."""
         inner = getattr(hf_model, "model", None)
         if inner is None or not hasattr(inner, "layers") or not hasattr(hf_model, "lm_head"):

@@ -37,8 +37,14 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # ----------------------------------------------------------------------------------------------
 
 
-def random_hf_llama(config: LlamaConfig | None = None, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                    device: torch.device | str = "cpu", **hf_overrides):
+def random_hf_llama(
+    config: LlamaConfig | None = None,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    **hf_overrides,
+):
     """A Hugging Face ``LlamaForCausalLM`` with seeded random weights (the oracle's twin)."""
     from transformers import LlamaForCausalLM
 
@@ -50,8 +56,13 @@ def random_hf_llama(config: LlamaConfig | None = None, *, seed: int = 0, dtype: 
     return model.to(device=device, dtype=dtype).eval()
 
 
-def random_llama(config: LlamaConfig | None = None, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> PagedLlama:
+def random_llama(
+    config: LlamaConfig | None = None,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> PagedLlama:
     """A :class:`PagedLlama` with seeded random weights (SmolLM2's geometry by default), no transformers needed."""
     config = smollm2_config() if config is None else config
     return PagedLlama(config, dtype=dtype, device=device, seed=seed)
@@ -127,8 +138,9 @@ def load_smollm2_hf(cache_dir: str | os.PathLike | None = None):
     return model.eval(), tokenizer
 
 
-def load_smollm2(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 cache_dir: str | os.PathLike | None = None):
+def load_smollm2(
+    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, cache_dir: str | os.PathLike | None = None
+):
     """``(PagedLlama, tokenizer)`` for SmolLM2-135M-Instruct (see :func:`load_smollm2_hf`)."""
     hf_model, tokenizer = load_smollm2_hf(cache_dir)
     return PagedLlama.from_hf(hf_model, dtype=dtype, device=device), tokenizer

@@ -47,5 +47,7 @@ class LongestPrefixFirst:
         head = [waiting.popleft() for _ in range(min(self.window, len(waiting)))]
         aged = [seq for seq in head if rounds[seq.seq_id] > self.max_wait_rounds]
         rest = [seq for seq in head if rounds[seq.seq_id] <= self.max_wait_rounds]
-        rest.sort(key=lambda seq: -manager.num_cached_tokens_for(seq.token_ids, **cache_keys(seq)))  # stable: ties keep order
+        rest.sort(
+            key=lambda seq: -manager.num_cached_tokens_for(seq.token_ids, **cache_keys(seq))
+        )  # stable: ties keep order
         waiting.extendleft(reversed(aged + rest))

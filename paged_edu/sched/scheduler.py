@@ -58,23 +58,33 @@ class Scheduler:
         max_model_len: int | None = None,
         policy: str = "fcfs",
     ) -> None:
-        for name, value, choices in (("preemption_mode", preemption_mode, PREEMPTION_MODES), ("policy", policy, POLICIES)):
+        for name, value, choices in (
+            ("preemption_mode", preemption_mode, PREEMPTION_MODES),
+            ("policy", policy, POLICIES),
+        ):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-        limits = (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
-                  ("max_model_len", 1 if max_model_len is None else max_model_len))
+        limits = (
+            ("max_num_seqs", max_num_seqs),
+            ("max_num_batched_tokens", max_num_batched_tokens),
+            ("max_model_len", 1 if max_model_len is None else max_model_len),
+        )
         for name, value in limits:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if policy == "lpm" and not isinstance(allocator, PrefixLookup):
-            raise ValueError(f"policy='lpm' needs a manager that can look up a prompt's cached prefix "
-                             f"(num_cached_tokens_for); {type(allocator).__name__} has none: use policy='fcfs'")
+            raise ValueError(
+                f"policy='lpm' needs a manager that can look up a prompt's cached prefix "
+                f"(num_cached_tokens_for); {type(allocator).__name__} has none: use policy='fcfs'"
+            )
         swap_space = SwapSpace(num_cpu_blocks)
         if preemption_mode == "swap" and num_cpu_blocks == 0:  # "auto" recomputes without swap space
             raise ValueError("preemption_mode='swap' needs num_cpu_blocks > 0 to swap into")
         if publishes_before_computed(allocator):
-            raise ValueError("the memory manager shares blocks before their K/V is computed, but this scheduler computes "
-                             "prompts over several steps: build it with BlockAllocator(..., cache_when_computed=True)")
+            raise ValueError(
+                "the memory manager shares blocks before their K/V is computed, but this scheduler computes "
+                "prompts over several steps: build it with BlockAllocator(..., cache_when_computed=True)"
+            )
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -111,9 +121,14 @@ class Scheduler:
     def check_request(self, num_prompt_tokens: int, max_new_tokens: int, num_samples: int = 1) -> None:
         """Refuse a request that could never run here, naming the limit (see :func:`check_request`)."""
         check_request(
-            num_prompt_tokens, max_new_tokens, num_samples, max_model_len=self.max_model_len,
-            block_size=self.allocator.block_size, num_blocks=self.allocator.num_blocks,
-            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            num_prompt_tokens,
+            max_new_tokens,
+            num_samples,
+            max_model_len=self.max_model_len,
+            block_size=self.allocator.block_size,
+            num_blocks=self.allocator.num_blocks,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
             enable_chunked_prefill=self.enable_chunked_prefill,
         )
 
@@ -179,8 +194,9 @@ class Scheduler:
 
     def _has_siblings(self, seq: Sequence) -> bool:
         """Does another live sample of the same request exist (or will one, at its first token)?"""
-        return seq.num_samples > 1 or any(other is not seq and other.request_id == seq.request_id
-                                          for other in (*self.running, *self.swapped))
+        return seq.num_samples > 1 or any(
+            other is not seq and other.request_id == seq.request_id for other in (*self.running, *self.swapped)
+        )
 
     def _record_copies(self, out: SchedulerOutput) -> None:
         for src, dst in self.allocator.take_copies():
@@ -322,7 +338,11 @@ class Scheduler:
         tokens: the first is its own, the others start forked children.
         """
         finished: list[Sequence] = []
-        block_size, mark_computed, running = self.allocator.block_size, self.allocator.mark_computed, SequenceStatus.RUNNING
+        block_size, mark_computed, running = (
+            self.allocator.block_size,
+            self.allocator.mark_computed,
+            SequenceStatus.RUNNING,
+        )
         for item in scheduled:
             seq = item.seq
             if seq.status is not running:
@@ -335,7 +355,7 @@ class Scheduler:
                 num_prompt = len(seq.prompt_token_ids)
                 if end > num_prompt:  # sampled tokens' ids, from this chunk's first block on (the
                     lo = max(num_prompt, item.start // block_size * block_size)  # earlier ones are known)
-                    mark_computed(seq.seq_id, end, seq.output_token_ids[lo - num_prompt:end - num_prompt])
+                    mark_computed(seq.seq_id, end, seq.output_token_ids[lo - num_prompt : end - num_prompt])
                 else:
                     mark_computed(seq.seq_id, end)
             if not item.emits_token:
@@ -348,7 +368,9 @@ class Scheduler:
                 if isinstance(token, (list, tuple)):
                     tokens = list(token)
                     if len(tokens) != seq.num_tokens_to_sample:
-                        raise ValueError(f"sequence {seq.seq_id} takes {seq.num_tokens_to_sample} token(s) this step, got {len(tokens)}")
+                        raise ValueError(
+                            f"sequence {seq.seq_id} takes {seq.num_tokens_to_sample} token(s) this step, got {len(tokens)}"
+                        )
                     token = tokens[0]
                     family += [self._fork_child(seq, i, t) for i, t in enumerate(tokens[1:], start=1)]
                 token = int(token)
@@ -359,9 +381,14 @@ class Scheduler:
 
     def _fork_child(self, parent: Sequence, sample_index: int, token: int) -> Sequence:
         child = Sequence(
-            self.new_seq_id(), list(parent.prompt_token_ids), parent.max_new_tokens,
-            arrival_time=parent.arrival_time, stop_token_ids=parent.stop_token_ids,
-            request_id=parent.request_id, sample_index=sample_index, cache_salt=parent.cache_salt,
+            self.new_seq_id(),
+            list(parent.prompt_token_ids),
+            parent.max_new_tokens,
+            arrival_time=parent.arrival_time,
+            stop_token_ids=parent.stop_token_ids,
+            request_id=parent.request_id,
+            sample_index=sample_index,
+            cache_salt=parent.cache_salt,
         )
         self.fork(parent, child)
         child.output_token_ids.append(int(token))

@@ -57,7 +57,9 @@ class Sequence:
         if not isinstance(self.num_samples, int) or self.num_samples < 1:
             raise ValueError(f"sequence {self.seq_id}: num_samples must be an int >= 1, got {self.num_samples!r}")
         if not isinstance(self.num_pending_forks, int) or self.num_pending_forks < 0:
-            raise ValueError(f"sequence {self.seq_id}: num_pending_forks must be an int >= 0, got {self.num_pending_forks!r}")
+            raise ValueError(
+                f"sequence {self.seq_id}: num_pending_forks must be an int >= 0, got {self.num_pending_forks!r}"
+            )
         if self.request_id is None:
             self.request_id = self.seq_id
 

@@ -36,9 +36,11 @@ class BlockCostFit:
     source: str
 
     def describe(self) -> str:
-        return (f"per-block kernel cost {self.per_block_s * 1e9:.3f} ns per block x KV head "
-                f"(+ {self.fixed_s * 1e6:.1f} us per launch), least squares over {len(self.points)} "
-                f"cases of {self.source}")
+        return (
+            f"per-block kernel cost {self.per_block_s * 1e9:.3f} ns per block x KV head "
+            f"(+ {self.fixed_s * 1e6:.1f} us per launch), least squares over {len(self.points)} "
+            f"cases of {self.source}"
+        )
 
 
 def fit_per_block_cost(*benches: dict, impl: str = "triton") -> BlockCostFit:
@@ -50,8 +52,9 @@ def fit_per_block_cost(*benches: dict, impl: str = "triton") -> BlockCostFit:
         raise ValueError(f"fit_per_block_cost needs at least 2 cases with impl {impl!r}, got {len(points)}")
     a = np.array([[1.0, b] for _, b, _ in points])
     (fixed, per_block), *_ = np.linalg.lstsq(a, np.array([e for *_, e in points]), rcond=None)
-    source = "; ".join(f"{b.get('command', '?')} on {b.get('device', '?')} (B = {b['geometry']['block_size']})"
-                       for b in benches)
+    source = "; ".join(
+        f"{b.get('command', '?')} on {b.get('device', '?')} (B = {b['geometry']['block_size']})" for b in benches
+    )
     return BlockCostFit(max(float(per_block), 0.0), float(fixed), points, source)
 
 

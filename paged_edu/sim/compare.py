@@ -15,6 +15,7 @@ from paged_edu.sim.request import Request
 
 __all__ = ["compare", "default_configs", "format_table", "latency_vs_rate"]
 
+
 def default_configs(block_sizes=BLOCK_SIZES, managers=DEFAULT_MANAGERS, **kwargs) -> list[SimConfig]:
     """One config per (manager, block size): contiguous managers once, paged ones per ``B``."""
     configs = []
@@ -41,8 +42,12 @@ def _progress_bar(show: bool, total: int, unit: str, desc: str):
         bar.close()
 
 
-def compare(requests: list[Request], configs: list[SimConfig] | None = None, cost_model: CostModel | None = None,
-            progress: bool = False) -> list[SimResult]:
+def compare(
+    requests: list[Request],
+    configs: list[SimConfig] | None = None,
+    cost_model: CostModel | None = None,
+    progress: bool = False,
+) -> list[SimResult]:
     """Simulate the same requests under every config (default: every manager and block size)."""
     configs = configs if configs is not None else default_configs()
     results = []
@@ -72,8 +77,11 @@ TABLE_COLUMNS = (
     ("saved", "sharing_saving", "{:.1%}"),
 )
 BREAKDOWN_COLUMNS = (
-    ("tokens", "token_states"), ("reserved", "reserved"), ("int.frag", "internal_frag"),
-    ("ext.frag", "external_frag"), ("other", "other"),
+    ("tokens", "token_states"),
+    ("reserved", "reserved"),
+    ("int.frag", "internal_frag"),
+    ("ext.frag", "external_frag"),
+    ("other", "other"),
 )
 
 
@@ -88,9 +96,11 @@ def format_table(results: list[SimResult], markdown: bool = True) -> str:
         row += [f"{rec['memory_breakdown'][key]:.1%}" for _, key in BREAKDOWN_COLUMNS]
         rows.append(row)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
     def line(cells):
         body = " | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
         return f"| {body} |" if markdown else body
+
     out = [line(headers)]
     if markdown:
         out.append("|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|")
@@ -98,8 +108,9 @@ def format_table(results: list[SimResult], markdown: bool = True) -> str:
     return "\n".join(out)
 
 
-def latency_vs_rate(build, rates, configs: list[SimConfig], cost_model: CostModel | None = None,
-                    progress: bool = False) -> list[dict]:
+def latency_vs_rate(
+    build, rates, configs: list[SimConfig], cost_model: CostModel | None = None, progress: bool = False
+) -> list[dict]:
     """Mean normalised latency (s/token) against request rate, one curve per config.
 
     ``build(rate)`` returns the requests for that rate (same seed, so only the arrivals change).
@@ -111,13 +122,20 @@ def latency_vs_rate(build, rates, configs: list[SimConfig], cost_model: CostMode
             requests = build(rate)
             for config in configs:
                 rec = simulate(requests, config, cost_model).record()
-                points.append({
-                    "label": config.label, "manager": config.manager, "block_size": rec["block_size"],
-                    "rate": rate, "norm_latency_mean_s": rec["norm_latency_mean_s"],
-                    "norm_latency_p50_s": rec["norm_latency_p50_s"], "ttft_p50_s": rec["ttft_p50_s"],
-                    "throughput_requests_per_s": rec["throughput_requests_per_s"],
-                    "mean_batched": rec["mean_batched"], "kv_utilization": rec["kv_utilization"],
-                })
+                points.append(
+                    {
+                        "label": config.label,
+                        "manager": config.manager,
+                        "block_size": rec["block_size"],
+                        "rate": rate,
+                        "norm_latency_mean_s": rec["norm_latency_mean_s"],
+                        "norm_latency_p50_s": rec["norm_latency_p50_s"],
+                        "ttft_p50_s": rec["ttft_p50_s"],
+                        "throughput_requests_per_s": rec["throughput_requests_per_s"],
+                        "mean_batched": rec["mean_batched"],
+                        "kv_utilization": rec["kv_utilization"],
+                    }
+                )
                 if bar is not None:
                     bar.update(1)
     return points

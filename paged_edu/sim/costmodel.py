@@ -98,15 +98,23 @@ class ModelSpec:
     @classmethod
     def from_geometry(cls, m: ModelGeometry) -> "ModelSpec":
         """The cost model's view of a row of the one model table: ``num_params`` here is ``P``."""
-        return cls(m.name, m.num_layers, m.num_q_heads, m.num_kv_heads, m.head_dim, m.d_model,
-                   m.vocab_size, m.matmul_params, m.dtype_bytes, tie_word_embeddings=m.tie_word_embeddings)
+        return cls(
+            m.name,
+            m.num_layers,
+            m.num_q_heads,
+            m.num_kv_heads,
+            m.head_dim,
+            m.d_model,
+            m.vocab_size,
+            m.matmul_params,
+            m.dtype_bytes,
+            tie_word_embeddings=m.tie_word_embeddings,
+        )
 
 
 # The one model table (paged_edu.core.hardware), seen by the cost model, keyed by --model. MLA
 # models are left out: this roofline counts K and V per KV head.
-MODELS: dict[str, ModelSpec] = {
-    m.key: ModelSpec.from_geometry(m) for m in MODEL_TABLE.values() if not m.latent_dim
-}
+MODELS: dict[str, ModelSpec] = {m.key: ModelSpec.from_geometry(m) for m in MODEL_TABLE.values() if not m.latent_dim}
 
 
 def _attention_pairs(start: int, num_new_tokens: int) -> int:
@@ -213,8 +221,15 @@ class CostModel:
         FLOP/s and its roofline bandwidth (``GPU.hbm_bandwidth``, the copy ceiling), with no overhead
         of any kind, the tied LM head's weight read counted. Give it each step's exact chunks
         (:meth:`StepShape.of_chunks`); tables call it :data:`ROOFLINE_NAME`."""
-        return replace(self, compute_efficiency=1.0, memory_efficiency=1.0, step_overhead_s=0.0,
-                       per_seq_overhead_s=0.0, per_block_s=0.0, lm_head_read=True)
+        return replace(
+            self,
+            compute_efficiency=1.0,
+            memory_efficiency=1.0,
+            step_overhead_s=0.0,
+            per_seq_overhead_s=0.0,
+            per_block_s=0.0,
+            lm_head_read=True,
+        )
 
     def step_time(self, s: StepShape) -> float:
         """Seconds one step takes (0 for an empty step)."""
@@ -271,7 +286,9 @@ class CostModel:
         """
         if len(samples) < 2:
             raise ValueError("calibrate needs at least 2 measured steps")
-        ideal = replace(self, compute_efficiency=1.0, memory_efficiency=1.0, step_overhead_s=0.0, per_seq_overhead_s=0.0)
+        ideal = replace(
+            self, compute_efficiency=1.0, memory_efficiency=1.0, step_overhead_s=0.0, per_seq_overhead_s=0.0
+        )
         rows = []
         for shape, seconds in samples:
             if not seconds > 0:
@@ -313,17 +330,19 @@ class CostModel:
 
     def describe(self) -> str:
         m, g = self.model, self.gpu
-        return "\n".join([
-            f"cost model: t_step = max(FLOPs / ({g.peak_flops / 1e12:.0f} TFLOP/s x {self.compute_efficiency:.2f}), "
-            f"bytes / ({g.hbm_bandwidth / 1e12:.2f} TB/s x {self.memory_efficiency:.2f})) "
-            f"+ {self.step_overhead_s * 1e3:.2f} ms/step + {self.per_seq_overhead_s * 1e6:.1f} us/seq"
-            + (f" + {self.per_block_s * 1e9:.2f} ns per block x layer x KV head" if self.per_block_s else ""),
-            f"  GPU: {g.name} ({g.source})" if g.source else f"  GPU: {g.name}",
-            f"  model: {m.name}, {m.num_params / 1e9:.2f}B params ({m.weight_bytes / 1e9:.1f} GB), "
-            f"{m.num_layers} layers, {m.num_q_heads}/{m.num_kv_heads} q/kv heads x {m.head_dim}, "
-            f"M_KV = {m.kv_bytes_per_token:,} bytes/token",
-            f"  e.g. decode step, batch 64 x 512 tokens: {self.decode_step_time(64, 512) * 1e3:.2f} ms",
-        ])
+        return "\n".join(
+            [
+                f"cost model: t_step = max(FLOPs / ({g.peak_flops / 1e12:.0f} TFLOP/s x {self.compute_efficiency:.2f}), "
+                f"bytes / ({g.hbm_bandwidth / 1e12:.2f} TB/s x {self.memory_efficiency:.2f})) "
+                f"+ {self.step_overhead_s * 1e3:.2f} ms/step + {self.per_seq_overhead_s * 1e6:.1f} us/seq"
+                + (f" + {self.per_block_s * 1e9:.2f} ns per block x layer x KV head" if self.per_block_s else ""),
+                f"  GPU: {g.name} ({g.source})" if g.source else f"  GPU: {g.name}",
+                f"  model: {m.name}, {m.num_params / 1e9:.2f}B params ({m.weight_bytes / 1e9:.1f} GB), "
+                f"{m.num_layers} layers, {m.num_q_heads}/{m.num_kv_heads} q/kv heads x {m.head_dim}, "
+                f"M_KV = {m.kv_bytes_per_token:,} bytes/token",
+                f"  e.g. decode step, batch 64 x 512 tokens: {self.decode_step_time(64, 512) * 1e3:.2f} ms",
+            ]
+        )
 
 
 def _least_squares(rows: list[tuple[float, ...]], y: list[float]) -> list[float]:

@@ -51,12 +51,19 @@ def _outputs(rng: np.random.Generator, num: int, low: int = 16, high: int = 128)
     return rng.integers(low, high + 1, size=num).tolist()
 
 
-def multiturn(num_requests: int, rate: float = math.inf, seed: int = 0, num_turns: int = 4,
-              user_len: int = 64, reply_len: int = 96) -> list[Request]:
+def multiturn(
+    num_requests: int,
+    rate: float = math.inf,
+    seed: int = 0,
+    num_turns: int = 4,
+    user_len: int = 64,
+    reply_len: int = 96,
+) -> list[Request]:
     """``ceil(num_requests / num_turns)`` conversations of up to ``num_turns`` turns each."""
     check_num_requests(num_requests)
-    num_turns, user_len, reply_len = (_positive(n, v) for n, v in
-                                      (("num_turns", num_turns), ("user_len", user_len), ("reply_len", reply_len)))
+    num_turns, user_len, reply_len = (
+        _positive(n, v) for n, v in (("num_turns", num_turns), ("user_len", user_len), ("reply_len", reply_len))
+    )
     rng = np.random.default_rng(seed)
     times = poisson_arrivals(num_requests, rate, rng).tolist()
     num_convs = -(-num_requests // num_turns)
@@ -75,12 +82,25 @@ def multiturn(num_requests: int, rate: float = math.inf, seed: int = 0, num_turn
     return requests
 
 
-def fewshot(num_requests: int, rate: float = math.inf, seed: int = 0, num_examples: int = 8, shots: int = 4,
-            instruction_len: int = 128, example_len: int = 96, question_len: int = 32) -> list[Request]:
+def fewshot(
+    num_requests: int,
+    rate: float = math.inf,
+    seed: int = 0,
+    num_examples: int = 8,
+    shots: int = 4,
+    instruction_len: int = 128,
+    example_len: int = 96,
+    question_len: int = 32,
+) -> list[Request]:
     """Prompts of ``instruction + shots examples (of num_examples, random order) + question``."""
     check_num_requests(num_requests)
-    for name, value in (("num_examples", num_examples), ("shots", shots), ("instruction_len", instruction_len),
-                        ("example_len", example_len), ("question_len", question_len)):
+    for name, value in (
+        ("num_examples", num_examples),
+        ("shots", shots),
+        ("instruction_len", instruction_len),
+        ("example_len", example_len),
+        ("question_len", question_len),
+    ):
         _positive(name, value)
     if shots > num_examples:
         raise ValueError(f"shots={shots} cannot exceed num_examples={num_examples}")
@@ -98,12 +118,27 @@ def fewshot(num_requests: int, rate: float = math.inf, seed: int = 0, num_exampl
     return requests
 
 
-def agents(num_requests: int, rate: float = math.inf, seed: int = 0, num_tasks: int = 4, branching: int = 3,
-           depth: int = 3, root_len: int = 256, step_len: int = 64, call_len: int = 16) -> list[Request]:
+def agents(
+    num_requests: int,
+    rate: float = math.inf,
+    seed: int = 0,
+    num_tasks: int = 4,
+    branching: int = 3,
+    depth: int = 3,
+    root_len: int = 256,
+    step_len: int = 64,
+    call_len: int = 16,
+) -> list[Request]:
     """Agent calls down trees of tool results: ``root + steps on one path + the call's own tokens``."""
     check_num_requests(num_requests)
-    for name, value in (("num_tasks", num_tasks), ("branching", branching), ("depth", depth),
-                        ("root_len", root_len), ("step_len", step_len), ("call_len", call_len)):
+    for name, value in (
+        ("num_tasks", num_tasks),
+        ("branching", branching),
+        ("depth", depth),
+        ("root_len", root_len),
+        ("step_len", step_len),
+        ("call_len", call_len),
+    ):
         _positive(name, value)
     rng = np.random.default_rng(seed)
     times = poisson_arrivals(num_requests, rate, rng).tolist()

@@ -170,7 +170,18 @@ class TraceKeyError(KeyError):
         return str(self.args[0]) if self.args else "missing field"
 
 
-_FIELDS = {"arrival_time", "prompt_len", "prompt", "output_len", "output", "prefix_group", "prefix_len", "n", "fork", "cache_salt"}
+_FIELDS = {
+    "arrival_time",
+    "prompt_len",
+    "prompt",
+    "output_len",
+    "output",
+    "prefix_group",
+    "prefix_len",
+    "n",
+    "fork",
+    "cache_salt",
+}
 
 
 def save_trace(requests: list[Request], path: str | os.PathLike) -> None:

@@ -146,7 +146,11 @@ class SimResult:
             "sim_wall_s": self.sim_wall_s,
             "config": asdict(self.config),
             "cost_model": self.assumptions,
-            **({"prefix_hit_rate_per_salt": dict(self.prefix_hit_rate_per_salt)} if self.prefix_hit_rate_per_salt else {}),
+            **(
+                {"prefix_hit_rate_per_salt": dict(self.prefix_hit_rate_per_salt)}
+                if self.prefix_hit_rate_per_salt
+                else {}
+            ),
         }
 
 

@@ -88,8 +88,11 @@ def step_shape(out: SchedulerOutput, block_size: int | None = None, count_blocks
         copied_blocks=len(out.blocks_to_copy),
     )
     if count_blocks:  # a contiguous cache (block_size None) is one span per chunk
-        shape.num_blocks_read = len(chunks) if block_size is None else sum(
-            -(-(item.start + item.num_new_tokens) // block_size) for item in chunks)
+        shape.num_blocks_read = (
+            len(chunks)
+            if block_size is None
+            else sum(-(-(item.start + item.num_new_tokens) // block_size) for item in chunks)
+        )
     return shape
 
 
@@ -142,8 +145,11 @@ class MadeUpTokens:
 class _Meters:
     """Running sums the result is made of: batch sizes every step, memory every few steps."""
 
-    breakdown: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("token_states", "reserved", "internal_frag", "external_frag", "other", "idle"), 0))
+    breakdown: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("token_states", "reserved", "internal_frag", "external_frag", "other", "idle"), 0
+        )
+    )
     util_tokens: int = 0
     util_allocated: int = 0
     live_len_sum: int = 0
@@ -320,8 +326,9 @@ def simulate(
         prefix_hit_rate=manager.stats.hit_rate,
         preempted_hit_rate=manager.stats.preempted_hit_rate,
         hit_rate_counting_readmissions=_hits_with_readmissions(manager.stats),
-        prefix_hit_rate_per_salt={salt: manager.stats.hit_rate_of(salt)
-                                  for salt in manager.stats.per_salt if salt is not None},
+        prefix_hit_rate_per_salt={
+            salt: manager.stats.hit_rate_of(salt) for salt in manager.stats.per_salt if salt is not None
+        },
         fragmentation_refusals=len(manager.fragmented),
         breakdown=meters.breakdown,
         kv_utilization=meters.util_tokens / meters.util_allocated if meters.util_allocated else 0.0,
@@ -343,8 +350,13 @@ def _sequence_for(r: Request, prompt: list[int], scheduler: Scheduler, manager, 
     """
     beam = r.fork == "beam" and r.n > 1 and r.output_len > 1
     seq = Sequence(
-        scheduler.new_seq_id(), prompt, r.output_len, arrival_time=r.arrival_time,
-        num_samples=1 if beam else r.n, num_pending_forks=r.n - 1 if beam else 0, cache_salt=r.cache_salt,
+        scheduler.new_seq_id(),
+        prompt,
+        r.output_len,
+        arrival_time=r.arrival_time,
+        num_samples=1 if beam else r.n,
+        num_pending_forks=r.n - 1 if beam else 0,
+        cache_salt=r.cache_salt,
     )
     manager.expect(seq.seq_id, r.prompt_len + r.output_len - 1, r.n, r.prompt_len)
     if beam:  # sample j forks from sample 0 after j/n of the output
@@ -360,7 +372,9 @@ class _BeamForks:
     """
 
     def __init__(self) -> None:
-        self._due: dict[int, tuple[Sequence, list[int]]] = {}  # sample 0's seq_id -> (sample 0, fork points, the next one last)
+        self._due: dict[
+            int, tuple[Sequence, list[int]]
+        ] = {}  # sample 0's seq_id -> (sample 0, fork points, the next one last)
 
     def add(self, parent: Sequence, fork_points: list[int]) -> None:
         self._due[parent.seq_id] = (parent, fork_points)
@@ -370,14 +384,20 @@ class _BeamForks:
             if parent.status is SequenceStatus.FINISHED:
                 raise RuntimeError(f"beam request {parent.request_id} finished before all its branches forked")
             # Fork right after a token was sampled and before it is placed, at the next fork point(s).
-            if (parent.status is not SequenceStatus.RUNNING
-                    or scheduler.allocator.num_tokens(parent.seq_id) != parent.num_tokens - 1):
+            if (
+                parent.status is not SequenceStatus.RUNNING
+                or scheduler.allocator.num_tokens(parent.seq_id) != parent.num_tokens - 1
+            ):
                 continue
             while points and len(parent.output_token_ids) >= points[-1]:
                 points.pop()
                 child = Sequence(
-                    scheduler.new_seq_id(), parent.prompt_token_ids, parent.max_new_tokens,
-                    arrival_time=parent.arrival_time, request_id=parent.request_id, sample_index=len(points) + 1,
+                    scheduler.new_seq_id(),
+                    parent.prompt_token_ids,
+                    parent.max_new_tokens,
+                    arrival_time=parent.arrival_time,
+                    request_id=parent.request_id,
+                    sample_index=len(points) + 1,
                     cache_salt=parent.cache_salt,
                 )
                 scheduler.fork(parent, child)

@@ -144,9 +144,7 @@ def _fit(dist: LengthDistribution) -> tuple[float, float]:
 SHAREGPT = LengthDistribution(
     "sharegpt", 161.31, 337.99, 1.00, 0.90, source="means from Kwon et al., SOSP 2023, Fig. 11a"
 )
-ALPACA = LengthDistribution(
-    "alpaca", 19.31, 58.45, 0.55, 0.75, source="means from Kwon et al., SOSP 2023, Fig. 11b"
-)
+ALPACA = LengthDistribution("alpaca", 19.31, 58.45, 0.55, 0.75, source="means from Kwon et al., SOSP 2023, Fig. 11b")
 DATASETS = {"sharegpt": SHAREGPT, "alpaca": ALPACA}
 
 
@@ -157,8 +155,7 @@ DATASETS = {"sharegpt": SHAREGPT, "alpaca": ALPACA}
 
 def _from_arrays(times, prompt, output, **extra) -> list[Request]:
     return [
-        Request(float(t), int(p), int(o), **extra)
-        for t, p, o in zip(times.tolist(), prompt.tolist(), output.tolist())
+        Request(float(t), int(p), int(o), **extra) for t, p, o in zip(times.tolist(), prompt.tolist(), output.tolist())
     ]
 
 

@@ -16,17 +16,27 @@ __all__ = ["cache_compare_figure"]
 def cache_compare_figure(rows: list[CacheRow]):
     """Hit rate and TTFT p50 of every cell: one column per scenario, one bar per cache and policy."""
     scenarios = list(dict.fromkeys(r.scenario for r in rows))
-    fig = make_subplots(rows=2, cols=len(scenarios), subplot_titles=[f"{s}: prefix hit rate" for s in scenarios]
-                        + [f"{s}: TTFT p50 (s)" for s in scenarios], vertical_spacing=0.14)
+    fig = make_subplots(
+        rows=2,
+        cols=len(scenarios),
+        subplot_titles=[f"{s}: prefix hit rate" for s in scenarios] + [f"{s}: TTFT p50 (s)" for s in scenarios],
+        vertical_spacing=0.14,
+    )
     series = list(dict.fromkeys((r.cache, r.policy) for r in rows))
     for k, (cache, policy) in enumerate(series):
         for j, s in enumerate(scenarios, start=1):
             cells = [r for r in rows if (r.cache, r.policy, r.scenario) == (cache, policy, s)]
-            style = dict(name=f"{cache} {policy}", legendgroup=f"{cache} {policy}", marker_color=SEQ_COLORS[k % 6],
-                         marker_pattern_shape="/" if policy == "lpm" else "")
-            fig.add_bar(x=[r.workload for r in cells], y=[r.hit_rate for r in cells], row=1, col=j,
-                        showlegend=j == 1, **style)
-            fig.add_bar(x=[r.workload for r in cells], y=[r.ttft_p50 for r in cells], row=2, col=j,
-                        showlegend=False, **style)
+            style = dict(
+                name=f"{cache} {policy}",
+                legendgroup=f"{cache} {policy}",
+                marker_color=SEQ_COLORS[k % 6],
+                marker_pattern_shape="/" if policy == "lpm" else "",
+            )
+            fig.add_bar(
+                x=[r.workload for r in cells], y=[r.hit_rate for r in cells], row=1, col=j, showlegend=j == 1, **style
+            )
+            fig.add_bar(
+                x=[r.workload for r in cells], y=[r.ttft_p50 for r in cells], row=2, col=j, showlegend=False, **style
+            )
     fig.update_layout(barmode="group", height=620, width=900, title="Hash chain vs radix tree, FCFS vs LPM")
     return fig

@@ -41,10 +41,13 @@ class EngineDashboard:
         self.finished: dict[int, RequestMetrics] = {}
         self.outputs: dict[int, list[int]] = {}
         self.prompts: dict[int, list[int]] = {}
-        self.stop_ids = (tokenizer.eos_token_id,) if tokenizer is not None and tokenizer.eos_token_id is not None else ()
+        self.stop_ids = (
+            (tokenizer.eos_token_id,) if tokenizer is not None and tokenizer.eos_token_id is not None else ()
+        )
         engine.subscribe(self._on_event)
-        self.prompt = W.Text(value="What is the capital of France?", description="prompt",
-                             layout=W.Layout(width="460px"))
+        self.prompt = W.Text(
+            value="What is the capital of France?", description="prompt", layout=W.Layout(width="460px")
+        )
         self.max_tokens = W.IntSlider(max_tokens, min=1, max=128, description="max tokens")
         self.add_button = W.Button(description="add request", icon="plus", button_style="success")
         self.step_button = W.Button(description="step", icon="step-forward")
@@ -57,13 +60,22 @@ class EngineDashboard:
         self.step_button.on_click(lambda _: self._guard(self.step))
         self.run10_button.on_click(lambda _: self._guard(lambda: self.step(10)))
         self.end_button.on_click(lambda _: self._guard(self.run_to_end))
-        self.grid = _figure_widget(F.block_grid_figure(engine.allocator, cols, self.colors,
-                                                       title="Physical KV pool (colour = sequence, rc = ref count)"))
-        self.table = _figure_widget(F.block_table_figure(engine.allocator, self.colors,
-                                                         title="Block tables of the running sequences"))
+        self.grid = _figure_widget(
+            F.block_grid_figure(
+                engine.allocator, cols, self.colors, title="Physical KV pool (colour = sequence, rc = ref count)"
+            )
+        )
+        self.table = _figure_widget(
+            F.block_table_figure(engine.allocator, self.colors, title="Block tables of the running sequences")
+        )
         self.metrics = _figure_widget(EF.engine_metrics_figure(self.history))
-        controls = W.VBox([W.HBox([self.prompt, self.max_tokens, self.add_button]),
-                           W.HBox([self.step_button, self.run10_button, self.end_button]), self.status])
+        controls = W.VBox(
+            [
+                W.HBox([self.prompt, self.max_tokens, self.add_button]),
+                W.HBox([self.step_button, self.run10_button, self.end_button]),
+                self.status,
+            ]
+        )
         self.ui = W.VBox([controls, self.queues, self.grid, self.table, self.texts, self.metrics])
         self.refresh()
 
@@ -74,8 +86,9 @@ class EngineDashboard:
         if not text.strip():
             raise ValueError("the prompt is empty: type something first")
         ids = self.encode(text)
-        params = SamplingParams(max_tokens=self.max_tokens.value if max_tokens is None else max_tokens,
-                                stop_token_ids=self.stop_ids)
+        params = SamplingParams(
+            max_tokens=self.max_tokens.value if max_tokens is None else max_tokens, stop_token_ids=self.stop_ids
+        )
         request_id = self.engine.add_request(ids, params)
         self.prompts[request_id] = ids
         self.say(f"request {request_id} queued: {len(ids)} prompt tokens, up to {params.max_tokens} new")
@@ -138,11 +151,21 @@ class EngineDashboard:
         sched, rows = self.engine.scheduler, {}
         for state, queue in (("waiting", sched.waiting), ("running", sched.running), ("swapped", sched.swapped)):
             for seq in queue:
-                rows[seq.request_id] = {"id": seq.request_id, "state": state, "output": list(seq.output_token_ids),
-                                        "ttft": seq.ttft, "itl": _mean(seq.inter_token_latencies)}
+                rows[seq.request_id] = {
+                    "id": seq.request_id,
+                    "state": state,
+                    "output": list(seq.output_token_ids),
+                    "ttft": seq.ttft,
+                    "itl": _mean(seq.inter_token_latencies),
+                }
         for rid, m in self.finished.items():
-            rows[rid] = {"id": rid, "state": "finished", "output": self.outputs.get(rid, []), "ttft": m.ttft,
-                         "itl": m.mean_itl}
+            rows[rid] = {
+                "id": rid,
+                "state": "finished",
+                "output": self.outputs.get(rid, []),
+                "ttft": m.ttft,
+                "itl": m.mean_itl,
+            }
         return [rows[k] for k in sorted(rows)]
 
     # -- view --------------------------------------------------------------------------------------
@@ -168,7 +191,8 @@ class EngineDashboard:
             f"<b>swapped</b>: {ids(sched.swapped)}<br>"
             f"KV usage <b>{a.usage:.0%}</b> ({a.num_used_blocks}/{a.num_blocks} blocks) | prefix hit rate "
             f"<b>{sched.stats()['prefix_hit_rate']:.0%}</b> | tokens last step "
-            f"<b>{last.num_batched_tokens if last else 0}</b> | step {self.engine.step_count}</div>")
+            f"<b>{last.num_batched_tokens if last else 0}</b> | step {self.engine.step_count}</div>"
+        )
         lines = []
         for r in self.request_rows():
             ttft = "-" if r["ttft"] is None else f"{1e3 * r['ttft']:.0f} ms"
@@ -190,8 +214,15 @@ class ChunkedPrefillExplorer:
 
         self._trace = lambda b: chunked_prefill_trace(model, max_num_batched_tokens=b, long_prompt_len=long_prompt_len)
         self.trace = self._trace(budget)
-        self.budget = W.IntSlider(budget, min=8, max=256, step=8, description="max_num_batched_tokens",
-                                  style={"description_width": "170px"}, layout=W.Layout(width="520px"))
+        self.budget = W.IntSlider(
+            budget,
+            min=8,
+            max=256,
+            step=8,
+            description="max_num_batched_tokens",
+            style={"description_width": "170px"},
+            layout=W.Layout(width="520px"),
+        )
         self.summary = W.HTML()
         self.fig = _figure_widget(EF.chunked_prefill_figure(self.trace))
         self.budget.observe(lambda ch: self.set_budget(ch["new"]), "value")
@@ -218,4 +249,5 @@ class ChunkedPrefillExplorer:
                 trace.x, trace.y = d["x"], d[key]
         self.summary.value = _MONO + (
             f"budget {self.trace['budget']} tokens per step: the {self.trace['long_prompt_len']}-token prompt is "
-            f"computed in <b>{self.prefill_steps()}</b> steps, and the decodes never stop</div>")
+            f"computed in <b>{self.prefill_steps()}</b> steps, and the decodes never stop</div>"
+        )

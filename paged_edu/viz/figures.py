@@ -24,17 +24,38 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from paged_edu.core.allocator import BlockAllocator
-from paged_edu.viz.palette import (CODES, COLORSCALE, EVICTABLE, FREE, IDLE, SEQ_COLORS, SHARED, STATE_LABELS,
-                                   OwnerColors, legend_traces, text_color)
+from paged_edu.viz.palette import (
+    CODES,
+    COLORSCALE,
+    EVICTABLE,
+    FREE,
+    IDLE,
+    SEQ_COLORS,
+    SHARED,
+    STATE_LABELS,
+    OwnerColors,
+    legend_traces,
+    text_color,
+)
 
 __all__ = [
-    "FREE", "EVICTABLE", "SHARED", "IDLE", "SEQ_COLORS", "OwnerColors", "BlockInfo",
-    "block_infos", "block_grid_data", "block_grid_figure",
-    "block_table_data", "block_table_figure",
+    "FREE",
+    "EVICTABLE",
+    "SHARED",
+    "IDLE",
+    "SEQ_COLORS",
+    "OwnerColors",
+    "BlockInfo",
+    "block_infos",
+    "block_grid_data",
+    "block_grid_figure",
+    "block_table_data",
+    "block_table_figure",
     "logical_physical_figure",
     "utilisation_figure",
     "kv_memory_figure",
-    "contiguous_data", "contiguous_figure",
+    "contiguous_data",
+    "contiguous_figure",
     "cow_heatmap_figure",
 ]
 
@@ -103,29 +124,51 @@ def block_grid_data(allocator, cols: int = 8, colors: OwnerColors | None = None)
         owner = f"<br>{info.owners[0]}" if info.state == "owned" else ""
         text[r][c] = f"#{info.block_id}{owner}" + (f"<br>rc={info.ref_count}" if info.ref_count else "")
         who = ", ".join(map(str, info.owners)) or "-"
-        hover[r][c] = (f"block {info.block_id}: {info.state}<br>ref_count {info.ref_count}<br>"
-                       f"owners {who}<br>filled {info.filled}/{allocator.block_size}")
+        hover[r][c] = (
+            f"block {info.block_id}: {info.state}<br>ref_count {info.ref_count}<br>"
+            f"owners {who}<br>filled {info.filled}/{allocator.block_size}"
+        )
     return {"z": z, "text": text, "hover": hover}
 
 
-def block_grid_figure(allocator, cols: int = 8, colors: OwnerColors | None = None,
-                      title: str = "Physical KV blocks (colour = owner, rc = ref count)") -> go.Figure:
+def block_grid_figure(
+    allocator,
+    cols: int = 8,
+    colors: OwnerColors | None = None,
+    title: str = "Physical KV blocks (colour = owner, rc = ref count)",
+) -> go.Figure:
     """The pool of physical blocks as a grid, coloured by owner, labelled with ref counts."""
     data = block_grid_data(allocator, cols, colors)
     rows = len(data["z"])
-    fig = go.Figure(go.Heatmap(
-        z=data["z"], text=data["text"], customdata=data["hover"], texttemplate="%{text}",
-        hovertemplate="%{customdata}<extra></extra>", colorscale=_COLORSCALE,
-        zmin=-0.5, zmax=len(_CODES) - 0.5, showscale=False, xgap=3, ygap=3,
-        textfont={"size": 10}, showlegend=False,
-    ))
+    fig = go.Figure(
+        go.Heatmap(
+            z=data["z"],
+            text=data["text"],
+            customdata=data["hover"],
+            texttemplate="%{text}",
+            hovertemplate="%{customdata}<extra></extra>",
+            colorscale=_COLORSCALE,
+            zmin=-0.5,
+            zmax=len(_CODES) - 0.5,
+            showscale=False,
+            xgap=3,
+            ygap=3,
+            textfont={"size": 10},
+            showlegend=False,
+        )
+    )
     for trace in legend_traces({**BLOCK_STATES, SEQ_COLORS[0]: "owned by one sequence (its name in the block)"}):
         fig.add_trace(trace)
     fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
     fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
-    fig.update_layout(title=title, height=110 + 52 * rows, width=62 * cols + 80,
-                      margin={"l": 20, "r": 20, "t": 40, "b": 10}, plot_bgcolor="white",
-                      legend={"orientation": "h", "y": -0.02, "yanchor": "top", "font": {"size": 10}})
+    fig.update_layout(
+        title=title,
+        height=110 + 52 * rows,
+        width=62 * cols + 80,
+        margin={"l": 20, "r": 20, "t": 40, "b": 10},
+        plot_bgcolor="white",
+        legend={"orientation": "h", "y": -0.02, "yanchor": "top", "font": {"size": 10}},
+    )
     return fig
 
 
@@ -143,27 +186,45 @@ def block_table_data(allocator, colors: OwnerColors | None = None, min_cols: int
     return {"z": z, "text": text, "y": y, "x": [f"i={i}" for i in range(width)]}
 
 
-def block_table_figure(allocator, colors: OwnerColors | None = None,
-                       title: str = "Block tables: logical block i -> physical block B(i)") -> go.Figure:
+def block_table_figure(
+    allocator, colors: OwnerColors | None = None, title: str = "Block tables: logical block i -> physical block B(i)"
+) -> go.Figure:
     """Each sequence's block table as a row of cells holding the physical block ids."""
     data = block_table_data(allocator, colors)
-    fig = go.Figure(go.Heatmap(
-        z=data["z"] or [[None]], text=data["text"] or [[""]], x=data["x"], y=data["y"] or [""],
-        texttemplate="%{text}", colorscale=_COLORSCALE, zmin=-0.5, zmax=len(_CODES) - 0.5,
-        showscale=False, xgap=3, ygap=3, hovertemplate="%{y}, %{x}: B(i) = %{text}<extra></extra>",
-        showlegend=False,
-    ))
+    fig = go.Figure(
+        go.Heatmap(
+            z=data["z"] or [[None]],
+            text=data["text"] or [[""]],
+            x=data["x"],
+            y=data["y"] or [""],
+            texttemplate="%{text}",
+            colorscale=_COLORSCALE,
+            zmin=-0.5,
+            zmax=len(_CODES) - 0.5,
+            showscale=False,
+            xgap=3,
+            ygap=3,
+            hovertemplate="%{y}, %{x}: B(i) = %{text}<extra></extra>",
+            showlegend=False,
+        )
+    )
     for trace in legend_traces({SHARED: STATE_LABELS[SHARED], SEQ_COLORS[0]: "the row's own block (row colour)"}):
         fig.add_trace(trace)
     fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False)
     fig.update_xaxes(side="top", showgrid=False, zeroline=False)
-    fig.update_layout(title=title, height=110 + 36 * max(1, len(data["y"])), plot_bgcolor="white",
-                      margin={"l": 20, "r": 20, "t": 70, "b": 10}, legend={"font": {"size": 10}})
+    fig.update_layout(
+        title=title,
+        height=110 + 36 * max(1, len(data["y"])),
+        plot_bgcolor="white",
+        margin={"l": 20, "r": 20, "t": 70, "b": 10},
+        legend={"font": {"size": 10}},
+    )
     return fig
 
 
-def logical_physical_figure(allocator, seq_ids: Iterable[Hashable] | None = None,
-                            title: str = "Logical token positions -> physical KV blocks") -> go.Figure:
+def logical_physical_figure(
+    allocator, seq_ids: Iterable[Hashable] | None = None, title: str = "Logical token positions -> physical KV blocks"
+) -> go.Figure:
     """The seed's Figure 1: each sequence's contiguous logical blocks mapped to scattered physical ones.
 
     Top row: every sequence's logical blocks ``i = 0, 1, ...`` (tokens ``iB .. iB+B-1``), grouped by
@@ -180,18 +241,35 @@ def logical_physical_figure(allocator, seq_ids: Iterable[Hashable] | None = None
     top, bottom = 3.0, 0.0  # y of the logical row and of the physical row
 
     def rect(x, y, color, label, font_color="#111"):
-        shapes.append({"type": "rect", "x0": x, "x1": x + 0.9, "y0": y, "y1": y + 0.9, "fillcolor": color,
-                       "line": {"color": "#555", "width": 1}})
-        annotations.append({"x": x + 0.45, "y": y + 0.45, "text": label, "showarrow": False,
-                            "font": {"size": 10, "color": font_color}})
+        shapes.append(
+            {
+                "type": "rect",
+                "x0": x,
+                "x1": x + 0.9,
+                "y0": y,
+                "y1": y + 0.9,
+                "fillcolor": color,
+                "line": {"color": "#555", "width": 1},
+            }
+        )
+        annotations.append(
+            {"x": x + 0.45, "y": y + 0.45, "text": label, "showarrow": False, "font": {"size": 10, "color": font_color}}
+        )
 
     fig = go.Figure()
     x = 0.0
     for seq_id in seq_ids:
         table, n = tables[seq_id]
         color = colors.color(seq_id)
-        annotations.append({"x": x + 0.45 * len(table), "y": top + 1.25, "text": f"<b>{seq_id}</b> ({n} tokens)",
-                            "showarrow": False, "font": {"color": color}})
+        annotations.append(
+            {
+                "x": x + 0.45 * len(table),
+                "y": top + 1.25,
+                "text": f"<b>{seq_id}</b> ({n} tokens)",
+                "showarrow": False,
+                "font": {"color": color},
+            }
+        )
         lx, ly = [], []
         for i, b in enumerate(table):
             hi = min(n, (i + 1) * B) - 1
@@ -199,8 +277,9 @@ def logical_physical_figure(allocator, seq_ids: Iterable[Hashable] | None = None
             lx += [x + 0.45, b + 0.45, None]
             ly += [top, bottom + 0.9, None]
             x += 1
-        fig.add_trace(go.Scatter(x=lx, y=ly, mode="lines", name=str(seq_id), line={"color": color, "width": 2},
-                                 hoverinfo="skip"))
+        fig.add_trace(
+            go.Scatter(x=lx, y=ly, mode="lines", name=str(seq_id), line={"color": color, "width": 2}, hoverinfo="skip")
+        )
         x += 0.6  # gap between sequences
     for info in block_infos(allocator):
         color = {"free": FREE, "evictable": EVICTABLE, "shared": SHARED}.get(info.state)
@@ -210,21 +289,38 @@ def logical_physical_figure(allocator, seq_ids: Iterable[Hashable] | None = None
     width_units = max(x, allocator.num_blocks)
     annotations += [
         {"x": -0.3, "y": top + 0.45, "text": "<b>logical</b><br>(block table)", "showarrow": False, "xanchor": "right"},
-        {"x": -0.3, "y": bottom + 0.45, "text": "<b>physical</b><br>(HBM pool)", "showarrow": False, "xanchor": "right"},
+        {
+            "x": -0.3,
+            "y": bottom + 0.45,
+            "text": "<b>physical</b><br>(HBM pool)",
+            "showarrow": False,
+            "xanchor": "right",
+        },
     ]
     subtitle = f"each line is a block-table entry B(i); B = {B} tokens per block; line colour = sequence"
     for trace in legend_traces(BLOCK_STATES):
         fig.add_trace(trace)
-    fig.update_layout(title={"text": f"{title}<br><sup>{subtitle}</sup>"}, shapes=shapes, annotations=annotations, height=360,
-                      width=int(62 * width_units + 200), plot_bgcolor="white", showlegend=True,
-                      legend={"orientation": "h", "y": -0.02, "yanchor": "top"},
-                      margin={"l": 110, "r": 20, "t": 50, "b": 10})
+    fig.update_layout(
+        title={"text": f"{title}<br><sup>{subtitle}</sup>"},
+        shapes=shapes,
+        annotations=annotations,
+        height=360,
+        width=int(62 * width_units + 200),
+        plot_bgcolor="white",
+        showlegend=True,
+        legend={"orientation": "h", "y": -0.02, "yanchor": "top"},
+        margin={"l": 110, "r": 20, "t": 50, "b": 10},
+    )
     fig.update_xaxes(visible=False, range=[-0.2, width_units + 0.1])
     fig.update_yaxes(visible=False, range=[bottom - 0.2, top + 1.6])
     return fig
 
 
 # The memory and tensor figures, re-exported so ``figures.contiguous_figure`` etc. keep working.
-from paged_edu.viz.memory_figures import (contiguous_data, contiguous_figure,  # noqa: E402
-                                          kv_memory_figure, utilisation_figure)
+from paged_edu.viz.memory_figures import (
+    contiguous_data,
+    contiguous_figure,  # noqa: E402
+    kv_memory_figure,
+    utilisation_figure,
+)
 from paged_edu.viz.tensor_figures import cow_heatmap_figure  # noqa: E402

@@ -32,11 +32,19 @@ PARTS = (("weights", IDLE), ("KV pool", OKABE_ITO["blue"]), ("the rest", EVICTAB
 class FlagsExplorer:
     """Controls over one translation and one simulated run."""
 
-    def __init__(self, command: str = DEFAULT_COMMAND, gpu: str = "h200", workload: str = "multiturn",
-                 num_requests: int = 200, rate: float = 20.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        command: str = DEFAULT_COMMAND,
+        gpu: str = "h200",
+        workload: str = "multiturn",
+        num_requests: int = 200,
+        rate: float = 20.0,
+        seed: int = 0,
+    ) -> None:
         self.rate, self.seed = rate, seed
-        self.command = W.Text(value=command, description="command", continuous_update=False,
-                              layout=W.Layout(width="98%"))
+        self.command = W.Text(
+            value=command, description="command", continuous_update=False, layout=W.Layout(width="98%")
+        )
         self.model = W.Dropdown(options=[FROM_COMMAND, *MODELS], value=FROM_COMMAND, description="model")
         self.gpu = W.Dropdown(options=[(g.label, key) for key, g in GPU_TABLE.items()], value=gpu, description="GPU")
         self.workload = W.Dropdown(options=WORKLOADS, value=workload, description="workload")
@@ -57,8 +65,9 @@ class FlagsExplorer:
             res = simulate_flags(t, self.workload.value, self.num_requests.value, self.rate, self.seed)
         except (ValueError, TypeError) as exc:
             self.error = str(exc)
-            self.status.value = (f'<pre style="color:{BAD}; white-space:pre-wrap">refused: {html.escape(self.error)}'
-                                 "</pre>")
+            self.status.value = (
+                f'<pre style="color:{BAD}; white-space:pre-wrap">refused: {html.escape(self.error)}</pre>'
+            )
             return
         self.error, self.translation, self.result = None, t, res
         gpu = GPU_TABLE[t.gpu]
@@ -67,8 +76,10 @@ class FlagsExplorer:
         with self.memory.batch_update():
             for trace, value in zip(self.memory.data, (t.weight_bytes, kv, t.total_bytes - t.weight_bytes - kv)):
                 trace.x = [value / gib]
-            self.memory.layout.title.text = (f"{t.model} on {gpu.label}: {t.num_blocks:,} blocks of "
-                                             f"{t.flags.block_size} tokens, max concurrency {t.max_concurrency:.1f}x")
+            self.memory.layout.title.text = (
+                f"{t.model} on {gpu.label}: {t.num_blocks:,} blocks of "
+                f"{t.flags.block_size} tokens, max concurrency {t.max_concurrency:.1f}x"
+            )
         ttft = sorted(r.ttft for r in res.requests)
         with self.ttft.batch_update():
             self.ttft.data[0].x = [100 * (i + 1) / len(ttft) for i in range(len(ttft))]
@@ -79,21 +90,34 @@ class FlagsExplorer:
             f"<pre>{html.escape(t.describe())}</pre><b>simulated</b> {len(res.requests)} {self.workload.value} "
             f"requests at {self.rate:g}/s: {rec['throughput_tokens_per_s']:,.0f} tok/s, prefix hit rate "
             f"{rec['prefix_hit_rate']:.1%}, TTFT p50 {rec['ttft_p50_s']:.3f} s / p99 {rec['ttft_p99_s']:.3f} s, "
-            f"{rec['preemptions']} preemptions, at most {rec['max_concurrent']} running")
+            f"{rec['preemptions']} preemptions, at most {rec['max_concurrent']} running"
+        )
 
     def _memory_figure(self) -> go.Figure:
         fig = go.Figure()
         for name, color in PARTS:
             fig.add_bar(y=["GPU memory"], x=[0], orientation="h", name=name, marker_color=color)
-        fig.update_layout(barmode="stack", xaxis_title="GiB", height=260, width=760, title="",
-                          legend=dict(orientation="h", yanchor="top", y=-0.45))
+        fig.update_layout(
+            barmode="stack",
+            xaxis_title="GiB",
+            height=260,
+            width=760,
+            title="",
+            legend=dict(orientation="h", yanchor="top", y=-0.45),
+        )
         return fig
 
     def _ttft_figure(self) -> go.Figure:
         fig = go.Figure()
         fig.add_scatter(x=[], y=[], mode="lines", name="TTFT")
-        fig.update_layout(xaxis_title="percentile of requests", yaxis_title="TTFT (s)", yaxis_type="log",
-                          height=300, width=760, title="")
+        fig.update_layout(
+            xaxis_title="percentile of requests",
+            yaxis_title="TTFT (s)",
+            yaxis_type="log",
+            height=300,
+            width=760,
+            title="",
+        )
         return fig
 
     def widget(self) -> W.Widget:

@@ -12,7 +12,13 @@ from paged_edu.viz import palette as P
 
 __all__ = ["ladder_figure", "split_figure", "stored_split_points"]
 
-COLORS = {"loop": P.IDLE, "seed": P.IDLE, "torch": P.OKABE_ITO["blue"], "triton": P.OKABE_ITO["orange"], "ceiling": P.OKABE_ITO["bluish green"]}
+COLORS = {
+    "loop": P.IDLE,
+    "seed": P.IDLE,
+    "torch": P.OKABE_ITO["blue"],
+    "triton": P.OKABE_ITO["orange"],
+    "ceiling": P.OKABE_ITO["bluish green"],
+}
 
 
 def ladder_figure(rows: list[dict], title: str) -> go.Figure:
@@ -21,14 +27,28 @@ def ladder_figure(rows: list[dict], title: str) -> go.Figure:
     cases = [r["case"] for r in rows]
     impls = [i for i in ("loop", "seed", "torch", "triton") if any(i in r["impls"] for r in rows)]
     for impl in impls:
-        fig.add_trace(go.Bar(x=cases, y=[r["impls"].get(impl, {}).get("us") for r in rows], name=impl,
-                             marker_color=COLORS[impl]))
+        fig.add_trace(
+            go.Bar(x=cases, y=[r["impls"].get(impl, {}).get("us") for r in rows], name=impl, marker_color=COLORS[impl])
+        )
     if all("ceiling_us" in r for r in rows):
-        fig.add_trace(go.Scatter(x=cases, y=[r["ceiling_us"] / 2 for r in rows], mode="markers",
-                                 name="K+V read at copy bandwidth", marker=dict(symbol="line-ew-open", size=30,
-                                                                                color=COLORS["ceiling"])))
-    fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="µs per decode call (log)",
-                      xaxis_title="batch × context", title=title, height=380, width=820)
+        fig.add_trace(
+            go.Scatter(
+                x=cases,
+                y=[r["ceiling_us"] / 2 for r in rows],
+                mode="markers",
+                name="K+V read at copy bandwidth",
+                marker=dict(symbol="line-ew-open", size=30, color=COLORS["ceiling"]),
+            )
+        )
+    fig.update_layout(
+        barmode="group",
+        yaxis_type="log",
+        yaxis_title="µs per decode call (log)",
+        xaxis_title="batch × context",
+        title=title,
+        height=380,
+        width=820,
+    )
     return fig
 
 
@@ -36,17 +56,49 @@ def split_figure(sweeps: list[dict], title: str) -> go.Figure:
     """Per case, µs and % of the copy ceiling against num_splits; the kernel's own choice marked."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("time per call", "% of copy ceiling"))
     for k, sweep in enumerate(sweeps):
-        color = (P.OKABE_ITO["orange"], P.OKABE_ITO["blue"], P.OKABE_ITO["bluish green"], P.OKABE_ITO["reddish purple"])[k % 4]
+        color = (
+            P.OKABE_ITO["orange"],
+            P.OKABE_ITO["blue"],
+            P.OKABE_ITO["bluish green"],
+            P.OKABE_ITO["reddish purple"],
+        )[k % 4]
         xs = [p["splits"] for p in sweep["points"]]
-        fig.add_trace(go.Scatter(x=xs, y=[p["us"] for p in sweep["points"]], mode="lines+markers",
-                                 name=sweep["case"], line=dict(color=color)), 1, 1)
-        fig.add_trace(go.Scatter(x=xs, y=[p["pct_of_ceiling"] for p in sweep["points"]], mode="lines+markers",
-                                 name=sweep["case"], line=dict(color=color), showlegend=False), 1, 2)
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=[p["us"] for p in sweep["points"]],
+                mode="lines+markers",
+                name=sweep["case"],
+                line=dict(color=color),
+            ),
+            1,
+            1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=[p["pct_of_ceiling"] for p in sweep["points"]],
+                mode="lines+markers",
+                name=sweep["case"],
+                line=dict(color=color),
+                showlegend=False,
+            ),
+            1,
+            2,
+        )
         chosen = [p for p in sweep["points"] if p["splits"] == sweep.get("chosen_splits")]
         if chosen:
-            fig.add_trace(go.Scatter(x=[chosen[0]["splits"]], y=[chosen[0]["us"]], mode="markers",
-                                     marker=dict(symbol="star", size=14, color=color),
-                                     name=f"{sweep['case']}: the kernel's choice"), 1, 1)
+            fig.add_trace(
+                go.Scatter(
+                    x=[chosen[0]["splits"]],
+                    y=[chosen[0]["us"]],
+                    mode="markers",
+                    marker=dict(symbol="star", size=14, color=color),
+                    name=f"{sweep['case']}: the kernel's choice",
+                ),
+                1,
+                1,
+            )
     for col in (1, 2):
         fig.update_xaxes(type="log", title_text="num_splits", row=1, col=col)
     fig.update_yaxes(type="log", title_text="µs", row=1, col=1)

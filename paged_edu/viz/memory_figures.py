@@ -17,15 +17,31 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from paged_edu.core.memory import KVSpec, eta_paged_bound, kv_bytes
-from paged_edu.viz.palette import (ACCENT, BAD, CODES, COLORSCALE, FREE, GOOD, IDLE, NEUTRAL, OKABE_ITO,
-                                   STATE_LABELS, OwnerColors, legend_traces, series_color)
+from paged_edu.viz.palette import (
+    ACCENT,
+    BAD,
+    CODES,
+    COLORSCALE,
+    FREE,
+    GOOD,
+    IDLE,
+    NEUTRAL,
+    OKABE_ITO,
+    STATE_LABELS,
+    OwnerColors,
+    legend_traces,
+    series_color,
+)
 
 __all__ = ["contiguous_data", "contiguous_figure", "kv_memory_figure", "utilisation_figure"]
 
 
-def utilisation_figure(measured: dict[int, tuple[Sequence[int], Sequence[float]]],
-                       s_max: int = 512, naive_l_max: int | None = None,
-                       title: str = "KV utilisation: measured eta_paged vs the bound 1 - B/(s+B)") -> go.Figure:
+def utilisation_figure(
+    measured: dict[int, tuple[Sequence[int], Sequence[float]]],
+    s_max: int = 512,
+    naive_l_max: int | None = None,
+    title: str = "KV utilisation: measured eta_paged vs the bound 1 - B/(s+B)",
+) -> go.Figure:
     """``measured[B] = (s values, measured eta)``: markers; the bound ``1 - B/(s+B)`` as lines.
 
     With ``naive_l_max``, the contiguous baseline ``eta_naive = s / L_max`` is drawn too.
@@ -34,21 +50,48 @@ def utilisation_figure(measured: dict[int, tuple[Sequence[int], Sequence[float]]
     s_curve = list(range(1, s_max + 1))
     for k, (B, (s_vals, etas)) in enumerate(sorted(measured.items())):
         color = series_color(k)
-        fig.add_trace(go.Scatter(x=s_curve, y=[eta_paged_bound(s, B) for s in s_curve], mode="lines",
-                                 name=f"bound B={B}", line={"color": color, "dash": "dash"}))
-        fig.add_trace(go.Scatter(x=list(s_vals), y=list(etas), mode="markers", name=f"measured B={B}",
-                                 marker={"color": color, "size": 6, "opacity": 0.7}))
+        fig.add_trace(
+            go.Scatter(
+                x=s_curve,
+                y=[eta_paged_bound(s, B) for s in s_curve],
+                mode="lines",
+                name=f"bound B={B}",
+                line={"color": color, "dash": "dash"},
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=list(s_vals),
+                y=list(etas),
+                mode="markers",
+                name=f"measured B={B}",
+                marker={"color": color, "size": 6, "opacity": 0.7},
+            )
+        )
     if naive_l_max:
-        fig.add_trace(go.Scatter(x=s_curve, y=[min(1.0, s / naive_l_max) for s in s_curve], mode="lines",
-                                 name=f"contiguous, L_max={naive_l_max}", line={"color": NEUTRAL}))
-    fig.update_layout(title=title, xaxis_title="sequence length s (tokens)",
-                      yaxis_title="eta = tokens / reserved slots (fraction)",
-                      yaxis_range=[0, 1.02], height=420, margin={"t": 50})
+        fig.add_trace(
+            go.Scatter(
+                x=s_curve,
+                y=[min(1.0, s / naive_l_max) for s in s_curve],
+                mode="lines",
+                name=f"contiguous, L_max={naive_l_max}",
+                line={"color": NEUTRAL},
+            )
+        )
+    fig.update_layout(
+        title=title,
+        xaxis_title="sequence length s (tokens)",
+        yaxis_title="eta = tokens / reserved slots (fraction)",
+        yaxis_range=[0, 1.02],
+        height=420,
+        margin={"t": 50},
+    )
     return fig
 
 
-def kv_memory_figure(spec: KVSpec, seq_len: int, batch: int, gpu_bytes: int, weights_bytes: int = 0,
-                     max_len: int = 32768) -> go.Figure:
+def kv_memory_figure(
+    spec: KVSpec, seq_len: int, batch: int, gpu_bytes: int, weights_bytes: int = 0, max_len: int = 32768
+) -> go.Figure:
     """Left: ``M_KV(s)`` of one request against ``s`` (linear: it is a linear law). Right: the
     batch's KV bytes against the memory left for the cache, coloured by whether it fits.
 
@@ -59,15 +102,41 @@ def kv_memory_figure(spec: KVSpec, seq_len: int, batch: int, gpu_bytes: int, wei
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("KV bytes of one request", "KV for the batch vs memory for KV"))
     s_vals = [0] + [2**k for k in range(4, int(math.log2(max_len)) + 1)]
-    fig.add_trace(go.Scatter(x=s_vals, y=[kv_bytes(spec, s) / 2**30 for s in s_vals], mode="lines+markers",
-                             name="M_KV(s)", line={"color": OKABE_ITO["blue"]}), 1, 1)
-    fig.add_trace(go.Scatter(x=[seq_len], y=[kv_bytes(spec, seq_len) / 2**30], mode="markers",
-                             marker={"size": 12, "color": ACCENT, "symbol": "diamond"}, name="the chosen s"), 1, 1)
+    fig.add_trace(
+        go.Scatter(
+            x=s_vals,
+            y=[kv_bytes(spec, s) / 2**30 for s in s_vals],
+            mode="lines+markers",
+            name="M_KV(s)",
+            line={"color": OKABE_ITO["blue"]},
+        ),
+        1,
+        1,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=[seq_len],
+            y=[kv_bytes(spec, seq_len) / 2**30],
+            mode="markers",
+            marker={"size": 12, "color": ACCENT, "symbol": "diamond"},
+            name="the chosen s",
+        ),
+        1,
+        1,
+    )
     need = kv_bytes(spec, seq_len) * batch
     free = max(0, gpu_bytes - weights_bytes)
-    fig.add_trace(go.Bar(x=["KV for the batch", "memory for KV"], y=[need / 2**30, free / 2**30],
-                         marker_color=[BAD if need > free else GOOD, NEUTRAL],
-                         name="GiB", showlegend=False), 1, 2)
+    fig.add_trace(
+        go.Bar(
+            x=["KV for the batch", "memory for KV"],
+            y=[need / 2**30, free / 2**30],
+            marker_color=[BAD if need > free else GOOD, NEUTRAL],
+            name="GiB",
+            showlegend=False,
+        ),
+        1,
+        2,
+    )
     for trace in legend_traces({GOOD: "the batch fits", BAD: "the batch does NOT fit", NEUTRAL: "memory for KV"}):
         fig.add_trace(trace, 1, 2)
     fig.update_xaxes(title_text="sequence length s (tokens)", row=1, col=1)
@@ -99,24 +168,42 @@ def contiguous_data(contig, cols: int = 64, colors: OwnerColors | None = None) -
     return {"z": z, "text": text}
 
 
-def contiguous_figure(contig, cols: int = 64, colors: OwnerColors | None = None,
-                      title: str | None = None) -> go.Figure:
+def contiguous_figure(contig, cols: int = 64, colors: OwnerColors | None = None, title: str | None = None) -> go.Figure:
     """The contiguous baseline's address space, one square per token slot, with a legend."""
     colors = OwnerColors() if colors is None else colors
     data = contiguous_data(contig, cols, colors)
     rows = len(data["z"])
     if title is None:
-        title = (f"Contiguous reservations (L_max = {contig.max_seq_len}): used {contig.used_slots} of "
-                 f"{contig.reserved_slots} reserved slots")
-    fig = go.Figure(go.Heatmap(z=data["z"], text=data["text"], texttemplate="%{text}", colorscale=COLORSCALE,
-                               zmin=-0.5, zmax=len(CODES) - 0.5, showscale=False, xgap=1, ygap=4, showlegend=False,
-                               hovertemplate="slot %{x} of row %{y}<extra></extra>", textfont={"size": 10}))
+        title = (
+            f"Contiguous reservations (L_max = {contig.max_seq_len}): used {contig.used_slots} of "
+            f"{contig.reserved_slots} reserved slots"
+        )
+    fig = go.Figure(
+        go.Heatmap(
+            z=data["z"],
+            text=data["text"],
+            texttemplate="%{text}",
+            colorscale=COLORSCALE,
+            zmin=-0.5,
+            zmax=len(CODES) - 0.5,
+            showscale=False,
+            xgap=1,
+            ygap=4,
+            showlegend=False,
+            hovertemplate="slot %{x} of row %{y}<extra></extra>",
+            textfont={"size": 10},
+        )
+    )
     owners = {colors.color(s): f"tokens of {s}" for s in contig.seq_ids}
     for trace in legend_traces({**owners, IDLE: STATE_LABELS[IDLE], FREE: STATE_LABELS[FREE]}):
         fig.add_trace(trace)
     fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
     fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
-    fig.update_layout(title={"text": title, "font": {"size": 13}}, height=110 + 40 * rows, plot_bgcolor="white",
-                      margin={"l": 10, "r": 10, "t": 40, "b": 10}, legend={"orientation": "h", "y": -0.05})
+    fig.update_layout(
+        title={"text": title, "font": {"size": 13}},
+        height=110 + 40 * rows,
+        plot_bgcolor="white",
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        legend={"orientation": "h", "y": -0.05},
+    )
     return fig
-

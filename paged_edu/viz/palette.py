@@ -22,22 +22,58 @@ signed values (K/V heat-maps), blue-white-orange.
 
 from __future__ import annotations
 
-__all__ = ["ACCENT", "BAD", "CODES", "COLORSCALE", "DIVERGING", "EVICTABLE", "FREE", "GOOD", "IDLE", "NEUTRAL",
-           "OKABE_ITO", "OwnerColors", "SEQ0", "SEQ_COLORS", "SHARED", "STATE_LABELS", "legend_traces",
-           "series_color", "text_color"]
+__all__ = [
+    "ACCENT",
+    "BAD",
+    "CODES",
+    "COLORSCALE",
+    "DIVERGING",
+    "EVICTABLE",
+    "FREE",
+    "GOOD",
+    "IDLE",
+    "NEUTRAL",
+    "OKABE_ITO",
+    "OwnerColors",
+    "SEQ0",
+    "SEQ_COLORS",
+    "SHARED",
+    "STATE_LABELS",
+    "legend_traces",
+    "series_color",
+    "text_color",
+]
 
-OKABE_ITO = {"orange": "#E69F00", "sky blue": "#56B4E9", "bluish green": "#009E73", "yellow": "#F0E442",
-             "blue": "#0072B2", "vermillion": "#D55E00", "reddish purple": "#CC79A7", "black": "#000000"}
+OKABE_ITO = {
+    "orange": "#E69F00",
+    "sky blue": "#56B4E9",
+    "bluish green": "#009E73",
+    "yellow": "#F0E442",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "reddish purple": "#CC79A7",
+    "black": "#000000",
+}
 
-SEQ_COLORS = (OKABE_ITO["orange"], OKABE_ITO["blue"], OKABE_ITO["bluish green"], OKABE_ITO["reddish purple"],
-              OKABE_ITO["vermillion"], OKABE_ITO["yellow"])
+SEQ_COLORS = (
+    OKABE_ITO["orange"],
+    OKABE_ITO["blue"],
+    OKABE_ITO["bluish green"],
+    OKABE_ITO["reddish purple"],
+    OKABE_ITO["vermillion"],
+    OKABE_ITO["yellow"],
+)
 
 FREE = "#F2F2F2"
 IDLE = "#9E9E9E"
 EVICTABLE = "#C6E2F5"
 SHARED = "#262626"
-STATE_LABELS = {FREE: "free", IDLE: "reserved but idle", EVICTABLE: "evictable (cached, ref count 0)",
-                SHARED: "shared (ref count > 1)"}
+STATE_LABELS = {
+    FREE: "free",
+    IDLE: "reserved but idle",
+    EVICTABLE: "evictable (cached, ref count 0)",
+    SHARED: "shared (ref count > 1)",
+}
 
 GOOD = OKABE_ITO["bluish green"]
 BAD = OKABE_ITO["vermillion"]
@@ -77,7 +113,7 @@ class OwnerColors:
 
 def text_color(background: str) -> str:
     """Black or white, whichever reads better on ``background`` (``#RRGGBB``)."""
-    r, g, b = (int(background[k:k + 2], 16) for k in (1, 3, 5))
+    r, g, b = (int(background[k : k + 2], 16) for k in (1, 3, 5))
     return "#000000" if 0.299 * r + 0.587 * g + 0.114 * b > 140 else "#FFFFFF"
 
 
@@ -85,6 +121,15 @@ def legend_traces(labels: dict[str, str]):
     """Invisible-data scatter traces that only draw a legend: ``{colour: label}``, square markers."""
     import plotly.graph_objects as go
 
-    return [go.Scatter(x=[None], y=[None], mode="markers", name=label, showlegend=True, hoverinfo="skip",
-                       marker={"symbol": "square", "size": 13, "color": color, "line": {"color": "#555", "width": 1}})
-            for color, label in labels.items()]
+    return [
+        go.Scatter(
+            x=[None],
+            y=[None],
+            mode="markers",
+            name=label,
+            showlegend=True,
+            hoverinfo="skip",
+            marker={"symbol": "square", "size": 13, "color": color, "line": {"color": "#555", "width": 1}},
+        )
+        for color, label in labels.items()
+    ]

@@ -32,30 +32,65 @@ def timeline_data(run) -> dict[str, list]:
         tok["y"] += [rid] * len(times)
         tok["c"] += [1] + gaps[rid]
     res = run.resumptions()
-    return {"tokens": tok,
-            "preempt": {"x": [p["time"] for p in res], "y": [p["request_id"] for p in res],
-                        "text": [p["how"] for p in res]},
-            "resume": {"x": [p["resumed_time"] for p in res if p["resumed_time"] is not None],
-                       "y": [p["request_id"] for p in res if p["resumed_time"] is not None]}}
+    return {
+        "tokens": tok,
+        "preempt": {
+            "x": [p["time"] for p in res],
+            "y": [p["request_id"] for p in res],
+            "text": [p["how"] for p in res],
+        },
+        "resume": {
+            "x": [p["resumed_time"] for p in res if p["resumed_time"] is not None],
+            "y": [p["request_id"] for p in res if p["resumed_time"] is not None],
+        },
+    }
 
 
 def timeline_figure(run) -> go.Figure:
     d = timeline_data(run)
-    fig = go.Figure([
-        go.Scatter(x=d["tokens"]["x"], y=d["tokens"]["y"], mode="markers", name="token",
-                   marker={"size": 6, "color": d["tokens"]["c"], "colorscale": "Viridis", "cmin": 1,
-                           "colorbar": {"title": "steps since<br>last token"}},
-                   hovertemplate="request %{y}, t=%{x:.3f}s, gap %{marker.color} steps<extra></extra>"),
-        go.Scatter(x=d["preempt"]["x"], y=d["preempt"]["y"], mode="markers", name="preempted",
-                   text=d["preempt"]["text"], marker={"symbol": "x", "size": 12, "color": P.BAD},
-                   hovertemplate="request %{y} preempted (%{text}) at %{x:.3f}s<extra></extra>"),
-        go.Scatter(x=d["resume"]["x"], y=d["resume"]["y"], mode="markers", name="resumed",
-                   marker={"symbol": "triangle-right", "size": 11, "color": P.GOOD},
-                   hovertemplate="request %{y} resumed at %{x:.3f}s<extra></extra>"),
-    ])
-    fig.update_layout(height=360, margin={"t": 50, "l": 60, "r": 20, "b": 40}, xaxis_title="seconds",
-                      yaxis_title="request", yaxis={"autorange": "reversed", "dtick": 1},
-                      title=f"{run.mode}, {run.num_blocks} blocks: {run.num_preemptions} preemptions")
+    fig = go.Figure(
+        [
+            go.Scatter(
+                x=d["tokens"]["x"],
+                y=d["tokens"]["y"],
+                mode="markers",
+                name="token",
+                marker={
+                    "size": 6,
+                    "color": d["tokens"]["c"],
+                    "colorscale": "Viridis",
+                    "cmin": 1,
+                    "colorbar": {"title": "steps since<br>last token"},
+                },
+                hovertemplate="request %{y}, t=%{x:.3f}s, gap %{marker.color} steps<extra></extra>",
+            ),
+            go.Scatter(
+                x=d["preempt"]["x"],
+                y=d["preempt"]["y"],
+                mode="markers",
+                name="preempted",
+                text=d["preempt"]["text"],
+                marker={"symbol": "x", "size": 12, "color": P.BAD},
+                hovertemplate="request %{y} preempted (%{text}) at %{x:.3f}s<extra></extra>",
+            ),
+            go.Scatter(
+                x=d["resume"]["x"],
+                y=d["resume"]["y"],
+                mode="markers",
+                name="resumed",
+                marker={"symbol": "triangle-right", "size": 11, "color": P.GOOD},
+                hovertemplate="request %{y} resumed at %{x:.3f}s<extra></extra>",
+            ),
+        ]
+    )
+    fig.update_layout(
+        height=360,
+        margin={"t": 50, "l": 60, "r": 20, "b": 40},
+        xaxis_title="seconds",
+        yaxis_title="request",
+        yaxis={"autorange": "reversed", "dtick": 1},
+        title=f"{run.mode}, {run.num_blocks} blocks: {run.num_preemptions} preemptions",
+    )
     return fig
 
 
@@ -64,16 +99,30 @@ class PreemptionExplorer:
 
     MODES = ("recompute", "swap", "auto")
 
-    def __init__(self, model, prompts, *, max_new_tokens: int = 32, block_size: int = 8,
-                 num_blocks: int | None = None, mode: str = "recompute") -> None:
+    def __init__(
+        self,
+        model,
+        prompts,
+        *,
+        max_new_tokens: int = 32,
+        block_size: int = 8,
+        num_blocks: int | None = None,
+        mode: str = "recompute",
+    ) -> None:
         self.model, self.prompts = model, prompts
         self.max_new_tokens, self.block_size = max_new_tokens, block_size
         self.enough = blocks_needed(prompts, max_new_tokens, block_size)
         self.reference = self._run(self.enough, "recompute")
         smallest = -(-(len(max(prompts, key=len)) + max_new_tokens) // block_size)
         start = num_blocks if num_blocks is not None else max(smallest, self.enough // 3)
-        self.blocks = W.IntSlider(start, min=smallest, max=self.enough, description="KV blocks",
-                                  continuous_update=False, layout=W.Layout(width="520px"))
+        self.blocks = W.IntSlider(
+            start,
+            min=smallest,
+            max=self.enough,
+            description="KV blocks",
+            continuous_update=False,
+            layout=W.Layout(width="520px"),
+        )
         self.mode = W.ToggleButtons(options=self.MODES, value=mode, description="preemption")
         self.summary = W.HTML()
         self.run = self._run(start, mode)
@@ -85,8 +134,9 @@ class PreemptionExplorer:
         self._show()
 
     def _run(self, num_blocks: int, mode: str):
-        return run_under_pressure(self.model, self.prompts, num_blocks, mode, max_new_tokens=self.max_new_tokens,
-                                  block_size=self.block_size)
+        return run_under_pressure(
+            self.model, self.prompts, num_blocks, mode, max_new_tokens=self.max_new_tokens, block_size=self.block_size
+        )
 
     def set(self, num_blocks: int | None = None, mode: str | None = None):
         """Rerun with a new pool size and/or mode; returns the new run (the widgets follow)."""
@@ -115,26 +165,48 @@ class PreemptionExplorer:
             self.fig.data[1].text = d["preempt"]["text"]
             self.fig.layout.title.text = f"{run.mode}, {run.num_blocks} blocks: {run.num_preemptions} preemptions"
         bad = self.mismatches()
-        lines = [f"{run.num_blocks} blocks of {run.block_size} tokens for {len(self.prompts)} requests that need "
-                 f"{self.enough} at full length; <b>{run.num_preemptions}</b> preemptions"]
+        lines = [
+            f"{run.num_blocks} blocks of {run.block_size} tokens for {len(self.prompts)} requests that need "
+            f"{self.enough} at full length; <b>{run.num_preemptions}</b> preemptions"
+        ]
         if run.preemptions:
             p = run.preemptions[0]
-            lines.append(f"first victim: request <b>{p['request_id']}</b> at step {p['step']} ({p['how']}) -- the most "
-                         "recently admitted running sequence goes first")
-        lines.append(f"blocks swapped out / in: {run.blocks_swapped_out} / {run.blocks_swapped_in} "
-                     f"({run.bytes_moved:,} bytes); prompt tokens computed: {run.prefill_tokens}")
-        lines.append("output token-identical to the unpressured run" if not bad
-                     else f"<span style='color:{P.BAD}'>output DIFFERS for requests {bad}</span>")
-        self.summary.value = "<div style='font-family:monospace;font-size:12px'>" + "<br>".join(
-            html.escape(x).replace("&lt;b&gt;", "<b>").replace("&lt;/b&gt;", "</b>") if "span" not in x else x
-            for x in lines) + "</div>"
+            lines.append(
+                f"first victim: request <b>{p['request_id']}</b> at step {p['step']} ({p['how']}) -- the most "
+                "recently admitted running sequence goes first"
+            )
+        lines.append(
+            f"blocks swapped out / in: {run.blocks_swapped_out} / {run.blocks_swapped_in} "
+            f"({run.bytes_moved:,} bytes); prompt tokens computed: {run.prefill_tokens}"
+        )
+        lines.append(
+            "output token-identical to the unpressured run"
+            if not bad
+            else f"<span style='color:{P.BAD}'>output DIFFERS for requests {bad}</span>"
+        )
+        self.summary.value = (
+            "<div style='font-family:monospace;font-size:12px'>"
+            + "<br>".join(
+                html.escape(x).replace("&lt;b&gt;", "<b>").replace("&lt;/b&gt;", "</b>") if "span" not in x else x
+                for x in lines
+            )
+            + "</div>"
+        )
 
 
 def remedy_figure(rows: list[dict]) -> go.Figure:
     """Troubleshooting 3's remedies: the longest stall (engine steps) and the preemptions of each case."""
     cases = [r["case"] for r in rows]
-    fig = go.Figure([go.Bar(x=cases, y=[r["max_gap_steps"] for r in rows], name="longest stall (steps)"),
-                     go.Bar(x=cases, y=[r["preemptions"] for r in rows], name="preemptions")])
-    fig.update_layout(barmode="group", height=380, margin={"t": 50, "l": 60, "r": 20, "b": 140},
-                      title="Swap thrashing and its remedies (same requests, same pool)")
+    fig = go.Figure(
+        [
+            go.Bar(x=cases, y=[r["max_gap_steps"] for r in rows], name="longest stall (steps)"),
+            go.Bar(x=cases, y=[r["preemptions"] for r in rows], name="preemptions"),
+        ]
+    )
+    fig.update_layout(
+        barmode="group",
+        height=380,
+        margin={"t": 50, "l": 60, "r": 20, "b": 140},
+        title="Swap thrashing and its remedies (same requests, same pool)",
+    )
     return fig

@@ -69,16 +69,32 @@ class SimExplorer:
             f"{len(requests)} requests: {rec['throughput_tokens_per_s']:,.0f} tok/s, memory efficiency "
             f"{rec['kv_utilization']:.1%}, TTFT p50 {rec['ttft_p50_s']:.3f} s / p99 {rec['ttft_p99_s']:.3f} s, "
             f"{rec['norm_latency_p50_s']:.4f} s per output token (p50), mean batch {rec['mean_batched']:.1f}, "
-            f"{rec['preemptions']} preemptions (simulated in {res.sim_wall_s:.2f} s)")
+            f"{rec['preemptions']} preemptions (simulated in {res.sim_wall_s:.2f} s)"
+        )
 
     def _memory_figure(self) -> go.Figure:
         fig = go.Figure()
-        fig.add_bar(y=[label for _, label, _ in CATEGORIES], x=[0] * len(CATEGORIES), orientation="h",
-                    marker_color=[color for *_, color in CATEGORIES], name="simulated")
-        fig.add_scatter(y=[CATEGORIES[0][1]], x=[None], mode="markers", name="paper (Fig. 2)",
-                        marker=dict(symbol="diamond", size=12, color=P.OKABE_ITO["black"]))
-        fig.update_layout(xaxis_title="% of KV memory allocated or wanted", xaxis_range=[0, 100],
-                          height=300, width=700, margin=dict(l=220))
+        fig.add_bar(
+            y=[label for _, label, _ in CATEGORIES],
+            x=[0] * len(CATEGORIES),
+            orientation="h",
+            marker_color=[color for *_, color in CATEGORIES],
+            name="simulated",
+        )
+        fig.add_scatter(
+            y=[CATEGORIES[0][1]],
+            x=[None],
+            mode="markers",
+            name="paper (Fig. 2)",
+            marker=dict(symbol="diamond", size=12, color=P.OKABE_ITO["black"]),
+        )
+        fig.update_layout(
+            xaxis_title="% of KV memory allocated or wanted",
+            xaxis_range=[0, 100],
+            height=300,
+            width=700,
+            margin=dict(l=220),
+        )
         fig.update_yaxes(autorange="reversed")
         return fig
 
@@ -86,8 +102,14 @@ class SimExplorer:
         fig = go.Figure()
         fig.add_scatter(x=[], y=[], mode="lines", name="TTFT")
         fig.add_hline(y=1.0, line_dash="dash", annotation_text="1 s")
-        fig.update_layout(title="Time to first token, every request (sorted)", xaxis_title="percentile of requests",
-                          yaxis_title="TTFT (s)", yaxis_type="log", height=320, width=700)
+        fig.update_layout(
+            title="Time to first token, every request (sorted)",
+            xaxis_title="percentile of requests",
+            yaxis_title="TTFT (s)",
+            yaxis_type="log",
+            height=320,
+            width=700,
+        )
         return fig
 
     def widget(self) -> W.Widget:

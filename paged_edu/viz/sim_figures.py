@@ -40,11 +40,17 @@ __all__ = [
 PAPER_TOKEN_STATES = {"contiguous-max": 0.204, "contiguous-pow2": 0.268, "contiguous-oracle": 0.382, "paged": 0.963}
 PAPER_BATCHED_SHAREGPT = {"contiguous-max": 7.00, "contiguous-pow2": 9.81, "contiguous-oracle": 13.62, "paged": 30.42}
 PAPER_SAVING = {  # Fig. 15, (low, high) over n = 2..6 / beam width 2..6
-    ("alpaca", "parallel"): (0.061, 0.098), ("alpaca", "beam"): (0.376, 0.552),
-    ("sharegpt", "parallel"): (0.162, 0.305), ("sharegpt", "beam"): (0.443, 0.663),
+    ("alpaca", "parallel"): (0.061, 0.098),
+    ("alpaca", "beam"): (0.376, 0.552),
+    ("sharegpt", "parallel"): (0.162, 0.305),
+    ("sharegpt", "beam"): (0.443, 0.663),
 }
-PAPER_NAMES = {"contiguous-max": "Orca (Max)", "contiguous-pow2": "Orca (Pow2)",
-               "contiguous-oracle": "Orca (Oracle)", "paged": "vLLM (paged)"}
+PAPER_NAMES = {
+    "contiguous-max": "Orca (Max)",
+    "contiguous-pow2": "Orca (Pow2)",
+    "contiguous-oracle": "Orca (Oracle)",
+    "paged": "vLLM (paged)",
+}
 CATEGORIES = (
     ("token_states", "token states", P.OKABE_ITO["blue"]),
     ("reserved", "reserved", P.OKABE_ITO["yellow"]),
@@ -64,14 +70,30 @@ def memory_breakdown_figure(results: list[SimResult], title: str = "") -> go.Fig
     names = [_name(r) for r in results]
     fig = go.Figure()
     for key, label, color in CATEGORIES:
-        fig.add_bar(y=names, x=[r.breakdown_fractions()[key] * 100 for r in results], name=label,
-                    orientation="h", marker_color=color)
+        fig.add_bar(
+            y=names,
+            x=[r.breakdown_fractions()[key] * 100 for r in results],
+            name=label,
+            orientation="h",
+            marker_color=color,
+        )
     paper = [PAPER_TOKEN_STATES.get(r.config.manager) for r in results]
-    fig.add_scatter(y=names, x=[p * 100 if p is not None else None for p in paper], mode="markers",
-                    marker=dict(symbol="diamond", size=12, color=P.OKABE_ITO["black"]), name="paper: token states (Fig. 2)")
-    fig.update_layout(barmode="stack", title=title or "Where the KV memory goes (simulated vs. the paper's Fig. 2)",
-                      xaxis_title="% of KV memory allocated or wanted", height=380, width=900,
-                      legend=dict(orientation="h", y=-0.25), margin=dict(l=160))
+    fig.add_scatter(
+        y=names,
+        x=[p * 100 if p is not None else None for p in paper],
+        mode="markers",
+        marker=dict(symbol="diamond", size=12, color=P.OKABE_ITO["black"]),
+        name="paper: token states (Fig. 2)",
+    )
+    fig.update_layout(
+        barmode="stack",
+        title=title or "Where the KV memory goes (simulated vs. the paper's Fig. 2)",
+        xaxis_title="% of KV memory allocated or wanted",
+        height=380,
+        width=900,
+        legend=dict(orientation="h", y=-0.25),
+        margin=dict(l=160),
+    )
     fig.update_yaxes(autorange="reversed")
     return fig
 
@@ -80,13 +102,29 @@ def batched_figure(results: list[SimResult], title: str = "") -> go.Figure:
     """Mean batched requests per manager, simulated and as the paper reports (Fig. 13a)."""
     names = [_name(r) for r in results]
     fig = go.Figure()
-    fig.add_bar(x=names, y=[r.mean_batched for r in results], name="simulated",
-                text=[f"{r.mean_batched:.1f}" for r in results], textposition="outside", marker_color=P.OKABE_ITO["blue"])
-    fig.add_bar(x=names, y=[PAPER_BATCHED_SHAREGPT.get(r.config.manager) for r in results], name="paper (Fig. 13a)",
-                text=[f"{PAPER_BATCHED_SHAREGPT.get(r.config.manager, 0):.1f}" for r in results],
-                textposition="outside", marker_color=P.IDLE)
-    fig.update_layout(title=title or "Requests batched per step (ShareGPT-like, saturated)", barmode="group",
-                      yaxis_title="mean batched requests", height=400, width=800)
+    fig.add_bar(
+        x=names,
+        y=[r.mean_batched for r in results],
+        name="simulated",
+        text=[f"{r.mean_batched:.1f}" for r in results],
+        textposition="outside",
+        marker_color=P.OKABE_ITO["blue"],
+    )
+    fig.add_bar(
+        x=names,
+        y=[PAPER_BATCHED_SHAREGPT.get(r.config.manager) for r in results],
+        name="paper (Fig. 13a)",
+        text=[f"{PAPER_BATCHED_SHAREGPT.get(r.config.manager, 0):.1f}" for r in results],
+        textposition="outside",
+        marker_color=P.IDLE,
+    )
+    fig.update_layout(
+        title=title or "Requests batched per step (ShareGPT-like, saturated)",
+        barmode="group",
+        yaxis_title="mean batched requests",
+        height=400,
+        width=800,
+    )
     return fig
 
 
@@ -95,12 +133,20 @@ def latency_rate_figure(points: list[dict], title: str = "", cap: float = 1.0) -
     fig = go.Figure()
     for label in dict.fromkeys(p["label"] for p in points):
         pts = [p for p in points if p["label"] == label]
-        fig.add_scatter(x=[p["rate"] for p in pts], y=[min(p["norm_latency_mean_s"], cap) for p in pts],
-                        mode="lines+markers", name=PAPER_NAMES.get(pts[0]["manager"], pts[0]["manager"])
-                        + ("" if pts[0]["block_size"] is None else f" B={pts[0]['block_size']}"))
-    fig.update_layout(title=title or "Normalised latency vs. request rate (cf. the paper's Fig. 12)",
-                      xaxis_title="request rate (req/s)", yaxis_title=f"mean normalised latency (s/token, capped at {cap})",
-                      height=450, width=800)
+        fig.add_scatter(
+            x=[p["rate"] for p in pts],
+            y=[min(p["norm_latency_mean_s"], cap) for p in pts],
+            mode="lines+markers",
+            name=PAPER_NAMES.get(pts[0]["manager"], pts[0]["manager"])
+            + ("" if pts[0]["block_size"] is None else f" B={pts[0]['block_size']}"),
+        )
+    fig.update_layout(
+        title=title or "Normalised latency vs. request rate (cf. the paper's Fig. 12)",
+        xaxis_title="request rate (req/s)",
+        yaxis_title=f"mean normalised latency (s/token, capped at {cap})",
+        height=450,
+        width=800,
+    )
     return fig
 
 
@@ -113,13 +159,19 @@ def block_size_figure(results: list[SimResult], title: str = "") -> go.Figure:
     bound = [100 * sum(s / (s + b) for s in stored) / len(stored) for b in sizes] if stored else []
     fig = go.Figure()
     fig.add_scatter(x=sizes, y=util, mode="lines+markers", name="measured: stored tokens / slots held at the end")
-    fig.add_scatter(x=sizes, y=[r.kv_utilization * 100 for r in paged], mode="lines+markers",
-                    name="measured: time-averaged KV util")
+    fig.add_scatter(
+        x=sizes, y=[r.kv_utilization * 100 for r in paged], mode="lines+markers", name="measured: time-averaged KV util"
+    )
     if bound:
         fig.add_scatter(x=sizes, y=bound, mode="lines", line=dict(dash="dash"), name="mean bound 1 - B/(s+B)")
-    fig.update_layout(title=title or "Paged utilisation falls as the block size grows", xaxis_type="log",
-                      xaxis=dict(tickvals=sizes, title="block size B (tokens)"), yaxis_title="%",
-                      height=400, width=800)
+    fig.update_layout(
+        title=title or "Paged utilisation falls as the block size grows",
+        xaxis_type="log",
+        xaxis=dict(tickvals=sizes, title="block size B (tokens)"),
+        yaxis_title="%",
+        height=400,
+        width=800,
+    )
     return fig
 
 
@@ -131,14 +183,28 @@ def sharing_figure(rows: list[dict], title: str = "") -> go.Figure:
             pts = [r for r in rows if r["dataset"] == dataset and r["fork"] == fork]
             if not pts:
                 continue
-            fig.add_scatter(x=[r["n"] for r in pts], y=[r["saving"] * 100 for r in pts], mode="lines+markers",
-                            name=f"{dataset} {fork} (simulated)")
+            fig.add_scatter(
+                x=[r["n"] for r in pts],
+                y=[r["saving"] * 100 for r in pts],
+                mode="lines+markers",
+                name=f"{dataset} {fork} (simulated)",
+            )
             lo, hi = PAPER_SAVING.get((dataset, fork), (None, None))
             if lo is not None:
-                fig.add_scatter(x=[pts[0]["n"], pts[-1]["n"]], y=[lo * 100, hi * 100], mode="markers",
-                                marker=dict(symbol="diamond-open", size=11), name=f"{dataset} {fork} (paper range)")
-    fig.update_layout(title=title or "Memory saved by sharing blocks (cf. the paper's Fig. 15)",
-                      xaxis_title="samples / beam width n", yaxis_title="% of blocks saved", height=420, width=800)
+                fig.add_scatter(
+                    x=[pts[0]["n"], pts[-1]["n"]],
+                    y=[lo * 100, hi * 100],
+                    mode="markers",
+                    marker=dict(symbol="diamond-open", size=11),
+                    name=f"{dataset} {fork} (paper range)",
+                )
+    fig.update_layout(
+        title=title or "Memory saved by sharing blocks (cf. the paper's Fig. 15)",
+        xaxis_title="samples / beam width n",
+        yaxis_title="% of blocks saved",
+        height=420,
+        width=800,
+    )
     return fig
 
 
@@ -162,8 +228,15 @@ def _save(fig: go.Figure, path_stem: str, fmt: str, written: list[str]) -> None:
             print(f"  (PNG export failed: {type(exc).__name__}: {exc}; wrote HTML)")
 
 
-def write_all(out_dir: str, cost: CostModel | None = None, num_requests: int = 1000, seed: int = 0,
-              fmt: str = "both", server: dict | None = None, progress: bool = True) -> list[str]:
+def write_all(
+    out_dir: str,
+    cost: CostModel | None = None,
+    num_requests: int = 1000,
+    seed: int = 0,
+    fmt: str = "both",
+    server: dict | None = None,
+    progress: bool = True,
+) -> list[str]:
     """Run the simulations behind every figure (:func:`paged_edu.labs.paper_figures.paper_figure_runs`)
     and save the figures under ``out_dir``, with the data behind them as JSON; return the paths."""
     runs = paper_figure_runs(cost, num_requests, seed, server, progress)
@@ -186,11 +259,24 @@ def block_latency_figure(rows: list[dict], title: str = "") -> go.Figure:
     """Fig. 18: mean normalised latency against block size, per-block kernel cost off and on."""
     sizes = [r["block_size"] for r in rows]
     fig = go.Figure()
-    fig.add_scatter(x=sizes, y=[r["latency_off_s"] * 1e3 for r in rows], mode="lines+markers",
-                    name="roofline only (per-block cost off)")
-    fig.add_scatter(x=sizes, y=[r["latency_on_s"] * 1e3 for r in rows], mode="lines+markers",
-                    name=f"+ {rows[0]['per_block_s'] * 1e9:.3g} ns per block x layer x KV head" if rows else "on")
-    fig.update_layout(title=title or "Block size against latency (cf. the paper's Fig. 18)", xaxis_type="log",
-                      xaxis=dict(tickvals=sizes, title="block size B (tokens)"),
-                      yaxis_title="mean normalised latency (ms/token)", height=400, width=800)
+    fig.add_scatter(
+        x=sizes,
+        y=[r["latency_off_s"] * 1e3 for r in rows],
+        mode="lines+markers",
+        name="roofline only (per-block cost off)",
+    )
+    fig.add_scatter(
+        x=sizes,
+        y=[r["latency_on_s"] * 1e3 for r in rows],
+        mode="lines+markers",
+        name=f"+ {rows[0]['per_block_s'] * 1e9:.3g} ns per block x layer x KV head" if rows else "on",
+    )
+    fig.update_layout(
+        title=title or "Block size against latency (cf. the paper's Fig. 18)",
+        xaxis_type="log",
+        xaxis=dict(tickvals=sizes, title="block size B (tokens)"),
+        yaxis_title="mean normalised latency (ms/token)",
+        height=400,
+        width=800,
+    )
     return fig

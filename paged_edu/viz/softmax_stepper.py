@@ -29,8 +29,16 @@ from paged_edu.viz.widgets.base import _figure_widget
 __all__ = ["SoftmaxStepperWidget", "stepper_figure", "stepper_traces"]
 
 # Pool colours: 0 another request's block, 1 ours still to come, 2 ours processed, 3 ours just processed.
-POOL_COLORS = [[0.0, P.FREE], [0.25, P.FREE], [0.25, P.EVICTABLE], [0.5, P.EVICTABLE],
-               [0.5, P.OKABE_ITO["blue"]], [0.75, P.OKABE_ITO["blue"]], [0.75, P.OKABE_ITO["orange"]], [1.0, P.OKABE_ITO["orange"]]]
+POOL_COLORS = [
+    [0.0, P.FREE],
+    [0.25, P.FREE],
+    [0.25, P.EVICTABLE],
+    [0.5, P.EVICTABLE],
+    [0.5, P.OKABE_ITO["blue"]],
+    [0.75, P.OKABE_ITO["blue"]],
+    [0.75, P.OKABE_ITO["orange"]],
+    [1.0, P.OKABE_ITO["orange"]],
+]
 ERROR_FLOOR = 1e-12  # a log axis cannot show 0
 
 
@@ -75,21 +83,56 @@ def stepper_traces(stepper: OnlineSoftmaxStepper, head: int = 0) -> list[dict]:
 
 
 def stepper_figure(stepper: OnlineSoftmaxStepper, head: int = 0) -> go.Figure:
-    fig = make_subplots(rows=3, cols=2, specs=[[{"colspan": 2}, None], [{}, {}], [{}, {}]],
-                        row_heights=[0.16, 0.42, 0.42], vertical_spacing=0.13,
-                        subplot_titles=("physical pool: the sequence's blocks b and B(b)", "scores S_b and running max m",
-                                        "normaliser l after block b", "o / l now vs attention over the whole sequence",
-                                        "relative error of o / l after block b"))
+    fig = make_subplots(
+        rows=3,
+        cols=2,
+        specs=[[{"colspan": 2}, None], [{}, {}], [{}, {}]],
+        row_heights=[0.16, 0.42, 0.42],
+        vertical_spacing=0.13,
+        subplot_titles=(
+            "physical pool: the sequence's blocks b and B(b)",
+            "scores S_b and running max m",
+            "normaliser l after block b",
+            "o / l now vs attention over the whole sequence",
+            "relative error of o / l after block b",
+        ),
+    )
     data = stepper_traces(stepper, head)
-    fig.add_trace(go.Heatmap(**data[0], zmin=0, zmax=3, colorscale=POOL_COLORS, showscale=False,
-                             texttemplate="%{text}", hoverinfo="text", xgap=2), 1, 1)
+    fig.add_trace(
+        go.Heatmap(
+            **data[0],
+            zmin=0,
+            zmax=3,
+            colorscale=POOL_COLORS,
+            showscale=False,
+            texttemplate="%{text}",
+            hoverinfo="text",
+            xgap=2,
+        ),
+        1,
+        1,
+    )
     fig.add_trace(go.Bar(**data[1], name="S_b (valid slots)", marker_color=P.OKABE_ITO["blue"]), 2, 1)
     fig.add_trace(go.Bar(**data[2], name="masked tail (M_b = -inf)", marker_color=P.IDLE), 2, 1)
-    fig.add_trace(go.Scatter(**data[3], mode="lines", name="running max m", line=dict(color=P.OKABE_ITO["vermillion"], width=3)), 2, 1)
-    fig.add_trace(go.Scatter(**data[4], mode="lines+markers", name="l", line=dict(color=P.OKABE_ITO["bluish green"])), 2, 2)
-    fig.add_trace(go.Scatter(**data[5], mode="lines", name="attention over all tokens", line=dict(color=P.NEUTRAL)), 3, 1)
-    fig.add_trace(go.Scatter(**data[6], mode="markers", name="o / l so far", marker=dict(color=P.OKABE_ITO["orange"], size=7)), 3, 1)
-    fig.add_trace(go.Scatter(**data[7], mode="lines+markers", name="error", line=dict(color=P.OKABE_ITO["reddish purple"])), 3, 2)
+    fig.add_trace(
+        go.Scatter(**data[3], mode="lines", name="running max m", line=dict(color=P.OKABE_ITO["vermillion"], width=3)),
+        2,
+        1,
+    )
+    fig.add_trace(
+        go.Scatter(**data[4], mode="lines+markers", name="l", line=dict(color=P.OKABE_ITO["bluish green"])), 2, 2
+    )
+    fig.add_trace(
+        go.Scatter(**data[5], mode="lines", name="attention over all tokens", line=dict(color=P.NEUTRAL)), 3, 1
+    )
+    fig.add_trace(
+        go.Scatter(**data[6], mode="markers", name="o / l so far", marker=dict(color=P.OKABE_ITO["orange"], size=7)),
+        3,
+        1,
+    )
+    fig.add_trace(
+        go.Scatter(**data[7], mode="lines+markers", name="error", line=dict(color=P.OKABE_ITO["reddish purple"])), 3, 2
+    )
     n = stepper.num_logical_blocks
     fig.update_yaxes(visible=False, row=1, col=1)
     fig.update_xaxes(showticklabels=False, row=1, col=1)
@@ -98,8 +141,14 @@ def stepper_figure(stepper: OnlineSoftmaxStepper, head: int = 0) -> go.Figure:
         fig.update_xaxes(title_text="block b", range=[-0.5, n - 0.5], dtick=1, row=row, col=col)
     fig.update_yaxes(type="log", range=[-12.5, 1], row=3, col=2)
     fig.update_xaxes(title_text="head_dim coordinate", row=3, col=1)
-    fig.update_layout(height=720, width=980, barmode="overlay", margin=dict(l=40, r=20, t=40, b=40),
-                      legend=dict(orientation="h", y=-0.08), title_text=None)
+    fig.update_layout(
+        height=720,
+        width=980,
+        barmode="overlay",
+        margin=dict(l=40, r=20, t=40, b=40),
+        legend=dict(orientation="h", y=-0.08),
+        title_text=None,
+    )
     return fig
 
 
@@ -146,9 +195,14 @@ class SoftmaxStepperWidget:
         before = self.stepper.output().clone() if self.stepper.history else None
         old = self.stepper.block_table
         new = self.stepper.shuffle()
-        same = "" if before is None else (
-            f"; o / l after the same {self.stepper.num_processed} block(s) differs by "
-            f"{(self.stepper.output() - before).abs().max().item():.1e}")
+        same = (
+            ""
+            if before is None
+            else (
+                f"; o / l after the same {self.stepper.num_processed} block(s) differs by "
+                f"{(self.stepper.output() - before).abs().max().item():.1e}"
+            )
+        )
         self._last = f"<br>shuffled: block table {old} &rarr; {new}{same}"
         self.redraw()
 
@@ -163,12 +217,15 @@ class SoftmaxStepperWidget:
         if s.history:
             r = s.history[-1]
             masked = s.block_size - r["num_valid"]
-            line = (f"block b = {r['b']} &rarr; physical block B({r['b']}) = {r['block_id']}: "
-                    f"{r['num_valid']} valid slot(s){f', {masked} masked' if masked else ''}; head {h}: "
-                    f"m = {float(r['m'][h]):.3f}, l = {float(r['l'][h]):.3f}, "
-                    f"error of o/l = {float(r['error'][h]):.2e}")
+            line = (
+                f"block b = {r['b']} &rarr; physical block B({r['b']}) = {r['block_id']}: "
+                f"{r['num_valid']} valid slot(s){f', {masked} masked' if masked else ''}; head {h}: "
+                f"m = {float(r['m'][h]):.3f}, l = {float(r['l'][h]):.3f}, "
+                f"error of o/l = {float(r['error'][h]):.2e}"
+            )
         else:
             line = "no block processed yet: (m, l, o) = (-inf, 0, 0)"
         done = " &mdash; last block: o / l is the attention output" if s.done else ""
-        self.status.value = (f"<tt>s = {s.seq_len}, B = {s.block_size}, block table [{table}]<br>"
-                             f"{line}{done}{self._last}</tt>")
+        self.status.value = (
+            f"<tt>s = {s.seq_len}, B = {s.block_size}, block table [{table}]<br>{line}{done}{self._last}</tt>"
+        )

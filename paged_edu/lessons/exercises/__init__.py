@@ -1,4 +1,4 @@
-""""Your turn" exercises: one check per exercise that serves the learner's answer and the library's
+""" "Your turn" exercises: one check per exercise that serves the learner's answer and the library's
 reference alike, with verdicts that say what matched and by how much.
 
     from paged_edu.lessons import exercises as ex
@@ -32,7 +32,26 @@ from paged_edu.lessons.exercises.framework import (
 
 # Importing a lesson's module registers its exercises, in course order.
 from paged_edu.lessons.exercises import (  # noqa: E402,F401
-    lesson1, lesson2, lesson3, lesson4, lesson5, lesson6, lesson7, lesson8)
+    lesson1,
+    lesson2,
+    lesson3,
+    lesson4,
+    lesson5,
+    lesson6,
+    lesson7,
+    lesson8,
+)
 
-__all__ = ["EXERCISES", "KINDS", "NOT_ANSWERED", "Exercise", "Verdict", "check", "check_function", "compare", "reference",
-           "register", "solution"]
+__all__ = [
+    "EXERCISES",
+    "KINDS",
+    "NOT_ANSWERED",
+    "Exercise",
+    "Verdict",
+    "check",
+    "check_function",
+    "compare",
+    "reference",
+    "register",
+    "solution",
+]

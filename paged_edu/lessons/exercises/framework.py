@@ -15,8 +15,23 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["EXERCISES", "KINDS", "NOT_ANSWERED", "Exercise", "Verdict", "check", "check_function", "compare",
-           "describe", "one_number", "plain", "raised", "reference", "register", "solution"]
+__all__ = [
+    "EXERCISES",
+    "KINDS",
+    "NOT_ANSWERED",
+    "Exercise",
+    "Verdict",
+    "check",
+    "check_function",
+    "compare",
+    "describe",
+    "one_number",
+    "plain",
+    "raised",
+    "reference",
+    "register",
+    "solution",
+]
 
 NOT_ANSWERED = "not answered yet"
 # What an exercise asks for: a value (a number or a dict; a function of no arguments returning it is
@@ -63,8 +78,10 @@ def raised(name: str, exc: BaseException, where: str = "your code") -> Verdict:
     """The verdict on a learner's code that raised: a stub's ``NotImplementedError`` is "not answered
     yet"; any other exception is named, with its message."""
     if isinstance(exc, NotImplementedError):
-        return not_answered(name, f"{where} still raises NotImplementedError"
-                                  f"{f' ({exc})' if str(exc) else ''}: replace it with your code")
+        return not_answered(
+            name,
+            f"{where} still raises NotImplementedError{f' ({exc})' if str(exc) else ''}: replace it with your code",
+        )
     return Verdict(False, [f"[ ] {name}: {where} raised {type(exc).__name__}: {exc}"])
 
 
@@ -108,7 +125,7 @@ def describe(x, limit: int = 60) -> str:
     if callable(x):
         return f"the function {getattr(x, '__name__', type(x).__name__)}"
     text = repr(x)
-    text = text if len(text) <= limit else text[:limit - 3] + "..."
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
     if isinstance(x, (list, tuple, dict, set)):
         return f"a {type(x).__name__} of {len(x)} item{'s' if len(x) != 1 else ''}: {text}"
     if isinstance(x, (str, bool, int, float)):
@@ -116,8 +133,9 @@ def describe(x, limit: int = 60) -> str:
     return f"an instance of {type(x).__name__}"
 
 
-def compare(name: str, got, expected, rel_tol: float = 0.0, *, sig_figs: int | None = None,
-            hints: dict | None = None) -> Verdict:
+def compare(
+    name: str, got, expected, rel_tol: float = 0.0, *, sig_figs: int | None = None, hints: dict | None = None
+) -> Verdict:
     """Karpathy-style ``cmp``: exact, approximate, or off by how much -- and, for a known tempting
     wrong answer, what it is.
 
@@ -139,8 +157,9 @@ def compare(name: str, got, expected, rel_tol: float = 0.0, *, sig_figs: int | N
         e = float(expected)
     except (TypeError, ValueError, OverflowError):  # a non-numeric reference: equal, of the same type
         ok = type(got) is type(expected) and _equal(got, expected)
-        return Verdict(ok, [f"[{'x' if ok else ' '}] {name}: "
-                            f"{'matches' if ok else f'got {describe(got)}, expected {expected!r}'}"])
+        return Verdict(
+            ok, [f"[{'x' if ok else ' '}] {name}: {'matches' if ok else f'got {describe(got)}, expected {expected!r}'}"]
+        )
     if isinstance(got, str):
         try:
             as_number = float(got.replace(",", "").replace("_", ""))
@@ -165,8 +184,9 @@ def compare(name: str, got, expected, rel_tol: float = 0.0, *, sig_figs: int | N
     if sig_figs is not None:
         given = _sig_figs_of(got)
         if given >= sig_figs and _rounds_to(e, g, given):
-            return Verdict(True, [f"[x] {name}: right to the {given} significant figures given "
-                                  f"({_fmt(g)}; exactly {_fmt(e)})"])
+            return Verdict(
+                True, [f"[x] {name}: right to the {given} significant figures given ({_fmt(g)}; exactly {_fmt(e)})"]
+            )
     line = f"[ ] {name}: got {_fmt(g)}, expected {_fmt(e)} (off by {diff:+,.6g}, {rel:.2%})"
     # A hint matches exactly, or -- for an answer with a fractional part and at least two
     # significant figures (one is too loose to tell mistakes apart) -- at the precision given.
@@ -175,8 +195,13 @@ def compare(name: str, got, expected, rel_tol: float = 0.0, *, sig_figs: int | N
         if g == wrong or (loose and _rounds_to(float(wrong), g, _sig_figs_of(got))):
             return Verdict(False, [f"{line} -- that is {meaning}"])
     if sig_figs is not None and _sig_figs_of(got) < sig_figs and _rounds_to(e, g, _sig_figs_of(got)):
-        return Verdict(False, [f"{line} -- give at least {sig_figs} significant figures: the difference this "
-                               "exercise is about is in the last ones"])
+        return Verdict(
+            False,
+            [
+                f"{line} -- give at least {sig_figs} significant figures: the difference this "
+                "exercise is about is in the last ones"
+            ],
+        )
     hint = ""
     ratio = g / e if e else math.inf
     if e and g and math.isfinite(ratio) and abs(round(ratio) - ratio) < 1e-9 and round(ratio) != 1:
@@ -243,7 +268,7 @@ def check_function(name: str, fn, cases: list[tuple], reference: Callable, show:
 
 def _short(x, limit: int = 90) -> str:
     text = repr(x)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(slots=True)
@@ -276,9 +301,14 @@ class Exercise:
     def _read(self, answer) -> tuple[object, Verdict | None]:
         name = self.name
         if answer is None:
-            return None, not_answered(name, {"value": "replace None with your answer",
-                                             "function": "define the function and pass it in",
-                                             "class": "pass your class"}[self.kind])
+            return None, not_answered(
+                name,
+                {
+                    "value": "replace None with your answer",
+                    "function": "define the function and pass it in",
+                    "class": "pass your class",
+                }[self.kind],
+            )
         if self.kind == "function":
             if isinstance(answer, type) or not callable(answer):
                 return None, Verdict(False, [f"[ ] {name}: expected a function (def ...), got {describe(answer)}"])
@@ -286,11 +316,19 @@ class Exercise:
         if self.kind == "class":
             if isinstance(answer, type):
                 return answer, None
-            if not callable(answer) and not isinstance(answer, (str, int, float, list, tuple, dict)) \
-                    and not _array_like(answer):
-                return None, Verdict(False, [f"[ ] {name}: got an instance of {type(answer).__name__}; pass the class "
-                                             f"itself ({type(answer).__name__}, not {type(answer).__name__}(...)): the "
-                                             "check builds its own instances"])
+            if (
+                not callable(answer)
+                and not isinstance(answer, (str, int, float, list, tuple, dict))
+                and not _array_like(answer)
+            ):
+                return None, Verdict(
+                    False,
+                    [
+                        f"[ ] {name}: got an instance of {type(answer).__name__}; pass the class "
+                        f"itself ({type(answer).__name__}, not {type(answer).__name__}(...)): the "
+                        "check builds its own instances"
+                    ],
+                )
             return None, Verdict(False, [f"[ ] {name}: expected a class, got {describe(answer)}"])
         # A value: a function of no arguments stands for what it returns (as the references of 6.3, 7.2, 8.x).
         if callable(answer) and not isinstance(answer, type):

@@ -23,32 +23,61 @@ def paged_requests() -> int:
     return BUDGET // (bytes_per_token_llama3_8b() * 16 * blocks_per_request)  # 302, about 4x more
 
 
-@register("1.1", "Llama-3-8B: 32 layers, 8 KV heads, head_dim 128, bf16. How many bytes does one token "
-          "take in the KV cache?", bytes_per_token_llama3_8b())
+@register(
+    "1.1",
+    "Llama-3-8B: 32 layers, 8 KV heads, head_dim 128, bf16. How many bytes does one token take in the KV cache?",
+    bytes_per_token_llama3_8b(),
+)
 def _check_1_1(answer) -> Verdict:
     spec = PRESETS["Llama-3-8B"]
-    return compare("bytes per token of Llama-3-8B in bf16", answer, spec.bytes_per_token, hints={
-        spec.bytes_per_token // 2: "K or V alone: the cache stores both (the factor 2)",
-        spec.bytes_per_token * 2: "4 bytes per value (fp32); bf16 takes 2",
-        spec.bytes_per_token * 4: "32 KV heads, one per query head; with GQA only 8 KV heads are stored",
-        spec.bytes_per_token // 32: "one layer; the cache holds all 32"})
+    return compare(
+        "bytes per token of Llama-3-8B in bf16",
+        answer,
+        spec.bytes_per_token,
+        hints={
+            spec.bytes_per_token // 2: "K or V alone: the cache stores both (the factor 2)",
+            spec.bytes_per_token * 2: "4 bytes per value (fp32); bf16 takes 2",
+            spec.bytes_per_token * 4: "32 KV heads, one per query head; with GQA only 8 KV heads are stored",
+            spec.bytes_per_token // 32: "one layer; the cache holds all 32",
+        },
+    )
 
 
-@register("1.2", "40e9 bytes are left for the KV cache of Llama-3-8B (bf16). How many requests fit if "
-          "each reserves L_max = 4096 contiguous slots?", contiguous_requests())
+@register(
+    "1.2",
+    "40e9 bytes are left for the KV cache of Llama-3-8B (bf16). How many requests fit if "
+    "each reserves L_max = 4096 contiguous slots?",
+    contiguous_requests(),
+)
 def _check_1_2(answer) -> Verdict:
     one = kv_bytes(PRESETS["Llama-3-8B"], 4096)
-    return compare("contiguous requests (L_max = 4096) that fit in 40e9 bytes", answer, BUDGET // one, hints={
-        BUDGET / one: "a fraction of a request: only whole requests fit, round down",
-        BUDGET // one + 1: "rounded up: the last request would not fit",
-        40 * 2**30 // one: "40 GiB; the budget is 40e9 bytes (40 GB)"})
+    return compare(
+        "contiguous requests (L_max = 4096) that fit in 40e9 bytes",
+        answer,
+        BUDGET // one,
+        hints={
+            BUDGET / one: "a fraction of a request: only whole requests fit, round down",
+            BUDGET // one + 1: "rounded up: the last request would not fit",
+            40 * 2**30 // one: "40 GiB; the budget is 40e9 bytes (40 GB)",
+        },
+    )
 
 
-@register("1.3", "Same memory, but the requests actually hold s = 1000 tokens and the cache is paged "
-          "with B = 16. How many fit?", paged_requests())
+@register(
+    "1.3",
+    "Same memory, but the requests actually hold s = 1000 tokens and the cache is paged with B = 16. How many fit?",
+    paged_requests(),
+)
 def _check_1_3(answer) -> Verdict:
     spec = PRESETS["Llama-3-8B"]
-    return compare("paged requests (s = 1000, B = 16) that fit in 40e9 bytes", answer,
-                   BUDGET // kv_bytes(spec, 1008), hints={
-        BUDGET // kv_bytes(spec, 1000): "1000 slots each; a request takes whole blocks, ceil(1000/16) = 63 of 16",
-        BUDGET // kv_bytes(spec, 1008) / (BUDGET // kv_bytes(spec, 4096)): "the gain over contiguous, not the count"})
+    return compare(
+        "paged requests (s = 1000, B = 16) that fit in 40e9 bytes",
+        answer,
+        BUDGET // kv_bytes(spec, 1008),
+        hints={
+            BUDGET // kv_bytes(spec, 1000): "1000 slots each; a request takes whole blocks, ceil(1000/16) = 63 of 16",
+            BUDGET
+            // kv_bytes(spec, 1008)
+            / (BUDGET // kv_bytes(spec, 4096)): "the gain over contiguous, not the count",
+        },
+    )

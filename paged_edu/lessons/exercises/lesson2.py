@@ -34,8 +34,12 @@ def _slot_cases() -> list[tuple]:
     return cases
 
 
-@register("2.1", "Write physical_slot(block_table, t, B): the physical slot of token t, "
-          "B(t // B) * B + t mod B.", physical_slot, kind="function")
+@register(
+    "2.1",
+    "Write physical_slot(block_table, t, B): the physical slot of token t, B(t // B) * B + t mod B.",
+    physical_slot,
+    kind="function",
+)
 def _check_2_1(fn) -> Verdict:
     return check_function("physical_slot", fn, _slot_cases(), _slot_oracle)
 
@@ -47,21 +51,39 @@ ETA_2049_16 = 2049 / (math.ceil(2049 / 16) * 16)  # 2049 / 2064 = 0.99273 (one s
 def _check_2_2(answer) -> Verdict:
     # Four significant figures: the right 0.9927 against the bound 0.9923 and the seed's 0.9922.
     right = eta_paged(2049, 16)
-    return compare("eta_paged for s = 2049, B = 16", answer, right, sig_figs=4, hints={
-        eta_paged_bound(2049, 16): "the bound 1 - B/(s+B) = s/(s+B) at s = 2049, a lower limit; eta_paged divides by ceil(s/B) * B = 2064",
-        eta_paged_bound(2048, 16): "the seed's 99.22 %: the bound at s = 2048",
-        eta_paged(2048, 16): "eta_paged at s = 2048, a multiple of 16; s = 2049 needs one more block",
-        100 * right: "a percentage; give a fraction between 0 and 1"})
+    return compare(
+        "eta_paged for s = 2049, B = 16",
+        answer,
+        right,
+        sig_figs=4,
+        hints={
+            eta_paged_bound(
+                2049, 16
+            ): "the bound 1 - B/(s+B) = s/(s+B) at s = 2049, a lower limit; eta_paged divides by ceil(s/B) * B = 2064",
+            eta_paged_bound(2048, 16): "the seed's 99.22 %: the bound at s = 2048",
+            eta_paged(2048, 16): "eta_paged at s = 2048, a multiple of 16; s = 2049 needs one more block",
+            100 * right: "a percentage; give a fraction between 0 and 1",
+        },
+    )
 
 
 WASTED_1_100_B8 = sum(math.ceil(s / 8) * 8 - s for s in range(1, 101))  # 358
 
 
-@register("2.3", "100 requests have lengths 1, 2, ..., 100 and B = 8. How many slots are reserved but "
-          "empty in total?", WASTED_1_100_B8)
+@register(
+    "2.3",
+    "100 requests have lengths 1, 2, ..., 100 and B = 8. How many slots are reserved but empty in total?",
+    WASTED_1_100_B8,
+)
 def _check_2_3(answer) -> Verdict:
     expected = sum(-(-s // 8) * 8 - s for s in range(1, 101))
-    return compare("wasted slots for lengths 1..100 at B = 8", answer, expected, hints={
-        100 * 8 // 2: "B/2 per request, the rule of thumb; count the lengths exactly",
-        100 * 7 // 2: "(B-1)/2 per request on average; 100 is not a multiple of 8, so count exactly",
-        sum(s % 8 for s in range(1, 101)): "the tokens in each last block, not the empty slots"})
+    return compare(
+        "wasted slots for lengths 1..100 at B = 8",
+        answer,
+        expected,
+        hints={
+            100 * 8 // 2: "B/2 per request, the rule of thumb; count the lengths exactly",
+            100 * 7 // 2: "(B-1)/2 per request on average; 100 is not a multiple of 8, so count exactly",
+            sum(s % 8 for s in range(1, 101)): "the tokens in each last block, not the empty slots",
+        },
+    )

@@ -13,7 +13,7 @@ def chained_hashes(token_ids, B):
     """h_i = hash_block(h_{i-1}, bytes of block i) for every full block, h_{-1} = b''."""
     hashes, parent = [], b""
     for start in range(0, len(token_ids) - B + 1, B):  # full blocks only
-        parent = hash_block(parent, array("q", token_ids[start:start + B]).tobytes())
+        parent = hash_block(parent, array("q", token_ids[start : start + B]).tobytes())
         hashes.append(parent)
     return hashes
 
@@ -32,16 +32,28 @@ def _hash_cases() -> list[tuple]:
     return cases
 
 
-@register("3.1", "Write chained_hashes(token_ids, B): the chained hash h_i = hash_block(h_{i-1}, bytes of "
-          "block i) of every full block, with h_{-1} = b'' and the tokens packed as "
-          "array('q', block).tobytes().", chained_hashes, kind="function")
+@register(
+    "3.1",
+    "Write chained_hashes(token_ids, B): the chained hash h_i = hash_block(h_{i-1}, bytes of "
+    "block i) of every full block, with h_{-1} = b'' and the tokens packed as "
+    "array('q', block).tobytes().",
+    chained_hashes,
+    kind="function",
+)
 def _check_3_1(fn) -> Verdict:
     if _is_the_library(fn):
-        return Verdict(False, ["[ ] chained_hashes: that is the library's own chained_block_hashes (the check's "
-                               "oracle), or a call to it -- write the chain yourself with hash_block"])
+        return Verdict(
+            False,
+            [
+                "[ ] chained_hashes: that is the library's own chained_block_hashes (the check's "
+                "oracle), or a call to it -- write the chain yourself with hash_block"
+            ],
+        )
     verdict = check_function("chained_hashes", fn, _hash_cases(), chained_block_hashes)
     if verdict.ok:
-        verdict.lines.append("    (and the two identical blocks of [7]*8 got different hashes, because their prefixes differ)")
+        verdict.lines.append(
+            "    (and the two identical blocks of [7]*8 got different hashes, because their prefixes differ)"
+        )
     return verdict
 
 
@@ -68,26 +80,42 @@ BLOCKS_FIVE_CHATS = 2 + 5 * 1  # 7, instead of 15 without sharing
 HIT_RATE_FIVE_CHATS = (4 * 32) / (5 * 46)  # 0.5565
 
 
-@register("3.2", "5 chats share a 40-token system prompt and add 6 private tokens each (B = 16). How many "
-          "blocks are in use?", BLOCKS_FIVE_CHATS)
+@register(
+    "3.2",
+    "5 chats share a 40-token system prompt and add 6 private tokens each (B = 16). How many blocks are in use?",
+    BLOCKS_FIVE_CHATS,
+)
 def _check_3_2(answer) -> Verdict:
-    return compare("blocks in use for 5 chats sharing a 40-token system prompt (B = 16)", answer,
-                   _five_chats().num_used_blocks, hints={
-        15: "no sharing at all: 5 x 3 blocks",
-        8: "the seed's formula rounded per term, ceil(40/16) + 5 ceil(6/16): the partial prefix block is private",
-        5: "the seed's formula in tokens (40 + 5 x 6 = 70) in blocks; only full blocks are shared"})
+    return compare(
+        "blocks in use for 5 chats sharing a 40-token system prompt (B = 16)",
+        answer,
+        _five_chats().num_used_blocks,
+        hints={
+            15: "no sharing at all: 5 x 3 blocks",
+            8: "the seed's formula rounded per term, ceil(40/16) + 5 ceil(6/16): the partial prefix block is private",
+            5: "the seed's formula in tokens (40 + 5 x 6 = 70) in blocks; only full blocks are shared",
+        },
+    )
 
 
-@register("3.3", "And the prefix hit rate (hit tokens / queried prompt tokens) after those 5 chats?",
-          HIT_RATE_FIVE_CHATS)
+@register(
+    "3.3", "And the prefix hit rate (hit tokens / queried prompt tokens) after those 5 chats?", HIT_RATE_FIVE_CHATS
+)
 def _check_3_3(answer) -> Verdict:
     right = _five_chats().stats.hit_rate
-    return compare("prefix hit rate of those 5 chats", answer, right, sig_figs=2, hints={
-        (4 * 40) / (5 * 46): "160/230: either all 40 system-prompt tokens counted as hits (only the 2 full blocks, "
-                             "32 tokens, are shared) or the first chat counted as a hit (it fills the cache)",
-        (4 * 2) / (5 * 3): "blocks, not tokens: the hit rate counts prompt tokens",
-        4 / 5: "requests that hit, not tokens",
-        100 * right: "a percentage; give a fraction between 0 and 1"})
+    return compare(
+        "prefix hit rate of those 5 chats",
+        answer,
+        right,
+        sig_figs=2,
+        hints={
+            (4 * 40) / (5 * 46): "160/230: either all 40 system-prompt tokens counted as hits (only the 2 full blocks, "
+            "32 tokens, are shared) or the first chat counted as a hit (it fills the cache)",
+            (4 * 2) / (5 * 3): "blocks, not tokens: the hit rate counts prompt tokens",
+            4 / 5: "requests that hit, not tokens",
+            100 * right: "a percentage; give a fraction between 0 and 1",
+        },
+    )
 
 
 # 3.4: the side channel of section 6, closed by salts. The victim's 256-token secret (16 full blocks
@@ -108,12 +136,22 @@ def _salted_probe_steps() -> int:
     return -(-uncached // CHUNK)
 
 
-@register("3.4", "The victim's 256-token secret ran to its end (B = 16); the engine computes at most 64 prompt "
-          "tokens a step. The attacker's probe is the secret plus 2 tokens of its own, and every user has their own "
-          "cache salt. How many engine steps does the probe take to its first token?", _salted_probe_steps)
+@register(
+    "3.4",
+    "The victim's 256-token secret ran to its end (B = 16); the engine computes at most 64 prompt "
+    "tokens a step. The attacker's probe is the secret plus 2 tokens of its own, and every user has their own "
+    "cache salt. How many engine steps does the probe take to its first token?",
+    _salted_probe_steps,
+)
 def _check_3_4(answer) -> Verdict:
-    return compare("steps to the salted probe's first token", answer, _salted_probe_steps(), hints={
-        1: "the unsalted case: the probe would hit the victim's 16 blocks and compute only its own 2 tokens",
-        4: "256 / 64: the probe's own 2 tokens need a step too",
-        258: "tokens, not steps: 64 of them a step",
-        0: "even a fully cached prompt computes its last token"})
+    return compare(
+        "steps to the salted probe's first token",
+        answer,
+        _salted_probe_steps(),
+        hints={
+            1: "the unsalted case: the probe would hit the victim's 16 blocks and compute only its own 2 tokens",
+            4: "256 / 64: the probe's own 2 tokens need a step too",
+            258: "tokens, not steps: 64 of them a step",
+            0: "even a fully cached prompt computes its last token",
+        },
+    )

@@ -64,12 +64,17 @@ def merge_stub(m1, l1, o1, m2, l2, o2):
 WRONG_MERGES = {
     "added l and o without rescaling: each side's l and o are relative to its own max m_i, so multiply "
     "them by exp(m_i - m) first": lambda m1, l1, o1, m2, l2, o2: (torch.maximum(m1, m2), l1 + l2, o1 + o2),
-    "rescaled o but not l: l_i is a sum of exp(S - m_i) too, so it needs the same factor exp(m_i - m)":
-        lambda m1, l1, o1, m2, l2, o2: (lambda m: (m, l1 + l2, o1 * torch.exp(m1 - m)[..., None]
-                                                   + o2 * torch.exp(m2 - m)[..., None]))(torch.maximum(m1, m2)),
+    "rescaled o but not l: l_i is a sum of exp(S - m_i) too, so it needs the same factor exp(m_i - m)": lambda m1, l1, o1, m2, l2, o2: (
+        (lambda m: (m, l1 + l2, o1 * torch.exp(m1 - m)[..., None] + o2 * torch.exp(m2 - m)[..., None]))(
+            torch.maximum(m1, m2)
+        )
+    ),
     "averaged the two outputs: o1/l1 and o2/l2 must be weighted by how much softmax mass each side holds, "
     "l_i exp(m_i - m), not equally": lambda m1, l1, o1, m2, l2, o2: (
-        torch.maximum(m1, m2), torch.ones_like(l1), 0.5 * (o1 / l1[..., None] + o2 / l2[..., None])),
+        torch.maximum(m1, m2),
+        torch.ones_like(l1),
+        0.5 * (o1 / l1[..., None] + o2 / l2[..., None]),
+    ),
 }
 
 
@@ -88,14 +93,21 @@ def _merge_cases():
     anywhere -- inside a block, at 0 (an empty left side), at s (an empty right side)."""
     rng = random.Random(41)
     cases = []
-    for (num_q, num_kv), s, cut in [((8, 2), 37, 13), ((4, 4), 16, 16), ((8, 1), 5, 0), ((6, 3), 100, 51),
-                                    ((4, 2), 1, 1), ((8, 2), 64, 7)]:
+    for (num_q, num_kv), s, cut in [
+        ((8, 2), 37, 13),
+        ((4, 4), 16, 16),
+        ((8, 1), 5, 0),
+        ((6, 3), 100, 51),
+        ((4, 2), 1, 1),
+        ((8, 2), 64, 7),
+    ]:
         d, B = 16, 8
-        q, k_cache, v_cache, tables, _ = random_paged_case(1, -(-s // B) * B, num_q, num_kv, d, B, dtype=torch.float32,
-                                                            device="cpu", seed=rng.randrange(10**6))
+        q, k_cache, v_cache, tables, _ = random_paged_case(
+            1, -(-s // B) * B, num_q, num_kv, d, B, dtype=torch.float32, device="cpu", seed=rng.randrange(10**6)
+        )
         lens = torch.tensor([s], dtype=torch.int32)
         q = 3 * q  # sharper softmax: the max matters
-        scale = d ** -0.5
+        scale = d**-0.5
         truth = paged_attention_torch(q, k_cache, v_cache, tables, lens, scale=scale)[0]  # (H_q, D)
         k, _ = gather_kv(k_cache, tables, lens)
         v, _ = gather_kv(v_cache, tables, lens)
@@ -114,15 +126,21 @@ def _merge_cases():
 
 
 BOTH_EMPTY = "both sides empty (H_q=4, no tokens on either side)"
-BOTH_EMPTY_HINT = ("both sides empty -- a split past the end of the sequence, merged with another: m1 = m2 = -inf, so "
-                   "m = -inf and exp(m_i - m) = exp(-inf - (-inf)) = NaN. The union of two empty sets is empty (m = -inf, "
-                   "l = 0, o = 0): rescale with exp(m_i - m) only where m is finite (e.g. subtract 0 instead of m "
-                   "where m = -inf), as the kernel's merge gives an empty split weight 0")
+BOTH_EMPTY_HINT = (
+    "both sides empty -- a split past the end of the sequence, merged with another: m1 = m2 = -inf, so "
+    "m = -inf and exp(m_i - m) = exp(-inf - (-inf)) = NaN. The union of two empty sets is empty (m = -inf, "
+    "l = 0, o = 0): rescale with exp(m_i - m) only where m is finite (e.g. subtract 0 instead of m "
+    "where m = -inf), as the kernel's merge gives an empty split weight 0"
+)
 
 
-@register("4.1", "Write merge(m1, l1, o1, m2, l2, o2): the state (m, l, o) over the union of two disjoint "
-          "token sets, given each set's state (m, l of shape (H,), o unnormalised, (H, D)).", merge_states,
-          kind="function")
+@register(
+    "4.1",
+    "Write merge(m1, l1, o1, m2, l2, o2): the state (m, l, o) over the union of two disjoint "
+    "token sets, given each set's state (m, l of shape (H,), o unnormalised, (H, D)).",
+    merge_states,
+    kind="function",
+)
 def _check_4_1(fn) -> Verdict:
     cases = _merge_cases()
     for name, st1, st2, truth, whole in cases:
@@ -148,8 +166,13 @@ def _check_4_1(fn) -> Verdict:
                 for part, g, e in zip(("m", "l", "o"), got, whole):
                     if not _close(g, e):
                         t = _as_float64(g)
-                        diff = ("not numbers" if t is None else f"shape {tuple(t.shape)}, expected {tuple(e.shape)}"
-                                if t.shape != e.shape else f"max difference {(t - e.double()).abs().max().item()}")
+                        diff = (
+                            "not numbers"
+                            if t is None
+                            else f"shape {tuple(t.shape)}, expected {tuple(e.shape)}"
+                            if t.shape != e.shape
+                            else f"max difference {(t - e.double()).abs().max().item()}"
+                        )
                         lines.append(f"    {part} differs from the state over both sets ({diff})")
                         break
                 else:
@@ -157,8 +180,13 @@ def _check_4_1(fn) -> Verdict:
             else:
                 lines.append(f"    expected a tuple (m, l, o), got {type(got).__name__}")
         return Verdict(False, lines)
-    return Verdict(True, [f"[x] merge: all {len(cases)} cases match the oracle (GQA/MQA, ragged lengths, "
-                          "splits inside a block, one empty side or both); o / l equals attention over the whole sequence"])
+    return Verdict(
+        True,
+        [
+            f"[x] merge: all {len(cases)} cases match the oracle (GQA/MQA, ragged lengths, "
+            "splits inside a block, one empty side or both); o / l equals attention over the whole sequence"
+        ],
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -166,8 +194,15 @@ def _check_4_1(fn) -> Verdict:
 # ----------------------------------------------------------------------------------------------
 
 
-_BYTES_CASES = [(1, 8192, 32, 8, 128, 2), (64, 4096, 32, 8, 128, 2), (16, 32768, 32, 8, 128, 2),
-                (8, 16, 32, 8, 128, 2), (4, 1000, 9, 3, 64, 4), (3, 50, 16, 16, 64, 2), (2, 300, 8, 1, 128, 1)]
+_BYTES_CASES = [
+    (1, 8192, 32, 8, 128, 2),
+    (64, 4096, 32, 8, 128, 2),
+    (16, 32768, 32, 8, 128, 2),
+    (8, 16, 32, 8, 128, 2),
+    (4, 1000, 9, 3, 64, 4),
+    (3, 50, 16, 16, 64, 2),
+    (2, 300, 8, 1, 128, 1),
+]
 
 
 def _kv(n, s, h, d, item):
@@ -180,24 +215,31 @@ def _q_out(n, hq, d, item):
 
 # Tempting wrong answers, each with what the verdict says when an answer matches it.
 WRONG_BYTES = {
-    "counted K but not V: the kernel reads both for every token":
-        lambda n, s, hq, hkv, d, item: _kv(n, s, hkv, d, item) // 2 + _q_out(n, hq, d, item),
+    "counted K but not V: the kernel reads both for every token": lambda n, s, hq, hkv, d, item: (
+        _kv(n, s, hkv, d, item) // 2 + _q_out(n, hq, d, item)
+    ),
     "counted K and V once per *query* head: the query heads of a GQA group share one KV head, so the kernel "
-    "loads those bytes once -- num_kv_heads, not num_q_heads":
-        lambda n, s, hq, hkv, d, item: _kv(n, s, hq, d, item) + _q_out(n, hq, d, item),
-    "counted K and V once per query head and left out q and the output":
-        lambda n, s, hq, hkv, d, item: _kv(n, s, hq, d, item),
+    "loads those bytes once -- num_kv_heads, not num_q_heads": lambda n, s, hq, hkv, d, item: (
+        _kv(n, s, hq, d, item) + _q_out(n, hq, d, item)
+    ),
+    "counted K and V once per query head and left out q and the output": lambda n, s, hq, hkv, d, item: _kv(
+        n, s, hq, d, item
+    ),
     "left out the queries read and the outputs written (2 * num_seqs * num_q_heads * head_dim * itemsize): "
-    "small for long sequences, not for short ones":
-        lambda n, s, hq, hkv, d, item: _kv(n, s, hkv, d, item),
-    "counted elements, not bytes: multiply by itemsize":
-        lambda n, s, hq, hkv, d, item: _kv(n, s, hkv, d, 1) + _q_out(n, hq, d, 1),
+    "small for long sequences, not for short ones": lambda n, s, hq, hkv, d, item: _kv(n, s, hkv, d, item),
+    "counted elements, not bytes: multiply by itemsize": lambda n, s, hq, hkv, d, item: (
+        _kv(n, s, hkv, d, 1) + _q_out(n, hq, d, 1)
+    ),
 }
 
 
-@register("4.2", "Write decode_bytes(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, itemsize): the "
-          "bytes one decode call must move at least (K, V, the queries read and the outputs written).",
-          decode_bytes, kind="function")
+@register(
+    "4.2",
+    "Write decode_bytes(num_seqs, seq_len, num_q_heads, num_kv_heads, head_dim, itemsize): the "
+    "bytes one decode call must move at least (K, V, the queries read and the outputs written).",
+    decode_bytes,
+    kind="function",
+)
 def _check_4_2(fn) -> Verdict:
     for args in _BYTES_CASES:
         expected = decode_bytes(*args)
@@ -210,8 +252,9 @@ def _check_4_2(fn) -> Verdict:
         if got is None:
             return Verdict(False, ["[ ] decode_bytes: not answered yet -- your function returned None"])
         lines = [f"[ ] decode_bytes{args} -> {got!r}, expected {expected:,}"]
-        hint = next((h for h, wrong in WRONG_BYTES.items() if isinstance(got, (int, float)) and got == wrong(*args)),
-                    None)
+        hint = next(
+            (h for h, wrong in WRONG_BYTES.items() if isinstance(got, (int, float)) and got == wrong(*args)), None
+        )
         if hint:
             lines.append(f"    you {hint}")
         elif isinstance(got, (int, float)) and not isinstance(got, bool) and got:
@@ -247,8 +290,13 @@ WRONG_UPDATES = {
 
 # (seq_len, block_size, num_q_heads, num_kv_heads, head_dim, shuffled): a partial last block, MQA with
 # full blocks, a single partial block, ragged GQA, and a shuffled table.
-STEPPER_CASES = [(45, 8, 4, 2, 16, False), (32, 8, 8, 1, 8, False), (5, 16, 2, 2, 4, False),
-                 (100, 16, 6, 3, 16, False), (45, 8, 4, 2, 16, True)]
+STEPPER_CASES = [
+    (45, 8, 4, 2, 16, False),
+    (32, 8, 8, 1, 8, False),
+    (5, 16, 2, 2, 4, False),
+    (100, 16, 6, 3, 16, False),
+    (45, 8, 4, 2, 16, True),
+]
 
 
 def run_stepper_check(update) -> tuple[bool, str]:
@@ -256,10 +304,25 @@ def run_stepper_check(update) -> tuple[bool, str]:
     and the final ``o / l`` with attention over the whole sequence. Returns (ok, what differed)."""
     for seq_len, B, hq, hkv, d, shuffled in STEPPER_CASES:
         name = f"s={seq_len}, B={B}, H_q={hq}, H_kv={hkv}{', shuffled' if shuffled else ''}"
-        mine = OnlineSoftmaxStepper(seq_len, block_size=B, num_blocks=-(-seq_len // B) + 3, num_q_heads=hq,
-                                    num_kv_heads=hkv, head_dim=d, seed=seq_len, update=update)
-        ref = OnlineSoftmaxStepper(seq_len, block_size=B, num_blocks=-(-seq_len // B) + 3, num_q_heads=hq,
-                                   num_kv_heads=hkv, head_dim=d, seed=seq_len)
+        mine = OnlineSoftmaxStepper(
+            seq_len,
+            block_size=B,
+            num_blocks=-(-seq_len // B) + 3,
+            num_q_heads=hq,
+            num_kv_heads=hkv,
+            head_dim=d,
+            seed=seq_len,
+            update=update,
+        )
+        ref = OnlineSoftmaxStepper(
+            seq_len,
+            block_size=B,
+            num_blocks=-(-seq_len // B) + 3,
+            num_q_heads=hq,
+            num_kv_heads=hkv,
+            head_dim=d,
+            seed=seq_len,
+        )
         if shuffled:
             mine.shuffle()
             ref.shuffle()
@@ -277,26 +340,38 @@ def run_stepper_check(update) -> tuple[bool, str]:
                 return False, f"{name}: block {b} raised {_describe_error(exc)}"
             for part in ("m", "l", "o"):
                 if not _close(got[part], expected[part]):
-                    tail = " (the last block, with a masked tail)" if b == ref.num_logical_blocks - 1 and \
-                        seq_len % B else ""
+                    tail = (
+                        " (the last block, with a masked tail)"
+                        if b == ref.num_logical_blocks - 1 and seq_len % B
+                        else ""
+                    )
                     return False, f"{name}: after block {b}{tail}, {part} differs from the reference state"
         if not _close(mine.output(), ref.truth):
             return False, f"{name}: the final o / l differs from attention over the whole sequence"
     return True, ""
 
 
-@register("4.3", "Write block_update(m, l, o, scores, values, valid): fold one block -- scores (H, B), values "
-          "(H, B, D), valid (B,) bool -- into the state m (H,), l (H,), o (H, D); return the new (m, l, o).",
-          block_update, kind="function")
+@register(
+    "4.3",
+    "Write block_update(m, l, o, scores, values, valid): fold one block -- scores (H, B), values "
+    "(H, B, D), valid (B,) bool -- into the state m (H,), l (H,), o (H, D); return the new (m, l, o).",
+    block_update,
+    kind="function",
+)
 def _check_4_3(fn) -> Verdict:
     try:
         ok, what = run_stepper_check(fn)
     except NotImplementedError as exc:
         return raised("block_update", exc, "your function")
     if ok:
-        return Verdict(True, [f"[x] block_update: the stepper ran it on all {len(STEPPER_CASES)} cases (partial last "
-                              "block, MQA, GQA, a shuffled table); every step's (m, l, o) matches, and o / l at the "
-                              "last block equals attention over the whole sequence"])
+        return Verdict(
+            True,
+            [
+                f"[x] block_update: the stepper ran it on all {len(STEPPER_CASES)} cases (partial last "
+                "block, MQA, GQA, a shuffled table); every step's (m, l, o) matches, and o / l at the "
+                "last block equals attention over the whole sequence"
+            ],
+        )
     lines = [f"[ ] block_update: {what}"]
     for hint, wrong in WRONG_UPDATES.items():
         if _same_as(fn, wrong):
@@ -318,5 +393,12 @@ def _same_as(fn, wrong) -> bool:
         return False
 
 
-__all__ = ["merge_stub", "block_update_stub", "run_stepper_check", "partial_state", "WRONG_MERGES", "WRONG_BYTES",
-           "WRONG_UPDATES"]
+__all__ = [
+    "merge_stub",
+    "block_update_stub",
+    "run_stepper_check",
+    "partial_state",
+    "WRONG_MERGES",
+    "WRONG_BYTES",
+    "WRONG_UPDATES",
+]

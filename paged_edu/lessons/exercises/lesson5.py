@@ -49,12 +49,29 @@ def engine_blocks_held(prompt_len, block_size, k):
     return len(engine.allocator.block_table(seq.seq_id))
 
 
-CASES_5_1 = [(1, 4, 0), (4, 4, 0), (4, 4, 1), (7, 4, 1), (8, 4, 3), (9, 4, 3), (16, 16, 0), (16, 16, 1),
-             (30, 16, 2), (30, 16, 3), (40, 16, 8), (33, 16, 15)]
+CASES_5_1 = [
+    (1, 4, 0),
+    (4, 4, 0),
+    (4, 4, 1),
+    (7, 4, 1),
+    (8, 4, 3),
+    (9, 4, 3),
+    (16, 16, 0),
+    (16, 16, 1),
+    (30, 16, 2),
+    (30, 16, 3),
+    (40, 16, 8),
+    (33, 16, 15),
+]
 
 
-@register("5.1", "Write blocks_held(prompt_len, block_size, k): how many blocks a request holds after its "
-          "prefill step and k decode steps (checked against the engine).", blocks_held, kind="function")
+@register(
+    "5.1",
+    "Write blocks_held(prompt_len, block_size, k): how many blocks a request holds after its "
+    "prefill step and k decode steps (checked against the engine).",
+    blocks_held,
+    kind="function",
+)
 def _check_5_1(fn) -> Verdict:
     verdict = check_function("blocks_held", fn, CASES_5_1, engine_blocks_held)
     if verdict.ok or NOT_ANSWERED in str(verdict):
@@ -75,15 +92,16 @@ def _agrees(fn, wrong, case) -> bool:
 
 # Tempting wrong answers of 5.1 (prompt_len p, block_size B, k decode steps), with what differs.
 WRONG_5_1 = {
-    lambda p, B, k: math.ceil((p + k + 1) / B):
-        "ceil((p + k + 1) / B): a slot for every sampled token, the k-th decode step's too. That token has no slot "
-        "yet: a decode step first places the token sampled LAST (allocator.append_slots), computes it, and samples the "
-        "next one, which gets its slot only in the following step. After k decode steps the request holds p + k "
-        "tokens' slots.",
-    lambda p, B, k: math.ceil(p / B) + k:
-        "a new block per decode step: a step adds one token, and a new block only when the last one is full",
-    lambda p, B, k: math.ceil(p / B):
-        "the prompt's blocks only: each decode step places one more token",
+    lambda p, B, k: math.ceil(
+        (p + k + 1) / B
+    ): "ceil((p + k + 1) / B): a slot for every sampled token, the k-th decode step's too. That token has no slot "
+    "yet: a decode step first places the token sampled LAST (allocator.append_slots), computes it, and samples the "
+    "next one, which gets its slot only in the following step. After k decode steps the request holds p + k "
+    "tokens' slots.",
+    lambda p, B, k: (
+        math.ceil(p / B) + k
+    ): "a new block per decode step: a step adds one token, and a new block only when the last one is full",
+    lambda p, B, k: math.ceil(p / B): "the prompt's blocks only: each decode step places one more token",
 }
 
 
@@ -113,7 +131,7 @@ def static_finish_steps(max_tokens=MAX_TOKENS_5_2, batch=MAX_NUM_SEQS_5_2) -> li
     """Static batching's answer: batches of ``batch`` run to their longest request."""
     steps, start = [], 0
     for i in range(0, len(max_tokens), batch):
-        group = max_tokens[i:i + batch]
+        group = max_tokens[i : i + batch]
         steps += [start + max(group) - 1] * len(group)
         start += max(group)
     return steps
@@ -132,9 +150,13 @@ FINISH_STEP_5_2 = 14  # r0, r1 from step 0; r1 ends in 2, r2 starts in 3 (ends 1
 # r4 starts in 7 (ends 12); r5 starts in 11 and its 4 tokens end in step 14.
 
 
-@register("5.2", f"Six requests with max_tokens {list(MAX_TOKENS_5_2)} (short prompts) arrive together; "
-          f"max_num_seqs = {MAX_NUM_SEQS_5_2}. Counting steps from 0, in which step does the last one "
-          "(request 5) finish?", FINISH_STEP_5_2)
+@register(
+    "5.2",
+    f"Six requests with max_tokens {list(MAX_TOKENS_5_2)} (short prompts) arrive together; "
+    f"max_num_seqs = {MAX_NUM_SEQS_5_2}. Counting steps from 0, in which step does the last one "
+    "(request 5) finish?",
+    FINISH_STEP_5_2,
+)
 def _check_5_2(answer) -> Verdict:
     expected = engine_finish_steps()[-1]
     verdict = compare("step in which request 5 finishes", answer, expected)
@@ -143,11 +165,15 @@ def _check_5_2(answer) -> Verdict:
     if answer == expected + 1:
         verdict.lines.append("    Steps count from 0 here: the first step (which prefills the first two) is step 0.")
     elif answer in _static_answers():
-        verdict.lines.append("    That is static batching (each pair runs to its longest request). Continuous batching "
-                             "admits a waiting request in the step after any running one finishes.")
+        verdict.lines.append(
+            "    That is static batching (each pair runs to its longest request). Continuous batching "
+            "admits a waiting request in the step after any running one finishes."
+        )
     elif answer == expected - 1 or answer == expected - 2:
-        verdict.lines.append("    A freed place is taken in the *next* step: a request finishes in a step's update, and "
-                             "the step after it admits (prefills) the next waiting request.")
+        verdict.lines.append(
+            "    A freed place is taken in the *next* step: a request finishes in a step's update, and "
+            "the step after it admits (prefills) the next waiting request."
+        )
     return verdict
 
 
@@ -181,8 +207,9 @@ class PlainAllocator(MyAllocator):
         copy = t % B != 0 and self.ref_counts[table[-1]] > 1  # shared and partly filled: copy-on-write
         needed = math.ceil(max(num_tokens - (-t % B), 0) / B) + copy
         if needed > len(self.free_block_ids):  # check first: a failed call changes nothing
-            raise OutOfBlocksError(f"{seq_id!r} needs {needed} blocks for {num_tokens} slots, "
-                                   f"{len(self.free_block_ids)} free")
+            raise OutOfBlocksError(
+                f"{seq_id!r} needs {needed} blocks for {num_tokens} slots, {len(self.free_block_ids)} free"
+            )
         if copy:
             block = self.free_block_ids.popleft()
             self.ref_counts[block] = 1
@@ -230,8 +257,11 @@ def engine_agreement(allocator_cls, model=None, *, num_blocks: int = 12, block_s
     params = [SamplingParams(max_tokens=10)] * 4 + [SamplingParams(max_tokens=8, temperature=1.0, seed=5, n=3)]
     results = {}
     for name, cls in (("yours", allocator_cls), ("reference", BlockAllocator)):
-        allocator = cls(num_blocks, block_size) if cls is not BlockAllocator else BlockAllocator(
-            num_blocks, block_size, enable_prefix_caching=False)
+        allocator = (
+            cls(num_blocks, block_size)
+            if cls is not BlockAllocator
+            else BlockAllocator(num_blocks, block_size, enable_prefix_caching=False)
+        )
         engine = engine_on(model, allocator)
         outs = engine.run(prompts, params)
         results[name] = [o.outputs for o in outs]
@@ -240,18 +270,28 @@ def engine_agreement(allocator_cls, model=None, *, num_blocks: int = 12, block_s
     return results
 
 
-@register("5.3", "Bring your own allocator: fill in MyAllocator's allocate, append_slots, fork and free "
-          "(paged_edu/lessons/my_allocator.py); it must keep the allocator contract and give the engine "
-          "token-identical output to the reference allocator.", PlainAllocator, kind="class")
+@register(
+    "5.3",
+    "Bring your own allocator: fill in MyAllocator's allocate, append_slots, fork and free "
+    "(paged_edu/lessons/my_allocator.py); it must keep the allocator contract and give the engine "
+    "token-identical output to the reference allocator.",
+    PlainAllocator,
+    kind="class",
+)
 def _check_5_3(cls) -> Verdict:
     if cls is None:
         return Verdict(False, ["[ ] allocator: not answered yet -- pass your allocator class"])
     report = check_contract(cls)
     if not report.ok:
         if report.error.startswith("NotImplementedError"):
-            return Verdict(False, [f"[ ] allocator: not answered yet -- not written yet: {report.error.split(': ', 1)[-1]}"])
-        lines = [f"[ ] allocator contract: broken in random run {report.num_runs} after {report.num_ops} operations:",
-                 f"    {report.error}", "    the operations just before it:"]
+            return Verdict(
+                False, [f"[ ] allocator: not answered yet -- not written yet: {report.error.split(': ', 1)[-1]}"]
+            )
+        lines = [
+            f"[ ] allocator contract: broken in random run {report.num_runs} after {report.num_ops} operations:",
+            f"    {report.error}",
+            "    the operations just before it:",
+        ]
         lines += [f"      {op}" for op in report.history]
         return Verdict(False, lines)
     lines = [f"[x] allocator contract: kept over {report.num_ops:,} random operations in {report.num_runs} runs"]
@@ -262,11 +302,21 @@ def _check_5_3(cls) -> Verdict:
     bad = [i for i, (a, b) in enumerate(zip(got["yours"], got["reference"])) if a != b]
     if bad:
         i = bad[0]
-        return Verdict(False, lines + [f"[ ] engine output differs from the reference allocator's in request {i}: "
-                                       f"{got['yours'][i]} vs {got['reference'][i]}"])
+        return Verdict(
+            False,
+            lines
+            + [
+                f"[ ] engine output differs from the reference allocator's in request {i}: "
+                f"{got['yours'][i]} vs {got['reference'][i]}"
+            ],
+        )
     if got["yours_leaked_blocks"]:
-        return Verdict(False, lines + [f"[ ] the engine finished but {got['yours_leaked_blocks']} blocks were never freed"])
+        return Verdict(
+            False, lines + [f"[ ] the engine finished but {got['yours_leaked_blocks']} blocks were never freed"]
+        )
     n_tokens = sum(len(s) for out in got["yours"] for s in out)
-    lines.append(f"[x] engine on your allocator: {len(got['yours'])} requests ({n_tokens} tokens, "
-                 f"{got['yours_preemptions']} preemptions, a fork of 3 samples) token-identical to the reference")
+    lines.append(
+        f"[x] engine on your allocator: {len(got['yours'])} requests ({n_tokens} tokens, "
+        f"{got['yours_preemptions']} preemptions, a fork of 3 samples) token-identical to the reference"
+    )
     return Verdict(True, lines)

@@ -35,8 +35,7 @@ class _AllocatorView:
     """Shared plumbing: an allocator, its KV view, the grid and table figures, an event log, the
     selected sequence, and the steps every button shares (guard, select, allocate, redraw)."""
 
-    def __init__(self, allocator: BlockAllocator, kv: KVView | bool, *, device, dtype, seed: int,
-                 cols: int) -> None:
+    def __init__(self, allocator: BlockAllocator, kv: KVView | bool, *, device, dtype, seed: int, cols: int) -> None:
         if kv is True:  # real K/V tensors behind the allocator, made here
             kv = KVView(allocator, device=device, dtype=dtype, seed=seed)
         self.allocator = allocator
@@ -99,10 +98,15 @@ class _AllocatorView:
         with self.table.batch_update():
             _update_heatmap(self.table.data[0], table_data)
             self.table.layout.height = 110 + 36 * max(1, len(table_data["y"]))
-        lines = [f"{e.kind}: seq {e.seq_id!s}, blocks {e.block_ids}" + (f", slot {e.slot}" if e.slot >= 0 else "")
-                 for e in self.events[-6:]]
-        self.log.value = (f"<div style='font-family:monospace;font-size:12px;color:{NEUTRAL}'>"
-                          + "<br>".join(html.escape(x) for x in lines) + "</div>")
+        lines = [
+            f"{e.kind}: seq {e.seq_id!s}, blocks {e.block_ids}" + (f", slot {e.slot}" if e.slot >= 0 else "")
+            for e in self.events[-6:]
+        ]
+        self.log.value = (
+            f"<div style='font-family:monospace;font-size:12px;color:{NEUTRAL}'>"
+            + "<br>".join(html.escape(x) for x in lines)
+            + "</div>"
+        )
 
     def say(self, message: str, ok: bool = True) -> None:
         color = GOOD if ok else BAD

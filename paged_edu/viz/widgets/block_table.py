@@ -22,16 +22,32 @@ class BlockTableWidget(_AllocatorView):
     checks the seed's address formula against the tensor's actual memory.
     """
 
-    def __init__(self, num_blocks: int = 24, block_size: int = 4, *, device="cpu", dtype=None,
-                 kv: KVView | bool = True, seed: int = 0, cols: int = 8) -> None:
-        super().__init__(BlockAllocator(num_blocks, block_size, enable_prefix_caching=False), kv,
-                         device=device, dtype=dtype, seed=seed, cols=cols)
+    def __init__(
+        self,
+        num_blocks: int = 24,
+        block_size: int = 4,
+        *,
+        device="cpu",
+        dtype=None,
+        kv: KVView | bool = True,
+        seed: int = 0,
+        cols: int = 8,
+    ) -> None:
+        super().__init__(
+            BlockAllocator(num_blocks, block_size, enable_prefix_caching=False),
+            kv,
+            device=device,
+            dtype=dtype,
+            seed=seed,
+            cols=cols,
+        )
         self._next_id = itertools.count()
         self._next_token = itertools.count(1000)
         style = {"description_width": "90px"}
         self.prompt_len = W.IntSlider(6, min=1, max=4 * block_size, description="prompt len", style=style)
-        self.add_button = W.Button(description="add request", icon="plus", button_style="success",
-                                     layout=W.Layout(width="auto"))
+        self.add_button = W.Button(
+            description="add request", icon="plus", button_style="success", layout=W.Layout(width="auto")
+        )
         self.num_append = W.IntSlider(1, min=1, max=2 * block_size, description="tokens", style=style)
         self.append_button = W.Button(description="append tokens", icon="forward")
         self.free_button = W.Button(description="free", icon="trash", button_style="danger")
@@ -42,10 +58,16 @@ class BlockTableWidget(_AllocatorView):
         self.free_button.on_click(lambda _: self._guard(self.free))
         self.seq.observe(lambda ch: self._sync_position(), "value")
         self.position.observe(lambda ch: self._show_pick(), "value")
-        controls = W.VBox([W.HBox([self.prompt_len, self.add_button]),
-                           W.HBox([self.seq, self.free_button]),
-                           W.HBox([self.num_append, self.append_button]),
-                           self.status, self.position, self.address])
+        controls = W.VBox(
+            [
+                W.HBox([self.prompt_len, self.add_button]),
+                W.HBox([self.seq, self.free_button]),
+                W.HBox([self.num_append, self.append_button]),
+                self.status,
+                self.position,
+                self.address,
+            ]
+        )
         self.ui = W.VBox([W.HBox([controls, self.grid]), self.table, self.log])
         self.refresh()
 
@@ -111,17 +133,26 @@ class BlockTableWidget(_AllocatorView):
             return
         p = self.pick()
         B = self.allocator.block_size
-        lines = [f"t = {p['t']}: i = t // B = {p['t']} // {B} = {p['i']}, j = t mod B = {p['j']}",
-                 f"B(i) = {p['block']}, slot = B(i)*B + j = {p['slot']}"]
+        lines = [
+            f"t = {p['t']}: i = t // B = {p['t']} // {B} = {p['i']}, j = t mod B = {p['j']}",
+            f"B(i) = {p['block']}, slot = B(i)*B + j = {p['slot']}",
+        ]
         if "address_formula" in p:
-            lines.append(f"BasePtr_K + B(i)*S_block + j*S_token (+ h*S_head, h = 0) = {p['base']:#x} + {p['block']}*{p['s_block']} + "
-                         f"{p['j']}*{p['s_token']} = {p['address_formula']:#x}")
-            lines.append(f"tensor k_cache[{p['block']}, {p['j']}, 0].data_ptr() = {p['address_tensor']:#x} "
-                         + ("(match)" if p["address_match"] else "(MISMATCH)")
-                         + f"; stored K equals the token's K: {p['value_match']}")
+            lines.append(
+                f"BasePtr_K + B(i)*S_block + j*S_token (+ h*S_head, h = 0) = {p['base']:#x} + {p['block']}*{p['s_block']} + "
+                f"{p['j']}*{p['s_token']} = {p['address_formula']:#x}"
+            )
+            lines.append(
+                f"tensor k_cache[{p['block']}, {p['j']}, 0].data_ptr() = {p['address_tensor']:#x} "
+                + ("(match)" if p["address_match"] else "(MISMATCH)")
+                + f"; stored K equals the token's K: {p['value_match']}"
+            )
             seed = p["seed_lands"]
-            lines.append(f"the seed's formula as written (+ j*d_head, in elements): offset {seed['byte_offset']} B -> "
-                         f"token {seed['token']}, head {seed['head']}, dim {seed['dim']}: "
-                         + ("the right K" if seed["k_matches"] else "NOT this token's K"))
-        self.address.value = "<div style='font-family:monospace;font-size:12px'>" + "<br>".join(
-            html.escape(x) for x in lines) + "</div>"
+            lines.append(
+                f"the seed's formula as written (+ j*d_head, in elements): offset {seed['byte_offset']} B -> "
+                f"token {seed['token']}, head {seed['head']}, dim {seed['dim']}: "
+                + ("the right K" if seed["k_matches"] else "NOT this token's K")
+            )
+        self.address.value = (
+            "<div style='font-family:monospace;font-size:12px'>" + "<br>".join(html.escape(x) for x in lines) + "</div>"
+        )

@@ -31,8 +31,9 @@ def gpu_label(gpu: str) -> str:
         return gpu
     if gpu in GPU_TABLE:
         return GPU_TABLE[gpu].label
-    raise ValueError(f"gpu={gpu!r} is not in the GPU table; choose one of {', '.join(GPUS)} "
-                     f"(or the keys {', '.join(GPU_TABLE)})")
+    raise ValueError(
+        f"gpu={gpu!r} is not in the GPU table; choose one of {', '.join(GPUS)} (or the keys {', '.join(GPU_TABLE)})"
+    )
 
 
 class KVMemoryCalculator:
@@ -47,23 +48,46 @@ class KVMemoryCalculator:
     fit in it (paged, block size 16).
     """
 
-    def __init__(self, preset: str = "Seed 70B example", gpu: str = "H200 (141 GB)", seq_len: int = 8192,
-                 batch: int = 8, num_gpus: int = 1, gpu_memory_utilization: float = 0.9) -> None:
+    def __init__(
+        self,
+        preset: str = "Seed 70B example",
+        gpu: str = "H200 (141 GB)",
+        seq_len: int = 8192,
+        batch: int = 8,
+        num_gpus: int = 1,
+        gpu_memory_utilization: float = 0.9,
+    ) -> None:
         style = {"description_width": "110px"}
         layout = W.Layout(width="420px")
-        self.preset = W.Dropdown(options=list(PRESETS) + ["custom"], value=preset, description="model", style=style, layout=layout)
+        self.preset = W.Dropdown(
+            options=list(PRESETS) + ["custom"], value=preset, description="model", style=style, layout=layout
+        )
         self.layers = W.IntSlider(80, min=1, max=128, description="N_layers", style=style, layout=layout)
         self.kv_heads = W.IntSlider(8, min=1, max=128, description="N_kv heads", style=style, layout=layout)
         self.head_dim = W.IntSlider(128, min=16, max=256, step=16, description="d_head", style=style, layout=layout)
-        self.dtype = W.Dropdown(options=list(DTYPE_BYTES), value="fp16", description="dtype", style=style, layout=layout)
-        self.seq_len = W.IntSlider(seq_len, min=128, max=131072, step=128, description="s (tokens)", style=style, layout=layout)
+        self.dtype = W.Dropdown(
+            options=list(DTYPE_BYTES), value="fp16", description="dtype", style=style, layout=layout
+        )
+        self.seq_len = W.IntSlider(
+            seq_len, min=128, max=131072, step=128, description="s (tokens)", style=style, layout=layout
+        )
         self.batch = W.IntSlider(batch, min=1, max=512, description="batch", style=style, layout=layout)
         gpu = gpu_label(gpu)
         self.gpu = W.Dropdown(options=list(GPUS), value=gpu, description="GPU", style=style, layout=layout)
-        self.gpu_gb = W.FloatSlider(GPUS[gpu] / 1e9, min=8, max=192, step=0.01, description="GPU memory GB",
-                                    readout_format=".2f", style=style, layout=layout)
+        self.gpu_gb = W.FloatSlider(
+            GPUS[gpu] / 1e9,
+            min=8,
+            max=192,
+            step=0.01,
+            description="GPU memory GB",
+            readout_format=".2f",
+            style=style,
+            layout=layout,
+        )
         self.num_gpus = W.IntSlider(num_gpus, min=1, max=8, description="GPUs", style=style, layout=layout)
-        self.weights_gb = W.FloatSlider(0, min=0, max=1400, step=0.5, description="weights GB", style=style, layout=layout)
+        self.weights_gb = W.FloatSlider(
+            0, min=0, max=1400, step=0.5, description="weights GB", style=style, layout=layout
+        )
         self.util = gpu_memory_utilization
         self.html = W.HTML()
         self._mla: tuple[int, int] = (0, 0)  # (latent_dim, rope_dim) while an MLA preset is untouched
@@ -76,15 +100,35 @@ class KVMemoryCalculator:
         for w in (self.seq_len, self.batch, self.gpu_gb, self.num_gpus, self.weights_gb):
             w.observe(lambda ch: self.update(), "value")
         self.set_preset(preset)
-        controls = W.VBox([self.preset, self.layers, self.kv_heads, self.head_dim, self.dtype,
-                           self.seq_len, self.batch, self.gpu, self.gpu_gb, self.num_gpus, self.weights_gb],
-                          layout=W.Layout(min_width="440px"))
+        controls = W.VBox(
+            [
+                self.preset,
+                self.layers,
+                self.kv_heads,
+                self.head_dim,
+                self.dtype,
+                self.seq_len,
+                self.batch,
+                self.gpu,
+                self.gpu_gb,
+                self.num_gpus,
+                self.weights_gb,
+            ],
+            layout=W.Layout(min_width="440px"),
+        )
         self.ui = W.VBox([W.HBox([controls, self.html]), self.fig])
 
     def spec(self) -> KVSpec:
         latent, rope = self._mla
-        return KVSpec("custom", self.layers.value, self.kv_heads.value, self.head_dim.value, self.dtype.value,
-                      latent_dim=latent, rope_dim=rope)
+        return KVSpec(
+            "custom",
+            self.layers.value,
+            self.kv_heads.value,
+            self.head_dim.value,
+            self.dtype.value,
+            latent_dim=latent,
+            rope_dim=rope,
+        )
 
     def set_preset(self, name: str) -> None:
         """Load a preset's geometry (and its weights' size at the preset's dtype) into the sliders."""
@@ -127,18 +171,29 @@ class KVMemoryCalculator:
         per_request = kv_bytes(spec, s)
         block = spec.block_bytes(16)
         fit = int(kv_budget // block) // math.ceil(s / 16)
-        return {"bytes_per_token": spec.bytes_per_token, "bytes_per_request": per_request,
-                "bytes_batch": per_request * batch, "kv_budget_bytes": kv_budget, "requests_that_fit": fit,
-                "batch_fits": per_request * batch <= kv_budget}
+        return {
+            "bytes_per_token": spec.bytes_per_token,
+            "bytes_per_request": per_request,
+            "bytes_batch": per_request * batch,
+            "kv_budget_bytes": kv_budget,
+            "requests_that_fit": fit,
+            "batch_fits": per_request * batch <= kv_budget,
+        }
 
     def update(self) -> None:
         if self._syncing:
             return
         r, spec = self.readout(), self.spec()
-        formula = (f"{spec.num_layers} x ({spec.latent_dim} + {spec.rope_dim})" if spec.is_mla else
-                   f"2 x {spec.num_layers} x {spec.num_kv_heads} x {spec.head_dim}")
-        verdict = (f"<span style='color:{GOOD}'>fits</span>" if r["batch_fits"]
-                   else f"<span style='color:{BAD}'><b>does NOT fit</b></span>")
+        formula = (
+            f"{spec.num_layers} x ({spec.latent_dim} + {spec.rope_dim})"
+            if spec.is_mla
+            else f"2 x {spec.num_layers} x {spec.num_kv_heads} x {spec.head_dim}"
+        )
+        verdict = (
+            f"<span style='color:{GOOD}'>fits</span>"
+            if r["batch_fits"]
+            else f"<span style='color:{BAD}'><b>does NOT fit</b></span>"
+        )
         self.html.value = (
             "<div style='font-family:monospace;line-height:1.6;padding-left:16px'>"
             f"<b>per token</b>: {formula} x {DTYPE_BYTES[spec.dtype]} B = <b>{r['bytes_per_token']:,} B</b>"
@@ -147,7 +202,8 @@ class KVMemoryCalculator:
             f"<b>batch of {self.batch.value}</b>: {format_bytes(r['bytes_batch'])} -- {verdict}<br>"
             f"<b>memory for KV</b>: {self.util:.0%} x {self.num_gpus.value} x {self.gpu_gb.value:.2f} GB - {self.weights_gb.value:.1f} GB weights"
             f" = {format_bytes(r['kv_budget_bytes'])}<br>"
-            f"<b>requests of s tokens that fit</b> (paged, B = 16): <b>{r['requests_that_fit']:,}</b></div>")
+            f"<b>requests of s tokens that fit</b> (paged, B = 16): <b>{r['requests_that_fit']:,}</b></div>"
+        )
         new = F.kv_memory_figure(spec, self.seq_len.value, self.batch.value, int(r["kv_budget_bytes"]))
         with self.fig.batch_update():
             for old_trace, new_trace in zip(self.fig.data, new.data):

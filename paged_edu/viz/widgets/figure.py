@@ -55,9 +55,17 @@ export default () => {
 };
 """
 
-_ONE_OFF_MESSAGES = ("_py2js_addTraces", "_py2js_restyle", "_py2js_relayout", "_py2js_update", "_py2js_animate",
-                     "_py2js_deleteTraces", "_py2js_moveTraces", "_py2js_removeLayoutProps",
-                     "_py2js_removeTraceProps")
+_ONE_OFF_MESSAGES = (
+    "_py2js_addTraces",
+    "_py2js_restyle",
+    "_py2js_relayout",
+    "_py2js_update",
+    "_py2js_animate",
+    "_py2js_deleteTraces",
+    "_py2js_moveTraces",
+    "_py2js_removeLayoutProps",
+    "_py2js_removeTraceProps",
+)
 
 
 class FigureWidget(go.FigureWidget):

@@ -22,10 +22,26 @@ class PrefixSharingWidget(_AllocatorView):
     its source when made, and the source is untouched after the writer appends (``cow_checks``).
     """
 
-    def __init__(self, num_blocks: int = 24, block_size: int = 4, system_len: int = 10, *, device="cpu",
-                 dtype=None, kv: KVView | bool = True, seed: int = 0, cols: int = 8) -> None:
-        super().__init__(BlockAllocator(num_blocks, block_size, enable_prefix_caching=True), kv,
-                         device=device, dtype=dtype, seed=seed, cols=cols)
+    def __init__(
+        self,
+        num_blocks: int = 24,
+        block_size: int = 4,
+        system_len: int = 10,
+        *,
+        device="cpu",
+        dtype=None,
+        kv: KVView | bool = True,
+        seed: int = 0,
+        cols: int = 8,
+    ) -> None:
+        super().__init__(
+            BlockAllocator(num_blocks, block_size, enable_prefix_caching=True),
+            kv,
+            device=device,
+            dtype=dtype,
+            seed=seed,
+            cols=cols,
+        )
         self.system_prompt = list(range(1, system_len + 1))
         self.dynamic_mode = "none"
         self._next_id = itertools.count()
@@ -34,11 +50,15 @@ class PrefixSharingWidget(_AllocatorView):
         self.cow_checks: list[dict] = []
         style = {"description_width": "90px"}
         self.user_len = W.IntSlider(3, min=1, max=3 * block_size, description="user tokens", style=style)
-        self.dynamic = W.ToggleButtons(options=[("no timestamp", "none"), ("timestamp first", "start"),
-                                                ("timestamp last", "end")], value="none", description="system prompt",
-                                       style={"description_width": "90px", "button_width": "120px"})
-        self.chat_button = W.Button(description="new chat request", icon="comment", button_style="success",
-                                     layout=W.Layout(width="auto"))
+        self.dynamic = W.ToggleButtons(
+            options=[("no timestamp", "none"), ("timestamp first", "start"), ("timestamp last", "end")],
+            value="none",
+            description="system prompt",
+            style={"description_width": "90px", "button_width": "120px"},
+        )
+        self.chat_button = W.Button(
+            description="new chat request", icon="comment", button_style="success", layout=W.Layout(width="auto")
+        )
         self.fork_button = W.Button(description="fork", icon="code-fork")
         self.append_button = W.Button(description="append token", icon="forward")
         self.free_button = W.Button(description="free", icon="trash", button_style="danger")
@@ -48,9 +68,15 @@ class PrefixSharingWidget(_AllocatorView):
         self.append_button.on_click(lambda _: self._guard(self.append_token))
         self.free_button.on_click(lambda _: self._guard(self.free))
         self.dynamic.observe(lambda ch: self.set_dynamic(ch["new"]), "value")
-        controls = W.VBox([self.dynamic, W.HBox([self.user_len, self.chat_button]),
-                           W.HBox([self.seq, self.fork_button, self.append_button, self.free_button]),
-                           self.status, self.metrics])
+        controls = W.VBox(
+            [
+                self.dynamic,
+                W.HBox([self.user_len, self.chat_button]),
+                W.HBox([self.seq, self.fork_button, self.append_button, self.free_button]),
+                self.status,
+                self.metrics,
+            ]
+        )
         self.ui = W.VBox([controls, W.HBox([self.grid, self.log]), self.table])
         self.refresh()
 
@@ -102,14 +128,16 @@ class PrefixSharingWidget(_AllocatorView):
                 self.cow_checks.append(self.kv.copy_block(src, dst))
         self._computed(seq_id, next(self._next_token))
         if self.kv is not None:
-            for check in self.cow_checks[-len(copies):] if copies else []:
+            for check in self.cow_checks[-len(copies) :] if copies else []:
                 check["source_untouched"] = self.kv.block_unchanged(check)
         if copies:
             message += "; copy-on-write " + ", ".join(f"{s} -> {d}" for s, d in copies)
             if self.kv is not None:
                 c = self.cow_checks[-1]
-                message += (f" (copy equals source: {c['copy_equal']}, source untouched after the write: "
-                            f"{c['source_untouched']})")
+                message += (
+                    f" (copy equals source: {c['copy_equal']}, source untouched after the write: "
+                    f"{c['source_untouched']})"
+                )
         self.say(message)
         self._after_change(select=seq_id)
         return slot
@@ -127,4 +155,5 @@ class PrefixSharingWidget(_AllocatorView):
             "<div style='font-family:monospace'>"
             f"prefix hit rate: <b>{st.hit_rate:.1%}</b> ({st.hit_tokens} of {st.queried_tokens} prompt tokens)<br>"
             f"blocks: {a.num_used_blocks} in use, {a.num_evictable_blocks} evictable (cached, ref 0), "
-            f"{a.num_free_blocks - a.num_evictable_blocks} free</div>")
+            f"{a.num_free_blocks - a.num_evictable_blocks} free</div>"
+        )
