@@ -108,8 +108,8 @@ def measure_case(timer, case, impls, sweep_configs=None, sweep_timer=None):
     ceil_us = copy_ceiling_us(timer, kv_bytes)  # eager: see its docstring for why not in a graph
     src = torch.randn(kv_bytes // 2, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    graph_memcpy_us, _, _ = timer.graph(lambda: dst.copy_(src))  # noqa: F821 (a name deleted after this call)
-    del src, dst
+    graph_memcpy_us, _, _ = timer.graph(lambda: dst.copy_(src))
+    src = dst = None  # free the copy's buffers (the lambda above holds the names)
     ceil_gbs = 2 * kv_bytes / ceil_us / 1e3
     row = {
         "case": f"{num_seqs}x{seq_len}",
@@ -133,13 +133,13 @@ def measure_case(timer, case, impls, sweep_configs=None, sweep_timer=None):
         if impl == "loop" and case not in LOOP_CASES:
             continue
         if impl == "loop":
-            us, samples, out = timer.eager(lambda: paged_attention_loop(q, k, v, t, lens, scale=scale))  # noqa: F821 (a name deleted after this call)
+            us, samples, out = timer.eager(lambda: paged_attention_loop(q, k, v, t, lens, scale=scale))
         elif impl == "torch":
-            us, samples, out = timer.graph(lambda: paged_attention_torch(q, k, v, t, lens, scale=scale))  # noqa: F821 (a name deleted after this call)
+            us, samples, out = timer.graph(lambda: paged_attention_torch(q, k, v, t, lens, scale=scale))
         else:
             us, samples, out = timer.graph(
                 lambda: paged_attention_decode(q, k, v, t, lens, impl="triton", validate=False)
-            )  # noqa: F821 (a name deleted after this call)
+            )
         gbs = io_bytes / us / 1e3
         row["impls"][impl] = {
             "us": us,
@@ -164,7 +164,7 @@ def measure_case(timer, case, impls, sweep_configs=None, sweep_timer=None):
                         v,
                         t,
                         lens,
-                        scale=scale,  # noqa: F821 (a name deleted after this call)
+                        scale=scale,
                         num_splits=splits,
                         config=cfg,
                     )
@@ -180,7 +180,7 @@ def measure_case(timer, case, impls, sweep_configs=None, sweep_timer=None):
         ok = [r for r in results if "us" in r and r["rel_err"] < 2e-2]
         row["sweep"] = sorted(ok, key=lambda r: r["us"])[:12]
         row["sweep_errors"] = [r for r in results if "error" in r or r.get("rel_err", 0) >= 2e-2][:5]
-    del q, k, v, t, lens, ref
+    q = k = v = t = lens = ref = None  # free the case's tensors (the lambdas above hold the names)
     torch.cuda.empty_cache()
     return row
 

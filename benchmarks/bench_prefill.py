@@ -251,7 +251,7 @@ def measure_case(timer, case, sweep=None, flex_block_m=(128,), skip_flex=False):
 
     def record(name, fn, **extra):
         try:
-            us, err, how = timed(timer, fn, ref)  # noqa: F821 (a name deleted after this call)
+            us, err, how = timed(timer, fn, ref)
         except Exception as exc:  # noqa: BLE001 -- a formulation the backend refuses
             row["impls"][name] = {"error": repr(exc)[:300], **extra}
             return
@@ -292,7 +292,7 @@ def measure_case(timer, case, sweep=None, flex_block_m=(128,), skip_flex=False):
         row["sweep"] = ok[:10]
         row["sweep_failed"] = [r for r in results if "us" not in r or r["rel_err"] >= TOL][:6]
     summarise(row)
-    del q, k, v, t, lens, cu, ref
+    q = k = v = t = lens = cu = ref = None  # free the case's tensors (the lambdas above hold the names)
     torch.cuda.empty_cache()
     return row
 

@@ -113,7 +113,7 @@ def split_sweep(
     chosen = choose_num_splits(num_seqs, num_kv_heads, seq_len, cfg["TILE"], _num_sms(q.device.index or 0))
     points = []
     for n in sorted(set(splits) | {chosen}):  # the kernel's own choice is always measured too
-        us, _, out = timer.graph(lambda: paged_attention_triton(*case, scale=scale, num_splits=n))  # noqa: F821 (a name deleted after this call)
+        us, _, out = timer.graph(lambda: paged_attention_triton(*case, scale=scale, num_splits=n))
         points.append(
             {
                 "splits": n,
@@ -122,7 +122,7 @@ def split_sweep(
                 "rel_err": rel_err(out, ref),
             }
         )
-    del case, q, ref
+    case = q = ref = None  # free the case's tensors (the lambdas above hold the names)
     torch.cuda.empty_cache()
     return {
         "case": f"{num_seqs}x{seq_len}",

@@ -317,9 +317,9 @@ def logical_physical_figure(
 
 
 # The memory and tensor figures, re-exported so ``figures.contiguous_figure`` etc. keep working.
-from paged_edu.viz.memory_figures import (
+from paged_edu.viz.memory_figures import (  # noqa: E402
     contiguous_data,
-    contiguous_figure,  # noqa: E402
+    contiguous_figure,
     kv_memory_figure,
     utilisation_figure,
 )
