@@ -62,7 +62,7 @@ class SeedAllocator:
         table: list[int] = []
         hits: list[bool] = []
         for i in range(math.ceil(len(prompt_tokens) / B)):
-            chunk = list(prompt_tokens[i * B : (i + 1) * B])
+            chunk = list(prompt_tokens[i * B:(i + 1) * B])
             chunk_hash = self._hash_tokens(chunk) if len(chunk) == B else None
             if chunk_hash and chunk_hash in self.prefix_cache:
                 phys_id = self.prefix_cache[chunk_hash]  # may be stale (DEFECT 2)
@@ -124,7 +124,5 @@ class SeedAllocator:
         return len(self.free_blocks)
 
     def __repr__(self) -> str:
-        return (
-            f"SeedAllocator(num_blocks={self.num_blocks}, block_size={self.block_size}, "
-            f"free={len(self.free_blocks)}, cached_hashes={len(self.prefix_cache)})  # the WRONG way"
-        )
+        return (f"SeedAllocator(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+                f"free={len(self.free_blocks)}, cached_hashes={len(self.prefix_cache)})  # the WRONG way")

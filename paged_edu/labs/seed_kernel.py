@@ -46,17 +46,17 @@ __all__ = ["paged_attention_decode_step", "paged_attention_decode_step_fixed"]
 
 
 def paged_attention_decode_step(
-    q: torch.Tensor,  # [B, H_q, D] (Single decode query token)
-    k_cache: torch.Tensor,  # [Total_Blocks, Block_Size, H_kv, D]
-    v_cache: torch.Tensor,  # [Total_Blocks, Block_Size, H_kv, D]
-    block_tables: torch.Tensor,  # [B, Max_Blocks_Per_Seq] (Physical block IDs)
-    seq_lens: torch.Tensor,  # [B] (Current sequence length per request)
+    q: torch.Tensor,                # [B, H_q, D] (Single decode query token)
+    k_cache: torch.Tensor,          # [Total_Blocks, Block_Size, H_kv, D]
+    v_cache: torch.Tensor,          # [Total_Blocks, Block_Size, H_kv, D]
+    block_tables: torch.Tensor,     # [B, Max_Blocks_Per_Seq] (Physical block IDs)
+    seq_lens: torch.Tensor,         # [B] (Current sequence length per request)
     block_size: int = 16,
 ) -> torch.Tensor:
     """Executes non-contiguous paged attention across requests via online softmax."""
     batch_size, num_heads_q, head_dim = q.shape
     num_heads_kv = k_cache.shape[2]
-    num_queries_per_kv = num_heads_q // num_heads_kv  # Grouped-Query Attention ratio
+    num_queries_per_kv = num_heads_q // num_heads_kv # Grouped-Query Attention ratio
     scale = 1.0 / math.sqrt(head_dim)
 
     outputs = torch.zeros_like(q)
@@ -64,7 +64,7 @@ def paged_attention_decode_step(
     for b in range(batch_size):
         cur_len = seq_lens[b].item()
         num_blocks = math.ceil(cur_len / block_size)
-        q_b = q[b]  # [H_q, D]
+        q_b = q[b] # [H_q, D]
 
         # Initialize online softmax accumulators per head
         m_i = torch.full((num_heads_q, 1), float("-inf"), device=q.device, dtype=torch.float32)
@@ -73,8 +73,8 @@ def paged_attention_decode_step(
 
         for block_idx in range(num_blocks):
             phys_block_id = block_tables[b, block_idx].item()
-            k_block = k_cache[phys_block_id]  # [Block_Size, H_kv, D]
-            v_block = v_cache[phys_block_id]  # [Block_Size, H_kv, D]
+            k_block = k_cache[phys_block_id] # [Block_Size, H_kv, D]
+            v_block = v_cache[phys_block_id] # [Block_Size, H_kv, D]
 
             # Expand KV heads for GQA if necessary
             if num_queries_per_kv > 1:
@@ -83,8 +83,8 @@ def paged_attention_decode_step(
 
             # Compute valid tokens in block
             valid_tokens = min(block_size, cur_len - block_idx * block_size)
-            k_block = k_block[:valid_tokens]  # [Valid, H_q, D]
-            v_block = v_block[:valid_tokens]  # [Valid, H_q, D]
+            k_block = k_block[:valid_tokens] # [Valid, H_q, D]
+            v_block = v_block[:valid_tokens] # [Valid, H_q, D]
 
             # Block attention scores: [H_q, Valid]
             scores = torch.einsum("hd,vhd->hv", q_b, k_block) * scale
@@ -92,7 +92,7 @@ def paged_attention_decode_step(
             # Online Softmax Update
             m_block = torch.max(scores, dim=-1, keepdim=True).values
             m_new = torch.maximum(m_i, m_block)
-
+            
             p_block = torch.exp(scores - m_new)
             alpha = torch.exp(m_i - m_new)
 
@@ -106,17 +106,17 @@ def paged_attention_decode_step(
 
 
 def paged_attention_decode_step_fixed(
-    q: torch.Tensor,  # [B, H_q, D] (Single decode query token)
-    k_cache: torch.Tensor,  # [Total_Blocks, Block_Size, H_kv, D]
-    v_cache: torch.Tensor,  # [Total_Blocks, Block_Size, H_kv, D]
-    block_tables: torch.Tensor,  # [B, Max_Blocks_Per_Seq] (Physical block IDs)
-    seq_lens: torch.Tensor,  # [B] (Current sequence length per request)
+    q: torch.Tensor,                # [B, H_q, D] (Single decode query token)
+    k_cache: torch.Tensor,          # [Total_Blocks, Block_Size, H_kv, D]
+    v_cache: torch.Tensor,          # [Total_Blocks, Block_Size, H_kv, D]
+    block_tables: torch.Tensor,     # [B, Max_Blocks_Per_Seq] (Physical block IDs)
+    seq_lens: torch.Tensor,         # [B] (Current sequence length per request)
     block_size: int = 16,
 ) -> torch.Tensor:
     """Executes non-contiguous paged attention across requests via online softmax."""
     batch_size, num_heads_q, head_dim = q.shape
     num_heads_kv = k_cache.shape[2]
-    num_queries_per_kv = num_heads_q // num_heads_kv  # Grouped-Query Attention ratio
+    num_queries_per_kv = num_heads_q // num_heads_kv # Grouped-Query Attention ratio
     scale = 1.0 / math.sqrt(head_dim)
 
     outputs = torch.zeros_like(q)
@@ -124,7 +124,7 @@ def paged_attention_decode_step_fixed(
     for b in range(batch_size):
         cur_len = seq_lens[b].item()
         num_blocks = math.ceil(cur_len / block_size)
-        q_b = q[b].float()  # [H_q, D]
+        q_b = q[b].float() # [H_q, D]
 
         # Initialize online softmax accumulators per head
         m_i = torch.full((num_heads_q, 1), float("-inf"), device=q.device, dtype=torch.float32)
@@ -133,8 +133,8 @@ def paged_attention_decode_step_fixed(
 
         for block_idx in range(num_blocks):
             phys_block_id = block_tables[b, block_idx].item()
-            k_block = k_cache[phys_block_id].float()  # [Block_Size, H_kv, D]
-            v_block = v_cache[phys_block_id].float()  # [Block_Size, H_kv, D]
+            k_block = k_cache[phys_block_id].float() # [Block_Size, H_kv, D]
+            v_block = v_cache[phys_block_id].float() # [Block_Size, H_kv, D]
 
             # Expand KV heads for GQA if necessary
             if num_queries_per_kv > 1:
@@ -143,8 +143,8 @@ def paged_attention_decode_step_fixed(
 
             # Compute valid tokens in block
             valid_tokens = min(block_size, cur_len - block_idx * block_size)
-            k_block = k_block[:valid_tokens]  # [Valid, H_q, D]
-            v_block = v_block[:valid_tokens]  # [Valid, H_q, D]
+            k_block = k_block[:valid_tokens] # [Valid, H_q, D]
+            v_block = v_block[:valid_tokens] # [Valid, H_q, D]
 
             # Block attention scores: [H_q, Valid]
             scores = torch.einsum("hd,vhd->hv", q_b, k_block) * scale
@@ -152,7 +152,7 @@ def paged_attention_decode_step_fixed(
             # Online Softmax Update
             m_block = torch.max(scores, dim=-1, keepdim=True).values
             m_new = torch.maximum(m_i, m_block)
-
+            
             p_block = torch.exp(scores - m_new)
             alpha = torch.exp(m_i - m_new)
 
