@@ -304,25 +304,9 @@ def run_stepper_check(update) -> tuple[bool, str]:
     and the final ``o / l`` with attention over the whole sequence. Returns (ok, what differed)."""
     for seq_len, B, hq, hkv, d, shuffled in STEPPER_CASES:
         name = f"s={seq_len}, B={B}, H_q={hq}, H_kv={hkv}{', shuffled' if shuffled else ''}"
-        mine = OnlineSoftmaxStepper(
-            seq_len,
-            block_size=B,
-            num_blocks=-(-seq_len // B) + 3,
-            num_q_heads=hq,
-            num_kv_heads=hkv,
-            head_dim=d,
-            seed=seq_len,
-            update=update,
-        )
-        ref = OnlineSoftmaxStepper(
-            seq_len,
-            block_size=B,
-            num_blocks=-(-seq_len // B) + 3,
-            num_q_heads=hq,
-            num_kv_heads=hkv,
-            head_dim=d,
-            seed=seq_len,
-        )
+        case = dict(block_size=B, num_blocks=-(-seq_len // B) + 3, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
+        mine = OnlineSoftmaxStepper(seq_len, **case, seed=seq_len, update=update)
+        ref = OnlineSoftmaxStepper(seq_len, **case, seed=seq_len)
         if shuffled:
             mine.shuffle()
             ref.shuffle()
