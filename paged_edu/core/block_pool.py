@@ -79,6 +79,13 @@ class PrefixCacheStats:
         """Hits over lookups of preempted sequences' re-admissions."""
         return self.preempted_hits / self.preempted_queries if self.preempted_queries else 0.0
 
+    @property
+    def hit_rate_counting_readmissions(self) -> float:
+        """First admissions and re-admissions pooled: what a counter reports that takes a recomputed
+        sequence's re-admission for a new prompt (paged_edu's before issue 21)."""
+        queried = self.queried_tokens + self.preempted_queries
+        return (self.hit_tokens + self.preempted_hits) / queried if queried else 0.0
+
 
 class BlockPool:
     """``num_blocks`` blocks of ``block_size`` slots: ref counts and free list, over one prefix index."""

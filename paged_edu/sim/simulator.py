@@ -325,7 +325,7 @@ def simulate(
         preemptions=preemptions,
         prefix_hit_rate=manager.stats.hit_rate,
         preempted_hit_rate=manager.stats.preempted_hit_rate,
-        hit_rate_counting_readmissions=_hits_with_readmissions(manager.stats),
+        hit_rate_counting_readmissions=manager.stats.hit_rate_counting_readmissions,
         prefix_hit_rate_per_salt={
             salt: manager.stats.hit_rate_of(salt) for salt in manager.stats.per_salt if salt is not None
         },
@@ -423,10 +423,3 @@ def _request_record(r: Request, seqs: list[Sequence], manager) -> RequestRecord:
         stored_tokens=stored,
         held_slots=held,
     )
-
-
-def _hits_with_readmissions(stats) -> float:
-    """The hit rate a counter reports that takes a recomputed sequence's re-admission for a new prompt
-    (paged_edu's before issue 21): first admissions and re-admissions pooled."""
-    queried = stats.queried_tokens + stats.preempted_queries
-    return (stats.hit_tokens + stats.preempted_hits) / queried if queried else 0.0
