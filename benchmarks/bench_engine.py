@@ -4,6 +4,18 @@
     python benchmarks/bench_engine.py --skip-cb-default --skip-static --skip-eager   # engine + CB with graphs (~5 min)
     python benchmarks/bench_engine.py --skip-peer --skip-static   # the engine alone (~1 min)
     python benchmarks/bench_engine.py --smoke         # a tiny run on a CPU, to check the script
+    python benchmarks/bench_engine.py --workload nanovllm   # nano-vllm's benchmark, Qwen3-0.6B geometry (~2 min)
+
+``--workload nanovllm`` is the second yardstick (:mod:`nanovllm_workload` quotes every source): the
+256 requests of nano-vllm's ``bench.py`` (prompts and outputs of ``randint(100, 1024)`` tokens, ids
+``randint(0, 10000)``, ``seed(0)``, ``ignore_eos``: 142,827 prompt and 133,966 output tokens) on a
+random-weight model of Qwen3-0.6B's geometry (28 layers, 16 query / 8 KV heads of 128, hidden 1024,
+tied head; Qwen3's qk-norm left out, its cost printed), the engine alone with CUDA graphs, a pool
+that holds every sequence to its end (no preemption), and the share of the roofline of its own
+steps it reaches, written to ``figures/engine_bench_nanovllm.json``. For comparison, on an A800
+(cosmoliu2002/nano-vllm-triton#1, vLLM 0.10.2): vLLM 8,588 tok/s (15.60 s), nano-vllm-triton 10,009
+tok/s (13.38 s); the record prices the same steps on that GPU's twin in our table (A100 80GB) to
+give each its share of the roofline beside ours.
 
 Every system serves its requests once untimed before its timed run (the same requests: every shape
 the timed run meets is compiled or captured before it), and the record counts what was still
@@ -56,6 +68,7 @@ import json
 import platform
 import sys
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +88,19 @@ from paged_edu.sim.workloads import L_MAX, sharegpt  # noqa: E402
 from engine_report import plot, report  # noqa: E402
 from record import provenance  # noqa: E402
 from hf_peers import FIRST_COMPARED, common_prefix, run_hf, run_hf_cb, sync  # noqa: E402
+
+
+# The smoke runs' model (here and in profile_engine.py --tiny): two layers, 4 query / 2 KV heads of 16.
+TINY = LlamaConfig(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    max_position_embeddings=L_MAX,
+)
 
 
 def make_requests(num: int, seed: int, vocab: int, scale: float = 1.0):
@@ -108,11 +134,16 @@ def run_engine(
     cuda_graphs=None,
     impls=None,
     spec=None,
+    max_model_len=None,
+    temperature=0.0,
+    roofline_gpus=(),
 ):
     """Serve the requests twice, timing the second run: the first, untimed, meets every shape the
     timed one meets (the schedule does not depend on timing), so Triton compiles none inside the
     timed window; the counters below say so (``triton_variants_compiled_in_window``,
-    ``graph_captures_in_window``: paged_edu captures its decode graphs when the engine is built)."""
+    ``graph_captures_in_window``: paged_edu captures its decode graphs when the engine is built).
+    ``temperature``: every request's (0: greedy); ``roofline_gpus``: more GPUs to price the steps on
+    (:func:`step_speed`)."""
 
     def make():
         return Engine(
@@ -124,11 +155,15 @@ def run_engine(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             cuda_graphs=cuda_graphs,
+            max_model_len=max_model_len,
             **(impls or {}),
         )
 
+    def params():
+        return [SamplingParams(max_tokens=o, temperature=temperature) for o in outputs]
+
     t = time.perf_counter()
-    make().run(prompts, [SamplingParams(max_tokens=o) for o in outputs], use_tqdm=False)  # untimed: compiles
+    make().run(prompts, params(), use_tqdm=False)  # untimed: compiles
     sync(device)
     log(f"  engine warm-up on the same {len(prompts)} requests: {time.perf_counter() - t:.1f} s")
     engine = make()
@@ -142,11 +177,10 @@ def run_engine(
             compiled_after.append(count_variants())
 
     engine.subscribe(on_event)
-    params = [SamplingParams(max_tokens=o) for o in outputs]
     compiled_before, graphs_before = count_variants(), count_graphs()
     sync(device)
     t0 = time.perf_counter()
-    outs = engine.run(prompts, params, use_tqdm=False)
+    outs = engine.run(prompts, params(), use_tqdm=False)
     sync(device)
     dt = time.perf_counter() - t0
     window = dict(
@@ -189,7 +223,7 @@ def run_engine(
     # A step that compiled a new Triton variant (a shape, stride or split count not seen before) pays
     # the compiler's time: step_speed counts them, and the mixed steps' mean without them.
     new_variants = np.diff(np.array([compiled_before] + compiled_after)) > 0  # (steps,)
-    speed = step_speed(steps, decode_steps, running, new_variants, spec)
+    speed = step_speed(steps, decode_steps, running, new_variants, spec, roofline_gpus)
     log(
         f"  host ms/step (wall - device wait): {speed['host_ms_per_step']:.3f} (decode steps "
         f"{speed['host_ms_per_decode_step']:.3f}, at ~256 running {speed['host_ms_at_256_running']}); "
@@ -230,7 +264,12 @@ def run_engine(
 
 
 def step_speed(
-    steps: list[StepMetrics], decode_steps: np.ndarray, running: np.ndarray, new_variants: np.ndarray, spec=None
+    steps: list[StepMetrics],
+    decode_steps: np.ndarray,
+    running: np.ndarray,
+    new_variants: np.ndarray,
+    spec=None,
+    roofline_gpus=(),
 ) -> dict:
     """Step times against the roofline of the same steps, and the host's share of each step.
 
@@ -238,14 +277,15 @@ def step_speed(
     SmolLM2-135M) on the H200 -- full efficiency, no overhead, the tied LM head's weight read counted -- on each
     step's exact chunks (``StepShape.of_chunks`` of the step's ``chunk_starts`` / ``chunk_counts``).
     Host time: ``duration - device_wait``, the wall time less the time the host waited for the GPU
-    (the copy of the sampled tokens: the one sync).
+    (the copy of the sampled tokens: the one sync). ``roofline_gpus``: keys of
+    :data:`~paged_edu.sim.costmodel.GPUS` to price the same steps on too (``roofline_run_s_by_gpu``,
+    not rounded).
     """
-    from paged_edu.sim.costmodel import MODELS, ROOFLINE_NAME, CostModel, StepShape
+    from paged_edu.sim.costmodel import GPUS, MODELS, ROOFLINE_NAME, CostModel, StepShape
 
     cost = CostModel(model=spec or MODELS["smollm2-135m"]).roofline()
-    roof = np.array(
-        [cost.step_time(StepShape.of_chunks(m.chunk_starts, m.chunk_counts, m.num_emitting)) for m in steps]
-    )  # (steps,) seconds
+    shapes = [StepShape.of_chunks(m.chunk_starts, m.chunk_counts, m.num_emitting) for m in steps]
+    roof = np.array([cost.step_time(s) for s in shapes])  # (steps,) seconds
     dur = np.array([m.duration for m in steps])
     host = dur - np.array([m.device_wait for m in steps])
     mixed = ~decode_steps & np.array([m.num_decode_seqs > 0 for m in steps])
@@ -279,6 +319,10 @@ def step_speed(
     for kind in ("decode", "mixed"):
         step, roofline = out[f"mean_{kind}_step_ms"], out[f"roofline_{kind}_step_ms"]
         out[f"{kind}_step_vs_roofline"] = round(step / roofline, 3) if step and roofline else None
+    if roofline_gpus:
+        out["roofline_run_s_by_gpu"] = {
+            key: float(sum(map(replace(cost, gpu=GPUS[key]).step_time, shapes))) for key in roofline_gpus
+        }
     return out
 
 
@@ -325,14 +369,230 @@ def check_kernels(model, device, block_size=16, require_cuda=True):
     )
 
 
+def choose_impls(model, device, block_size, log) -> tuple[dict, dict]:
+    """The kernel check (:func:`check_kernels`) and the engine's kernels: the PyTorch path for a Triton
+    kernel whose logits disagree with it by more than 5 % of their scale."""
+    kernel_check = check_kernels(model, device, block_size)
+    impls = {}
+    if kernel_check:
+        log(
+            f"kernels vs PyTorch references (bf16 logits, scale {kernel_check['logit_scale']:.2f}): "
+            f"decode max |diff| {kernel_check['decode_max_abs_diff']:.4f}, prefill {kernel_check['prefill_max_abs_diff']:.4f}"
+        )
+        tol = 0.05 * kernel_check["logit_scale"] + 0.05
+        if kernel_check["prefill_max_abs_diff"] > tol:
+            impls["prefill_impl"] = "torch"
+            log("  the Triton prefill disagrees: the engine uses the PyTorch prefill path")
+        if kernel_check["decode_max_abs_diff"] > tol:
+            impls["attn_impl"] = "torch"
+            log("  the Triton decode disagrees: the engine uses the PyTorch decode path")
+    return kernel_check, impls
+
+
+def run_engine_with_graphs(model, prompts, outputs, common, graphs, kw, log):
+    """:func:`run_engine` with ``cuda_graphs=graphs``; if that raises, again eagerly (and say so), so the
+    run keeps its other numbers. Returns the result and the graphs setting that ran."""
+    try:
+        return run_engine(model, prompts, outputs, *common, cuda_graphs=graphs, **kw), graphs
+    except Exception as exc:
+        if graphs is False:
+            raise
+        import traceback
+
+        traceback.print_exc()
+        log(f"engine with CUDA graphs failed ({exc}); running eagerly")
+        return run_engine(model, prompts, outputs, *common, cuda_graphs=False, **kw), False
+
+
+def main_nanovllm(args, argv, log):
+    """``--workload nanovllm``: nano-vllm's benchmark on Qwen3-0.6B's geometry, the engine alone, against
+    the roofline of its own steps (:mod:`nanovllm_workload` holds the sources)."""
+    import nanovllm_workload as nv
+
+    from paged_edu.models.config import describe
+    from paged_edu.models.loaders import random_llama
+    from paged_edu.sim.costmodel import GPUS, ROOFLINE_NAME, CostModel
+
+    if args.smoke:
+        device, dtype = torch.device("cpu"), torch.float32
+        # heads * head_dim = 128 != hidden_size = 64 and a tied head: the two things Qwen3-0.6B's geometry needs.
+        config = replace(TINY, head_dim=32, max_position_embeddings=256)
+        geometry = "tiny (heads * head_dim != hidden, tied embeddings)"
+        prompts, outputs = nv.nanovllm_requests(
+            num_seqs=args.num_requests or 6,
+            min_len=5,
+            max_input_len=40,
+            max_output_len=24,
+            max_token_id=config.vocab_size - 1,
+            seed=args.seed,
+        )
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device: run with --smoke for a CPU check")
+        device, dtype = torch.device("cuda"), torch.bfloat16
+        config = nv.qwen3_0_6b_config()
+        geometry = "Qwen3-0.6B"
+        prompts, outputs = nv.nanovllm_requests(num_seqs=args.num_requests or nv.NUM_SEQS, seed=args.seed)
+    max_batched = args.max_num_batched_tokens or nv.MAX_NUM_BATCHED_TOKENS
+    max_model_len = min(nv.MAX_MODEL_LEN, config.max_position_embeddings)
+    torch.manual_seed(args.seed)
+    model = random_llama(config, seed=args.seed, dtype=dtype, device=device)
+    # The roofline's model, from the config; P checked against the weights the model really has.
+    spec = replace(model_spec(config, dtype), name=f"{geometry} geometry, no qk-norm")
+    layer_params = sum(p.numel() for name, p in model.named_parameters() if name.startswith("layers."))
+    elem = torch.empty((), dtype=dtype).element_size()
+    bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * elem
+    # The pool: every sequence's prompt + output in blocks, plus one spare block each -- nothing is ever
+    # preempted. (nano-vllm sizes its pool as gpu_memory_utilization = 0.9 of the GPU less the model.)
+    B = args.block_size
+    num_blocks = sum(-(-(len(p) + o) // B) for p, o in zip(prompts, outputs)) + len(prompts)
+    nanovllm_pool_tokens = CostModel(model=spec).kv_capacity_tokens(nv.GPU_MEMORY_UTILIZATION)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    log(f"device {device} ({name}), {dtype}, torch {torch.__version__}")
+    log(
+        f"workload ({nv.WORKLOAD_SOURCE}): {len(prompts)} requests, {sum(map(len, prompts)):,} prompt / "
+        f"{sum(outputs):,} output tokens, max total {max(len(p) + o for p, o in zip(prompts, outputs))}, "
+        f"temperature {args.temperature}"
+    )
+    log(
+        f"KV pool: {num_blocks:,} blocks of {B} = {num_blocks * B * bytes_per_token / 2**30:.2f} GiB (every sequence "
+        f"to its end + 1 block each: no preemption; nano-vllm's 0.9 of an H200 would hold ~{nanovllm_pool_tokens:,} tokens)"
+    )
+    out = Path(
+        args.out
+        or (
+            ROOT / "build" / "engine_bench_nanovllm_smoke" if args.smoke else ROOT / "figures" / "engine_bench_nanovllm"
+        )
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = dict(
+        **provenance("bench_engine.py", argv),
+        complete=False,
+        device_name=name,
+        torch=torch.__version__,
+        dtype=str(dtype).replace("torch.", ""),
+        model=dict(
+            geometry=geometry,
+            source=nv.MODEL_SOURCE if not args.smoke else None,
+            weights="random",
+            config=describe(config),
+            kv_bytes_per_token=bytes_per_token,
+            matmul_params_counted=layer_params,
+            cost_model_spec=asdict(spec),
+        ),
+        workload=dict(
+            source=nv.WORKLOAD_SOURCE,
+            num_requests=len(prompts),
+            prompt_tokens=sum(map(len, prompts)),
+            output_tokens=sum(outputs),
+            seed=args.seed,
+            token_ids=f"0..{nv.MAX_TOKEN_ID if not args.smoke else config.vocab_size - 1} (Python's random.randint)",
+            ignore_eos=True,
+            temperature=args.temperature,
+            max_model_len=max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=max_batched,
+        ),
+        kv_budget=dict(
+            num_blocks=num_blocks,
+            block_size=B,
+            tokens=num_blocks * B,
+            bytes=num_blocks * B * bytes_per_token,
+            rule="every sequence's prompt + output in blocks, plus one spare block each: nothing is preempted",
+            nanovllm_default_pool_tokens_h200=nanovllm_pool_tokens,
+        ),
+    )
+
+    def save():
+        out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+
+    kernel_check, impls = choose_impls(model, device, B, log)
+    result.update(kernel_check=kernel_check, engine_impls=impls or "auto")
+    graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
+    common = (num_blocks, B, args.max_num_seqs, max_batched, device, log)
+    kw = dict(
+        impls=impls,
+        spec=spec,
+        max_model_len=max_model_len,
+        temperature=args.temperature,
+        roofline_gpus=("h200", nv.PEER_GPU),
+    )
+    eng, _ = run_engine_with_graphs(model, prompts, outputs, common, graphs, kw, log)
+    result["engine"] = eng
+    # The yardstick: useful tokens/s over the roofline's tokens/s for the same steps (both from this run).
+    roofline_s = eng["roofline_run_s_by_gpu"]["h200"]
+    roofline_tps = eng["useful_tokens"] / roofline_s
+    share = eng["tokens_per_s"] / roofline_tps
+    peers = nv.peer_shares(eng["roofline_run_s_by_gpu"][nv.PEER_GPU])
+    qk = nv.qk_norm_cost(config, sum(map(len, prompts)) + sum(outputs), elem, GPUS["h200"].hbm_bandwidth)
+    qk["unfused_share_of_roofline"] = qk["unfused_extra_s"] / roofline_s
+    qk["note"] = (
+        "Qwen3's q/k RMSNorm is omitted (PagedLlama has none): "
+        f"{100 * qk['flops_share']:.2f} % of a token's matmul FLOPs, {qk['weight_values']:,} weights; as its own "
+        f"kernel it would add {1e3 * qk['unfused_extra_s']:.1f} ms of HBM traffic at the roofline "
+        f"({100 * qk['unfused_share_of_roofline']:.2f} % of it)"
+    )
+    result["model"]["qk_norm"] = qk
+    result["yardstick"] = dict(
+        roofline=ROOFLINE_NAME,
+        roofline_gpu=GPUS["h200"].name,
+        useful_tokens=eng["useful_tokens"],
+        seconds=eng["seconds"],
+        tokens_per_s=eng["tokens_per_s"],
+        roofline_run_s=roofline_s,
+        roofline_tokens_per_s=roofline_tps,
+        share_of_roofline=share,
+        target_share=0.6,
+        peers=peers,
+        peers_source=nv.PEER_SOURCE,
+        meets_target=bool(share >= 0.6 and all(share > p["share_of_roofline"] for p in peers)),
+    )
+    result["complete"] = True
+    save()
+    log(f"\n{qk['note']}")
+    log(f"roofline: {ROOFLINE_NAME} on the {GPUS['h200'].name}; peers priced on the {GPUS[nv.PEER_GPU].name}")
+    log("| system | GPU | useful tokens/s | roofline tokens/s | share of the roofline |")
+    log("|---|---|---:|---:|---:|")
+    log(f"| paged_edu Engine | {name} | {eng['tokens_per_s']:,.0f} | {roofline_tps:,.0f} | {100 * share:.1f} % |")
+    for p in peers:
+        log(
+            f"| {p['system']} (cited) | {p['gpu']} | {p['tokens_per_s']:,.0f} | "
+            f"{p['tokens_per_s'] / p['share_of_roofline']:,.0f} | {100 * p['share_of_roofline']:.1f} % |"
+        )
+    log(
+        f"\n{eng['num_steps']} steps ({eng['num_decode_steps']} decode, {eng['num_mixed_steps']} mixed), "
+        f"{eng['num_preemptions']} preemptions, {100 * eng['share_of_steps_with_graph']:.0f} % graph steps; decode step "
+        f"{eng['mean_decode_step_ms']} ms vs roofline {eng['roofline_decode_step_ms']} ms; target >= 60 % and above "
+        f"every peer: {'met' if result['yardstick']['meets_target'] else 'not met'}"
+    )
+    log(f"\nwrote {out.with_suffix('.json')}")
+    return result
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--num-requests", type=int, default=512)
+    ap.add_argument(
+        "--workload",
+        choices=("sharegpt", "nanovllm"),
+        default="sharegpt",
+        help="sharegpt: the ShareGPT-like requests on SmolLM2-135M's geometry, with the transformers peers; "
+        "nanovllm: nano-vllm's bench.py workload on Qwen3-0.6B's geometry, the engine alone",
+    )
+    ap.add_argument("--num-requests", type=int, default=None, help="default 512 (nanovllm: its 256)")
     ap.add_argument("--hf-batch", type=int, default=64, help="transformers' static batch; sets the KV budget")
     ap.add_argument("--hf-batches", type=int, default=1, help="how many static batches transformers runs")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=512)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    ap.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="default 4096 (nanovllm: nano-vllm's 16384)"
+    )
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="nanovllm only: the requests' temperature (default 0, greedy, as the roofline counts no sampling; "
+        "nano-vllm's bench.py samples at 0.6)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--out",
@@ -359,18 +619,16 @@ def main(argv=None):
     def log(msg):
         print(msg, flush=True)
 
+    if args.workload == "nanovllm":
+        return main_nanovllm(args, argv, log)
+    if args.temperature:
+        ap.error("--temperature is for --workload nanovllm (the default workload compares greedy tokens)")
+    args.num_requests = 512 if args.num_requests is None else args.num_requests
+    args.max_num_batched_tokens = 4096 if args.max_num_batched_tokens is None else args.max_num_batched_tokens
+
     if args.smoke:
         device, dtype = torch.device("cpu"), torch.float32
-        config = LlamaConfig(
-            vocab_size=512,
-            hidden_size=64,
-            intermediate_size=128,
-            num_layers=2,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=16,
-            max_position_embeddings=L_MAX,
-        )
+        config = TINY
         scale = 0.1
         args.num_requests, args.hf_batch = min(args.num_requests, 24), min(args.hf_batch, 8)
     else:
@@ -448,36 +706,13 @@ def main(argv=None):
     def save():  # after every system: a run cut short keeps what finished
         out.with_suffix(".json").write_text(json.dumps(result, indent=1))
 
-    kernel_check = check_kernels(model, device, args.block_size)
-    impls = {}
-    if kernel_check:
-        log(
-            f"kernels vs PyTorch references (bf16 logits, scale {kernel_check['logit_scale']:.2f}): "
-            f"decode max |diff| {kernel_check['decode_max_abs_diff']:.4f}, prefill {kernel_check['prefill_max_abs_diff']:.4f}"
-        )
-        tol = 0.05 * kernel_check["logit_scale"] + 0.05
-        if kernel_check["prefill_max_abs_diff"] > tol:
-            impls["prefill_impl"] = "torch"
-            log("  the Triton prefill disagrees: the engine uses the PyTorch prefill path")
-        if kernel_check["decode_max_abs_diff"] > tol:
-            impls["attn_impl"] = "torch"
-            log("  the Triton decode disagrees: the engine uses the PyTorch decode path")
+    kernel_check, impls = choose_impls(model, device, args.block_size, log)
     result.update(kernel_check=kernel_check, engine_impls=impls or "auto")
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
     common = (num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens, device, log)
     # The roofline's model: SmolLM2-135M's row of the model table; the smoke run's tiny model from its config.
     kw = dict(impls=impls, spec=model_spec(config, dtype) if args.smoke else None)
-    try:
-        eng = run_engine(model, prompts, outputs, *common, cuda_graphs=graphs, **kw)
-    except Exception as exc:  # keep the run's other numbers: retry without graphs, and say so
-        if graphs is False:
-            raise
-        import traceback
-
-        traceback.print_exc()
-        log(f"engine with CUDA graphs failed ({exc}); running eagerly")
-        graphs = False
-        eng = run_engine(model, prompts, outputs, *common, cuda_graphs=False, **kw)
+    eng, graphs = run_engine_with_graphs(model, prompts, outputs, common, graphs, kw, log)
     result["engine"] = eng
     save()
 

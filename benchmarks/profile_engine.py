@@ -29,27 +29,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_engine import make_requests  # noqa: E402
+from bench_engine import TINY, make_requests  # noqa: E402
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.labs.batching import model_spec  # noqa: E402
 from paged_edu.labs.timing import compiled_variant_counter  # noqa: E402
-from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
+from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.sim.costmodel import GPUS, MODELS, ROOFLINE_NAME, CostModel, StepShape  # noqa: E402
 from record import provenance  # noqa: E402
-
-TINY = LlamaConfig(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    max_position_embeddings=2048,
-)
 
 
 def engine_on(model, prompts, outputs, args):

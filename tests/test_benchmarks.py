@@ -61,3 +61,55 @@ def test_profile_engine_runs_on_a_cpu_and_writes_its_table(tmp_path):
     assert len(rec["steps"]) == 3 and rec["steps"][0]["prompt_tokens"] > 0  # the first step carries prompts
     assert all(r["roofline_ms"] > 0 for r in rec["steps"])
     assert json.loads((tmp_path / "prof.json").read_text())["steps"] == rec["steps"]
+
+
+def test_nanovllm_workload_is_the_one_nano_vllms_readme_reports():
+    """nano-vllm's bench.py requests: its README's sums, 142,827 prompt and 133,966 output tokens."""
+    from nanovllm_workload import nanovllm_requests
+
+    prompts, outputs = nanovllm_requests()
+    assert len(prompts) == len(outputs) == 256
+    assert sum(map(len, prompts)) == 142_827 and sum(outputs) == 133_966
+    assert all(100 <= len(p) <= 1024 for p in prompts) and all(100 <= o <= 1024 for o in outputs)
+    assert min(map(min, prompts)) >= 0 and max(map(max, prompts)) <= 10000
+
+
+def test_qwen3_geometry_prices_what_its_model_card_says():
+    """Qwen3-0.6B: "0.44B" non-embedding parameters, 0.6B with the (tied) embedding; 112 KiB of KV a token."""
+    import torch
+    from nanovllm_workload import qwen3_0_6b_config
+
+    from paged_edu.labs.batching import model_spec
+
+    config = qwen3_0_6b_config()
+    spec = model_spec(config, torch.bfloat16)
+    embedding = config.vocab_size * config.hidden_size
+    assert round(spec.num_params / 1e9, 2) == 0.44 and round((spec.num_params + embedding) / 1e9, 1) == 0.6
+    assert spec.kv_bytes_per_token == 112 * 1024
+    assert spec.lm_head_bytes == 2 * embedding  # tied: the head's bf16 read, which P leaves out
+
+
+@pytest.mark.slow
+def test_bench_engine_nanovllm_smoke_writes_its_share_of_the_roofline(tmp_path):
+    """The --workload nanovllm path on a tiny model: the record's share is the measured tokens/s over the
+    roofline's, the pool never preempts, and the roofline's P is the weights the model really has."""
+    from bench_engine import main
+
+    argv = ["--workload", "nanovllm", "--smoke", "--num-requests", "5", "--out", str(tmp_path / "nv")]
+    rec = main(argv)
+    assert json.loads((tmp_path / "nv.json").read_text()) == json.loads(json.dumps(rec))
+    assert rec["command"] == "python benchmarks/bench_engine.py " + " ".join(argv) and rec["complete"]
+    eng, yard, work = rec["engine"], rec["yardstick"], rec["workload"]
+    assert work["num_requests"] == 5 and work["ignore_eos"] and eng["useful_tokens"] == work["output_tokens"]
+    assert eng["num_preemptions"] == 0 and rec["kv_budget"]["num_blocks"] >= eng["useful_tokens"] // 16
+    assert rec["model"]["matmul_params_counted"] == rec["model"]["cost_model_spec"]["num_params"]
+    assert rec["model"]["qk_norm"]["implemented"] is False and "omitted" in rec["model"]["qk_norm"]["note"]
+    # The share from the two measured figures: useful tokens over the wall time, and over the roofline's time.
+    tokens_per_s = eng["useful_tokens"] / eng["seconds"]
+    roofline_tokens_per_s = eng["useful_tokens"] / eng["roofline_run_s_by_gpu"]["h200"]
+    assert yard["share_of_roofline"] == pytest.approx(tokens_per_s / roofline_tokens_per_s, rel=1e-9)
+    assert yard["roofline_run_s"] == pytest.approx(eng["roofline_run_s"], abs=1e-4)  # the table's rounded figure
+    vllm = yard["peers"][0]
+    assert vllm["system"].startswith("vLLM") and vllm["share_of_roofline"] == pytest.approx(
+        eng["roofline_run_s_by_gpu"]["a100-80gb"] / 15.60
+    )
