@@ -38,5 +38,9 @@ def cache_compare_figure(rows: list[CacheRow]):
             fig.add_bar(
                 x=[r.workload for r in cells], y=[r.ttft_p50 for r in cells], row=2, col=j, showlegend=False, **style
             )
+    fig.update_xaxes(title_text="workload")
+    for j in range(1, len(scenarios) + 1):
+        fig.update_yaxes(title_text="prefix hit rate (share of prompt tokens)", row=1, col=j)
+        fig.update_yaxes(title_text="TTFT p50 (s)", row=2, col=j)
     fig.update_layout(barmode="group", height=620, width=900, title="Hash chain vs radix tree, FCFS vs LPM")
     return fig
