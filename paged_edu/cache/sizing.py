@@ -66,7 +66,7 @@ def available_kv_cache_memory(total_bytes: int, gpu_memory_utilization: float, n
         raise ValueError(
             f"the KV cache does not fit: gpu_memory_utilization={gpu_memory_utilization} of {format_gib(total_bytes)} "
             f"total is {format_gib(total_bytes * gpu_memory_utilization)}, less than the {format_gib(non_kv_bytes)} "
-            f"that is not KV cache (weights, reserved activations); a smaller model or fewer max tokens, or raise "
+            f"that is not KV cache (weights, reserved activations): use a smaller model, reserve less or raise "
             f"gpu_memory_utilization"
         )
     return budget
