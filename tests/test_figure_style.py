@@ -316,3 +316,30 @@ def test_the_checker_finds_a_missing_title_and_a_foreign_colour():
     assert figure_problems(
         go.Figure(go.Heatmap(z=[[0, 1]], colorscale="Viridis"), layout={"xaxis": {"visible": False}})
     )
+
+
+def test_every_figure_builder_of_viz_is_built_above():
+    """A new ``*_figure`` function in ``paged_edu.viz`` must join LESSONS (directly or through its widget)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import paged_edu.viz
+
+    names = set()
+    for info in pkgutil.walk_packages(paged_edu.viz.__path__, "paged_edu.viz."):
+        mod = importlib.import_module(info.name)
+        names |= {
+            n
+            for n, f in vars(mod).items()
+            if n.endswith("_figure") and inspect.isfunction(f) and f.__module__ == mod.__name__
+        }
+    source = "".join(inspect.getsource(f) for f in LESSONS.values())
+    through = {
+        "kv_memory_figure": "KVMemoryCalculator",
+        "engine_metrics_figure": "EngineDashboard",
+        "chunked_prefill_figure": "ChunkedPrefillExplorer",
+        "stepper_figure": "SoftmaxStepperWidget",
+    }
+    missing = sorted(n for n in names if n not in source and through.get(n, "\0") not in source)
+    assert names and not missing, f"figure builders no lesson test builds: {missing}"
