@@ -114,6 +114,10 @@ def test_lessons_1_6_and_8_size_the_same_pool():
     plan = T.plan_memory("h200", "Llama-3-8B", 0.9, context_bytes=512 * MiB, activation_bytes=0)
     assert plan.num_blocks == ex.reference("6.2") == plan_kv_per_gpu("Llama-3-8B", "h200").num_blocks == by_hand
     assert translate("vllm serve meta-llama/Meta-Llama-3-8B --gpu-memory-utilization 0.9").num_blocks == by_hand
+    # the other rule, u x free after the context and the weights, is 6.2's hint, not its answer
+    free_rule = int(0.9 * (total - 512 * MiB - g.num_params * 2)) // block
+    v = ex.check("6.2", free_rule)
+    assert free_rule != by_hand and not v and "FREE" in str(v) and "TOTAL" in str(v)
 
 
 def test_memory_plan_098_overflows_090_fits():
