@@ -84,11 +84,12 @@ def timeline_figure(run) -> go.Figure:
         ]
     )
     fig.update_layout(
-        height=360,
-        margin={"t": 50, "l": 60, "r": 20, "b": 40},
+        height=400,
+        margin={"t": 50, "l": 60, "r": 20, "b": 80},
         xaxis_title="wall time since the run started (s)",
         yaxis_title="request id",
         yaxis={"autorange": "reversed", "dtick": 1},
+        legend={"orientation": "h", "y": -0.3},
         title=f"{run.mode}, {run.num_blocks} blocks: {run.num_preemptions} preemptions",
     )
     return fig
