@@ -212,7 +212,7 @@ def engine_metrics_figure(history: list) -> go.Figure:
         1,
         2,
     )
-    fig.update_yaxes(range=[0, 1.02], title_text="share of the pool / of prompt tokens", row=1, col=1)
+    fig.update_yaxes(range=[0, 1.02], title_text="fraction (0 to 1)", row=1, col=1)
     fig.update_yaxes(title_text="tokens / sequences", row=1, col=2)
     fig.update_xaxes(title_text="engine step")
     fig.update_layout(height=300, margin={"t": 40, "b": 40}, legend={"orientation": "h", "y": -0.3})
