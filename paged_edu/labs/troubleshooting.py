@@ -64,8 +64,8 @@ class MemoryPlan:
 
     @property
     def headroom(self) -> int:
-        """What the context's neighbours may use after the pool: ``(1 - utilization) * total`` minus the
-        context, plus the pool's rounding."""
+        """What the activations may use once the pool is allocated: ``(1 - utilization) * total`` minus
+        the context, plus the pool's rounding."""
         return self.total - self.context - self.weights - self.kv
 
     def rows(self) -> list[tuple[str, float]]:
