@@ -12,8 +12,8 @@ from allocator_helpers import append_token
 from paged_edu.kernels import paged_attention_decode, triton_available, triton_interpreting
 from paged_edu.cache.kv_cache import (
     PagedKVCache,
+    available_kv_cache_memory,
     bytes_per_block,
-    kv_budget_from_free_memory,
     num_blocks_for_budget,
 )
 
@@ -143,13 +143,15 @@ def test_sizing_from_a_byte_budget():
         PagedKVCache.from_byte_budget(per_block - 1, L, B, H_KV, D)
 
 
-def test_budget_from_free_memory_names_the_numbers():
+def test_budget_by_vllms_rule_names_the_numbers():
     gib = 2**30
-    assert kv_budget_from_free_memory(10 * gib, 0.9, gib) == int(9 * gib) - gib
-    with pytest.raises(ValueError, match=r"gpu_memory_utilization=0.5 of 4.00 GiB free is 2.00 GiB.*3.00 GiB reserved"):
-        kv_budget_from_free_memory(4 * gib, 0.5, 3 * gib)
+    assert available_kv_cache_memory(10 * gib, 0.9, gib) == int(9 * gib) - gib
+    with pytest.raises(
+        ValueError, match=r"gpu_memory_utilization=0.5 of 4.00 GiB total is 2.00 GiB.*3.00 GiB that is not"
+    ):
+        available_kv_cache_memory(4 * gib, 0.5, 3 * gib)
     with pytest.raises(ValueError, match="in \\(0, 1\\]"):
-        kv_budget_from_free_memory(gib, 1.5)
+        available_kv_cache_memory(gib, 1.5, 0)
     with pytest.raises(ValueError, match="fewer than the 100 needed"):
         num_blocks_for_budget(gib, 2**25, min_blocks=100)
     if not torch.cuda.is_available():
@@ -188,7 +190,7 @@ def test_bad_input_is_refused_and_leaves_the_cache_unchanged():
 
 
 # ----------------------------------------------------------------------------------------------
-# On a GPU: the compiled store kernel, device copies, pinned swap space, sizing from free memory
+# On a GPU: the compiled store kernel, device copies, pinned swap space, sizing by vLLM's rule
 # ----------------------------------------------------------------------------------------------
 
 
@@ -213,10 +215,11 @@ def test_gpu_store_kernel_matches_torch_and_round_trips(dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_sizing_from_free_memory():
-    free, _ = torch.cuda.mem_get_info()
+def test_gpu_sizing_by_vllms_rule():
+    _, total = torch.cuda.mem_get_info()
+    allocated = torch.cuda.memory_allocated()
     cache = PagedKVCache.from_gpu_memory_utilization(4, 16, 8, 128, gpu_memory_utilization=0.05)
-    assert 0 < cache.nbytes <= 0.05 * free
+    assert 0 < cache.nbytes <= 0.05 * total - allocated
     with pytest.raises(ValueError, match="free of"):
         PagedKVCache.from_gpu_memory_utilization(4, 16, 8, 128, gpu_memory_utilization=0.01, min_blocks=10**9)
 

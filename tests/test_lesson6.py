@@ -75,12 +75,49 @@ def test_sizing_refuses_before_allocating(monkeypatch):
         PagedKVCache.from_byte_budget(1000, 2, 8, 2, 16, dtype=torch.float32)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 2**31))
-    with pytest.raises(ValueError, match="reserved"):
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    with pytest.raises(ValueError, match="reserved"):  # 0.98 x 2 GiB total < 2 GiB reserved
         PagedKVCache.from_gpu_memory_utilization(
-            2, 8, 2, 16, gpu_memory_utilization=0.98, reserve_bytes=2**30, device="cuda"
+            2, 8, 2, 16, gpu_memory_utilization=0.98, reserve_bytes=2**31, device="cuda"
         )
-    with pytest.raises(ValueError, match="does not fit"):
-        PagedKVCache.from_gpu_memory_utilization(30, 16, 64, 128, gpu_memory_utilization=0.01, device="cuda")
+    with pytest.raises(ValueError, match="does not fit"):  # 0.005 x 2 GiB holds no 15 MiB block
+        PagedKVCache.from_gpu_memory_utilization(30, 16, 64, 128, gpu_memory_utilization=0.005, device="cuda")
+    with pytest.raises(ValueError, match="only 1.00 GiB free"):  # 0.98 x 2 GiB does not fit in 1 GiB free
+        PagedKVCache.from_gpu_memory_utilization(2, 8, 2, 16, gpu_memory_utilization=0.98, device="cuda")
+
+
+def test_the_engine_sizes_its_pool_by_vllms_rule(monkeypatch):
+    """u x total - (allocated + reserve), not u x free (issue 21: one rule, vLLM's, in every lesson).
+    Oracle: the formula by hand on a faked device: 10 GiB total, 6 GiB free, 3 GiB allocated by this process."""
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (6 * gib, 10 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 3 * gib)
+    monkeypatch.setattr(PagedKVCache, "__init__", lambda self, *a, **k: setattr(self, "args", a))
+    cache = PagedKVCache.from_gpu_memory_utilization(
+        2, 16, 2, 64, gpu_memory_utilization=0.5, reserve_bytes=gib // 2, device="cuda", dtype=torch.float16
+    )
+    block = 2 * 2 * 16 * 2 * 64 * 2  # K and V x layers x B x heads x head_dim x fp16
+    assert cache.args[1] == (int(0.5 * 10 * gib) - 3 * gib - gib // 2) // block  # u x free would give 2.5 GiB
+
+
+def test_lessons_1_6_and_8_size_the_same_pool():
+    """The H200 / Llama-3-8B / 0.9 pool: lesson 6's plan (exercise 6.2), lesson 1's and 8's plan_kv_per_gpu and
+    lesson 8's flag translation give the same blocks; the oracle is vLLM's rule by hand: floor((0.9 x total - weights) / block)."""
+    from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
+    from paged_edu.core.parallel_kv import plan_kv_per_gpu
+    from paged_edu.labs.serving_flags import translate
+
+    g, total = MODEL_TABLE["Llama-3-8B"], GPU_TABLE["h200"].memory_bytes
+    block = 2 * g.num_layers * 16 * g.num_kv_heads * g.head_dim * 2
+    by_hand = int(0.9 * total - g.num_params * 2) // block
+    plan = T.plan_memory("h200", "Llama-3-8B", 0.9, context_bytes=512 * MiB, activation_bytes=0)
+    assert plan.num_blocks == ex.reference("6.2") == plan_kv_per_gpu("Llama-3-8B", "h200").num_blocks == by_hand
+    assert translate("vllm serve meta-llama/Meta-Llama-3-8B --gpu-memory-utilization 0.9").num_blocks == by_hand
+    # the other rule, u x free after the context and the weights, is 6.2's hint, not its answer
+    free_rule = int(0.9 * (total - 512 * MiB - g.num_params * 2)) // block
+    v = ex.check("6.2", free_rule)
+    assert free_rule != by_hand and not v and "FREE" in str(v) and "TOTAL" in str(v)
 
 
 def test_memory_plan_098_overflows_090_fits():
@@ -89,7 +126,7 @@ def test_memory_plan_098_overflows_090_fits():
     lo = T.plan_memory("h200", "SmolLM2-135M", 0.90, context_bytes=512 * MiB, activation_bytes=act)
     assert not hi.fits and lo.fits
     assert hi.peak == hi.context + hi.weights + hi.kv + hi.activations
-    assert hi.kv == hi.num_blocks * hi.block_bytes <= 0.98 * hi.free_after_load
+    assert hi.kv == hi.num_blocks * hi.block_bytes <= 0.98 * hi.total - hi.weights
 
 
 def test_explorer_callbacks(model, prompts):
@@ -142,7 +179,12 @@ def test_the_plan_on_the_measured_h200_figures_predicts_what_the_h200_did():
             total_bytes=m["total"],
         )
         assert plan.fits == run["ok"], run
-        assert abs(plan.kv / 2**30 - run["kv_gib"]) < 0.05, (plan.kv / 2**30, run["kv_gib"])
+        # The record's pools were sized by the engine's rule of that day, u x (total - context - weights); the
+        # plan follows vLLM's, u x total - weights: they differ by u x context - (1 - u) x weights, with the
+        # context and weights the H200 measured. (Re-running cuda_oom_child on the H200 gives the plan's kv.)
+        u = run["gpu_memory_utilization"]
+        shift = u * run["context_gib"] - (1 - u) * run["weights_gib"]
+        assert abs(plan.kv / 2**30 - (run["kv_gib"] + shift)) < 0.05, (plan.kv / 2**30, run["kv_gib"], shift)
 
 
 @pytest.mark.gpu

@@ -44,6 +44,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("01", "90 %"): "gpu_memory_utilization, an input",
     ("01", "80 %"): "the seed's stated share, quoted",
     ("01", "28 %"): "the seed's claim, quoted to be checked",
+    ("01", "2.62 GB"): "the seed's claim, quoted to be checked (the next cell finds its unit slip)",
+    ("02", "8 GiB"): "the budget the next cell sets: 65,536 slots of Llama-3-8B's 128 KiB (an input)",
     ("01", "4×"): "a ratio of two inputs (fp32 vs fp8 bytes)",
     ("04", "128 x"): "128 x 8 programs: the case's shape (an input)",
     ("06", "143,771 MiB"): "the H200's memory as nvidia-smi reports it (paged_edu.core.hardware, an input)",
@@ -63,14 +65,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("08", "28 %"): "the seed's claim, quoted to be checked",
     ("08", "0.9"): "gpu_memory_utilization, an input",
     ("08", "5 %"): "exercise 8.3's margin for 'LPM wins' (WIN_FACTOR 0.95), an input of the question",
-}
-
-# Lessons 1-3 are outside issue 21's list of lessons: the typed figures this scan finds there, listed so
-# that the scan fails on any new one. Each is still to be rendered from the computation (or sourced).
-NOT_YET_RENDERED: dict[str, set[str]] = {
-    "01": {"43 GB", "150.8 GB", "320 KiB", "2.62 GB", "2.4%", "2.50 GiB", "2.68 GB", "2.62", "800 KiB"},
-    "02": {"100%", "99.27%", "8 GiB", "512x", "176x"},
-    "03": {"0.0%", "4 x"},
 }
 
 # Numbers that are never figures: exercise numbers (**4.1**, exercise 6.2), model sizes (135M),
@@ -178,7 +172,7 @@ def _load(path: Path) -> dict:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name[:2] for p in NOTEBOOKS])
 def test_no_lesson_types_a_figure_in_its_prose(path):
     nb = _load(path)
-    bad = [b for b in typed_figures(nb) if b[1] not in NOT_YET_RENDERED.get(nb["_lesson"], set())]
+    bad = typed_figures(nb)
     assert not bad, (
         "render these from the computation (paged_edu.lessons.prose.say) or name their source:\n"
         + "\n".join(f"  cell {i}: {fig!r} ({why})" for i, fig, why in bad)

@@ -35,13 +35,13 @@ from collections.abc import Sequence
 import torch
 
 from paged_edu.core.validation import as_int, integer
-from paged_edu.cache.sizing import format_gib, bytes_per_block, kv_budget_from_free_memory, num_blocks_for_budget
+from paged_edu.cache.sizing import available_kv_cache_memory, bytes_per_block, format_gib, num_blocks_for_budget
 from paged_edu.kernels import kernel_support
 
 __all__ = [
     "PagedKVCache",
+    "available_kv_cache_memory",
     "bytes_per_block",
-    "kv_budget_from_free_memory",
     "num_blocks_for_budget",
     "store_kv",
 ]
@@ -165,21 +165,32 @@ class PagedKVCache:
         num_cpu_blocks: int = 0,
         min_blocks: int = 1,
     ) -> PagedKVCache:
-        """Size the pool from what is free on the GPU now -- call it after the model is loaded.
+        """Size the pool by vLLM's rule -- call it after the model is loaded.
 
-        ``budget = gpu_memory_utilization * free - reserve_bytes`` (see
-        :func:`kv_budget_from_free_memory`); raises ``ValueError`` naming free memory, the
-        fraction, the reserve and the block size when fewer than ``min_blocks`` blocks fit.
+        ``budget = gpu_memory_utilization * total - (allocated + reserve_bytes)`` (see
+        :func:`available_kv_cache_memory`): ``allocated`` is what this process's tensors hold now
+        (``torch.cuda.memory_allocated``: the weights), ``reserve_bytes`` what the forward pass will
+        still need (activations). The budget must also fit in what is free now (another process may
+        hold memory inside the fraction): like vLLM's start-up check, it is refused otherwise. Raises
+        ``ValueError`` naming free and total memory, the fraction, the reserve and the block size when
+        fewer than ``min_blocks`` blocks fit.
         """
         device = torch.device(device)
         if device.type != "cuda" or not torch.cuda.is_available():
             raise ValueError(f"from_gpu_memory_utilization needs a CUDA device, got {device}; use from_byte_budget")
         free, total = torch.cuda.mem_get_info(device)
-        budget = kv_budget_from_free_memory(free, gpu_memory_utilization, reserve_bytes)
+        allocated = torch.cuda.memory_allocated(device)
+        budget = available_kv_cache_memory(total, gpu_memory_utilization, allocated + reserve_bytes)
+        if budget > free:
+            raise ValueError(
+                f"the KV cache does not fit: gpu_memory_utilization={gpu_memory_utilization} of {format_gib(total)} "
+                f"total leaves {format_gib(budget)} for the KV cache, but {device} has only {format_gib(free)} free "
+                f"(other processes hold memory); lower gpu_memory_utilization or free the device"
+            )
         block_bytes = bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
         what = (
             f"{device} has {format_gib(free)} free of {format_gib(total)}; gpu_memory_utilization={gpu_memory_utilization} "
-            f"minus {format_gib(reserve_bytes)} reserved gives "
+            f"of the total minus {format_gib(allocated)} allocated and {format_gib(reserve_bytes)} reserved gives "
         )
         num_blocks = num_blocks_for_budget(budget, block_bytes, min_blocks=min_blocks, what=what)
         return cls(

@@ -12,10 +12,10 @@ import os
 
 import torch
 
-from paged_edu.core.memory import KVSpec
+from paged_edu.core.memory import KVSpec, vllm_kv_budget
 from paged_edu.core.validation import FieldValueError
 
-__all__ = ["bytes_per_block", "check_blocks_fit", "kv_budget_from_free_memory", "num_blocks_for_budget"]
+__all__ = ["available_kv_cache_memory", "bytes_per_block", "check_blocks_fit", "num_blocks_for_budget"]
 
 
 def format_gib(n: float) -> str:
@@ -44,28 +44,32 @@ def num_blocks_for_budget(budget_bytes: int, block_bytes: int, *, min_blocks: in
     return num_blocks
 
 
-def kv_budget_from_free_memory(free_bytes: int, gpu_memory_utilization: float, reserve_bytes: int = 0) -> int:
-    """The KV budget: ``gpu_memory_utilization * free - reserve`` (free measured after the model loads).
+def available_kv_cache_memory(total_bytes: int, gpu_memory_utilization: float, non_kv_bytes: int) -> int:
+    """The KV budget by the library's one rule, vLLM's: ``gpu_memory_utilization * total - non_kv``
+    (:func:`~paged_edu.core.memory.vllm_kv_budget`).
 
-    ``reserve_bytes`` is what the forward pass still needs beside the cache (activations, CUDA
-    graphs, the sampler). The rest, ``(1 - gpu_memory_utilization) * free``, is headroom for
-    everything nobody measured -- the seed's troubleshooting case 1 is a utilisation of 0.98 that
-    leaves too little of it. (vLLM states the same rule over the *total* memory: the cache gets
-    ``utilization * total - used``, with ``used`` measured by a profiling forward pass.)
+    ``non_kv_bytes`` is everything that is not KV cache and lives inside the fraction: the weights, the
+    activations of the forward pass (a reserve), other allocations of this process. The rest,
+    ``(1 - gpu_memory_utilization) * total``, is headroom for everything nobody measured -- the CUDA
+    context, a warm-up forward the reserve left out; the seed's troubleshooting case 1 is a utilisation
+    of 0.98 that leaves too little of it. Refuses a fraction outside (0, 1] and a budget <= 0, naming
+    the numbers.
     """
     if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, numbers.Real):
         raise TypeError(f"gpu_memory_utilization must be a float, got {type(gpu_memory_utilization).__name__}")
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    if reserve_bytes < 0:
-        raise ValueError(f"reserve_bytes must be >= 0, got {reserve_bytes}")
-    if reserve_bytes > free_bytes * gpu_memory_utilization:
+    if non_kv_bytes < 0:
+        raise ValueError(f"non_kv_bytes must be >= 0, got {non_kv_bytes}")
+    budget = int(vllm_kv_budget(total_bytes, gpu_memory_utilization, non_kv_bytes))
+    if budget <= 0:
         raise ValueError(
-            f"the KV cache does not fit: gpu_memory_utilization={gpu_memory_utilization} of {format_gib(free_bytes)} free "
-            f"is {format_gib(free_bytes * gpu_memory_utilization)}, less than the {format_gib(reserve_bytes)} reserved for "
-            f"activations; free memory (smaller model, fewer max tokens) or raise gpu_memory_utilization"
+            f"the KV cache does not fit: gpu_memory_utilization={gpu_memory_utilization} of {format_gib(total_bytes)} "
+            f"total is {format_gib(total_bytes * gpu_memory_utilization)}, less than the {format_gib(non_kv_bytes)} "
+            f"that is not KV cache (weights, reserved activations): use a smaller model, reserve less or raise "
+            f"gpu_memory_utilization"
         )
-    return int(free_bytes * gpu_memory_utilization) - reserve_bytes
+    return budget
 
 
 def available_bytes(device: torch.device) -> int | None:

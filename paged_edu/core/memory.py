@@ -237,13 +237,17 @@ def max_requests_paged(budget_bytes: int, spec: KVSpec, s: int, block_size: int 
 
 
 def vllm_kv_budget(total_bytes: float, gpu_memory_utilization: float, non_kv_bytes: float) -> float:
-    """vLLM's rule for the KV pool of one GPU: ``utilization * total - everything that is not KV cache``.
+    """The one rule for the KV pool of one GPU, vLLM's: ``utilization * total - everything that is not KV cache``.
 
-    vLLM subtracts the profiled peak of the weights, a dummy forward's activations and non-torch
-    allocations (``vllm/v1/worker/gpu_worker.py``, ``determine_available_memory``); the callers here pass
-    what they model (the weights, optionally a reserve). The one place for the rule: the simulator's
-    :meth:`~paged_edu.sim.costmodel.CostModel.kv_budget_bytes` and :func:`paged_edu.core.parallel_kv.plan_kv_per_gpu`
-    use it. (The engine's own sizing, :mod:`paged_edu.cache.sizing`, applies the fraction to *free* memory.)
+    vLLM v1 (``vllm/v1/worker/gpu_worker.py``): ``init_device`` sets ``requested_memory = total_memory *
+    gpu_memory_utilization`` from a snapshot taken once the CUDA context exists, and
+    ``determine_available_memory`` returns ``requested_memory - non_kv_cache_memory``: the weights, the
+    peak activations of a profiling forward and the non-torch allocations made since that snapshot. The
+    CUDA context is not subtracted: it lives, with everything unmeasured, in the ``(1 - utilization) *
+    total`` left over. Every sizing here uses this rule: the engine's pool
+    (:func:`paged_edu.cache.sizing.available_kv_cache_memory`), the simulator's
+    (:meth:`~paged_edu.sim.costmodel.CostModel.kv_budget_bytes`), :func:`paged_edu.core.parallel_kv.plan_kv_per_gpu`
+    and the calculator; the callers pass what they model (the weights, optionally a reserve for activations).
     May be <= 0: the callers say what that means for them.
     """
     return gpu_memory_utilization * total_bytes - non_kv_bytes

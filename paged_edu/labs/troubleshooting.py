@@ -1,8 +1,9 @@
 """Lesson 6's troubleshooting case 1: "CUDA out of memory on engine warm-up".
 
-The pool is sized from what is free once the weights are loaded (:func:`~paged_edu.cache.sizing.kv_budget_from_free_memory`):
-``kv = gpu_memory_utilization * free - reserve``. Whatever the forward pass allocates *after* that
-(activations of the warm-up batch, the logits) must fit in the ``(1 - utilization) * free`` left over.
+The pool is sized by the library's one rule, vLLM's (:func:`~paged_edu.cache.sizing.available_kv_cache_memory`):
+``kv = gpu_memory_utilization * total - (weights + reserve)``. Whatever the forward pass allocates beyond
+the reserve (activations of the warm-up batch, the logits) must fit, with the CUDA context, in the
+``(1 - utilization) * total`` left over.
 
 * :func:`plan_memory` -- the arithmetic on the CPU, for a GPU of :data:`~paged_edu.core.hardware.GPU_TABLE`
   and a model of :data:`~paged_edu.core.hardware.MODEL_TABLE`: context, weights, KV pool, activations, and
@@ -21,7 +22,7 @@ import sys
 from dataclasses import dataclass
 
 from paged_edu import data
-from paged_edu.cache.sizing import kv_budget_from_free_memory, num_blocks_for_budget
+from paged_edu.cache.sizing import available_kv_cache_memory, num_blocks_for_budget
 from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
 from paged_edu.core.memory import KVSpec
 
@@ -63,7 +64,8 @@ class MemoryPlan:
 
     @property
     def headroom(self) -> int:
-        """What the activations may use: ``(1 - utilization) * free`` plus the pool's rounding."""
+        """What the activations may use once the pool is allocated: ``(1 - utilization) * total`` minus
+        the context, plus the pool's rounding."""
         return self.total - self.context - self.weights - self.kv
 
     def rows(self) -> list[tuple[str, float]]:
@@ -90,7 +92,8 @@ def plan_memory(
 ) -> MemoryPlan:
     """The warm-up's memory on ``gpu_key`` for ``model_key`` at ``gpu_memory_utilization``.
 
-    The pool is sized as the engine sizes it (``utilization * free - reserve_bytes``, whole blocks);
+    The pool is sized as the engine sizes it, by vLLM's rule (``utilization * total - weights -
+    reserve_bytes``, whole blocks: the context is not subtracted, it lives in the headroom);
     an impossible budget raises the sizing's own ``ValueError``. ``total_bytes`` overrides the table's
     memory (a measured figure).
     """
@@ -104,7 +107,7 @@ def plan_memory(
             f"context; {gpu.name} has {total / 2**30:.1f} GiB"
         )
     block_bytes = KVSpec.from_geometry(g).block_bytes(block_size)
-    budget = kv_budget_from_free_memory(free, gpu_memory_utilization, reserve_bytes)
+    budget = available_kv_cache_memory(total, gpu_memory_utilization, weights + reserve_bytes)
     num_blocks = num_blocks_for_budget(budget, block_bytes, what=f"{gpu.name}, {g.name}: ")
     return MemoryPlan(
         gpu.name,

@@ -467,7 +467,7 @@ CONCEPTS: tuple[Concept, ...] = (
     Concept(
         "KV budget (gpu_memory_utilization)",
         "1, 6",
-        ("paged_edu.cache.sizing:kv_budget_from_free_memory",),
+        ("paged_edu.cache.sizing:available_kv_cache_memory",),
         (
             C(
                 "CacheConfig.gpu_memory_utilization (0.92 in the stored version, 0.9 in older ones), 'a per-instance "

@@ -20,7 +20,7 @@ def cache_compare_figure(rows: list[CacheRow]):
         rows=2,
         cols=len(scenarios),
         subplot_titles=[f"{s}: prefix hit rate" for s in scenarios] + [f"{s}: TTFT p50 (s)" for s in scenarios],
-        vertical_spacing=0.14,
+        vertical_spacing=0.22,
     )
     series = list(dict.fromkeys((r.cache, r.policy) for r in rows))
     for k, (cache, policy) in enumerate(series):
@@ -38,5 +38,9 @@ def cache_compare_figure(rows: list[CacheRow]):
             fig.add_bar(
                 x=[r.workload for r in cells], y=[r.ttft_p50 for r in cells], row=2, col=j, showlegend=False, **style
             )
-    fig.update_layout(barmode="group", height=620, width=900, title="Hash chain vs radix tree, FCFS vs LPM")
+    fig.update_xaxes(title_text="workload")
+    for j in range(1, len(scenarios) + 1):
+        fig.update_yaxes(title_text="prefix hit rate (share of prompt tokens)", row=1, col=j)
+        fig.update_yaxes(title_text="TTFT p50 (s)", row=2, col=j)
+    fig.update_layout(barmode="group", height=680, width=900, title="Hash chain vs radix tree, FCFS vs LPM")
     return fig

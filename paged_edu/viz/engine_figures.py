@@ -42,8 +42,8 @@ PHASE_COLORS = {
 
 
 def timeline_figure(*runs, max_rows: int = 40) -> go.Figure:
-    """One panel per run: rows are requests, columns steps; teal = computed and useful, red = finished
-    but still computed (static batching's padding), grey = waiting, white = done."""
+    """One panel per run: rows are requests, columns steps; bluish green = computed and useful,
+    vermillion = finished but still computed (static batching's padding), grey = waiting, white = done."""
     fig = make_subplots(
         rows=len(runs),
         cols=1,
@@ -69,12 +69,13 @@ def timeline_figure(*runs, max_rows: int = 40) -> go.Figure:
             k,
             1,
         )
-        fig.update_yaxes(autorange="reversed", title_text="request", row=k, col=1)
-    fig.update_xaxes(title_text="step", row=len(runs), col=1)
+        fig.update_yaxes(autorange="reversed", title_text="request (arrival order)", row=k, col=1)
+        fig.update_xaxes(title_text="engine step", row=k, col=1)
     fig.update_layout(
         height=180 + 220 * len(runs),
         margin={"t": 60, "l": 60, "r": 20, "b": 40},
-        title="Who is in the batch at each step (teal: useful, red: finished but still computed, grey: waiting)",
+        title="Who is in the batch at each step (bluish green: useful, vermillion: finished but still computed, "
+        "grey: waiting)",
     )
     return fig
 
@@ -106,7 +107,9 @@ def batching_bars_figure(*runs) -> go.Figure:
         1,
         2,
     )
-    fig.update_yaxes(title_text="%", range=[0, 100], row=1, col=2)
+    fig.update_yaxes(title_text="useful output tokens / s", row=1, col=1)
+    fig.update_yaxes(title_text="KV slots holding a token (%)", range=[0, 100], row=1, col=2)
+    fig.update_xaxes(title_text="batching")
     fig.update_layout(height=340, showlegend=False, margin={"t": 50, "b": 40})
     return fig
 
@@ -133,14 +136,14 @@ def chunked_prefill_figure(trace: dict) -> go.Figure:
                 y=d["budget"],
                 mode="lines",
                 name="max_num_batched_tokens",
-                line={"dash": "dash", "color": "#333"},
+                line={"dash": "dash", "color": P.SHARED},
             ),
         ]
     )
     fig.update_layout(
         barmode="stack",
         height=340,
-        xaxis_title="step",
+        xaxis_title="engine step",
         yaxis_title="tokens in the step",
         title=f"A {trace['long_prompt_len']}-token prompt arrives in step 2 while 3 requests decode",
         margin={"t": 50, "b": 40},
@@ -161,14 +164,14 @@ def phase_figure(profile: dict, phases=tuple(PHASE_COLORS)) -> go.Figure:
             y=[1e3 * t for t in profile["roofline"]],
             mode="lines+markers",
             name=f"roofline on {profile['gpu']} (same batch)",
-            line={"color": "#111", "dash": "dot"},
+            line={"color": P.SHARED, "dash": "dot"},
         )
     )
     fig.update_layout(
         barmode="stack",
         height=380,
-        xaxis_title="step",
-        yaxis_title="ms",
+        xaxis_title="engine step",
+        yaxis_title="time in the step (ms)",
         yaxis_type="log",
         title="Where each step's time goes (log scale)",
         margin={"t": 50, "b": 40},
@@ -193,14 +196,25 @@ def engine_metrics_figure(history: list) -> go.Figure:
     fig = make_subplots(
         rows=1, cols=2, subplot_titles=("KV usage and prefix hit rate", "tokens and sequences per step")
     )
-    fig.add_trace(go.Scatter(x=d["x"], y=d["kv_usage"], mode="lines+markers", name="KV usage"), 1, 1)
-    fig.add_trace(go.Scatter(x=d["x"], y=d["hit_rate"], mode="lines+markers", name="prefix hit rate"), 1, 1)
+    fig.add_trace(
+        go.Scatter(x=d["x"], y=d["kv_usage"], mode="lines+markers", name="KV usage", line_color=P.OKABE_ITO["blue"]),
+        1,
+        1,
+    )
+    fig.add_trace(
+        go.Scatter(x=d["x"], y=d["hit_rate"], mode="lines+markers", name="prefix hit rate", line_color=P.GOOD), 1, 1
+    )
     fig.add_trace(
         go.Bar(x=d["x"], y=d["tokens"], name="tokens in the step", marker_color=P.OKABE_ITO["sky blue"]), 1, 2
     )
-    fig.add_trace(go.Scatter(x=d["x"], y=d["running"], mode="lines+markers", name="running"), 1, 2)
-    fig.update_yaxes(range=[0, 1.02], row=1, col=1)
-    fig.update_xaxes(title_text="step")
+    fig.add_trace(
+        go.Scatter(x=d["x"], y=d["running"], mode="lines+markers", name="running", line_color=P.OKABE_ITO["orange"]),
+        1,
+        2,
+    )
+    fig.update_yaxes(range=[0, 1.02], title_text="fraction (0 to 1)", row=1, col=1)
+    fig.update_yaxes(title_text="tokens / sequences", row=1, col=2)
+    fig.update_xaxes(title_text="engine step")
     fig.update_layout(height=300, margin={"t": 40, "b": 40}, legend={"orientation": "h", "y": -0.3})
     return fig
 
@@ -214,7 +228,11 @@ def h200_step_figure(now: dict, before: dict) -> go.Figure:
     fig = go.Figure(
         [
             go.Bar(
-                y=names, x=[now["roofline_decode_step_ms"], 0, 0], orientation="h", name="roofline", marker_color="#111"
+                y=names,
+                x=[now["roofline_decode_step_ms"], 0, 0],
+                orientation="h",
+                name="roofline",
+                marker_color=P.SHARED,
             ),
             go.Bar(
                 y=names,
@@ -235,7 +253,7 @@ def h200_step_figure(now: dict, before: dict) -> go.Figure:
                 x=[0, 0, before["mean_decode_step_ms"]],
                 orientation="h",
                 name="before (not split)",
-                marker_color="#bbb",
+                marker_color=P.IDLE,
             ),
         ]
     )
@@ -243,6 +261,7 @@ def h200_step_figure(now: dict, before: dict) -> go.Figure:
         barmode="stack",
         height=260,
         xaxis_title="ms per decode step",
+        yaxis_title="run",
         margin={"t": 50, "b": 40},
         title=f"Mean decode step on the {now['device']}: {now['tokens_per_s']:,.0f} vs "
         f"{before['tokens_per_s']:,.0f} useful tok/s",

@@ -30,6 +30,7 @@ from paged_edu.viz.palette import (
     EVICTABLE,
     FREE,
     IDLE,
+    NEUTRAL,
     SEQ_COLORS,
     SHARED,
     STATE_LABELS,
@@ -159,13 +160,17 @@ def block_grid_figure(
     )
     for trace in legend_traces({**BLOCK_STATES, SEQ_COLORS[0]: "owned by one sequence (its name in the block)"}):
         fig.add_trace(trace)
-    fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
-    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
+    fig.update_yaxes(
+        autorange="reversed", showticklabels=False, showgrid=False, zeroline=False, title_text=f"row (id // {cols})"
+    )
+    fig.update_xaxes(
+        side="top", showticklabels=False, showgrid=False, zeroline=False, title_text=f"physical block id mod {cols}"
+    )
     fig.update_layout(
         title=title,
-        height=110 + 52 * rows,
+        height=150 + 52 * rows,
         width=62 * cols + 80,
-        margin={"l": 20, "r": 20, "t": 40, "b": 10},
+        margin={"l": 40, "r": 20, "t": 80, "b": 10},
         plot_bgcolor="white",
         legend={"orientation": "h", "y": -0.02, "yanchor": "top", "font": {"size": 10}},
     )
@@ -210,13 +215,15 @@ def block_table_figure(
     )
     for trace in legend_traces({SHARED: STATE_LABELS[SHARED], SEQ_COLORS[0]: "the row's own block (row colour)"}):
         fig.add_trace(trace)
-    fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False)
-    fig.update_xaxes(side="top", showgrid=False, zeroline=False)
+    fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False, title_text="sequence")
+    fig.update_xaxes(
+        side="top", showgrid=False, zeroline=False, title_text="logical block i (tokens i·B to i·B + B - 1)"
+    )
     fig.update_layout(
         title=title,
-        height=110 + 36 * max(1, len(data["y"])),
+        height=140 + 36 * max(1, len(data["y"])),
         plot_bgcolor="white",
-        margin={"l": 20, "r": 20, "t": 70, "b": 10},
+        margin={"l": 80, "r": 20, "t": 110, "b": 10},
         legend={"font": {"size": 10}},
     )
     return fig
@@ -240,7 +247,7 @@ def logical_physical_figure(
     shapes, annotations = [], []
     top, bottom = 3.0, 0.0  # y of the logical row and of the physical row
 
-    def rect(x, y, color, label, font_color="#111"):
+    def rect(x, y, color, label, font_color=SHARED):
         shapes.append(
             {
                 "type": "rect",
@@ -249,7 +256,7 @@ def logical_physical_figure(
                 "y0": y,
                 "y1": y + 0.9,
                 "fillcolor": color,
-                "line": {"color": "#555", "width": 1},
+                "line": {"color": NEUTRAL, "width": 1},
             }
         )
         annotations.append(

@@ -99,7 +99,8 @@ class FlagsExplorer:
             fig.add_bar(y=["GPU memory"], x=[0], orientation="h", name=name, marker_color=color)
         fig.update_layout(
             barmode="stack",
-            xaxis_title="GiB",
+            xaxis_title="memory of one GPU (GiB)",
+            yaxis_title="GPU",
             height=260,
             width=760,
             title="",
@@ -109,7 +110,7 @@ class FlagsExplorer:
 
     def _ttft_figure(self) -> go.Figure:
         fig = go.Figure()
-        fig.add_scatter(x=[], y=[], mode="lines", name="TTFT")
+        fig.add_scatter(x=[], y=[], mode="lines", name="TTFT", line_color=OKABE_ITO["blue"])
         fig.update_layout(
             xaxis_title="percentile of requests",
             yaxis_title="TTFT (s)",

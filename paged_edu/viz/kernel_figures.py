@@ -101,7 +101,8 @@ def split_figure(sweeps: list[dict], title: str) -> go.Figure:
             )
     for col in (1, 2):
         fig.update_xaxes(type="log", title_text="num_splits", row=1, col=col)
-    fig.update_yaxes(type="log", title_text="µs", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="time per call (µs)", row=1, col=1)
+    fig.update_yaxes(title_text="share of the copy ceiling (%)", row=1, col=2)
     fig.update_layout(title=title, height=380, width=900)
     return fig
 

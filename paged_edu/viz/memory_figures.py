@@ -141,7 +141,8 @@ def kv_memory_figure(
         fig.add_trace(trace, 1, 2)
     fig.update_xaxes(title_text="sequence length s (tokens)", row=1, col=1)
     fig.update_yaxes(title_text="M_KV(s) (GiB)", row=1, col=1)
-    fig.update_yaxes(title_text="GiB", row=1, col=2)
+    fig.update_yaxes(title_text="memory (GiB)", row=1, col=2)
+    fig.update_xaxes(title_text="demand against supply", row=1, col=2)
     fig.update_layout(height=360, margin={"t": 40}, showlegend=True, legend={"orientation": "h", "y": -0.2})
     return fig
 
@@ -197,13 +198,17 @@ def contiguous_figure(contig, cols: int = 64, colors: OwnerColors | None = None,
     owners = {colors.color(s): f"tokens of {s}" for s in contig.seq_ids}
     for trace in legend_traces({**owners, IDLE: STATE_LABELS[IDLE], FREE: STATE_LABELS[FREE]}):
         fig.add_trace(trace)
-    fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
-    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
+    fig.update_yaxes(
+        autorange="reversed", showticklabels=False, showgrid=False, zeroline=False, title_text=f"row (slot // {cols})"
+    )
+    fig.update_xaxes(
+        side="top", showticklabels=False, showgrid=False, zeroline=False, title_text=f"token slot mod {cols}"
+    )
     fig.update_layout(
         title={"text": title, "font": {"size": 13}},
-        height=110 + 40 * rows,
+        height=150 + 40 * rows,
         plot_bgcolor="white",
-        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        margin={"l": 40, "r": 10, "t": 80, "b": 10},
         legend={"orientation": "h", "y": -0.05},
     )
     return fig

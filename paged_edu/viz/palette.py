@@ -17,7 +17,9 @@ name           colour     meaning
 
 ``GOOD`` / ``BAD`` mark a check that passed / failed (bluish green / vermillion, never red/green),
 ``ACCENT`` a chosen point, ``NEUTRAL`` a baseline line. ``DIVERGING`` is the colour scale of
-signed values (K/V heat-maps), blue-white-orange.
+signed values (K/V heat-maps), blue-white-orange; ``SEQUENTIAL`` the scale of a magnitude that is
+worse the larger it is (a stall in steps), blue-orange-vermillion. Text, outlines and reference
+lines are ``SHARED`` (near black) or ``NEUTRAL``; a background is white.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ __all__ = [
     "OKABE_ITO",
     "OwnerColors",
     "SEQ0",
+    "SEQUENTIAL",
     "SEQ_COLORS",
     "SHARED",
     "STATE_LABELS",
@@ -80,6 +83,7 @@ BAD = OKABE_ITO["vermillion"]
 ACCENT = OKABE_ITO["vermillion"]
 NEUTRAL = "#666666"
 DIVERGING = [[0.0, OKABE_ITO["blue"]], [0.5, "#FFFFFF"], [1.0, OKABE_ITO["orange"]]]
+SEQUENTIAL = [[0.0, OKABE_ITO["blue"]], [0.5, OKABE_ITO["orange"]], [1.0, OKABE_ITO["vermillion"]]]
 
 
 def series_color(k: int) -> str:
@@ -129,7 +133,7 @@ def legend_traces(labels: dict[str, str]):
             name=label,
             showlegend=True,
             hoverinfo="skip",
-            marker={"symbol": "square", "size": 13, "color": color, "line": {"color": "#555", "width": 1}},
+            marker={"symbol": "square", "size": 13, "color": color, "line": {"color": NEUTRAL, "width": 1}},
         )
         for color, label in labels.items()
     ]

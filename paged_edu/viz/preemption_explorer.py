@@ -2,8 +2,8 @@
 
 A slider sets the pool's KV blocks, a toggle the preemption mode (recompute / swap / auto); each
 change reruns the same requests and redraws one timeline: every request's tokens (y = request,
-x = time, colour = inter-token latency in engine steps), a red cross where it was preempted, a
-green triangle where it resumed. The text says who was preempted first and why (the most recently
+x = time, colour = inter-token latency in engine steps, blue to vermillion), a vermillion cross
+where it was preempted, a bluish-green triangle where it resumed. The text says who was preempted first and why (the most recently
 admitted running sequence), what moved, and whether the output still equals the unpressured run.
 Every control is also a method (:meth:`set`), so tests drive it headless.
 """
@@ -58,7 +58,7 @@ def timeline_figure(run) -> go.Figure:
                 marker={
                     "size": 6,
                     "color": d["tokens"]["c"],
-                    "colorscale": "Viridis",
+                    "colorscale": P.SEQUENTIAL,
                     "cmin": 1,
                     "colorbar": {"title": "steps since<br>last token"},
                 },
@@ -84,11 +84,12 @@ def timeline_figure(run) -> go.Figure:
         ]
     )
     fig.update_layout(
-        height=360,
-        margin={"t": 50, "l": 60, "r": 20, "b": 40},
-        xaxis_title="seconds",
-        yaxis_title="request",
+        height=400,
+        margin={"t": 50, "l": 60, "r": 20, "b": 80},
+        xaxis_title="wall time since the run started (s)",
+        yaxis_title="request id",
         yaxis={"autorange": "reversed", "dtick": 1},
+        legend={"orientation": "h", "y": -0.3},
         title=f"{run.mode}, {run.num_blocks} blocks: {run.num_preemptions} preemptions",
     )
     return fig
@@ -199,13 +200,15 @@ def remedy_figure(rows: list[dict]) -> go.Figure:
     cases = [r["case"] for r in rows]
     fig = go.Figure(
         [
-            go.Bar(x=cases, y=[r["max_gap_steps"] for r in rows], name="longest stall (steps)"),
-            go.Bar(x=cases, y=[r["preemptions"] for r in rows], name="preemptions"),
+            go.Bar(x=cases, y=[r["max_gap_steps"] for r in rows], name="longest stall (steps)", marker_color=P.BAD),
+            go.Bar(x=cases, y=[r["preemptions"] for r in rows], name="preemptions", marker_color=P.OKABE_ITO["blue"]),
         ]
     )
     fig.update_layout(
         barmode="group",
         height=380,
+        xaxis_title="case (the remedy tried)",
+        yaxis_title="engine steps / preemptions (count)",
         margin={"t": 50, "l": 60, "r": 20, "b": 140},
         title="Swap thrashing and its remedies (same requests, same pool)",
     )

@@ -95,13 +95,13 @@ class SimExplorer:
             width=700,
             margin=dict(l=220),
         )
-        fig.update_yaxes(autorange="reversed")
+        fig.update_yaxes(autorange="reversed", title_text="where the KV memory goes")
         return fig
 
     def _ttft_figure(self) -> go.Figure:
         fig = go.Figure()
-        fig.add_scatter(x=[], y=[], mode="lines", name="TTFT")
-        fig.add_hline(y=1.0, line_dash="dash", annotation_text="1 s")
+        fig.add_scatter(x=[], y=[], mode="lines", name="TTFT", line_color=P.OKABE_ITO["blue"])
+        fig.add_hline(y=1.0, line_dash="dash", line_color=P.NEUTRAL, annotation_text="1 s")
         fig.update_layout(
             title="Time to first token, every request (sorted)",
             xaxis_title="percentile of requests",

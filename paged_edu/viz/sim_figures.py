@@ -94,7 +94,7 @@ def memory_breakdown_figure(results: list[SimResult], title: str = "") -> go.Fig
         legend=dict(orientation="h", y=-0.25),
         margin=dict(l=160),
     )
-    fig.update_yaxes(autorange="reversed")
+    fig.update_yaxes(autorange="reversed", title_text="memory manager")
     return fig
 
 
@@ -121,6 +121,7 @@ def batched_figure(results: list[SimResult], title: str = "") -> go.Figure:
     fig.update_layout(
         title=title or "Requests batched per step (ShareGPT-like, saturated)",
         barmode="group",
+        xaxis_title="memory manager",
         yaxis_title="mean batched requests",
         height=400,
         width=800,
@@ -131,9 +132,10 @@ def batched_figure(results: list[SimResult], title: str = "") -> go.Figure:
 def latency_rate_figure(points: list[dict], title: str = "", cap: float = 1.0) -> go.Figure:
     """Normalised latency (s/token) against request rate, one curve per manager (the paper's Fig. 12)."""
     fig = go.Figure()
-    for label in dict.fromkeys(p["label"] for p in points):
+    for k, label in enumerate(dict.fromkeys(p["label"] for p in points)):
         pts = [p for p in points if p["label"] == label]
         fig.add_scatter(
+            line_color=P.series_color(k),
             x=[p["rate"] for p in pts],
             y=[min(p["norm_latency_mean_s"], cap) for p in pts],
             mode="lines+markers",
@@ -158,17 +160,29 @@ def block_size_figure(results: list[SimResult], title: str = "") -> go.Figure:
     stored = [s for r in paged[:1] for req in r.requests for s in req.stored_tokens]
     bound = [100 * sum(s / (s + b) for s in stored) / len(stored) for b in sizes] if stored else []
     fig = go.Figure()
-    fig.add_scatter(x=sizes, y=util, mode="lines+markers", name="measured: stored tokens / slots held at the end")
     fig.add_scatter(
-        x=sizes, y=[r.kv_utilization * 100 for r in paged], mode="lines+markers", name="measured: time-averaged KV util"
+        x=sizes,
+        y=util,
+        mode="lines+markers",
+        name="measured: stored tokens / slots held at the end",
+        line_color=P.series_color(0),
+    )
+    fig.add_scatter(
+        x=sizes,
+        y=[r.kv_utilization * 100 for r in paged],
+        mode="lines+markers",
+        name="measured: time-averaged KV util",
+        line_color=P.series_color(1),
     )
     if bound:
-        fig.add_scatter(x=sizes, y=bound, mode="lines", line=dict(dash="dash"), name="mean bound 1 - B/(s+B)")
+        fig.add_scatter(
+            x=sizes, y=bound, mode="lines", line=dict(dash="dash", color=P.NEUTRAL), name="mean bound 1 - B/(s+B)"
+        )
     fig.update_layout(
         title=title or "Paged utilisation falls as the block size grows",
         xaxis_type="log",
         xaxis=dict(tickvals=sizes, title="block size B (tokens)"),
-        yaxis_title="%",
+        yaxis_title="KV slots holding a token (%)",
         height=400,
         width=800,
     )
@@ -178,26 +192,28 @@ def block_size_figure(results: list[SimResult], title: str = "") -> go.Figure:
 def sharing_figure(rows: list[dict], title: str = "") -> go.Figure:
     """Memory saved by block sharing for parallel sampling and beam-style forking (cf. Fig. 15)."""
     fig = go.Figure()
-    for dataset in dict.fromkeys(r["dataset"] for r in rows):
-        for fork in ("parallel", "beam"):
-            pts = [r for r in rows if r["dataset"] == dataset and r["fork"] == fork]
-            if not pts:
-                continue
+    series = [(d, f) for d in dict.fromkeys(r["dataset"] for r in rows) for f in ("parallel", "beam")]
+    for k, (dataset, fork) in enumerate(series):
+        pts = [r for r in rows if r["dataset"] == dataset and r["fork"] == fork]
+        if not pts:
+            continue
+        color = P.series_color(k)
+        fig.add_scatter(
+            line_color=color,
+            x=[r["n"] for r in pts],
+            y=[r["saving"] * 100 for r in pts],
+            mode="lines+markers",
+            name=f"{dataset} {fork} (simulated)",
+        )
+        lo, hi = PAPER_SAVING.get((dataset, fork), (None, None))
+        if lo is not None:
             fig.add_scatter(
-                x=[r["n"] for r in pts],
-                y=[r["saving"] * 100 for r in pts],
-                mode="lines+markers",
-                name=f"{dataset} {fork} (simulated)",
+                x=[pts[0]["n"], pts[-1]["n"]],
+                y=[lo * 100, hi * 100],
+                mode="markers",
+                marker=dict(symbol="diamond-open", size=11, color=color),
+                name=f"{dataset} {fork} (paper range)",
             )
-            lo, hi = PAPER_SAVING.get((dataset, fork), (None, None))
-            if lo is not None:
-                fig.add_scatter(
-                    x=[pts[0]["n"], pts[-1]["n"]],
-                    y=[lo * 100, hi * 100],
-                    mode="markers",
-                    marker=dict(symbol="diamond-open", size=11),
-                    name=f"{dataset} {fork} (paper range)",
-                )
     fig.update_layout(
         title=title or "Memory saved by sharing blocks (cf. the paper's Fig. 15)",
         xaxis_title="samples / beam width n",
@@ -264,12 +280,14 @@ def block_latency_figure(rows: list[dict], title: str = "") -> go.Figure:
         y=[r["latency_off_s"] * 1e3 for r in rows],
         mode="lines+markers",
         name="roofline only (per-block cost off)",
+        line_color=P.NEUTRAL,
     )
     fig.add_scatter(
         x=sizes,
         y=[r["latency_on_s"] * 1e3 for r in rows],
         mode="lines+markers",
         name=f"+ {rows[0]['per_block_s'] * 1e9:.3g} ns per block x layer x KV head" if rows else "on",
+        line_color=P.ACCENT,
     )
     fig.update_layout(
         title=title or "Block size against latency (cf. the paper's Fig. 18)",

@@ -135,11 +135,14 @@ def stepper_figure(stepper: OnlineSoftmaxStepper, head: int = 0) -> go.Figure:
     )
     n = stepper.num_logical_blocks
     fig.update_yaxes(visible=False, row=1, col=1)
-    fig.update_xaxes(showticklabels=False, row=1, col=1)
+    fig.update_xaxes(showticklabels=False, title_text="physical block id (the pool)", row=1, col=1)
+    fig.update_yaxes(title_text="score (q·k / sqrt(d))", row=2, col=1)
+    fig.update_yaxes(title_text="normaliser l", row=2, col=2)
+    fig.update_yaxes(title_text="output value", row=3, col=1)
     fig.update_xaxes(title_text="logical position t", range=[-0.5, n * stepper.block_size - 0.5], row=2, col=1)
     for row, col in ((2, 2), (3, 2)):
         fig.update_xaxes(title_text="block b", range=[-0.5, n - 0.5], dtick=1, row=row, col=col)
-    fig.update_yaxes(type="log", range=[-12.5, 1], row=3, col=2)
+    fig.update_yaxes(type="log", range=[-12.5, 1], title_text="relative error", row=3, col=2)
     fig.update_xaxes(title_text="head_dim coordinate", row=3, col=1)
     fig.update_layout(
         height=720,

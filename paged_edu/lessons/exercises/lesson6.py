@@ -88,7 +88,7 @@ def _check_6_1(answer) -> Verdict:
 
 
 def kv_blocks_left(gpu_key="h200", model_key="Llama-3-8B", gpu_memory_utilization=0.9, block_size=16, context_mib=512):
-    """6.2's reference: the library's sizing over what is free after the context and the weights."""
+    """6.2's reference: the library's one sizing rule, vLLM's (``u * total - weights``; the context is headroom)."""
     from paged_edu.labs.troubleshooting import plan_memory
 
     return plan_memory(
@@ -104,27 +104,26 @@ def kv_blocks_left(gpu_key="h200", model_key="Llama-3-8B", gpu_memory_utilizatio
 @register(
     "6.2",
     "On an H200 (143,771 MiB) with Llama-3-8B in bf16, a 512 MiB CUDA context, block_size 16 and "
-    "gpu_memory_utilization = 0.9, sized by this engine's rule -- 0.9 x (total - context - weights), in whole blocks: "
-    "how many KV blocks does the pool get?",
+    "gpu_memory_utilization = 0.9, sized by vLLM's rule (the library's one rule) -- 0.9 x total - weights, the "
+    "context left in the headroom, in whole blocks: how many KV blocks does the pool get?",
     kv_blocks_left(),
 )
 def _check_6_2(answer) -> Verdict:
-    # Each tempting answer from the exercise's numbers by hand; the two sizing rules are each other's hint,
-    # so the hints stay right whichever rule plan_memory (the reference) follows.
+    # Each tempting answer from the exercise's numbers by hand, the other sizing rule (u x free) among them.
     g, gpu = MODEL_TABLE["Llama-3-8B"], GPU_TABLE["h200"]
     right = kv_blocks_left()
     block = KVSpec.from_geometry(g).block_bytes(16)
     total, context, weights = gpu.memory_bytes, 512 * MiB, int(g.num_params * 2)
     free = total - context - weights
     hints = {
-        int(0.9 * free) // block: "0.9 of what is free after the context and the weights, u x (total - context - "
-        "weights): lesson 6's engine's rule",
-        int(0.9 * total - weights) // block: "vLLM's rule, u x total - weights (lessons 1 and 8), without the context",
-        int(0.9 * total - weights - context) // block: "vLLM's rule, u x total - weights - context (lessons 1 and 8)",
+        int(0.9 * free) // block: "0.9 of what is FREE after the context and the weights, u x (total - context - "
+        "weights): the other rule (this engine's before it took vLLM's); vLLM applies u to the TOTAL",
+        int(0.9 * total - weights - context) // block: "u x total - weights - context: vLLM does not subtract the CUDA "
+        "context (its snapshot of the total is taken once the context exists); it lives in the (1 - u) x total headroom",
         int(0.9 * total) // block: "0.9 of the TOTAL memory with nothing subtracted: the weights live there too",
-        int(0.9 * free) // (block // 2): "K only: a block holds K and V",
-        int(free) // block: "all the free memory; 0.9 of it is the budget",
-        int(0.9 * free) // (block * 2): "fp32; Llama-3-8B's cache is bf16 (2 bytes)",
+        int(0.9 * total - weights) // (block // 2): "K only: a block holds K and V",
+        int(total - weights) // block: "all the memory but the weights; only 0.9 of the total is the budget",
+        int(0.9 * total - weights) // (block * 2): "fp32; Llama-3-8B's cache is bf16 (2 bytes)",
     }
     return compare(
         "KV blocks at 0.9 on an H200 for Llama-3-8B",
