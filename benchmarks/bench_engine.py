@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
-from paged_edu.labs.batching import model_spec  # noqa: E402
+from paged_edu.cache.sizing import dtype_name  # noqa: E402
 from paged_edu.labs.timing import compiled_variant_counter, graph_capture_counter  # noqa: E402
 from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
@@ -240,7 +240,8 @@ def step_speed(
     Host time: ``duration - device_wait``, the wall time less the time the host waited for the GPU
     (the copy of the sampled tokens: the one sync).
     """
-    from paged_edu.sim.costmodel import MODELS, ROOFLINE_NAME, CostModel, StepShape
+    from paged_edu.core.hardware import MODELS
+    from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel, StepShape
 
     cost = CostModel(model=spec or MODELS["smollm2-135m"]).roofline()
     roof = np.array(
@@ -466,7 +467,7 @@ def main(argv=None):
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
     common = (num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens, device, log)
     # The roofline's model: SmolLM2-135M's row of the model table; the smoke run's tiny model from its config.
-    kw = dict(impls=impls, spec=model_spec(config, dtype) if args.smoke else None)
+    kw = dict(impls=impls, spec=config.geometry(dtype_name(dtype)) if args.smoke else None)
     try:
         eng = run_engine(model, prompts, outputs, *common, cuda_graphs=graphs, **kw)
     except Exception as exc:  # keep the run's other numbers: retry without graphs, and say so

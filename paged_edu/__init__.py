@@ -19,7 +19,7 @@ keeps it so); the first three are plain Python, no torch:
 
 from paged_edu.core.allocator import BlockAllocator, BlockEvent, OutOfBlocksError, UnknownSequenceError
 from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
-from paged_edu.core.memory import PRESETS, KVSpec
+from paged_edu.core.hardware import GPUS, MODELS, ModelGeometry
 from paged_edu.sched.scheduler import Scheduler
 from paged_edu.sched.sequence import Sequence
 
@@ -53,9 +53,10 @@ __all__ = [
     "BlockEvent",
     "ContiguousAllocator",
     "FragmentationError",
-    "KVSpec",
     "OutOfBlocksError",
-    "PRESETS",
+    "GPUS",
+    "MODELS",
+    "ModelGeometry",
     "Scheduler",
     "Sequence",
     "UnknownSequenceError",

@@ -10,7 +10,7 @@ import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.allocator import BlockAllocator
-from paged_edu.core.memory import PRESETS
+from paged_edu.core.hardware import find_model
 from paged_edu.labs.seed_allocator import SeedAllocator
 from paged_edu.labs import experiments as E
 from paged_edu.labs.kv_view import KVView
@@ -82,12 +82,12 @@ def test_kv_view_check_address_uses_symbols_and_reports_the_seed_landing():
 
 # -- lesson 1: bytes on the device, idle share ------------------------------------------------------
 def test_measured_cache_bytes_equal_the_formula():
-    m = E.measure_cache_memory(PRESETS["SmolLM2-135M"], 100, block_size=16)
+    m = E.measure_cache_memory(find_model("SmolLM2-135M"), 100, block_size=16)
     assert m["num_tokens"] == 112 and m["num_blocks"] == 7 and m["num_tensors"] == 60
     assert m["numel_bytes"] == m["m_kv"] == 2 * 30 * 3 * 64 * 2 * 112
     assert m["mem_get_info_drop"] is None  # no CUDA here
     with pytest.raises(ValueError, match="MLA"):
-        E.measure_cache_memory(PRESETS["DeepSeek-V3 (MLA)"], 16)
+        E.measure_cache_memory(find_model("DeepSeek-V3 (MLA)"), 16)
 
 
 def test_idle_share_against_a_step_by_step_count():
@@ -105,12 +105,12 @@ def test_idle_share_against_a_step_by_step_count():
 
 # -- lesson 2: the batch claim ----------------------------------------------------------------------
 def test_decode_throughput_follows_the_roofline_by_hand():
-    from paged_edu.sim.costmodel import GPUS, MODELS
+    from paged_edu.core.hardware import GPUS, MODELS
 
     m, g = MODELS["llama-3-8b"], GPUS["h200"]
     rows = E.decode_throughput(m, g, [1, 64, 1024], context=500)
     for r in rows:
-        bytes_moved = m.weight_bytes + r["batch"] * 501 * m.kv_bytes_per_token
+        bytes_moved = m.matmul_weight_bytes + r["batch"] * 501 * m.kv_bytes_per_token
         assert r["kv_share"] == pytest.approx(r["batch"] * 501 * m.kv_bytes_per_token / bytes_moved)
         assert r["tokens_per_s"] == pytest.approx(r["batch"] / r["step_s"])
         assert r["step_s"] >= bytes_moved / g.hbm_bandwidth  # never faster than reading the bytes once
@@ -184,7 +184,7 @@ def test_one_colour_blind_safe_palette_with_a_legend_for_every_colour():
     c.allocate("r0", [1, 2, 3])
     legend = {t.name: t.marker.color for t in F.contiguous_figure(c, cols=8).data if t.showlegend}
     assert legend["reserved but idle"] == P.IDLE and legend["tokens of r0"] in P.SEQ_COLORS
-    fig = F.kv_memory_figure(PRESETS["Llama-3-8B"], 4096, 8, 10**11)
+    fig = F.kv_memory_figure(find_model("Llama-3-8B"), 4096, 8, 10**11)
     assert fig.layout.xaxis.type in (None, "linear") and "(tokens)" in fig.layout.xaxis.title.text
     assert "(GiB)" in fig.layout.yaxis.title.text
     assert {"the batch fits", "the batch does NOT fit"} <= {t.name for t in fig.data}

@@ -81,12 +81,12 @@ def test_calculator_gpu_dropdown_and_does_not_fit():
 
 
 def test_calculator_reads_the_one_hardware_table():
-    from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
-    from paged_edu.viz.widgets import GPUS, PARAMS
+    from paged_edu.core.hardware import GPUS, MODELS
+    from paged_edu.viz.widgets import GPU_MEMORY, PARAMS
 
-    assert GPUS == {g.label: g.memory_bytes for g in GPU_TABLE.values()}
-    assert PARAMS == {m.name: m.num_params for m in MODEL_TABLE.values()}
-    assert GPUS["H200 (141 GB)"] == 143_771 * 2**20 != 141e9
+    assert GPU_MEMORY == {g.label: g.memory_bytes for g in GPUS.values()}
+    assert PARAMS == {m.name: m.num_params for m in MODELS.values()}
+    assert GPU_MEMORY["H200 (141 GB)"] == 143_771 * 2**20 != 141e9
     calc = KVMemoryCalculator(preset="Llama-3-8B", gpu="h200")
     assert calc.weights_gb.value == pytest.approx(8.03e9 * 2 / 1e9, abs=0.05)
 

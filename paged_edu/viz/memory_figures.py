@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from paged_edu.core.memory import KVSpec, eta_paged_bound, kv_bytes
+from paged_edu.core.hardware import ModelGeometry
+from paged_edu.core.memory import eta_paged_bound, kv_bytes
 from paged_edu.viz.palette import (
     ACCENT,
     BAD,
@@ -90,7 +91,7 @@ def utilisation_figure(
 
 
 def kv_memory_figure(
-    spec: KVSpec, seq_len: int, batch: int, gpu_bytes: int, weights_bytes: int = 0, max_len: int = 32768
+    spec: ModelGeometry, seq_len: int, batch: int, gpu_bytes: int, weights_bytes: int = 0, max_len: int = 32768
 ) -> go.Figure:
     """Left: ``M_KV(s)`` of one request against ``s`` (linear: it is a linear law). Right: the
     batch's KV bytes against the memory left for the cache, coloured by whether it fits.
