@@ -71,7 +71,8 @@ from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
-from paged_edu.sim.workloads import L_MAX, sharegpt  # noqa: E402
+from paged_edu.sim.arrivals import L_MAX  # noqa: E402
+from paged_edu.sim.workloads import sharegpt  # noqa: E402
 from engine_report import plot, report  # noqa: E402
 from record import provenance  # noqa: E402
 from hf_peers import FIRST_COMPARED, common_prefix, run_hf, run_hf_cb, sync  # noqa: E402

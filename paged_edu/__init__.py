@@ -36,7 +36,7 @@ _LAZY = {
     "SamplingParams": "paged_edu.engine.sampling",
     "simulate": "paged_edu.sim.simulator",
     "compare": "paged_edu.sim.compare",
-    "SimConfig": "paged_edu.sim.simulator",
+    "SimConfig": "paged_edu.sim.results",
 }
 
 

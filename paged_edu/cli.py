@@ -205,7 +205,7 @@ def _cost_model(args):
 
 def _build_parser() -> argparse.ArgumentParser:
     from paged_edu.sim.managers import BLOCK_SIZES, DEFAULT_MANAGERS, MANAGERS
-    from paged_edu.sim.workloads import L_MAX
+    from paged_edu.sim.arrivals import L_MAX
 
     parser = _Parser(
         prog="paged-edu",

@@ -75,6 +75,7 @@ def test_the_h200_runs_schedule_gives_the_issues_recomputed_roofline():
     20 mixed; the issue recomputed 0.259 ms per decode step, 0.944 ms per mixed step, 0.526 s in all."""
     import paged_edu.sim.simulator as S
     from paged_edu.sim.request import Request
+    from paged_edu.sim.results import SimConfig
     from paged_edu.sim.workloads import sharegpt
 
     rng = np.random.default_rng(1)  # bench_engine.make_requests: random prompt ids from seed + 1
@@ -96,7 +97,7 @@ def test_the_h200_runs_schedule_gives_the_issues_recomputed_roofline():
         kinds.append("decode" if not any(prefill) else "mixed" if not all(prefill) else "prefill")
         return shape_of(out, *args, **kwargs)
 
-    config = S.SimConfig(
+    config = SimConfig(
         manager="paged-prefix", block_size=16, num_kv_slots=8192 * 16, max_num_seqs=512, max_num_batched_tokens=4096
     )
     mp = pytest.MonkeyPatch()

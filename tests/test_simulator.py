@@ -18,7 +18,8 @@ from paged_edu.core.hardware import GPUS, MODELS, find_model
 from paged_edu.sim.costmodel import CostModel, StepShape
 from paged_edu.sim.compare import compare, format_table
 from paged_edu.sim.managers import make_manager
-from paged_edu.sim.simulator import SimConfig, simulate
+from paged_edu.sim.results import SimConfig
+from paged_edu.sim.simulator import simulate
 from paged_edu.sim.request import Request
 
 A100 = CostModel(gpu=GPUS["a100-40gb"])  # the paper's GPU: a small pool, so memory binds quickly

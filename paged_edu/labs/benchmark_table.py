@@ -22,7 +22,7 @@ from paged_edu.core.hardware import GPUS, MODELS
 from paged_edu.sim.costmodel import CostModel
 from paged_edu.sim.results import SimConfig, SimResult
 from paged_edu.sim.simulator import simulate
-from paged_edu.sim.workloads import L_MAX
+from paged_edu.sim.arrivals import L_MAX
 
 __all__ = [
     "TABLE_ROWS",

@@ -25,7 +25,7 @@ from paged_edu.core.allocator import BlockAllocator, OutOfBlocksError, PrefixCac
 from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
 from paged_edu.sched.sequence import Sequence
-from paged_edu.sim.workloads import L_MAX
+from paged_edu.sim.arrivals import L_MAX
 
 __all__ = ["BLOCK_SIZES", "MANAGERS", "ContiguousManager", "PagedManager", "RadixManager", "make_manager"]
 
