@@ -226,13 +226,6 @@ class BlockAllocator(SequenceLookup):
         """The caching policy given to the constructor (see the class docstring)."""
         return self._cache_when_computed
 
-    @cache_when_computed.setter
-    def cache_when_computed(self, value: bool) -> None:
-        # Kept for old callers; pass ``cache_when_computed=`` to the constructor instead.
-        if self._seqs:
-            raise ValueError("cache_when_computed can only change while the allocator holds no sequence")
-        self._cache_when_computed = bool(value)
-
     # -- internals -----------------------------------------------------------------------------
     def _lookup(self, packed: array, root: bytes = ROOT_HASH) -> PrefixMatch:
         """The longest cached prefix of ``packed``, for at most ``ceil(n/B) - 1`` blocks: the prompt's
