@@ -17,6 +17,8 @@ from paged_edu.labs.kv_view import KVView
 from paged_edu.labs.toy_kv import ToyLayer
 from paged_edu.sim.request import Request
 from paged_edu.viz import figures as F
+from paged_edu.viz import memory_figures as MF
+from paged_edu.viz import tensor_figures as TF
 from paged_edu.viz import palette as P
 
 LAYER = ToyLayer(num_kv_heads=2, head_dim=16, num_q_heads=4, seed=0)
@@ -127,7 +129,7 @@ def test_cow_experiment_shows_the_values_and_counts_the_bytes():
     assert torch.equal(d2[:2], s2[:2]) and not torch.equal(d2[2], s2[2])  # slot 2: the child's new token
     assert r["slot_written"] == 2 and r["bytes_copied"] == 2 * 1 * 4 * 2 * 64 * 4
     assert r["copy_equal"] and r["source_untouched"] and all(r["reads_back"].values())
-    fig = F.cow_heatmap_figure(r)
+    fig = TF.cow_heatmap_figure(r)
     assert len(fig.data) == 6 and f"{r['bytes_copied']:,} bytes copied" in fig.layout.title.text
     with pytest.raises(ValueError, match="one copy-on-write"):
         E.cow_experiment(KVView(BlockAllocator(16, 4), seed=0), [1, 2, 3, 4], 7)  # full last block: no copy
@@ -182,9 +184,9 @@ def test_one_colour_blind_safe_palette_with_a_legend_for_every_colour():
 
     c = ContiguousAllocator(num_slots=16, max_seq_len=8)
     c.allocate("r0", [1, 2, 3])
-    legend = {t.name: t.marker.color for t in F.contiguous_figure(c, cols=8).data if t.showlegend}
+    legend = {t.name: t.marker.color for t in MF.contiguous_figure(c, cols=8).data if t.showlegend}
     assert legend["reserved but idle"] == P.IDLE and legend["tokens of r0"] in P.SEQ_COLORS
-    fig = F.kv_memory_figure(find_model("Llama-3-8B"), 4096, 8, 10**11)
+    fig = MF.kv_memory_figure(find_model("Llama-3-8B"), 4096, 8, 10**11)
     assert fig.layout.xaxis.type in (None, "linear") and "(tokens)" in fig.layout.xaxis.title.text
     assert "(GiB)" in fig.layout.yaxis.title.text
     assert {"the batch fits", "the batch does NOT fit"} <= {t.name for t in fig.data}

@@ -22,6 +22,7 @@ from paged_edu.labs.experiments import prefix_reuse_experiment
 from paged_edu.labs import utilisation
 from paged_edu.labs.toy_kv import ToyLayer
 from paged_edu.viz import figures as F
+from paged_edu.viz import memory_figures as MF
 from paged_edu.viz.widgets import BlockTableWidget, KVMemoryCalculator, PrefixSharingWidget
 
 FREE, EVICTABLE, SHARED = 0, 1, 2
@@ -284,7 +285,7 @@ def test_measured_utilisation_matches_formula_and_capacity():
         used += math.ceil(s / 16) * 16
         expected += 1
     assert utilisation.admit_until_full(lengths, budget, block_size=16) == expected
-    fig = F.utilisation_figure({16: ([10, 20], [0.625, 0.625])}, s_max=64, naive_l_max=64)
+    fig = MF.utilisation_figure({16: ([10, 20], [0.625, 0.625])}, s_max=64, naive_l_max=64)
     assert [t.name for t in fig.data] == ["bound B=16", "measured B=16", "contiguous, L_max=64"]
     with pytest.raises(ValueError):
         utilisation.admit_until_full(lengths, budget)
@@ -293,7 +294,7 @@ def test_measured_utilisation_matches_formula_and_capacity():
 def test_contiguous_figure_shows_idle_reservations():
     c = ContiguousAllocator(num_slots=16, max_seq_len=8)
     c.allocate("r0", [1, 2, 3])
-    z = F.contiguous_data(c, cols=8)["z"]
+    z = MF.contiguous_data(c, cols=8)["z"]
     assert z[0][:3] == [z[0][0]] * 3 and z[0][0] >= 4  # tokens in the owner's colour
     assert z[0][3:8] == [3] * 5  # reserved but idle
     assert z[1] == [FREE] * 8

@@ -11,8 +11,9 @@ figure carries a legend for them:
 * pale blue for an *evictable* block: ref count 0, but its KV is still in the prefix cache;
 * near white for a free block that holds nothing reusable.
 
-The memory figures of lessons 1 and 2 live in :mod:`paged_edu.viz.memory_figures` and the tensor
-figures (K values, addresses) in :mod:`paged_edu.viz.tensor_figures`; both are re-exported here.
+The memory figures of lessons 1 and 2 live in :mod:`paged_edu.viz.memory_figures`, the tensor
+figures (K values, addresses) in :mod:`paged_edu.viz.tensor_figures`, the colours in
+:mod:`paged_edu.viz.palette`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from paged_edu.viz.palette import (
     COLORSCALE,
     EVICTABLE,
     FREE,
-    IDLE,
     SEQ_COLORS,
     SHARED,
     STATE_LABELS,
@@ -39,12 +39,6 @@ from paged_edu.viz.palette import (
 )
 
 __all__ = [
-    "FREE",
-    "EVICTABLE",
-    "SHARED",
-    "IDLE",
-    "SEQ_COLORS",
-    "OwnerColors",
     "BlockInfo",
     "block_infos",
     "block_grid_data",
@@ -52,14 +46,8 @@ __all__ = [
     "block_table_data",
     "block_table_figure",
     "logical_physical_figure",
-    "utilisation_figure",
-    "kv_memory_figure",
-    "contiguous_data",
-    "contiguous_figure",
-    "cow_heatmap_figure",
 ]
 
-_CODES, _COLORSCALE = CODES, COLORSCALE
 BLOCK_STATES = {FREE: STATE_LABELS[FREE], EVICTABLE: STATE_LABELS[EVICTABLE], SHARED: STATE_LABELS[SHARED]}
 
 
@@ -147,9 +135,9 @@ def block_grid_figure(
             customdata=data["hover"],
             texttemplate="%{text}",
             hovertemplate="%{customdata}<extra></extra>",
-            colorscale=_COLORSCALE,
+            colorscale=COLORSCALE,
             zmin=-0.5,
-            zmax=len(_CODES) - 0.5,
+            zmax=len(CODES) - 0.5,
             showscale=False,
             xgap=3,
             ygap=3,
@@ -198,9 +186,9 @@ def block_table_figure(
             x=data["x"],
             y=data["y"] or [""],
             texttemplate="%{text}",
-            colorscale=_COLORSCALE,
+            colorscale=COLORSCALE,
             zmin=-0.5,
-            zmax=len(_CODES) - 0.5,
+            zmax=len(CODES) - 0.5,
             showscale=False,
             xgap=3,
             ygap=3,
@@ -314,13 +302,3 @@ def logical_physical_figure(
     fig.update_xaxes(visible=False, range=[-0.2, width_units + 0.1])
     fig.update_yaxes(visible=False, range=[bottom - 0.2, top + 1.6])
     return fig
-
-
-# The memory and tensor figures, re-exported so ``figures.contiguous_figure`` etc. keep working.
-from paged_edu.viz.memory_figures import (  # noqa: E402
-    contiguous_data,
-    contiguous_figure,
-    kv_memory_figure,
-    utilisation_figure,
-)
-from paged_edu.viz.tensor_figures import cow_heatmap_figure  # noqa: E402

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 from paged_edu.core.hardware import DTYPE_BYTES, GPUS, MODELS, ModelGeometry, find_model
 from paged_edu.core.memory import format_bytes, kv_bytes, vllm_kv_budget
-from paged_edu.viz import figures as F
+from paged_edu.viz.memory_figures import kv_memory_figure
 from paged_edu.viz.palette import BAD, GOOD
 from paged_edu.viz.widgets.base import _figure_widget
 
@@ -92,7 +92,7 @@ class KVMemoryCalculator:
         self.html = W.HTML()
         self._mla: tuple[int, int] = (0, 0)  # (latent_dim, rope_dim) while an MLA preset is untouched
         self._syncing = False
-        self.fig = _figure_widget(F.kv_memory_figure(self.spec(), self.seq_len.value, self.batch.value, 1))
+        self.fig = _figure_widget(kv_memory_figure(self.spec(), self.seq_len.value, self.batch.value, 1))
         self.preset.observe(lambda ch: self.set_preset(ch["new"]), "value")
         self.gpu.observe(lambda ch: self.set_gpu(ch["new"]), "value")
         for w in (self.layers, self.kv_heads, self.head_dim, self.dtype):
@@ -204,7 +204,7 @@ class KVMemoryCalculator:
             f" = {format_bytes(r['kv_budget_bytes'])}<br>"
             f"<b>requests of s tokens that fit</b> (paged, B = 16): <b>{r['requests_that_fit']:,}</b></div>"
         )
-        new = F.kv_memory_figure(spec, self.seq_len.value, self.batch.value, int(r["kv_budget_bytes"]))
+        new = kv_memory_figure(spec, self.seq_len.value, self.batch.value, int(r["kv_budget_bytes"]))
         with self.fig.batch_update():
             for old_trace, new_trace in zip(self.fig.data, new.data):
                 old_trace.x, old_trace.y = new_trace.x, new_trace.y
