@@ -289,7 +289,7 @@ def check_kernels(model, device, block_size=16, require_cuda=True):
     """One mixed step (prompt chunks + decodes) through the Triton kernels and through the PyTorch
     references, on the same pool contents: the largest logit difference of each row kind."""
     from paged_edu.kernels import triton_available
-    from paged_edu.engine.runner import BatchChunk, prepare_batch
+    from paged_edu.engine.batch import BatchChunk, prepare_batch
     from paged_edu.cache.kv_cache import PagedKVCache
 
     if (require_cuda and device.type != "cuda") or not triton_available():

@@ -17,7 +17,10 @@ keeps it so); the first three are plain Python, no torch:
 * :mod:`paged_edu.cli` -- ``paged-edu simulate`` and ``paged-edu figures-sim``.
 """
 
-from paged_edu.core.allocator import BlockAllocator, BlockEvent, OutOfBlocksError, UnknownSequenceError
+from paged_edu.core.allocator import BlockAllocator
+from paged_edu.core.block_events import BlockEvent
+from paged_edu.core.block_pool import OutOfBlocksError
+from paged_edu.core.seq_lookup import UnknownSequenceError
 from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
 from paged_edu.core.hardware import GPUS, MODELS, ModelGeometry
 from paged_edu.sched.scheduler import Scheduler

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from paged_edu import BlockAllocator, OutOfBlocksError
-from paged_edu.core.allocator import UnknownSequenceError, chained_block_hashes
+from paged_edu.core.block_hash import chained_block_hashes
+from paged_edu.core.seq_lookup import UnknownSequenceError
 from paged_edu.core.contract import observable
 from paged_edu.core.radix_cache import RadixAllocator
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from paged_edu.core.allocator import OutOfBlocksError  # noqa: E402
+from paged_edu.core.block_pool import OutOfBlocksError  # noqa: E402
 from paged_edu.engine import Engine  # noqa: E402
 from paged_edu.labs import batching as Bt  # noqa: E402
 from paged_edu.labs import engine_lab  # noqa: E402

@@ -13,6 +13,7 @@ from paged_edu.core.allocator import BlockAllocator
 from paged_edu.core.hardware import find_model
 from paged_edu.labs.seed_allocator import SeedAllocator
 from paged_edu.labs import experiments as E
+from paged_edu.labs import seed_defects as SD
 from paged_edu.labs.kv_view import KVView
 from paged_edu.labs.toy_kv import ToyLayer
 from paged_edu.sim.request import Request
@@ -152,22 +153,22 @@ def test_block_rounded_shared_prefix_memory_matches_the_allocator():
 
 def test_the_seed_defects_break_attention_and_ours_do_not():
     tol = 1e-4
-    seed = E.stale_entry_experiment(SeedAllocator(4, 4), LAYER)
-    ours = E.stale_entry_experiment(BlockAllocator(4, 4), LAYER)
+    seed = SD.stale_entry_experiment(SeedAllocator(4, 4), LAYER)
+    ours = SD.stale_entry_experiment(BlockAllocator(4, 4), LAYER)
     assert seed["reused_overwritten_by_d"] == [True] and seed["e_error"] > 0.05
     assert ours["reused_overwritten_by_d"] == [False] and ours["e_error"] < tol
-    seed = E.no_rollback_experiment(SeedAllocator(4, 4), LAYER)
-    ours = E.no_rollback_experiment(BlockAllocator(4, 4), LAYER)
+    seed = SD.no_rollback_experiment(SeedAllocator(4, 4), LAYER)
+    ours = SD.no_rollback_experiment(BlockAllocator(4, 4), LAYER)
     assert (seed["leaked"], isinstance(seed["y"], str)) == (4, True)
     assert (ours["leaked"], ours["free_after"]) == (0, 4) and ours["y"] < tol
-    seed = E.no_copy_on_write_experiment(SeedAllocator(8, 4), LAYER)
-    ours = E.no_copy_on_write_experiment(BlockAllocator(8, 4), LAYER)
+    seed = SD.no_copy_on_write_experiment(SeedAllocator(8, 4), LAYER)
+    ours = SD.no_copy_on_write_experiment(BlockAllocator(8, 4), LAYER)
     assert seed["tables"]["child"] == seed["tables"]["parent"] and not seed["child_k5_after_parent_write"]
     assert seed["errors"]["child"] > 0.05 and seed["errors"]["parent"] < tol
     assert ours["tables"]["child"][-1] != ours["tables"]["parent"][-1] and ours["child_k5_after_parent_write"]
     assert max(ours["errors"].values()) < tol
     with pytest.raises(ValueError, match="num_blocks=4"):
-        E.stale_entry_experiment(BlockAllocator(8, 4), LAYER)
+        SD.stale_entry_experiment(BlockAllocator(8, 4), LAYER)
 
 
 # -- the palette and the figures' legends -----------------------------------------------------------

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from paged_edu.engine.runner import BatchChunk, prepare_batch
+from paged_edu.engine.batch import BatchChunk, prepare_batch
 from paged_edu.models.config import LlamaConfig, smollm2_config
 from paged_edu.models.llama import PagedLlama
 from paged_edu.models.loaders import random_hf_llama, random_llama

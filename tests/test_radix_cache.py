@@ -6,7 +6,8 @@ import random
 import pytest
 
 from paged_edu import BlockAllocator
-from paged_edu.core.allocator import OutOfBlocksError, UnknownSequenceError
+from paged_edu.core.block_pool import OutOfBlocksError
+from paged_edu.core.seq_lookup import UnknownSequenceError
 from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.core.contract import observable
 

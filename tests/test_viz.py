@@ -18,7 +18,7 @@ from paged_edu.core.allocator import BlockAllocator
 from paged_edu.core.contiguous import ContiguousAllocator
 from paged_edu.core.memory import eta_paged, kv_bytes
 from paged_edu.labs.seed_allocator import SeedAllocator
-from paged_edu.labs.experiments import prefix_reuse_experiment
+from paged_edu.labs.seed_defects import prefix_reuse_experiment
 from paged_edu.labs import utilisation
 from paged_edu.labs.toy_kv import ToyLayer
 from paged_edu.viz import figures as F

@@ -38,13 +38,7 @@ from paged_edu.core.validation import as_int, integer
 from paged_edu.cache.sizing import format_gib, bytes_per_block, kv_budget_from_free_memory, num_blocks_for_budget
 from paged_edu.kernels import kernel_support
 
-__all__ = [
-    "PagedKVCache",
-    "bytes_per_block",
-    "kv_budget_from_free_memory",
-    "num_blocks_for_budget",
-    "store_kv",
-]
+__all__ = ["PagedKVCache", "store_kv"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -35,22 +35,14 @@ from array import array
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from paged_edu.core.block_hash import ROOT_HASH, chained_block_hashes, hash_block, prefix_root
+from paged_edu.core.block_hash import ROOT_HASH, prefix_root
 from paged_edu.core.block_events import BlockEvent, Subscribers
 from paged_edu.core.block_pool import BlockPool, OutOfBlocksError, PrefixCacheStats
 from paged_edu.core.prefix_index import HashChainIndex, PrefixMatch
-from paged_edu.core.seq_lookup import SequenceLookup, UnknownSequenceError
+from paged_edu.core.seq_lookup import SequenceLookup
 from paged_edu.core.validation import MAX_NUM_BLOCKS, cache_key, flag, integer, new_id, token_array
 
-__all__ = [
-    "BlockAllocator",
-    "BlockEvent",
-    "OutOfBlocksError",
-    "PrefixCacheStats",
-    "UnknownSequenceError",
-    "chained_block_hashes",
-    "hash_block",
-]
+__all__ = ["BlockAllocator"]
 
 SeqId = Hashable
 

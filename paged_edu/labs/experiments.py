@@ -23,12 +23,6 @@ from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.allocator import BlockAllocator
 from paged_edu.core.hardware import ModelGeometry
 from paged_edu.core.memory import kv_bytes
-from paged_edu.labs.seed_defects import (
-    no_copy_on_write_experiment,
-    no_rollback_experiment,  # noqa: F401
-    prefix_reuse_experiment,
-    stale_entry_experiment,
-)
 
 __all__ = [
     "TORCH_DTYPES",
@@ -37,11 +31,7 @@ __all__ = [
     "cow_experiment",
     "decode_throughput",
     "measure_cache_memory",
-    "no_copy_on_write_experiment",
-    "no_rollback_experiment",
-    "prefix_reuse_experiment",
     "shared_prefix_blocks",
-    "stale_entry_experiment",
 ]
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

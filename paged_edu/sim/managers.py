@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paged_edu.core.allocator import BlockAllocator, OutOfBlocksError, PrefixCacheStats, UnknownSequenceError
+from paged_edu.core.allocator import BlockAllocator
+from paged_edu.core.block_pool import OutOfBlocksError, PrefixCacheStats
+from paged_edu.core.seq_lookup import UnknownSequenceError
 from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
 from paged_edu.sched.sequence import Sequence

@@ -49,7 +49,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from paged_edu.sched.scheduler import Scheduler, SchedulerOutput
+from paged_edu.sched.scheduler import Scheduler
+from paged_edu.sched.scheduler_output import SchedulerOutput
 from paged_edu.sched.sequence import Sequence, SequenceStatus
 from paged_edu.sim.costmodel import CostModel, StepShape
 from paged_edu.sim.managers import make_manager

@@ -8,7 +8,9 @@ import html
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from paged_edu.core.allocator import BlockAllocator, BlockEvent, OutOfBlocksError
+from paged_edu.core.allocator import BlockAllocator
+from paged_edu.core.block_events import BlockEvent
+from paged_edu.core.block_pool import OutOfBlocksError
 from paged_edu.labs.kv_view import KVView
 from paged_edu.viz import figures as F
 from paged_edu.viz.palette import BAD, GOOD, NEUTRAL, OwnerColors
