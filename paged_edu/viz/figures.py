@@ -26,14 +26,13 @@ import plotly.graph_objects as go
 
 from paged_edu.core.allocator import BlockAllocator
 from paged_edu.viz.palette import (
-    CODES,
-    COLORSCALE,
     EVICTABLE,
     FREE,
     SEQ_COLORS,
     SHARED,
     STATE_LABELS,
     OwnerColors,
+    code_heatmap,
     legend_traces,
     text_color,
 )
@@ -129,20 +128,15 @@ def block_grid_figure(
     data = block_grid_data(allocator, cols, colors)
     rows = len(data["z"])
     fig = go.Figure(
-        go.Heatmap(
+        code_heatmap(
             z=data["z"],
             text=data["text"],
             customdata=data["hover"],
             texttemplate="%{text}",
             hovertemplate="%{customdata}<extra></extra>",
-            colorscale=COLORSCALE,
-            zmin=-0.5,
-            zmax=len(CODES) - 0.5,
-            showscale=False,
             xgap=3,
             ygap=3,
             textfont={"size": 10},
-            showlegend=False,
         )
     )
     for trace in legend_traces({**BLOCK_STATES, SEQ_COLORS[0]: "owned by one sequence (its name in the block)"}):
@@ -180,20 +174,15 @@ def block_table_figure(
     """Each sequence's block table as a row of cells holding the physical block ids."""
     data = block_table_data(allocator, colors)
     fig = go.Figure(
-        go.Heatmap(
+        code_heatmap(
             z=data["z"] or [[None]],
             text=data["text"] or [[""]],
             x=data["x"],
             y=data["y"] or [""],
             texttemplate="%{text}",
-            colorscale=COLORSCALE,
-            zmin=-0.5,
-            zmax=len(CODES) - 0.5,
-            showscale=False,
             xgap=3,
             ygap=3,
             hovertemplate="%{y}, %{x}: B(i) = %{text}<extra></extra>",
-            showlegend=False,
         )
     )
     for trace in legend_traces({SHARED: STATE_LABELS[SHARED], SEQ_COLORS[0]: "the row's own block (row colour)"}):

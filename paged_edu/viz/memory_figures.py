@@ -21,8 +21,6 @@ from paged_edu.core.memory import eta_paged_bound, kv_bytes
 from paged_edu.viz.palette import (
     ACCENT,
     BAD,
-    CODES,
-    COLORSCALE,
     FREE,
     GOOD,
     IDLE,
@@ -30,6 +28,7 @@ from paged_edu.viz.palette import (
     OKABE_ITO,
     STATE_LABELS,
     OwnerColors,
+    code_heatmap,
     legend_traces,
     series_color,
 )
@@ -180,17 +179,12 @@ def contiguous_figure(contig, cols: int = 64, colors: OwnerColors | None = None,
             f"{contig.reserved_slots} reserved slots"
         )
     fig = go.Figure(
-        go.Heatmap(
+        code_heatmap(
             z=data["z"],
             text=data["text"],
             texttemplate="%{text}",
-            colorscale=COLORSCALE,
-            zmin=-0.5,
-            zmax=len(CODES) - 0.5,
-            showscale=False,
             xgap=1,
             ygap=4,
-            showlegend=False,
             hovertemplate="slot %{x} of row %{y}<extra></extra>",
             textfont={"size": 10},
         )
