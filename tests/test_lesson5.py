@@ -189,7 +189,7 @@ def test_chunked_prefill_splits_the_long_prompt_and_decodes_never_stop(tiny, bud
     assert all(d == 3 for d in t["decode_tokens"][first : first + len(chunks)])
 
 
-def test_model_spec_counts_smollm2_like_the_cost_model_table():
+def test_config_geometry_counts_smollm2_like_the_model_table():
     from paged_edu.core.hardware import MODELS
 
     spec = engine_lab.smollm2_config().geometry("bf16")
