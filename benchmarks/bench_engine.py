@@ -78,13 +78,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
-from paged_edu.labs.batching import model_spec  # noqa: E402
+from paged_edu.cache.sizing import dtype_name  # noqa: E402
 from paged_edu.labs.timing import compiled_variant_counter, graph_capture_counter  # noqa: E402
 from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
-from paged_edu.sim.workloads import L_MAX, sharegpt  # noqa: E402
+from paged_edu.sim.arrivals import L_MAX  # noqa: E402
+from paged_edu.sim.workloads import sharegpt  # noqa: E402
 from engine_report import plot, report  # noqa: E402
 from record import provenance  # noqa: E402
 from hf_peers import FIRST_COMPARED, common_prefix, run_hf, run_hf_cb, sync  # noqa: E402
@@ -281,7 +282,8 @@ def step_speed(
     :data:`~paged_edu.sim.costmodel.GPUS` to price the same steps on too (``roofline_run_s_by_gpu``,
     not rounded).
     """
-    from paged_edu.sim.costmodel import GPUS, MODELS, ROOFLINE_NAME, CostModel, StepShape
+    from paged_edu.core.hardware import GPUS, MODELS
+    from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel, StepShape
 
     cost = CostModel(model=spec or MODELS["smollm2-135m"]).roofline()
     shapes = [StepShape.of_chunks(m.chunk_starts, m.chunk_counts, m.num_emitting) for m in steps]
@@ -331,7 +333,7 @@ def check_kernels(model, device, block_size=16, require_cuda=True):
     """One mixed step (prompt chunks + decodes) through the Triton kernels and through the PyTorch
     references, on the same pool contents: the largest logit difference of each row kind."""
     from paged_edu.kernels import triton_available
-    from paged_edu.engine.runner import BatchChunk, prepare_batch
+    from paged_edu.engine.batch import BatchChunk, prepare_batch
     from paged_edu.cache.kv_cache import PagedKVCache
 
     if (require_cuda and device.type != "cuda") or not triton_available():
@@ -411,7 +413,8 @@ def main_nanovllm(args, argv, log):
 
     from paged_edu.models.config import describe
     from paged_edu.models.loaders import random_llama
-    from paged_edu.sim.costmodel import GPUS, ROOFLINE_NAME, CostModel
+    from paged_edu.core.hardware import GPUS
+    from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel
 
     if args.smoke:
         device, dtype = torch.device("cpu"), torch.float32
@@ -438,8 +441,9 @@ def main_nanovllm(args, argv, log):
     torch.manual_seed(args.seed)
     model = random_llama(config, seed=args.seed, dtype=dtype, device=device)
     # The roofline's model, from the config; P checked against the weights the model really has.
-    spec = replace(model_spec(config, dtype), name=f"{geometry} geometry, no qk-norm")
-    layer_params = sum(p.numel() for name, p in model.named_parameters() if name.startswith("layers."))
+    spec = config.geometry(dtype_name(dtype), name=f"{geometry} geometry, no qk-norm")
+    # Every weight but the input embedding (a tied head shares it and is counted once, as the table's P).
+    matmul_params = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("embed_tokens."))
     elem = torch.empty((), dtype=dtype).element_size()
     bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * elem
     # The pool: every sequence's prompt + output in blocks, plus one spare block each -- nothing is ever
@@ -477,7 +481,7 @@ def main_nanovllm(args, argv, log):
             weights="random",
             config=describe(config),
             kv_bytes_per_token=bytes_per_token,
-            matmul_params_counted=layer_params,
+            matmul_params_counted=matmul_params,
             cost_model_spec=asdict(spec),
         ),
         workload=dict(
@@ -711,7 +715,7 @@ def main(argv=None):
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
     common = (num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens, device, log)
     # The roofline's model: SmolLM2-135M's row of the model table; the smoke run's tiny model from its config.
-    kw = dict(impls=impls, spec=model_spec(config, dtype) if args.smoke else None)
+    kw = dict(impls=impls, spec=config.geometry(dtype_name(dtype)) if args.smoke else None)
     eng, graphs = run_engine_with_graphs(model, prompts, outputs, common, graphs, kw, log)
     result["engine"] = eng
     save()

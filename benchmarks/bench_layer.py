@@ -41,7 +41,8 @@ from paged_edu.labs.timing import random_paged_case, rel_err  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.llama import ForwardBatch  # noqa: E402
 from paged_edu.models.loaders import random_llama  # noqa: E402
-from paged_edu.sim.costmodel import GPUS, MODELS, ROOFLINE_NAME, CostModel  # noqa: E402
+from paged_edu.core.hardware import GPUS, MODELS  # noqa: E402
+from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel  # noqa: E402
 
 BATCHES = (1, 16, 64, 256)
 BLOCK = 16

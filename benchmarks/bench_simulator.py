@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from paged_edu.sim import workloads  # noqa: E402
-from paged_edu.sim.simulator import SimConfig, simulate  # noqa: E402
+from paged_edu.sim.results import SimConfig  # noqa: E402
+from paged_edu.sim.simulator import simulate  # noqa: E402
 from record import provenance  # noqa: E402
 
 CASES = [

@@ -30,14 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_engine import TINY, make_requests  # noqa: E402
+from paged_edu.cache.sizing import dtype_name  # noqa: E402
+from paged_edu.core.hardware import GPUS, MODELS  # noqa: E402
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
-from paged_edu.labs.batching import model_spec  # noqa: E402
 from paged_edu.labs.timing import compiled_variant_counter  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
-from paged_edu.sim.costmodel import GPUS, MODELS, ROOFLINE_NAME, CostModel, StepShape  # noqa: E402
+from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel, StepShape  # noqa: E402
 from record import provenance  # noqa: E402
 
 
@@ -73,7 +74,7 @@ def main(argv=None):
     model = PagedLlama.from_hf(hf)
     del hf
     prompts, outputs = make_requests(args.num_requests, 0, config.vocab_size, 0.1 if args.tiny else 1.0)
-    spec = model_spec(config, dtype) if args.tiny else MODELS["smollm2-135m"]
+    spec = config.geometry(dtype_name(dtype)) if args.tiny else MODELS["smollm2-135m"]
     roofline = CostModel(model=spec, gpu=GPUS["h200"]).roofline()
 
     warm = engine_on(model, prompts, outputs, args)

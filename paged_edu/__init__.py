@@ -17,9 +17,12 @@ keeps it so); the first three are plain Python, no torch:
 * :mod:`paged_edu.cli` -- ``paged-edu simulate`` and ``paged-edu figures-sim``.
 """
 
-from paged_edu.core.allocator import BlockAllocator, BlockEvent, OutOfBlocksError, UnknownSequenceError
+from paged_edu.core.allocator import BlockAllocator
+from paged_edu.core.block_events import BlockEvent
+from paged_edu.core.block_pool import OutOfBlocksError
+from paged_edu.core.seq_lookup import UnknownSequenceError
 from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
-from paged_edu.core.memory import PRESETS, KVSpec
+from paged_edu.core.hardware import GPUS, MODELS, ModelGeometry
 from paged_edu.sched.scheduler import Scheduler
 from paged_edu.sched.sequence import Sequence
 
@@ -36,7 +39,7 @@ _LAZY = {
     "SamplingParams": "paged_edu.engine.sampling",
     "simulate": "paged_edu.sim.simulator",
     "compare": "paged_edu.sim.compare",
-    "SimConfig": "paged_edu.sim.simulator",
+    "SimConfig": "paged_edu.sim.results",
 }
 
 
@@ -53,9 +56,10 @@ __all__ = [
     "BlockEvent",
     "ContiguousAllocator",
     "FragmentationError",
-    "KVSpec",
     "OutOfBlocksError",
-    "PRESETS",
+    "GPUS",
+    "MODELS",
+    "ModelGeometry",
     "Scheduler",
     "Sequence",
     "UnknownSequenceError",

@@ -104,12 +104,12 @@ SEED = _int(0, 2**64 - 1)
 
 
 def _add_server_args(p: argparse.ArgumentParser) -> None:
-    from paged_edu.sim.costmodel import GPUS, MODELS
+    from paged_edu.core.hardware import GPUS, MODELS
 
     p.add_argument(
         "--model",
         default="opt-13b",
-        choices=sorted(MODELS),
+        choices=sorted(key for key, g in MODELS.items() if not g.is_mla),  # the cost model's
         help="model geometry for the cost model (opt-13b: the paper's)",
     )
     p.add_argument("--gpu", default="h200", choices=sorted(GPUS), help="GPU for the roofline and the memory")
@@ -159,7 +159,7 @@ def _check_server_args(args) -> None:
             f"are more than the whole of {gpu} holds ({most:,} slots)"
         )
     if args.kv_slots is None:
-        weights, total = cost.model.weight_bytes, cost.gpu.memory_bytes
+        weights, total = cost.model.matmul_weight_bytes, cost.gpu.memory_bytes
         if weights >= total:
             error(
                 f"argument --model: the weights of {model} ({weights / 1e9:.1f} GB) do not fit in the whole of {gpu}; "
@@ -197,14 +197,15 @@ def _check_output_paths(args) -> None:
 
 
 def _cost_model(args):
-    from paged_edu.sim.costmodel import GPUS, MODELS, CostModel
+    from paged_edu.core.hardware import GPUS, MODELS
+    from paged_edu.sim.costmodel import CostModel
 
     return CostModel(model=MODELS[args.model], gpu=GPUS[args.gpu])
 
 
 def _build_parser() -> argparse.ArgumentParser:
     from paged_edu.sim.managers import BLOCK_SIZES, DEFAULT_MANAGERS, MANAGERS
-    from paged_edu.sim.workloads import L_MAX
+    from paged_edu.sim.arrivals import L_MAX
 
     parser = _Parser(
         prog="paged-edu",

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from paged_edu.core.allocator import BlockAllocator  # noqa: E402
 from paged_edu.labs import utilisation  # noqa: E402
-from paged_edu.viz import figures  # noqa: E402
+from paged_edu.viz import figures, memory_figures  # noqa: E402
 
 
 def mapping_allocator() -> BlockAllocator:
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         "paged_mapping": figures.logical_physical_figure(
             mapping_allocator(), title="PagedAttention: contiguous logical blocks -> scattered physical blocks (B = 4)"
         ),
-        "utilisation": figures.utilisation_figure(utilisation_data(), s_max=512, naive_l_max=512),
+        "utilisation": memory_figures.utilisation_figure(utilisation_data(), s_max=512, naive_l_max=512),
     }
     for name, fig in made.items():
         for ext in ("png", "svg"):

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from paged_edu import BlockAllocator, OutOfBlocksError
-from paged_edu.core.allocator import UnknownSequenceError, chained_block_hashes
+from paged_edu.core.block_hash import chained_block_hashes
+from paged_edu.core.seq_lookup import UnknownSequenceError
 from paged_edu.core.contract import observable
 from paged_edu.core.radix_cache import RadixAllocator
 
@@ -511,7 +512,7 @@ def test_cache_when_computed_publishes_blocks_only_once_marked():
     assert a.num_evictable_blocks == 2  # block 2 was never computed: not cached
     with pytest.raises(ValueError, match="num_computed_tokens"):
         a.mark_computed("b", 14)
-    with pytest.raises(ValueError, match="holds no sequence"):
+    with pytest.raises(AttributeError, match="cache_when_computed"):  # the constructor's policy, fixed
         a.cache_when_computed = False
 
 

@@ -79,12 +79,12 @@ def test_qwen3_geometry_prices_what_its_model_card_says():
     import torch
     from nanovllm_workload import qwen3_0_6b_config
 
-    from paged_edu.labs.batching import model_spec
+    from paged_edu.cache.sizing import dtype_name
 
     config = qwen3_0_6b_config()
-    spec = model_spec(config, torch.bfloat16)
+    spec = config.geometry(dtype_name(torch.bfloat16))
     embedding = config.vocab_size * config.hidden_size
-    assert round(spec.num_params / 1e9, 2) == 0.44 and round((spec.num_params + embedding) / 1e9, 1) == 0.6
+    assert round(spec.matmul_params / 1e9, 2) == 0.44 and round(spec.num_params / 1e9, 1) == 0.6
     assert spec.kv_bytes_per_token == 112 * 1024
     assert spec.lm_head_bytes == 2 * embedding  # tied: the head's bf16 read, which P leaves out
 
@@ -102,7 +102,7 @@ def test_bench_engine_nanovllm_smoke_writes_its_share_of_the_roofline(tmp_path):
     eng, yard, work = rec["engine"], rec["yardstick"], rec["workload"]
     assert work["num_requests"] == 5 and work["ignore_eos"] and eng["useful_tokens"] == work["output_tokens"]
     assert eng["num_preemptions"] == 0 and rec["kv_budget"]["num_blocks"] >= eng["useful_tokens"] // 16
-    assert rec["model"]["matmul_params_counted"] == rec["model"]["cost_model_spec"]["num_params"]
+    assert rec["model"]["matmul_params_counted"] == rec["model"]["cost_model_spec"]["matmul_params"]
     assert rec["model"]["qk_norm"]["implemented"] is False and "omitted" in rec["model"]["qk_norm"]["note"]
     # The share from the two measured figures: useful tokens over the wall time, and over the roofline's time.
     tokens_per_s = eng["useful_tokens"] / eng["seconds"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from paged_edu.core.allocator import chained_block_hashes, hash_block
+from paged_edu.core.block_hash import chained_block_hashes, hash_block
 from paged_edu.lessons import exercises as ex
 
 # name -> [(tempting wrong answer, words the verdict must contain)]

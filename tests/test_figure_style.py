@@ -131,8 +131,8 @@ def tiny():
 
 def _lesson1(tiny):
     from paged_edu.core.contiguous import ContiguousAllocator
-    from paged_edu.core.memory import PRESETS
-    from paged_edu.viz import figures as F
+    from paged_edu.core.hardware import MODELS
+    from paged_edu.viz import memory_figures as F
     from paged_edu.viz.widgets import KVMemoryCalculator
 
     contig = ContiguousAllocator(num_slots=64, max_seq_len=16)
@@ -140,7 +140,7 @@ def _lesson1(tiny):
     contig.allocate("b", [6, 7, 8])
     return {
         "contiguous_figure": F.contiguous_figure(contig, cols=16),
-        "kv_memory_figure": F.kv_memory_figure(PRESETS["Llama-3-8B"], 4096, 8, 10**11),
+        "kv_memory_figure": F.kv_memory_figure(MODELS["llama-3-8b"], 4096, 8, 10**11),
         "KVMemoryCalculator.fig": KVMemoryCalculator(preset="Llama-3-8B", seq_len=8192, batch=8).fig,
     }
 
@@ -148,6 +148,7 @@ def _lesson1(tiny):
 def _lesson2(tiny):
     from paged_edu.core.allocator import BlockAllocator
     from paged_edu.viz import figures as F
+    from paged_edu.viz import memory_figures as M
     from paged_edu.viz.widgets import BlockTableWidget
 
     a = BlockAllocator(num_blocks=16, block_size=4)
@@ -157,7 +158,7 @@ def _lesson2(tiny):
     w.add_request(6)
     return {
         "logical_physical_figure": F.logical_physical_figure(a),
-        "utilisation_figure": F.utilisation_figure({16: ([10, 20], [0.625, 0.625])}, s_max=64, naive_l_max=64),
+        "utilisation_figure": M.utilisation_figure({16: ([10, 20], [0.625, 0.625])}, s_max=64, naive_l_max=64),
         "BlockTableWidget.grid": w.grid,
         "BlockTableWidget.table": w.table,
         "block_grid_figure": F.block_grid_figure(a),
@@ -169,7 +170,7 @@ def _lesson3(tiny):
     from paged_edu.core.allocator import BlockAllocator
     from paged_edu.labs.experiments import cow_experiment
     from paged_edu.labs.kv_view import KVView
-    from paged_edu.viz import figures as F
+    from paged_edu.viz import tensor_figures as F
     from paged_edu.viz.widgets import PrefixSharingWidget
 
     kv = KVView(BlockAllocator(num_blocks=16, block_size=4), seed=0)

@@ -145,7 +145,7 @@ def test_rotary_store_rejects_mismatched_heads():
 
 def run_model(model, fused_impl, dtype, sizes=(9, 1, 1)):
     """Prefill a chunk then decode, through a shuffled block table; hidden states of every row."""
-    from paged_edu.engine.runner import BatchChunk, prepare_batch
+    from paged_edu.engine.batch import BatchChunk, prepare_batch
 
     c = model.config
     model.fused_impl = fused_impl

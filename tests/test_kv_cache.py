@@ -10,12 +10,8 @@ from paged_edu.core.allocator import BlockAllocator
 
 from allocator_helpers import append_token
 from paged_edu.kernels import paged_attention_decode, triton_available, triton_interpreting
-from paged_edu.cache.kv_cache import (
-    PagedKVCache,
-    available_kv_cache_memory,
-    bytes_per_block,
-    num_blocks_for_budget,
-)
+from paged_edu.cache.kv_cache import PagedKVCache
+from paged_edu.cache.sizing import available_kv_cache_memory, bytes_per_block, num_blocks_for_budget
 
 L, NB, B, H_KV, D = 2, 12, 4, 2, 8
 STORE_IMPLS = ["torch"] + (["triton"] if triton_available() and triton_interpreting() else [])

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from paged_edu.core.allocator import OutOfBlocksError  # noqa: E402
+from paged_edu.core.block_pool import OutOfBlocksError  # noqa: E402
 from paged_edu.engine import Engine  # noqa: E402
 from paged_edu.labs import batching as Bt  # noqa: E402
 from paged_edu.labs import engine_lab  # noqa: E402
@@ -189,14 +189,12 @@ def test_chunked_prefill_splits_the_long_prompt_and_decodes_never_stop(tiny, bud
     assert all(d == 3 for d in t["decode_tokens"][first : first + len(chunks)])
 
 
-def test_model_spec_counts_smollm2_like_the_cost_model_table():
-    import torch
+def test_config_geometry_counts_smollm2_like_the_model_table():
+    from paged_edu.core.hardware import MODELS
 
-    from paged_edu.sim.costmodel import MODELS
-
-    spec = Bt.model_spec(engine_lab.smollm2_config(), torch.bfloat16)
+    spec = engine_lab.smollm2_config().geometry("bf16")
     ref = MODELS["smollm2-135m"]
-    assert abs(spec.num_params - ref.num_params) / ref.num_params < 0.005
+    assert abs(spec.matmul_params - ref.matmul_params) / ref.matmul_params < 0.005
     assert spec.kv_bytes_per_token == ref.kv_bytes_per_token == 23040
 
 

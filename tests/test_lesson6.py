@@ -104,11 +104,11 @@ def test_the_engine_sizes_its_pool_by_vllms_rule(monkeypatch):
 def test_lessons_1_6_and_8_size_the_same_pool():
     """The H200 / Llama-3-8B / 0.9 pool: lesson 6's plan (exercise 6.2), lesson 1's and 8's plan_kv_per_gpu and
     lesson 8's flag translation give the same blocks; the oracle is vLLM's rule by hand: floor((0.9 x total - weights) / block)."""
-    from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
+    from paged_edu.core.hardware import GPUS, MODELS
     from paged_edu.core.parallel_kv import plan_kv_per_gpu
     from paged_edu.labs.serving_flags import translate
 
-    g, total = MODEL_TABLE["Llama-3-8B"], GPU_TABLE["h200"].memory_bytes
+    g, total = MODELS["llama-3-8b"], GPUS["h200"].memory_bytes
     block = 2 * g.num_layers * 16 * g.num_kv_heads * g.head_dim * 2
     by_hand = int(0.9 * total - g.num_params * 2) // block
     plan = T.plan_memory("h200", "Llama-3-8B", 0.9, context_bytes=512 * MiB, activation_bytes=0)

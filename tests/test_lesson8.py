@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
+from paged_edu.core.hardware import GPUS, find_model
 from paged_edu.labs import cache_compare as cc
 from paged_edu.lessons import exercises as ex
 from paged_edu.labs import serving_flags as sf
@@ -23,7 +23,7 @@ LLAMA = "vllm serve meta-llama/Meta-Llama-3-8B-Instruct"
 
 
 def _blocks_by_hand(model: str, gpu: str, util: float, block_size: int, value_bytes: int) -> int:
-    g, total = MODEL_TABLE[model], GPU_TABLE[gpu].memory_bytes
+    g, total = find_model(model), GPUS[gpu].memory_bytes
     per_token = 2 * g.num_layers * g.num_kv_heads * g.head_dim * value_bytes
     return int((util * total - g.num_params * g.dtype_bytes) // (block_size * per_token))
 
@@ -134,13 +134,13 @@ def test_a_malformed_command_line_is_refused(command, words):
     ],
 )
 def test_blocks_tokens_and_concurrency_against_the_arithmetic(model, gpu, util, block, dtype, value_bytes):
-    key = MODEL_TABLE[model].key
+    key = find_model(model).key
     t = sf.translate(
         f"vllm serve org/{key} --gpu-memory-utilization {util} --block-size {block} --kv-cache-dtype {dtype}", gpu=gpu
     )
     assert t.model == model and t.num_blocks == _blocks_by_hand(model, gpu, util, block, value_bytes)
     assert t.kv_tokens == t.num_blocks * block
-    length = MODEL_TABLE[model].max_position_embeddings
+    length = find_model(model).max_position_embeddings
     assert t.max_concurrency == pytest.approx(t.num_blocks / math.ceil(length / block))
     assert t.num_cpu_blocks == int(4 * 2**30 // t.block_bytes)
     assert f"{t.num_blocks:,} blocks" in t.describe()
@@ -188,8 +188,8 @@ def test_the_simulated_run_uses_the_translated_settings():
 
 def test_the_cost_models_default_pool_is_unchanged():
     cost = CostModel()
-    expected = int((cost.gpu.memory_bytes * 0.9 - cost.model.weight_bytes) // cost.model.kv_bytes_per_token)
-    assert cost.kv_capacity_tokens() == expected and cost.model.kv_dtype_bytes == 0
+    expected = int((cost.gpu.memory_bytes * 0.9 - cost.model.matmul_weight_bytes) // cost.model.kv_bytes_per_token)
+    assert cost.kv_capacity_tokens() == expected and cost.model.kv_cache_dtype is None
 
 
 # -- the explorer ----------------------------------------------------------------------------------
@@ -278,7 +278,7 @@ def test_lookup_cost_and_figure(roomy):
 def test_exercise_8_1_right_and_wrong():
     right = _blocks_by_hand("OPT-13B", "a100-80gb", 0.85, 32, 1)
     assert ex.reference("8.1")() == right and ex.check("8.1", right) and ex.check("8.1", ex.reference("8.1"))
-    total, weights, m = GPU_TABLE["a100-80gb"].memory_bytes, 12.9e9 * 2, 2 * 40 * 40 * 128
+    total, weights, m = GPUS["a100-80gb"].memory_bytes, 12.9e9 * 2, 2 * 40 * 40 * 128
     for wrong, words in (
         (_blocks_by_hand("OPT-13B", "a100-80gb", 0.85, 32, 2), "fp16 cache"),
         (_blocks_by_hand("OPT-13B", "a100-80gb", 0.85, 16, 1), "blocks of 16"),
@@ -336,7 +336,7 @@ def test_no_answer_crashes_a_check(name, answer):
 
 
 def test_a_measured_total_and_the_pool_really_allocated():
-    g = MODEL_TABLE["SmolLM2-135M"]
+    g = find_model("SmolLM2-135M")
     total = int((g.num_params * 2 + 50e6) / 0.9)  # leaves 50 MB at 0.9
     t = sf.translate("vllm serve HuggingFaceTB/SmolLM2-135M --max-model-len 256", gpu="t4", total_bytes=total)
     per_block = 16 * 2 * 30 * 3 * 64 * 2

@@ -10,13 +10,16 @@ import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.allocator import BlockAllocator
-from paged_edu.core.memory import PRESETS
+from paged_edu.core.hardware import find_model
 from paged_edu.labs.seed_allocator import SeedAllocator
 from paged_edu.labs import experiments as E
+from paged_edu.labs import seed_defects as SD
 from paged_edu.labs.kv_view import KVView
 from paged_edu.labs.toy_kv import ToyLayer
 from paged_edu.sim.request import Request
 from paged_edu.viz import figures as F
+from paged_edu.viz import memory_figures as MF
+from paged_edu.viz import tensor_figures as TF
 from paged_edu.viz import palette as P
 
 LAYER = ToyLayer(num_kv_heads=2, head_dim=16, num_q_heads=4, seed=0)
@@ -82,12 +85,12 @@ def test_kv_view_check_address_uses_symbols_and_reports_the_seed_landing():
 
 # -- lesson 1: bytes on the device, idle share ------------------------------------------------------
 def test_measured_cache_bytes_equal_the_formula():
-    m = E.measure_cache_memory(PRESETS["SmolLM2-135M"], 100, block_size=16)
+    m = E.measure_cache_memory(find_model("SmolLM2-135M"), 100, block_size=16)
     assert m["num_tokens"] == 112 and m["num_blocks"] == 7 and m["num_tensors"] == 60
     assert m["numel_bytes"] == m["m_kv"] == 2 * 30 * 3 * 64 * 2 * 112
     assert m["mem_get_info_drop"] is None  # no CUDA here
     with pytest.raises(ValueError, match="MLA"):
-        E.measure_cache_memory(PRESETS["DeepSeek-V3 (MLA)"], 16)
+        E.measure_cache_memory(find_model("DeepSeek-V3 (MLA)"), 16)
 
 
 def test_idle_share_against_a_step_by_step_count():
@@ -105,12 +108,12 @@ def test_idle_share_against_a_step_by_step_count():
 
 # -- lesson 2: the batch claim ----------------------------------------------------------------------
 def test_decode_throughput_follows_the_roofline_by_hand():
-    from paged_edu.sim.costmodel import GPUS, MODELS
+    from paged_edu.core.hardware import GPUS, MODELS
 
     m, g = MODELS["llama-3-8b"], GPUS["h200"]
     rows = E.decode_throughput(m, g, [1, 64, 1024], context=500)
     for r in rows:
-        bytes_moved = m.weight_bytes + r["batch"] * 501 * m.kv_bytes_per_token
+        bytes_moved = m.matmul_weight_bytes + r["batch"] * 501 * m.kv_bytes_per_token
         assert r["kv_share"] == pytest.approx(r["batch"] * 501 * m.kv_bytes_per_token / bytes_moved)
         assert r["tokens_per_s"] == pytest.approx(r["batch"] / r["step_s"])
         assert r["step_s"] >= bytes_moved / g.hbm_bandwidth  # never faster than reading the bytes once
@@ -127,7 +130,7 @@ def test_cow_experiment_shows_the_values_and_counts_the_bytes():
     assert torch.equal(d2[:2], s2[:2]) and not torch.equal(d2[2], s2[2])  # slot 2: the child's new token
     assert r["slot_written"] == 2 and r["bytes_copied"] == 2 * 1 * 4 * 2 * 64 * 4
     assert r["copy_equal"] and r["source_untouched"] and all(r["reads_back"].values())
-    fig = F.cow_heatmap_figure(r)
+    fig = TF.cow_heatmap_figure(r)
     assert len(fig.data) == 6 and f"{r['bytes_copied']:,} bytes copied" in fig.layout.title.text
     with pytest.raises(ValueError, match="one copy-on-write"):
         E.cow_experiment(KVView(BlockAllocator(16, 4), seed=0), [1, 2, 3, 4], 7)  # full last block: no copy
@@ -150,22 +153,22 @@ def test_block_rounded_shared_prefix_memory_matches_the_allocator():
 
 def test_the_seed_defects_break_attention_and_ours_do_not():
     tol = 1e-4
-    seed = E.stale_entry_experiment(SeedAllocator(4, 4), LAYER)
-    ours = E.stale_entry_experiment(BlockAllocator(4, 4), LAYER)
+    seed = SD.stale_entry_experiment(SeedAllocator(4, 4), LAYER)
+    ours = SD.stale_entry_experiment(BlockAllocator(4, 4), LAYER)
     assert seed["reused_overwritten_by_d"] == [True] and seed["e_error"] > 0.05
     assert ours["reused_overwritten_by_d"] == [False] and ours["e_error"] < tol
-    seed = E.no_rollback_experiment(SeedAllocator(4, 4), LAYER)
-    ours = E.no_rollback_experiment(BlockAllocator(4, 4), LAYER)
+    seed = SD.no_rollback_experiment(SeedAllocator(4, 4), LAYER)
+    ours = SD.no_rollback_experiment(BlockAllocator(4, 4), LAYER)
     assert (seed["leaked"], isinstance(seed["y"], str)) == (4, True)
     assert (ours["leaked"], ours["free_after"]) == (0, 4) and ours["y"] < tol
-    seed = E.no_copy_on_write_experiment(SeedAllocator(8, 4), LAYER)
-    ours = E.no_copy_on_write_experiment(BlockAllocator(8, 4), LAYER)
+    seed = SD.no_copy_on_write_experiment(SeedAllocator(8, 4), LAYER)
+    ours = SD.no_copy_on_write_experiment(BlockAllocator(8, 4), LAYER)
     assert seed["tables"]["child"] == seed["tables"]["parent"] and not seed["child_k5_after_parent_write"]
     assert seed["errors"]["child"] > 0.05 and seed["errors"]["parent"] < tol
     assert ours["tables"]["child"][-1] != ours["tables"]["parent"][-1] and ours["child_k5_after_parent_write"]
     assert max(ours["errors"].values()) < tol
     with pytest.raises(ValueError, match="num_blocks=4"):
-        E.stale_entry_experiment(BlockAllocator(8, 4), LAYER)
+        SD.stale_entry_experiment(BlockAllocator(8, 4), LAYER)
 
 
 # -- the palette and the figures' legends -----------------------------------------------------------
@@ -182,9 +185,9 @@ def test_one_colour_blind_safe_palette_with_a_legend_for_every_colour():
 
     c = ContiguousAllocator(num_slots=16, max_seq_len=8)
     c.allocate("r0", [1, 2, 3])
-    legend = {t.name: t.marker.color for t in F.contiguous_figure(c, cols=8).data if t.showlegend}
+    legend = {t.name: t.marker.color for t in MF.contiguous_figure(c, cols=8).data if t.showlegend}
     assert legend["reserved but idle"] == P.IDLE and legend["tokens of r0"] in P.SEQ_COLORS
-    fig = F.kv_memory_figure(PRESETS["Llama-3-8B"], 4096, 8, 10**11)
+    fig = MF.kv_memory_figure(find_model("Llama-3-8B"), 4096, 8, 10**11)
     assert fig.layout.xaxis.type in (None, "linear") and "(tokens)" in fig.layout.xaxis.title.text
     assert "(GiB)" in fig.layout.yaxis.title.text
     assert {"the batch fits", "the batch does NOT fit"} <= {t.name for t in fig.data}

@@ -5,9 +5,8 @@ import math
 import pytest
 
 from paged_edu import BlockAllocator, ContiguousAllocator, OutOfBlocksError
+from paged_edu.core.hardware import ModelGeometry, find_model
 from paged_edu.core.memory import (
-    PRESETS,
-    KVSpec,
     eta_naive,
     eta_paged,
     eta_paged_bound,
@@ -42,13 +41,13 @@ def test_seed_70b_example_exactly_and_its_unit_slip():
     ],
 )
 def test_presets_bytes_per_token(name, per_token):
-    assert PRESETS[name].bytes_per_token == per_token
-    assert kv_bytes(PRESETS[name], 10) == 10 * per_token
+    assert find_model(name).kv_bytes_per_token == per_token
+    assert kv_bytes(find_model(name), 10) == 10 * per_token
 
 
 def test_gqa_and_mla_shrink_the_cache():
-    assert PRESETS["Llama-2-7B"].bytes_per_token / PRESETS["Llama-3-8B"].bytes_per_token == 4
-    assert PRESETS["DeepSeek-V3 (MLA)"].bytes_per_token < PRESETS["Seed 70B example"].bytes_per_token / 4
+    assert find_model("Llama-2-7B").kv_bytes_per_token / find_model("Llama-3-8B").kv_bytes_per_token == 4
+    assert find_model("DeepSeek-V3 (MLA)").kv_bytes_per_token < find_model("Seed 70B example").kv_bytes_per_token / 4
 
 
 @pytest.mark.parametrize("B", [8, 16, 32])
@@ -69,10 +68,10 @@ def test_eta_naive():
 
 
 def test_capacity_matches_filling_the_allocators():
-    spec = KVSpec("toy", 2, 2, 8, "fp16")  # 128 bytes per token
+    spec = ModelGeometry("toy", 2, 2, 8, "fp16")  # 128 bytes per token
     budget = 128 * 1000
     L_max, s, B = 200, 37, 8
-    contiguous = ContiguousAllocator(budget // spec.bytes_per_token, L_max)
+    contiguous = ContiguousAllocator(budget // spec.kv_bytes_per_token, L_max)
     n_contiguous = 0
     with pytest.raises(OutOfBlocksError):
         while True:
@@ -100,11 +99,11 @@ def test_capacity_matches_filling_the_allocators():
 def test_bad_specs(kwargs):
     args = {"name": "x", "num_layers": 2, "num_kv_heads": 2, "head_dim": 8, **kwargs}
     with pytest.raises(ValueError):
-        KVSpec(**args)
+        ModelGeometry(**args)
 
 
 @pytest.mark.parametrize(
-    "call", [lambda: eta_paged(0, 16), lambda: eta_paged(5, 0), lambda: kv_bytes(PRESETS["OPT-13B"], -1)]
+    "call", [lambda: eta_paged(0, 16), lambda: eta_paged(5, 0), lambda: kv_bytes(find_model("OPT-13B"), -1)]
 )
 def test_bad_lengths(call):
     with pytest.raises(ValueError):
@@ -112,17 +111,17 @@ def test_bad_lengths(call):
 
 
 def test_one_hardware_table_read_by_memory_and_cost_model():
-    """The GPU sizes are nvidia-smi's MiB exactly; memory presets and cost models are views of one table."""
-    from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
-    from paged_edu.sim.costmodel import GPUS, MODELS
+    """The GPU sizes are nvidia-smi's MiB exactly; the memory model and the cost model read one table."""
+    from paged_edu.core.hardware import GPUS, MODELS
+    from paged_edu.sim.costmodel import CostModel
 
-    assert GPU_TABLE["h200"].memory_bytes == 143_771 * 1024 * 1024 == 150_754_820_096
-    assert GPU_TABLE["h100"].memory_bytes == 85_520_809_984  # nvidia-smi's 81,559 MiB
-    assert GPUS is GPU_TABLE and set(PRESETS) == set(MODEL_TABLE)
-    for geometry in MODEL_TABLE.values():
-        assert geometry.source and PRESETS[geometry.name].num_layers == geometry.num_layers
-        if geometry.key in MODELS:
-            assert MODELS[geometry.key].kv_bytes_per_token == PRESETS[geometry.name].bytes_per_token
-    for gpu in GPU_TABLE.values():
+    assert GPUS["h200"].memory_bytes == 143_771 * 1024 * 1024 == 150_754_820_096
+    assert GPUS["h100"].memory_bytes == 85_520_809_984  # nvidia-smi's 81,559 MiB
+    cost = CostModel()
+    assert cost.model is MODELS["opt-13b"] and cost.gpu is GPUS["h200"]
+    for key, geometry in MODELS.items():
+        assert geometry.source and geometry.key == key and find_model(geometry.name) is geometry
+        assert kv_bytes(geometry, 3) == 3 * geometry.kv_bytes_per_token
+    for gpu in GPUS.values():
         assert gpu.source and gpu.hbm_bandwidth <= gpu.datasheet_bandwidth
         assert gpu.memory_bytes % (1 << 20) == 0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from paged_edu.engine.runner import BatchChunk, prepare_batch
+from paged_edu.engine.batch import BatchChunk, prepare_batch
 from paged_edu.models.config import LlamaConfig, smollm2_config
 from paged_edu.models.llama import PagedLlama
 from paged_edu.models.loaders import random_hf_llama, random_llama
@@ -157,6 +157,22 @@ def test_triton_decode_path_matches_torch_path():
     torch.testing.assert_close(out["triton"], out["torch"], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_config_geometry_counts_the_parameters_transformers_builds(tie):
+    """Issue 20: the config's geometry is the one the cost model reads; its parameter counts against
+    the Hugging Face model built from the same config (the oracle): every weight, and ``P`` = every
+    weight but the input embedding (an untied LM head is in ``P``, a tied one is the embedding)."""
+    config = tiny_config(tie=tie)
+    hf = transformers.LlamaForCausalLM(config.to_hf())
+    total = sum(p.numel() for p in hf.parameters())  # a tied head is counted once
+    embedding = hf.get_input_embeddings().weight.numel()
+    g = config.geometry("fp16")
+    assert g.num_params == total and g.matmul_params == total - embedding
+    assert g.weight_bytes == 2 * total and g.lm_head_bytes == (2 * embedding if tie else 0)
+    assert g.kv_bytes_per_token == 2 * 2 * 2 * 16 * 2  # K and V x layers x KV heads x head_dim x fp16
+    assert (g.num_q_heads, g.d_model, g.vocab_size) == (4, 64, 320)
+
+
 def test_random_llama_is_seeded_and_has_smollm2_geometry():
     cfg = smollm2_config(num_layers=1)
     a, b = random_llama(cfg, seed=1), random_llama(cfg, seed=1)
@@ -165,7 +181,7 @@ def test_random_llama_is_seeded_and_has_smollm2_geometry():
     assert a.lm_head.weight is a.embed_tokens.weight  # tied, as in SmolLM2
     c = smollm2_config()
     assert (c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size) == (30, 9, 3, 64, 49152)
-    assert c.kv_bytes_per_token == 23040  # 2 * 30 * 3 * 64 * 2 bytes
+    assert c.geometry().kv_bytes_per_token == 23040  # 2 * 30 * 3 * 64 * 2 bytes
     with pytest.raises(ValueError, match="multiple"):
         LlamaConfig(
             vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=3, num_kv_heads=2, head_dim=4

@@ -2,9 +2,8 @@
 
 import pytest
 
-from paged_edu.core.hardware import GPU_TABLE, MORE_MODELS
-from paged_edu.core.memory import PRESETS, KVSpec, kv_heads_per_rank
-from paged_edu.core.parallel_kv import geometry, parallel_kv_rows, plan_kv_per_gpu
+from paged_edu.core.hardware import GPUS, ModelGeometry, find_model, kv_heads_per_rank
+from paged_edu.core.parallel_kv import parallel_kv_rows, plan_kv_per_gpu
 
 H200 = 143_771 * 2**20  # nvidia-smi's MiB
 
@@ -35,23 +34,23 @@ def test_uneven_head_splits_are_refused(n_kv, tp):
 
 
 def test_per_gpu_bytes_by_hand():
-    llama8 = PRESETS["Llama-3-8B"]  # 32 layers, 8 KV heads of 128, bf16
-    assert llama8.per_gpu().bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
-    assert llama8.per_gpu(2).bytes_per_token == 2 * 32 * 4 * 128 * 2
-    assert llama8.per_gpu(8).bytes_per_token == 2 * 32 * 1 * 128 * 2 == 16_384
-    assert llama8.per_gpu(16).bytes_per_token == 16_384  # one head per GPU, each on two GPUs
-    assert llama8.per_gpu(1, 2).bytes_per_token == 2 * 16 * 8 * 128 * 2  # 16 layers per stage
-    assert llama8.per_gpu(1, 3).bytes_per_token == 2 * 11 * 8 * 128 * 2  # ceil(32 / 3) = 11 on the busiest
-    assert llama8.per_gpu(kv_cache_dtype="fp8").bytes_per_token == 131_072 // 2
-    assert llama8.per_gpu(4, 2, "fp8").bytes_per_token == 2 * 16 * 2 * 128 * 1
-    mla = PRESETS["DeepSeek-V3 (MLA)"]  # 61 layers x (512 + 64), bf16: one latent, not per head
+    llama8 = find_model("Llama-3-8B")  # 32 layers, 8 KV heads of 128, bf16
+    assert llama8.per_gpu().kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
+    assert llama8.per_gpu(2).kv_bytes_per_token == 2 * 32 * 4 * 128 * 2
+    assert llama8.per_gpu(8).kv_bytes_per_token == 2 * 32 * 1 * 128 * 2 == 16_384
+    assert llama8.per_gpu(16).kv_bytes_per_token == 16_384  # one head per GPU, each on two GPUs
+    assert llama8.per_gpu(1, 2).kv_bytes_per_token == 2 * 16 * 8 * 128 * 2  # 16 layers per stage
+    assert llama8.per_gpu(1, 3).kv_bytes_per_token == 2 * 11 * 8 * 128 * 2  # ceil(32 / 3) = 11 on the busiest
+    assert llama8.per_gpu(kv_cache_dtype="fp8").kv_bytes_per_token == 131_072 // 2
+    assert llama8.per_gpu(4, 2, "fp8").kv_bytes_per_token == 2 * 16 * 2 * 128 * 1
+    mla = find_model("DeepSeek-V3 (MLA)")  # 61 layers x (512 + 64), bf16: one latent, not per head
     for tp in (1, 2, 8, 16):
-        assert mla.per_gpu(tp).bytes_per_token == 61 * (512 + 64) * 2 == 70_272  # every rank keeps it whole
-    assert mla.per_gpu(1, 2, "fp8").bytes_per_token == 31 * 576
+        assert mla.per_gpu(tp).kv_bytes_per_token == 61 * (512 + 64) * 2 == 70_272  # every rank keeps it whole
+    assert mla.per_gpu(1, 2, "fp8").kv_bytes_per_token == 31 * 576
 
 
 def test_per_gpu_bad_arguments():
-    spec = PRESETS["Llama-3-8B"]
+    spec = find_model("Llama-3-8B")
     for kwargs, match in [
         (dict(tensor_parallel_size=0), "tensor_parallel_size"),
         (dict(pipeline_parallel_size=33), "pipeline_parallel_size"),
@@ -71,7 +70,7 @@ def test_plan_blocks_by_hand():
     assert (plan.weights_bytes_per_gpu, plan.kv_budget_bytes_per_gpu) == (weights, budget)
     assert plan.bytes_per_token_per_gpu == per_token
     assert plan.num_blocks == budget // (16 * per_token) and plan.num_tokens == plan.num_blocks * 16
-    assert plan.bytes_per_token_all_gpus == 2 * per_token == PRESETS["Llama-3-8B"].bytes_per_token
+    assert plan.bytes_per_token_all_gpus == 2 * per_token == find_model("Llama-3-8B").kv_bytes_per_token
     assert plan.max_sequences(2048) == plan.num_blocks // 128
     # tp = 16 > 8 KV heads: each head on two GPUs, so a token costs twice the model's M_KV in all.
     wide = plan_kv_per_gpu("Llama-3-8B", tensor_parallel_size=16)
@@ -79,11 +78,11 @@ def test_plan_blocks_by_hand():
 
 
 def test_llama3_70b_needs_more_than_one_h200_and_fp8_doubles_the_tokens():
-    g = MORE_MODELS["Llama-3-70B"]
+    g = find_model("Llama-3-70B")
     assert (g.num_layers, g.num_q_heads, g.num_kv_heads, g.head_dim) == (80, 64, 8, 128)
-    assert KVSpec.from_geometry(g).bytes_per_token == 2 * 80 * 8 * 128 * 2 == 327_680
+    assert g.kv_bytes_per_token == 2 * 80 * 8 * 128 * 2 == 327_680
     one = plan_kv_per_gpu("llama-3-70b", tensor_parallel_size=1)
-    assert one.weights_bytes_per_gpu > 0.9 * GPU_TABLE["h200"].memory_bytes and not one.fits and one.num_tokens == 0
+    assert one.weights_bytes_per_gpu > 0.9 * GPUS["h200"].memory_bytes and not one.fits and one.num_tokens == 0
     bf16 = plan_kv_per_gpu("llama-3-70b", tensor_parallel_size=8)
     fp8 = plan_kv_per_gpu("llama-3-70b", tensor_parallel_size=8, kv_cache_dtype="fp8")
     assert bf16.bytes_per_token_per_gpu == 2 * 80 * 1 * 128 * 2 == 2 * fp8.bytes_per_token_per_gpu
@@ -105,8 +104,8 @@ def test_rows_and_bad_inputs():
     ]:
         with pytest.raises(ValueError, match=match):
             plan_kv_per_gpu(**kwargs)
-    assert geometry("Llama-3-70B") is geometry("llama-3-70b")
-    assert KVSpec("x", 2, 2, 8).per_gpu(2).num_kv_heads == 1
+    assert find_model("Llama-3-70B") is find_model("llama-3-70b")
+    assert ModelGeometry("x", 2, 2, 8).per_gpu(2).num_kv_heads == 1
 
 
 def test_lesson_table_and_cited_claims():
@@ -134,14 +133,13 @@ def test_lesson_table_and_cited_claims():
 
 def test_one_rule_for_vllms_pool_everywhere():
     """The simulator, the parallel plan and the lesson-1 calculator size vLLM's pool by one function."""
-    from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
     from paged_edu.core.memory import vllm_kv_budget
     from paged_edu.core.parallel_kv import plan_kv_per_gpu
     from paged_edu.sim.costmodel import CostModel
 
-    total = GPU_TABLE["h200"].memory_bytes
+    total = GPUS["h200"].memory_bytes
     assert vllm_kv_budget(total, 0.9, 10**9) == 0.9 * total - 10**9  # the rule itself, by hand
-    g = MODEL_TABLE["Llama-3-8B"]
+    g = find_model("Llama-3-8B")
     weights = int(g.num_params * 2)
     assert plan_kv_per_gpu("Llama-3-8B", "h200").kv_budget_bytes_per_gpu == int(vllm_kv_budget(total, 0.9, weights))
     cm = CostModel()

@@ -106,7 +106,8 @@ def test_a_second_turn_hits_the_blocks_of_the_first_turns_reply(manager):
     blocks of 16); turn 2's prompt (64 + 96 + 64 = 224 tokens) starts with all of them, so it hits
     144 tokens. With made-up reply ids it would hit only turn 1's prompt (64).
     """
-    from paged_edu.sim.simulator import SimConfig, simulate
+    from paged_edu.sim.results import SimConfig
+    from paged_edu.sim.simulator import simulate
 
     reqs = prefix_workloads.multiturn(2, num_turns=2)
     assert reqs[1].prompt[: 64 + 96] == reqs[0].prompt + reqs[0].output  # the prompt quotes the reply

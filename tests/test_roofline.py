@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paged_edu.sim.costmodel import GPUS, MODELS, ROOFLINE_NAME, CostModel, StepShape
+from paged_edu.core.hardware import GPUS, MODELS
+from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel, StepShape
 
 SMOL = MODELS["smollm2-135m"]
 H200 = GPUS["h200"]
@@ -74,6 +75,7 @@ def test_the_h200_runs_schedule_gives_the_issues_recomputed_roofline():
     20 mixed; the issue recomputed 0.259 ms per decode step, 0.944 ms per mixed step, 0.526 s in all."""
     import paged_edu.sim.simulator as S
     from paged_edu.sim.request import Request
+    from paged_edu.sim.results import SimConfig
     from paged_edu.sim.workloads import sharegpt
 
     rng = np.random.default_rng(1)  # bench_engine.make_requests: random prompt ids from seed + 1
@@ -95,7 +97,7 @@ def test_the_h200_runs_schedule_gives_the_issues_recomputed_roofline():
         kinds.append("decode" if not any(prefill) else "mixed" if not all(prefill) else "prefill")
         return shape_of(out, *args, **kwargs)
 
-    config = S.SimConfig(
+    config = SimConfig(
         manager="paged-prefix", block_size=16, num_kv_slots=8192 * 16, max_num_seqs=512, max_num_batched_tokens=4096
     )
     mp = pytest.MonkeyPatch()
@@ -150,3 +152,23 @@ def test_step_metrics_carry_each_chunks_shape():
     assert [s.num_emitting for s in steps] == [0, 0, 1, 1, 1]
     shape = StepShape.of_chunks(steps[1].chunk_starts, steps[1].chunk_counts, steps[1].num_emitting)
     assert (shape.num_context_tokens, shape.num_new_tokens, shape.attention_pairs) == (8, 8, 8 * 8 + 8 * 9 // 2)
+
+
+def test_the_geometry_views_the_cost_model_reads_against_hand_arithmetic():
+    """Issue 20: one geometry type; the cost model's FLOPs and bytes per token are views of it."""
+    from dataclasses import replace
+
+    from paged_edu.core.hardware import ModelGeometry
+
+    llama = MODELS["llama-3-8b"]  # 32 layers, 32 query / 8 KV heads of 128, d_model 4096, vocab 128,256, bf16
+    assert llama.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 and llama.block_bytes(16) == 16 * 131_072
+    assert llama.weight_bytes == 8.03e9 * 2 and llama.matmul_weight_bytes == 7.50e9 * 2
+    assert llama.matmul_flops_per_token == 2 * 7.50e9
+    assert llama.lm_head_flops_per_token == 2 * 4096 * 128_256
+    assert llama.attention_flops_per_pair == 4 * 32 * 32 * 128
+    assert replace(llama, kv_cache_dtype="fp8").kv_bytes_per_token == 131_072 // 2  # the weights stay bf16
+    assert replace(llama, kv_cache_dtype="fp8").matmul_weight_bytes == llama.matmul_weight_bytes
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        ModelGeometry("x", 1, 1, 8, kv_cache_dtype="fp64")
+    with pytest.raises(ValueError, match="needs the model's size"):
+        CostModel(model=ModelGeometry("cache only", 2, 2, 8))  # a geometry without its sizes

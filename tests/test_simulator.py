@@ -14,11 +14,12 @@ import pytest
 
 from paged_edu.sim import workloads
 from paged_edu.cli import main
-from paged_edu.sim.costmodel import GPUS, MODELS, CostModel, StepShape
-from paged_edu.core.memory import PRESETS
+from paged_edu.core.hardware import GPUS, MODELS, find_model
+from paged_edu.sim.costmodel import CostModel, StepShape
 from paged_edu.sim.compare import compare, format_table
 from paged_edu.sim.managers import make_manager
-from paged_edu.sim.simulator import SimConfig, simulate
+from paged_edu.sim.results import SimConfig
+from paged_edu.sim.simulator import simulate
 from paged_edu.sim.request import Request
 
 A100 = CostModel(gpu=GPUS["a100-40gb"])  # the paper's GPU: a small pool, so memory binds quickly
@@ -265,19 +266,19 @@ def test_bad_input_is_refused():
 
 
 def test_cost_model_matches_the_memory_model_and_the_roofline():
-    assert MODELS["opt-13b"].kv_bytes_per_token == PRESETS["OPT-13B"].bytes_per_token == 819_200
-    assert MODELS["smollm2-135m"].kv_bytes_per_token == PRESETS["SmolLM2-135M"].bytes_per_token
-    assert MODELS["llama-3-8b"].kv_bytes_per_token == PRESETS["Llama-3-8B"].bytes_per_token
+    assert MODELS["opt-13b"].kv_bytes_per_token == find_model("OPT-13B").kv_bytes_per_token == 819_200
+    assert MODELS["smollm2-135m"].kv_bytes_per_token == find_model("SmolLM2-135M").kv_bytes_per_token
+    assert MODELS["llama-3-8b"].kv_bytes_per_token == find_model("Llama-3-8B").kv_bytes_per_token
     cost = CostModel()
     # A single decode is memory-bound: weights plus the K/V of 512 + 1 tokens at the bandwidth.
     m, g = cost.model, cost.gpu
-    expected = (m.weight_bytes + m.kv_bytes_per_token * 513) / (g.hbm_bandwidth * cost.memory_efficiency)
+    expected = (m.matmul_weight_bytes + m.kv_bytes_per_token * 513) / (g.hbm_bandwidth * cost.memory_efficiency)
     assert cost.decode_step_time(1, 512) == approx(expected + cost.step_overhead_s)
     # A 2048-token prefill is compute-bound.
     s = StepShape()
     s.add(0, 2048, True)
     flops = (
-        2 * m.num_params * 2048
+        2 * m.matmul_params * 2048
         + 2 * m.d_model * m.vocab_size
         + 4 * m.num_layers * m.num_q_heads * m.head_dim * 2048 * 2049 / 2
     )

@@ -18,10 +18,11 @@ from paged_edu.core.allocator import BlockAllocator
 from paged_edu.core.contiguous import ContiguousAllocator
 from paged_edu.core.memory import eta_paged, kv_bytes
 from paged_edu.labs.seed_allocator import SeedAllocator
-from paged_edu.labs.experiments import prefix_reuse_experiment
+from paged_edu.labs.seed_defects import prefix_reuse_experiment
 from paged_edu.labs import utilisation
 from paged_edu.labs.toy_kv import ToyLayer
 from paged_edu.viz import figures as F
+from paged_edu.viz import memory_figures as MF
 from paged_edu.viz.widgets import BlockTableWidget, KVMemoryCalculator, PrefixSharingWidget
 
 FREE, EVICTABLE, SHARED = 0, 1, 2
@@ -81,12 +82,12 @@ def test_calculator_gpu_dropdown_and_does_not_fit():
 
 
 def test_calculator_reads_the_one_hardware_table():
-    from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
-    from paged_edu.viz.widgets import GPUS, PARAMS
+    from paged_edu.core.hardware import GPUS, MODELS
+    from paged_edu.viz.widgets import GPU_MEMORY, PARAMS
 
-    assert GPUS == {g.label: g.memory_bytes for g in GPU_TABLE.values()}
-    assert PARAMS == {m.name: m.num_params for m in MODEL_TABLE.values()}
-    assert GPUS["H200 (141 GB)"] == 143_771 * 2**20 != 141e9
+    assert GPU_MEMORY == {g.label: g.memory_bytes for g in GPUS.values()}
+    assert PARAMS == {m.name: m.num_params for m in MODELS.values()}
+    assert GPU_MEMORY["H200 (141 GB)"] == 143_771 * 2**20 != 141e9
     calc = KVMemoryCalculator(preset="Llama-3-8B", gpu="h200")
     assert calc.weights_gb.value == pytest.approx(8.03e9 * 2 / 1e9, abs=0.05)
 
@@ -284,7 +285,7 @@ def test_measured_utilisation_matches_formula_and_capacity():
         used += math.ceil(s / 16) * 16
         expected += 1
     assert utilisation.admit_until_full(lengths, budget, block_size=16) == expected
-    fig = F.utilisation_figure({16: ([10, 20], [0.625, 0.625])}, s_max=64, naive_l_max=64)
+    fig = MF.utilisation_figure({16: ([10, 20], [0.625, 0.625])}, s_max=64, naive_l_max=64)
     assert [t.name for t in fig.data] == ["bound B=16", "measured B=16", "contiguous, L_max=64"]
     with pytest.raises(ValueError):
         utilisation.admit_until_full(lengths, budget)
@@ -293,7 +294,7 @@ def test_measured_utilisation_matches_formula_and_capacity():
 def test_contiguous_figure_shows_idle_reservations():
     c = ContiguousAllocator(num_slots=16, max_seq_len=8)
     c.allocate("r0", [1, 2, 3])
-    z = F.contiguous_data(c, cols=8)["z"]
+    z = MF.contiguous_data(c, cols=8)["z"]
     assert z[0][:3] == [z[0][0]] * 3 and z[0][0] >= 4  # tokens in the owner's colour
     assert z[0][3:8] == [3] * 5  # reserved but idle
     assert z[1] == [FREE] * 8

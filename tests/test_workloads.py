@@ -8,7 +8,7 @@ import pytest
 
 from paged_edu.sim import workloads
 from paged_edu.sim.request import Request, load_trace, save_trace
-from paged_edu.sim.workloads import L_MAX
+from paged_edu.sim.arrivals import L_MAX, poisson_arrivals
 
 
 def _lengths(requests):
@@ -44,17 +44,17 @@ def test_seed_determines_the_workload():
 
 def test_poisson_arrivals():
     rng = np.random.default_rng(0)
-    times = workloads.poisson_arrivals(40_000, 4.0, rng)
+    times = poisson_arrivals(40_000, 4.0, rng)
     gaps = np.diff(times)
     assert times[0] == 0 and (gaps >= 0).all()
     assert abs(gaps.mean() - 0.25) < 0.01
     # Exponential gaps: the standard deviation equals the mean.
     assert abs(gaps.std() / gaps.mean() - 1) < 0.03
-    assert (workloads.poisson_arrivals(5, math.inf, rng) == 0).all()
+    assert (poisson_arrivals(5, math.inf, rng) == 0).all()
     with pytest.raises(ValueError, match="rate must be > 0"):
-        workloads.poisson_arrivals(5, 0.0, rng)
+        poisson_arrivals(5, 0.0, rng)
     with pytest.raises(TypeError):
-        workloads.poisson_arrivals(5, "fast", rng)
+        poisson_arrivals(5, "fast", rng)
 
 
 def test_chat_shares_one_system_prompt_per_group():

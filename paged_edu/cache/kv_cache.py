@@ -38,13 +38,7 @@ from paged_edu.core.validation import as_int, integer
 from paged_edu.cache.sizing import available_kv_cache_memory, bytes_per_block, format_gib, num_blocks_for_budget
 from paged_edu.kernels import kernel_support
 
-__all__ = [
-    "PagedKVCache",
-    "available_kv_cache_memory",
-    "bytes_per_block",
-    "num_blocks_for_budget",
-    "store_kv",
-]
+__all__ = ["PagedKVCache", "store_kv"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -12,10 +12,11 @@ import os
 
 import torch
 
-from paged_edu.core.memory import KVSpec, vllm_kv_budget
+from paged_edu.core.hardware import ModelGeometry
+from paged_edu.core.memory import vllm_kv_budget
 from paged_edu.core.validation import FieldValueError
 
-__all__ = ["available_kv_cache_memory", "bytes_per_block", "check_blocks_fit", "num_blocks_for_budget"]
+__all__ = ["available_kv_cache_memory", "bytes_per_block", "check_blocks_fit", "dtype_name", "num_blocks_for_budget"]
 
 
 def format_gib(n: float) -> str:
@@ -25,11 +26,16 @@ def format_gib(n: float) -> str:
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """Bytes one block costs over all layers, K and V: ``2 * N_layers * B * N_kv * d_head * sizeof`` --
-    the memory model's :meth:`~paged_edu.core.memory.KVSpec.block_bytes` for this torch dtype."""
+    the memory model's :meth:`~paged_edu.core.hardware.ModelGeometry.block_bytes` for this torch dtype."""
+    return ModelGeometry("cache", num_layers, num_kv_heads, head_dim, dtype_name(dtype)).block_bytes(block_size)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The model table's name of a torch dtype (:data:`~paged_edu.core.hardware.DTYPE_BYTES`): ``"bf16"`` ..."""
     name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype)
     if name is None:
         raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
-    return KVSpec("cache", num_layers, num_kv_heads, head_dim, name).block_bytes(block_size)
+    return name
 
 
 def num_blocks_for_budget(budget_bytes: int, block_bytes: int, *, min_blocks: int = 1, what: str = "") -> int:

@@ -1,8 +1,8 @@
 """The core: what a token costs and where it lives -- plain Python, no torch (lessons 1-3, 8).
 
-* :mod:`~paged_edu.core.hardware` -- the one table of model geometries and the one table of GPUs;
-* :mod:`~paged_edu.core.memory` -- bytes per token, ``M_KV``, ``eta_naive`` and ``eta_paged``, a
-  geometry's :class:`~paged_edu.core.memory.KVSpec` (lesson 1); :mod:`~paged_edu.core.parallel_kv`
+* :mod:`~paged_edu.core.hardware` -- the one geometry type (:class:`~paged_edu.core.hardware.ModelGeometry`:
+  bytes per token, FLOPs and bytes for the cost model), the one model table and the one GPU table;
+* :mod:`~paged_edu.core.memory` -- ``M_KV``, ``eta_naive`` and ``eta_paged`` (lesson 1); :mod:`~paged_edu.core.parallel_kv`
   -- the per-GPU KV under tensor and pipeline parallelism (lesson 8);
 * :mod:`~paged_edu.core.contiguous` -- the contiguous ``L_max`` baseline and its three pathologies (lesson 1);
 * the paged block allocator (lessons 2-3), in five modules read in this order:

@@ -35,22 +35,14 @@ from array import array
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from paged_edu.core.block_hash import ROOT_HASH, chained_block_hashes, hash_block, prefix_root
+from paged_edu.core.block_hash import ROOT_HASH, prefix_root
 from paged_edu.core.block_events import BlockEvent, Subscribers
 from paged_edu.core.block_pool import BlockPool, OutOfBlocksError, PrefixCacheStats
 from paged_edu.core.prefix_index import HashChainIndex, PrefixMatch
-from paged_edu.core.seq_lookup import SequenceLookup, UnknownSequenceError
+from paged_edu.core.seq_lookup import SequenceLookup
 from paged_edu.core.validation import MAX_NUM_BLOCKS, cache_key, flag, integer, new_id, token_array
 
-__all__ = [
-    "BlockAllocator",
-    "BlockEvent",
-    "OutOfBlocksError",
-    "PrefixCacheStats",
-    "UnknownSequenceError",
-    "chained_block_hashes",
-    "hash_block",
-]
+__all__ = ["BlockAllocator"]
 
 SeqId = Hashable
 
@@ -225,13 +217,6 @@ class BlockAllocator(SequenceLookup):
     def cache_when_computed(self) -> bool:
         """The caching policy given to the constructor (see the class docstring)."""
         return self._cache_when_computed
-
-    @cache_when_computed.setter
-    def cache_when_computed(self, value: bool) -> None:
-        # Kept for old callers; pass ``cache_when_computed=`` to the constructor instead.
-        if self._seqs:
-            raise ValueError("cache_when_computed can only change while the allocator holds no sequence")
-        self._cache_when_computed = bool(value)
 
     # -- internals -----------------------------------------------------------------------------
     def _lookup(self, packed: array, root: bytes = ROOT_HASH) -> PrefixMatch:

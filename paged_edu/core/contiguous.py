@@ -20,7 +20,8 @@ import bisect
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from paged_edu.core.allocator import OutOfBlocksError, UnknownSequenceError
+from paged_edu.core.block_pool import OutOfBlocksError
+from paged_edu.core.seq_lookup import UnknownSequenceError
 from paged_edu.core.validation import integer, new_id, token_list
 from paged_edu.core.validation import token_id as check_token_id
 

@@ -13,7 +13,7 @@ structures:
    read another prefix's K/V;
 3. prefix-cache hits are whole blocks and never the prompt's last token
    (``num_cached_tokens % B == 0`` and ``< n``);
-4. a call that raises :class:`~paged_edu.core.allocator.OutOfBlocksError` changes nothing.
+4. a call that raises :class:`~paged_edu.core.block_pool.OutOfBlocksError` changes nothing.
 
 :class:`ContractModel` is that oracle, one allocator and one dict from slot to prefix; its
 operations check as they go and :meth:`ContractModel.check` checks the invariants, raising
@@ -42,7 +42,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from paged_edu.core.allocator import OutOfBlocksError
+from paged_edu.core.block_pool import OutOfBlocksError
 
 __all__ = [
     "B",

@@ -1,9 +1,23 @@
-"""The one table of model geometries and the one table of GPUs.
+"""The one model table and the one GPU table, and the one type for a model's shape.
 
-Everything that needs a model's shape or a GPU's size reads it here: the memory model
-(:data:`paged_edu.core.memory.PRESETS`), the simulator's cost model
-(:data:`paged_edu.sim.costmodel.MODELS` / ``GPUS``) and the lesson widgets. Each figure carries its
-source next to it.
+:class:`ModelGeometry` is a decoder's shape; everything that needs one reads it here, through a view
+of the same record: the memory model's bytes per token (:attr:`ModelGeometry.kv_bytes_per_token`,
+lesson 1's ``M_KV(1)``; :meth:`~ModelGeometry.per_gpu` under tensor / pipeline parallelism), the cost
+model's FLOPs and bytes per token (:mod:`paged_edu.sim.costmodel`), the weight budget, the lesson
+widgets, and the engine's model (:meth:`paged_edu.models.config.LlamaConfig.geometry`).
+:data:`MODELS` and :data:`GPUS` are keyed by the command line's ``--model`` / ``--gpu`` value;
+:func:`find_model` finds a model by that key or by its name. Each figure carries its source next to it.
+
+For a decoder with ``N_layers`` layers, ``N_kv`` key/value heads of size ``d_head``, every token
+stores one key and one value vector per layer and KV head:
+
+    M_KV(1) = 2 * N_layers * N_kv * d_head * sizeof(KV dtype)   bytes.
+
+On one GPU of a deployment split ``tp`` ways by tensor parallelism and ``pp`` ways by pipeline
+parallelism (:meth:`ModelGeometry.per_gpu`), a GPU holds the KV heads of its tensor-parallel rank --
+``max(1, N_kv // tp)``, a head *replicated* on ``tp / N_kv`` ranks when ``tp > N_kv`` -- for the
+layers of its pipeline stage, at most ``ceil(N_layers / pp)``; an MLA latent is one "head" every
+rank keeps whole. The KV-cache dtype (``--kv-cache-dtype fp8``: 1 byte) scales it all.
 
 GPU memory is in bytes *as the device reports it*: ``nvidia-smi``'s ``memory.total`` in MiB, times
 2**20. Datasheets round ("141 GB", "80 GB"); the device reports a little more or less, and
@@ -17,9 +31,11 @@ Plain Python, no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, replace
 
-__all__ = ["DTYPE_BYTES", "GPU_TABLE", "MODEL_TABLE", "MORE_MODELS", "MiB", "GPU", "ModelGeometry"]
+from paged_edu.core.validation import integer
+
+__all__ = ["DTYPE_BYTES", "GPUS", "MODELS", "MiB", "GPU", "ModelGeometry", "find_model", "kv_heads_per_rank"]
 
 MiB = 1 << 20
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}  # bytes of one value
@@ -29,26 +45,30 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}  # bytes of
 class ModelGeometry:
     """A decoder's shape: what the KV cache, the cost model and the weight budget need.
 
-    ``num_params`` counts every weight (what the weights take in memory); ``matmul_params`` the
-    weights one token multiplies through outside the input embedding (the cost model's ``P``). An MLA model
-    (DeepSeek-V2/V3) caches a ``latent_dim`` latent plus a ``rope_dim`` RoPE key per layer instead
-    of K and V per KV head. :meth:`paged_edu.core.memory.KVSpec.from_geometry` is the memory model's view of
-    the same geometry.
+    The first five fields fix the cache; a geometry of only those (``ModelGeometry("toy", 2, 2, 8)``)
+    is enough for the memory model. The rest are keywords: ``num_params`` counts every weight (what
+    the weights take in memory), ``matmul_params`` the weights one token multiplies through outside
+    the input embedding (the cost model's ``P``); both are 0 when unknown. A standard (MHA/GQA)
+    model caches K and V, ``2 * num_layers * num_kv_heads * head_dim`` values per token; an MLA
+    model (DeepSeek-V2/V3) caches one ``latent_dim`` latent plus a ``rope_dim`` RoPE key per layer,
+    shared by all heads: ``num_layers * (latent_dim + rope_dim)``.
     """
 
-    name: str  # the memory model's preset name, e.g. "Llama-3-8B"
-    key: str  # the command line's --model value, e.g. "llama-3-8b"
+    name: str  # e.g. "Llama-3-8B"
     num_layers: int
-    num_q_heads: int
     num_kv_heads: int
     head_dim: int
-    d_model: int
-    vocab_size: int
-    num_params: float
-    matmul_params: float
-    dtype: str = "bf16"
-    latent_dim: int = 0
-    rope_dim: int = 0
+    dtype: str = "bf16"  # the weights' dtype, and the cache's unless kv_cache_dtype says otherwise
+    _: KW_ONLY
+    key: str = ""  # the command line's --model value, e.g. "llama-3-8b"
+    num_q_heads: int = 0
+    d_model: int = 0
+    vocab_size: int = 0
+    num_params: float = 0.0
+    matmul_params: float = 0.0
+    kv_cache_dtype: str | None = None  # vLLM's --kv-cache-dtype; None: the weights' dtype ("auto")
+    latent_dim: int = 0  # MLA only
+    rope_dim: int = 0  # MLA only
     max_position_embeddings: int = 0  # the config's context length: vLLM's default --max-model-len
     # The LM head is the input embedding (config.json's tie_word_embeddings): its d_model x vocab
     # weights are then not in matmul_params (which leaves the input embedding out); untied, they are.
@@ -56,9 +76,130 @@ class ModelGeometry:
     note: str = ""
     source: str = ""
 
+    def __post_init__(self) -> None:
+        for name, value in (("dtype", self.dtype), ("kv_cache_dtype", self.kv_dtype)):
+            if value not in DTYPE_BYTES:
+                raise ValueError(f"unknown {name} {value!r}; choose one of {sorted(DTYPE_BYTES)}")
+        for field_name in ("num_layers", "num_kv_heads", "head_dim"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field_name} must be a positive int, got {value!r}")
+        if self.latent_dim < 0 or self.rope_dim < 0:
+            raise ValueError("latent_dim and rope_dim must be >= 0")
+
+    # -- the cache (the memory model's view) -------------------------------------------------------
+    @property
+    def is_mla(self) -> bool:
+        return self.latent_dim > 0
+
+    @property
+    def kv_dtype(self) -> str:
+        """The cache's dtype: ``kv_cache_dtype``, or the weights' when it is None."""
+        return self.dtype if self.kv_cache_dtype is None else self.kv_cache_dtype
+
+    @property
+    def kv_values_per_token(self) -> int:
+        if self.is_mla:
+            return self.num_layers * (self.latent_dim + self.rope_dim)
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """``M_KV(1)``: bytes one token occupies in the cache, all layers."""
+        return self.kv_values_per_token * DTYPE_BYTES[self.kv_dtype]
+
+    def block_bytes(self, block_size: int) -> int:
+        """Bytes of one block of ``B`` tokens across all layers (K and V)."""
+        return self.kv_bytes_per_token * block_size
+
+    def per_gpu(
+        self, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1, kv_cache_dtype: str | None = None
+    ) -> ModelGeometry:
+        """The cache one GPU holds per token when the model runs on ``tp x pp`` GPUs.
+
+        * tensor parallelism splits the KV heads: ``kv_heads_per_rank(N_kv, tp)`` each (vLLM's
+          ``ModelConfig.get_num_kv_heads``: ``max(1, N_kv // tp)``, replicated when ``tp > N_kv``);
+          an MLA latent is not split -- every rank caches it whole (vLLM returns 1 KV head for MLA);
+        * pipeline parallelism splits the layers: the busiest stage holds ``ceil(N_layers / pp)``,
+          and it is the one whose memory runs out first;
+        * ``kv_cache_dtype`` (``"fp8"``, ``"bf16"``, ...; None keeps the model's) sets the bytes per value.
+
+        ``kv_bytes_per_token`` of the result is then per GPU (its other fields stay the whole
+        model's). The block tables are the same on every GPU (one scheduler drives all ranks), so a
+        GPU's pool of blocks is the deployment's.
+        """
+        tp = integer("tensor_parallel_size", tensor_parallel_size, low=1)
+        pp = integer("pipeline_parallel_size", pipeline_parallel_size, low=1)
+        if pp > self.num_layers:
+            raise ValueError(f"pipeline_parallel_size={pp} exceeds the model's {self.num_layers} layers")
+        dtype = self.kv_dtype if kv_cache_dtype is None else kv_cache_dtype
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown kv_cache_dtype {dtype!r}; choose one of {sorted(DTYPE_BYTES)}")
+        heads = self.num_kv_heads if self.is_mla else kv_heads_per_rank(self.num_kv_heads, tp)[0]
+        return replace(
+            self,
+            name=f"{self.name} per GPU at tp={tp}, pp={pp}, {dtype}",
+            num_layers=-(-self.num_layers // pp),
+            num_kv_heads=heads,
+            kv_cache_dtype=dtype,
+        )
+
+    # -- the weights and the work per token (the cost model's view) --------------------------------
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def weight_bytes(self) -> float:
+        """What every weight takes in memory: ``num_params * sizeof(dtype)``."""
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def matmul_weight_bytes(self) -> float:
+        """``sizeof(dtype) * P``: the weights a step reads once, whatever its batch."""
+        return self.matmul_params * self.dtype_bytes
+
+    @property
+    def lm_head_bytes(self) -> float:
+        """Bytes of LM-head weights a sampling step reads that ``P`` does not count: the whole
+        ``d_model x vocab`` matrix when it is tied to the input embedding (SmolLM2-135M: 56.6 MB), 0
+        when untied (``P`` already counts the head)."""
+        return self.d_model * self.vocab_size * self.dtype_bytes if self.tie_word_embeddings else 0.0
+
+    @property
+    def matmul_flops_per_token(self) -> float:
+        """``2 P``: a multiply and an add per weight, for each new token."""
+        return 2.0 * self.matmul_params
+
+    @property
+    def lm_head_flops_per_token(self) -> float:
+        """``2 d_model vocab``: the LM head, for each token that is sampled."""
+        return 2.0 * self.d_model * self.vocab_size
+
+    @property
+    def attention_flops_per_pair(self) -> float:
+        """``4 layers q_heads head_dim``: ``QK^T`` and ``PV`` for one query-key pair, every layer and head."""
+        return 4.0 * self.num_layers * self.num_q_heads * self.head_dim
+
+
+def kv_heads_per_rank(num_kv_heads: int, tensor_parallel_size: int) -> tuple[int, int]:
+    """``(KV heads on each rank, ranks holding each head)`` under ``tp``-way tensor parallelism.
+
+    ``tp <= N_kv``: the heads are split, ``N_kv / tp`` per rank, each held once; ``tp > N_kv``: one
+    head per rank, each replicated on ``tp / N_kv`` ranks. Either way one must divide the other,
+    as vLLM's ``QKVParallelLinear`` requires (``divide(tp, N_kv)`` / ``divide(N_kv, tp)``).
+    """
+    tp = integer("tensor_parallel_size", tensor_parallel_size, low=1)
+    n = integer("num_kv_heads", num_kv_heads, low=1)
+    if tp <= n:
+        if n % tp:
+            raise ValueError(f"num_kv_heads={n} is not divisible by tensor_parallel_size={tp}")
+        return n // tp, 1
+    if tp % n:
+        raise ValueError(
+            f"tensor_parallel_size={tp} is not a multiple of num_kv_heads={n}: the heads cannot be replicated evenly"
+        )
+    return 1, tp // n
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,85 +217,87 @@ class GPU:
     source: str = ""
 
 
-MODEL_TABLE: dict[str, ModelGeometry] = {
-    m.name: m
-    for m in (
+# Every model of the package, keyed by --model. Llama-3-70B needs more than one GPU (lesson 8's
+# "past one GPU" tables); the cost model leaves MLA models out (it counts K and V per KV head).
+MODELS: dict[str, ModelGeometry] = {
+    g.key: g
+    for g in (
         ModelGeometry(
             "Seed 70B example",
-            "llama-2-70b",
-            80,
-            64,
-            8,
-            128,
-            8192,
-            32000,
-            70.6e9,
-            68.7e9,
-            "fp16",
+            num_layers=80,
+            num_kv_heads=8,
+            head_dim=128,
+            dtype="fp16",
+            key="llama-2-70b",
+            num_q_heads=64,
+            d_model=8192,
+            vocab_size=32000,
+            num_params=70.6e9,
+            matmul_params=68.7e9,
             max_position_embeddings=4096,
             note="the seed's worked example (Llama-2/3-70B geometry)",
             source="meta-llama/Llama-2-70b-hf config.json; matmul params = total - the 32000 x 8192 input embedding",
         ),
         ModelGeometry(
             "Llama-3-8B",
-            "llama-3-8b",
-            32,
-            32,
-            8,
-            128,
-            4096,
-            128256,
-            8.03e9,
-            7.50e9,
-            "bf16",
+            num_layers=32,
+            num_kv_heads=8,
+            head_dim=128,
+            dtype="bf16",
+            key="llama-3-8b",
+            num_q_heads=32,
+            d_model=4096,
+            vocab_size=128256,
+            num_params=8.03e9,
+            matmul_params=7.50e9,
             max_position_embeddings=8192,
             note="GQA: 32 query heads share 8 KV heads",
             source="meta-llama/Meta-Llama-3-8B config.json",
         ),
         ModelGeometry(
             "Llama-2-7B",
-            "llama-2-7b",
-            32,
-            32,
-            32,
-            128,
-            4096,
-            32000,
-            6.74e9,
-            6.61e9,
-            "fp16",
+            num_layers=32,
+            num_kv_heads=32,
+            head_dim=128,
+            dtype="fp16",
+            key="llama-2-7b",
+            num_q_heads=32,
+            d_model=4096,
+            vocab_size=32000,
+            num_params=6.74e9,
+            matmul_params=6.61e9,
             max_position_embeddings=4096,
             note="no GQA: one KV head per query head",
             source="meta-llama/Llama-2-7b-hf config.json",
         ),
         ModelGeometry(
             "OPT-13B",
-            "opt-13b",
-            40,
-            40,
-            40,
-            128,
-            5120,
-            50272,
-            12.9e9,
-            12.85e9,
-            "fp16",
+            num_layers=40,
+            num_kv_heads=40,
+            head_dim=128,
+            dtype="fp16",
+            key="opt-13b",
+            num_q_heads=40,
+            d_model=5120,
+            vocab_size=50272,
+            num_params=12.9e9,
+            matmul_params=12.85e9,
             max_position_embeddings=2048,
             note="the PagedAttention paper's example: 800 KB per token",
             source="facebook/opt-13b config.json; Kwon et al. 2023 section 3 (800 KB of KV per token)",
         ),
         ModelGeometry(
             "SmolLM2-135M",
-            "smollm2-135m",
-            30,
-            9,
-            3,
-            64,
-            576,
-            49152,
-            0.135e9,
-            0.1065e9,
-            "bf16",
+            num_layers=30,
+            num_kv_heads=3,
+            head_dim=64,
+            dtype="bf16",
+            key="smollm2-135m",
+            num_q_heads=9,
+            d_model=576,
+            vocab_size=49152,
+            num_params=0.135e9,
+            matmul_params=0.1065e9,
             max_position_embeddings=8192,
             tie_word_embeddings=True,
             note="the model our engine runs: 9 query / 3 KV heads",
@@ -162,45 +305,37 @@ MODEL_TABLE: dict[str, ModelGeometry] = {
         ),
         ModelGeometry(
             "DeepSeek-V3 (MLA)",
-            "deepseek-v3",
-            61,
-            128,
-            1,
-            64,
-            7168,
-            129280,
-            671e9,
-            37e9,
-            "bf16",
+            num_layers=61,
+            num_kv_heads=1,
+            head_dim=64,
+            dtype="bf16",
+            key="deepseek-v3",
+            num_q_heads=128,
+            d_model=7168,
+            vocab_size=129280,
+            num_params=671e9,
+            matmul_params=37e9,
             latent_dim=512,
             rope_dim=64,
             max_position_embeddings=163840,
             note="MLA: a 512-dim latent + 64-dim RoPE key per layer, shared by all 128 heads",
-            source="deepseek-ai/DeepSeek-V3 config.json (kv_lora_rank 512, qk_rope_head_dim 64, max_position_embeddings 163840); "
-            "671B total, 37B activated per token (MoE)",
+            source="deepseek-ai/DeepSeek-V3 config.json (kv_lora_rank 512, qk_rope_head_dim 64, max_position_embeddings "
+            "163840); 671B total, 37B activated per token (MoE)",
         ),
-    )
-}
-
-# Models that need more than one GPU, for lesson 8's "past one GPU" tables. Kept out of MODEL_TABLE
-# so that lessons 1-7 (which list every MODEL_TABLE row in checked outputs) read as they were stored.
-MORE_MODELS: dict[str, ModelGeometry] = {
-    m.name: m
-    for m in (
         ModelGeometry(
             # 80 x (q 8192^2 + k, v 8192 x 1024 + o 8192^2 + MLP 3 x 8192 x 28672 + 2 norms) + 2 x 128256 x 8192
             # (untied embeddings) + the final norm = 70,553,706,496; matmul = that - the input embedding.
             "Llama-3-70B",
-            "llama-3-70b",
-            80,
-            64,
-            8,
-            128,
-            8192,
-            128256,
-            70.55e9,
-            69.50e9,
-            "bf16",
+            num_layers=80,
+            num_kv_heads=8,
+            head_dim=128,
+            dtype="bf16",
+            key="llama-3-70b",
+            num_q_heads=64,
+            d_model=8192,
+            vocab_size=128256,
+            num_params=70.55e9,
+            matmul_params=69.50e9,
             max_position_embeddings=8192,
             note="GQA: 64 query heads share 8 KV heads; 141 GB of bf16 weights: more than one H200",
             source="meta-llama/Meta-Llama-3-70B config.json as copied in e.g. "
@@ -213,7 +348,7 @@ MORE_MODELS: dict[str, ModelGeometry] = {
 }
 
 _SMI = "nvidia-smi memory.total"
-GPU_TABLE: dict[str, GPU] = {
+GPUS: dict[str, GPU] = {
     g.key: g
     for g in (
         GPU(
@@ -280,3 +415,11 @@ GPU_TABLE: dict[str, GPU] = {
         ),
     )
 }
+
+
+def find_model(model: str) -> ModelGeometry:
+    """A model of :data:`MODELS` by key (``"llama-3-70b"``) or name (``"Llama-3-70B"``)."""
+    for g in MODELS.values():
+        if model in (g.key, g.name):
+            return g
+    raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")

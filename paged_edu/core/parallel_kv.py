@@ -2,7 +2,7 @@
 
 A model served on ``tp x pp`` GPUs keeps on each GPU its share of the weights and a KV pool for the
 tokens of *every* running sequence, restricted to the GPU's KV heads and layers
-(:meth:`~paged_edu.core.memory.KVSpec.per_gpu`). Per GPU, in bytes:
+(:meth:`~paged_edu.core.hardware.ModelGeometry.per_gpu`). Per GPU, in bytes:
 
     weights_gpu = P * sizeof(weight dtype) / (tp * pp)               (an even split, stated)
     budget_gpu  = gpu_memory_utilization * memory - weights_gpu - reserve
@@ -20,19 +20,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, MORE_MODELS, ModelGeometry
-from paged_edu.core.memory import DTYPE_BYTES, KVSpec, kv_heads_per_rank, vllm_kv_budget
+from paged_edu.core.hardware import DTYPE_BYTES, GPUS, find_model, kv_heads_per_rank
+from paged_edu.core.memory import vllm_kv_budget
 
-__all__ = ["ParallelKVPlan", "parallel_kv_rows", "plan_kv_per_gpu", "geometry"]
-
-
-def geometry(model: str) -> ModelGeometry:
-    """A model of :data:`MODEL_TABLE` or :data:`MORE_MODELS` by name (``"Llama-3-70B"``) or key (``"llama-3-70b"``)."""
-    table = {**MODEL_TABLE, **MORE_MODELS}
-    for g in table.values():
-        if model in (g.name, g.key):
-            return g
-    raise ValueError(f"unknown model {model!r}; choose one of {sorted(g.key for g in table.values())}")
+__all__ = ["ParallelKVPlan", "parallel_kv_rows", "plan_kv_per_gpu"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +82,9 @@ def plan_kv_per_gpu(
     ``kv_cache_dtype`` None keeps the model's dtype (vLLM's ``--kv-cache-dtype auto``); ``weight_dtype``
     None likewise. Bad arguments raise ``ValueError`` naming them.
     """
-    g = geometry(model)
-    if gpu not in GPU_TABLE:
-        raise ValueError(f"unknown gpu {gpu!r}; choose one of {sorted(GPU_TABLE)}")
+    g = find_model(model)
+    if gpu not in GPUS:
+        raise ValueError(f"unknown gpu {gpu!r}; choose one of {sorted(GPUS)}")
     if (
         isinstance(gpu_memory_utilization, bool)
         or not isinstance(gpu_memory_utilization, (int, float))
@@ -107,23 +98,22 @@ def plan_kv_per_gpu(
     wdtype = g.dtype if weight_dtype is None else weight_dtype
     if wdtype not in DTYPE_BYTES:
         raise ValueError(f"unknown weight_dtype {wdtype!r}; choose one of {sorted(DTYPE_BYTES)}")
-    kv_spec = KVSpec.from_geometry(g)
-    spec = kv_spec.per_gpu(tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype)
+    spec = g.per_gpu(tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype)
     tp, pp = tensor_parallel_size, pipeline_parallel_size
-    replicas = tp if kv_spec.is_mla else kv_heads_per_rank(g.num_kv_heads, tp)[1]
-    full = kv_spec.per_gpu(1, 1, spec.dtype).bytes_per_token  # one copy of every head and layer
+    replicas = tp if g.is_mla else kv_heads_per_rank(g.num_kv_heads, tp)[1]
+    full = g.per_gpu(1, 1, spec.kv_dtype).kv_bytes_per_token  # one copy of every head and layer
     weights = int(g.num_params * DTYPE_BYTES[wdtype]) // (tp * pp)
-    budget = max(int(vllm_kv_budget(GPU_TABLE[gpu].memory_bytes, gpu_memory_utilization, weights + reserve_bytes)), 0)
+    budget = max(int(vllm_kv_budget(GPUS[gpu].memory_bytes, gpu_memory_utilization, weights + reserve_bytes)), 0)
     return ParallelKVPlan(
         model=g.name,
         gpu=gpu,
         tensor_parallel_size=tp,
         pipeline_parallel_size=pp,
-        kv_cache_dtype=spec.dtype,
+        kv_cache_dtype=spec.kv_dtype,
         kv_heads_per_gpu=spec.num_kv_heads if not spec.is_mla else 1,
         kv_head_replicas=replicas,
         layers_per_gpu=spec.num_layers,
-        bytes_per_token_per_gpu=spec.bytes_per_token,
+        bytes_per_token_per_gpu=spec.kv_bytes_per_token,
         bytes_per_token_all_gpus=full * replicas,
         weights_bytes_per_gpu=weights,
         kv_budget_bytes_per_gpu=budget,

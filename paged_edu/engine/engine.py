@@ -63,7 +63,7 @@ from paged_edu.models.llama import PagedLlama
 from paged_edu.sched.scheduler import PREEMPTION_MODES, Scheduler
 from paged_edu.sched.sequence import Sequence as Seq
 
-__all__ = ["Engine", "RequestMetrics", "RequestOutput", "SamplingParams", "StepFailed", "StepMetrics"]
+__all__ = ["Engine", "StepFailed"]
 
 
 class StepFailed(RuntimeError):

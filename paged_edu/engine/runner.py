@@ -28,12 +28,10 @@ import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.engine.batch import (
-    BatchChunk,
     BatchStaging,
     SamplingBatch,
     StaticStaging,
     pack_chunks,
-    prepare_batch,
     to_forward_batch,
     token_slice,
 )
@@ -41,7 +39,7 @@ from paged_edu.engine.sampling import sample_on_device
 from paged_edu.kernels import kernel_support
 from paged_edu.models.llama import ForwardBatch, PagedLlama
 
-__all__ = ["BatchChunk", "DecodeCudaGraphs", "ModelRunner", "StepBatch", "prepare_batch", "token_slice"]
+__all__ = ["DecodeCudaGraphs", "ModelRunner", "StepBatch"]
 
 
 class StepBatch:

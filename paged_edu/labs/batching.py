@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 import torch
 
 from paged_edu.engine import Engine, SamplingParams, StepMetrics
-from paged_edu.sim.costmodel import GPUS, CostModel, ModelSpec, StepShape
+from paged_edu.cache.sizing import dtype_name
+from paged_edu.core.hardware import GPUS
+from paged_edu.sim.costmodel import CostModel, StepShape
 
 __all__ = [
     "DONE",
@@ -36,7 +38,6 @@ __all__ = [
     "BatchingRun",
     "PHASES",
     "make_requests",
-    "model_spec",
     "chunked_prefill_trace",
     "compare_batching",
     "phase_profile",
@@ -285,25 +286,6 @@ def chunked_prefill_trace(
 # ----------------------------------------------------------------------------------------------
 
 
-def model_spec(config, dtype: torch.dtype) -> ModelSpec:
-    """The cost model's view of a :class:`~paged_edu.models.llama.PagedLlama` config."""
-    c = config
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    per_layer = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size
-    return ModelSpec(
-        "model",
-        c.num_layers,
-        c.num_heads,
-        c.num_kv_heads,
-        c.head_dim,
-        c.hidden_size,
-        c.vocab_size,
-        float(c.num_layers * per_layer),
-        torch.empty((), dtype=dtype).element_size(),
-        tie_word_embeddings=c.tie_word_embeddings,
-    )
-
-
 def phase_profile(
     model,
     requests,
@@ -336,7 +318,7 @@ def phase_profile(
     steps: list[StepMetrics] = []
     engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
     engine.run([p for p, _ in requests], [SamplingParams(max_tokens=n) for _, n in requests])
-    roofline = CostModel(model=model_spec(model.config, model.dtype), gpu=GPUS[gpu]).roofline()
+    roofline = CostModel(model=model.config.geometry(dtype_name(model.dtype)), gpu=GPUS[gpu]).roofline()
     out = {phase: [s.phase_times.get(phase, 0.0) for s in steps] for phase in PHASES}
     out.update(
         step=[s.step for s in steps],

@@ -18,10 +18,11 @@ from paged_edu.sim import workloads
 from paged_edu import data
 from paged_edu.sim.block_cost import fit_per_block_cost
 from paged_edu.sim.compare import compare, default_configs
-from paged_edu.sim.costmodel import GPUS, MODELS, CostModel
+from paged_edu.core.hardware import GPUS, MODELS
+from paged_edu.sim.costmodel import CostModel
 from paged_edu.sim.results import SimConfig, SimResult
 from paged_edu.sim.simulator import simulate
-from paged_edu.sim.workloads import L_MAX
+from paged_edu.sim.arrivals import L_MAX
 
 __all__ = [
     "TABLE_ROWS",

@@ -21,13 +21,8 @@ import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.allocator import BlockAllocator
-from paged_edu.core.memory import KVSpec, kv_bytes
-from paged_edu.labs.seed_defects import (
-    no_copy_on_write_experiment,
-    no_rollback_experiment,  # noqa: F401
-    prefix_reuse_experiment,
-    stale_entry_experiment,
-)
+from paged_edu.core.hardware import ModelGeometry
+from paged_edu.core.memory import kv_bytes
 
 __all__ = [
     "TORCH_DTYPES",
@@ -36,18 +31,14 @@ __all__ = [
     "cow_experiment",
     "decode_throughput",
     "measure_cache_memory",
-    "no_copy_on_write_experiment",
-    "no_rollback_experiment",
-    "prefix_reuse_experiment",
     "shared_prefix_blocks",
-    "stale_entry_experiment",
 ]
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 # -- lesson 1 -------------------------------------------------------------------------------------
-def measure_cache_memory(spec: KVSpec, num_tokens: int, *, block_size: int = 16, device="cpu") -> dict:
+def measure_cache_memory(spec: ModelGeometry, num_tokens: int, *, block_size: int = 16, device="cpu") -> dict:
     """Allocate the paged cache of ``spec`` for ``num_tokens`` (rounded up to blocks) on ``device``
     and count its bytes: the formula ``M_KV``, ``sum(numel * element_size)`` over the tensors, and
     on a GPU the drop in ``torch.cuda.mem_get_info()``'s free bytes and in
@@ -67,7 +58,7 @@ def measure_cache_memory(spec: KVSpec, num_tokens: int, *, block_size: int = 16,
         block_size,
         spec.num_kv_heads,
         spec.head_dim,
-        dtype=TORCH_DTYPES[spec.dtype],
+        dtype=TORCH_DTYPES[spec.kv_dtype],
         device=device,
     )
     tensors = cache.k_caches + cache.v_caches
@@ -207,7 +198,12 @@ def decode_throughput(model, gpu, batches, context: int) -> list[dict]:
         step = cost.step_time(shape)
         moved = cost.bytes_moved(shape)
         rows.append(
-            {"batch": batch, "step_s": step, "tokens_per_s": batch / step, "kv_share": 1 - model.weight_bytes / moved}
+            {
+                "batch": batch,
+                "step_s": step,
+                "tokens_per_s": batch / step,
+                "kv_share": 1 - model.matmul_weight_bytes / moved,
+            }
         )
     return rows
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
-from paged_edu.core.allocator import OutOfBlocksError
+from paged_edu.core.block_pool import OutOfBlocksError
 from paged_edu.labs.seed_allocator import SeedAllocator
 
 __all__ = [

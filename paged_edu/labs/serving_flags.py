@@ -5,7 +5,7 @@ or a flag it does not know raises ``ValueError`` naming the flag. :func:`transla
 model and a GPU of :mod:`paged_edu.core.hardware`, into the pool they leave -- with the sizing the
 simulator already uses (:meth:`paged_edu.sim.costmodel.CostModel.kv_budget_bytes`, vLLM's rule
 ``utilization * total - weights``, every weight of the model table counted) and the memory model's
-bytes per token (:class:`paged_edu.core.memory.KVSpec`) -- and :func:`simulate_flags` serves a workload with those
+bytes per token (:attr:`paged_edu.core.hardware.ModelGeometry.kv_bytes_per_token`) -- and :func:`simulate_flags` serves a workload with those
 settings in the simulator (prefix caching on: the ``paged-prefix`` manager; off: ``paged``).
 
 The pool, blocks of ``B`` tokens, and what it allows::
@@ -57,8 +57,7 @@ import re
 import shlex
 from dataclasses import dataclass, replace
 
-from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, MORE_MODELS, ModelGeometry
-from paged_edu.core.memory import KVSpec
+from paged_edu.core.hardware import GPUS, MODELS, ModelGeometry, find_model
 
 __all__ = [
     "FLAGS",
@@ -76,7 +75,6 @@ VLLM_SOURCE = "vLLM v0.11 (vllm-project/vllm main, late 2025: vllm/config/cache.
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vllm/config/cache.py BlockSize
 CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")  # CacheDType
 GiB = 1 << 30
-MODELS = {**MODEL_TABLE, **MORE_MODELS}  # every geometry of paged_edu.core.hardware
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +93,7 @@ class ServeFlags:
 
     def resolved(self, gpu_key: str, geometry: ModelGeometry) -> "ServeFlags":
         """The flags vLLM would run with on ``gpu_key`` for ``geometry``: every ``None`` filled in."""
-        gpu = GPU_TABLE[gpu_key]
+        gpu = GPUS[gpu_key]
         big = gpu.memory_bytes >= 70 * GiB and "a100" not in gpu.name.lower()
         tokens = self.max_num_batched_tokens or (8192 if big else 2048)
         seqs = self.max_num_seqs or min(1024 if big else 256, tokens)
@@ -332,7 +330,7 @@ class Translation:
 
     def describe(self) -> str:
         width = max(len(r[0]) for r in self.rows())
-        head = f"{self.flags.model} on {GPU_TABLE[self.gpu].label} ({self.model}):"
+        head = f"{self.flags.model} on {GPUS[self.gpu].label} ({self.model}):"
         return "\n".join([head] + [f"  {a:<{width}} {b:>9}  {c}" for a, b, c in self.rows()])
 
 
@@ -340,31 +338,29 @@ _KV_DTYPE = {"bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "f
 
 
 def _cost_model(geometry: ModelGeometry, gpu_key: str, kv_dtype: str, total_bytes: int | None = None):
-    from paged_edu.core.memory import DTYPE_BYTES
-    from paged_edu.sim.costmodel import CostModel, ModelSpec
+    from paged_edu.sim.costmodel import CostModel
 
-    model = replace(ModelSpec.from_geometry(geometry), kv_dtype_bytes=DTYPE_BYTES[kv_dtype])
-    gpu = GPU_TABLE[gpu_key] if total_bytes is None else replace(GPU_TABLE[gpu_key], memory_bytes=int(total_bytes))
-    return CostModel(model=model, gpu=gpu)
+    gpu = GPUS[gpu_key] if total_bytes is None else replace(GPUS[gpu_key], memory_bytes=int(total_bytes))
+    return CostModel(model=replace(geometry, kv_cache_dtype=kv_dtype), gpu=gpu)
 
 
 def translate(
     flags: ServeFlags | str, model: str | None = None, gpu: str = "h200", total_bytes: int | None = None
 ) -> Translation:
     """``flags`` (or a command line) on model ``model`` (a :data:`MODELS` name or key; default:
-    the one the command names) and GPU ``gpu`` (a :data:`GPU_TABLE` key); ``total_bytes`` replaces
+    the one the command names) and GPU ``gpu`` (a :data:`GPUS` key); ``total_bytes`` replaces
     the table's memory with a measured figure (``torch.cuda.mem_get_info()[1]``)."""
     from paged_edu.cache.sizing import num_blocks_for_budget
 
     if isinstance(flags, str):
         flags = parse_vllm_serve(flags)
-    if gpu not in GPU_TABLE:
-        raise ValueError(f"gpu={gpu!r} is not in the GPU table; choose one of {', '.join(GPU_TABLE)}")
+    if gpu not in GPUS:
+        raise ValueError(f"gpu={gpu!r} is not in the GPU table; choose one of {', '.join(GPUS)}")
     geometry = model_for(flags.model) if model is None else MODELS.get(model) or model_for(model)
     flags = flags.resolved(gpu, geometry)
     kv_dtype = _KV_DTYPE.get(flags.kv_cache_dtype, geometry.dtype)
-    spec = replace(KVSpec.from_geometry(geometry), dtype=kv_dtype)
-    weights = geometry.num_params * geometry.dtype_bytes  # every weight, as it sits in memory
+    spec = replace(geometry, kv_cache_dtype=kv_dtype)
+    weights = geometry.weight_bytes  # every weight, as it sits in memory
     try:
         cost = _cost_model(geometry, gpu, kv_dtype, total_bytes)
         budget = cost.kv_budget_bytes(flags.gpu_memory_utilization, weights)
@@ -377,7 +373,7 @@ def translate(
     blocks_per_request = -(-flags.max_model_len // flags.block_size)
     try:
         num_blocks = num_blocks_for_budget(
-            int(budget), block_bytes, min_blocks=blocks_per_request, what=f"{geometry.name} on {GPU_TABLE[gpu].label}: "
+            int(budget), block_bytes, min_blocks=blocks_per_request, what=f"{geometry.name} on {GPUS[gpu].label}: "
         )
     except ValueError as exc:
         raise ValueError(
@@ -390,7 +386,7 @@ def translate(
         gpu,
         cost.gpu.memory_bytes,
         kv_dtype,
-        spec.bytes_per_token,
+        spec.kv_bytes_per_token,
         block_bytes,
         weights,
         budget,
@@ -413,8 +409,8 @@ def simulate_flags(
     from paged_edu.sim.workloads import make_workload
 
     f = translation.flags
-    geometry = MODELS[translation.model]
-    if geometry.latent_dim:
+    geometry = find_model(translation.model)
+    if geometry.is_mla:
         raise ValueError(f"{geometry.name} is an MLA model; the simulator's cost model counts K and V per KV head")
     requests = make_workload(workload, num_requests, rate, seed)
     longest = max(r.total_len for r in requests)
@@ -447,7 +443,7 @@ def allocate_pool(translation: Translation, device):
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     if translation.kv_dtype not in dtypes:
         raise ValueError(f"--kv-cache-dtype: allocate_pool builds {sorted(dtypes)} caches, not {translation.kv_dtype}")
-    g = MODELS[translation.model]
+    g = find_model(translation.model)
     return PagedKVCache(
         g.num_layers,
         translation.num_blocks,

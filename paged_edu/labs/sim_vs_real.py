@@ -18,8 +18,10 @@ import numpy as np
 
 from paged_edu import data
 from paged_edu.engine import Engine, RequestMetrics, SamplingParams, StepMetrics
-from paged_edu.labs.batching import make_requests, model_spec
-from paged_edu.sim.costmodel import GPUS, CostModel, StepShape
+from paged_edu.cache.sizing import dtype_name
+from paged_edu.core.hardware import GPUS
+from paged_edu.labs.batching import make_requests
+from paged_edu.sim.costmodel import CostModel, StepShape
 from paged_edu.sim.request import Request
 from paged_edu.sim.results import SimConfig
 from paged_edu.sim.simulator import simulate
@@ -85,7 +87,7 @@ def sim_vs_real(
         # that would swamp the fit. One untimed run of the fit trace compiles them.
         serve(fit_requests)
     fit_steps, _ = serve(fit_requests)
-    base = CostModel(model=model_spec(model.config, model.dtype), gpu=GPUS[gpu])
+    base = CostModel(model=model.config.geometry(dtype_name(model.dtype)), gpu=GPUS[gpu])
     cost = fit_engine_steps(base, fit_steps)
 
     steps, finished = serve(requests)

@@ -5,8 +5,8 @@ The pool is sized by the library's one rule, vLLM's (:func:`~paged_edu.cache.siz
 the reserve (activations of the warm-up batch, the logits) must fit, with the CUDA context, in the
 ``(1 - utilization) * total`` left over.
 
-* :func:`plan_memory` -- the arithmetic on the CPU, for a GPU of :data:`~paged_edu.core.hardware.GPU_TABLE`
-  and a model of :data:`~paged_edu.core.hardware.MODEL_TABLE`: context, weights, KV pool, activations, and
+* :func:`plan_memory` -- the arithmetic on the CPU, for a GPU of :data:`~paged_edu.core.hardware.GPUS`
+  and a model of :data:`~paged_edu.core.hardware.MODELS` (by key or name): context, weights, KV pool, activations, and
   whether their sum fits the device;
 * :func:`warmup_activation_bytes` -- the estimate of one warm-up forward of ``num_tokens`` tokens;
 * :func:`cuda_oom_child` -- the same on a real GPU, in a child process (an OOM must not take the lesson's
@@ -23,19 +23,16 @@ from dataclasses import dataclass
 
 from paged_edu import data
 from paged_edu.cache.sizing import available_kv_cache_memory, num_blocks_for_budget
-from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
-from paged_edu.core.memory import KVSpec
+from paged_edu.core.hardware import GPUS, find_model
 
 __all__ = ["MemoryPlan", "cuda_oom_child", "h200_measured_warmup", "plan_memory", "warmup_activation_bytes"]
-
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 def warmup_activation_bytes(model_key: str, num_tokens: int) -> int:
     """One forward of ``num_tokens`` tokens without pruning the logits, as a profiling warm-up runs it:
     the fp32 logits (``T x vocab x 4``) plus the widest live activations (``T x 3 x intermediate``-ish,
     taken here as ``T x 4 x d_model x 4`` for the MLP's gate, up and product) -- an estimate, stated."""
-    g = MODEL_TABLE[model_key]
+    g = find_model(model_key)
     return num_tokens * (g.vocab_size * 4 + 4 * 4 * g.d_model * 4)
 
 
@@ -97,16 +94,16 @@ def plan_memory(
     an impossible budget raises the sizing's own ``ValueError``. ``total_bytes`` overrides the table's
     memory (a measured figure).
     """
-    gpu, g = GPU_TABLE[gpu_key], MODEL_TABLE[model_key]
+    gpu, g = GPUS[gpu_key], find_model(model_key)
     total = gpu.memory_bytes if total_bytes is None else int(total_bytes)
-    weights = int(g.num_params * DTYPE_BYTES[g.dtype])
+    weights = int(g.weight_bytes)
     free = total - context_bytes - weights
     if free <= 0:
         raise ValueError(
             f"{g.name} needs {weights / 2**30:.1f} GiB of weights plus {context_bytes / 2**30:.1f} GiB of "
             f"context; {gpu.name} has {total / 2**30:.1f} GiB"
         )
-    block_bytes = KVSpec.from_geometry(g).block_bytes(block_size)
+    block_bytes = g.block_bytes(block_size)
     budget = available_kv_cache_memory(total, gpu_memory_utilization, weights + reserve_bytes)
     num_blocks = num_blocks_for_budget(budget, block_bytes, what=f"{gpu.name}, {g.name}: ")
     return MemoryPlan(

@@ -14,7 +14,7 @@ gets fresh blocks, ``num_cached_tokens`` is 0), but fork and copy-on-write are i
 samples share blocks. The rules, with ``B = block_size``:
 
 * ``allocate``: a prompt of ``n`` tokens takes ``ceil(n / B)`` free blocks, each with ref count 1;
-  if there are not enough, raise :class:`~paged_edu.core.allocator.OutOfBlocksError` and change
+  if there are not enough, raise :class:`~paged_edu.core.block_pool.OutOfBlocksError` and change
   nothing. Return the block table (a new list).
 * ``append_slots``: room for ``num_tokens`` more tokens (one, in a decode step), counted, not named:
   the token may still be being sampled, so its id is not given (it arrives with ``mark_computed``,
@@ -39,7 +39,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Sequence
 
-from paged_edu.core.allocator import OutOfBlocksError, PrefixCacheStats, UnknownSequenceError  # noqa: F401
+from paged_edu.core.block_pool import OutOfBlocksError, PrefixCacheStats  # noqa: F401
+from paged_edu.core.seq_lookup import UnknownSequenceError  # noqa: F401
 
 __all__ = ["MyAllocator"]
 

@@ -1,7 +1,7 @@
 """Lesson 8, "past one GPU": the per-GPU KV table and how vLLM and SGLang spread over GPUs and nodes.
 
 The numbers come from :mod:`paged_edu.core.parallel_kv` (per-GPU bytes from
-:meth:`~paged_edu.core.memory.KVSpec.per_gpu`); this module only lays them out, and keeps the cited
+:meth:`~paged_edu.core.hardware.ModelGeometry.per_gpu`); this module only lays them out, and keeps the cited
 claims about the two systems' multi-GPU machinery (:data:`MULTI_GPU_CLAIMS`, looked up with the
 ``search`` tool; each :class:`~paged_edu.lessons.where_it_lives.Claim` carries its source).
 """

@@ -493,7 +493,7 @@ CONCEPTS: tuple[Concept, ...] = (
     Concept(
         "KV-cache dtype (fp8)",
         "1, 8",
-        ("paged_edu.core.memory:KVSpec.per_gpu",),
+        ("paged_edu.core.hardware:ModelGeometry.per_gpu",),
         (
             C(
                 "--kv-cache-dtype: auto (the model's dtype), float16, bfloat16, fp8 (= fp8_e4m3), fp8_e5m2 and more",
@@ -510,7 +510,7 @@ CONCEPTS: tuple[Concept, ...] = (
     Concept(
         "KV heads under tensor parallelism",
         "8",
-        ("paged_edu.core.memory:kv_heads_per_rank", "paged_edu.core.memory:KVSpec.per_gpu"),
+        ("paged_edu.core.hardware:kv_heads_per_rank", "paged_edu.core.hardware:ModelGeometry.per_gpu"),
         (
             C(
                 "get_num_kv_heads: max(1, total_num_kv_heads // tensor_parallel_size), replicated when fewer "

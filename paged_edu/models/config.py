@@ -1,8 +1,10 @@
-"""A Llama-family model's numbers: :class:`LlamaConfig`, its Hugging Face names, SmolLM2's geometry.
+"""A Llama-family model's numbers: :class:`LlamaConfig`, its Hugging Face names, SmolLM2's config.
 
-Everything that fixes a decoder's shapes lives here, with no torch: the engine's limits
-(``max_position_embeddings``), the cache's geometry (``num_kv_heads``, ``head_dim``) and the
-memory a token costs in the cache all read this one record.
+The config is what builds the model, with no torch: its Hugging Face fields, the engine's limits
+(``max_position_embeddings``), the norm's epsilon and RoPE's base. What the rest of the package needs of
+the model's shape -- the bytes a token costs in the cache, the cost model's FLOPs and bytes -- is
+:meth:`LlamaConfig.geometry`, the package's one geometry type (:class:`~paged_edu.core.hardware.ModelGeometry`);
+:func:`smollm2_config` is built from SmolLM2-135M's row of the model table.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import numbers
 import operator
 from dataclasses import asdict, dataclass
 
-from paged_edu.core.memory import KVSpec
+from paged_edu.core.hardware import MODELS, ModelGeometry
 
 __all__ = ["LlamaConfig", "describe", "smollm2_config"]
 
@@ -71,14 +73,31 @@ class LlamaConfig:
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
-    def kv_spec(self, dtype: str = "bf16") -> KVSpec:
-        """This model's cache geometry for the memory model (lesson 1's ``M_KV``), in ``dtype``."""
-        return KVSpec("this model", self.num_layers, self.num_kv_heads, self.head_dim, dtype)
+    def geometry(self, dtype: str = "bf16", name: str = "model") -> ModelGeometry:
+        """This model's shape, weights in ``dtype`` (a :data:`~paged_edu.core.hardware.DTYPE_BYTES` name).
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Bytes one token takes in a bf16 / fp16 cache, ``M_KV(1)``; other dtypes: :meth:`kv_spec`."""
-        return self.kv_spec().bytes_per_token
+        ``num_params`` counts every weight: per layer the projections, the MLP and two norms, then the
+        final norm, the input embedding and an untied LM head; ``matmul_params`` (the cost model's
+        ``P``) is all of them but the input embedding, as in the model table.
+        """
+        d, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        per_layer = d * (2 * q + 2 * kv) + 3 * d * self.intermediate_size + 2 * d
+        head = 0 if self.tie_word_embeddings else d * self.vocab_size
+        matmul = self.num_layers * per_layer + d + head
+        return ModelGeometry(
+            name,
+            self.num_layers,
+            self.num_kv_heads,
+            self.head_dim,
+            dtype,
+            num_q_heads=self.num_heads,
+            d_model=d,
+            vocab_size=self.vocab_size,
+            num_params=float(matmul + d * self.vocab_size),
+            matmul_params=float(matmul),
+            max_position_embeddings=self.max_position_embeddings,
+            tie_word_embeddings=self.tie_word_embeddings,
+        )
 
     @classmethod
     def from_hf(cls, hf_config) -> LlamaConfig:
@@ -117,19 +136,21 @@ class LlamaConfig:
 
 
 def smollm2_config(**overrides) -> LlamaConfig:
-    """SmolLM2-135M's geometry: 30 layers, 9 query / 3 KV heads of 64, vocab 49,152, tied embeddings."""
+    """SmolLM2-135M: its row of the model table (30 layers, 9 query / 3 KV heads of 64, vocab 49,152,
+    tied embeddings) and what only the config holds (MLP width, norm epsilon, RoPE base)."""
+    g = MODELS["smollm2-135m"]
     config = dict(
-        vocab_size=49152,
-        hidden_size=576,
+        vocab_size=g.vocab_size,
+        hidden_size=g.d_model,
         intermediate_size=1536,
-        num_layers=30,
-        num_heads=9,
-        num_kv_heads=3,
-        head_dim=64,
+        num_layers=g.num_layers,
+        num_heads=g.num_q_heads,
+        num_kv_heads=g.num_kv_heads,
+        head_dim=g.head_dim,
         rms_norm_eps=1e-5,
         rope_theta=100000.0,
-        tie_word_embeddings=True,
-        max_position_embeddings=8192,
+        tie_word_embeddings=g.tie_word_embeddings,
+        max_position_embeddings=g.max_position_embeddings,
     )
     config.update(overrides)
     return LlamaConfig(**config)

@@ -39,7 +39,7 @@ from paged_edu.cache.kv_cache import store_kv
 from paged_edu.kernels import kernel_support, paged_attention_decode, paged_attention_prefill
 from paged_edu.models.config import LlamaConfig
 
-__all__ = ["ForwardBatch", "Kernels", "LlamaConfig", "PagedLlama"]
+__all__ = ["ForwardBatch", "Kernels", "PagedLlama"]
 
 
 # ----------------------------------------------------------------------------------------------

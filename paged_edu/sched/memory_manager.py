@@ -68,7 +68,7 @@ class CacheStats(Protocol):
 class MemoryManager(Protocol):
     """Block tables for sequences, over a pool of ``num_blocks`` blocks of ``block_size`` slots.
 
-    Every call that cannot be served raises :class:`~paged_edu.core.allocator.OutOfBlocksError`
+    Every call that cannot be served raises :class:`~paged_edu.core.block_pool.OutOfBlocksError`
     and changes nothing.
     """
 

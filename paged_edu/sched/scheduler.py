@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Sequence as Seq
-from paged_edu.core.allocator import OutOfBlocksError
+from paged_edu.core.block_pool import OutOfBlocksError
 from paged_edu.sched.admission import check_request
 from paged_edu.sched.memory_manager import MemoryManager, PrefixLookup, cache_keys, publishes_before_computed
 from paged_edu.sched.policy import POLICIES, LongestPrefixFirst
@@ -38,7 +38,7 @@ from paged_edu.sched.scheduler_output import ScheduledSeq, SchedulerOutput
 from paged_edu.sched.sequence import Sequence, SequenceStatus
 from paged_edu.sched.swap import SwapSpace
 
-__all__ = ["ScheduledSeq", "Scheduler", "SchedulerOutput"]
+__all__ = ["Scheduler"]
 
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 

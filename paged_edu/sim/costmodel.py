@@ -23,7 +23,7 @@ few per cent of both sums at these sizes.
 
 :meth:`CostModel.roofline` is the yardstick the benchmarks compare the engine with
 (:data:`ROOFLINE_NAME`): the same sums at full efficiency (peak FLOP/s, the copy-ceiling bandwidth),
-no overhead term, plus the tied LM head's weight read (``ModelSpec.lm_head_bytes``: a tied head is
+no overhead term, plus the tied LM head's weight read (``ModelGeometry.lm_head_bytes``: a tied head is
 not in ``P``) in every step that samples, each step given as its exact chunks
 (:meth:`StepShape.of_chunks`). The default model leaves the head's read out, as it was calibrated.
 
@@ -46,75 +46,13 @@ from operator import mul
 
 import numpy as np
 
-from paged_edu.core.hardware import GPU, GPU_TABLE, MODEL_TABLE, ModelGeometry
+from paged_edu.core.hardware import GPU, GPUS, MODELS, ModelGeometry
 from paged_edu.core.memory import vllm_kv_budget
 
-__all__ = ["GPUS", "MODELS", "ROOFLINE_NAME", "CostModel", "GPUSpec", "ModelSpec", "StepShape"]
+__all__ = ["ROOFLINE_NAME", "CostModel", "StepShape"]
 
 # What every table calls the time of CostModel.roofline() on a step's exact chunks.
 ROOFLINE_NAME = "roofline (full efficiency, per-chunk shapes, LM head included)"
-
-
-# One GPU table for the whole package (paged_edu.core.hardware): memory as nvidia-smi reports it,
-# dense bf16 FLOP/s and bandwidth from the datasheets, every figure's source beside it.
-GPUSpec = GPU
-GPUS: dict[str, GPU] = GPU_TABLE
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """What the cost model needs of a decoder: its size and its attention geometry."""
-
-    name: str
-    num_layers: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    d_model: int
-    vocab_size: int
-    num_params: float  # P: parameters outside the input embedding (ModelGeometry.matmul_params)
-    dtype_bytes: int = 2
-    kv_dtype_bytes: int = 0  # bytes per cached K/V value; 0: the weights' dtype (an fp8 cache: 1)
-    # The LM head is the input embedding (config.json's tie_word_embeddings): P, which leaves the
-    # input embedding out, then leaves the head's weights out too (see lm_head_bytes).
-    tie_word_embeddings: bool = False
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """``M_KV = 2 * layers * kv_heads * head_dim * sizeof(KV dtype)``."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * (self.kv_dtype_bytes or self.dtype_bytes)
-
-    @property
-    def weight_bytes(self) -> float:
-        return self.num_params * self.dtype_bytes
-
-    @property
-    def lm_head_bytes(self) -> float:
-        """Bytes of LM-head weights a sampling step reads that ``P`` does not count: the whole
-        ``d_model x vocab`` matrix when it is tied to the input embedding (SmolLM2-135M: 56.6 MB), 0
-        when untied (``P`` already counts the head)."""
-        return self.d_model * self.vocab_size * self.dtype_bytes if self.tie_word_embeddings else 0.0
-
-    @classmethod
-    def from_geometry(cls, m: ModelGeometry) -> "ModelSpec":
-        """The cost model's view of a row of the one model table: ``num_params`` here is ``P``."""
-        return cls(
-            m.name,
-            m.num_layers,
-            m.num_q_heads,
-            m.num_kv_heads,
-            m.head_dim,
-            m.d_model,
-            m.vocab_size,
-            m.matmul_params,
-            m.dtype_bytes,
-            tie_word_embeddings=m.tie_word_embeddings,
-        )
-
-
-# The one model table (paged_edu.core.hardware), seen by the cost model, keyed by --model. MLA
-# models are left out: this roofline counts K and V per KV head.
-MODELS: dict[str, ModelSpec] = {m.key: ModelSpec.from_geometry(m) for m in MODEL_TABLE.values() if not m.latent_dim}
 
 
 def _attention_pairs(start: int, num_new_tokens: int) -> int:
@@ -179,8 +117,8 @@ class StepShape:
 class CostModel:
     """Predict step times; every assumption is a field, printed by :meth:`describe`."""
 
-    model: ModelSpec = field(default_factory=lambda: MODELS["opt-13b"])
-    gpu: GPUSpec = field(default_factory=lambda: GPUS["h200"])
+    model: ModelGeometry = field(default_factory=lambda: MODELS["opt-13b"])
+    gpu: GPU = field(default_factory=lambda: GPUS["h200"])
     compute_efficiency: float = 0.6
     memory_efficiency: float = 0.85
     step_overhead_s: float = 1e-3
@@ -189,11 +127,16 @@ class CostModel:
     # The paged kernel's cost per KV block it walks, per layer and KV head (block-table lookup,
     # a short tile, the running-softmax rescale). 0 (off) by default; see fit_per_block_cost.
     per_block_s: float = 0.0
-    # Count the tied LM head's weight read (ModelSpec.lm_head_bytes) in every step that samples. Off
+    # Count the tied LM head's weight read (ModelGeometry.lm_head_bytes) in every step that samples. Off
     # by default, which keeps the calibrated model's numbers as they were (lesson 7); on in roofline().
     lm_head_read: bool = False
 
     def __post_init__(self) -> None:
+        m = self.model
+        if not (m.matmul_params > 0 and m.num_q_heads > 0 and m.d_model > 0 and m.vocab_size > 0):
+            raise ValueError(
+                f"{m.name}: the cost model needs the model's size (matmul_params, num_q_heads, d_model, vocab_size)"
+            )
         for name in ("compute_efficiency", "memory_efficiency"):
             value = getattr(self, name)
             if not 0 < value <= 1:
@@ -206,15 +149,15 @@ class CostModel:
     def flops(self, s: StepShape) -> float:
         m = self.model
         return (
-            2.0 * m.num_params * s.num_new_tokens
-            + 2.0 * m.d_model * m.vocab_size * s.num_emitting
-            + 4.0 * m.num_layers * m.num_q_heads * m.head_dim * s.attention_pairs
+            m.matmul_flops_per_token * s.num_new_tokens
+            + m.lm_head_flops_per_token * s.num_emitting
+            + m.attention_flops_per_pair * s.attention_pairs
         )
 
     def bytes_moved(self, s: StepShape) -> float:
         m = self.model
         head = m.lm_head_bytes if self.lm_head_read and s.num_emitting else 0.0
-        return m.weight_bytes + head + m.kv_bytes_per_token * (s.num_context_tokens + s.num_new_tokens)
+        return m.matmul_weight_bytes + head + m.kv_bytes_per_token * (s.num_context_tokens + s.num_new_tokens)
 
     def roofline(self) -> "CostModel":
         """This model at full efficiency: the time a step's FLOPs and bytes need at the GPU's peak
@@ -257,14 +200,14 @@ class CostModel:
     def kv_budget_bytes(self, gpu_memory_utilization: float = 0.9, weight_bytes: float | None = None) -> float:
         """Bytes left for the KV cache, as vLLM sizes its pool: ``utilization * total - weights``.
 
-        ``weight_bytes``: what the weights take in memory (default: the model's ``P`` times its
-        dtype's size; the input embedding is left out of ``P``). vLLM subtracts the profiled peak of
+        ``weight_bytes``: what the weights take in memory (default: ``ModelGeometry.matmul_weight_bytes``,
+        the model's ``P`` times its dtype's size; the input embedding is left out of ``P``). vLLM subtracts the profiled peak of
         everything that is not KV cache -- weights, the activations of a dummy forward, non-torch
         allocations; this counts the weights only.
         """
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        weights = self.model.weight_bytes if weight_bytes is None else weight_bytes
+        weights = self.model.matmul_weight_bytes if weight_bytes is None else weight_bytes
         free = vllm_kv_budget(self.gpu.memory_bytes, gpu_memory_utilization, weights)
         if free <= 0:
             raise ValueError(
@@ -313,7 +256,7 @@ class CostModel:
         m, g = self.model, self.gpu
         return {
             "model": m.name,
-            "model_params": m.num_params,
+            "model_params": m.matmul_params,
             "kv_bytes_per_token": m.kv_bytes_per_token,
             "layers/q_heads/kv_heads/head_dim": f"{m.num_layers}/{m.num_q_heads}/{m.num_kv_heads}/{m.head_dim}",
             "gpu": g.name,
@@ -337,7 +280,7 @@ class CostModel:
                 f"+ {self.step_overhead_s * 1e3:.2f} ms/step + {self.per_seq_overhead_s * 1e6:.1f} us/seq"
                 + (f" + {self.per_block_s * 1e9:.2f} ns per block x layer x KV head" if self.per_block_s else ""),
                 f"  GPU: {g.name} ({g.source})" if g.source else f"  GPU: {g.name}",
-                f"  model: {m.name}, {m.num_params / 1e9:.2f}B params ({m.weight_bytes / 1e9:.1f} GB), "
+                f"  model: {m.name}, {m.matmul_params / 1e9:.2f}B params ({m.matmul_weight_bytes / 1e9:.1f} GB), "
                 f"{m.num_layers} layers, {m.num_q_heads}/{m.num_kv_heads} q/kv heads x {m.head_dim}, "
                 f"M_KV = {m.kv_bytes_per_token:,} bytes/token",
                 f"  e.g. decode step, batch 64 x 512 tokens: {self.decode_step_time(64, 512) * 1e3:.2f} ms",

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paged_edu.core.allocator import BlockAllocator, OutOfBlocksError, PrefixCacheStats, UnknownSequenceError
+from paged_edu.core.allocator import BlockAllocator
+from paged_edu.core.block_pool import OutOfBlocksError, PrefixCacheStats
+from paged_edu.core.seq_lookup import UnknownSequenceError
 from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
 from paged_edu.sched.sequence import Sequence
-from paged_edu.sim.workloads import L_MAX
+from paged_edu.sim.arrivals import L_MAX
 
 __all__ = ["BLOCK_SIZES", "MANAGERS", "ContiguousManager", "PagedManager", "RadixManager", "make_manager"]
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from paged_edu.sched.policy import POLICIES
 from paged_edu.sim.managers import MANAGERS
-from paged_edu.sim.workloads import L_MAX
+from paged_edu.sim.arrivals import L_MAX
 
 __all__ = ["RequestRecord", "SimConfig", "SimResult"]
 

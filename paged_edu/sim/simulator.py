@@ -49,26 +49,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from paged_edu.sched.scheduler import Scheduler, SchedulerOutput
+from paged_edu.sched.scheduler import Scheduler
+from paged_edu.sched.scheduler_output import SchedulerOutput
 from paged_edu.sched.sequence import Sequence, SequenceStatus
 from paged_edu.sim.costmodel import CostModel, StepShape
-from paged_edu.sim.managers import BLOCK_SIZES, MANAGERS, ContiguousManager, PagedManager, make_manager
+from paged_edu.sim.managers import make_manager
 from paged_edu.sim.results import RequestRecord, SimConfig, SimResult
 from paged_edu.sim.request import Request, prompt_token_ids
 
-__all__ = [
-    "BLOCK_SIZES",
-    "MANAGERS",
-    "ContiguousManager",
-    "PagedManager",
-    "SimConfig",
-    "SimResult",
-    "make_manager",
-    "MadeUpTokens",
-    "prepare",
-    "simulate",
-    "step_shape",
-]
+__all__ = ["MadeUpTokens", "prepare", "simulate", "step_shape"]
 
 _OUTPUT_TOKEN_BASE = 1 << 40  # sampled ids live far above any prompt id: no accidental cache hit
 

@@ -36,7 +36,7 @@ class EngineDashboard:
         self.engine = engine
         self.tokenizer = tokenizer
         self.cols = cols
-        self.colors = F.OwnerColors()
+        self.colors = P.OwnerColors()
         self.history: list[StepMetrics] = []
         self.finished: dict[int, RequestMetrics] = {}
         self.outputs: dict[int, list[int]] = {}

@@ -15,8 +15,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from paged_edu.viz.figures import SEQ_COLORS
 from paged_edu.viz import palette as P
+from paged_edu.viz.palette import SEQ_COLORS
 
 __all__ = [
     "batching_bars_figure",

@@ -11,8 +11,9 @@ figure carries a legend for them:
 * pale blue for an *evictable* block: ref count 0, but its KV is still in the prefix cache;
 * near white for a free block that holds nothing reusable.
 
-The memory figures of lessons 1 and 2 live in :mod:`paged_edu.viz.memory_figures` and the tensor
-figures (K values, addresses) in :mod:`paged_edu.viz.tensor_figures`; both are re-exported here.
+The memory figures of lessons 1 and 2 live in :mod:`paged_edu.viz.memory_figures`, the tensor
+figures (K values, addresses) in :mod:`paged_edu.viz.tensor_figures`, the colours in
+:mod:`paged_edu.viz.palette`.
 """
 
 from __future__ import annotations
@@ -25,27 +26,19 @@ import plotly.graph_objects as go
 
 from paged_edu.core.allocator import BlockAllocator
 from paged_edu.viz.palette import (
-    CODES,
-    COLORSCALE,
     EVICTABLE,
     FREE,
-    IDLE,
     NEUTRAL,
     SEQ_COLORS,
     SHARED,
     STATE_LABELS,
     OwnerColors,
+    code_heatmap,
     legend_traces,
     text_color,
 )
 
 __all__ = [
-    "FREE",
-    "EVICTABLE",
-    "SHARED",
-    "IDLE",
-    "SEQ_COLORS",
-    "OwnerColors",
     "BlockInfo",
     "block_infos",
     "block_grid_data",
@@ -53,14 +46,8 @@ __all__ = [
     "block_table_data",
     "block_table_figure",
     "logical_physical_figure",
-    "utilisation_figure",
-    "kv_memory_figure",
-    "contiguous_data",
-    "contiguous_figure",
-    "cow_heatmap_figure",
 ]
 
-_CODES, _COLORSCALE = CODES, COLORSCALE
 BLOCK_STATES = {FREE: STATE_LABELS[FREE], EVICTABLE: STATE_LABELS[EVICTABLE], SHARED: STATE_LABELS[SHARED]}
 
 
@@ -142,20 +129,15 @@ def block_grid_figure(
     data = block_grid_data(allocator, cols, colors)
     rows = len(data["z"])
     fig = go.Figure(
-        go.Heatmap(
+        code_heatmap(
             z=data["z"],
             text=data["text"],
             customdata=data["hover"],
             texttemplate="%{text}",
             hovertemplate="%{customdata}<extra></extra>",
-            colorscale=_COLORSCALE,
-            zmin=-0.5,
-            zmax=len(_CODES) - 0.5,
-            showscale=False,
             xgap=3,
             ygap=3,
             textfont={"size": 10},
-            showlegend=False,
         )
     )
     for trace in legend_traces({**BLOCK_STATES, SEQ_COLORS[0]: "owned by one sequence (its name in the block)"}):
@@ -197,20 +179,15 @@ def block_table_figure(
     """Each sequence's block table as a row of cells holding the physical block ids."""
     data = block_table_data(allocator, colors)
     fig = go.Figure(
-        go.Heatmap(
+        code_heatmap(
             z=data["z"] or [[None]],
             text=data["text"] or [[""]],
             x=data["x"],
             y=data["y"] or [""],
             texttemplate="%{text}",
-            colorscale=_COLORSCALE,
-            zmin=-0.5,
-            zmax=len(_CODES) - 0.5,
-            showscale=False,
             xgap=3,
             ygap=3,
             hovertemplate="%{y}, %{x}: B(i) = %{text}<extra></extra>",
-            showlegend=False,
         )
     )
     for trace in legend_traces({SHARED: STATE_LABELS[SHARED], SEQ_COLORS[0]: "the row's own block (row colour)"}):
@@ -321,13 +298,3 @@ def logical_physical_figure(
     fig.update_xaxes(visible=False, range=[-0.2, width_units + 0.1])
     fig.update_yaxes(visible=False, range=[bottom - 0.2, top + 1.6])
     return fig
-
-
-# The memory and tensor figures, re-exported so ``figures.contiguous_figure`` etc. keep working.
-from paged_edu.viz.memory_figures import (  # noqa: E402
-    contiguous_data,
-    contiguous_figure,
-    kv_memory_figure,
-    utilisation_figure,
-)
-from paged_edu.viz.tensor_figures import cow_heatmap_figure  # noqa: E402

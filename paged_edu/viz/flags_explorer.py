@@ -16,8 +16,8 @@ import html
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from paged_edu.core.hardware import GPU_TABLE
-from paged_edu.labs.serving_flags import MODELS, simulate_flags, translate
+from paged_edu.core.hardware import GPUS, MODELS
+from paged_edu.labs.serving_flags import simulate_flags, translate
 from paged_edu.viz.palette import BAD, EVICTABLE, IDLE, OKABE_ITO
 from paged_edu.viz.widgets import _figure_widget
 
@@ -45,8 +45,10 @@ class FlagsExplorer:
         self.command = W.Text(
             value=command, description="command", continuous_update=False, layout=W.Layout(width="98%")
         )
-        self.model = W.Dropdown(options=[FROM_COMMAND, *MODELS], value=FROM_COMMAND, description="model")
-        self.gpu = W.Dropdown(options=[(g.label, key) for key, g in GPU_TABLE.items()], value=gpu, description="GPU")
+        self.model = W.Dropdown(
+            options=[FROM_COMMAND, *(m.name for m in MODELS.values())], value=FROM_COMMAND, description="model"
+        )
+        self.gpu = W.Dropdown(options=[(g.label, key) for key, g in GPUS.items()], value=gpu, description="GPU")
         self.workload = W.Dropdown(options=WORKLOADS, value=workload, description="workload")
         self.num_requests = W.IntSlider(value=num_requests, min=20, max=1000, step=20, description="requests")
         self.status = W.HTML()
@@ -70,7 +72,7 @@ class FlagsExplorer:
             )
             return
         self.error, self.translation, self.result = None, t, res
-        gpu = GPU_TABLE[t.gpu]
+        gpu = GPUS[t.gpu]
         gib = 2**30
         kv = t.num_blocks * t.block_bytes
         with self.memory.batch_update():

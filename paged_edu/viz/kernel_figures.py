@@ -63,29 +63,13 @@ def split_figure(sweeps: list[dict], title: str) -> go.Figure:
             P.OKABE_ITO["reddish purple"],
         )[k % 4]
         xs = [p["splits"] for p in sweep["points"]]
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=[p["us"] for p in sweep["points"]],
-                mode="lines+markers",
-                name=sweep["case"],
-                line=dict(color=color),
-            ),
-            1,
-            1,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=[p["pct_of_ceiling"] for p in sweep["points"]],
-                mode="lines+markers",
-                name=sweep["case"],
-                line=dict(color=color),
-                showlegend=False,
-            ),
-            1,
-            2,
-        )
+        for col, key in ((1, "us"), (2, "pct_of_ceiling")):  # the case's legend entry: the first panel's
+            y = [p[key] for p in sweep["points"]]
+            legend = None if col == 1 else False
+            trace = go.Scatter(
+                x=xs, y=y, mode="lines+markers", name=sweep["case"], line=dict(color=color), showlegend=legend
+            )
+            fig.add_trace(trace, 1, col)
         chosen = [p for p in sweep["points"] if p["splits"] == sweep.get("chosen_splits")]
         if chosen:
             fig.add_trace(

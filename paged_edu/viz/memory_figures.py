@@ -16,12 +16,11 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from paged_edu.core.memory import KVSpec, eta_paged_bound, kv_bytes
+from paged_edu.core.hardware import ModelGeometry
+from paged_edu.core.memory import eta_paged_bound, kv_bytes
 from paged_edu.viz.palette import (
     ACCENT,
     BAD,
-    CODES,
-    COLORSCALE,
     FREE,
     GOOD,
     IDLE,
@@ -29,6 +28,7 @@ from paged_edu.viz.palette import (
     OKABE_ITO,
     STATE_LABELS,
     OwnerColors,
+    code_heatmap,
     legend_traces,
     series_color,
 )
@@ -90,7 +90,7 @@ def utilisation_figure(
 
 
 def kv_memory_figure(
-    spec: KVSpec, seq_len: int, batch: int, gpu_bytes: int, weights_bytes: int = 0, max_len: int = 32768
+    spec: ModelGeometry, seq_len: int, batch: int, gpu_bytes: int, weights_bytes: int = 0, max_len: int = 32768
 ) -> go.Figure:
     """Left: ``M_KV(s)`` of one request against ``s`` (linear: it is a linear law). Right: the
     batch's KV bytes against the memory left for the cache, coloured by whether it fits.
@@ -180,17 +180,12 @@ def contiguous_figure(contig, cols: int = 64, colors: OwnerColors | None = None,
             f"{contig.reserved_slots} reserved slots"
         )
     fig = go.Figure(
-        go.Heatmap(
+        code_heatmap(
             z=data["z"],
             text=data["text"],
             texttemplate="%{text}",
-            colorscale=COLORSCALE,
-            zmin=-0.5,
-            zmax=len(CODES) - 0.5,
-            showscale=False,
             xgap=1,
             ygap=4,
-            showlegend=False,
             hovertemplate="slot %{x} of row %{y}<extra></extra>",
             textfont={"size": 10},
         )

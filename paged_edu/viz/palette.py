@@ -42,6 +42,7 @@ __all__ = [
     "SEQ_COLORS",
     "SHARED",
     "STATE_LABELS",
+    "code_heatmap",
     "legend_traces",
     "series_color",
     "text_color",
@@ -119,6 +120,16 @@ def text_color(background: str) -> str:
     """Black or white, whichever reads better on ``background`` (``#RRGGBB``)."""
     r, g, b = (int(background[k : k + 2], 16) for k in (1, 3, 5))
     return "#000000" if 0.299 * r + 0.587 * g + 0.114 * b > 140 else "#FFFFFF"
+
+
+def code_heatmap(**kwargs):
+    """A heat-map whose cells hold colour codes (:data:`CODES`): each cell painted in its code's colour,
+    no colour bar (the figure draws a legend instead). ``kwargs``: the cells and their text, gaps, hover."""
+    import plotly.graph_objects as go
+
+    return go.Heatmap(
+        colorscale=COLORSCALE, zmin=-0.5, zmax=len(CODES) - 0.5, showscale=False, showlegend=False, **kwargs
+    )
 
 
 def legend_traces(labels: dict[str, str]):

@@ -178,11 +178,18 @@ def block_size_figure(results: list[SimResult], title: str = "") -> go.Figure:
         fig.add_scatter(
             x=sizes, y=bound, mode="lines", line=dict(dash="dash", color=P.NEUTRAL), name="mean bound 1 - B/(s+B)"
         )
+    return _against_block_size(
+        fig, sizes, title or "Paged utilisation falls as the block size grows", "KV slots holding a token (%)"
+    )
+
+
+def _against_block_size(fig: go.Figure, sizes: list[int], title: str, yaxis_title: str) -> go.Figure:
+    """The layout of a figure against the block size ``B``: a log axis ticked at the sizes run."""
     fig.update_layout(
-        title=title or "Paged utilisation falls as the block size grows",
+        title=title,
         xaxis_type="log",
         xaxis=dict(tickvals=sizes, title="block size B (tokens)"),
-        yaxis_title="KV slots holding a token (%)",
+        yaxis_title=yaxis_title,
         height=400,
         width=800,
     )
@@ -289,12 +296,5 @@ def block_latency_figure(rows: list[dict], title: str = "") -> go.Figure:
         name=f"+ {rows[0]['per_block_s'] * 1e9:.3g} ns per block x layer x KV head" if rows else "on",
         line_color=P.ACCENT,
     )
-    fig.update_layout(
-        title=title or "Block size against latency (cf. the paper's Fig. 18)",
-        xaxis_type="log",
-        xaxis=dict(tickvals=sizes, title="block size B (tokens)"),
-        yaxis_title="mean normalised latency (ms/token)",
-        height=400,
-        width=800,
-    )
-    return fig
+    title = title or "Block size against latency (cf. the paper's Fig. 18)"
+    return _against_block_size(fig, sizes, title, "mean normalised latency (ms/token)")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from paged_edu.core.memory import PRESETS, kv_bytes
+from paged_edu.core.hardware import MODELS
+from paged_edu.core.memory import kv_bytes
 from paged_edu.lessons.exercises.framework import Verdict, compare, register
 
 BUDGET = 40_000_000_000  # bytes left for the KV cache in exercises 1.2 and 1.3
@@ -29,16 +30,16 @@ def paged_requests() -> int:
     bytes_per_token_llama3_8b(),
 )
 def _check_1_1(answer) -> Verdict:
-    spec = PRESETS["Llama-3-8B"]
+    spec = MODELS["llama-3-8b"]
     return compare(
         "bytes per token of Llama-3-8B in bf16",
         answer,
-        spec.bytes_per_token,
+        spec.kv_bytes_per_token,
         hints={
-            spec.bytes_per_token // 2: "K or V alone: the cache stores both (the factor 2)",
-            spec.bytes_per_token * 2: "4 bytes per value (fp32); bf16 takes 2",
-            spec.bytes_per_token * 4: "32 KV heads, one per query head; with GQA only 8 KV heads are stored",
-            spec.bytes_per_token // 32: "one layer; the cache holds all 32",
+            spec.kv_bytes_per_token // 2: "K or V alone: the cache stores both (the factor 2)",
+            spec.kv_bytes_per_token * 2: "4 bytes per value (fp32); bf16 takes 2",
+            spec.kv_bytes_per_token * 4: "32 KV heads, one per query head; with GQA only 8 KV heads are stored",
+            spec.kv_bytes_per_token // 32: "one layer; the cache holds all 32",
         },
     )
 
@@ -50,7 +51,7 @@ def _check_1_1(answer) -> Verdict:
     contiguous_requests(),
 )
 def _check_1_2(answer) -> Verdict:
-    one = kv_bytes(PRESETS["Llama-3-8B"], 4096)
+    one = kv_bytes(MODELS["llama-3-8b"], 4096)
     return compare(
         "contiguous requests (L_max = 4096) that fit in 40e9 bytes",
         answer,
@@ -69,7 +70,7 @@ def _check_1_2(answer) -> Verdict:
     paged_requests(),
 )
 def _check_1_3(answer) -> Verdict:
-    spec = PRESETS["Llama-3-8B"]
+    spec = MODELS["llama-3-8b"]
     return compare(
         "paged requests (s = 1000, B = 16) that fit in 40e9 bytes",
         answer,

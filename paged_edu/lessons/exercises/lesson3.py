@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 from array import array
 
-from paged_edu.core.allocator import BlockAllocator, chained_block_hashes, hash_block
+from paged_edu.core.allocator import BlockAllocator
+from paged_edu.core.block_hash import chained_block_hashes, hash_block
 from paged_edu.lessons.exercises.framework import Verdict, check_function, compare, register
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 import math
 
-from paged_edu.core.allocator import BlockAllocator, OutOfBlocksError
+from paged_edu.core.allocator import BlockAllocator
+from paged_edu.core.block_pool import OutOfBlocksError
 from paged_edu.core.contract import check_contract
 from paged_edu.lessons.exercises.framework import NOT_ANSWERED, Verdict, check_function, compare, register
 from paged_edu.lessons.my_allocator import MyAllocator

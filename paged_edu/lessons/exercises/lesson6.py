@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE, MiB
-from paged_edu.core.memory import KVSpec
+from paged_edu.core.hardware import GPUS, MODELS, MiB
 from paged_edu.lessons.exercises.framework import Verdict, compare, describe, register
 
 # The run of 6.1 and 6.3: 6 requests of 24 prompt + 32 new tokens (7 blocks of 8 each at full
@@ -110,9 +109,9 @@ def kv_blocks_left(gpu_key="h200", model_key="Llama-3-8B", gpu_memory_utilizatio
 )
 def _check_6_2(answer) -> Verdict:
     # Each tempting answer from the exercise's numbers by hand, the other sizing rule (u x free) among them.
-    g, gpu = MODEL_TABLE["Llama-3-8B"], GPU_TABLE["h200"]
+    g, gpu = MODELS["llama-3-8b"], GPUS["h200"]
     right = kv_blocks_left()
-    block = KVSpec.from_geometry(g).block_bytes(16)
+    block = g.block_bytes(16)
     total, context, weights = gpu.memory_bytes, 512 * MiB, int(g.num_params * 2)
     free = total - context - weights
     hints = {

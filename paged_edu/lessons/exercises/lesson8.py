@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
+from paged_edu.core.hardware import GPUS, MODELS
 from paged_edu.labs import cache_compare as cc
 from paged_edu.labs import serving_flags as sf
 from paged_edu.lessons.exercises.framework import Verdict, compare, describe, register
@@ -26,7 +26,7 @@ def kv_blocks(command: str = COMMAND, gpu: str = GPU) -> int:
 
 def _wrong_blocks() -> dict:
     """8.1's tempting wrong answers, each from the exercise's numbers by hand."""
-    g, total = MODEL_TABLE["OPT-13B"], GPU_TABLE[GPU].memory_bytes
+    g, total = MODELS["opt-13b"], GPUS[GPU].memory_bytes
     weights = g.num_params * 2
     m_fp8, m_fp16 = 2 * 40 * 40 * 128, 2 * 2 * 40 * 40 * 128
     budget = 0.85 * total - weights
@@ -45,7 +45,7 @@ def _wrong_blocks() -> dict:
     "8.1",
     f"On an A100 80GB, how many KV blocks does `{COMMAND}` leave? (vLLM's rule: gpu_memory_utilization "
     "x the GPU's memory - the weights, divided by the bytes of one block; OPT-13B's geometry is in "
-    "paged_edu.core.hardware.MODEL_TABLE)",
+    "paged_edu.core.hardware.MODELS)",
     kv_blocks,
 )
 def _check_8_1(answer) -> Verdict:

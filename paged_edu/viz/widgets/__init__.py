@@ -15,7 +15,7 @@ notebooks can drive a widget headless; ``widget.ui`` is what a notebook displays
 
 from paged_edu.viz.widgets.base import _AllocatorView, _figure_widget, _update_heatmap  # noqa: F401
 from paged_edu.viz.widgets.block_table import BlockTableWidget
-from paged_edu.viz.widgets.calculator import GPUS, PARAMS, KVMemoryCalculator
+from paged_edu.viz.widgets.calculator import GPU_MEMORY, PARAMS, KVMemoryCalculator
 from paged_edu.viz.widgets.prefix_sharing import PrefixSharingWidget
 
-__all__ = ["GPUS", "PARAMS", "BlockTableWidget", "KVMemoryCalculator", "PrefixSharingWidget"]
+__all__ = ["GPU_MEMORY", "PARAMS", "BlockTableWidget", "KVMemoryCalculator", "PrefixSharingWidget"]

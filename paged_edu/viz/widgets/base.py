@@ -8,10 +8,12 @@ import html
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from paged_edu.core.allocator import BlockAllocator, BlockEvent, OutOfBlocksError
+from paged_edu.core.allocator import BlockAllocator
+from paged_edu.core.block_events import BlockEvent
+from paged_edu.core.block_pool import OutOfBlocksError
 from paged_edu.labs.kv_view import KVView
 from paged_edu.viz import figures as F
-from paged_edu.viz.palette import BAD, GOOD, NEUTRAL
+from paged_edu.viz.palette import BAD, GOOD, NEUTRAL, OwnerColors
 from paged_edu.viz.widgets.figure import FigureWidget
 
 __all__ = ["_AllocatorView", "_figure_widget", "_update_heatmap"]
@@ -41,7 +43,7 @@ class _AllocatorView:
         self.allocator = allocator
         self.kv = kv or None
         self.cols = cols
-        self.colors = F.OwnerColors()
+        self.colors = OwnerColors()
         self.events: list[BlockEvent] = []
         allocator.subscribe(self.events.append)
         self.grid = _figure_widget(F.block_grid_figure(allocator, cols, self.colors))

@@ -12,27 +12,27 @@ import math
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from paged_edu.core.hardware import GPU_TABLE, MODEL_TABLE
-from paged_edu.core.memory import DTYPE_BYTES, PRESETS, KVSpec, format_bytes, kv_bytes, vllm_kv_budget
-from paged_edu.viz import figures as F
+from paged_edu.core.hardware import DTYPE_BYTES, GPUS, MODELS, ModelGeometry, find_model
+from paged_edu.core.memory import format_bytes, kv_bytes, vllm_kv_budget
+from paged_edu.viz.memory_figures import kv_memory_figure
 from paged_edu.viz.palette import BAD, GOOD
 from paged_edu.viz.widgets.base import _figure_widget
 
-__all__ = ["GPUS", "PARAMS", "KVMemoryCalculator"]
+__all__ = ["GPU_MEMORY", "PARAMS", "KVMemoryCalculator"]
 
 # Views of the one table, by the names the menus show.
-PARAMS = {name: m.num_params for name, m in MODEL_TABLE.items()}
-GPUS = {g.label: g.memory_bytes for g in GPU_TABLE.values()}
+PARAMS = {m.name: m.num_params for m in MODELS.values()}
+GPU_MEMORY = {g.label: g.memory_bytes for g in GPUS.values()}
 
 
 def gpu_label(gpu: str) -> str:
     """A menu label from a label or a table key (``"h200"`` -> ``"H200 (141 GB)"``)."""
-    if gpu in GPUS:
+    if gpu in GPU_MEMORY:
         return gpu
-    if gpu in GPU_TABLE:
-        return GPU_TABLE[gpu].label
+    if gpu in GPUS:
+        return GPUS[gpu].label
     raise ValueError(
-        f"gpu={gpu!r} is not in the GPU table; choose one of {', '.join(GPUS)} (or the keys {', '.join(GPU_TABLE)})"
+        f"gpu={gpu!r} is not in the GPU table; choose one of {', '.join(GPU_MEMORY)} (or the keys {', '.join(GPUS)})"
     )
 
 
@@ -60,7 +60,7 @@ class KVMemoryCalculator:
         style = {"description_width": "110px"}
         layout = W.Layout(width="420px")
         self.preset = W.Dropdown(
-            options=list(PRESETS) + ["custom"], value=preset, description="model", style=style, layout=layout
+            options=list(PARAMS) + ["custom"], value=preset, description="model", style=style, layout=layout
         )
         self.layers = W.IntSlider(80, min=1, max=128, description="N_layers", style=style, layout=layout)
         self.kv_heads = W.IntSlider(8, min=1, max=128, description="N_kv heads", style=style, layout=layout)
@@ -73,9 +73,9 @@ class KVMemoryCalculator:
         )
         self.batch = W.IntSlider(batch, min=1, max=512, description="batch", style=style, layout=layout)
         gpu = gpu_label(gpu)
-        self.gpu = W.Dropdown(options=list(GPUS), value=gpu, description="GPU", style=style, layout=layout)
+        self.gpu = W.Dropdown(options=list(GPU_MEMORY), value=gpu, description="GPU", style=style, layout=layout)
         self.gpu_gb = W.FloatSlider(
-            GPUS[gpu] / 1e9,
+            GPU_MEMORY[gpu] / 1e9,
             min=8,
             max=192,
             step=0.01,
@@ -92,7 +92,7 @@ class KVMemoryCalculator:
         self.html = W.HTML()
         self._mla: tuple[int, int] = (0, 0)  # (latent_dim, rope_dim) while an MLA preset is untouched
         self._syncing = False
-        self.fig = _figure_widget(F.kv_memory_figure(self.spec(), self.seq_len.value, self.batch.value, 1))
+        self.fig = _figure_widget(kv_memory_figure(self.spec(), self.seq_len.value, self.batch.value, 1))
         self.preset.observe(lambda ch: self.set_preset(ch["new"]), "value")
         self.gpu.observe(lambda ch: self.set_gpu(ch["new"]), "value")
         for w in (self.layers, self.kv_heads, self.head_dim, self.dtype):
@@ -118,9 +118,9 @@ class KVMemoryCalculator:
         )
         self.ui = W.VBox([W.HBox([controls, self.html]), self.fig])
 
-    def spec(self) -> KVSpec:
+    def spec(self) -> ModelGeometry:
         latent, rope = self._mla
-        return KVSpec(
+        return ModelGeometry(
             "custom",
             self.layers.value,
             self.kv_heads.value,
@@ -134,7 +134,7 @@ class KVMemoryCalculator:
         """Load a preset's geometry (and its weights' size at the preset's dtype) into the sliders."""
         if name == "custom":
             return
-        spec = PRESETS[name]
+        spec = find_model(name)
         self._syncing = True
         try:
             if self.preset.value != name:
@@ -152,7 +152,7 @@ class KVMemoryCalculator:
         name = gpu_label(name)
         if self.gpu.value != name:
             self.gpu.value = name
-        self.gpu_gb.value = GPUS[name] / 1e9
+        self.gpu_gb.value = GPU_MEMORY[name] / 1e9
         self.update()
 
     def _on_geometry(self, change) -> None:
@@ -172,7 +172,7 @@ class KVMemoryCalculator:
         block = spec.block_bytes(16)
         fit = int(kv_budget // block) // math.ceil(s / 16)
         return {
-            "bytes_per_token": spec.bytes_per_token,
+            "bytes_per_token": spec.kv_bytes_per_token,
             "bytes_per_request": per_request,
             "bytes_batch": per_request * batch,
             "kv_budget_bytes": kv_budget,
@@ -196,7 +196,7 @@ class KVMemoryCalculator:
         )
         self.html.value = (
             "<div style='font-family:monospace;line-height:1.6;padding-left:16px'>"
-            f"<b>per token</b>: {formula} x {DTYPE_BYTES[spec.dtype]} B = <b>{r['bytes_per_token']:,} B</b>"
+            f"<b>per token</b>: {formula} x {DTYPE_BYTES[spec.kv_dtype]} B = <b>{r['bytes_per_token']:,} B</b>"
             f" ({r['bytes_per_token'] / 1024:,.1f} KiB)<br>"
             f"<b>per request</b> (s = {self.seq_len.value:,}): {format_bytes(r['bytes_per_request'])}<br>"
             f"<b>batch of {self.batch.value}</b>: {format_bytes(r['bytes_batch'])} -- {verdict}<br>"
@@ -204,7 +204,7 @@ class KVMemoryCalculator:
             f" = {format_bytes(r['kv_budget_bytes'])}<br>"
             f"<b>requests of s tokens that fit</b> (paged, B = 16): <b>{r['requests_that_fit']:,}</b></div>"
         )
-        new = F.kv_memory_figure(spec, self.seq_len.value, self.batch.value, int(r["kv_budget_bytes"]))
+        new = kv_memory_figure(spec, self.seq_len.value, self.batch.value, int(r["kv_budget_bytes"]))
         with self.fig.batch_update():
             for old_trace, new_trace in zip(self.fig.data, new.data):
                 old_trace.x, old_trace.y = new_trace.x, new_trace.y
