@@ -222,6 +222,23 @@ def test_abort_a_sample_before_a_fork_that_comes_steps_later(model, aborts, step
             assert out.outputs[k] == clean.outputs[k] and out.finish_reasons[k] == "length"
 
 
+@pytest.mark.parametrize("aborted", [0, 1])
+def test_abort_a_sample_of_a_request_that_ends_in_the_step_that_forks_it(model, aborted):
+    """Found by the soak (benchmarks/soak_engine.py): with ``max_tokens=1`` the fork's step finishes
+    every sample; the request ended with the first and the aborted child then raised a bare KeyError."""
+    engine = Engine(model, num_blocks=64, block_size=4, max_num_batched_tokens=8)
+    [rid] = engine.add_requests([list(range(1, 13))], [SamplingParams(max_tokens=1, temperature=1.0, seed=2, n=2)])
+    engine.step()  # the first chunk of three: no fork yet
+    assert engine.abort_request(rid, sample_index=aborted) is None
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    [out] = outputs
+    assert out.finish_reasons[aborted] == "abort" and out.outputs[aborted] == []
+    assert out.finish_reasons[1 - aborted] == "length" and len(out.outputs[1 - aborted]) == 1
+    assert_nothing_leaked(engine)
+
+
 # ----------------------------------------------------------------------------------------------
 # A subscriber that calls back into the engine (issue 23: the next waiting request was dropped)
 # ----------------------------------------------------------------------------------------------

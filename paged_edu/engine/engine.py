@@ -549,16 +549,16 @@ class Engine:
     chat = offline.chat
 
     def _collect(self, finished_seqs: list[Seq]) -> list[RequestOutput]:
-        outputs = []
-        for seq in finished_seqs:
+        done: dict[int, RequestState] = {}  # finished once every sample of the step is booked: a fork's
+        for seq in finished_seqs:  # step may end a request and its aborted child together
             request = self._requests[seq.request_id]
             self.sampler.remove(seq.request_id, seq.sample_index)
             if seq.sample_index in request.aborted:
                 continue  # aborted before its fork: it keeps nothing
             request.finished[seq.sample_index] = seq
             if request.done:
-                outputs.append(self._finish(request))
-        return outputs
+                done[request.request_id] = request
+        return [self._finish(request) for request in done.values()]
 
     # -- inspection ----------------------------------------------------------------------------
     def stats(self) -> dict:
