@@ -179,9 +179,15 @@ def cached_blocks(a) -> set[int]:
     ids=["hash-computed", "hash-full", "radix-computed", "radix-full"],
 )
 def test_cache_events_replay_to_the_cache_contents(make):
+    """Replayed here (``Replay``) and by lesson 8's model (``CacheContents``, which can also replay
+    any earlier moment): both equal the cache's own contents after every operation."""
+    from paged_edu.labs.cache_contents import CacheContents
+
     rng = random.Random(5)
     a = make()
     replay = Replay(a)
+    contents = CacheContents(a)
+    history = []
     live: list[int] = []
     next_id = 0
     for _ in range(600):
@@ -209,7 +215,8 @@ def test_cache_events_replay_to_the_cache_contents(make):
                 a.reset_prefix_cache()
         except MemoryError:
             pass
-        assert replay.cached == cached_blocks(a)
+        assert replay.cached == cached_blocks(a) == set(contents.cached)
+        history.append((len(contents.events), cached_blocks(a)))
         if isinstance(a, RadixAllocator):  # a namespace lives exactly as long as something below it
             assert all(child.blocks or child.children for child in a.tree.root.children.values())
     assert {"store", "evict"} <= set(replay.kinds)
@@ -217,6 +224,10 @@ def test_cache_events_replay_to_the_cache_contents(make):
         a.free(s)
     assert a.reset_prefix_cache() == 0
     assert replay.kinds[-1] == "clear" and replay.cached == set() == cached_blocks(a)
+    assert contents.events[-1].kind == "clear" and contents.cached == {}
+    for k, expected in history[::25]:  # an earlier moment, from the events alone
+        assert set(contents.at(k)) == expected
+    assert contents.sizes()[-1] == 0 and max(contents.sizes()) > 0
 
 
 def test_store_and_clear_go_to_cache_subscribers_only():
