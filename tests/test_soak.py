@@ -2,8 +2,9 @@
 
 The same code as the 100,000-request run whose record is ``figures/soak_engine.json``: four engines
 (hash / radix cache x recompute / swap) under aborts, salts, preemptions and injected faults,
-drained and measured at ten checkpoints each. Then three engines made to leak on purpose -- a
-request state kept, one block never released, random streams never dropped -- must each be caught.
+drained and measured at ten checkpoints each. Then engines made to leak on purpose -- a request
+state kept, one block never released, random streams never dropped, cache events lost -- must each
+be caught.
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ def lose_one_block(engine):
     pool.release = release
 
 
+def drop_cache_events(engine):
+    a = engine.allocator
+    a._deliver_cache_events = a._cache_events.clear  # the stores and evictions never reach a subscriber
+
+
 def keep_random_streams(engine):
     engine.sampler.remove = lambda request_id, sample_index: None
     engine.sampler.remove_request = lambda request_id, num_samples: None
@@ -67,6 +73,7 @@ def keep_random_streams(engine):
         (keep_finished_requests, "gc", "paged_edu.engine.outputs.RequestState"),
         (lose_one_block, "at_rest", "blocks"),
         (keep_random_streams, "at_rest", "sampler._generators"),
+        (drop_cache_events, "at_rest", "cached blocks unlike the replayed events"),
     ],
 )
 def test_the_soak_catches_a_leak(tamper, kind, key):
