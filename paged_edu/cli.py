@@ -22,6 +22,8 @@ import math
 import os
 import sys
 
+from paged_edu.core.validation import MAX_NUM_REQUESTS
+
 __all__ = ["main"]
 
 
@@ -101,6 +103,7 @@ def _choice(choices):
 
 POSITIVE = _int(1)
 SEED = _int(0, 2**64 - 1)
+NUM_REQUESTS = _int(1, MAX_NUM_REQUESTS)  # generated up front: a bound, not a MemoryError
 
 
 def _add_server_args(p: argparse.ArgumentParser) -> None:
@@ -230,7 +233,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="generated workload: request lengths (sharegpt, alpaca) or a sharing pattern",
     )
     sim.add_argument("--trace", help="a JSONL trace to serve instead of a generated workload")
-    sim.add_argument("--num-requests", type=POSITIVE, default=1000, help="requests generated")
+    sim.add_argument("--num-requests", type=NUM_REQUESTS, default=1000, help="requests generated")
     sim.add_argument(
         "--rate", type=_float(0.0, math.inf), default=10.0, help="Poisson arrivals per second (inf: all at t=0)"
     )
@@ -285,7 +288,7 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES["figures-sim"],
     )
     fig.add_argument("--out", default="figures", help="output folder (created if its parent exists)")
-    fig.add_argument("--num-requests", type=POSITIVE, default=1000, help="requests per simulation")
+    fig.add_argument("--num-requests", type=NUM_REQUESTS, default=1000, help="requests per simulation")
     fig.add_argument("--seed", type=SEED, default=0, help="random seed of the workloads")
     fig.add_argument(
         "--format",

@@ -179,9 +179,15 @@ def cached_blocks(a) -> set[int]:
     ids=["hash-computed", "hash-full", "radix-computed", "radix-full"],
 )
 def test_cache_events_replay_to_the_cache_contents(make):
+    """Replayed here (``Replay``) and by lesson 8's model (``CacheContents``, which can also replay
+    any earlier moment): both equal the cache's own contents after every operation."""
+    from paged_edu.labs.cache_contents import CacheContents
+
     rng = random.Random(5)
     a = make()
     replay = Replay(a)
+    contents = CacheContents(a)
+    history = []
     live: list[int] = []
     next_id = 0
     for _ in range(600):
@@ -209,7 +215,8 @@ def test_cache_events_replay_to_the_cache_contents(make):
                 a.reset_prefix_cache()
         except MemoryError:
             pass
-        assert replay.cached == cached_blocks(a)
+        assert replay.cached == cached_blocks(a) == set(contents.cached)
+        history.append((len(contents.events), cached_blocks(a)))
         if isinstance(a, RadixAllocator):  # a namespace lives exactly as long as something below it
             assert all(child.blocks or child.children for child in a.tree.root.children.values())
     assert {"store", "evict"} <= set(replay.kinds)
@@ -217,6 +224,10 @@ def test_cache_events_replay_to_the_cache_contents(make):
         a.free(s)
     assert a.reset_prefix_cache() == 0
     assert replay.kinds[-1] == "clear" and replay.cached == set() == cached_blocks(a)
+    assert contents.events[-1].kind == "clear" and contents.cached == {}
+    for k, expected in history[::25]:  # an earlier moment, from the events alone
+        assert set(contents.at(k)) == expected
+    assert contents.sizes()[-1] == 0 and max(contents.sizes()) > 0
 
 
 def test_store_and_clear_go_to_cache_subscribers_only():
@@ -291,6 +302,47 @@ def test_engine_salts_keep_tenants_apart_and_a_bad_salt_is_refused(model, radix)
     assert by_id[second].metrics.num_cached_tokens == 0  # another tenant's prefix: no hit
     assert by_id[third].metrics.num_cached_tokens == len(system)  # its own tenant's: hit
     assert e.allocator.stats.per_salt["mallory"][1] == 0
+
+
+@pytest.mark.parametrize("radix", [False, True], ids=["hash", "radix"])
+def test_add_requests_takes_a_salt_per_request_all_or_nothing(model, radix):
+    """Per-request salts in one call: each request hits what add_request with its salt would hit;
+    a bad salt anywhere in the list queues none of them, and the engine serves on."""
+    from paged_edu.engine import Engine
+    from paged_edu.engine.sampling import SamplingParams
+
+    allocator = RadixAllocator(64, B, cache_when_computed=True) if radix else None
+    e = Engine(model, num_blocks=64, block_size=B, allocator=allocator)
+    system = [5, 6, 7, 8] * 4
+    prompts = [system + [10 + i] for i in range(3)]
+    params = [SamplingParams(max_tokens=3)] * 3
+    expected = {
+        tuple(o.prompt_token_ids): o.outputs for o in Engine(model, num_blocks=64, block_size=B).run(prompts, params)
+    }
+
+    for bad, exc, match in [
+        (["t", "", "t"], ValueError, r"cache_salts\[1\]"),
+        (["t", "t", 42], TypeError, r"cache_salts\[2\]"),
+        (["t", "t"], ValueError, "one cache salt .* per prompt: 2 salts for 3 prompts"),
+        ("t", ValueError, "one cache salt .* per prompt: one str"),
+    ]:
+        with pytest.raises(exc, match=match):
+            e.add_requests(prompts, params, cache_salts=bad)
+        assert not e.has_unfinished() and e.allocator.num_used_blocks == 0  # none of them queued
+
+    outputs = []
+    [warm] = e.add_requests(prompts[:1], params[:1], cache_salts=["alice"])
+    while e.has_unfinished():
+        outputs += e.step()
+    ids = e.add_requests(prompts, params, cache_salts=["alice", "mallory", None])
+    assert ids == [warm + 1, warm + 2, warm + 3]  # the refused calls took no id
+    while e.has_unfinished():
+        outputs += e.step()
+    by_id = {o.request_id: o for o in outputs}
+    assert [by_id[i].metrics.num_cached_tokens for i in ids] == [len(system), 0, 0]  # only alice's own prefix
+    for o in outputs:
+        assert o.outputs == expected[tuple(o.prompt_token_ids)]  # token-identical
+    assert {k: v[0] > 0 for k, v in e.allocator.stats.per_salt.items()} == {"alice": True, "mallory": True, None: True}
 
 
 def test_engine_refuses_a_salt_its_allocator_cannot_take(model):

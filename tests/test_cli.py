@@ -66,6 +66,16 @@ def test_a_kv_pool_bigger_than_the_gpu_names_the_model_by_the_name_given(capsys)
     assert "argument --kv-slots:" in err and "--model llama-2-70b" in err and "Seed 70B" not in err, err
 
 
+@pytest.mark.parametrize("command", ["simulate", "figures-sim"])
+@pytest.mark.parametrize("size", ["1000000000", "1000001"])
+def test_a_workload_too_big_to_generate_is_refused_naming_the_flag_and_the_bound(command, size, capsys):
+    """Issue 23: ``--num-requests 1000000000`` generated requests until a MemoryError."""
+    from paged_edu.core.validation import MAX_NUM_REQUESTS
+
+    err = _error([command, "--num-requests", size, "--no-progress"], capsys)
+    assert "argument --num-requests:" in err and f"[1, {MAX_NUM_REQUESTS}]" in err and size in err, err
+
+
 def test_figures_sim_without_plotly_says_which_extra_to_install(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly -> ModuleNotFoundError
     monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)

@@ -16,6 +16,7 @@ import random
 import pytest
 
 from paged_edu.engine import Engine, StepFailed
+from paged_edu.engine.faults import PHASES, InjectedFault, inject_fault
 from paged_edu.engine.sampling import SamplingParams
 from paged_edu.labs.engine_lab import tiny_model
 
@@ -44,10 +45,6 @@ GREEDY = [SamplingParams(max_tokens=10)] * 4
 SAMPLED = [SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, seed=10 * i, n=1 + i % 3) for i in range(4)]
 
 
-class Fault(RuntimeError):
-    pass
-
-
 def inject(engine: Engine, phase: str, occurrence: int) -> dict:
     """Make ``phase`` raise once, the ``occurrence``-th time it runs (1 = the first)."""
     state = {"fired": 0, "calls": 0}
@@ -59,45 +56,7 @@ def inject(engine: Engine, phase: str, occurrence: int) -> dict:
         state["fired"] = engine.step_count + 1  # the step it fired in, plus one (0 = not yet)
         return True
 
-    if phase in ("swap_out", "copy", "swap_in"):
-        name = "copy_blocks" if phase == "copy" else phase
-        real = getattr(engine.kv_cache, name)
-
-        def copy(pairs):
-            if pairs and armed():
-                real(pairs[: len(pairs) // 2])  # part of the batch lands, then the copy dies
-                raise Fault(f"injected: {phase}")
-            real(pairs)
-
-        setattr(engine.kv_cache, name, copy)
-    elif phase == "prepare":
-        real_prepare = engine.runner.prepare
-
-        def prepare(*args):
-            if armed():
-                raise Fault("injected: prepare")
-            return real_prepare(*args)
-
-        engine.runner.prepare = prepare
-    elif phase == "forward":  # the first layer has written its K/V when the last one raises
-        layer = engine.model.layers[-1]
-        real_layer = layer.forward
-
-        def forward(*args):
-            if armed():
-                raise Fault("injected: forward")
-            return real_layer(*args)
-
-        layer.forward = forward
-    elif phase == "sample":
-        real_logits = engine.model.compute_logits
-
-        def compute_logits(hidden):
-            if armed():
-                raise Fault("injected: sample")
-            return real_logits(hidden)
-
-        engine.model.compute_logits = compute_logits
+    inject_fault(engine, phase, armed)
     return state
 
 
@@ -156,16 +115,6 @@ def has_op(model, prompts, config, kind, phase) -> bool:
     return counts.get(phase, 1) > 0
 
 
-PHASES = {
-    "swap_out": "block copies",
-    "copy": "block copies",
-    "swap_in": "block copies",
-    "prepare": "prepare",
-    "forward": "forward",
-    "sample": "sample",
-}
-
-
 @pytest.mark.parametrize("kind", ["greedy", "sampled"])
 @pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("phase", list(PHASES))
@@ -181,7 +130,7 @@ def test_a_failed_step_is_undone_and_the_run_is_token_identical(model, prompts, 
             assert occurrence > 1 and not failures and outputs == expected
             continue
         (failure,) = failures
-        assert failure.phase == PHASES[phase] and isinstance(failure.__cause__, Fault)
+        assert failure.phase == PHASES[phase] and isinstance(failure.__cause__, InjectedFault)
         assert failure.step == state["fired"] - 1 and failure.request_ids
         assert engine.num_failed_steps == 1
         assert outputs == expected  # every request, every sample: as if nothing had failed
@@ -198,7 +147,7 @@ def test_a_fault_that_persists_leaves_the_engine_serving_the_others(model, promp
 
     def prepare(scheduled, *args):
         if any(item.seq.request_id == poison for item in scheduled):
-            raise Fault("this request's input breaks the kernel")
+            raise InjectedFault("this request's input breaks the kernel")
         return real(scheduled, *args)
 
     engine.runner.prepare = prepare
@@ -271,6 +220,23 @@ def test_abort_a_sample_before_a_fork_that_comes_steps_later(model, aborts, step
             assert out.outputs[k] == [] and out.finish_reasons[k] == "abort"
         else:
             assert out.outputs[k] == clean.outputs[k] and out.finish_reasons[k] == "length"
+
+
+@pytest.mark.parametrize("aborted", [0, 1])
+def test_abort_a_sample_of_a_request_that_ends_in_the_step_that_forks_it(model, aborted):
+    """Found by the soak (benchmarks/soak_engine.py): with ``max_tokens=1`` the fork's step finishes
+    every sample; the request ended with the first and the aborted child then raised a bare KeyError."""
+    engine = Engine(model, num_blocks=64, block_size=4, max_num_batched_tokens=8)
+    [rid] = engine.add_requests([list(range(1, 13))], [SamplingParams(max_tokens=1, temperature=1.0, seed=2, n=2)])
+    engine.step()  # the first chunk of three: no fork yet
+    assert engine.abort_request(rid, sample_index=aborted) is None
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    [out] = outputs
+    assert out.finish_reasons[aborted] == "abort" and out.outputs[aborted] == []
+    assert out.finish_reasons[1 - aborted] == "length" and len(out.outputs[1 - aborted]) == 1
+    assert_nothing_leaked(engine)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -261,3 +261,38 @@ def test_an_engine_refuses_an_allocator_that_still_caches_another_engines_blocks
     assert allocator.num_free_blocks == 32 and allocator.num_cached_blocks > 0 and not is_empty(allocator)
     with pytest.raises(ValueError, match="still caches"):
         engine_on(model, allocator)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_swap_in_never_copies_into_a_block_the_radix_publish_gave_it(seed):
+    """Found by the soak (benchmarks/soak_engine.py): two samples of one request, swapped out with the
+    same 16 computed tokens, came back in one step. Each re-allocation hits at most all but the block
+    of its last token, so publishing that block swapped it for the tree's copy -- which the first
+    swap-in was copying into -- and both copies went to one block ("a destination block appears
+    twice"; the engine then failed every step). A copy goes only to a block taken for it this step.
+    Scheduler only (tokens chosen from a 2-token vocabulary, so samples often agree)."""
+    from paged_edu.sched.scheduler import Scheduler
+
+    rng = random.Random(seed)
+    allocator = RadixAllocator(14, 2, cache_when_computed=True)
+    sched = Scheduler(allocator, max_num_seqs=6, max_num_batched_tokens=16, preemption_mode="swap", num_cpu_blocks=64)
+    system = [5, 6, 7]
+    swapped_in = 0
+    for _ in range(400):
+        if rng.random() < 0.3 and len(sched.waiting) < 3:
+            prompt = system + [rng.randrange(2) for _ in range(rng.randrange(1, 4))]
+            sched.make_sequence(prompt, rng.randrange(3, 12), num_samples=rng.choice([1, 2, 3]))
+        held = {b for b in range(allocator.num_blocks) if allocator.ref_count(b)}
+        out = sched.schedule()
+        dst = [gpu for kind, _, gpu in out.block_ops if kind == "swap_in"]
+        assert len(dst) == len(set(dst)), out.block_ops
+        assert not held & set(dst), out.block_ops  # never into a block that sequences were reading
+        swapped_in += len(dst)
+        sampled = {}
+        for item in out.scheduled:
+            if item.emits_token:
+                k = item.seq.num_tokens_to_sample
+                tokens = [rng.randrange(2) for _ in range(k)]
+                sampled[item.seq.seq_id] = tokens if k > 1 else tokens[0]
+        sched.update(out.scheduled, sampled)
+    assert swapped_in > 0

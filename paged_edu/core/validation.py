@@ -43,6 +43,9 @@ MAX_TOKEN_ID = 2**63 - 1  # token ids are hashed as int64 (``array('q')``)
 SEED_LIMIT = 2**64  # seeds are unsigned 64-bit, as ``numpy.random.SeedSequence`` and torch take them
 MAX_NUM_BLOCKS = 2**31 - 1  # block ids travel to the kernels in int32 block tables
 MAX_CACHE_SALT_LEN = 256  # characters in a cache salt or an extra cache key
+# Requests a simulated workload generates up front and holds for the run (up to ~8 KB each with
+# their prompt tokens; the simulator serves ~1,000 a second): a million is a quarter of an hour.
+MAX_NUM_REQUESTS = 1_000_000
 
 
 class FieldTypeError(TypeError):

@@ -282,13 +282,7 @@ class Engine:
             )
         params = SamplingParams() if params is None else params
         prompt = self._check_request(prompt_token_ids, params)
-        if cache_salt is not None:
-            cache_key("cache_salt", cache_salt)
-            if not _takes_cache_salt(self.allocator):
-                raise TypeError(
-                    f"cache_salt needs an allocator whose allocate() takes cache_salt=; "
-                    f"{type(self.allocator).__name__} does not"
-                )
+        self._check_cache_salt("cache_salt", cache_salt)
         request_id = self._next_request_id
         seq = Seq(
             self.scheduler.new_seq_id(),
@@ -310,18 +304,44 @@ class Engine:
         """The model's limits (the scheduler checks its own in ``Scheduler.add``); the clean prompt."""
         return check_request(prompt_token_ids, params, self.config, max_model_len=self.max_model_len)
 
-    def add_requests(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list[int]:
+    def _check_cache_salt(self, name: str, cache_salt: str | None) -> None:
+        """A salt the allocator can take: None, or a non-empty str of bounded length."""
+        if cache_salt is None:
+            return
+        cache_key(name, cache_salt)
+        if not _takes_cache_salt(self.allocator):
+            raise TypeError(
+                f"{name} needs an allocator whose allocate() takes cache_salt=; "
+                f"{type(self.allocator).__name__} does not"
+            )
+
+    def add_requests(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: Sequence[SamplingParams],
+        *,
+        cache_salts: Sequence[str | None] | None = None,
+    ) -> list[int]:
         """Queue several requests, all or nothing: every one is checked before the first is queued,
-        and if the scheduler refuses one, those queued before it are withdrawn without a trace."""
+        and if the scheduler refuses one, those queued before it are withdrawn without a trace.
+        ``cache_salts``: one :meth:`add_request` ``cache_salt`` per prompt (None: unsalted)."""
         if isinstance(params, SamplingParams) or len(params) != len(prompts):
             got = "one SamplingParams" if isinstance(params, SamplingParams) else f"{len(params)} sampling params"
             raise ValueError(f"add_requests needs one SamplingParams per prompt: {got} for {len(prompts)} prompts")
-        for p, sp in zip(prompts, params, strict=True):
+        if cache_salts is None:
+            cache_salts = [None] * len(prompts)
+        elif isinstance(cache_salts, str) or len(cache_salts) != len(prompts):
+            got = "one str" if isinstance(cache_salts, str) else f"{len(cache_salts)} salts"
+            raise ValueError(
+                f"add_requests needs one cache salt (or None) per prompt: {got} for {len(prompts)} prompts"
+            )
+        for i, (p, sp, salt) in enumerate(zip(prompts, params, cache_salts, strict=True)):
             self._check_request(p, sp)
+            self._check_cache_salt(f"cache_salts[{i}]", salt)
         ids: list[int] = []
         try:
-            for p, sp in zip(prompts, params):
-                ids.append(self.add_request(p, sp))
+            for p, sp, salt in zip(prompts, params, cache_salts):
+                ids.append(self.add_request(p, sp, cache_salt=salt))
         except Exception:
             for rid in ids:  # still waiting (no step ran): no block, no event, no output
                 seq = next(s for s in self.scheduler.waiting if s.request_id == rid)
@@ -529,16 +549,16 @@ class Engine:
     chat = offline.chat
 
     def _collect(self, finished_seqs: list[Seq]) -> list[RequestOutput]:
-        outputs = []
-        for seq in finished_seqs:
+        done: dict[int, RequestState] = {}  # finished once every sample of the step is booked: a fork's
+        for seq in finished_seqs:  # step may end a request and its aborted child together
             request = self._requests[seq.request_id]
             self.sampler.remove(seq.request_id, seq.sample_index)
             if seq.sample_index in request.aborted:
                 continue  # aborted before its fork: it keeps nothing
             request.finished[seq.sample_index] = seq
             if request.done:
-                outputs.append(self._finish(request))
-        return outputs
+                done[request.request_id] = request
+        return [self._finish(request) for request in done.values()]
 
     # -- inspection ----------------------------------------------------------------------------
     def stats(self) -> dict:

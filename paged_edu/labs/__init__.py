@@ -18,7 +18,8 @@ or records that a lesson prints and a view draws.
 * lesson 7: :mod:`~paged_edu.labs.benchmark_table` (the paper's table, filled by the simulator),
   :mod:`~paged_edu.labs.sim_vs_real` (simulator against the engine);
 * lesson 8: :mod:`~paged_edu.labs.serving_flags` (a ``vllm serve`` command line read),
-  :mod:`~paged_edu.labs.cache_compare` (hash chain against radix tree, FCFS against LPM).
+  :mod:`~paged_edu.labs.cache_compare` (hash chain against radix tree, FCFS against LPM),
+  :mod:`~paged_edu.labs.cache_contents` (the prefix cache rebuilt from its store / evict / clear events).
 
 Nothing here draws (that is :mod:`paged_edu.viz`) and nothing here is notebook glue (that is
 :mod:`paged_edu.lessons`).

@@ -320,11 +320,16 @@ class Scheduler:
         # recompute (write) into them, even when this sequence had computed less before its swap.
         num_cached = allocator.num_cached_tokens(seq.seq_id)
         seq.num_computed_tokens = max(seq.num_computed_tokens, num_cached)
+        own = allocator.block_table(seq.seq_id)
         allocator.mark_computed(seq.seq_id, seq.num_computed_tokens)  # its K/V is copied back first
-        # Publish, then read the table: publishing may swap a block for the cache's copy (radix).
+        # Publish, then read the table: publishing may swap a block for the cache's copy (radix),
+        # whose K/V is there (or copied in earlier this step): no copy goes into it.
         table = allocator.block_table(seq.seq_id)
         self._record_copies(out)
-        for cpu, gpu in self.swap_space.swap_in(seq.seq_id, table, num_cached // allocator.block_size):
+        first = num_cached // allocator.block_size
+        for i, (cpu, gpu) in enumerate(self.swap_space.swap_in(seq.seq_id, table, first), start=first):
+            if gpu != own[i]:
+                continue
             out.blocks_to_swap_in.append((cpu, gpu))
             out.block_ops.append(("swap_in", cpu, gpu))
         return True
