@@ -80,6 +80,11 @@ def test_figures_sim_without_plotly_says_which_extra_to_install(monkeypatch, tmp
     monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly -> ModuleNotFoundError
     monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
     monkeypatch.delitem(sys.modules, "paged_edu.viz.sim_figures", raising=False)
+    # `from paged_edu.viz import sim_figures` reads the package's attribute before sys.modules: an earlier
+    # test that imported the module left it there, and the import would then never run.
+    import paged_edu.viz
+
+    monkeypatch.delattr(paged_edu.viz, "sim_figures", raising=False)
     err = _error(["figures-sim", "--out", str(tmp_path / "figs"), "--no-progress"], capsys)
     assert "plotly" in err and 'pip install "paged_edu[figures]"' in err, err
 
