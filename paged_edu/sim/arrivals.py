@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from paged_edu.sim.request import _is_int
+from paged_edu.core.validation import integer
 
 L_MAX = 2048  # OPT's context length, the paper's L_max for its contiguous baselines.
 
@@ -35,5 +35,4 @@ def poisson_arrivals(num: int, rate: float, rng: np.random.Generator) -> np.ndar
 
 def check_num_requests(num_requests: int) -> None:
     """Refuse a workload size that is not an int >= 1 (``True`` included)."""
-    if not _is_int(num_requests) or num_requests < 1:
-        raise ValueError(f"num_requests must be a positive int, got {num_requests!r}")
+    integer("num_requests", num_requests, low=1)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from paged_edu.core.allocator import BlockAllocator, OutOfBlocksError, PrefixCacheStats, UnknownSequenceError
 from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
+from paged_edu.core.validation import FieldValueError, choice, integer
 from paged_edu.sched.sequence import Sequence
 from paged_edu.sim.workloads import L_MAX
 
@@ -154,9 +155,7 @@ class ContiguousManager:
     block_size = 1
 
     def __init__(self, num_slots: int, policy: str, max_seq_len: int = L_MAX) -> None:
-        if policy not in ("max", "pow2", "oracle"):
-            raise ValueError(f"policy must be 'max', 'pow2' or 'oracle', got {policy!r}")
-        self.policy = policy
+        self.policy = choice("policy", policy, ("max", "pow2", "oracle"))
         self.max_seq_len = max_seq_len
         self.space = ContiguousAllocator(num_slots, max_seq_len)
         self.num_blocks = num_slots
@@ -327,16 +326,13 @@ class ContiguousManager:
 
 def make_manager(name: str, num_kv_slots: int, block_size: int = 16, max_seq_len: int = L_MAX):
     """Build a memory manager by name over ``num_kv_slots`` token slots."""
-    if name not in MANAGERS:
-        raise ValueError(f"unknown manager {name!r}; choose one of {MANAGERS}")
-    if not isinstance(num_kv_slots, int) or num_kv_slots < 1:
-        raise ValueError(f"num_kv_slots must be a positive int, got {num_kv_slots!r}")
+    choice("manager", name, MANAGERS)
+    num_kv_slots = integer("num_kv_slots", num_kv_slots, low=1)
     if name.startswith("contiguous"):
         return ContiguousManager(num_kv_slots, name.split("-")[1], max_seq_len)
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    block_size = integer("block_size", block_size, low=1)
     if num_kv_slots < block_size:
-        raise ValueError(f"num_kv_slots={num_kv_slots} holds not even one block of {block_size}")
+        raise FieldValueError("num_kv_slots", f"num_kv_slots={num_kv_slots} holds not even one block of {block_size}")
     if name == "paged-radix":
         return RadixManager(num_kv_slots // block_size, block_size)
     return PagedManager(num_kv_slots // block_size, block_size, name == "paged-prefix")
