@@ -144,13 +144,13 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _check_server_args(args) -> None:
-    """Limits that involve several flags, checked before anything is built or allocated."""
+def _check_server_args(args, cost) -> None:
+    """Limits that involve several flags, checked before anything is built or allocated (the
+    messages name the model and GPU as the flags gave them)."""
 
     def error(message: str):
         raise UserError(message)
 
-    cost = _cost_model(args)
     model, gpu = f"--model {args.model}", f"--gpu {args.gpu} ({cost.gpu.name}, {cost.gpu.memory_bytes / 1e9:.1f} GB)"
     most = cost.gpu.memory_bytes // cost.model.kv_bytes_per_token
     if args.kv_slots is not None and args.kv_slots > most:
@@ -333,37 +333,47 @@ def _workload(args):
     return workloads.make_workload(args.workload, args.num_requests, args.rate, args.seed, **kwargs)
 
 
+# The simulator setting (a SimConfig field) each server flag sets.
+SERVER_FLAGS = {
+    "num_kv_slots": "--kv-slots",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "preemption_mode": "--preemption",
+    "num_cpu_blocks": "--cpu-blocks",
+    "policy": "--policy",
+}
+# The flag to blame for a refused setting: an error's ``.field`` (core.validation) -> the flag that sets it.
+FLAG_OF_FIELD = {
+    **SERVER_FLAGS,
+    "manager": "--managers",
+    "block_size": "--block-sizes",
+    "num_blocks": "--kv-slots",  # the pool in blocks: as many as the slots make
+    "max_seq_len": "--workload",  # a request too long for the servers: the workload made it
+    "max_model_len": "--workload",
+}
+
+
 def _server_kwargs(args) -> dict:
-    return {
-        "num_kv_slots": args.kv_slots,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "preemption_mode": args.preemption,
-        "num_cpu_blocks": args.cpu_blocks,
-        "policy": args.policy,
-    }
+    return {field: getattr(args, flag[2:].replace("-", "_")) for field, flag in SERVER_FLAGS.items()}
 
 
-def _flag_for(message: str, args) -> str:
-    """The flag to change when a request cannot be served (the message names the limit)."""
-    for limit, flag in (
-        ("max_num_seqs", "--max-num-seqs"),
-        ("max_num_batched_tokens", "--max-num-batched-tokens"),
-        ("max_seq_len", "--trace" if args.trace else "--workload"),
-    ):
-        if limit in message:
-            return f"argument {flag}"
-    return "argument --kv-slots" if args.kv_slots is not None else "argument --gpu-memory-utilization"
+def _flag_to_blame(field: str, args) -> str:
+    """The flag to change for an error about ``field`` (a ``KeyError`` for a field no flag sets: a bug)."""
+    flag = FLAG_OF_FIELD[field]
+    if flag == "--kv-slots" and args.kv_slots is None:  # the pool is what --gpu-memory-utilization left
+        return "--gpu-memory-utilization"
+    if flag == "--workload" and args.trace:
+        return "--trace"
+    return flag
 
 
-def cmd_simulate(args) -> int:
+def cmd_simulate(args, cost) -> int:
+    from paged_edu.core.validation import FieldTypeError, FieldValueError
     from paged_edu.sim import workloads
     from paged_edu.sim.request import load_trace, save_trace
-    from paged_edu.sim.compare import compare, default_configs, format_table
-    from paged_edu.sim.simulator import prepare
+    from paged_edu.sim.compare import compare, default_configs, format_table, prepare_all
 
-    cost = _cost_model(args)
     if args.trace:
         try:
             requests = load_trace(args.trace)
@@ -373,12 +383,11 @@ def cmd_simulate(args) -> int:
         requests = _workload(args)
     if args.tenants:
         workloads.assign_tenants(requests, args.tenants)
-    configs = default_configs(block_sizes=args.block_sizes, managers=args.managers, **_server_kwargs(args))
-    for config in configs:  # a request this server could never serve is refused before anything runs
-        try:
-            prepare(requests, config, cost)
-        except ValueError as exc:
-            raise UserError(f"{_flag_for(str(exc), args)}: {config.label}: {exc}") from None
+    try:  # every server built once, and a request one could never serve refused, before anything runs
+        configs = default_configs(block_sizes=args.block_sizes, managers=args.managers, **_server_kwargs(args))
+        servers = prepare_all(requests, configs, cost)
+    except (FieldTypeError, FieldValueError) as exc:
+        raise UserError(f"argument {_flag_to_blame(exc.field, args)}: {exc}") from None
     if args.save_trace:
         _write(args.save_trace, lambda path: save_trace(requests, path), "--save-trace")
     summary = workloads.summarize(requests)
@@ -391,7 +400,7 @@ def cmd_simulate(args) -> int:
         f"mean prompt {summary['mean_prompt_len']:.1f}, mean output {summary['mean_output_len']:.1f} tokens, "
         f"rate {args.rate:g}/s, seed {args.seed}"
     )
-    results = compare(requests, configs, cost, progress=not args.no_progress)
+    results = compare(requests, progress=not args.no_progress, servers=servers)
     print(
         f"  KV pool: {results[0].num_kv_slots:,} token slots; max_num_seqs {args.max_num_seqs}, "
         f"max_num_batched_tokens {args.max_num_batched_tokens}, preemption {args.preemption}"
@@ -448,7 +457,7 @@ def _write(path: str, write, flag: str) -> None:
         raise UserError(f"{flag}: cannot write {path!r}: {exc.strerror or exc}") from None
 
 
-def cmd_figures(args) -> int:
+def cmd_figures(args, cost) -> int:
     try:
         from paged_edu.viz import sim_figures
     except ModuleNotFoundError as exc:
@@ -456,7 +465,6 @@ def cmd_figures(args) -> int:
             raise
         raise UserError(f"no module {exc.name!r}. {NEEDS_PLOTLY}") from None
 
-    cost = _cost_model(args)
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as exc:
@@ -480,11 +488,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _check_output_paths(args)
-        _check_server_args(args)
+        cost = _cost_model(args)
+        _check_server_args(args, cost)
         if args.command == "simulate":
-            return cmd_simulate(args)
+            return cmd_simulate(args, cost)
         if args.command == "figures-sim":
-            return cmd_figures(args)
+            return cmd_figures(args, cost)
     except UserError as exc:  # anything else is a bug, and keeps its traceback
         print(f"paged-edu {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -109,3 +109,79 @@ def test_version_prints_the_installed_version(capsys):
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"paged-edu {importlib.metadata.version('paged_edu')}"
+
+
+# The flag a refused setting blames, written out by hand (the oracle), not read from the CLI's table:
+# (the field a library error names, extra flags, the flag the one-line error must name).
+BLAMED = [
+    ("max_num_seqs", [], "--max-num-seqs"),
+    ("max_num_batched_tokens", [], "--max-num-batched-tokens"),
+    ("num_cpu_blocks", [], "--cpu-blocks"),
+    ("preemption_mode", [], "--preemption"),
+    ("policy", [], "--policy"),
+    ("manager", [], "--managers"),
+    ("block_size", [], "--block-sizes"),
+    ("gpu_memory_utilization", [], "--gpu-memory-utilization"),
+    ("num_kv_slots", ["--kv-slots", "50000"], "--kv-slots"),
+    ("num_kv_slots", [], "--gpu-memory-utilization"),  # no --kv-slots: the pool is what the share left
+    ("num_blocks", ["--kv-slots", "50000"], "--kv-slots"),
+    ("max_seq_len", [], "--workload"),
+]
+
+
+@pytest.mark.parametrize("field, extra, flag", BLAMED, ids=[f"{f} {' '.join(e)}" for f, e, _ in BLAMED])
+def test_a_refused_setting_blames_its_flag_by_the_errors_field_not_its_text(field, extra, flag, monkeypatch, capsys):
+    """The message names every limit but the field's: only ``.field`` can point at the right flag."""
+    from paged_edu.core.validation import FieldValueError
+    from paged_edu.sim import compare, simulator
+
+    def refuse(requests, config, cost):
+        raise FieldValueError(field, "not max_num_seqs, max_num_batched_tokens nor max_seq_len: look at the field")
+
+    monkeypatch.setattr(simulator, "prepare", refuse)
+    monkeypatch.setattr(compare, "prepare", refuse, raising=False)
+    err = _error(["simulate", *QUICK, *extra], capsys)
+    assert f"argument {flag}:" in err and "look at the field" in err, err
+    assert "| manager" not in err  # refused before anything was simulated
+
+
+def test_a_field_no_flag_sets_is_a_bug_not_a_user_error(monkeypatch):
+    from paged_edu.core.validation import FieldValueError
+    from paged_edu.sim import compare
+
+    def refuse(requests, config, cost):
+        raise FieldValueError("not_a_setting", "a bug: no flag sets this")
+
+    monkeypatch.setattr(compare, "prepare", refuse)
+    with pytest.raises(KeyError, match="not_a_setting"):
+        main(["simulate", *QUICK])
+
+
+def test_every_blamed_flag_is_a_flag_of_simulate():
+    from paged_edu.cli import FLAG_OF_FIELD
+
+    simulate = _subparsers(_build_parser())["simulate"]
+    flags = {s for action in simulate._actions for s in action.option_strings}
+    assert set(FLAG_OF_FIELD.values()) <= flags
+    assert {flag for _, _, flag in BLAMED} <= flags
+
+
+def test_every_server_is_built_once_per_simulate_run(monkeypatch, capsys):
+    """Three servers (paged B=16, B=32, contiguous-max): three managers and three schedulers, not six."""
+    from paged_edu.sim import simulator
+
+    built = {"manager": 0, "scheduler": 0}
+
+    def counting(kind, make):
+        def build(*args, **kwargs):
+            built[kind] += 1
+            return make(*args, **kwargs)
+
+        return build
+
+    monkeypatch.setattr(simulator, "make_manager", counting("manager", simulator.make_manager))
+    monkeypatch.setattr(simulator, "Scheduler", counting("scheduler", simulator.Scheduler))
+    argv = ["simulate", "--num-requests", "5", "--no-progress", "--managers", "paged,contiguous-max"]
+    assert main([*argv, "--block-sizes", "16,32"]) == 0
+    assert "| paged B=32" in capsys.readouterr().out
+    assert built == {"manager": 3, "scheduler": 3}
