@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, replace
 
 from paged_edu.core.hardware import DTYPE_BYTES, MODEL_TABLE, ModelGeometry
-from paged_edu.core.validation import integer
+from paged_edu.core.validation import choice, integer
 
 __all__ = [
     "DTYPE_BYTES",
@@ -63,14 +63,11 @@ class KVSpec:
     note: str = ""
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {sorted(DTYPE_BYTES)}")
+        choice("dtype", self.dtype, tuple(sorted(DTYPE_BYTES)))
         for field_name in ("num_layers", "num_kv_heads", "head_dim"):
-            value = getattr(self, field_name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field_name} must be a positive int, got {value!r}")
-        if self.latent_dim < 0 or self.rope_dim < 0:
-            raise ValueError("latent_dim and rope_dim must be >= 0")
+            integer(field_name, getattr(self, field_name), low=1)
+        integer("latent_dim", self.latent_dim, low=0)
+        integer("rope_dim", self.rope_dim, low=0)
 
     @classmethod
     def from_geometry(cls, g: ModelGeometry) -> "KVSpec":
@@ -191,8 +188,7 @@ def seed_70b_example(num_tokens: int = 8192) -> dict[str, float]:
 
 
 def _check_len(name: str, value: int) -> None:
-    if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    integer(name, value, low=1)
 
 
 def eta_naive(s: int, max_seq_len: int) -> float:
