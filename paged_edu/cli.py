@@ -172,8 +172,6 @@ def _check_server_args(args, cost) -> None:
                 f"argument --gpu-memory-utilization: {args.gpu_memory_utilization:g} of {gpu} leaves no room for a KV "
                 f"cache after the weights of {model} ({weights / 1e9:.1f} GB); it needs more than {weights / total:.3f}"
             )
-    if args.preemption == "swap" and args.cpu_blocks == 0:
-        error("argument --cpu-blocks: --preemption swap needs --cpu-blocks > 0 to swap into")
 
 
 def _check_output_paths(args) -> None:
@@ -355,17 +353,25 @@ FLAG_OF_FIELD = {
 
 
 def _server_kwargs(args) -> dict:
-    return {field: getattr(args, flag[2:].replace("-", "_")) for field, flag in SERVER_FLAGS.items()}
+    return {field: getattr(args, _dest(flag)) for field, flag in SERVER_FLAGS.items()}
 
 
-def _flag_to_blame(field: str, args) -> str:
-    """The flag to change for an error about ``field`` (a ``KeyError`` for a field no flag sets: a bug)."""
-    flag = FLAG_OF_FIELD[field]
+def _refused(exc, args) -> UserError:
+    """The one-line error for a setting the simulator refused (a ``FieldTypeError`` / ``FieldValueError``),
+    blaming the flag that sets its ``.field``. A field no flag of this command sets is a bug: ``exc`` is
+    raised again, with its traceback."""
+    flag = FLAG_OF_FIELD.get(exc.field)
+    if flag is None or not hasattr(args, _dest(flag)):
+        raise exc
     if flag == "--kv-slots" and args.kv_slots is None:  # the pool is what --gpu-memory-utilization left
-        return "--gpu-memory-utilization"
+        flag = "--gpu-memory-utilization"
     if flag == "--workload" and args.trace:
-        return "--trace"
-    return flag
+        flag = "--trace"
+    return UserError(f"argument {flag}: {exc}")
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
 
 
 def cmd_simulate(args, cost) -> int:
@@ -387,7 +393,7 @@ def cmd_simulate(args, cost) -> int:
         configs = default_configs(block_sizes=args.block_sizes, managers=args.managers, **_server_kwargs(args))
         servers = prepare_all(requests, configs, cost)
     except (FieldTypeError, FieldValueError) as exc:
-        raise UserError(f"argument {_flag_to_blame(exc.field, args)}: {exc}") from None
+        raise _refused(exc, args) from None
     if args.save_trace:
         _write(args.save_trace, lambda path: save_trace(requests, path), "--save-trace")
     summary = workloads.summarize(requests)
@@ -458,6 +464,8 @@ def _write(path: str, write, flag: str) -> None:
 
 
 def cmd_figures(args, cost) -> int:
+    from paged_edu.core.validation import FieldTypeError, FieldValueError
+
     try:
         from paged_edu.viz import sim_figures
     except ModuleNotFoundError as exc:
@@ -469,15 +477,18 @@ def cmd_figures(args, cost) -> int:
         os.makedirs(args.out, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--out: cannot create {args.out!r}: {exc.strerror or exc}") from None
-    written = sim_figures.write_all(
-        args.out,
-        cost,
-        num_requests=args.num_requests,
-        seed=args.seed,
-        fmt=args.format,
-        server=_server_kwargs(args),
-        progress=not args.no_progress,
-    )
+    try:  # each run builds and checks its servers before it simulates (sim.compare.prepare_all)
+        written = sim_figures.write_all(
+            args.out,
+            cost,
+            num_requests=args.num_requests,
+            seed=args.seed,
+            fmt=args.format,
+            server=_server_kwargs(args),
+            progress=not args.no_progress,
+        )
+    except (FieldTypeError, FieldValueError) as exc:
+        raise _refused(exc, args) from None
     for path in written:
         print(path)
     return 0

@@ -153,7 +153,7 @@ def test_a_field_no_flag_sets_is_a_bug_not_a_user_error(monkeypatch):
         raise FieldValueError("not_a_setting", "a bug: no flag sets this")
 
     monkeypatch.setattr(compare, "prepare", refuse)
-    with pytest.raises(KeyError, match="not_a_setting"):
+    with pytest.raises(FieldValueError, match="a bug: no flag sets this"):
         main(["simulate", *QUICK])
 
 
@@ -185,3 +185,28 @@ def test_every_server_is_built_once_per_simulate_run(monkeypatch, capsys):
     assert main([*argv, "--block-sizes", "16,32"]) == 0
     assert "| paged B=32" in capsys.readouterr().out
     assert built == {"manager": 3, "scheduler": 3}
+
+
+def test_figures_sim_blames_the_flag_of_a_refused_setting_before_simulating(tmp_path, capsys):
+    """The scheduler refuses swap without swap space (its field: num_cpu_blocks); nothing is written."""
+    pytest.importorskip("plotly")
+    out = tmp_path / "figs"
+    err = _error(
+        ["figures-sim", "--out", str(out), "--num-requests", "5", "--no-progress", "--preemption", "swap"], capsys
+    )
+    assert "argument --cpu-blocks:" in err and "num_cpu_blocks > 0" in err, err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_figures_sim_does_not_blame_a_flag_it_does_not_have(monkeypatch, tmp_path):
+    """figures-sim has no --managers: an error about the manager comes from the figure code, a bug."""
+    pytest.importorskip("plotly")
+    from paged_edu.core.validation import FieldValueError
+    from paged_edu.sim import compare
+
+    def refuse(requests, config, cost):
+        raise FieldValueError("manager", "a bug in the figure code")
+
+    monkeypatch.setattr(compare, "prepare", refuse)
+    with pytest.raises(FieldValueError, match="a bug in the figure code"):
+        main(["figures-sim", "--out", str(tmp_path / "figs"), "--num-requests", "5", "--no-progress"])
