@@ -7,13 +7,12 @@ Plain arithmetic over the geometry (``num_layers``, ``block_size``, ``num_kv_hea
 
 from __future__ import annotations
 
-import numbers
 import os
 
 import torch
 
 from paged_edu.core.memory import KVSpec
-from paged_edu.core.validation import FieldValueError
+from paged_edu.core.validation import FieldValueError, fraction
 
 __all__ = ["bytes_per_block", "check_blocks_fit", "kv_budget_from_free_memory", "num_blocks_for_budget"]
 
@@ -53,10 +52,7 @@ def kv_budget_from_free_memory(free_bytes: int, gpu_memory_utilization: float, r
     leaves too little of it. (vLLM states the same rule over the *total* memory: the cache gets
     ``utilization * total - used``, with ``used`` measured by a profiling forward pass.)
     """
-    if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, numbers.Real):
-        raise TypeError(f"gpu_memory_utilization must be a float, got {type(gpu_memory_utilization).__name__}")
-    if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    gpu_memory_utilization = fraction("gpu_memory_utilization", gpu_memory_utilization)
     if reserve_bytes < 0:
         raise ValueError(f"reserve_bytes must be >= 0, got {reserve_bytes}")
     if reserve_bytes > free_bytes * gpu_memory_utilization:

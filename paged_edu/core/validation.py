@@ -89,7 +89,7 @@ def as_int(value: object, rule: str) -> int:
 def integer(name: str, value: object, *, low: int | None = None, high: int | None = None) -> int:
     """``value`` as an int in ``[low, high]`` (either bound optional, both inclusive)."""
     try:
-        value = as_int(value, f"{name} must be {_integer_rule(low, high)}")
+        value = as_int(value, f"{name} must be an integer")
     except TypeError as exc:
         raise FieldTypeError(name, str(exc)) from None
     if (low is not None and value < low) or (high is not None and value > high):
@@ -101,14 +101,6 @@ def integer(name: str, value: object, *, low: int | None = None, high: int | Non
             bounds = f"in [{low}, {high}]"
         raise FieldValueError(name, f"{name} must be {bounds}, got {value}")
     return value
-
-
-def _integer_rule(low: int | None, high: int | None) -> str:
-    if low is None and high is None:
-        return "an integer"
-    if high is None:
-        return "a positive integer" if low == 1 else f"an integer >= {low}"
-    return f"an integer <= {high}" if low is None else f"an integer in [{low}, {high}]"
 
 
 def fraction(name: str, value: object) -> float:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 import numbers
-import operator
 from dataclasses import asdict, dataclass
 
 from paged_edu.core.memory import KVSpec
+from paged_edu.core.validation import integer
 
 __all__ = ["LlamaConfig", "describe", "smollm2_config"]
 
@@ -58,10 +58,7 @@ class LlamaConfig:
             "head_dim",
             "max_position_embeddings",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not hasattr(value, "__index__") or operator.index(value) < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-            setattr(self, name, operator.index(value))  # numpy ints become plain ints
+            setattr(self, name, integer(name, getattr(self, name), low=1))  # numpy ints become plain ints
         for name in ("rms_norm_eps", "rope_theta"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:

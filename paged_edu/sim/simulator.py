@@ -49,7 +49,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from paged_edu.core.validation import FieldValueError, integer
+from paged_edu.core.validation import FieldTypeError, FieldValueError, integer
 from paged_edu.sched.scheduler import Scheduler, SchedulerOutput
 from paged_edu.sched.sequence import Sequence, SequenceStatus
 from paged_edu.sim.costmodel import CostModel, StepShape
@@ -204,7 +204,12 @@ def _check_fits(requests: list[Request], config: SimConfig, manager, scheduler: 
 def _check_pool(num_slots: int, cost: CostModel) -> int:
     """A pool the GPU could never hold is refused before anything is allocated."""
     gpu, model = cost.gpu, cost.model
-    num_slots = integer("num_kv_slots", num_slots, low=1)
+    try:
+        num_slots = integer("num_kv_slots", num_slots, low=1)
+    except FieldTypeError:  # e.g. 1e4 from a config file: say what a pool size is
+        raise FieldTypeError(
+            "num_kv_slots", f"num_kv_slots must be a positive int (a count of token slots), got {num_slots!r}"
+        ) from None
     if num_slots * model.kv_bytes_per_token > gpu.memory_bytes:
         raise FieldValueError(
             "num_kv_slots",
