@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, replace
 
 from paged_edu.core.hardware import DTYPE_BYTES, MODEL_TABLE, ModelGeometry
-from paged_edu.core.validation import choice, integer
+from paged_edu.core.validation import FieldValueError, choice, integer
 
 __all__ = [
     "DTYPE_BYTES",
@@ -120,10 +120,12 @@ class KVSpec:
         tp = integer("tensor_parallel_size", tensor_parallel_size, low=1)
         pp = integer("pipeline_parallel_size", pipeline_parallel_size, low=1)
         if pp > self.num_layers:
-            raise ValueError(f"pipeline_parallel_size={pp} exceeds the model's {self.num_layers} layers")
-        dtype = self.dtype if kv_cache_dtype is None else kv_cache_dtype
-        if dtype not in DTYPE_BYTES:
-            raise ValueError(f"unknown kv_cache_dtype {dtype!r}; choose one of {sorted(DTYPE_BYTES)}")
+            raise FieldValueError(
+                "pipeline_parallel_size", f"pipeline_parallel_size={pp} exceeds the model's {self.num_layers} layers"
+            )
+        dtype = choice(
+            "kv_cache_dtype", self.dtype if kv_cache_dtype is None else kv_cache_dtype, tuple(sorted(DTYPE_BYTES))
+        )
         heads = self.num_kv_heads if self.is_mla else kv_heads_per_rank(self.num_kv_heads, tp)[0]
         note = f"{self.name} per GPU at tp={tp}, pp={pp}, {dtype}"
         return replace(self, name=note, num_layers=-(-self.num_layers // pp), num_kv_heads=heads, dtype=dtype)
@@ -143,11 +145,14 @@ def kv_heads_per_rank(num_kv_heads: int, tensor_parallel_size: int) -> tuple[int
     n = integer("num_kv_heads", num_kv_heads, low=1)
     if tp <= n:
         if n % tp:
-            raise ValueError(f"num_kv_heads={n} is not divisible by tensor_parallel_size={tp}")
+            raise FieldValueError(
+                "tensor_parallel_size", f"num_kv_heads={n} is not divisible by tensor_parallel_size={tp}"
+            )
         return n // tp, 1
     if tp % n:
-        raise ValueError(
-            f"tensor_parallel_size={tp} is not a multiple of num_kv_heads={n}: the heads cannot be replicated evenly"
+        raise FieldValueError(
+            "tensor_parallel_size",
+            f"tensor_parallel_size={tp} is not a multiple of num_kv_heads={n}: the heads cannot be replicated evenly",
         )
     return 1, tp // n
 
@@ -155,7 +160,7 @@ def kv_heads_per_rank(num_kv_heads: int, tensor_parallel_size: int) -> tuple[int
 def kv_bytes(spec: KVSpec, num_tokens: int) -> int:
     """``M_KV(s)`` in bytes."""
     if num_tokens < 0:
-        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        raise FieldValueError("num_tokens", f"num_tokens must be >= 0, got {num_tokens}")
     return spec.bytes_per_token * num_tokens
 
 

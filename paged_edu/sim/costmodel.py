@@ -196,9 +196,7 @@ class CostModel:
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency"):
-            value = getattr(self, name)
-            if not 0 < value <= 1:
-                raise ValueError(f"{name} must be in (0, 1], got {value}")
+            fraction(name, getattr(self, name))
         for name in ("step_overhead_s", "per_seq_overhead_s", "per_block_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
