@@ -37,6 +37,40 @@ def test_integer_bounds_are_inclusive_and_named():
         check.integer("n", 6, high=5)
 
 
+# -- fraction / choice --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [1, 0.5, np.float32(0.25), np.int64(1), 1e-9])
+def test_fractions_are_real_numbers_in_0_to_1(value):
+    assert check.fraction("u", value) == float(value)
+
+
+@pytest.mark.parametrize(
+    "value, exc",
+    [
+        (0, ValueError),
+        (1.5, ValueError),
+        (float("nan"), ValueError),
+        (-0.1, ValueError),
+        (True, TypeError),
+        ("0.5", TypeError),
+        (None, TypeError),
+    ],
+)
+def test_bad_fractions_are_refused_naming_the_field(value, exc):
+    with pytest.raises(exc, match=r"^u must be (a number )?in \(0, 1\]") as info:
+        check.fraction("u", value)
+    assert info.value.field == "u" and isinstance(info.value, ValueError)  # a wrong kind is a ValueError too
+
+
+def test_a_choice_is_one_of_the_names_and_the_message_lists_them():
+    assert check.choice("mode", "swap", ("recompute", "swap")) == "swap"
+    for bad in ("drop", None, 1, ["swap"]):
+        with pytest.raises(ValueError, match=r"^unknown mode .*: mode must be one of 'recompute', 'swap'$") as info:
+            check.choice("mode", bad, ("recompute", "swap"))
+        assert info.value.field == "mode"
+
+
 # -- seed ----------------------------------------------------------------------------------------
 
 
