@@ -348,7 +348,6 @@ FLAG_OF_FIELD = {
     "block_size": "--block-sizes",
     "num_blocks": "--kv-slots",  # the pool in blocks: as many as the slots make
     "max_seq_len": "--workload",  # a request too long for the servers: the workload made it
-    "max_model_len": "--workload",
 }
 
 
