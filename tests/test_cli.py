@@ -179,7 +179,7 @@ def test_every_server_is_built_once_per_simulate_run(monkeypatch, capsys):
 
         return build
 
-    monkeypatch.setattr(simulator, "make_manager", counting("manager", simulator.make_manager))
+    monkeypatch.setattr(simulator, "build_manager", counting("manager", simulator.build_manager))
     monkeypatch.setattr(simulator, "Scheduler", counting("scheduler", simulator.Scheduler))
     argv = ["simulate", "--num-requests", "5", "--no-progress", "--managers", "paged,contiguous-max"]
     assert main([*argv, "--block-sizes", "16,32"]) == 0

@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from paged_edu.core.validation import choice, fraction, integer
-from paged_edu.sched.policy import POLICIES
 from paged_edu.sim.managers import MANAGERS
 from paged_edu.sim.workloads import L_MAX
 
@@ -36,11 +35,10 @@ class SimConfig:
     sample_every: int = 4  # steps between memory snapshots
 
     def __post_init__(self) -> None:
-        # The settings nothing else checks; the pool, the manager's and the scheduler's are checked
-        # when simulate builds them (sim.simulator.prepare), the manager's name and the policy here too
-        # so that a config that could never run is refused when it is made.
+        # The settings of the simulation and of its memory manager; the pool (num_kv_slots) and the
+        # scheduler's settings are checked once when simulate builds the server (sim.simulator.prepare).
         choice("manager", self.manager, MANAGERS)
-        choice("policy", self.policy, POLICIES)
+        self.block_size = integer("block_size", self.block_size, low=1)
         self.sample_every = integer("sample_every", self.sample_every, low=1)
         self.max_seq_len = integer("max_seq_len", self.max_seq_len, low=1)
         if self.num_kv_slots is None:

@@ -53,7 +53,15 @@ from paged_edu.core.validation import FieldTypeError, FieldValueError, integer
 from paged_edu.sched.scheduler import Scheduler, SchedulerOutput
 from paged_edu.sched.sequence import Sequence, SequenceStatus
 from paged_edu.sim.costmodel import CostModel, StepShape
-from paged_edu.sim.managers import BLOCK_SIZES, MANAGERS, ContiguousManager, PagedManager, make_manager
+from paged_edu.sim.managers import (
+    BLOCK_SIZES,
+    MANAGERS,
+    ContiguousManager,
+    PagedManager,
+    build_manager,
+    check_holds_a_block,
+    make_manager,
+)
 from paged_edu.sim.results import RequestRecord, SimConfig, SimResult
 from paged_edu.sim.request import Request, prompt_token_ids
 
@@ -244,7 +252,8 @@ def prepare(requests: list[Request], config: SimConfig, cost: CostModel) -> Serv
     if num_slots is None:
         num_slots = cost.kv_capacity_tokens(config.gpu_memory_utilization)
     num_slots = _check_pool(num_slots, cost)
-    manager = make_manager(config.manager, num_slots, config.block_size, config.max_seq_len)
+    check_holds_a_block(config.manager, num_slots, config.block_size)
+    manager = build_manager(config.manager, num_slots, config.block_size, config.max_seq_len)  # config checked it
     scheduler = Scheduler(
         manager,
         max_num_seqs=config.max_num_seqs,
