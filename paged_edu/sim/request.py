@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paged_edu.core.validation import cache_key, integer
+from paged_edu.core.validation import FieldValueError, cache_key, choice, integer
 
 __all__ = ["FORK_MODES", "Request", "TraceKeyError", "load_trace", "prompt_token_ids", "save_trace"]
 
@@ -105,14 +105,12 @@ def check_fields(r: Request) -> None:
         r.prompt = [int(t) for t in r.prompt]
         if r.prompt_len != len(r.prompt):
             raise ValueError(f"prompt_len {r.prompt_len} disagrees with the {len(r.prompt)} prompt tokens")
-    for name in ("prompt_len", "output_len", "n", "prefix_len"):
-        setattr(r, name, integer(name, getattr(r, name)))
-    if r.prompt_len < 1:
-        raise ValueError(f"prompt_len must be >= 1, got {r.prompt_len}")
-    if r.output_len < 1:
-        raise ValueError(f"output_len must be >= 1, got {r.output_len}")
+    r.prompt_len = integer("prompt_len", r.prompt_len, low=1)
+    r.output_len = integer("output_len", r.output_len, low=1)
+    r.n = integer("n", r.n)
+    r.prefix_len = integer("prefix_len", r.prefix_len)
     if r.n < 1:
-        raise ValueError(f"n (samples per request) must be >= 1, got {r.n}")
+        raise FieldValueError("n", f"n (samples per request) must be >= 1, got {r.n}")
     if r.output is not None:
         if not _is_token_list(r.output):
             raise ValueError("output must be a list of non-negative integer token ids")
@@ -123,8 +121,7 @@ def check_fields(r: Request) -> None:
             raise ValueError(f"output (the reply's token ids) names one sample; this request has n={r.n}")
     if r.cache_salt is not None:
         cache_key("cache_salt", r.cache_salt)
-    if r.fork not in FORK_MODES:
-        raise ValueError(f"fork must be one of {FORK_MODES}, got {r.fork!r}")
+    choice("fork", r.fork, FORK_MODES)
     if r.prefix_group is None:
         if r.prefix_len:
             raise ValueError("prefix_len given without a prefix_group")

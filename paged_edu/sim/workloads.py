@@ -46,7 +46,7 @@ import numpy as np
 
 from paged_edu.sim.arrivals import L_MAX, check_num_requests, poisson_arrivals
 from paged_edu.sim.prefix_workloads import agents, fewshot, multiturn
-from paged_edu.core.validation import integer
+from paged_edu.core.validation import choice, integer
 from paged_edu.sim.request import Request, check_fields
 
 __all__ = [
@@ -215,8 +215,7 @@ def parallel(
     dataset: str = "sharegpt",
 ) -> list[Request]:
     """Requests that each generate ``n`` samples sharing their prompt (``fork="beam"``: a beam tree)."""
-    if dataset not in DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
+    choice("dataset", dataset, tuple(sorted(DATASETS)))
     requests = _dataset(DATASETS[dataset], num_requests, rate, seed)
     for r in requests:
         r.n, r.fork = n, fork
@@ -242,10 +241,7 @@ def make_workload(name: str, num_requests: int, rate: float = math.inf, seed: in
     """Build a named workload: ``sharegpt``, ``alpaca``, ``chat``, ``parallel``, or one of
     :mod:`~paged_edu.sim.prefix_workloads`: ``multiturn``, ``fewshot``, ``agents``."""
     builders = {**WORKLOADS, **PREFIX_WORKLOADS}
-    try:
-        build = builders[name]
-    except KeyError:
-        raise ValueError(f"unknown workload {name!r}; choose one of {sorted(builders)}") from None
+    build = builders[choice("workload", name, tuple(sorted(builders)))]
     return build(num_requests, rate, seed, **kwargs)
 
 
