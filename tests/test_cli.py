@@ -210,3 +210,37 @@ def test_figures_sim_does_not_blame_a_flag_it_does_not_have(monkeypatch, tmp_pat
     monkeypatch.setattr(compare, "prepare", refuse)
     with pytest.raises(FieldValueError, match="a bug in the figure code"):
         main(["figures-sim", "--out", str(tmp_path / "figs"), "--num-requests", "5", "--no-progress"])
+
+
+FIGURES_BAD_FLAGS = [
+    # (argv, flag the one-line error must name): every figures-sim flag that takes a value
+    (["--out", "/proc/no/such/dir/figs"], "--out"),
+    (["--num-requests", "0"], "--num-requests"),
+    (["--seed", "-1"], "--seed"),
+    (["--format", "gif"], "--format"),
+    (["--model", "gpt-5"], "--model"),
+    (["--gpu", "a100"], "--gpu"),
+    (["--kv-slots", "0"], "--kv-slots"),
+    (["--kv-slots", "10"], "--kv-slots"),  # not one block of 16: refused by the simulator, blamed by field
+    (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization"),
+    (["--max-num-seqs", "0"], "--max-num-seqs"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+    (["--preemption", "drop"], "--preemption"),
+    (["--preemption", "swap"], "--cpu-blocks"),
+    (["--cpu-blocks", "-1"], "--cpu-blocks"),
+    (["--policy", "lifo"], "--policy"),
+]
+
+
+@pytest.mark.parametrize("argv, flag", FIGURES_BAD_FLAGS, ids=[" ".join(a) for a, _ in FIGURES_BAD_FLAGS])
+def test_figures_sim_every_bad_value_names_its_flag(argv, flag, tmp_path, capsys):
+    pytest.importorskip("plotly")
+    out = ["--out", str(tmp_path / "figs")] if "--out" not in argv else []
+    err = _error(["figures-sim", "--num-requests", "5", "--no-progress", *out, *argv], capsys)
+    assert err.startswith("paged-edu figures-sim: error:") and f"argument {flag}:" in err, err
+
+
+def test_figures_sim_bad_values_cover_every_flag_that_takes_one():
+    figures = _subparsers(_build_parser())["figures-sim"]
+    takes_a_value = {s for a in figures._actions if a.nargs != 0 for s in a.option_strings}
+    assert takes_a_value == {flag for _, flag in FIGURES_BAD_FLAGS}
