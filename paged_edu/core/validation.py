@@ -39,6 +39,7 @@ __all__ = [
     "fraction",
     "integer",
     "new_id",
+    "real",
     "seed",
     "token_array",
     "token_id",
@@ -103,13 +104,20 @@ def integer(name: str, value: object, *, low: int | None = None, high: int | Non
     return value
 
 
-def fraction(name: str, value: object) -> float:
-    """A share such as ``gpu_memory_utilization``: a real number in ``(0, 1]``, never a bool or NaN."""
+def real(name: str, value: object) -> float:
+    """A real number as a Python float: an int or a float, numpy's too; never a bool, a string or a tensor.
+    (NaN and infinities pass: the caller's range says whether it takes them.)"""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's ints and floats are Real
-        raise FieldTypeError(name, f"{name} must be a number in (0, 1], got {_describe(value)}")
-    if not 0 < value <= 1:  # NaN fails this too
-        raise FieldValueError(name, f"{name} must be in (0, 1], got {value!r}")
+        raise FieldTypeError(name, f"{name} must be a real number, got {_describe(value)}")
     return float(value)
+
+
+def fraction(name: str, value: object) -> float:
+    """A share such as ``gpu_memory_utilization``: a real number in ``(0, 1]`` (never NaN)."""
+    share = real(name, value)
+    if not 0 < share <= 1:  # NaN fails this too
+        raise FieldValueError(name, f"{name} must be in (0, 1], got {value!r}")
+    return share
 
 
 def choice(name: str, value: object, choices) -> object:

@@ -8,11 +8,10 @@ memory a token costs in the cache all read this one record.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import asdict, dataclass
 
 from paged_edu.core.memory import KVSpec
-from paged_edu.core.validation import integer
+from paged_edu.core.validation import FieldValueError, integer, real
 
 __all__ = ["LlamaConfig", "describe", "smollm2_config"]
 
@@ -60,9 +59,9 @@ class LlamaConfig:
         ):
             setattr(self, name, integer(name, getattr(self, name), low=1))  # numpy ints become plain ints
         for name in ("rms_norm_eps", "rope_theta"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+            value = real(name, getattr(self, name))
+            if not 0 < value < math.inf:  # NaN fails this too
+                raise FieldValueError(name, f"{name} must be a finite number > 0, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:

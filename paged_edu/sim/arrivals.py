@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from paged_edu.core.validation import integer
+from paged_edu.core.validation import integer, real
 
 L_MAX = 2048  # OPT's context length, the paper's L_max for its contiguous baselines.
 
@@ -22,8 +22,7 @@ def poisson_arrivals(num: int, rate: float, rng: np.random.Generator) -> np.ndar
 
     ``rate = inf`` (or 0 requests per second meaning "all at once" is refused) gives all zeros.
     """
-    if not isinstance(rate, (int, float)) or isinstance(rate, bool):
-        raise TypeError(f"rate must be a number, got {type(rate).__name__}")
+    rate = real("rate", rate)
     if not rate > 0:
         raise ValueError(f"rate must be > 0 requests/s (use inf for an offline batch), got {rate}")
     if math.isinf(rate):

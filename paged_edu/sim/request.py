@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paged_edu.core.validation import FieldValueError, cache_key, choice, integer
+from paged_edu.core.validation import FieldValueError, cache_key, choice, integer, real
 
 __all__ = ["FORK_MODES", "Request", "TraceKeyError", "load_trace", "prompt_token_ids", "save_trace"]
 
@@ -94,9 +94,7 @@ def _is_token_list(value: object) -> bool:
 def check_fields(r: Request) -> None:
     """Clear errors for a request's impossible fields (a trace record's, a workload's); normalises
     numpy scalars to Python ones. Whether a server can serve it is ``sim.simulator.prepare``'s check."""
-    if isinstance(r.arrival_time, bool) or not isinstance(r.arrival_time, (int, float, np.floating, np.integer)):
-        raise TypeError(f"arrival_time must be a number, got {type(r.arrival_time).__name__}")
-    r.arrival_time = float(r.arrival_time)
+    r.arrival_time = real("arrival_time", r.arrival_time)
     if not math.isfinite(r.arrival_time) or r.arrival_time < 0:
         raise ValueError(f"arrival_time must be finite and >= 0, got {r.arrival_time}")
     if r.prompt is not None:
