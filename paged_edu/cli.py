@@ -147,13 +147,13 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _check_server_args(args) -> None:
-    """Limits that involve several flags, checked before anything is built or allocated."""
+def _check_server_args(args, cost) -> None:
+    """Limits that involve several flags, checked before anything is built or allocated (the
+    messages name the model and GPU as the flags gave them)."""
 
     def error(message: str):
         raise UserError(message)
 
-    cost = _cost_model(args)
     model, gpu = f"--model {args.model}", f"--gpu {args.gpu} ({cost.gpu.name}, {cost.gpu.memory_bytes / 1e9:.1f} GB)"
     most = cost.gpu.memory_bytes // cost.model.kv_bytes_per_token
     if args.kv_slots is not None and args.kv_slots > most:
@@ -175,8 +175,6 @@ def _check_server_args(args) -> None:
                 f"argument --gpu-memory-utilization: {args.gpu_memory_utilization:g} of {gpu} leaves no room for a KV "
                 f"cache after the weights of {model} ({weights / 1e9:.1f} GB); it needs more than {weights / total:.3f}"
             )
-    if args.preemption == "swap" and args.cpu_blocks == 0:
-        error("argument --cpu-blocks: --preemption swap needs --cpu-blocks > 0 to swap into")
 
 
 def _check_output_paths(args) -> None:
@@ -337,37 +335,54 @@ def _workload(args):
     return workloads.make_workload(args.workload, args.num_requests, args.rate, args.seed, **kwargs)
 
 
+# The simulator setting (a SimConfig field) each server flag sets.
+SERVER_FLAGS = {
+    "num_kv_slots": "--kv-slots",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "preemption_mode": "--preemption",
+    "num_cpu_blocks": "--cpu-blocks",
+    "policy": "--policy",
+}
+# The flag to blame for a refused setting: an error's ``.field`` (core.validation) -> the flag that sets it.
+FLAG_OF_FIELD = {
+    **SERVER_FLAGS,
+    "manager": "--managers",
+    "block_size": "--block-sizes",
+    "num_blocks": "--kv-slots",  # the pool in blocks: as many as the slots make
+    "max_seq_len": "--workload",  # a request too long for the servers: the workload made it
+}
+
+
 def _server_kwargs(args) -> dict:
-    return {
-        "num_kv_slots": args.kv_slots,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "preemption_mode": args.preemption,
-        "num_cpu_blocks": args.cpu_blocks,
-        "policy": args.policy,
-    }
+    return {field: getattr(args, _dest(flag)) for field, flag in SERVER_FLAGS.items()}
 
 
-def _flag_for(message: str, args) -> str:
-    """The flag to change when a request cannot be served (the message names the limit)."""
-    for limit, flag in (
-        ("max_num_seqs", "--max-num-seqs"),
-        ("max_num_batched_tokens", "--max-num-batched-tokens"),
-        ("max_seq_len", "--trace" if args.trace else "--workload"),
-    ):
-        if limit in message:
-            return f"argument {flag}"
-    return "argument --kv-slots" if args.kv_slots is not None else "argument --gpu-memory-utilization"
+def _refused(exc, args) -> UserError:
+    """The one-line error for a setting the simulator refused (a ``FieldTypeError`` / ``FieldValueError``),
+    blaming the flag that sets its ``.field``. A field no flag of this command sets is a bug: ``exc`` is
+    raised again, with its traceback."""
+    flag = FLAG_OF_FIELD.get(exc.field)
+    if flag is None or not hasattr(args, _dest(flag)):
+        raise exc
+    if flag == "--kv-slots" and args.kv_slots is None:  # the pool is what --gpu-memory-utilization left
+        flag = "--gpu-memory-utilization"
+    if flag == "--workload" and args.trace:
+        flag = "--trace"
+    return UserError(f"argument {flag}: {exc}")
 
 
-def cmd_simulate(args) -> int:
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def cmd_simulate(args, cost) -> int:
+    from paged_edu.core.validation import FieldTypeError, FieldValueError
     from paged_edu.sim import workloads
     from paged_edu.sim.request import load_trace, save_trace
-    from paged_edu.sim.compare import compare, default_configs, format_table
-    from paged_edu.sim.simulator import prepare
+    from paged_edu.sim.compare import compare, default_configs, format_table, prepare_all
 
-    cost = _cost_model(args)
     if args.trace:
         try:
             requests = load_trace(args.trace)
@@ -377,12 +392,11 @@ def cmd_simulate(args) -> int:
         requests = _workload(args)
     if args.tenants:
         workloads.assign_tenants(requests, args.tenants)
-    configs = default_configs(block_sizes=args.block_sizes, managers=args.managers, **_server_kwargs(args))
-    for config in configs:  # a request this server could never serve is refused before anything runs
-        try:
-            prepare(requests, config, cost)
-        except ValueError as exc:
-            raise UserError(f"{_flag_for(str(exc), args)}: {config.label}: {exc}") from None
+    try:  # every server built once, and a request one could never serve refused, before anything runs
+        configs = default_configs(block_sizes=args.block_sizes, managers=args.managers, **_server_kwargs(args))
+        servers = prepare_all(requests, configs, cost)
+    except (FieldTypeError, FieldValueError) as exc:
+        raise _refused(exc, args) from None
     if args.save_trace:
         _write(args.save_trace, lambda path: save_trace(requests, path), "--save-trace")
     summary = workloads.summarize(requests)
@@ -395,7 +409,7 @@ def cmd_simulate(args) -> int:
         f"mean prompt {summary['mean_prompt_len']:.1f}, mean output {summary['mean_output_len']:.1f} tokens, "
         f"rate {args.rate:g}/s, seed {args.seed}"
     )
-    results = compare(requests, configs, cost, progress=not args.no_progress)
+    results = compare(requests, progress=not args.no_progress, servers=servers)
     print(
         f"  KV pool: {results[0].num_kv_slots:,} token slots; max_num_seqs {args.max_num_seqs}, "
         f"max_num_batched_tokens {args.max_num_batched_tokens}, preemption {args.preemption}"
@@ -452,7 +466,9 @@ def _write(path: str, write, flag: str) -> None:
         raise UserError(f"{flag}: cannot write {path!r}: {exc.strerror or exc}") from None
 
 
-def cmd_figures(args) -> int:
+def cmd_figures(args, cost) -> int:
+    from paged_edu.core.validation import FieldTypeError, FieldValueError
+
     try:
         from paged_edu.viz import sim_figures
     except ModuleNotFoundError as exc:
@@ -460,20 +476,22 @@ def cmd_figures(args) -> int:
             raise
         raise UserError(f"no module {exc.name!r}. {NEEDS_PLOTLY}") from None
 
-    cost = _cost_model(args)
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--out: cannot create {args.out!r}: {exc.strerror or exc}") from None
-    written = sim_figures.write_all(
-        args.out,
-        cost,
-        num_requests=args.num_requests,
-        seed=args.seed,
-        fmt=args.format,
-        server=_server_kwargs(args),
-        progress=not args.no_progress,
-    )
+    try:  # each run builds and checks its servers before it simulates (sim.compare.prepare_all)
+        written = sim_figures.write_all(
+            args.out,
+            cost,
+            num_requests=args.num_requests,
+            seed=args.seed,
+            fmt=args.format,
+            server=_server_kwargs(args),
+            progress=not args.no_progress,
+        )
+    except (FieldTypeError, FieldValueError) as exc:
+        raise _refused(exc, args) from None
     for path in written:
         print(path)
     return 0
@@ -484,11 +502,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _check_output_paths(args)
-        _check_server_args(args)
+        cost = _cost_model(args)
+        _check_server_args(args, cost)
         if args.command == "simulate":
-            return cmd_simulate(args)
+            return cmd_simulate(args, cost)
         if args.command == "figures-sim":
-            return cmd_figures(args)
+            return cmd_figures(args, cost)
     except UserError as exc:  # anything else is a bug, and keeps its traceback
         print(f"paged-edu {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -124,3 +124,138 @@ def test_version_prints_the_installed_version(capsys):
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"paged-edu {importlib.metadata.version('paged_edu')}"
+
+
+# The flag a refused setting blames, written out by hand (the oracle), not read from the CLI's table:
+# (the field a library error names, extra flags, the flag the one-line error must name).
+BLAMED = [
+    ("max_num_seqs", [], "--max-num-seqs"),
+    ("max_num_batched_tokens", [], "--max-num-batched-tokens"),
+    ("num_cpu_blocks", [], "--cpu-blocks"),
+    ("preemption_mode", [], "--preemption"),
+    ("policy", [], "--policy"),
+    ("manager", [], "--managers"),
+    ("block_size", [], "--block-sizes"),
+    ("gpu_memory_utilization", [], "--gpu-memory-utilization"),
+    ("num_kv_slots", ["--kv-slots", "50000"], "--kv-slots"),
+    ("num_kv_slots", [], "--gpu-memory-utilization"),  # no --kv-slots: the pool is what the share left
+    ("num_blocks", ["--kv-slots", "50000"], "--kv-slots"),
+    ("max_seq_len", [], "--workload"),
+]
+
+
+@pytest.mark.parametrize("field, extra, flag", BLAMED, ids=[f"{f} {' '.join(e)}" for f, e, _ in BLAMED])
+def test_a_refused_setting_blames_its_flag_by_the_errors_field_not_its_text(field, extra, flag, monkeypatch, capsys):
+    """The message names every limit but the field's: only ``.field`` can point at the right flag."""
+    from paged_edu.core.validation import FieldValueError
+    from paged_edu.sim import compare, simulator
+
+    def refuse(requests, config, cost):
+        raise FieldValueError(field, "not max_num_seqs, max_num_batched_tokens nor max_seq_len: look at the field")
+
+    monkeypatch.setattr(simulator, "prepare", refuse)
+    monkeypatch.setattr(compare, "prepare", refuse, raising=False)
+    err = _error(["simulate", *QUICK, *extra], capsys)
+    assert f"argument {flag}:" in err and "look at the field" in err, err
+    assert "| manager" not in err  # refused before anything was simulated
+
+
+def test_a_field_no_flag_sets_is_a_bug_not_a_user_error(monkeypatch):
+    from paged_edu.core.validation import FieldValueError
+    from paged_edu.sim import compare
+
+    def refuse(requests, config, cost):
+        raise FieldValueError("not_a_setting", "a bug: no flag sets this")
+
+    monkeypatch.setattr(compare, "prepare", refuse)
+    with pytest.raises(FieldValueError, match="a bug: no flag sets this"):
+        main(["simulate", *QUICK])
+
+
+def test_every_blamed_flag_is_a_flag_of_simulate():
+    from paged_edu.cli import FLAG_OF_FIELD
+
+    simulate = _subparsers(_build_parser())["simulate"]
+    flags = {s for action in simulate._actions for s in action.option_strings}
+    assert set(FLAG_OF_FIELD.values()) <= flags
+    assert {flag for _, _, flag in BLAMED} <= flags
+
+
+def test_every_server_is_built_once_per_simulate_run(monkeypatch, capsys):
+    """Three servers (paged B=16, B=32, contiguous-max): three managers and three schedulers, not six."""
+    from paged_edu.sim import simulator
+
+    built = {"manager": 0, "scheduler": 0}
+
+    def counting(kind, make):
+        def build(*args, **kwargs):
+            built[kind] += 1
+            return make(*args, **kwargs)
+
+        return build
+
+    monkeypatch.setattr(simulator, "build_manager", counting("manager", simulator.build_manager))
+    monkeypatch.setattr(simulator, "Scheduler", counting("scheduler", simulator.Scheduler))
+    argv = ["simulate", "--num-requests", "5", "--no-progress", "--managers", "paged,contiguous-max"]
+    assert main([*argv, "--block-sizes", "16,32"]) == 0
+    assert "| paged B=32" in capsys.readouterr().out
+    assert built == {"manager": 3, "scheduler": 3}
+
+
+def test_figures_sim_blames_the_flag_of_a_refused_setting_before_simulating(tmp_path, capsys):
+    """The scheduler refuses swap without swap space (its field: num_cpu_blocks); nothing is written."""
+    pytest.importorskip("plotly")
+    out = tmp_path / "figs"
+    err = _error(
+        ["figures-sim", "--out", str(out), "--num-requests", "5", "--no-progress", "--preemption", "swap"], capsys
+    )
+    assert "argument --cpu-blocks:" in err and "num_cpu_blocks > 0" in err, err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_figures_sim_does_not_blame_a_flag_it_does_not_have(monkeypatch, tmp_path):
+    """figures-sim has no --managers: an error about the manager comes from the figure code, a bug."""
+    pytest.importorskip("plotly")
+    from paged_edu.core.validation import FieldValueError
+    from paged_edu.sim import compare
+
+    def refuse(requests, config, cost):
+        raise FieldValueError("manager", "a bug in the figure code")
+
+    monkeypatch.setattr(compare, "prepare", refuse)
+    with pytest.raises(FieldValueError, match="a bug in the figure code"):
+        main(["figures-sim", "--out", str(tmp_path / "figs"), "--num-requests", "5", "--no-progress"])
+
+
+FIGURES_BAD_FLAGS = [
+    # (argv, flag the one-line error must name): every figures-sim flag that takes a value
+    (["--out", "/proc/no/such/dir/figs"], "--out"),
+    (["--num-requests", "0"], "--num-requests"),
+    (["--seed", "-1"], "--seed"),
+    (["--format", "gif"], "--format"),
+    (["--model", "gpt-5"], "--model"),
+    (["--gpu", "a100"], "--gpu"),
+    (["--kv-slots", "0"], "--kv-slots"),
+    (["--kv-slots", "10"], "--kv-slots"),  # not one block of 16: refused by the simulator, blamed by field
+    (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization"),
+    (["--max-num-seqs", "0"], "--max-num-seqs"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+    (["--preemption", "drop"], "--preemption"),
+    (["--preemption", "swap"], "--cpu-blocks"),
+    (["--cpu-blocks", "-1"], "--cpu-blocks"),
+    (["--policy", "lifo"], "--policy"),
+]
+
+
+@pytest.mark.parametrize("argv, flag", FIGURES_BAD_FLAGS, ids=[" ".join(a) for a, _ in FIGURES_BAD_FLAGS])
+def test_figures_sim_every_bad_value_names_its_flag(argv, flag, tmp_path, capsys):
+    pytest.importorskip("plotly")
+    out = ["--out", str(tmp_path / "figs")] if "--out" not in argv else []
+    err = _error(["figures-sim", "--num-requests", "5", "--no-progress", *out, *argv], capsys)
+    assert err.startswith("paged-edu figures-sim: error:") and f"argument {flag}:" in err, err
+
+
+def test_figures_sim_bad_values_cover_every_flag_that_takes_one():
+    figures = _subparsers(_build_parser())["figures-sim"]
+    takes_a_value = {s for a in figures._actions if a.nargs != 0 for s in a.option_strings}
+    assert takes_a_value == {flag for _, flag in FIGURES_BAD_FLAGS}

@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -594,3 +595,28 @@ def test_validate_false_runs_no_python_check(monkeypatch):
     assert calls == []
     paged_attention_prefill(q, k, v, t, lens, cu, impl="torch")
     assert calls == ["check_prefill_inputs", "check_scale"]
+
+
+@pytest.mark.parametrize("impl", ["torch", "auto"])
+def test_validate_false_calls_no_check_even_of_impl(monkeypatch, impl):
+    """Every check the kernel path has raises here; ``validate=False`` must still compute the
+    answer (the PyTorch reference, on the CPU), ``validate=True`` must hit the first check."""
+    from paged_edu.kernels import attention
+
+    q, k, v, t, lens = make_case(2, 4, 2, 16, 4, [5, 9], torch.float32)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    ref_decode = paged_attention_decode(q, k, v, t, lens, impl="torch")
+    ref_prefill = paged_attention_prefill(q, k, v, t, lens, cu, impl="torch")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a Python check ran with validate=False")
+
+    for name in ("check_impl", "check_decode_inputs", "check_prefill_inputs", "check_scale"):
+        monkeypatch.setattr(attention, name, refuse)
+    monkeypatch.setattr(attention, "kernel_support", lambda device: SimpleNamespace(use_triton=lambda kind: False))
+    torch.testing.assert_close(paged_attention_decode(q, k, v, t, lens, impl=impl, validate=False), ref_decode)
+    torch.testing.assert_close(paged_attention_prefill(q, k, v, t, lens, cu, impl=impl, validate=False), ref_prefill)
+    with pytest.raises(AssertionError, match="validate=False"):
+        paged_attention_decode(q, k, v, t, lens, impl=impl)
+    with pytest.raises(AssertionError, match="validate=False"):
+        paged_attention_prefill(q, k, v, t, lens, cu, impl=impl)

@@ -391,7 +391,7 @@ def test_requests_that_can_never_run_are_refused_at_add_naming_the_limit():
         Scheduler(a).make_sequence([1] * 30, 3)  # 33 tokens > 32 slots
     with pytest.raises(ValueError, match="max_num_seqs=2"):
         s.make_sequence([1], 2, num_samples=3)
-    s.check_request(15, 5, 2)  # exactly at every limit: fine
+    s.check_fits(15, 5, 2)  # exactly at every limit: fine
     assert not s.has_unfinished() and a.num_free_blocks == 8
     with pytest.raises(ValueError, match="max_model_len"):
         Scheduler(a, max_model_len=0)

@@ -496,7 +496,20 @@ BAD_FLAGS = [
     (["--dataset", "wiki"], "--dataset"),
     (["--trace", "/no/such/trace.jsonl"], "--trace"),
     (["--json", "/proc/no/such/dir/x.json", "--managers", "paged", "--block-sizes", "16"], "--json"),
+    (["--save-trace", "/proc/no/such/dir/t.jsonl"], "--save-trace"),
+    (["--tenants", "-1"], "--tenants"),
+    (["--policy", "lifo"], "--policy"),
+    (["--max-num-batched-tokens", "x"], "--max-num-batched-tokens"),
+    (["--cpu-blocks", "1.5"], "--cpu-blocks"),
 ]
+
+
+def test_cli_bad_values_cover_every_flag_that_takes_one():
+    from paged_edu.cli import _build_parser
+
+    simulate_parser = next(a for a in _build_parser()._actions if a.dest == "command").choices["simulate"]
+    takes_a_value = {s for a in simulate_parser._actions if a.nargs != 0 for s in a.option_strings}
+    assert takes_a_value == {flag for _, flag in BAD_FLAGS}
 
 
 @pytest.mark.parametrize("argv, flag", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])

@@ -37,6 +37,40 @@ def test_integer_bounds_are_inclusive_and_named():
         check.integer("n", 6, high=5)
 
 
+# -- fraction / choice --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [1, 0.5, np.float32(0.25), np.int64(1), 1e-9])
+def test_fractions_are_real_numbers_in_0_to_1(value):
+    assert check.fraction("u", value) == float(value)
+
+
+@pytest.mark.parametrize(
+    "value, exc",
+    [
+        (0, ValueError),
+        (1.5, ValueError),
+        (float("nan"), ValueError),
+        (-0.1, ValueError),
+        (True, TypeError),
+        ("0.5", TypeError),
+        (None, TypeError),
+    ],
+)
+def test_bad_fractions_are_refused_naming_the_field(value, exc):
+    with pytest.raises(exc, match=r"^u must be (in \(0, 1\]|a real number), got") as info:
+        check.fraction("u", value)
+    assert info.value.field == "u" and isinstance(info.value, ValueError)  # a wrong kind is a ValueError too
+
+
+def test_a_choice_is_one_of_the_names_and_the_message_lists_them():
+    assert check.choice("mode", "swap", ("recompute", "swap")) == "swap"
+    for bad in ("drop", None, 1, ["swap"]):
+        with pytest.raises(ValueError, match=r"^unknown mode .*: mode must be one of 'recompute', 'swap'$") as info:
+            check.choice("mode", bad, ("recompute", "swap"))
+        assert info.value.field == "mode"
+
+
 # -- seed ----------------------------------------------------------------------------------------
 
 
@@ -166,3 +200,96 @@ def test_one_token_id(value, exc):
 def test_the_seed_range_is_stated_as_a_power_of_two():
     with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64\), got 18446744073709551616"):
         check.seed("seed", 2**64)
+
+
+# -- settings refused naming their field, at every entry of the scheduler and the simulator ------
+
+
+def _settings_cases():
+    from paged_edu.core.allocator import BlockAllocator
+    from paged_edu.sched.policy import LongestPrefixFirst
+    from paged_edu.sched.scheduler import Scheduler
+    from paged_edu.sched.sequence import Sequence
+    from paged_edu.sched.swap import SwapSpace
+    from paged_edu.sim.managers import make_manager
+    from paged_edu.sim.request import Request
+    from paged_edu.sim.results import SimConfig
+    from paged_edu.sim.simulator import simulate
+
+    pool = lambda: BlockAllocator(8, 4, cache_when_computed=True)  # noqa: E731
+    one = [Request(0.0, 10, 5)]
+    return [
+        # (what, call, the error's field, its kind)
+        ("Sequence max_new_tokens=True", lambda: Sequence(0, [1], True), "max_new_tokens", TypeError),
+        ("Sequence num_samples=True", lambda: Sequence(0, [1], 2, num_samples=True), "num_samples", TypeError),
+        (
+            "Sequence num_pending_forks=True",
+            lambda: Sequence(0, [1], 2, num_pending_forks=True),
+            "num_pending_forks",
+            TypeError,
+        ),
+        ("Sequence max_new_tokens=0", lambda: Sequence(0, [1], 0), "max_new_tokens", ValueError),
+        ("Sequence empty prompt", lambda: Sequence(0, [], 2), "prompt_token_ids", ValueError),
+        ("SwapSpace True", lambda: SwapSpace(True), "num_cpu_blocks", TypeError),
+        ("LongestPrefixFirst window=0", lambda: LongestPrefixFirst(window=0), "window", ValueError),
+        ("Scheduler max_num_seqs=True", lambda: Scheduler(pool(), max_num_seqs=True), "max_num_seqs", TypeError),
+        ("Scheduler preemption_mode", lambda: Scheduler(pool(), preemption_mode="drop"), "preemption_mode", ValueError),
+        (
+            "Scheduler swap without blocks",
+            lambda: Scheduler(pool(), preemption_mode="swap"),
+            "num_cpu_blocks",
+            ValueError,
+        ),
+        (
+            "Scheduler chunked prefill 'no'",
+            lambda: Scheduler(pool(), enable_chunked_prefill="no"),
+            "enable_chunked_prefill",
+            TypeError,
+        ),
+        ("admission: the pool", lambda: Scheduler(pool()).make_sequence([1] * 30, 3), "num_blocks", ValueError),
+        (
+            "admission: max_num_seqs",
+            lambda: Scheduler(pool(), max_num_seqs=1).make_sequence([1], 2, num_samples=2),
+            "max_num_seqs",
+            ValueError,
+        ),
+        (
+            "admission: max_model_len",
+            lambda: Scheduler(pool(), max_model_len=4).make_sequence([1] * 4, 2),
+            "max_model_len",
+            ValueError,
+        ),
+        ("SimConfig manager", lambda: SimConfig(manager="buddy"), "manager", ValueError),
+        ("SimConfig sample_every=True", lambda: SimConfig(sample_every=True), "sample_every", TypeError),
+        (
+            "SimConfig gpu_memory_utilization",
+            lambda: SimConfig(gpu_memory_utilization=1.5),
+            "gpu_memory_utilization",
+            ValueError,
+        ),
+        ("make_manager block_size", lambda: make_manager("paged", 100, block_size=0), "block_size", ValueError),
+        ("make_manager one block", lambda: make_manager("paged", 10, block_size=16), "num_kv_slots", ValueError),
+        ("simulate num_kv_slots=1e4", lambda: simulate(one, SimConfig(num_kv_slots=1e4)), "num_kv_slots", TypeError),
+        ("simulate max_seq_len", lambda: simulate(one, SimConfig(max_seq_len=8)), "max_seq_len", ValueError),
+        (
+            "simulate max_num_seqs",
+            lambda: simulate([Request(0.0, 10, 5, n=4)], SimConfig(max_num_seqs=2)),
+            "max_num_seqs",
+            ValueError,
+        ),
+    ]
+
+
+@pytest.mark.parametrize("index", range(22))
+def test_settings_are_refused_with_their_field(index):
+    """The field names the setting (what a command line maps to its flag); a wrong kind is a TypeError,
+    and -- as every bad setting -- a ValueError too."""
+    what, call, field, kind = _settings_cases()[index]
+    with pytest.raises(kind) as info:
+        call()
+    assert info.value.field == field, what
+    assert isinstance(info.value, ValueError), what
+
+
+def test_the_case_list_is_what_the_test_runs():
+    assert len(_settings_cases()) == 22

@@ -37,6 +37,7 @@ import torch
 from paged_edu.core.validation import as_int, integer
 from paged_edu.cache.sizing import available_kv_cache_memory, bytes_per_block, format_gib, num_blocks_for_budget
 from paged_edu.kernels import kernel_support
+from paged_edu.kernels.checks import check_impl
 
 __all__ = ["PagedKVCache", "store_kv"]
 
@@ -264,8 +265,7 @@ class PagedKVCache:
         """Write each token's K/V to its slot. ``impl``: ``"triton"``, ``"torch"`` or ``"auto"``
         (Triton on CUDA when available, PyTorch otherwise -- the interpreted kernel is for tests)."""
         layer = self._layer(layer)
-        if impl not in ("auto", "triton", "torch"):
-            raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
+        check_impl(impl, ("auto", "triton", "torch"))
         expected = (self.num_kv_heads, self.head_dim)
         for name, t in (("key", key), ("value", value)):
             if not isinstance(t, torch.Tensor):

@@ -7,14 +7,13 @@ Plain arithmetic over the geometry (``num_layers``, ``block_size``, ``num_kv_hea
 
 from __future__ import annotations
 
-import numbers
 import os
 
 import torch
 
 from paged_edu.core.hardware import ModelGeometry
 from paged_edu.core.memory import vllm_kv_budget
-from paged_edu.core.validation import FieldValueError
+from paged_edu.core.validation import FieldValueError, fraction
 
 __all__ = ["available_kv_cache_memory", "bytes_per_block", "check_blocks_fit", "dtype_name", "num_blocks_for_budget"]
 
@@ -61,10 +60,7 @@ def available_kv_cache_memory(total_bytes: int, gpu_memory_utilization: float, n
     of 0.98 that leaves too little of it. Refuses a fraction outside (0, 1] and a budget <= 0, naming
     the numbers.
     """
-    if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, numbers.Real):
-        raise TypeError(f"gpu_memory_utilization must be a float, got {type(gpu_memory_utilization).__name__}")
-    if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    gpu_memory_utilization = fraction("gpu_memory_utilization", gpu_memory_utilization)
     if non_kv_bytes < 0:
         raise ValueError(f"non_kv_bytes must be >= 0, got {non_kv_bytes}")
     budget = int(vllm_kv_budget(total_bytes, gpu_memory_utilization, non_kv_bytes))

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass, replace
 
-from paged_edu.core.validation import integer
+from paged_edu.core.validation import FieldValueError, choice, integer
 
 __all__ = ["DTYPE_BYTES", "GPUS", "MODELS", "MiB", "GPU", "ModelGeometry", "find_model", "kv_heads_per_rank"]
 
@@ -78,14 +78,11 @@ class ModelGeometry:
 
     def __post_init__(self) -> None:
         for name, value in (("dtype", self.dtype), ("kv_cache_dtype", self.kv_dtype)):
-            if value not in DTYPE_BYTES:
-                raise ValueError(f"unknown {name} {value!r}; choose one of {sorted(DTYPE_BYTES)}")
+            choice(name, value, tuple(sorted(DTYPE_BYTES)))
         for field_name in ("num_layers", "num_kv_heads", "head_dim"):
-            value = getattr(self, field_name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field_name} must be a positive int, got {value!r}")
-        if self.latent_dim < 0 or self.rope_dim < 0:
-            raise ValueError("latent_dim and rope_dim must be >= 0")
+            integer(field_name, getattr(self, field_name), low=1)
+        integer("latent_dim", self.latent_dim, low=0)
+        integer("rope_dim", self.rope_dim, low=0)
 
     # -- the cache (the memory model's view) -------------------------------------------------------
     @property
@@ -131,10 +128,12 @@ class ModelGeometry:
         tp = integer("tensor_parallel_size", tensor_parallel_size, low=1)
         pp = integer("pipeline_parallel_size", pipeline_parallel_size, low=1)
         if pp > self.num_layers:
-            raise ValueError(f"pipeline_parallel_size={pp} exceeds the model's {self.num_layers} layers")
-        dtype = self.kv_dtype if kv_cache_dtype is None else kv_cache_dtype
-        if dtype not in DTYPE_BYTES:
-            raise ValueError(f"unknown kv_cache_dtype {dtype!r}; choose one of {sorted(DTYPE_BYTES)}")
+            raise FieldValueError(
+                "pipeline_parallel_size", f"pipeline_parallel_size={pp} exceeds the model's {self.num_layers} layers"
+            )
+        dtype = choice(
+            "kv_cache_dtype", self.kv_dtype if kv_cache_dtype is None else kv_cache_dtype, tuple(sorted(DTYPE_BYTES))
+        )
         heads = self.num_kv_heads if self.is_mla else kv_heads_per_rank(self.num_kv_heads, tp)[0]
         return replace(
             self,
@@ -193,11 +192,14 @@ def kv_heads_per_rank(num_kv_heads: int, tensor_parallel_size: int) -> tuple[int
     n = integer("num_kv_heads", num_kv_heads, low=1)
     if tp <= n:
         if n % tp:
-            raise ValueError(f"num_kv_heads={n} is not divisible by tensor_parallel_size={tp}")
+            raise FieldValueError(
+                "tensor_parallel_size", f"num_kv_heads={n} is not divisible by tensor_parallel_size={tp}"
+            )
         return n // tp, 1
     if tp % n:
-        raise ValueError(
-            f"tensor_parallel_size={tp} is not a multiple of num_kv_heads={n}: the heads cannot be replicated evenly"
+        raise FieldValueError(
+            "tensor_parallel_size",
+            f"tensor_parallel_size={tp} is not a multiple of num_kv_heads={n}: the heads cannot be replicated evenly",
         )
     return 1, tp // n
 
@@ -422,4 +424,4 @@ def find_model(model: str) -> ModelGeometry:
     for g in MODELS.values():
         if model in (g.key, g.name):
             return g
-    raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+    raise FieldValueError("model", f"unknown model {model!r}; choose one of {sorted(MODELS)}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from paged_edu.core.hardware import MODELS, ModelGeometry
+from paged_edu.core.validation import FieldValueError, integer
 
 __all__ = [
     "eta_naive",
@@ -35,7 +36,7 @@ __all__ = [
 def kv_bytes(model: ModelGeometry, num_tokens: int) -> int:
     """``M_KV(s)`` in bytes."""
     if num_tokens < 0:
-        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        raise FieldValueError("num_tokens", f"num_tokens must be >= 0, got {num_tokens}")
     return model.kv_bytes_per_token * num_tokens
 
 
@@ -68,8 +69,7 @@ def seed_70b_example(num_tokens: int = 8192) -> dict[str, float]:
 
 
 def _check_len(name: str, value: int) -> None:
-    if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    integer(name, value, low=1)
 
 
 def eta_naive(s: int, max_seq_len: int) -> float:

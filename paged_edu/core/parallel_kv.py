@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 from paged_edu.core.hardware import DTYPE_BYTES, GPUS, find_model, kv_heads_per_rank
 from paged_edu.core.memory import vllm_kv_budget
+from paged_edu.core.validation import choice, fraction, integer
 
 __all__ = ["ParallelKVPlan", "parallel_kv_rows", "plan_kv_per_gpu"]
 
@@ -60,8 +61,7 @@ class ParallelKVPlan:
 
     def max_sequences(self, tokens_per_sequence: int) -> int:
         """Sequences of ``s`` tokens that fit at once: ``blocks // ceil(s / B)``."""
-        if isinstance(tokens_per_sequence, bool) or not isinstance(tokens_per_sequence, int) or tokens_per_sequence < 1:
-            raise ValueError(f"tokens_per_sequence must be a positive int, got {tokens_per_sequence!r}")
+        tokens_per_sequence = integer("tokens_per_sequence", tokens_per_sequence, low=1)
         return self.num_blocks // -(-tokens_per_sequence // self.block_size)
 
 
@@ -83,21 +83,11 @@ def plan_kv_per_gpu(
     None likewise. Bad arguments raise ``ValueError`` naming them.
     """
     g = find_model(model)
-    if gpu not in GPUS:
-        raise ValueError(f"unknown gpu {gpu!r}; choose one of {sorted(GPUS)}")
-    if (
-        isinstance(gpu_memory_utilization, bool)
-        or not isinstance(gpu_memory_utilization, (int, float))
-        or not 0 < gpu_memory_utilization <= 1
-    ):
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    if isinstance(reserve_bytes, bool) or not isinstance(reserve_bytes, int) or reserve_bytes < 0:
-        raise ValueError(f"reserve_bytes must be an int >= 0, got {reserve_bytes!r}")
-    wdtype = g.dtype if weight_dtype is None else weight_dtype
-    if wdtype not in DTYPE_BYTES:
-        raise ValueError(f"unknown weight_dtype {wdtype!r}; choose one of {sorted(DTYPE_BYTES)}")
+    choice("gpu", gpu, tuple(sorted(GPUS)))
+    gpu_memory_utilization = fraction("gpu_memory_utilization", gpu_memory_utilization)
+    block_size = integer("block_size", block_size, low=1)
+    reserve_bytes = integer("reserve_bytes", reserve_bytes, low=0)
+    wdtype = choice("weight_dtype", g.dtype if weight_dtype is None else weight_dtype, tuple(sorted(DTYPE_BYTES)))
     spec = g.per_gpu(tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype)
     tp, pp = tensor_parallel_size, pipeline_parallel_size
     replicas = tp if g.is_mla else kv_heads_per_rank(g.num_kv_heads, tp)[1]

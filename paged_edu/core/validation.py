@@ -1,11 +1,14 @@
-"""One place for input checks on integers, token lists and seeds, used by every module.
+"""One place for input checks on integers, fractions, choices, flags, token lists and seeds, used by every module.
 
 Each check returns the clean value or raises ``TypeError`` (wrong kind of value) / ``ValueError``
 (right kind, out of range) with a message that names the argument, so a caller can check every
 input before it changes any state. The checks that take a ``name`` raise :class:`FieldTypeError` /
-:class:`FieldValueError` (subclasses of those two) whose ``.field`` is that name, so a CLI maps an
-error to its flag without reading the message. "An integer" means any integer type -- Python ``int``, numpy and
-torch integers (anything with ``__index__``) -- and never a ``bool``, a float or a string.
+:class:`FieldValueError` whose ``.field`` is that name, so a CLI maps an error to its flag without
+reading the message. "An integer" means any integer type -- Python ``int``, numpy and torch integers
+(anything with ``__index__``) -- and never a ``bool``, a float or a string.
+
+Where a public entry (``Engine(...)``, ``Engine.add_request``, ``simulate``, the CLI, a kernel with
+``validate=True``) has checked a value, the calls it makes inside the package take it as checked.
 
     from paged_edu.core import validation as check
     n = check.integer("num_blocks", n, low=1)
@@ -17,6 +20,7 @@ Plain Python, no torch.
 
 from __future__ import annotations
 
+import numbers
 import operator
 from array import array
 from collections.abc import Iterable, Mapping, Set
@@ -30,9 +34,12 @@ __all__ = [
     "FieldValueError",
     "as_int",
     "cache_key",
+    "choice",
     "flag",
+    "fraction",
     "integer",
     "new_id",
+    "real",
     "seed",
     "token_array",
     "token_id",
@@ -48,8 +55,11 @@ MAX_CACHE_SALT_LEN = 256  # characters in a cache salt or an extra cache key
 MAX_NUM_REQUESTS = 1_000_000
 
 
-class FieldTypeError(TypeError):
-    """A value of the wrong kind for the argument (configuration field) ``field``."""
+class FieldTypeError(TypeError, ValueError):
+    """A value of the wrong kind for the argument (configuration field) ``field``.
+
+    Also a ``ValueError``: whatever is wrong with a setting, ``except ValueError`` refuses it.
+    """
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
@@ -97,6 +107,30 @@ def integer(name: str, value: object, *, low: int | None = None, high: int | Non
     return value
 
 
+def real(name: str, value: object) -> float:
+    """A real number as a Python float: an int or a float, numpy's too; never a bool, a string or a tensor.
+    (NaN and infinities pass: the caller's range says whether it takes them.)"""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's ints and floats are Real
+        raise FieldTypeError(name, f"{name} must be a real number, got {_describe(value)}")
+    return float(value)
+
+
+def fraction(name: str, value: object) -> float:
+    """A share such as ``gpu_memory_utilization``: a real number in ``(0, 1]`` (never NaN)."""
+    share = real(name, value)
+    if not 0 < share <= 1:  # NaN fails this too
+        raise FieldValueError(name, f"{name} must be in (0, 1], got {value!r}")
+    return share
+
+
+def choice(name: str, value: object, choices) -> object:
+    """``value`` if it is one of ``choices`` (a tuple of names); the message lists them."""
+    if value not in choices:
+        listed = ", ".join(map(repr, choices))
+        raise FieldValueError(name, f"unknown {name} {value!r}: {name} must be one of {listed}")
+    return value
+
+
 def flag(name: str, value: object) -> bool:
     """A yes/no setting: ``True`` or ``False`` (a numpy bool too), never a string or a number --
     ``bool("no")`` is True, so ``enable_prefix_caching="no"`` must not read as "yes"."""
@@ -107,9 +141,9 @@ def flag(name: str, value: object) -> bool:
 
 def seed(name: str, value: object) -> int:
     """A random seed: an integer in ``[0, 2**64)``."""
-    value = as_int(value, f"{name} must be an integer")
+    value = integer(name, value)
     if not 0 <= value < SEED_LIMIT:
-        raise ValueError(f"{name} must be in [0, 2**64), got {value}")
+        raise FieldValueError(name, f"{name} must be in [0, 2**64), got {value}")
     return value
 
 
@@ -117,17 +151,17 @@ def cache_key(name: str, value: object) -> str:
     """A cache salt or an extra prefix-cache key: a non-empty ``str`` of at most
     ``MAX_CACHE_SALT_LEN`` characters that encodes as UTF-8 (no lone surrogates)."""
     if not isinstance(value, str):
-        raise TypeError(
-            f"{name} must be a non-empty str of at most {MAX_CACHE_SALT_LEN} characters, got {_describe(value)}"
+        raise FieldTypeError(
+            name, f"{name} must be a non-empty str of at most {MAX_CACHE_SALT_LEN} characters, got {_describe(value)}"
         )
     if not 1 <= len(value) <= MAX_CACHE_SALT_LEN:
-        raise ValueError(
-            f"{name} must be a non-empty str of at most {MAX_CACHE_SALT_LEN} characters, got one of {len(value)}"
+        raise FieldValueError(
+            name, f"{name} must be a non-empty str of at most {MAX_CACHE_SALT_LEN} characters, got one of {len(value)}"
         )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError(f"{name} must encode as UTF-8, got {_describe(value)}") from None
+        raise FieldValueError(name, f"{name} must encode as UTF-8, got {_describe(value)}") from None
     return value
 
 
@@ -135,7 +169,7 @@ def token_id(name: str, value: object) -> int:
     """One token id: an integer in ``[0, 2**63)``."""
     value = integer(name, value, low=0)
     if value > MAX_TOKEN_ID:
-        raise ValueError(f"{name} must fit in 64 bits (< 2**63), got {value}")
+        raise FieldValueError(name, f"{name} must fit in 64 bits (< 2**63), got {value}")
     return value
 
 

@@ -55,12 +55,12 @@ from paged_edu.core import validation as check
 from paged_edu.core.validation import FieldTypeError, FieldValueError, as_int, cache_key
 from paged_edu.engine import offline
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
-from paged_edu.engine.requests import check_max_model_len, check_request
+from paged_edu.engine.requests import check_inputs, check_max_model_len
 from paged_edu.engine.runner import ModelRunner
 from paged_edu.sched.memory_manager import MemoryManager, is_empty
 from paged_edu.engine.sampling import Sampler, SamplingParams, rows_to_sample, tokens_by_sequence
 from paged_edu.models.llama import PagedLlama
-from paged_edu.sched.scheduler import PREEMPTION_MODES, Scheduler
+from paged_edu.sched.scheduler import Scheduler
 from paged_edu.sched.sequence import Sequence as Seq
 
 __all__ = ["Engine", "StepFailed"]
@@ -135,16 +135,10 @@ class Engine:
             raise FieldTypeError(
                 "model", f"model must be a PagedLlama (use PagedLlama.from_hf), got {type(model).__name__}"
             )
-        if preemption_mode not in PREEMPTION_MODES:
-            raise FieldValueError(
-                "preemption_mode", f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}"
-            )
+        # The scheduler's settings (preemption_mode, max_num_seqs, ...) are checked by Scheduler(...).
         num_blocks = check.integer("num_blocks", num_blocks, low=1, high=check.MAX_NUM_BLOCKS)
         block_size = check.integer("block_size", block_size, low=1)
         enable_prefix_caching = check.flag("enable_prefix_caching", enable_prefix_caching)
-        enable_chunked_prefill = check.flag("enable_chunked_prefill", enable_chunked_prefill)
-        max_num_seqs = check.integer("max_num_seqs", max_num_seqs, low=1)
-        max_num_batched_tokens = check.integer("max_num_batched_tokens", max_num_batched_tokens, low=1)
         if num_cpu_blocks is None:
             num_cpu_blocks = num_blocks if preemption_mode in ("swap", "auto") else 0
         num_cpu_blocks = check.integer("num_cpu_blocks", num_cpu_blocks, low=0, high=check.MAX_NUM_BLOCKS)
@@ -204,7 +198,7 @@ class Engine:
             attn_impl=attn_impl,
             prefill_impl=prefill_impl,
             cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs,
-            max_num_seqs=max_num_seqs,
+            max_num_seqs=self.scheduler.max_num_seqs,
             max_model_len=min(self.max_model_len, num_blocks * block_size),
         )
         self.sampler = Sampler(seed)
@@ -275,14 +269,22 @@ class Engine:
         ``cache_salt`` (a non-empty str of at most 256 characters, on the request as vLLM's
         ``cache_salt``, not on the sampling params): the request hits only prefix-cache blocks
         cached by requests with the same salt, so one tenant cannot time another's prompts."""
+        self._refuse_if_busy("add_request")
+        params = SamplingParams() if params is None else params
+        prompt = check_inputs(prompt_token_ids, params, self.config.vocab_size)
+        self._check_cache_salt("cache_salt", cache_salt)
+        return self._queue(prompt, params, cache_salt)
+
+    def _refuse_if_busy(self, call: str) -> None:
         if self._busy:
             raise RuntimeError(
-                "add_request was called from inside a step or an abort (from a subscriber?); "
+                f"{call} was called from inside a step or an abort (from a subscriber?); "
                 "call it after the current one returns"
             )
-        params = SamplingParams() if params is None else params
-        prompt = self._check_request(prompt_token_ids, params)
-        self._check_cache_salt("cache_salt", cache_salt)
+
+    def _queue(self, prompt: list[int], params: SamplingParams, cache_salt: str | None) -> int:
+        """Queue a request whose inputs are checked; the scheduler checks that it fits (and raises
+        before queueing if it does not); returns its id."""
         request_id = self._next_request_id
         seq = Seq(
             self.scheduler.new_seq_id(),
@@ -294,15 +296,17 @@ class Engine:
             num_samples=params.n,
             cache_salt=cache_salt,
         )
-        self.scheduler.add(seq)  # the scheduler's admission checks; raises before queueing
+        try:
+            self.scheduler.add(seq)
+        except FieldValueError as exc:
+            if exc.field != "max_model_len":
+                raise
+            positions = self.config.max_position_embeddings
+            raise FieldValueError(exc.field, f"{exc} (the model has {positions} positions)") from None
         self._next_request_id += 1
         self._requests[request_id] = RequestState(request_id, prompt, params, seq.arrival_time)
         self.sampler.add(request_id, params)  # cannot fail: SamplingParams checked the seed's range
         return request_id
-
-    def _check_request(self, prompt_token_ids, params) -> list[int]:
-        """The model's limits (the scheduler checks its own in ``Scheduler.add``); the clean prompt."""
-        return check_request(prompt_token_ids, params, self.config, max_model_len=self.max_model_len)
 
     def _check_cache_salt(self, name: str, cache_salt: str | None) -> None:
         """A salt the allocator can take: None, or a non-empty str of bounded length."""
@@ -322,9 +326,10 @@ class Engine:
         *,
         cache_salts: Sequence[str | None] | None = None,
     ) -> list[int]:
-        """Queue several requests, all or nothing: every one is checked before the first is queued,
-        and if the scheduler refuses one, those queued before it are withdrawn without a trace.
+        """Queue several requests, all or nothing: every one's inputs are checked before the first
+        is queued, and if the scheduler refuses one, those queued before it are withdrawn without a trace.
         ``cache_salts``: one :meth:`add_request` ``cache_salt`` per prompt (None: unsalted)."""
+        self._refuse_if_busy("add_requests")
         if isinstance(params, SamplingParams) or len(params) != len(prompts):
             got = "one SamplingParams" if isinstance(params, SamplingParams) else f"{len(params)} sampling params"
             raise ValueError(f"add_requests needs one SamplingParams per prompt: {got} for {len(prompts)} prompts")
@@ -335,13 +340,14 @@ class Engine:
             raise ValueError(
                 f"add_requests needs one cache salt (or None) per prompt: {got} for {len(prompts)} prompts"
             )
+        checked = []
         for i, (p, sp, salt) in enumerate(zip(prompts, params, cache_salts, strict=True)):
-            self._check_request(p, sp)
+            checked.append(check_inputs(p, sp, self.config.vocab_size))
             self._check_cache_salt(f"cache_salts[{i}]", salt)
         ids: list[int] = []
         try:
-            for p, sp, salt in zip(prompts, params, cache_salts):
-                ids.append(self.add_request(p, sp, cache_salt=salt))
+            for prompt, sp, salt in zip(checked, params, cache_salts):
+                ids.append(self._queue(prompt, sp, salt))
         except Exception:
             for rid in ids:  # still waiting (no step ran): no block, no event, no output
                 seq = next(s for s in self.scheduler.waiting if s.request_id == rid)
@@ -416,11 +422,7 @@ class Engine:
     @contextmanager
     def _critical(self):
         """Scheduler state changes here; engine calls from callbacks wait until it ends."""
-        if self._busy:
-            raise RuntimeError(
-                "Engine.step() was called from inside a step or an abort (from a subscriber?); "
-                "call it after the current one returns"
-            )
+        self._refuse_if_busy("Engine.step()")
         self._busy = True
         try:
             yield

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
+from paged_edu.core.validation import flag
 from paged_edu.engine.batch import (
     BatchStaging,
     SamplingBatch,
@@ -241,8 +242,7 @@ class ModelRunner:
             ("auto", "triton", "torch"),
             model.device,
         )
-        if not isinstance(cuda_graphs, bool):
-            raise TypeError(f"cuda_graphs must be True, False or None, got {cuda_graphs!r}")
+        cuda_graphs = flag("cuda_graphs", cuda_graphs)
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size

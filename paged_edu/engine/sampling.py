@@ -19,13 +19,12 @@ between batch compositions cannot reorder it.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from paged_edu.core.validation import SEED_LIMIT, as_int, integer
+from paged_edu.core.validation import SEED_LIMIT, as_int, fraction, integer, real
 from paged_edu.core.validation import seed as check_seed
 
 __all__ = [
@@ -43,13 +42,6 @@ __all__ = [
 # vllm/v1/sample/sampler.py): dividing fp32 logits by ~1e-38 overflows to inf, the softmax gives NaN,
 # and the inverse CDF then always lands on the last token of the vocabulary.
 GREEDY_BELOW = 1e-5
-
-
-def _real(name: str, value) -> float:
-    """A real number (numpy floats too) as a Python float; never a bool, a string or a tensor."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    return float(value)
 
 
 @dataclass(slots=True, frozen=True)
@@ -73,14 +65,12 @@ class SamplingParams:
     def __post_init__(self) -> None:
         max_tokens = integer("max_tokens", self.max_tokens, low=1)
         n = integer("n", self.n, low=1)
-        temperature = _real("temperature", self.temperature)
+        temperature = real("temperature", self.temperature)
         if not math.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if temperature < GREEDY_BELOW:
             temperature = 0.0
-        top_p = _real("top_p", self.top_p)
-        if not 0 < top_p <= 1:  # NaN fails this too
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        top_p = fraction("top_p", self.top_p)
         seed = self.seed
         if seed is not None:
             seed = as_int(seed, "seed must be an int or None")

@@ -88,19 +88,18 @@ import math
 
 import torch
 
-from paged_edu.kernels.checks import check_decode_inputs, check_prefill_inputs, check_scale
+from paged_edu.kernels.checks import check_decode_inputs, check_impl, check_prefill_inputs, check_scale
 from paged_edu.kernels.reference import paged_attention_loop, paged_attention_torch, paged_prefill_reference
 from paged_edu.kernels.support import kernel_support
 
 __all__ = ["IMPLS", "paged_attention_decode", "paged_attention_prefill"]
 
 IMPLS = ("loop", "torch", "triton", "auto")
+PREFILL_IMPLS = ("torch", "triton", "auto")
 
 
-def _pick(impl: str, q: torch.Tensor, allowed: tuple[str, ...], prefill: bool = False) -> str:
-    """Check ``impl`` and resolve ``"auto"`` (kept for a non-tensor ``q``: the input checks reject it)."""
-    if not isinstance(impl, str) or impl not in allowed:
-        raise ValueError(f"impl must be one of {allowed}, got {impl!r}")
+def _resolve(impl: str, q: torch.Tensor, prefill: bool = False) -> str:
+    """``impl`` with ``"auto"`` resolved (kept for a non-tensor ``q``: the input checks reject it)."""
     if impl != "auto" or not isinstance(q, torch.Tensor):
         return impl
     return "triton" if kernel_support(q.device).use_triton("prefill" if prefill else "decode") else "torch"
@@ -118,12 +117,13 @@ def paged_attention_decode(
     validate: bool = True,
 ) -> torch.Tensor:  # (num_seqs, num_q_heads, head_dim), q.dtype
     """Attention of one new token per sequence over its paged KV. See the module docstring."""
-    impl = _pick(impl, q, IMPLS)
     if validate:
+        check_impl(impl, IMPLS)
         check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens)
         scale = check_scale(scale, q.shape[2])
     elif scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])
+    impl = _resolve(impl, q)
     if impl == "loop":
         return paged_attention_loop(q, k_cache, v_cache, block_tables, seq_lens, scale=scale)
     if impl == "torch":
@@ -150,13 +150,13 @@ def paged_attention_prefill(
 
     ``max_q_len``, the longest chunk, is what the Triton kernel's grid needs; a caller that knows it on
     the host (the engine's runner) passes it, else the kernel reads it off ``cu_seqlens_q`` (a sync)."""
-    allowed = ("torch", "triton", "auto")
-    impl = _pick(impl, q, allowed, prefill=True)
     if validate:
+        check_impl(impl, PREFILL_IMPLS)
         check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len=max_q_len)
         scale = check_scale(scale, q.shape[2])
     elif scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])
+    impl = _resolve(impl, q, prefill=True)
     if impl == "torch":
         return paged_prefill_reference(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale)
     return _triton_module("triton_prefill").paged_prefill_triton(

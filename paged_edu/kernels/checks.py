@@ -15,7 +15,7 @@ import numbers
 
 import torch
 
-__all__ = ["check_decode_inputs", "check_prefill_inputs", "check_scale"]
+__all__ = ["check_decode_inputs", "check_impl", "check_prefill_inputs", "check_scale"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -93,6 +93,13 @@ def _check_lengths(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_siz
             f"block_tables[{i}, {j}] = {int(block_tables[i, j])} is not a block of the cache "
             f"[0, {num_blocks}) although sequence {i} reads it (seq_lens[{i}] = {lens[i]})"
         )
+
+
+def check_impl(impl, allowed: tuple[str, ...]) -> str:
+    """``impl`` if it is one of ``allowed``: a kernel's name, or ``"auto"``."""
+    if not isinstance(impl, str) or impl not in allowed:
+        raise ValueError(f"impl must be one of {allowed}, got {impl!r}")
+    return impl
 
 
 def check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens, *, validate: bool = True) -> None:

@@ -55,6 +55,8 @@ import torch
 import triton
 import triton.language as tl
 
+from paged_edu.core.validation import integer
+
 __all__ = ["paged_attention_triton", "choose_num_splits", "decode_config", "INTERPRETING"]
 
 
@@ -427,10 +429,10 @@ def paged_attention_triton(
     cfg = decode_config(head_dim, group, on_gpu=not INTERPRETING)
     cfg.update(config or {})
     q, block_tables, seq_lens, out, max_len = launch_inputs(q, block_tables, seq_lens, block_size)
-    if num_splits is None:
+    if num_splits is None:  # the plan's own choice: nothing to check (validate=False runs no Python check)
         num_splits = split_plan(cfg, config, num_seqs * num_kv_heads, max_len, q.device)
-    if not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
+    else:
+        num_splits = integer("num_splits", num_splits, low=1)
     split = num_splits > 1
     if split:
         part_o = torch.empty(

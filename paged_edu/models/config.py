@@ -10,11 +10,10 @@ the model's shape -- the bytes a token costs in the cache, the cost model's FLOP
 from __future__ import annotations
 
 import math
-import numbers
-import operator
 from dataclasses import asdict, dataclass
 
 from paged_edu.core.hardware import MODELS, ModelGeometry
+from paged_edu.core.validation import FieldValueError, integer, real
 
 __all__ = ["LlamaConfig", "describe", "smollm2_config"]
 
@@ -60,14 +59,11 @@ class LlamaConfig:
             "head_dim",
             "max_position_embeddings",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not hasattr(value, "__index__") or operator.index(value) < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-            setattr(self, name, operator.index(value))  # numpy ints become plain ints
+            setattr(self, name, integer(name, getattr(self, name), low=1))  # numpy ints become plain ints
         for name in ("rms_norm_eps", "rope_theta"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+            value = real(name, getattr(self, name))
+            if not 0 < value < math.inf:  # NaN fails this too
+                raise FieldValueError(name, f"{name} must be a finite number > 0, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:

@@ -3,16 +3,20 @@
 A request that can never run -- longer than the model's context, bigger than the whole KV pool,
 more parallel samples than the batch may hold -- is refused when it is added, with a message
 naming the limit, instead of waiting forever or failing half-way through a run.
-:meth:`paged_edu.sched.scheduler.Scheduler.check_request` applies these limits with its own
-configuration; the engine calls that before it queues anything. Plain Python, no torch.
+:meth:`paged_edu.sched.scheduler.Scheduler.check_fits` applies these limits with its own
+configuration (``Scheduler.add`` calls it before it queues anything). Each error is a
+:class:`~paged_edu.core.validation.FieldValueError` whose ``.field`` is the limit broken, so a
+command line can name the flag that sets it. Plain Python, no torch.
 """
 
 from __future__ import annotations
 
-__all__ = ["check_request"]
+from paged_edu.core.validation import FieldValueError
+
+__all__ = ["check_fits"]
 
 
-def check_request(
+def check_fits(
     num_prompt_tokens: int,
     max_new_tokens: int,
     num_samples: int = 1,
@@ -24,7 +28,7 @@ def check_request(
     max_num_batched_tokens: int,
     enable_chunked_prefill: bool,
 ) -> None:
-    """Raise ``ValueError`` naming the first limit the request breaks; return None if it fits.
+    """Raise ``FieldValueError`` naming the first limit the request breaks; return None if it fits.
 
     The limits: ``max_model_len`` (prompt + output tokens; None: no limit of its own), the whole
     pool (one sequence's blocks at its longest), ``max_num_seqs`` (samples that run at once), and
@@ -33,22 +37,27 @@ def check_request(
     """
     longest = num_prompt_tokens + max_new_tokens
     if max_model_len is not None and longest > max_model_len:
-        raise ValueError(
+        raise FieldValueError(
+            "max_model_len",
             f"prompt ({num_prompt_tokens}) + max_tokens ({max_new_tokens}) = {longest} tokens exceeds "
-            f"max_model_len={max_model_len}"
+            f"max_model_len={max_model_len}",
         )
     needed = -(-longest // block_size)
     if needed > num_blocks:
-        raise ValueError(
+        raise FieldValueError(
+            "num_blocks",
             f"prompt ({num_prompt_tokens}) + max_tokens ({max_new_tokens}) = {longest} tokens needs {needed} "
-            f"blocks of {block_size}, more than the whole pool holds ({num_blocks} blocks)"
+            f"blocks of {block_size}, more than the whole pool holds ({num_blocks} blocks)",
         )
     if num_samples > max_num_seqs:
-        raise ValueError(f"n={num_samples} parallel samples can never run at once with max_num_seqs={max_num_seqs}")
+        raise FieldValueError(
+            "max_num_seqs", f"n={num_samples} parallel samples can never run at once with max_num_seqs={max_num_seqs}"
+        )
     longest_prefill = longest - 1
     if not enable_chunked_prefill and longest_prefill > max_num_batched_tokens:
-        raise ValueError(
+        raise FieldValueError(
+            "max_num_batched_tokens",
             f"the request may need a {longest_prefill}-token prefill (prompt plus generated tokens, after a "
             f"preemption), more than max_num_batched_tokens={max_num_batched_tokens}; "
-            "enable chunked prefill or raise the budget"
+            "enable chunked prefill or raise the budget",
         )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from paged_edu.core.validation import integer
 from paged_edu.sched.memory_manager import cache_keys
 
 __all__ = ["POLICIES", "LongestPrefixFirst"]
@@ -34,11 +35,8 @@ class LongestPrefixFirst:
     """Reorders a waiting queue in place: aged requests first, then longest cached prefix first."""
 
     def __init__(self, max_wait_rounds: int = 64, window: int = 128) -> None:
-        for name, value in (("max_wait_rounds", max_wait_rounds), ("window", window)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        self.max_wait_rounds = max_wait_rounds
-        self.window = window
+        self.max_wait_rounds = integer("max_wait_rounds", max_wait_rounds, low=1)
+        self.window = integer("window", window, low=1)
         self.rounds: dict[int, int] = {}  # seq_id -> scheduling rounds waited
 
     def order(self, waiting: deque, manager) -> None:

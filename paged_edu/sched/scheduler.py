@@ -31,7 +31,8 @@ import itertools
 from collections import deque
 from collections.abc import Sequence as Seq
 from paged_edu.core.block_pool import OutOfBlocksError
-from paged_edu.sched.admission import check_request
+from paged_edu.core.validation import FieldValueError, choice, flag, integer
+from paged_edu.sched.admission import check_fits
 from paged_edu.sched.memory_manager import MemoryManager, PrefixLookup, cache_keys, publishes_before_computed
 from paged_edu.sched.policy import POLICIES, LongestPrefixFirst
 from paged_edu.sched.scheduler_output import ScheduledSeq, SchedulerOutput
@@ -58,32 +59,27 @@ class Scheduler:
         max_model_len: int | None = None,
         policy: str = "fcfs",
     ) -> None:
-        for name, value, choices in (
-            ("preemption_mode", preemption_mode, PREEMPTION_MODES),
-            ("policy", policy, POLICIES),
-        ):
-            if value not in choices:
-                raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-        limits = (
-            ("max_num_seqs", max_num_seqs),
-            ("max_num_batched_tokens", max_num_batched_tokens),
-            ("max_model_len", 1 if max_model_len is None else max_model_len),
-        )
-        for name, value in limits:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        preemption_mode = choice("preemption_mode", preemption_mode, PREEMPTION_MODES)
+        policy = choice("policy", policy, POLICIES)
+        max_num_seqs = integer("max_num_seqs", max_num_seqs, low=1)
+        max_num_batched_tokens = integer("max_num_batched_tokens", max_num_batched_tokens, low=1)
+        if max_model_len is not None:
+            max_model_len = integer("max_model_len", max_model_len, low=1)
+        enable_chunked_prefill = flag("enable_chunked_prefill", enable_chunked_prefill)
         if policy == "lpm" and not isinstance(allocator, PrefixLookup):
-            raise ValueError(
+            raise FieldValueError(
+                "policy",
                 f"policy='lpm' needs a manager that can look up a prompt's cached prefix "
-                f"(num_cached_tokens_for); {type(allocator).__name__} has none: use policy='fcfs'"
+                f"(num_cached_tokens_for); {type(allocator).__name__} has none: use policy='fcfs'",
             )
         swap_space = SwapSpace(num_cpu_blocks)
-        if preemption_mode == "swap" and num_cpu_blocks == 0:  # "auto" recomputes without swap space
-            raise ValueError("preemption_mode='swap' needs num_cpu_blocks > 0 to swap into")
+        if preemption_mode == "swap" and swap_space.num_blocks == 0:  # "auto" recomputes without swap space
+            raise FieldValueError("num_cpu_blocks", "preemption_mode='swap' needs num_cpu_blocks > 0 to swap into")
         if publishes_before_computed(allocator):
-            raise ValueError(
+            raise FieldValueError(
+                "allocator",
                 "the memory manager shares blocks before their K/V is computed, but this scheduler computes "
-                "prompts over several steps: build it with BlockAllocator(..., cache_when_computed=True)"
+                "prompts over several steps: build it with BlockAllocator(..., cache_when_computed=True)",
             )
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
@@ -118,9 +114,9 @@ class Scheduler:
         self.add(seq)
         return seq
 
-    def check_request(self, num_prompt_tokens: int, max_new_tokens: int, num_samples: int = 1) -> None:
-        """Refuse a request that could never run here, naming the limit (see :func:`check_request`)."""
-        check_request(
+    def check_fits(self, num_prompt_tokens: int, max_new_tokens: int, num_samples: int = 1) -> None:
+        """Refuse a request that could never run here, naming the limit (see :func:`check_fits`)."""
+        check_fits(
             num_prompt_tokens,
             max_new_tokens,
             num_samples,
@@ -132,14 +128,16 @@ class Scheduler:
             enable_chunked_prefill=self.enable_chunked_prefill,
         )
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a new sequence, after :meth:`check_request`."""
+    def add(self, seq: Sequence, *, validate: bool = True) -> None:
+        """Queue a new sequence, after :meth:`check_fits` (``validate=False``: the caller has
+        checked that it fits, as ``simulate`` does for every request before it starts)."""
         if seq.seq_id in self._live or seq.status is not SequenceStatus.WAITING or seq.num_computed_tokens:
             raise ValueError(f"sequence {seq.seq_id} was already added")
-        try:
-            self.check_request(seq.num_prompt_tokens, seq.max_new_tokens, seq.max_num_running_seqs)
-        except ValueError as exc:
-            raise ValueError(f"sequence {seq.seq_id}: {exc}") from None
+        if validate:
+            try:
+                self.check_fits(seq.num_prompt_tokens, seq.max_new_tokens, seq.max_num_running_seqs)
+            except FieldValueError as exc:
+                raise FieldValueError(exc.field, f"sequence {seq.seq_id}: {exc}") from None
         self._live[seq.seq_id] = seq
         self.waiting.append(seq)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from paged_edu.core.validation import FieldTypeError, FieldValueError, integer
+
 __all__ = ["Sequence", "SequenceStatus"]
 
 
@@ -51,15 +53,15 @@ class Sequence:
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
-            raise ValueError(f"sequence {self.seq_id}: the prompt is empty; it needs at least one token")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"sequence {self.seq_id}: max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
-        if not isinstance(self.num_samples, int) or self.num_samples < 1:
-            raise ValueError(f"sequence {self.seq_id}: num_samples must be an int >= 1, got {self.num_samples!r}")
-        if not isinstance(self.num_pending_forks, int) or self.num_pending_forks < 0:
-            raise ValueError(
-                f"sequence {self.seq_id}: num_pending_forks must be an int >= 0, got {self.num_pending_forks!r}"
+            raise FieldValueError(
+                "prompt_token_ids", f"sequence {self.seq_id}: the prompt is empty; it needs at least one token"
             )
+        try:  # counts are integers, never True (a bool is an int to isinstance)
+            self.max_new_tokens = integer("max_new_tokens", self.max_new_tokens, low=1)
+            self.num_samples = integer("num_samples", self.num_samples, low=1)
+            self.num_pending_forks = integer("num_pending_forks", self.num_pending_forks, low=0)
+        except (FieldTypeError, FieldValueError) as exc:
+            raise type(exc)(exc.field, f"sequence {self.seq_id}: {exc}") from None
         if self.request_id is None:
             self.request_id = self.seq_id
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Sequence
 
+from paged_edu.core.validation import integer
+
 __all__ = ["SwapSpace"]
 
 
@@ -22,9 +24,7 @@ class SwapSpace:
     """``num_blocks`` CPU blocks: a free list, and each swapped-out sequence's blocks in order."""
 
     def __init__(self, num_blocks: int) -> None:
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
-            raise ValueError(f"num_cpu_blocks must be an int >= 0, got {num_blocks!r}")
-        self.num_blocks = num_blocks
+        self.num_blocks = integer("num_cpu_blocks", num_blocks, low=0)
         # Free ids: those given back (reused first), then every id from _next_unused on -- so a
         # swap space of any size costs nothing until it is used.
         self._free: deque[int] = deque()

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from paged_edu.sim.request import _is_int
+from paged_edu.core.validation import integer, real
 
 L_MAX = 2048  # OPT's context length, the paper's L_max for its contiguous baselines.
 
@@ -22,8 +22,7 @@ def poisson_arrivals(num: int, rate: float, rng: np.random.Generator) -> np.ndar
 
     ``rate = inf`` (or 0 requests per second meaning "all at once" is refused) gives all zeros.
     """
-    if not isinstance(rate, (int, float)) or isinstance(rate, bool):
-        raise TypeError(f"rate must be a number, got {type(rate).__name__}")
+    rate = real("rate", rate)
     if not rate > 0:
         raise ValueError(f"rate must be > 0 requests/s (use inf for an offline batch), got {rate}")
     if math.isinf(rate):
@@ -35,5 +34,4 @@ def poisson_arrivals(num: int, rate: float, rng: np.random.Generator) -> np.ndar
 
 def check_num_requests(num_requests: int) -> None:
     """Refuse a workload size that is not an int >= 1 (``True`` included)."""
-    if not _is_int(num_requests) or num_requests < 1:
-        raise ValueError(f"num_requests must be a positive int, got {num_requests!r}")
+    integer("num_requests", num_requests, low=1)

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 
+from paged_edu.core.validation import FieldTypeError, FieldValueError
 from paged_edu.sim.costmodel import CostModel
 from paged_edu.sim.managers import BLOCK_SIZES, DEFAULT_MANAGERS
 from paged_edu.sim.results import SimConfig, SimResult
-from paged_edu.sim.simulator import simulate
+from paged_edu.sim.simulator import Server, prepare, simulate
 from paged_edu.sim.request import Request
 
-__all__ = ["compare", "default_configs", "format_table", "latency_vs_rate"]
+__all__ = ["compare", "default_configs", "format_table", "latency_vs_rate", "prepare_all"]
 
 
 def default_configs(block_sizes=BLOCK_SIZES, managers=DEFAULT_MANAGERS, **kwargs) -> list[SimConfig]:
@@ -42,20 +43,42 @@ def _progress_bar(show: bool, total: int, unit: str, desc: str):
         bar.close()
 
 
+def prepare_all(requests: list[Request], configs: list[SimConfig], cost_model: CostModel | None = None) -> list[Server]:
+    """Every config's server, built and checked before any runs (:func:`~paged_edu.sim.simulator.prepare`).
+
+    A server that cannot serve the requests raises the ``FieldValueError`` / ``FieldTypeError`` of
+    ``prepare``, its ``.field`` kept and its message prefixed with the config's label."""
+    cost_model = cost_model or CostModel()
+    servers = []
+    for config in configs:
+        try:
+            servers.append(prepare(requests, config, cost_model))
+        except (FieldTypeError, FieldValueError) as exc:
+            raise type(exc)(exc.field, f"{config.label}: {exc}") from None
+    return servers
+
+
 def compare(
     requests: list[Request],
     configs: list[SimConfig] | None = None,
     cost_model: CostModel | None = None,
     progress: bool = False,
+    *,
+    servers: list[Server] | None = None,
 ) -> list[SimResult]:
-    """Simulate the same requests under every config (default: every manager and block size)."""
-    configs = configs if configs is not None else default_configs()
+    """Simulate the same requests under every config (default: every manager and block size).
+
+    Every server is built and checked first (:func:`prepare_all`; or pass ``servers`` it built),
+    so a config that cannot serve the requests is refused before any simulation runs."""
+    if servers is None:
+        servers = prepare_all(requests, configs if configs is not None else default_configs(), cost_model)
     results = []
-    with _progress_bar(progress, len(configs) * len(requests), "req", "simulating") as bar:
-        for config in configs:
+    with _progress_bar(progress, len(servers) * len(requests), "req", "simulating") as bar:
+        for server in servers:
             if bar is not None:
-                bar.set_postfix_str(config.label)
-            results.append(simulate(requests, config, cost_model, bar.update if bar is not None else None))
+                bar.set_postfix_str(server.config.label)
+            progress_of = bar.update if bar is not None else None
+            results.append(simulate(requests, progress=progress_of, server=server))
     return results
 
 

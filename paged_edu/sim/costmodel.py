@@ -48,6 +48,7 @@ import numpy as np
 
 from paged_edu.core.hardware import GPU, GPUS, MODELS, ModelGeometry
 from paged_edu.core.memory import vllm_kv_budget
+from paged_edu.core.validation import FieldValueError, fraction
 
 __all__ = ["ROOFLINE_NAME", "CostModel", "StepShape"]
 
@@ -138,9 +139,7 @@ class CostModel:
                 f"{m.name}: the cost model needs the model's size (matmul_params, num_q_heads, d_model, vocab_size)"
             )
         for name in ("compute_efficiency", "memory_efficiency"):
-            value = getattr(self, name)
-            if not 0 < value <= 1:
-                raise ValueError(f"{name} must be in (0, 1], got {value}")
+            fraction(name, getattr(self, name))
         for name in ("step_overhead_s", "per_seq_overhead_s", "per_block_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -205,14 +204,14 @@ class CostModel:
         everything that is not KV cache -- weights, the activations of a dummy forward, non-torch
         allocations; this counts the weights only.
         """
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        gpu_memory_utilization = fraction("gpu_memory_utilization", gpu_memory_utilization)
         weights = self.model.matmul_weight_bytes if weight_bytes is None else weight_bytes
         free = vllm_kv_budget(self.gpu.memory_bytes, gpu_memory_utilization, weights)
         if free <= 0:
-            raise ValueError(
+            raise FieldValueError(
+                "gpu_memory_utilization",
                 f"{self.model.name} weights ({weights / 1e9:.1f} GB) do not fit in "
-                f"{gpu_memory_utilization:.0%} of {self.gpu.name}'s {self.gpu.memory_bytes / 1e9:.0f} GB"
+                f"{gpu_memory_utilization:.0%} of {self.gpu.name}'s {self.gpu.memory_bytes / 1e9:.0f} GB",
             )
         return free
 

@@ -26,10 +26,20 @@ from paged_edu.core.block_pool import OutOfBlocksError, PrefixCacheStats
 from paged_edu.core.seq_lookup import UnknownSequenceError
 from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
+from paged_edu.core.validation import FieldValueError, choice, integer
 from paged_edu.sched.sequence import Sequence
 from paged_edu.sim.arrivals import L_MAX
 
-__all__ = ["BLOCK_SIZES", "MANAGERS", "ContiguousManager", "PagedManager", "RadixManager", "make_manager"]
+__all__ = [
+    "BLOCK_SIZES",
+    "MANAGERS",
+    "ContiguousManager",
+    "PagedManager",
+    "RadixManager",
+    "build_manager",
+    "check_holds_a_block",
+    "make_manager",
+]
 
 MANAGERS = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "paged-radix")
 # What runs when no manager is named: the paper's baselines and the paged cache with and without
@@ -156,9 +166,7 @@ class ContiguousManager:
     block_size = 1
 
     def __init__(self, num_slots: int, policy: str, max_seq_len: int = L_MAX) -> None:
-        if policy not in ("max", "pow2", "oracle"):
-            raise ValueError(f"policy must be 'max', 'pow2' or 'oracle', got {policy!r}")
-        self.policy = policy
+        self.policy = choice("policy", policy, ("max", "pow2", "oracle"))
         self.max_seq_len = max_seq_len
         self.space = ContiguousAllocator(num_slots, max_seq_len)
         self.num_blocks = num_slots
@@ -328,17 +336,24 @@ class ContiguousManager:
 
 
 def make_manager(name: str, num_kv_slots: int, block_size: int = 16, max_seq_len: int = L_MAX):
-    """Build a memory manager by name over ``num_kv_slots`` token slots."""
-    if name not in MANAGERS:
-        raise ValueError(f"unknown manager {name!r}; choose one of {MANAGERS}")
-    if not isinstance(num_kv_slots, int) or num_kv_slots < 1:
-        raise ValueError(f"num_kv_slots must be a positive int, got {num_kv_slots!r}")
+    """Build a memory manager by name over ``num_kv_slots`` token slots, its arguments checked."""
+    choice("manager", name, MANAGERS)
+    num_kv_slots = integer("num_kv_slots", num_kv_slots, low=1)
+    block_size = integer("block_size", block_size, low=1)
+    check_holds_a_block(name, num_kv_slots, block_size)
+    return build_manager(name, num_kv_slots, block_size, max_seq_len)
+
+
+def check_holds_a_block(name: str, num_kv_slots: int, block_size: int) -> None:
+    """A paged pool must hold at least one block (a contiguous one has no blocks)."""
+    if not name.startswith("contiguous") and num_kv_slots < block_size:
+        raise FieldValueError("num_kv_slots", f"num_kv_slots={num_kv_slots} holds not even one block of {block_size}")
+
+
+def build_manager(name: str, num_kv_slots: int, block_size: int = 16, max_seq_len: int = L_MAX):
+    """:func:`make_manager` without its checks, for arguments the caller checked (``simulate``'s prepare)."""
     if name.startswith("contiguous"):
         return ContiguousManager(num_kv_slots, name.split("-")[1], max_seq_len)
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    if num_kv_slots < block_size:
-        raise ValueError(f"num_kv_slots={num_kv_slots} holds not even one block of {block_size}")
     if name == "paged-radix":
         return RadixManager(num_kv_slots // block_size, block_size)
     return PagedManager(num_kv_slots // block_size, block_size, name == "paged-prefix")

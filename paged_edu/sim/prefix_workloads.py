@@ -26,15 +26,14 @@ from itertools import count
 import numpy as np
 
 from paged_edu.sim.arrivals import L_MAX, check_num_requests, poisson_arrivals
-from paged_edu.sim.request import Request, _is_int
+from paged_edu.core.validation import integer
+from paged_edu.sim.request import Request
 
 __all__ = ["agents", "fewshot", "multiturn"]
 
 
 def _positive(name: str, value: object) -> int:
-    if not _is_int(value) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
+    return integer(name, value, low=1)
 
 
 class _Ids:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paged_edu.core.validation import cache_key
+from paged_edu.core.validation import FieldValueError, cache_key, choice, integer, real
 
 __all__ = ["FORK_MODES", "Request", "TraceKeyError", "load_trace", "prompt_token_ids", "save_trace"]
 
@@ -58,7 +58,7 @@ class Request:
     cache_salt: str | None = None  # its tenant's prefix-cache salt (None: shared with every unsalted request)
 
     def __post_init__(self) -> None:
-        _check_request(self)
+        check_fields(self)
 
     @property
     def total_len(self) -> int:
@@ -85,36 +85,32 @@ class Request:
         return record
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+def _is_token_list(value: object) -> bool:
+    return isinstance(value, (list, tuple)) and all(
+        isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0 for t in value
+    )
 
 
-def _check_request(r: Request) -> None:
-    """Clear errors for impossible requests; normalises numpy scalars to Python ones."""
-    if isinstance(r.arrival_time, bool) or not isinstance(r.arrival_time, (int, float, np.floating, np.integer)):
-        raise TypeError(f"arrival_time must be a number, got {type(r.arrival_time).__name__}")
-    r.arrival_time = float(r.arrival_time)
+def check_fields(r: Request) -> None:
+    """Clear errors for a request's impossible fields (a trace record's, a workload's); normalises
+    numpy scalars to Python ones. Whether a server can serve it is ``sim.simulator.prepare``'s check."""
+    r.arrival_time = real("arrival_time", r.arrival_time)
     if not math.isfinite(r.arrival_time) or r.arrival_time < 0:
         raise ValueError(f"arrival_time must be finite and >= 0, got {r.arrival_time}")
     if r.prompt is not None:
-        if not isinstance(r.prompt, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in r.prompt):
+        if not _is_token_list(r.prompt):
             raise ValueError("prompt must be a list of non-negative integer token ids")
         r.prompt = [int(t) for t in r.prompt]
         if r.prompt_len != len(r.prompt):
             raise ValueError(f"prompt_len {r.prompt_len} disagrees with the {len(r.prompt)} prompt tokens")
-    for name in ("prompt_len", "output_len", "n", "prefix_len"):
-        value = getattr(r, name)
-        if not _is_int(value):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-        setattr(r, name, int(value))
-    if r.prompt_len < 1:
-        raise ValueError(f"prompt_len must be >= 1, got {r.prompt_len}")
-    if r.output_len < 1:
-        raise ValueError(f"output_len must be >= 1, got {r.output_len}")
+    r.prompt_len = integer("prompt_len", r.prompt_len, low=1)
+    r.output_len = integer("output_len", r.output_len, low=1)
+    r.n = integer("n", r.n)
+    r.prefix_len = integer("prefix_len", r.prefix_len)
     if r.n < 1:
-        raise ValueError(f"n (samples per request) must be >= 1, got {r.n}")
+        raise FieldValueError("n", f"n (samples per request) must be >= 1, got {r.n}")
     if r.output is not None:
-        if not isinstance(r.output, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in r.output):
+        if not _is_token_list(r.output):
             raise ValueError("output must be a list of non-negative integer token ids")
         r.output = [int(t) for t in r.output]
         if r.output_len != len(r.output):
@@ -123,8 +119,7 @@ def _check_request(r: Request) -> None:
             raise ValueError(f"output (the reply's token ids) names one sample; this request has n={r.n}")
     if r.cache_salt is not None:
         cache_key("cache_salt", r.cache_salt)
-    if r.fork not in FORK_MODES:
-        raise ValueError(f"fork must be one of {FORK_MODES}, got {r.fork!r}")
+    choice("fork", r.fork, FORK_MODES)
     if r.prefix_group is None:
         if r.prefix_len:
             raise ValueError("prefix_len given without a prefix_group")
@@ -207,8 +202,8 @@ def load_trace(path: str | os.PathLike) -> list[Request]:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
             except KeyError as exc:
                 raise TraceKeyError(f"{path}:{lineno}: {exc.args[0] if exc.args else exc}") from None
-            except (ValueError, TypeError) as exc:
-                raise type(exc)(f"{path}:{lineno}: {exc}") from None
+            except (ValueError, TypeError) as exc:  # a FieldTypeError is both: a TypeError
+                raise (TypeError if isinstance(exc, TypeError) else ValueError)(f"{path}:{lineno}: {exc}") from None
     if not requests:
         raise ValueError(f"{path}: the trace holds no requests")
     requests.sort(key=lambda r: r.arrival_time)

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from paged_edu.sched.policy import POLICIES
+from paged_edu.core.validation import choice, fraction, integer
 from paged_edu.sim.managers import MANAGERS
 from paged_edu.sim.arrivals import L_MAX
 
@@ -35,12 +35,14 @@ class SimConfig:
     sample_every: int = 4  # steps between memory snapshots
 
     def __post_init__(self) -> None:
-        if self.manager not in MANAGERS:
-            raise ValueError(f"unknown manager {self.manager!r}; choose one of {MANAGERS}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if not isinstance(self.sample_every, int) or self.sample_every < 1:
-            raise ValueError(f"sample_every must be a positive int, got {self.sample_every!r}")
+        # The settings of the simulation and of its memory manager; the pool (num_kv_slots) and the
+        # scheduler's settings are checked once when simulate builds the server (sim.simulator.prepare).
+        choice("manager", self.manager, MANAGERS)
+        self.block_size = integer("block_size", self.block_size, low=1)
+        self.sample_every = integer("sample_every", self.sample_every, low=1)
+        self.max_seq_len = integer("max_seq_len", self.max_seq_len, low=1)
+        if self.num_kv_slots is None:
+            fraction("gpu_memory_utilization", self.gpu_memory_utilization)
 
     @property
     def label(self) -> str:

@@ -49,15 +49,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+from paged_edu.core.validation import FieldTypeError, FieldValueError, integer
 from paged_edu.sched.scheduler import Scheduler
 from paged_edu.sched.scheduler_output import SchedulerOutput
 from paged_edu.sched.sequence import Sequence, SequenceStatus
 from paged_edu.sim.costmodel import CostModel, StepShape
-from paged_edu.sim.managers import make_manager
+from paged_edu.sim.managers import build_manager, check_holds_a_block
 from paged_edu.sim.results import RequestRecord, SimConfig, SimResult
 from paged_edu.sim.request import Request, prompt_token_ids
 
-__all__ = ["MadeUpTokens", "prepare", "simulate", "step_shape"]
+__all__ = ["MadeUpTokens", "Server", "prepare", "simulate", "step_shape"]
 
 _OUTPUT_TOKEN_BASE = 1 << 40  # sampled ids live far above any prompt id: no accidental cache hit
 
@@ -173,45 +174,66 @@ class _Meters:
         self.shared_unshared += unshared
 
 
-def _check_requests(requests: list[Request], config: SimConfig, manager, scheduler: Scheduler, num_slots: int) -> None:
+def _check_fits(requests: list[Request], config: SimConfig, manager, scheduler: Scheduler, num_slots: int) -> None:
     """Refuse, before anything runs, a request that could never be served by this server."""
     for r in requests:
         if r.total_len - 1 > config.max_seq_len:  # the last sampled token is never stored
-            raise ValueError(
-                f"a request of {r.prompt_len} + {r.output_len} tokens exceeds max_seq_len={config.max_seq_len}"
+            raise FieldValueError(
+                "max_seq_len",
+                f"a request of {r.prompt_len} + {r.output_len} tokens exceeds max_seq_len={config.max_seq_len}",
             )
-        scheduler.check_request(r.prompt_len, r.output_len, r.n)
+        scheduler.check_fits(r.prompt_len, r.output_len, r.n)
         if manager.slots_to_admit(r.prompt_len, r.total_len, r.n) > num_slots:
-            raise ValueError(f"a request of {r.total_len} tokens x {r.n} samples cannot fit in {num_slots} KV slots")
+            raise FieldValueError(
+                "num_kv_slots", f"a request of {r.total_len} tokens x {r.n} samples cannot fit in {num_slots} KV slots"
+            )
 
 
-def _check_pool(num_slots: int, cost: CostModel) -> None:
+def _check_pool(num_slots: int, cost: CostModel) -> int:
     """A pool the GPU could never hold is refused before anything is allocated."""
     gpu, model = cost.gpu, cost.model
-    if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
-        raise ValueError(f"num_kv_slots must be a positive int, got {num_slots!r}")
+    try:
+        num_slots = integer("num_kv_slots", num_slots, low=1)
+    except FieldTypeError:  # e.g. 1e4 from a config file: say what a pool size is
+        raise FieldTypeError(
+            "num_kv_slots", f"num_kv_slots must be a positive int (a count of token slots), got {num_slots!r}"
+        ) from None
     if num_slots * model.kv_bytes_per_token > gpu.memory_bytes:
-        raise ValueError(
+        raise FieldValueError(
+            "num_kv_slots",
             f"num_kv_slots={num_slots:,} needs {num_slots * model.kv_bytes_per_token / 1e9:,.1f} GB of KV cache for "
             f"{model.name}, more than the {gpu.name}'s {gpu.memory_bytes / 1e9:.1f} GB "
-            f"(at most {gpu.memory_bytes // model.kv_bytes_per_token:,} slots)"
+            f"(at most {gpu.memory_bytes // model.kv_bytes_per_token:,} slots)",
         )
+    return num_slots
 
 
-def prepare(requests: list[Request], config: SimConfig, cost: CostModel):
-    """The server ``simulate`` would run: ``(num_kv_slots, cost model, manager, scheduler)``.
+@dataclass(slots=True)
+class Server:
+    """One simulated server, built and checked by :func:`prepare`, run once by :func:`simulate`."""
+
+    config: SimConfig
+    num_kv_slots: int
+    cost: CostModel  # the cost model with the manager's block size (swapped and copied blocks are this big)
+    manager: object  # a MemoryManager of sim.managers
+    scheduler: Scheduler
+
+
+def prepare(requests: list[Request], config: SimConfig, cost: CostModel) -> Server:
+    """The server ``simulate`` runs, built once and checked against every request.
 
     Everything that makes the run impossible -- no requests, a pool the GPU could not hold, a
-    request that could never be admitted -- raises ``ValueError`` here, before the run starts.
+    request that could never be admitted -- raises here, before the run starts: a
+    :class:`~paged_edu.core.validation.FieldValueError` whose ``.field`` names the setting at fault.
     """
     if not requests:
-        raise ValueError("simulate needs at least one request")
+        raise FieldValueError("requests", "simulate needs at least one request")
     num_slots = config.num_kv_slots
     if num_slots is None:
         num_slots = cost.kv_capacity_tokens(config.gpu_memory_utilization)
-    _check_pool(num_slots, cost)
-    manager = make_manager(config.manager, num_slots, config.block_size, config.max_seq_len)
-    cost = replace(cost, block_size=manager.block_size)  # swapped and copied blocks are this big
+    num_slots = _check_pool(num_slots, cost)
+    check_holds_a_block(config.manager, num_slots, config.block_size)
+    manager = build_manager(config.manager, num_slots, config.block_size, config.max_seq_len)  # config checked it
     scheduler = Scheduler(
         manager,
         max_num_seqs=config.max_num_seqs,
@@ -221,8 +243,8 @@ def prepare(requests: list[Request], config: SimConfig, cost: CostModel):
         num_cpu_blocks=config.num_cpu_blocks,
         policy=config.policy,
     )
-    _check_requests(requests, config, manager, scheduler, num_slots)
-    return num_slots, cost, manager, scheduler
+    _check_fits(requests, config, manager, scheduler, num_slots)
+    return Server(config, num_slots, replace(cost, block_size=manager.block_size), manager, scheduler)
 
 
 def simulate(
@@ -230,15 +252,26 @@ def simulate(
     config: SimConfig | None = None,
     cost_model: CostModel | None = None,
     progress=None,
+    *,
+    server: Server | None = None,
 ) -> SimResult:
     """Serve ``requests`` with one memory manager; return what was measured.
 
     ``progress`` is an optional callable ``progress(num_requests_finished_now)`` (a tqdm's
-    ``update``) called as requests finish.
+    ``update``) called as requests finish. ``server``: the :class:`Server` that
+    ``prepare(requests, config, cost_model)`` built, to run instead of building (and checking) it
+    again; it is used up by the run.
     """
-    config = config or SimConfig()
     wall0 = time.perf_counter()
-    num_slots, cost, manager, scheduler = prepare(requests, config, cost_model or CostModel())
+    if server is None:
+        server = prepare(requests, config or SimConfig(), cost_model or CostModel())
+    config, num_slots, cost, manager, scheduler = (
+        server.config,
+        server.num_kv_slots,
+        server.cost,
+        server.manager,
+        server.scheduler,
+    )
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_time)
     prompts = prompt_token_ids(requests)
 
@@ -261,7 +294,7 @@ def simulate(
             if requests[i].output is not None:
                 model.set_reply(seq.seq_id, requests[i].output)
             owner[seq.seq_id] = i
-            scheduler.add(seq)
+            scheduler.add(seq, validate=False)  # prepare checked that every request fits
             next_arrival += 1
         if not scheduler.has_unfinished():
             now = requests[order[next_arrival]].arrival_time

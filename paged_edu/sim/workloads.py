@@ -46,7 +46,8 @@ import numpy as np
 
 from paged_edu.sim.arrivals import L_MAX, check_num_requests, poisson_arrivals
 from paged_edu.sim.prefix_workloads import agents, fewshot, multiturn
-from paged_edu.sim.request import Request, _check_request, _is_int
+from paged_edu.core.validation import choice, integer
+from paged_edu.sim.request import Request, check_fields
 
 __all__ = [
     "DATASETS",
@@ -191,10 +192,8 @@ def chat(
     that the total stays within ``L_max``.
     """
     check_num_requests(num_requests)
-    if not _is_int(system_prompt_len) or not 1 <= system_prompt_len < L_MAX - 1:
-        raise ValueError(f"system_prompt_len must be in [1, {L_MAX - 2}], got {system_prompt_len!r}")
-    if not _is_int(num_groups) or num_groups < 1:
-        raise ValueError(f"num_groups must be a positive int, got {num_groups!r}")
+    integer("system_prompt_len", system_prompt_len, low=1, high=L_MAX - 2)
+    integer("num_groups", num_groups, low=1)
     rng = np.random.default_rng(seed)
     times = poisson_arrivals(num_requests, rate, rng)
     user, output = SHAREGPT.sample(num_requests, rng)
@@ -216,19 +215,17 @@ def parallel(
     dataset: str = "sharegpt",
 ) -> list[Request]:
     """Requests that each generate ``n`` samples sharing their prompt (``fork="beam"``: a beam tree)."""
-    if dataset not in DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
+    choice("dataset", dataset, tuple(sorted(DATASETS)))
     requests = _dataset(DATASETS[dataset], num_requests, rate, seed)
     for r in requests:
         r.n, r.fork = n, fork
-        _check_request(r)
+        check_fields(r)
     return requests
 
 
 def assign_tenants(requests: list[Request], num_tenants: int) -> list[Request]:
     """Give request ``i`` the cache salt ``tenant-{i % num_tenants}`` (in place; returns ``requests``)."""
-    if not _is_int(num_tenants) or num_tenants < 1:
-        raise ValueError(f"num_tenants must be a positive int, got {num_tenants!r}")
+    integer("num_tenants", num_tenants, low=1)
     for i, r in enumerate(requests):
         r.cache_salt = f"tenant-{i % num_tenants}"
     return requests
@@ -244,10 +241,7 @@ def make_workload(name: str, num_requests: int, rate: float = math.inf, seed: in
     """Build a named workload: ``sharegpt``, ``alpaca``, ``chat``, ``parallel``, or one of
     :mod:`~paged_edu.sim.prefix_workloads`: ``multiturn``, ``fewshot``, ``agents``."""
     builders = {**WORKLOADS, **PREFIX_WORKLOADS}
-    try:
-        build = builders[name]
-    except KeyError:
-        raise ValueError(f"unknown workload {name!r}; choose one of {sorted(builders)}") from None
+    build = builders[choice("workload", name, tuple(sorted(builders)))]
     return build(num_requests, rate, seed, **kwargs)
 
 
