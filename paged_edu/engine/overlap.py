@@ -152,8 +152,9 @@ class AsyncScheduling:
             outputs += self._read(prev, phases)
         if any(n > 1 for _, _, n in emitting):  # a fork: read now, never in flight
             outputs += self._read(current, phases)
-        else:
+        elif any(item.seq.status is SequenceStatus.RUNNING for item in sched.scheduled):
             self.in_flight = current
+        # else every sequence of the step ended at step N: nothing in it is read (its rows are discarded)
         return e._take_aborted() + outputs, self._metrics(sched, t_start, phases, outputs)
 
     # -- the pieces ------------------------------------------------------------------------------
