@@ -12,6 +12,8 @@ loses nothing.
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -278,6 +280,33 @@ def test_a_failed_async_step_is_undone_and_the_run_is_token_identical(model, pro
         assert_no_leaks(engine)
     if not fired_any:
         pytest.skip(f"{config} makes no {phase} copy")
+
+
+# ----------------------------------------------------------------------------------------------
+# The benchmarks' switch
+# ----------------------------------------------------------------------------------------------
+
+
+def test_benchmarks_record_which_mode_ran(tmp_path):
+    """``bench_host --async-scheduling`` and ``bench_engine --workload nanovllm --async-scheduling both``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_engine
+    import bench_host
+
+    rec = bench_host.main(["--running", "8", "--steps", "6", "--async-scheduling", "--out", str(tmp_path / "h.json")])
+    assert rec["async_scheduling"] is True and rec["running"] == 8
+    argv = ["--workload", "nanovllm", "--smoke", "--num-requests", "4", "--async-scheduling", "both"]
+    rec = bench_engine.main(argv + ["--out", str(tmp_path / "nv")])
+    sync, overlapped = rec["engine"], rec["engine_async_scheduling"]
+    assert sync["async_scheduling"] is False and overlapped["async_scheduling"] is True
+    assert sync["useful_tokens"] == overlapped["useful_tokens"] == rec["workload"]["output_tokens"]
+    assert overlapped["num_sync_steps"] < overlapped["num_steps"] and sync["num_sync_steps"] == sync["num_steps"]
+    assert rec["yardstick"]["async_scheduling"] is False
+    assert rec["yardstick_async_scheduling"]["speedup_over_sync"] == pytest.approx(
+        overlapped["tokens_per_s"] / sync["tokens_per_s"]
+    )
+    with pytest.raises(SystemExit):  # "both" is the nanovllm workload's
+        bench_engine.main(["--smoke", "--async-scheduling", "both"])
 
 
 # ----------------------------------------------------------------------------------------------
