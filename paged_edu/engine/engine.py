@@ -22,6 +22,8 @@ A prefix-cache hit needs no special case: the scheduler starts the prompt's firs
 The speed machinery (packing the flat batch with numpy into one pinned buffer, CUDA-graph replays,
 sampling on the device with one copy back) lives in the
 :class:`~paged_edu.engine.runner.ModelRunner`, so that :meth:`Engine.step` reads as the five steps above.
+``Engine(..., async_scheduling=True)`` runs the same five steps with the host one step ahead: step
+N+1 is scheduled and launched before step N's tokens are read (:mod:`~paged_edu.engine.overlap`).
 Every step emits a :class:`StepMetrics` (``phase_times``: where its time went) and every finished
 request a :class:`RequestMetrics` to the callbacks of :meth:`Engine.subscribe` -- the stream the
 lesson widgets draw live -- after the step's state is committed; a callback that raises is isolated.
