@@ -538,6 +538,9 @@ class Engine:
         self.step_count += 1
         return outputs, metrics
 
+    def _step_failed(self, phase: str, sched, cause: BaseException) -> StepFailed:
+        return StepFailed(self.step_count, phase, sched, cause)
+
     def _stalled(self) -> RuntimeError:
         return RuntimeError(
             "the scheduler could schedule nothing although requests wait: the pool "

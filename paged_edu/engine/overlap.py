@@ -96,8 +96,6 @@ class AsyncScheduling:
     # -- one call --------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> tuple[list[RequestOutput], StepMetrics | None]:
-        from paged_edu.engine.engine import StepFailed
-
         e = self.engine
         phases: dict[str, float] = {}
         t_start = e.now()
@@ -145,7 +143,7 @@ class AsyncScheduling:
             self._unreported = outputs
             if not isinstance(exc, Exception):
                 raise
-            raise StepFailed(e.step_count, phase, sched, exc) from exc
+            raise e._step_failed(phase, sched, exc) from exc
         e.sampler.commit()
         if prev is not None:  # 4. step N's tokens
             self._release(prev)
