@@ -48,6 +48,7 @@ class Sequence:
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None  # "length" | "stop" | "abort"
     cache_salt: str | None = None  # its prefix-cache namespace (issue 23): hits only its own salt's blocks
+    num_tokens: int = field(init=False, default=0)  # prompt + output tokens, kept by append_token (as nano-vllm)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -62,6 +63,11 @@ class Sequence:
             )
         if self.request_id is None:
             self.request_id = self.seq_id
+        self.num_tokens = len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.num_tokens += 1
 
     @property
     def token_ids(self) -> list[int]:
@@ -70,10 +76,6 @@ class Sequence:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
     def num_tokens_to_sample(self) -> int:
