@@ -102,6 +102,9 @@ class Engine:
     max_num_seqs, max_num_batched_tokens, enable_chunked_prefill: the scheduler's limits.
     attn_impl, prefill_impl: kernels for decode and prefill rows (default: ``"auto"`` on CUDA, the
         PyTorch reference on a CPU; see :class:`~paged_edu.engine.runner.ModelRunner`).
+    fused_impl: the per-token ops (``"auto"``, ``"triton"`` or ``"torch"``; see
+        :class:`~paged_edu.models.llama.Kernels`). The choice is this engine's: another engine on the
+        same model keeps its own.
     cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
     max_model_len: the longest sequence (prompt + output) accepted: at most the model's positions
         (more is refused); default: those positions, capped by what the pool holds.
@@ -125,6 +128,7 @@ class Engine:
         enable_chunked_prefill: bool = True,
         attn_impl: str | None = None,
         prefill_impl: str | None = None,
+        fused_impl: str = "auto",
         cuda_graphs: bool | None = None,
         max_model_len: int | None = None,
         seed: int = 0,
@@ -203,6 +207,7 @@ class Engine:
             self.kv_cache,
             attn_impl=attn_impl,
             prefill_impl=prefill_impl,
+            fused_impl=fused_impl,
             cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs,
             max_num_seqs=max_num_seqs,
             max_model_len=min(self.max_model_len, num_blocks * block_size),
