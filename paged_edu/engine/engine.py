@@ -53,12 +53,11 @@ from paged_edu.core.allocator import BlockAllocator
 from paged_edu.cache.sizing import bytes_per_block, check_blocks_fit
 from paged_edu.core import validation as check
 from paged_edu.core.validation import FieldTypeError, FieldValueError, as_int, cache_key
-from paged_edu.engine import offline
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
 from paged_edu.engine.requests import check_max_model_len, check_request
 from paged_edu.engine.runner import ModelRunner
 from paged_edu.sched.memory_manager import MemoryManager, is_empty
-from paged_edu.engine.sampling import Sampler, SamplingParams, rows_to_sample, tokens_by_sequence
+from paged_edu.engine.sampling import Sampler, SamplingParams
 from paged_edu.models.llama import PagedLlama
 from paged_edu.sched.scheduler import PREEMPTION_MODES, Scheduler
 from paged_edu.sched.sequence import Sequence as Seq
@@ -473,7 +472,7 @@ class Engine:
         try:
             self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
             phase = "prepare"
-            emitting, sampling = rows_to_sample(sched.scheduled, self.sampler, self._requests)  # who samples, and how
+            emitting, sampling = self._rows_to_sample(sched.scheduled)  # who samples, and how
             batch = self.runner.prepare(sched.scheduled, self.allocator.block_table, *sampling)
             t = self._lap(phases, "prepare", t)
             phase = "forward"
@@ -517,8 +516,42 @@ class Engine:
         if not emitting:
             return {}
         tokens = self.runner.sample(batch)  # drawn on the device, one copy back
-        sampled = tokens_by_sequence(tokens, emitting)
+        sampled = self._tokens_by_sequence(tokens, emitting)
         self.num_generated_tokens += len(tokens)
+        return sampled
+
+    def _rows_to_sample(self, scheduled) -> tuple[list, tuple]:
+        """What a step samples: the chunks that emit a token -- ``(index, seq, tokens to draw)``, ``n``
+        for a parallel-sampling prompt that just ended -- and, per token drawn, its chunk index and
+        ``(temperatures, top_ps, uniforms)``, or None when no live request samples (all greedy: then
+        every ``n`` is 1 and there is nothing to draw)."""
+        if not len(self.sampler):
+            emitting = [(i, item.seq, 1) for i, item in enumerate(scheduled) if item.emits_token]
+            return emitting, ([i for i, _, _ in emitting], None)
+        emitting = [
+            (i, item.seq, item.seq.num_tokens_to_sample) for i, item in enumerate(scheduled) if item.emits_token
+        ]
+        rows, temps, top_ps, uniforms = [], [], [], []
+        for i, seq, n in emitting:
+            params = self._requests[seq.request_id].params
+            for k in range(n):
+                rows.append(i)
+                temps.append(params.temperature)
+                top_ps.append(params.top_p)
+                uniforms.append(self.sampler.uniform(seq.request_id, k if n > 1 else seq.sample_index))
+        return emitting, (rows, (temps, top_ps, uniforms))
+
+    @staticmethod
+    def _tokens_by_sequence(tokens: list[int], emitting) -> dict[int, int | list[int]]:
+        """The drawn tokens, in :meth:`_rows_to_sample`'s order, by sequence id (a list of ``n`` for a
+        parallel-sampling prompt: the scheduler forks the others from it)."""
+        if len(tokens) == len(emitting):  # one each (no parallel-sampling prompt ended)
+            return {seq.seq_id: tok for (_, seq, _), tok in zip(emitting, tokens)}
+        sampled: dict[int, int | list[int]] = {}
+        pos = 0
+        for _, seq, n in emitting:
+            sampled[seq.seq_id] = tokens[pos] if n == 1 else tokens[pos : pos + n]
+            pos += n
         return sampled
 
     def _finish(self, request: RequestState) -> RequestOutput:
@@ -527,11 +560,6 @@ class Engine:
         self._pending_fork_aborts.discard(request.request_id)
         self.sampler.remove_request(request.request_id, request.params.n)
         return request.output()
-
-    # -- offline batches (vLLM's LLM.generate): functions of paged_edu.engine.offline, as methods
-    run = offline.run
-    generate = offline.generate
-    chat = offline.chat
 
     def _collect(self, finished_seqs: list[Seq]) -> list[RequestOutput]:
         outputs = []
@@ -544,6 +572,96 @@ class Engine:
             if request.done:
                 outputs.append(self._finish(request))
         return outputs
+
+    # -- offline batches: vLLM's LLM.generate / LLM.chat, over add_requests and step ------------
+    def run(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool | None = None,
+    ) -> list[RequestOutput]:
+        """Add every prompt, step until all are done; outputs in the order of ``prompts``.
+
+        Nothing is queued unless every request is accepted (see :meth:`add_requests`).
+        """
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise TypeError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(prompts)
+        elif isinstance(sampling_params, (str, bytes)) or not isinstance(sampling_params, Sequence):
+            raise TypeError(
+                "sampling_params must be a SamplingParams, a list of them (one per prompt) or None, "
+                f"got {type(sampling_params).__name__} {sampling_params!r}"
+            )
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(f"{len(params_list)} sampling params for {len(prompts)} prompts")
+        ids = self.add_requests(prompts, params_list)
+        wanted = set(ids)
+        results: dict[int, RequestOutput] = {}
+        bar = None
+        if len(prompts) >= 64 if use_tqdm is None else use_tqdm:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(ids), desc="requests", unit="req")
+        try:
+            while len(results) < len(ids):
+                for out in self.step():
+                    if out.request_id in wanted:
+                        results[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+                if not self.has_unfinished() and len(results) < len(ids):
+                    raise RuntimeError("the engine stopped with requests unfinished (one was aborted during the run?)")
+        finally:
+            if bar is not None:
+                bar.close()
+        return [results[i] for i in ids]
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 32,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool | None = None,
+    ) -> list[list[int]]:
+        """New tokens for each prompt: greedy with ``max_new_tokens`` unless ``sampling_params`` say otherwise.
+
+        One sample per prompt; for ``n > 1`` use :meth:`run`, which returns every sample.
+        """
+        if sampling_params is None:
+            sampling_params = SamplingParams(max_tokens=max_new_tokens)
+        params = [sampling_params] if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        if any(not isinstance(p, SamplingParams) for p in params):
+            raise TypeError("sampling_params must be SamplingParams or a list of them")
+        if any(p.n != 1 for p in params):
+            raise ValueError("generate returns one sample per prompt; use Engine.run for n > 1")
+        return [out.outputs[0] for out in self.run(prompts, sampling_params, use_tqdm=use_tqdm)]
+
+    def chat(
+        self, conversations, tokenizer, sampling_params: SamplingParams | None = None, *, max_new_tokens: int = 64
+    ) -> list[str]:
+        """Reply to chat conversations: apply the tokenizer's chat template, generate, decode.
+
+        ``conversations`` is one conversation (a list of ``{"role", "content"}`` dicts) or a list of
+        them; the tokenizer's end-of-sequence token stops a reply. Returns one string each.
+        """
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        eos = tokenizer.eos_token_id
+        if sampling_params is None:
+            sampling_params = SamplingParams(
+                max_tokens=max_new_tokens, stop_token_ids=(eos,) if eos is not None else ()
+            )
+        prompts = []
+        for messages in conversations:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            prompts.append(tokenizer.encode(text, add_special_tokens=False))
+        replies = self.generate(prompts, sampling_params=sampling_params)
+        return [tokenizer.decode(r, skip_special_tokens=True) for r in replies]
 
     # -- inspection ----------------------------------------------------------------------------
     def stats(self) -> dict:
