@@ -217,7 +217,6 @@ class Engine:
         self._requests: dict[int, RequestState] = {}  # live requests by id
         self._busy = False  # inside a step or an abort: calls back into the engine are deferred
         self._deferred_aborts: list[tuple[int, int | None]] = []  # (request_id, sample_index) asked for meanwhile
-        self._pending_fork_aborts: set[int] = set()  # requests with samples aborted before their fork
         self._aborted_outputs: list[RequestOutput] = []  # completed by abort_request, reported by the next step
         self._subscribers: list[Callable] = []
         self._next_request_id = 0
@@ -363,32 +362,28 @@ class Engine:
 
     def _abort(self, request: RequestState, sample_index: int | None) -> RequestOutput | None:
         request_id, n = request.request_id, request.params.n
-        live = [
-            s
-            for s in (*self.scheduler.waiting, *self.scheduler.running, *self.scheduler.swapped)
-            if s.request_id == request.request_id
-        ]
-        unforked = next((s for s in live if s.num_tokens_to_sample > 1), None)
-        if sample_index is not None:
-            i = as_int(sample_index, "sample_index must be an int")
-            if not 0 <= i < n:
-                raise ValueError(f"sample_index must be in [0, {n}) for request {request_id}, got {i}")
-            if i in request.finished or i in request.aborted:
-                reason = request.finished[i].finish_reason if i in request.finished else "abort"
-                raise ValueError(f"sample {i} of request {request_id} already finished (finish_reason={reason!r})")
-            if unforked is not None:  # sample i has no sequence yet: drop it when the request forks
-                request.aborted.add(i)
-                self._pending_fork_aborts.add(request.request_id)
-            live = [s for s in live if s.sample_index == i and s is not unforked]
-        if unforked is not None and (sample_index is None or len(request.aborted) == n):
-            live = [unforked]  # none of its samples started: all of them end here, with nothing
-            request.aborted = set(range(1, n))
+        i = None if sample_index is None else as_int(sample_index, "sample_index must be an int")
+        if i is not None and not 0 <= i < n:
+            raise ValueError(f"sample_index must be in [0, {n}) for request {request_id}, got {i}")
+        if i in request.finished or i in request.aborted:
+            reason = request.finished[i].finish_reason if i in request.finished else "abort"
+            raise ValueError(f"sample {i} of request {request_id} already finished (finish_reason={reason!r})")
+        live = (*self.scheduler.waiting, *self.scheduler.running, *self.scheduler.swapped)
         now = self.now()
-        for seq in live:
-            self.scheduler.abort(seq)  # frees its blocks (or CPU blocks); finish_reason = "abort"
-            seq.finish_time = now
-            self.sampler.remove(request.request_id, seq.sample_index)
-            request.finished[seq.sample_index] = seq
+        for seq in [s for s in live if s.request_id == request_id]:
+            if i is None or (seq.sample_index == i and not seq.fork_indices):
+                self.scheduler.abort(seq)  # frees its blocks (or CPU blocks); finish_reason = "abort"
+                seq.finish_time = now
+                request.finished[seq.sample_index] = seq
+                request.aborted.update(seq.fork_indices)  # its samples not forked yet end with it, empty
+            elif i == seq.sample_index:  # not forked yet: sample i ends empty, the next one takes its place
+                request.aborted.add(i)
+                seq.sample_index = seq.fork_indices.pop(0)
+            elif i in seq.fork_indices:  # a sample not forked yet: it never will be
+                seq.fork_indices.remove(i)
+                request.aborted.add(i)
+        for k in range(n) if i is None else (i,):
+            self.sampler.remove(request_id, k)
         if not request.done:
             return None
         output = self._finish(request)
@@ -428,18 +423,6 @@ class Engine:
         if 0 <= rid < self._next_request_id:
             raise ValueError(f"request {rid} already finished; there is nothing to abort")
         raise ValueError(f"unknown request id {rid} (ids so far: 0 .. {self._next_request_id - 1})")
-
-    def _drop_aborted_forks(self, emitting) -> None:
-        """Samples aborted before their request forked them end in the step that forks them, empty."""
-        for _, parent, n in emitting:
-            if n == 1 or parent.request_id not in self._pending_fork_aborts:
-                continue
-            self._pending_fork_aborts.discard(parent.request_id)  # forked now: later steps have nothing to drop
-            request = self._requests[parent.request_id]
-            for seq in [s for s in self.scheduler.running if s.request_id == request.request_id]:
-                if seq.sample_index in request.aborted:
-                    self.scheduler.abort(seq)
-                    self.sampler.remove(request.request_id, seq.sample_index)
 
     # -- one step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -490,8 +473,6 @@ class Engine:
         self.sampler.commit()
 
         finished_seqs = self.scheduler.update(sched.scheduled, sampled, t)  # 5. append, finish, free
-        if self._pending_fork_aborts:
-            self._drop_aborted_forks(emitting)
         outputs = self._take_aborted() + self._collect(finished_seqs)
         now = self._lap(phases, "update", t)
         metrics = (
@@ -532,13 +513,13 @@ class Engine:
             (i, item.seq, item.seq.num_tokens_to_sample) for i, item in enumerate(scheduled) if item.emits_token
         ]
         rows, temps, top_ps, uniforms = [], [], [], []
-        for i, seq, n in emitting:
+        for i, seq, _ in emitting:
             params = self._requests[seq.request_id].params
-            for k in range(n):
+            for k in (seq.sample_index, *seq.fork_indices):  # one stream per sample it stands for
                 rows.append(i)
                 temps.append(params.temperature)
                 top_ps.append(params.top_p)
-                uniforms.append(self.sampler.uniform(seq.request_id, k if n > 1 else seq.sample_index))
+                uniforms.append(self.sampler.uniform(seq.request_id, k))
         return emitting, (rows, (temps, top_ps, uniforms))
 
     @staticmethod
@@ -557,7 +538,6 @@ class Engine:
     def _finish(self, request: RequestState) -> RequestOutput:
         """The finished request's output; it leaves the engine (and the sampler) for good."""
         del self._requests[request.request_id]
-        self._pending_fork_aborts.discard(request.request_id)
         self.sampler.remove_request(request.request_id, request.params.n)
         return request.output()
 
@@ -566,8 +546,6 @@ class Engine:
         for seq in finished_seqs:
             request = self._requests[seq.request_id]
             self.sampler.remove(seq.request_id, seq.sample_index)
-            if seq.sample_index in request.aborted:
-                continue  # aborted before its fork: it keeps nothing
             request.finished[seq.sample_index] = seq
             if request.done:
                 outputs.append(self._finish(request))

@@ -197,7 +197,7 @@ class Scheduler:
 
     def _has_siblings(self, seq: Sequence) -> bool:
         """Does another live sample of the same request exist (or will one, at its first token)?"""
-        return seq.num_samples > 1 or any(
+        return bool(seq.fork_indices) or any(
             other is not seq and other.request_id == seq.request_id and other.status is not SequenceStatus.WAITING
             for other in self._live.values()
         )
@@ -351,8 +351,8 @@ class Scheduler:
         """Advance the computed tokens and append the sampled ones; return finished sequences.
 
         ``sampled`` maps the id of every sequence whose chunk ``emits_token`` to its new token --
-        or, for a sequence with ``num_samples = n > 1`` finishing its prompt, to a list of ``n``
-        tokens: the first is its own, the others start forked children.
+        or, for a sequence with samples to fork (``fork_indices``) finishing its prompt, to a list of
+        ``num_tokens_to_sample`` tokens: the first is its own, the others start the forked children.
         """
         finished: list[Sequence] = []
         block_size, mark_computed, running = (
@@ -389,7 +389,8 @@ class Scheduler:
                             f"sequence {seq.seq_id} takes {seq.num_tokens_to_sample} token(s) this step, got {len(tokens)}"
                         )
                     token = tokens[0]
-                    family += [self._fork_child(seq, i, t) for i, t in enumerate(tokens[1:], start=1)]
+                    family += [self._fork_child(seq, i, t) for i, t in zip(seq.fork_indices, tokens[1:])]
+                    seq.fork_indices = []
                 token = int(token)
             seq.append_token(token)
             for member in family:
