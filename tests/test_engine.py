@@ -376,6 +376,7 @@ def test_engine_arguments_are_checked_when_it_is_built(hf_model):
     for kwargs, err, words in (
         (dict(attn_impl="flash"), ValueError, "attn_impl"),
         (dict(prefill_impl="loop"), ValueError, "prefill_impl"),
+        (dict(fused_impl="fast"), ValueError, "fused_impl"),
         (dict(seed=-1), ValueError, "seed"),
         (dict(seed=1.5), TypeError, "seed"),
         (dict(sync_timing="yes"), TypeError, "sync_timing"),
