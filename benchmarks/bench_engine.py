@@ -82,7 +82,7 @@ from paged_edu.engine import Engine, StepMetrics  # noqa: E402
 from paged_edu.cache.sizing import dtype_name  # noqa: E402
 from paged_edu.labs.timing import compiled_variant_counter, graph_capture_counter  # noqa: E402
 from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
-from paged_edu.models.llama import PagedLlama  # noqa: E402
+from paged_edu.models.llama import Kernels, PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.sim.arrivals import L_MAX  # noqa: E402
@@ -358,21 +358,24 @@ def check_kernels(model, device, block_size=16, require_cuda=True):
     toks = [torch.randint(3, c.vocab_size, (n + 40,), generator=gen).tolist() for n in lens]
     result = {}
     for impl in ("torch", "auto"):
-        model.attn_impl = model.prefill_impl = impl
+        kernels = Kernels(decode=impl, prefill=impl)
         cache = PagedKVCache(
             c.num_layers, pos, block_size, c.num_kv_heads, c.head_dim, dtype=model.dtype, device=device
         )
         kv = list(zip(cache.k_caches, cache.v_caches))
-        model(prepare_batch([BatchChunk(t[:n], 0, tb) for t, n, tb in zip(toks, lens, tables)], block_size, device), kv)
+        model(
+            prepare_batch([BatchChunk(t[:n], 0, tb) for t, n, tb in zip(toks, lens, tables)], block_size, device),
+            kv,
+            kernels,
+        )
         # Next step: even sequences decode one token, odd ones prefill a 39-token chunk.
         chunks = [
             BatchChunk(t[n : n + (1 if i % 2 == 0 else 39)], n, tb)
             for i, (t, n, tb) in enumerate(zip(toks, lens, tables))
         ]
         batch = prepare_batch(chunks, block_size, device)
-        hidden = model(batch, kv)
+        hidden = model(batch, kv, kernels)
         result[impl] = model.compute_logits(hidden[batch.logits_rows]).float()
-    model.attn_impl = model.prefill_impl = "auto"
     diff = (result["auto"] - result["torch"]).abs().amax(-1)  # (num_chunks,)
     scale = result["torch"].abs().amax().item()
     return dict(

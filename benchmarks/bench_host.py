@@ -57,7 +57,7 @@ def stub_model(device: str = "cpu", vocab: int = 16) -> PagedLlama:
     model = PagedLlama(cfg, device=device)
     logits_table = torch.randn(vocab, generator=torch.Generator().manual_seed(0)).to(device)
 
-    def forward(batch, kv_caches):  # (T, hidden) zeros: no kernels worth the name
+    def forward(batch, kv_caches, kernels=None):  # (T, hidden) zeros: no kernels worth the name
         return torch.zeros(batch.input_ids.shape[0], cfg.hidden_size, device=device)
 
     def compute_logits(hidden):  # (N, vocab): the same row for every sequence

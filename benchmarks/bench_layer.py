@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from paged_edu.kernels import paged_attention_decode  # noqa: E402
 from paged_edu.labs.timing import random_paged_case, rel_err  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
-from paged_edu.models.llama import ForwardBatch  # noqa: E402
+from paged_edu.models.llama import ForwardBatch, Kernels  # noqa: E402
 from paged_edu.models.loaders import random_llama  # noqa: E402
 from paged_edu.core.hardware import GPUS, MODELS  # noqa: E402
 from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel  # noqa: E402
@@ -173,8 +173,8 @@ def measure_step(model, kv_pairs, batch, context, width, reps, flush, roofline, 
     }
     logits = {}
     for impl in ("torch", "triton"):
-        model.fused_impl = impl
-        step = lambda: model.compute_logits(model(fb, kv_pairs))  # noqa: E731  (batch, vocab) fp32
+        kernels = Kernels(fused=impl)
+        step = lambda: model.compute_logits(model(fb, kv_pairs, kernels))  # noqa: E731  (batch, vocab) fp32
         graph, out = capture(step)
         graph.replay()
         torch.cuda.synchronize()

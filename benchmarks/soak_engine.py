@@ -65,8 +65,8 @@ TENANTS = (None, "t0", "t1", "t2", "t3")
 RSS_SLACK_MB = 32.0
 # What the engine holds only while requests are live: empty at every checkpoint.
 EMPTY_AT_REST = {
-    "engine": ("_requests", "_deferred_aborts", "_pending_fork_aborts", "_aborted_outputs"),
-    "scheduler": ("waiting", "running", "swapped", "_live"),
+    "engine": ("_requests", "_deferred_aborts", "_aborted_outputs"),
+    "scheduler": ("waiting", "running", "swapped", "_live", "_forking"),
     "runner": ("_unapplied",),
     "sampler": ("_generators", "_drawn", "_taken"),
     "allocator": ("_seqs", "_copies", "_cache_events"),

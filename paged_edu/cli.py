@@ -108,6 +108,8 @@ NUM_REQUESTS = _int(1, MAX_NUM_REQUESTS)  # generated up front: a bound, not a M
 
 def _add_server_args(p: argparse.ArgumentParser) -> None:
     from paged_edu.core.hardware import GPUS, MODELS
+    from paged_edu.sched.policy import POLICIES
+    from paged_edu.sched.scheduler import PREEMPTION_MODES
 
     p.add_argument(
         "--model",
@@ -134,14 +136,14 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--preemption",
-        choices=("recompute", "swap", "auto"),
+        choices=PREEMPTION_MODES,
         default="recompute",
         help="what happens to a preempted sequence's blocks: freed and recomputed, swapped to the CPU, or the cheaper",
     )
     p.add_argument("--cpu-blocks", type=_int(0), default=0, help="CPU swap space in blocks (for --preemption swap)")
     p.add_argument(
         "--policy",
-        choices=("fcfs", "lpm"),
+        choices=POLICIES,
         default="fcfs",
         help="admission order: first come first served, or longest cached prefix first",
     )

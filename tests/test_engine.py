@@ -139,6 +139,29 @@ def test_decode_kernel_path_through_triton(hf_model, prompts, reference):
     assert_no_leaks(engine)
 
 
+def test_two_engines_sharing_a_model_keep_their_own_kernels(hf_model, prompts, reference, monkeypatch):
+    """The kernel choice travels with each forward pass: an engine built later on the same model
+    (with another decode kernel) does not change what the first one runs."""
+    import paged_edu.models.llama as llama
+
+    used = []
+    real = llama.paged_attention_decode
+
+    def spy(*args, impl, **kwargs):
+        used.append(impl)
+        return real(*args, impl=impl, **kwargs)
+
+    monkeypatch.setattr(llama, "paged_attention_decode", spy)
+    model = PagedLlama.from_hf(hf_model)
+    first = Engine(model, num_blocks=32, block_size=8, attn_impl="torch")
+    second = Engine(model, num_blocks=32, block_size=8, attn_impl="loop")
+    assert first.generate(prompts[:2], max_new_tokens=4) == [r[:4] for r in reference[:2]]
+    assert used and set(used) == {"torch"}
+    used.clear()
+    assert second.generate(prompts[:2], max_new_tokens=4) == [r[:4] for r in reference[:2]]
+    assert used and set(used) == {"loop"}
+
+
 def test_stop_tokens_end_a_request_like_transformers_eos(hf_model, prompts, reference):
     stop = reference[1][3]  # a token the greedy continuation really produces
     want = hf_greedy(hf_model, prompts[:3], 24, eos_token_id=stop)
@@ -353,6 +376,7 @@ def test_engine_arguments_are_checked_when_it_is_built(hf_model):
     for kwargs, err, words in (
         (dict(attn_impl="flash"), ValueError, "attn_impl"),
         (dict(prefill_impl="loop"), ValueError, "prefill_impl"),
+        (dict(fused_impl="fast"), ValueError, "fused_impl"),
         (dict(seed=-1), ValueError, "seed"),
         (dict(seed=1.5), TypeError, "seed"),
         (dict(sync_timing="yes"), TypeError, "sync_timing"),

@@ -15,7 +15,7 @@ import torch
 from paged_edu.cache.kv_cache import store_kv
 from paged_edu.kernels import kernel_support, triton_available
 from paged_edu.models.config import LlamaConfig, smollm2_config
-from paged_edu.models.llama import RMSNorm, Rotary, SwiGLU, _rotate_half
+from paged_edu.models.llama import Kernels, RMSNorm, Rotary, SwiGLU, _rotate_half
 
 if not triton_available():
     pytest.skip("triton is not installed", allow_module_level=True)
@@ -148,7 +148,7 @@ def run_model(model, fused_impl, dtype, sizes=(9, 1, 1)):
     from paged_edu.engine.batch import BatchChunk, prepare_batch
 
     c = model.config
-    model.fused_impl = fused_impl
+    kernels = Kernels(decode="torch", prefill="torch", fused=fused_impl)
     caches = [
         (
             rand(8, 4, c.num_kv_heads, c.head_dim, dtype=dtype, seed=10 + i),
@@ -159,7 +159,7 @@ def run_model(model, fused_impl, dtype, sizes=(9, 1, 1)):
     tokens, pos, hidden = list(range(3, 3 + sum(sizes))), 0, []
     for n in sizes:
         batch = prepare_batch([BatchChunk(tokens[pos : pos + n], pos, [5, 1, 7, 2])], 4, DEVICE)
-        hidden.append(model(batch, caches))
+        hidden.append(model(batch, caches, kernels))
         pos += n
     return torch.cat(hidden), caches
 
@@ -179,7 +179,6 @@ def test_fused_model_matches_plain_model(dtype):
         max_position_embeddings=64,
     )
     model = random_llama(cfg, seed=2, dtype=dtype, device=DEVICE)
-    model.attn_impl = model.prefill_impl = "torch"
     plain, plain_caches = run_model(model, "torch", dtype)
     fused, fused_caches = run_model(model, "triton", dtype)
     tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
@@ -236,7 +235,6 @@ def test_gpu_fused_model_matches_plain_model_under_graph_capture():
     c = model.config
     out = {}
     for impl in ("torch", "triton"):
-        model.fused_impl = impl
         g = torch.Generator(device="cuda").manual_seed(7)  # the same stale pool for both
         caches = [
             tuple(
@@ -245,7 +243,7 @@ def test_gpu_fused_model_matches_plain_model_under_graph_capture():
             )
             for _ in range(c.num_layers)
         ]
-        graphs = DecodeCudaGraphs(model, caches, max_batch_size=8, max_blocks_per_seq=8)
+        graphs = DecodeCudaGraphs(model, caches, max_batch_size=8, max_blocks_per_seq=8, kernels=Kernels(fused=impl))
         inputs = graphs.staging.np  # the graphs' static inputs, written on the host, copied in one go
         inputs["input_ids"][:8] = np.arange(100, 108)
         inputs["positions"][:8] = 5  # the 6th token of each sequence, whose first 5 are in the pool

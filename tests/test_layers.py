@@ -210,3 +210,11 @@ def test_the_checker_fails_on_torch_in_a_torch_free_layer_and_on_an_unknown_laye
     assert violations(root) == ["paged_edu.core.a (core, torch-free) imports torch"]
     root = _tree(tmp_path, {"paged_edu/shims.py": ""})
     assert violations(root) == [f"paged_edu.shims: not in any layer of {LAYERS}"]
+
+
+def test_the_readme_states_the_layer_order_this_test_holds():
+    """The README's one line of layers is :data:`LAYERS`, in order: change one, change both."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    lines = [ln for ln in readme.splitlines() if ln.startswith("`data` < ")]
+    assert len(lines) == 1, "the README states the layer order once, on a line starting with `data` <"
+    assert [part.strip().strip("`") for part in lines[0].split("<")] == LAYERS

@@ -11,7 +11,7 @@ import torch
 
 from paged_edu.engine.batch import BatchChunk, prepare_batch
 from paged_edu.models.config import LlamaConfig, smollm2_config
-from paged_edu.models.llama import PagedLlama
+from paged_edu.models.llama import Kernels, PagedLlama
 from paged_edu.models.loaders import random_hf_llama, random_llama
 from paged_edu.engine.sampling import Sampler, SamplingParams, sample
 
@@ -44,12 +44,15 @@ def empty_caches(model: PagedLlama, num_blocks: int, block_size: int):
     ]
 
 
-def run_chunks(model, caches, token_ids, table, block_size, sizes):
+TORCH = Kernels(decode="torch", prefill="torch")  # the PyTorch attention paths
+
+
+def run_chunks(model, caches, token_ids, table, block_size, sizes, kernels=TORCH):
     """Feed ``token_ids`` in chunks of ``sizes``; return the logits of every token, in order."""
     logits, pos = [], 0
     for n in sizes:
         batch = prepare_batch([BatchChunk(token_ids[pos : pos + n], pos, table)], block_size)
-        hidden = model(batch, caches)  # (n, hidden)
+        hidden = model(batch, caches, kernels)  # (n, hidden)
         logits.append(model.compute_logits(hidden))
         pos += n
     return torch.cat(logits)
@@ -65,7 +68,6 @@ def test_logits_match_transformers_over_chunks_and_decodes(heads, kv_heads, tie,
     cfg = tiny_config(heads, kv_heads, tie=tie, rope_theta=theta)
     hf = random_hf_llama(cfg, seed=3)
     model = PagedLlama.from_hf(hf)
-    model.attn_impl = model.prefill_impl = "torch"
     B = 4
     caches = empty_caches(model, 16, B)
     tokens = torch.randint(0, cfg.vocab_size, (27,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -82,7 +84,6 @@ def test_mixed_batch_of_decodes_and_prefills_matches_per_sequence_runs():
     cfg = tiny_config()
     hf = random_hf_llama(cfg, seed=4)
     model = PagedLlama.from_hf(hf)
-    model.attn_impl = model.prefill_impl = "torch"
     B = 4
     caches = empty_caches(model, 32, B)
     gen = torch.Generator().manual_seed(2)
@@ -94,7 +95,7 @@ def test_mixed_batch_of_decodes_and_prefills_matches_per_sequence_runs():
         BatchChunk(seqs[1][:13], 0, tables[1]),
         BatchChunk(seqs[2], 0, tables[2]),
     ]
-    model(prepare_batch(first, B), caches)
+    model(prepare_batch(first, B), caches, TORCH)
     # Step 2: seq 0 and 1 decode their last token (one-token rows), in the middle of the batch order.
     second = [
         BatchChunk(seqs[2][5:6], 5, tables[2]),
@@ -103,7 +104,7 @@ def test_mixed_batch_of_decodes_and_prefills_matches_per_sequence_runs():
     ]
     batch = prepare_batch(second, B)
     assert batch.num_decodes == 3
-    hidden = model(batch, caches)
+    hidden = model(batch, caches, TORCH)
     got = model.compute_logits(hidden[batch.logits_rows])
     with torch.no_grad():
         for row, (seq, pos) in enumerate([(seqs[2], 5), (seqs[0], 8), (seqs[1], 13)]):
@@ -144,14 +145,13 @@ def test_triton_decode_path_matches_torch_path():
     tokens = list(range(5, 23))
     out = {}
     for impl in ("torch", "triton"):
-        model.attn_impl = impl
-        model.prefill_impl = "torch"
+        kernels = Kernels(decode=impl, prefill="torch")
         caches = [tuple(t.to(device) for t in pair) for pair in empty_caches(model, 8, 4)]
         pos = 0
         logits = []
         for n in (15, 1, 1, 1):
             batch = prepare_batch([BatchChunk(tokens[pos : pos + n], pos, [3, 1, 4, 0, 6])], 4, device)
-            logits.append(model.compute_logits(model(batch, caches)).cpu())
+            logits.append(model.compute_logits(model(batch, caches, kernels)).cpu())
             pos += n
         out[impl] = torch.cat(logits)
     torch.testing.assert_close(out["triton"], out["torch"], atol=1e-4, rtol=1e-4)
@@ -289,7 +289,6 @@ def test_smollm2_loads_and_matches_its_hf_twin():
     hf, tokenizer = load_smollm2_hf()
     assert hf.config.num_hidden_layers == 30 and hf.config.num_key_value_heads == 3
     model, tok2 = load_smollm2("cpu", torch.float32)
-    model.attn_impl = model.prefill_impl = "torch"
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
     )

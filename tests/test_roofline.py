@@ -134,15 +134,15 @@ def test_step_metrics_carry_each_chunks_shape():
         max_position_embeddings=64,
     )
     model = PagedLlama(cfg)
-    model.fused_impl = "torch"  # the PyTorch paths: the shapes are the point, not the kernels
     engine = Engine(
         model,
         num_blocks=16,
         block_size=4,
         max_num_batched_tokens=8,
         enable_prefix_caching=False,
-        attn_impl="torch",
+        attn_impl="torch",  # the PyTorch paths: the shapes are the point, not the kernels
         prefill_impl="torch",
+        fused_impl="torch",
     )
     steps = []
     engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)

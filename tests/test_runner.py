@@ -129,8 +129,9 @@ def test_the_graph_path_stages_pads_and_samples_like_the_eager_path():
     from paged_edu.models.loaders import random_hf_llama
 
     class EagerGraphs(DecodeCudaGraphs):
-        def __init__(self, model, kv_caches, n, W):
+        def __init__(self, model, kv_caches, n, W, kernels):
             self.model, self.kv_caches, self.max_blocks_per_seq, self.sizes = model, kv_caches, W, [1, 2, 4, 8]
+            self.kernels = kernels
             i64, i32, f32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
             n = self.sizes[-1]
             self.staging = StaticStaging(
@@ -177,7 +178,7 @@ def test_the_graph_path_stages_pads_and_samples_like_the_eager_path():
     for graphs in (False, True):
         engine = Engine(PagedLlama.from_hf(hf), num_blocks=64, block_size=4, max_num_seqs=8)
         if graphs:
-            engine.runner.graphs = EagerGraphs(engine.model, engine.runner.kv_pairs, 8, 64)
+            engine.runner.graphs = EagerGraphs(engine.model, engine.runner.kv_pairs, 8, 64, engine.runner.kernels)
         runs[graphs] = engine.run(prompts, params)
         if graphs:
             assert engine.generate(prompts, max_new_tokens=9) == want

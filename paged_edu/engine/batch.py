@@ -8,7 +8,8 @@ A step computes ``T`` new tokens of ``C`` chunks (one per scheduled sequence). C
 field of the batch is an array expression over three small inputs -- ``n`` (C,), ``c`` (C,) and the
 block tables padded into one ``(C, W)`` matrix -- so it is built with numpy, not per token:
 
-* rows are grouped decodes first (``n_i = 1``: one decode-kernel call serves them all), stable;
+* rows are grouped decodes first (``n_i = 1``, :attr:`~paged_edu.sched.scheduler_output.ScheduledSeq.is_decode`:
+  one decode-kernel call serves them all), stable -- the one place the step's chunks are reordered;
 * ``first_row_i = cumsum(n)_i - n_i``; the position of row ``r`` of chunk ``i`` is
   ``r - first_row_i + c_i``;
 * its slot is ``BT_i[pos // B] * B + pos % B`` -- a gather from the table matrix;

@@ -55,13 +55,12 @@ from paged_edu.core.allocator import BlockAllocator
 from paged_edu.cache.sizing import bytes_per_block, check_blocks_fit
 from paged_edu.core import validation as check
 from paged_edu.core.validation import FieldTypeError, FieldValueError, as_int, cache_key
-from paged_edu.engine import offline
 from paged_edu.engine.overlap import AsyncScheduling
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
 from paged_edu.engine.requests import check_inputs, check_max_model_len
 from paged_edu.engine.runner import ModelRunner
 from paged_edu.sched.memory_manager import MemoryManager, is_empty
-from paged_edu.engine.sampling import Sampler, SamplingParams, rows_to_sample, tokens_by_sequence
+from paged_edu.engine.sampling import Sampler, SamplingParams
 from paged_edu.models.llama import PagedLlama
 from paged_edu.sched.scheduler import Scheduler
 from paged_edu.sched.sequence import Sequence as Seq
@@ -105,6 +104,9 @@ class Engine:
     max_num_seqs, max_num_batched_tokens, enable_chunked_prefill: the scheduler's limits.
     attn_impl, prefill_impl: kernels for decode and prefill rows (default: ``"auto"`` on CUDA, the
         PyTorch reference on a CPU; see :class:`~paged_edu.engine.runner.ModelRunner`).
+    fused_impl: the per-token ops (``"auto"``, ``"triton"`` or ``"torch"``; see
+        :class:`~paged_edu.models.llama.Kernels`). The choice is this engine's: another engine on the
+        same model keeps its own.
     cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
     max_model_len: the longest sequence (prompt + output) accepted: at most the model's positions
         (more is refused); default: those positions, capped by what the pool holds.
@@ -133,6 +135,7 @@ class Engine:
         enable_chunked_prefill: bool = True,
         attn_impl: str | None = None,
         prefill_impl: str | None = None,
+        fused_impl: str = "auto",
         cuda_graphs: bool | None = None,
         max_model_len: int | None = None,
         seed: int = 0,
@@ -207,6 +210,7 @@ class Engine:
             self.kv_cache,
             attn_impl=attn_impl,
             prefill_impl=prefill_impl,
+            fused_impl=fused_impl,
             cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs,
             max_num_seqs=self.scheduler.max_num_seqs,
             max_model_len=min(self.max_model_len, num_blocks * block_size),
@@ -218,7 +222,6 @@ class Engine:
         self._requests: dict[int, RequestState] = {}  # live requests by id
         self._busy = False  # inside a step or an abort: calls back into the engine are deferred
         self._deferred_aborts: list[tuple[int, int | None]] = []  # (request_id, sample_index) asked for meanwhile
-        self._pending_fork_aborts: set[int] = set()  # requests with samples aborted before their fork
         self._aborted_outputs: list[RequestOutput] = []  # completed by abort_request, reported by the next step
         self._subscribers: list[Callable] = []
         self._next_request_id = 0
@@ -396,32 +399,28 @@ class Engine:
 
     def _abort(self, request: RequestState, sample_index: int | None) -> RequestOutput | None:
         request_id, n = request.request_id, request.params.n
-        live = [
-            s
-            for s in (*self.scheduler.waiting, *self.scheduler.running, *self.scheduler.swapped)
-            if s.request_id == request.request_id
-        ]
-        unforked = next((s for s in live if s.num_tokens_to_sample > 1), None)
-        if sample_index is not None:
-            i = as_int(sample_index, "sample_index must be an int")
-            if not 0 <= i < n:
-                raise ValueError(f"sample_index must be in [0, {n}) for request {request_id}, got {i}")
-            if i in request.finished or i in request.aborted:
-                reason = request.finished[i].finish_reason if i in request.finished else "abort"
-                raise ValueError(f"sample {i} of request {request_id} already finished (finish_reason={reason!r})")
-            if unforked is not None:  # sample i has no sequence yet: drop it when the request forks
-                request.aborted.add(i)
-                self._pending_fork_aborts.add(request.request_id)
-            live = [s for s in live if s.sample_index == i and s is not unforked]
-        if unforked is not None and (sample_index is None or len(request.aborted) == n):
-            live = [unforked]  # none of its samples started: all of them end here, with nothing
-            request.aborted = set(range(1, n))
+        i = None if sample_index is None else as_int(sample_index, "sample_index must be an int")
+        if i is not None and not 0 <= i < n:
+            raise ValueError(f"sample_index must be in [0, {n}) for request {request_id}, got {i}")
+        if i in request.finished or i in request.aborted:
+            reason = request.finished[i].finish_reason if i in request.finished else "abort"
+            raise ValueError(f"sample {i} of request {request_id} already finished (finish_reason={reason!r})")
+        live = (*self.scheduler.waiting, *self.scheduler.running, *self.scheduler.swapped)
         now = self.now()
-        for seq in live:
-            self.scheduler.abort(seq)  # frees its blocks (or CPU blocks); finish_reason = "abort"
-            seq.finish_time = now
-            self.sampler.remove(request.request_id, seq.sample_index)
-            request.finished[seq.sample_index] = seq
+        for seq in [s for s in live if s.request_id == request_id]:
+            if i is None or (seq.sample_index == i and not seq.fork_indices):
+                self.scheduler.abort(seq)  # frees its blocks (or CPU blocks); finish_reason = "abort"
+                seq.finish_time = now
+                request.finished[seq.sample_index] = seq
+                request.aborted.update(seq.fork_indices)  # its samples not forked yet end with it, empty
+            elif i == seq.sample_index:  # not forked yet: sample i ends empty, the next one takes its place
+                request.aborted.add(i)
+                seq.sample_index = seq.fork_indices.pop(0)
+            elif i in seq.fork_indices:  # a sample not forked yet: it never will be
+                seq.fork_indices.remove(i)
+                request.aborted.add(i)
+        for k in range(n) if i is None else (i,):
+            self.sampler.remove(request_id, k)
         if not request.done:
             return None
         output = self._finish(request)
@@ -458,18 +457,6 @@ class Engine:
             raise ValueError(f"request {rid} already finished; there is nothing to abort")
         raise ValueError(f"unknown request id {rid} (ids so far: 0 .. {self._next_request_id - 1})")
 
-    def _drop_aborted_forks(self, emitting) -> None:
-        """Samples aborted before their request forked them end in the step that forks them, empty."""
-        for _, parent, n in emitting:
-            if n == 1 or parent.request_id not in self._pending_fork_aborts:
-                continue
-            self._pending_fork_aborts.discard(parent.request_id)  # forked now: later steps have nothing to drop
-            request = self._requests[parent.request_id]
-            for seq in [s for s in self.scheduler.running if s.request_id == request.request_id]:
-                if seq.sample_index in request.aborted:
-                    self.scheduler.abort(seq)
-                    self.sampler.remove(request.request_id, seq.sample_index)
-
     # -- one step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return the requests that finished in it (and any that
@@ -499,7 +486,7 @@ class Engine:
         try:
             self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
             phase = "prepare"
-            emitting, sampling = rows_to_sample(sched.scheduled, self.sampler, self._requests)  # who samples, and how
+            emitting, sampling = self._rows_to_sample(sched.scheduled)  # who samples, and how
             batch = self.runner.prepare(sched.scheduled, self.allocator.block_table, *sampling)
             t = self._lap(phases, "prepare", t)
             phase = "forward"
@@ -517,8 +504,6 @@ class Engine:
         self.sampler.commit()
 
         finished_seqs = self.scheduler.update(sched.scheduled, sampled, t)  # 5. append, finish, free
-        if self._pending_fork_aborts:
-            self._drop_aborted_forks(emitting)
         outputs = self._take_aborted() + self._collect(finished_seqs)
         now = self._lap(phases, "update", t)
         metrics = (
@@ -553,33 +538,149 @@ class Engine:
         if not emitting:
             return {}
         tokens = self.runner.sample(batch)  # drawn on the device, one copy back
-        sampled = tokens_by_sequence(tokens, emitting)
+        sampled = self._tokens_by_sequence(tokens, emitting)
         self.num_generated_tokens += len(tokens)
+        return sampled
+
+    def _rows_to_sample(self, scheduled) -> tuple[list, tuple]:
+        """What a step samples: the chunks that emit a token -- ``(index, seq, tokens to draw)``, ``n``
+        for a parallel-sampling prompt that just ended -- and, per token drawn, its chunk index and
+        ``(temperatures, top_ps, uniforms)``, or None when no live request samples (all greedy: then
+        every ``n`` is 1 and there is nothing to draw)."""
+        if not len(self.sampler):
+            emitting = [(i, item.seq, 1) for i, item in enumerate(scheduled) if item.emits_token]
+            return emitting, ([i for i, _, _ in emitting], None)
+        emitting = [
+            (i, item.seq, item.seq.num_tokens_to_sample) for i, item in enumerate(scheduled) if item.emits_token
+        ]
+        rows, temps, top_ps, uniforms = [], [], [], []
+        for i, seq, _ in emitting:
+            params = self._requests[seq.request_id].params
+            for k in (seq.sample_index, *seq.fork_indices):  # one stream per sample it stands for
+                rows.append(i)
+                temps.append(params.temperature)
+                top_ps.append(params.top_p)
+                uniforms.append(self.sampler.uniform(seq.request_id, k))
+        return emitting, (rows, (temps, top_ps, uniforms))
+
+    @staticmethod
+    def _tokens_by_sequence(tokens: list[int], emitting) -> dict[int, int | list[int]]:
+        """The drawn tokens, in :meth:`_rows_to_sample`'s order, by sequence id (a list of ``n`` for a
+        parallel-sampling prompt: the scheduler forks the others from it)."""
+        if len(tokens) == len(emitting):  # one each (no parallel-sampling prompt ended)
+            return {seq.seq_id: tok for (_, seq, _), tok in zip(emitting, tokens)}
+        sampled: dict[int, int | list[int]] = {}
+        pos = 0
+        for _, seq, n in emitting:
+            sampled[seq.seq_id] = tokens[pos] if n == 1 else tokens[pos : pos + n]
+            pos += n
         return sampled
 
     def _finish(self, request: RequestState) -> RequestOutput:
         """The finished request's output; it leaves the engine (and the sampler) for good."""
         del self._requests[request.request_id]
-        self._pending_fork_aborts.discard(request.request_id)
         self.sampler.remove_request(request.request_id, request.params.n)
         return request.output()
-
-    # -- offline batches (vLLM's LLM.generate): functions of paged_edu.engine.offline, as methods
-    run = offline.run
-    generate = offline.generate
-    chat = offline.chat
 
     def _collect(self, finished_seqs: list[Seq]) -> list[RequestOutput]:
         done: dict[int, RequestState] = {}  # finished once every sample of the step is booked: a fork's
         for seq in finished_seqs:  # step may end a request and its aborted child together
             request = self._requests[seq.request_id]
             self.sampler.remove(seq.request_id, seq.sample_index)
-            if seq.sample_index in request.aborted:
-                continue  # aborted before its fork: it keeps nothing
             request.finished[seq.sample_index] = seq
             if request.done:
                 done[request.request_id] = request
         return [self._finish(request) for request in done.values()]
+
+    # -- offline batches: vLLM's LLM.generate / LLM.chat, over add_requests and step ------------
+    def run(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool | None = None,
+    ) -> list[RequestOutput]:
+        """Add every prompt, step until all are done; outputs in the order of ``prompts``.
+
+        Nothing is queued unless every request is accepted (see :meth:`add_requests`).
+        """
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise TypeError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(prompts)
+        elif isinstance(sampling_params, (str, bytes)) or not isinstance(sampling_params, Sequence):
+            raise TypeError(
+                "sampling_params must be a SamplingParams, a list of them (one per prompt) or None, "
+                f"got {type(sampling_params).__name__} {sampling_params!r}"
+            )
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(f"{len(params_list)} sampling params for {len(prompts)} prompts")
+        ids = self.add_requests(prompts, params_list)
+        wanted = set(ids)
+        results: dict[int, RequestOutput] = {}
+        bar = None
+        if len(prompts) >= 64 if use_tqdm is None else use_tqdm:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(ids), desc="requests", unit="req")
+        try:
+            while len(results) < len(ids):
+                for out in self.step():
+                    if out.request_id in wanted:
+                        results[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+                if not self.has_unfinished() and len(results) < len(ids):
+                    raise RuntimeError("the engine stopped with requests unfinished (one was aborted during the run?)")
+        finally:
+            if bar is not None:
+                bar.close()
+        return [results[i] for i in ids]
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 32,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool | None = None,
+    ) -> list[list[int]]:
+        """New tokens for each prompt: greedy with ``max_new_tokens`` unless ``sampling_params`` say otherwise.
+
+        One sample per prompt; for ``n > 1`` use :meth:`run`, which returns every sample.
+        """
+        if sampling_params is None:
+            sampling_params = SamplingParams(max_tokens=max_new_tokens)
+        params = [sampling_params] if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        if any(not isinstance(p, SamplingParams) for p in params):
+            raise TypeError("sampling_params must be SamplingParams or a list of them")
+        if any(p.n != 1 for p in params):
+            raise ValueError("generate returns one sample per prompt; use Engine.run for n > 1")
+        return [out.outputs[0] for out in self.run(prompts, sampling_params, use_tqdm=use_tqdm)]
+
+    def chat(
+        self, conversations, tokenizer, sampling_params: SamplingParams | None = None, *, max_new_tokens: int = 64
+    ) -> list[str]:
+        """Reply to chat conversations: apply the tokenizer's chat template, generate, decode.
+
+        ``conversations`` is one conversation (a list of ``{"role", "content"}`` dicts) or a list of
+        them; the tokenizer's end-of-sequence token stops a reply. Returns one string each.
+        """
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        eos = tokenizer.eos_token_id
+        if sampling_params is None:
+            sampling_params = SamplingParams(
+                max_tokens=max_new_tokens, stop_token_ids=(eos,) if eos is not None else ()
+            )
+        prompts = []
+        for messages in conversations:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            prompts.append(tokenizer.encode(text, add_special_tokens=False))
+        replies = self.generate(prompts, sampling_params=sampling_params)
+        return [tokenizer.decode(r, skip_special_tokens=True) for r in replies]
 
     # -- inspection ----------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -161,10 +161,10 @@ def step_metrics(
         starts.append(s.start)
         counts.append(s.num_new_tokens)
         emitting += s.emits_token
-        if s.start < s.seq.num_prompt_tokens or s.num_new_tokens > 1:  # a prefill (or recompute) chunk
-            prefill_tokens += s.num_new_tokens
-        else:
+        if s.is_decode:
             decodes += 1
+        else:  # a prompt chunk (or a recompute)
+            prefill_tokens += s.num_new_tokens
     in_cache = sum(map(attrgetter("num_computed_tokens"), scheduler.running))
     return StepMetrics(
         step=step,

@@ -62,7 +62,6 @@ from dataclasses import dataclass, field
 import torch
 
 from paged_edu.engine.outputs import RequestOutput, StepMetrics, step_metrics
-from paged_edu.engine.sampling import rows_to_sample, tokens_by_sequence
 from paged_edu.sched.scheduler_output import SchedulerOutput
 from paged_edu.sched.sequence import Sequence, SequenceStatus
 
@@ -74,7 +73,7 @@ class InFlight:
     """A launched step whose tokens the host has not read: what its placeholders point into."""
 
     sched: SchedulerOutput
-    emitting: list  # rows_to_sample's (chunk index, seq, tokens drawn), in the order of `tokens`
+    emitting: list  # Engine._rows_to_sample's (chunk index, seq, tokens drawn), in the order of `tokens`
     tokens: torch.Tensor | None  # (N,) int64 on the device: the next step's inputs gather from it
     host: torch.Tensor | None  # (N,) its copy in pinned memory (the tensor itself on a CPU)
     event: torch.cuda.Event | None  # recorded after the copy (None on a CPU)
@@ -124,7 +123,7 @@ class AsyncScheduling:
         try:  # 3. launch step N+1
             e.runner.apply_block_ops(sched.block_ops)
             phase = "prepare"
-            emitting, sampling = rows_to_sample(sched.scheduled, e.sampler, e._requests)
+            emitting, sampling = e._rows_to_sample(sched.scheduled)
             batch = e.runner.prepare(sched.scheduled, e.allocator.block_table, *sampling)
             if prev is not None and prev.tokens is not None:
                 self._fill_placeholders(e.runner.input_ids(batch), prev.tokens)
@@ -179,7 +178,7 @@ class AsyncScheduling:
                 continue
             j = emitting.get(seq.seq_id) if item.emits_token else None
             if j is not None:
-                seq.output_token_ids.append(-1 - j)  # "row j of step N's tokens"
+                seq.append_token(-1 - j)  # "row j of step N's tokens"
             prev.held.append((seq, item.start, j is not None))
             seq.num_computed_tokens = item.start + item.num_new_tokens
 
@@ -189,6 +188,7 @@ class AsyncScheduling:
         for seq, start, placeholder in prev.held:
             if placeholder:
                 seq.output_token_ids.pop()
+                seq.num_tokens -= 1
             seq.num_computed_tokens = start
         prev.held.clear()
 
@@ -224,12 +224,10 @@ class AsyncScheduling:
         sampled = {}
         if step.host is not None:
             tokens = step.host.tolist()
-            sampled = tokens_by_sequence(tokens, step.emitting)
+            sampled = e._tokens_by_sequence(tokens, step.emitting)
             e.num_generated_tokens += sum(seq.status is SequenceStatus.RUNNING for _, seq, _ in step.emitting)
         t = e._lap(phases, "wait", t)
         finished = e.scheduler.update(step.sched.scheduled, sampled, t)
-        if e._pending_fork_aborts:
-            e._drop_aborted_forks(step.emitting)
         outputs = e._collect(finished)
         e._lap(phases, "update", t)
         return outputs

@@ -38,7 +38,7 @@ from paged_edu.engine.batch import (
 )
 from paged_edu.engine.sampling import sample_on_device
 from paged_edu.kernels import kernel_support
-from paged_edu.models.llama import ForwardBatch, PagedLlama
+from paged_edu.models.llama import ForwardBatch, Kernels, PagedLlama
 
 __all__ = ["DecodeCudaGraphs", "ModelRunner", "StepBatch"]
 
@@ -79,12 +79,15 @@ class DecodeCudaGraphs:
     decode kernel picks its split count from the table *width*, which is fixed here.
     """
 
-    def __init__(self, model: PagedLlama, kv_caches, max_batch_size: int, max_blocks_per_seq: int) -> None:
+    def __init__(
+        self, model: PagedLlama, kv_caches, max_batch_size: int, max_blocks_per_seq: int, kernels: Kernels | None = None
+    ) -> None:
         device = model.device
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA model, got {device}")
         self.model = model
         self.kv_caches = kv_caches
+        self.kernels = (kernels or Kernels()).resolve(device)  # what the captured passes run
         self.max_blocks_per_seq = max_blocks_per_seq
         sizes = [1, 2, 4, 8] + list(range(16, 129, 16)) + list(range(160, 1025, 32))
         self.sizes = [b for b in sizes if b < max_batch_size] + [max_batch_size]
@@ -126,7 +129,7 @@ class DecodeCudaGraphs:
         torch.cuda.synchronize(device)
 
     def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.model(batch, self.kv_caches)  # (bs, hidden)
+        hidden = self.model(batch, self.kv_caches, self.kernels)  # (bs, hidden)
         return hidden, self.model.compute_logits(hidden).argmax(dim=-1)  # (bs,) greedy tokens
 
     def _batch(self, bs: int) -> ForwardBatch:
@@ -217,28 +220,31 @@ class ModelRunner:
         *,
         attn_impl: str | None = None,
         prefill_impl: str | None = None,
+        fused_impl: str = "auto",
         cuda_graphs: bool = False,
         max_num_seqs: int = 256,
         max_model_len: int = 2048,
     ) -> None:
         on_gpu = model.device.type == "cuda"
-        # The kernels, checked now rather than at the first forward pass. Default: "auto" on CUDA
-        # (Triton where kernel_support says it runs), PyTorch on a CPU, where the Triton
+        # The kernels, checked now rather than at the first forward pass, and passed to the model
+        # with every batch (two runners sharing one model each keep their own). Default: "auto" on
+        # CUDA (Triton where kernel_support says it runs), PyTorch on a CPU, where the Triton
         # interpreter is exact but far too slow for a whole model.
-        model.attn_impl = _check_impl(
+        decode = _check_impl(
             "attn_impl",
             attn_impl or ("auto" if on_gpu else "torch"),
             "decode",
             ("auto", "triton", "torch", "loop"),
             model.device,
         )
-        model.prefill_impl = _check_impl(
+        prefill = _check_impl(
             "prefill_impl",
             prefill_impl or ("auto" if on_gpu else "torch"),
             "prefill",
             ("auto", "triton", "torch"),
             model.device,
         )
+        self.kernels = Kernels(decode, prefill, fused_impl).resolve(model.device)
         cuda_graphs = flag("cuda_graphs", cuda_graphs)
         self.model = model
         self.kv_cache = kv_cache
@@ -257,7 +263,9 @@ class ModelRunner:
             if self.device.type != "cuda":
                 raise ValueError("cuda_graphs=True needs the model on a CUDA device")
             try:
-                self.graphs = DecodeCudaGraphs(model, self.kv_pairs, max_num_seqs, -(-max_model_len // self.block_size))
+                self.graphs = DecodeCudaGraphs(
+                    model, self.kv_pairs, max_num_seqs, -(-max_model_len // self.block_size), self.kernels
+                )
             except Exception as exc:  # fall back to eager steps, and say why
                 self.graph_error = f"{type(exc).__name__}: {exc}"
                 warnings.warn(f"CUDA-graph capture failed, decode steps run eagerly: {self.graph_error}")
@@ -365,7 +373,7 @@ class ModelRunner:
             self.num_graph_steps += 1
             batch.hidden, batch.greedy = self.graphs.replay(batch.graph_size)  # one graph replay
         else:
-            batch.hidden = self.model(batch.forward, self.kv_pairs)  # (T, hidden)
+            batch.hidden = self.model(batch.forward, self.kv_pairs, self.kernels)  # (T, hidden)
 
     def input_ids(self, batch: StepBatch) -> torch.Tensor:
         """The step's token ids on the device, ``(rows,)`` (padded to a captured graph's size): what

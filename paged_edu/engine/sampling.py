@@ -31,10 +31,8 @@ __all__ = [
     "GREEDY_BELOW",
     "SamplingParams",
     "Sampler",
-    "rows_to_sample",
     "sample",
     "sample_on_device",
-    "tokens_by_sequence",
 ]
 
 
@@ -224,37 +222,3 @@ class Sampler:
             if key in self._generators:  # a stream dropped since (an abort) takes nothing back
                 self._drawn.setdefault(key, []).append(u)
         self._taken.clear()
-
-
-def rows_to_sample(scheduled, sampler: Sampler, requests) -> tuple[list, tuple]:
-    """What a step samples: the chunks that emit a token -- ``(index, seq, tokens to draw)``, ``n``
-    for a parallel-sampling prompt that just ended -- and, per token drawn, its chunk index and
-    ``(temperatures, top_ps, uniforms)``, or None when no live request samples (all greedy: then
-    every ``n`` is 1 and there is nothing to draw). ``requests`` maps request ids to objects with
-    ``.params`` (the engine's live requests)."""
-    if not len(sampler):
-        emitting = [(i, item.seq, 1) for i, item in enumerate(scheduled) if item.emits_token]
-        return emitting, ([i for i, _, _ in emitting], None)
-    emitting = [(i, item.seq, item.seq.num_tokens_to_sample) for i, item in enumerate(scheduled) if item.emits_token]
-    rows, temps, top_ps, uniforms = [], [], [], []
-    for i, seq, n in emitting:
-        params = requests[seq.request_id].params
-        for k in range(n):
-            rows.append(i)
-            temps.append(params.temperature)
-            top_ps.append(params.top_p)
-            uniforms.append(sampler.uniform(seq.request_id, k if n > 1 else seq.sample_index))
-    return emitting, (rows, (temps, top_ps, uniforms))
-
-
-def tokens_by_sequence(tokens: list[int], emitting) -> dict[int, int | list[int]]:
-    """The drawn tokens, in :func:`rows_to_sample`'s order, by sequence id (a list of ``n`` for a
-    parallel-sampling prompt: the scheduler forks the others from it)."""
-    if len(tokens) == len(emitting):  # one each (no parallel-sampling prompt ended)
-        return {seq.seq_id: tok for (_, seq, _), tok in zip(emitting, tokens)}
-    sampled: dict[int, int | list[int]] = {}
-    pos = 0
-    for _, seq, n in emitting:
-        sampled[seq.seq_id] = tokens[pos] if n == 1 else tokens[pos : pos + n]
-        pos += n
-    return sampled

@@ -23,6 +23,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from paged_edu.sched.policy import POLICIES
 from paged_edu.sim.costmodel import CostModel
 from paged_edu.sim.results import SimConfig
 from paged_edu.sim.simulator import simulate
@@ -31,7 +32,6 @@ from paged_edu.sim.workloads import make_workload
 __all__ = [
     "BENCH_ALLOCATOR",
     "CACHES",
-    "POLICIES",
     "SCENARIOS",
     "WORKLOADS",
     "CacheRow",
@@ -47,7 +47,6 @@ __all__ = [
 
 WORKLOADS = ("multiturn", "fewshot", "agents")
 CACHES = (("paged-prefix", 16), ("paged-radix", 16), ("paged-radix", 1))
-POLICIES = ("fcfs", "lpm")
 SCENARIOS = {"roomy": {"num_kv_slots": None, "rate": 20.0}, "tight": {"num_kv_slots": 6144, "rate": math.inf}}
 
 # `python benchmarks/bench_allocator.py` (10,000 requests, block size 16, --repeat 1), as recorded in

@@ -96,11 +96,11 @@ def probe_ttft(
     start, modeled = cached, 0.0
     for m in steps:  # the probe runs alone: each step is one chunk of its prompt
         shape = StepShape()
-        shape.add(start, m.num_prefill_tokens, start + m.num_prefill_tokens == len(prompt))
-        start += m.num_prefill_tokens
+        shape.add(start, m.num_batched_tokens, start + m.num_batched_tokens == len(prompt))
+        start += m.num_batched_tokens
         modeled += cost.step_time(shape)
     return ProbeTTFT(
-        case, len(prompt), cached, sum(m.num_prefill_tokens for m in steps), len(steps), modeled, out.metrics.ttft
+        case, len(prompt), cached, sum(m.num_batched_tokens for m in steps), len(steps), modeled, out.metrics.ttft
     )
 
 

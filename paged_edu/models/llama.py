@@ -30,7 +30,7 @@ config lives in :mod:`paged_edu.models.config`, random and real (SmolLM2) weight
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -73,11 +73,33 @@ class ForwardBatch:
 
 @dataclass(frozen=True, slots=True)
 class Kernels:
-    """Which implementation each op of one forward pass runs (:meth:`PagedLlama.forward` decides)."""
+    """Which implementation each op of a forward pass runs: the caller's choice, passed to
+    :meth:`PagedLlama.forward` with every batch -- never set on the model, so two engines that share
+    one model each run their own kernels."""
 
-    decode: str  # paged_attention_decode's impl
-    prefill: str  # paged_attention_prefill's impl
-    fused: bool  # the fused Triton kernels for the per-token ops (norm, rotary + store, SiLU-and-mul)
+    decode: str = "auto"  # paged_attention_decode's impl: "auto", "triton", "torch" or "loop"
+    prefill: str = "auto"  # paged_attention_prefill's impl: "auto", "triton" or "torch"
+    fused: str = "auto"  # the per-token ops (norm, rotary + store, SiLU-and-mul): "auto", "triton" or "torch"
+
+    def resolve(self, device: torch.device) -> Kernels:
+        """The same choice with ``fused="auto"`` made ``"triton"`` where the fused kernels compile,
+        else ``"torch"``; a fused choice that cannot run here raises ``ValueError``."""
+        if self.fused not in ("auto", "triton", "torch"):
+            raise ValueError(f"fused_impl must be 'auto', 'triton' or 'torch', got {self.fused!r}")
+        support = kernel_support(device)
+        if self.fused == "triton" and not support.fused:
+            raise ValueError(
+                f"fused_impl='triton', but the fused Triton kernels cannot run on {device} here "
+                "(see paged_edu.kernels.kernel_support); use 'auto' or 'torch'"
+            )
+        if self.fused == "auto":
+            return replace(self, fused="triton" if support.use_triton("fused") else "torch")
+        return self
+
+    @property
+    def fused_ops(self) -> bool:
+        """Run the fused Triton kernels for the per-token ops (after :meth:`resolve`)."""
+        return self.fused == "triton"
 
 
 class RMSNorm(nn.Module):
@@ -164,7 +186,7 @@ class PagedAttention(nn.Module):
         q = q.view(T, H, D)  # (T, H, D)
         k = k.view(T, H_kv, D)  # (T, H_kv, D)
         v = v.view(T, H_kv, D)  # (T, H_kv, D)
-        if kernels.fused:
+        if kernels.fused_ops:
             # One kernel rotates q and k and stores k, v at their slots: the three lines below
             # (ten small kernels) with the same rounding. cos, sin are the whole (L, D) tables here.
             from paged_edu.kernels.triton_store import rotary_store_kv_triton
@@ -246,10 +268,10 @@ class DecoderLayer(nn.Module):
         """``h``: the previous sub-layer's output; ``residual``: the stream before it (``None`` at
         the first layer). Each norm adds the two first, so the pair passes on to the next layer:
         ``h_out + residual_out`` is the classic ``x + attn(norm(x)) + mlp(norm(...))``."""
-        x, residual = self.input_layernorm(h, residual, kernels.fused)  # residual += h; x = norm(residual)
+        x, residual = self.input_layernorm(h, residual, kernels.fused_ops)  # residual += h; x = norm(residual)
         h = self.self_attn(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, hidden)
-        x, residual = self.post_attention_layernorm(h, residual, kernels.fused)
-        return self.mlp(x, kernels.fused), residual
+        x, residual = self.post_attention_layernorm(h, residual, kernels.fused_ops)
+        return self.mlp(x, kernels.fused_ops), residual
 
 
 # ----------------------------------------------------------------------------------------------
@@ -265,12 +287,13 @@ class PagedLlama(nn.Module):
     ``(num_blocks, block_size, num_kv_heads, head_dim)``; ``compute_logits`` turns the rows that
     sample into fp32 logits.
 
-    ``attn_impl`` picks the decode kernel (``"auto"``, ``"triton"``, ``"torch"``, ``"loop"``) and
-    ``prefill_impl`` the prefill path (``"auto"``, ``"triton"``, ``"torch"``); ``"auto"`` follows
-    :mod:`paged_edu.kernels` (Triton on CUDA). On a CPU the engine asks for ``"torch"``: the
-    Triton interpreter is exact but far too slow for a 30-layer model. ``fused_impl`` picks the
-    per-token ops: ``"auto"`` (the fused Triton kernels where they compile, PyTorch elsewhere),
-    ``"triton"`` (also under the interpreter: tests) or ``"torch"``.
+    ``forward(batch, kv_caches, kernels)`` runs the :class:`Kernels` its caller picks: the decode
+    kernel (``"auto"``, ``"triton"``, ``"torch"``, ``"loop"``), the prefill path (``"auto"``,
+    ``"triton"``, ``"torch"``) and the per-token ops (``"auto"``: the fused Triton kernels where they
+    compile, PyTorch elsewhere; ``"triton"``, also under the interpreter: tests; or ``"torch"``);
+    ``"auto"`` follows :mod:`paged_edu.kernels` (Triton on CUDA). On a CPU the engine asks for
+    ``"torch"``: the Triton interpreter is exact but far too slow for a 30-layer model. The choice
+    travels with each call, not on the model, so engines sharing one model never reconfigure each other.
     """
 
     def __init__(
@@ -285,9 +308,6 @@ class PagedLlama(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
-        self.attn_impl = "auto"
-        self.prefill_impl = "auto"
-        self.fused_impl = "auto"
         with torch.device("meta"):  # shapes only: no time spent on an init that is overwritten
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
             self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
@@ -324,34 +344,27 @@ class PagedLlama(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
-    def forward(self, batch: ForwardBatch, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward(
+        self,
+        batch: ForwardBatch,
+        kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        kernels: Kernels | None = None,
+    ) -> torch.Tensor:
+        """Hidden states ``(T, hidden)`` of the batch's new tokens, run by ``kernels`` (default:
+        ``Kernels()``, every op ``"auto"``)."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"need one (k_cache, v_cache) pair per layer ({len(self.layers)}), got {len(kv_caches)}")
-        kernels = Kernels(self.attn_impl, self.prefill_impl, self._fused(self.device))
+        kernels = (kernels or Kernels()).resolve(self.device)
         h = self.embed_tokens(batch.input_ids)  # (T, hidden)
-        if kernels.fused:  # the rotary kernel reads each token's row of the tables itself
+        if kernels.fused_ops:  # the rotary kernel reads each token's row of the tables itself
             cos, sin = self.rotary.cos_table, self.rotary.sin_table  # (L, D) each
         else:
             cos, sin = self.rotary(batch.positions, h.dtype)  # (T, 1, D) each
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h, residual = layer(h, residual, cos, sin, k_cache, v_cache, batch, kernels)
-        hidden, _ = self.norm(h, residual, kernels.fused)
+        hidden, _ = self.norm(h, residual, kernels.fused_ops)
         return hidden  # (T, hidden)
-
-    def _fused(self, device: torch.device) -> bool:
-        """Whether this pass runs the fused per-token kernels (``fused_impl``, see the class)."""
-        impl = self.fused_impl
-        if impl not in ("auto", "triton", "torch"):
-            raise ValueError(f"fused_impl must be 'auto', 'triton' or 'torch', got {impl!r}")
-        if impl == "auto":
-            return kernel_support(device).use_triton("fused")
-        if impl == "triton" and not kernel_support(device).fused:
-            raise ValueError(
-                f"fused_impl='triton', but the fused Triton kernels cannot run on {device} here "
-                "(see paged_edu.kernels.kernel_support); use 'auto' or 'torch'"
-            )
-        return impl == "triton"
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()  # (N, vocab) fp32

@@ -2,18 +2,19 @@
 
 Every step the scheduler decides which tokens are computed, in this order:
 
-1. **running decodes** -- each needs a slot for the token it will compute: ``allocator.append_slots``
-   (a count: the token's id reaches the allocator with ``mark_computed`` after the step, in
-   :meth:`Scheduler.update`, so the slot could as well be reserved before the token is sampled).
-   When the pool is empty the most recently admitted running sequence is *preempted*:
-   ``recompute`` frees its blocks and puts it back at the front of the waiting queue (its K/V is
-   recomputed later, partly from the prefix cache); ``swap`` copies its blocks to CPU memory and
-   parks it until blocks are free again; ``auto`` chooses as vLLM (v0) does -- recompute for a
-   request with a single sequence, swap for one whose parallel samples share blocks, since
-   recomputing those would lose what they share.
-2. **running prefills** -- the next chunk of a prompt that did not fit in one step (chunked prefill).
-3. **swapped sequences** come back (only in a step that preempted nothing).
-4. **waiting sequences** are admitted in ``policy`` order -- ``fcfs``, or ``lpm``: longest cached
+1. **running sequences**, oldest first -- each needs a slot for the token it sampled last step:
+   ``allocator.append_slots`` (a count: the token's id reaches the allocator with ``mark_computed``
+   after the step, in :meth:`Scheduler.update`, so the slot could as well be reserved before the
+   token is sampled). While the pool is full the youngest running sequence is *preempted*
+   (``while not reserve_slot(seq): preempt(running.pop())``, as nano-vllm): ``recompute`` frees its
+   blocks and puts it back at the front of the waiting queue (its K/V is recomputed later, partly
+   from the prefix cache); ``swap`` copies its blocks to CPU memory and parks it until blocks are
+   free again; ``auto`` chooses as vLLM (v0) does -- recompute for a request with a single
+   sequence, swap for one whose parallel samples share blocks, since recomputing those would lose
+   what they share. Then its next chunk: one token (a decode), or the next chunk of a prompt that
+   did not fit in one step (chunked prefill).
+2. **swapped sequences** come back (only in a step that preempted nothing).
+3. **waiting sequences** are admitted in ``policy`` order -- ``fcfs``, or ``lpm``: longest cached
    prefix first, starvation bounded (:mod:`~paged_edu.sched.policy`) -- while ``max_num_seqs``,
    the token budget ``max_num_batched_tokens`` and the pool allow: ``allocator.allocate`` gives the
    block table and the prefix-cache hit, whose tokens are not computed again.
@@ -93,6 +94,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
+        self.budget = 0  # tokens the step being scheduled may still compute
+        self._forking: set[Sequence] = set()  # running sequences that will fork more (count against max_num_seqs)
         self._live: dict[int, Sequence] = {}  # seq_id -> every unfinished sequence, wherever it is
         self._ids = itertools.count()
 
@@ -192,8 +195,9 @@ class Scheduler:
 
     def _has_siblings(self, seq: Sequence) -> bool:
         """Does another live sample of the same request exist (or will one, at its first token)?"""
-        return seq.num_samples > 1 or any(
-            other is not seq and other.request_id == seq.request_id for other in (*self.running, *self.swapped)
+        return bool(seq.fork_indices) or any(
+            other is not seq and other.request_id == seq.request_id and other.status is not SequenceStatus.WAITING
+            for other in self._live.values()
         )
 
     def _record_copies(self, out: SchedulerOutput) -> None:
@@ -203,98 +207,111 @@ class Scheduler:
 
     # -- one step ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """One step: a loop over each queue in turn -- running, swapped, waiting (module docstring).
+
+        ``out.scheduled`` lists the chunks in that order; the executor groups one-token chunks
+        (:attr:`ScheduledSeq.is_decode`) for the decode kernel itself.
+        """
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
-        allocator = self.allocator
-        chunked = self.enable_chunked_prefill
-
-        # 1-2. Running sequences, oldest first: decodes, then the next chunk of unfinished prefills.
-        queue = deque(self.running)
-        decodes: list[ScheduledSeq] = []
-        prefills: list[ScheduledSeq] = []
-        kept: list[Sequence] = []
-        preempted_any = False
-        while queue:
-            seq = queue.popleft()
-            num_tokens = len(seq.prompt_token_ids) + len(seq.output_token_ids)  # seq.num_tokens, without a call
-            if allocator.num_tokens(seq.seq_id) < num_tokens:  # the token sampled last step needs a slot
-                if budget == 0:
-                    kept.append(seq)
-                    continue
-                while True:
-                    try:
-                        allocator.append_slots(seq.seq_id)
-                        break
-                    except OutOfBlocksError:
-                        preempted_any = True
-                        if queue:
-                            self._preempt(queue.pop(), out)  # the youngest running sequence
-                        else:
-                            self._preempt(seq, out)
-                            seq = None
-                            break
-                if seq is None:
-                    continue
-            kept.append(seq)
-            remaining = num_tokens - seq.num_computed_tokens
-            if budget == 0 or (remaining > budget and not chunked):
-                continue
-            num_new = remaining if remaining <= budget else budget
-            budget -= num_new
-            scheduled = ScheduledSeq(seq, num_new, seq.num_computed_tokens, num_new == remaining)
-            (decodes if remaining == 1 else prefills).append(scheduled)
-        self.running = kept
-        # Sequences running once every parallel sample due to fork at its first token exists: what
-        # max_num_seqs bounds (as vLLM counts a request of n samples as n sequences from admission).
-        num_seqs = len(kept) + sum(s.max_num_running_seqs - 1 for s in kept if s.num_samples > 1 or s.num_pending_forks)
-
-        # 3. Swapped sequences come back when nothing had to be preempted this step.
-        if not preempted_any:
-            while self.swapped and num_seqs + self.swapped[0].max_num_running_seqs <= self.max_num_seqs and budget > 0:
-                seq = self.swapped[0]
-                if not self._swap_in(seq, out):
-                    break
-                self.swapped.popleft()
-                seq.status = SequenceStatus.RUNNING
-                self.running.append(seq)
-                num_seqs += seq.max_num_running_seqs
-                remaining = seq.num_tokens - seq.num_computed_tokens
-                num_new = min(remaining, budget)
-                if num_new == remaining or chunked:
-                    budget -= num_new
-                    decodes.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens, num_new == remaining))
-
-        # 4. Waiting sequences, in policy order.
-        if not self.swapped and not preempted_any:
-            if self._lpm is not None and self.waiting:
-                self._lpm.order(self.waiting, allocator)
-            while self.waiting and num_seqs + self.waiting[0].max_num_running_seqs <= self.max_num_seqs and budget > 0:
-                seq = self.waiting[0]
-                if not chunked and seq.num_tokens > budget:
-                    break
-                readmitted = seq.num_preemptions > 0  # recomputed: its hits are its own blocks, no reuse
-                try:
-                    allocator.allocate(seq.seq_id, seq.token_ids, record_stats=not readmitted, **cache_keys(seq))
-                except OutOfBlocksError:
-                    break
-                self.waiting.popleft()
-                cached = allocator.num_cached_tokens(seq.seq_id)
-                if readmitted:
-                    allocator.stats.record(seq.num_tokens, cached, preempted=True)
-                seq.num_cached_tokens = cached
-                seq.num_computed_tokens = cached
-                seq.status = SequenceStatus.RUNNING
-                self.running.append(seq)
-                num_seqs += seq.max_num_running_seqs
-                remaining = seq.num_tokens - cached
-                num_new = min(remaining, budget)
-                budget -= num_new
-                prefills.append(ScheduledSeq(seq, num_new, cached, num_new == remaining))
-
+        self.budget = self.max_num_batched_tokens
+        self._schedule_running(out)
+        num_seqs = self._num_seqs()
+        if not out.preempted:  # a step that had to preempt brings nothing back
+            num_seqs = self._schedule_swapped(out, num_seqs)
+        if not out.preempted and not self.swapped:  # swapped sequences go before new ones
+            self._schedule_waiting(out, num_seqs)
         self._record_copies(out)
-        out.scheduled = decodes + prefills
-        out.num_batched_tokens = self.max_num_batched_tokens - budget
+        out.num_batched_tokens = self.max_num_batched_tokens - self.budget
         return out
+
+    def _schedule_running(self, out: SchedulerOutput) -> None:
+        """Running sequences, oldest first: a slot for the token each sampled last step -- while the
+        pool is full, the youngest running sequence is preempted -- then its next chunk."""
+        running, self.running = deque(self.running), []
+        while running:
+            seq = running.popleft()
+            if self.budget == 0:  # the batch is full: it stays running, unscheduled
+                self.running.append(seq)
+                continue
+            while not self._reserve_slot(seq):
+                if not running:
+                    self._preempt(seq, out)
+                    break
+                self._preempt(running.pop(), out)
+            else:
+                self.running.append(seq)
+                self._schedule_chunk(seq, out)
+
+    def _schedule_swapped(self, out: SchedulerOutput, num_seqs: int) -> int:
+        """Swapped sequences come back, oldest first, while the batch and the pool have room;
+        returns ``num_seqs`` with them."""
+        while self.swapped and self._has_room(self.swapped[0], num_seqs) and self._swap_in(self.swapped[0], out):
+            seq = self.swapped.popleft()
+            num_seqs += self._start(seq, out)
+        return num_seqs
+
+    def _schedule_waiting(self, out: SchedulerOutput, num_seqs: int) -> None:
+        """Waiting sequences, in policy order, while the batch, the budget and the pool have room."""
+        if self._lpm is not None and self.waiting:
+            self._lpm.order(self.waiting, self.allocator)
+        while self.waiting and self._has_room(self.waiting[0], num_seqs) and self._admit(self.waiting[0]):
+            seq = self.waiting.popleft()
+            num_seqs += self._start(seq, out)
+
+    def _num_seqs(self) -> int:
+        """Sequences running once every branch due to fork later exists: what ``max_num_seqs`` bounds
+        (as vLLM counts a request of ``n`` samples as ``n`` sequences from admission)."""
+        self._forking = {s for s in self._forking if s.status is SequenceStatus.RUNNING and s.max_num_running_seqs > 1}
+        return len(self.running) + sum(seq.max_num_running_seqs - 1 for seq in self._forking)
+
+    def _has_room(self, seq: Sequence, num_seqs: int) -> bool:
+        return num_seqs + seq.max_num_running_seqs <= self.max_num_seqs and self.budget > 0
+
+    def _reserve_slot(self, seq: Sequence) -> bool:
+        """A slot for the token ``seq`` sampled last step, if it has none yet (by count: its id
+        reaches the allocator after its step, with ``mark_computed``); False when the pool is full."""
+        if self.allocator.num_tokens(seq.seq_id) == seq.num_tokens:
+            return True
+        try:
+            self.allocator.append_slots(seq.seq_id)
+        except OutOfBlocksError:
+            return False
+        return True
+
+    def _admit(self, seq: Sequence) -> bool:
+        """Give a waiting sequence its block table; the prefix-cache hit counts as computed. False
+        (nothing changed) when the pool is full, or its prompt must go whole and the budget is short."""
+        if not self.enable_chunked_prefill and seq.num_tokens > self.budget:
+            return False
+        readmitted = seq.num_preemptions > 0  # recomputed: its hits are its own blocks, no reuse
+        try:
+            self.allocator.allocate(seq.seq_id, seq.token_ids, record_stats=not readmitted, **cache_keys(seq))
+        except OutOfBlocksError:
+            return False
+        cached = self.allocator.num_cached_tokens(seq.seq_id)
+        if readmitted:
+            self.allocator.stats.record(seq.num_tokens, cached, preempted=True)
+        seq.num_cached_tokens = seq.num_computed_tokens = cached
+        return True
+
+    def _start(self, seq: Sequence, out: SchedulerOutput) -> int:
+        """``seq`` (admitted or swapped in) runs from this step; returns the sequences it stands for."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        if seq.max_num_running_seqs > 1:
+            self._forking.add(seq)
+        self._schedule_chunk(seq, out)
+        return seq.max_num_running_seqs
+
+    def _schedule_chunk(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Compute ``seq``'s next tokens this step: all that are left, or as many as the budget allows
+        with chunked prefill (without it: all or none)."""
+        remaining = seq.num_tokens - seq.num_computed_tokens
+        num_new = min(remaining, self.budget)
+        if num_new == 0 or (num_new < remaining and not self.enable_chunked_prefill):
+            return
+        out.scheduled.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens, num_new == remaining))
+        self.budget -= num_new
 
     def _swap_in(self, seq: Sequence, out: SchedulerOutput) -> bool:
         """Give a swapped sequence GPU blocks again and ask for its K/V to be copied back; False
@@ -337,8 +354,8 @@ class Scheduler:
         """Advance the computed tokens and append the sampled ones; return finished sequences.
 
         ``sampled`` maps the id of every sequence whose chunk ``emits_token`` to its new token --
-        or, for a sequence with ``num_samples = n > 1`` finishing its prompt, to a list of ``n``
-        tokens: the first is its own, the others start forked children.
+        or, for a sequence with samples to fork (``fork_indices``) finishing its prompt, to a list of
+        ``num_tokens_to_sample`` tokens: the first is its own, the others start the forked children.
         """
         finished: list[Sequence] = []
         block_size, mark_computed, running = (
@@ -375,9 +392,10 @@ class Scheduler:
                             f"sequence {seq.seq_id} takes {seq.num_tokens_to_sample} token(s) this step, got {len(tokens)}"
                         )
                     token = tokens[0]
-                    family += [self._fork_child(seq, i, t) for i, t in enumerate(tokens[1:], start=1)]
+                    family += [self._fork_child(seq, i, t) for i, t in zip(seq.fork_indices, tokens[1:])]
+                    seq.fork_indices = []
                 token = int(token)
-            seq.output_token_ids.append(token)
+            seq.append_token(token)
             for member in family:
                 self._after_token(member, now, finished)
         return finished
@@ -394,7 +412,7 @@ class Scheduler:
             cache_salt=parent.cache_salt,
         )
         self.fork(parent, child)
-        child.output_token_ids.append(int(token))
+        child.append_token(int(token))
         return child
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
@@ -407,6 +425,7 @@ class Scheduler:
             parent.num_pending_forks -= 1
         self.allocator.fork(parent.seq_id, child.seq_id)
         child.output_token_ids = list(parent.output_token_ids)
+        child.num_tokens = parent.num_tokens
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_cached_tokens = parent.num_cached_tokens
         child.first_scheduled_time = parent.first_scheduled_time

@@ -31,10 +31,17 @@ class ScheduledSeq:
     def end(self) -> int:
         return self.start + self.num_new_tokens
 
+    @property
+    def is_decode(self) -> bool:
+        """One new token: a decode row, which the decode kernel serves with the step's others (so is
+        a prompt whose other tokens all hit the cache). vLLM v1 splits a batch into decodes and
+        prefills by query length the same way (``split_decodes_and_prefills``)."""
+        return self.num_new_tokens == 1
+
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)  # decodes first, then prefill chunks
+    scheduled: list[ScheduledSeq] = field(default_factory=list)  # running, then swapped in, then admitted
     preempted: list[Sequence] = field(default_factory=list)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu_block, cpu_block)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu_block, gpu_block)

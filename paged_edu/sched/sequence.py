@@ -26,8 +26,9 @@ class Sequence:
 
     ``num_computed_tokens`` leading tokens have their K/V in the cache; how many slots the memory
     manager holds for it is the manager's to count (``num_tokens(seq_id)``). Its CPU blocks while
-    swapped out belong to the scheduler's :class:`~paged_edu.sched.swap.SwapSpace`. A sequence with ``num_samples = n > 1`` forks into ``n`` sequences when its prompt is
-    done (parallel sampling); the children share ``request_id`` and get ``sample_index`` 1 .. n-1.
+    swapped out belong to the scheduler's :class:`~paged_edu.sched.swap.SwapSpace`. A sequence with ``num_samples = n > 1`` forks into
+    ``n`` sequences when its prompt is done (parallel sampling): the children share ``request_id``
+    and take their ``sample_index`` from ``fork_indices`` (1 .. n-1, less any sample stopped before).
     """
 
     seq_id: int
@@ -38,6 +39,7 @@ class Sequence:
     request_id: int | None = None
     num_samples: int = 1
     num_pending_forks: int = 0  # branches it will fork later (beam search), counted from admission
+    fork_indices: list[int] = field(default_factory=list)  # the samples it forks at its first token
     sample_index: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
@@ -50,6 +52,7 @@ class Sequence:
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None  # "length" | "stop" | "abort"
     cache_salt: str | None = None  # its prefix-cache namespace (issue 23): hits only its own salt's blocks
+    num_tokens: int = field(init=False, default=0)  # prompt + output tokens, kept by append_token (as nano-vllm)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -64,6 +67,14 @@ class Sequence:
             raise type(exc)(exc.field, f"sequence {self.seq_id}: {exc}") from None
         if self.request_id is None:
             self.request_id = self.seq_id
+        if self.num_samples > 1 and not self.fork_indices:
+            self.fork_indices = list(range(1, self.num_samples))
+        self.num_tokens = len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def append_token(self, token_id: int) -> None:
+        """The one way a sequence grows: ``num_tokens`` stays a field, not a sum per call."""
+        self.output_token_ids.append(token_id)
+        self.num_tokens += 1
 
     @property
     def token_ids(self) -> list[int]:
@@ -74,14 +85,11 @@ class Sequence:
         return len(self.prompt_token_ids)
 
     @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    @property
     def num_tokens_to_sample(self) -> int:
-        """Tokens the executor samples when this sequence's chunk emits: ``num_samples`` at its first
-        token (one per parallel sample; the scheduler forks the others from it), then 1."""
-        return self.num_samples if self.num_samples > 1 and not self.output_token_ids else 1
+        """Tokens the executor samples when this sequence's chunk emits: at its first token one for
+        itself (``sample_index``) and one per sample in ``fork_indices`` (the scheduler forks those
+        from it), then 1."""
+        return 1 + len(self.fork_indices)
 
     @property
     def max_num_running_seqs(self) -> int:

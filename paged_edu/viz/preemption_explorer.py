@@ -16,6 +16,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from paged_edu.labs.preemption import blocks_needed, output_mismatches, run_under_pressure
+from paged_edu.sched.scheduler import PREEMPTION_MODES
 from paged_edu.viz.widgets.base import _figure_widget
 from paged_edu.viz import palette as P
 
@@ -98,8 +99,6 @@ def timeline_figure(run) -> go.Figure:
 class PreemptionExplorer:
     """Slider over ``num_blocks`` and a toggle over the preemption mode, on fixed requests."""
 
-    MODES = ("recompute", "swap", "auto")
-
     def __init__(
         self,
         model,
@@ -124,7 +123,7 @@ class PreemptionExplorer:
             continuous_update=False,
             layout=W.Layout(width="520px"),
         )
-        self.mode = W.ToggleButtons(options=self.MODES, value=mode, description="preemption")
+        self.mode = W.ToggleButtons(options=PREEMPTION_MODES, value=mode, description="preemption")
         self.summary = W.HTML()
         self.run = self._run(start, mode)
         self.fig = _figure_widget(timeline_figure(self.run))

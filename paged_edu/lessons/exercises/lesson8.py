@@ -10,6 +10,7 @@ from paged_edu.core.hardware import GPUS, MODELS
 from paged_edu.labs import cache_compare as cc
 from paged_edu.labs import serving_flags as sf
 from paged_edu.lessons.exercises.framework import Verdict, compare, describe, register
+from paged_edu.sched.policy import POLICIES
 
 COMMAND = "vllm serve facebook/opt-13b --gpu-memory-utilization 0.85 --block-size 32 --kv-cache-dtype fp8"
 GPU = "a100-80gb"
@@ -142,7 +143,7 @@ WIN_FACTOR = 0.95  # "LPM beats FCFS": its TTFT p50 at least 5 % lower
 
 @lru_cache(maxsize=32)
 def _lpm_vs_fcfs(workload: str, num_kv_slots, rate: float) -> tuple[cc.CacheRow, cc.CacheRow]:
-    return tuple(cc.run_setting(workload, num_kv_slots, rate, "paged-radix", 16, p) for p in cc.POLICIES)
+    return tuple(cc.run_setting(workload, num_kv_slots, rate, "paged-radix", 16, p) for p in POLICIES)
 
 
 def _clean_spec(spec):
