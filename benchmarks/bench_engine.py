@@ -205,7 +205,7 @@ def run_engine(
     itl = [x for o in outs for x in o.metrics.inter_token_latencies]
     # Where a step's time goes (host wall time per phase; without sync_timing the GPU's work lands
     # in whichever phase waits for it first, usually "sample", which copies the tokens back).
-    # (async scheduling: "wait" and "update" read the previous step's tokens; absent from the first step)
+    # (async scheduling: a call's "update" is the previous step's, so the first call has none)
     phase_names = list(dict.fromkeys(k for s in steps for k in s.phase_times))
     phase_ms = {k: float(np.mean([s.phase_times.get(k, 0.0) for s in steps]) * 1e3) for k in phase_names}
     decode_phase_ms = (

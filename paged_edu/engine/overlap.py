@@ -22,6 +22,10 @@ ahead, a step costs ``max(host, GPU)`` instead of their sum. One call of :meth:`
    has usually long finished it) and :meth:`Scheduler.update` appends the real ids, publishes the
    blocks they complete, and finishes sequences on a stop token or ``max_tokens``.
 
+Each call emits one :class:`~paged_edu.engine.outputs.StepMetrics` for the step it launched; its
+``phase_times`` keep the synchronous names (the wait for step N's tokens is booked under
+``"sample"``, ``"update"`` is step N's) and ``num_finished`` counts the sequences step N finished.
+
 A sequence that stopped at step N was already scheduled in step N+1: that row's token is
 discarded (``update`` skips a finished sequence) and its slot is given back with its blocks when it
 finishes, as vLLM does. Blocks freed at step N reach waiting requests one step later than in a
@@ -88,6 +92,7 @@ class AsyncScheduling:
         self.in_flight: InFlight | None = None
         self.num_sync_steps = 0  # calls that read the step in flight before scheduling (see the module)
         self._unreported: list[RequestOutput] = []  # read before a launch failed: returned next call
+        self._num_finished = 0  # sequences finished by the reads of this call (for its StepMetrics)
         on_gpu = engine.device.type == "cuda"
         self._pinned = [torch.empty(1024, dtype=torch.long, pin_memory=on_gpu) for _ in range(2)]
         self._turn = 0  # which pinned buffer the next launch copies into (two steps may be unread)
@@ -116,7 +121,7 @@ class AsyncScheduling:
                 return e._take_aborted() + outputs, None
             self._release(prev)
             outputs += self._read(prev, phases)  # the last step
-            return e._take_aborted() + outputs, self._metrics(sched, t_start, phases, outputs)
+            return e._take_aborted() + outputs, self._metrics(sched, t_start, phases)
         if prev is not None and (sched.preempted or sched.blocks_to_swap_in):
             raise RuntimeError("async scheduling ran ahead into a preemption or a swap-in (a bug: see _can_run_ahead)")
         phase = "block copies"
@@ -152,7 +157,7 @@ class AsyncScheduling:
         elif any(item.seq.status is SequenceStatus.RUNNING for item in sched.scheduled):
             self.in_flight = current
         # else every sequence of the step ended at step N: nothing in it is read (its rows are discarded)
-        return e._take_aborted() + outputs, self._metrics(sched, t_start, phases, outputs)
+        return e._take_aborted() + outputs, self._metrics(sched, t_start, phases)
 
     # -- the pieces ------------------------------------------------------------------------------
     def _can_run_ahead(self, prev: InFlight) -> bool:
@@ -226,20 +231,23 @@ class AsyncScheduling:
             tokens = step.host.tolist()
             sampled = e._tokens_by_sequence(tokens, step.emitting)
             e.num_generated_tokens += sum(seq.status is SequenceStatus.RUNNING for _, seq, _ in step.emitting)
-        t = e._lap(phases, "wait", t)
+        t = e._lap(phases, "sample", t)  # the wait for the device: where the synchronous engine books it
         finished = e.scheduler.update(step.sched.scheduled, sampled, t)
+        self._num_finished += len(finished)
         outputs = e._collect(finished)
         e._lap(phases, "update", t)
         return outputs
 
-    def _metrics(self, sched: SchedulerOutput, t_start: float, phases, outputs) -> StepMetrics | None:
+    def _metrics(self, sched: SchedulerOutput, t_start: float, phases) -> StepMetrics | None:
+        """The call's :class:`StepMetrics`: ``sched`` is the step it launched, ``num_finished`` the
+        sequences its reads finished; the wait for step N's tokens is booked under ``"sample"``."""
         e = self.engine
         now = e.now()
         metrics = None
         if e._subscribers:
-            finished = sum(len(o.outputs) for o in outputs)
             metrics = step_metrics(
-                e.step_count, sched, e.scheduler, now, now - t_start, finished, phases, e.runner.device_wait_s
+                e.step_count, sched, e.scheduler, now, now - t_start, self._num_finished, phases, e.runner.device_wait_s
             )
+        self._num_finished = 0
         e.step_count += 1
         return metrics
