@@ -51,11 +51,17 @@ Step N's tokens are read *before* step N+1 is scheduled -- a synchronous step --
   step is read as soon as it is launched, so no fork is ever in flight;
 * the last step: nothing more to schedule, so the call only reads the step in flight.
 
-Aborts need no fallback: an abort between two calls ends the request with the tokens read so far
-(those of the step in flight are discarded with its rows), which is what a synchronous engine gives
-when the same abort follows the same tokens. A step whose launch raises is undone as in the
-synchronous engine (:class:`~paged_edu.engine.engine.StepFailed`); the step in flight stays in
-flight and is read by the next call, and outputs read before the failure are returned then.
+Three cases that might look as if they need one do not. Prefix-cache hits: a block is published
+only once its ids are read and its K/V computed, so no hit can ever rest on a placeholder (a block
+that step N completes is hit from step N+2 on, one step later than synchronously). Stop
+conditions: ``stop_token_ids`` and ``max_tokens`` are both checked when the ids are read, and the
+row a finished sequence had in step N+1 is discarded. Aborts: an abort between two calls ends the
+request with the tokens read so far (those of the step in flight are discarded with its rows),
+which is what a synchronous engine gives when the same abort follows the same tokens.
+
+A step whose launch raises is undone as in the synchronous engine
+(:class:`~paged_edu.engine.engine.StepFailed`); the step in flight stays in flight and is read by
+the next call, and outputs read before the failure are returned then.
 """
 
 from __future__ import annotations
