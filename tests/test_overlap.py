@@ -121,6 +121,7 @@ def test_greedy_async_is_token_identical_to_sync(model, prompts, params, config)
     engine = build(model, config, True)
     assert outputs_of(engine, prompts, params) == expected
     assert_no_leaks(engine)
+    assert engine.num_generated_tokens == sum(len(o) for outs, _ in expected for o in outs)  # none discarded counted
     ahead = engine.step_count - engine.overlap.num_sync_steps
     assert ahead > engine.step_count // 4, (ahead, engine.step_count)  # most steps really ran ahead
     reasons = {r for _, rs in expected for r in rs}
@@ -213,6 +214,7 @@ def test_parallel_sampling_falls_back_and_matches_sync(model, prompts):
         engine = build(model, config, True)
         got = outputs_of(engine, prompts[:12], SAMPLED)
         assert got == outputs_of(build(model, config, False), prompts[:12], SAMPLED), config
+        assert engine.num_generated_tokens == sum(len(o) for outs, _ in got for o in outs)
         assert engine.step_count > engine.overlap.num_sync_steps
         assert_no_leaks(engine)
 

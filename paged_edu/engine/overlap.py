@@ -226,17 +226,17 @@ class AsyncScheduling:
     def _read(self, step: InFlight, phases: dict[str, float]) -> list[RequestOutput]:
         """Wait for a step's tokens, then ``update``: append, publish, finish; its finished requests."""
         e = self.engine
-        self.in_flight = None
         t = e.now()
         if step.event is not None:
             t0 = time.perf_counter()
             step.event.synchronize()
             e.runner.device_wait_s = time.perf_counter() - t0
+        self.in_flight = None  # (after the wait: an interrupt there leaves the step to read again)
         sampled = {}
         if step.host is not None:
             tokens = step.host.tolist()
             sampled = e._tokens_by_sequence(tokens, step.emitting)
-            e.num_generated_tokens += sum(seq.status is SequenceStatus.RUNNING for _, seq, _ in step.emitting)
+            e.num_generated_tokens += sum(n for _, seq, n in step.emitting if seq.status is SequenceStatus.RUNNING)
         t = e._lap(phases, "sample", t)  # the wait for the device: where the synchronous engine books it
         finished = e.scheduler.update(step.sched.scheduled, sampled, t)
         self._num_finished += len(finished)
