@@ -47,8 +47,9 @@ Step N's tokens are read *before* step N+1 is scheduled -- a synchronous step --
   preempted sequence is freed or copied out with a placeholder whose stop check never ran (a
   sequence that ended at step N must not be recomputed and continue). The test is conservative:
   one free block per running sequence that needs a slot;
-* a step forks ``n > 1`` samples (the children are made in ``update``, from the drawn ids): such a
-  step is read as soon as it is launched, so no fork is ever in flight;
+* the step in flight forks ``n > 1`` samples: the children are made in ``update``, from the drawn
+  ids, so the next step waits for them (a sample aborted while its fork is in flight drops its
+  token; each sample draws from its own stream, so the others keep theirs);
 * the last step: nothing more to schedule, so the call only reads the step in flight.
 
 Three cases that might look as if they need one do not. Prefix-cache hits: a block is published
@@ -88,6 +89,7 @@ class InFlight:
     host: torch.Tensor | None  # (N,) its copy in pinned memory (the tensor itself on a CPU)
     event: torch.cuda.Event | None  # recorded after the copy (None on a CPU)
     held: list[tuple[Sequence, int, bool]] = field(default_factory=list)  # (seq, chunk start, placeholder?)
+    forks: dict[int, tuple[int, ...]] = field(default_factory=dict)  # seq id -> the samples drawn for its fork
 
 
 class AsyncScheduling:
@@ -158,9 +160,7 @@ class AsyncScheduling:
         if prev is not None:  # 4. step N's tokens
             self._release(prev)
             outputs += self._read(prev, phases)
-        if any(n > 1 for _, _, n in emitting):  # a fork: read now, never in flight
-            outputs += self._read(current, phases)
-        elif any(item.seq.status is SequenceStatus.RUNNING for item in sched.scheduled):
+        if any(item.seq.status is SequenceStatus.RUNNING for item in sched.scheduled):
             self.in_flight = current
         # else every sequence of the step ended at step N: nothing in it is read (its rows are discarded)
         return e._take_aborted() + outputs, self._metrics(sched, t_start, phases)
@@ -169,7 +169,7 @@ class AsyncScheduling:
     def _can_run_ahead(self, prev: InFlight) -> bool:
         """May step N+1 be scheduled before step N's tokens are read? (The module lists why not.)"""
         s, a = self.engine.scheduler, self.engine.allocator
-        if s.swapped:
+        if s.swapped or prev.forks:
             return False
         free = a.num_free_blocks
         if len(s.running) <= free:  # each running sequence takes at most one block for one slot
@@ -211,8 +211,9 @@ class AsyncScheduling:
 
     def _launch_copy(self, sched: SchedulerOutput, emitting: list, tokens: torch.Tensor | None) -> InFlight:
         """Start copying the step's tokens to the host, without waiting for them."""
+        forks = {seq.seq_id: (seq.sample_index, *seq.fork_indices) for _, seq, n in emitting if n > 1}
         if tokens is None or tokens.device.type != "cuda":
-            return InFlight(sched, emitting, tokens, tokens, None)
+            return InFlight(sched, emitting, tokens, tokens, None, forks=forks)
         n = tokens.shape[0]
         if n > self._pinned[self._turn].numel():
             self._pinned[self._turn] = torch.empty(2 * n, dtype=torch.long, pin_memory=True)
@@ -221,7 +222,7 @@ class AsyncScheduling:
         host.copy_(tokens, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return InFlight(sched, emitting, tokens, host, event)
+        return InFlight(sched, emitting, tokens, host, event, forks=forks)
 
     def _read(self, step: InFlight, phases: dict[str, float]) -> list[RequestOutput]:
         """Wait for a step's tokens, then ``update``: append, publish, finish; its finished requests."""
@@ -236,7 +237,14 @@ class AsyncScheduling:
         if step.host is not None:
             tokens = step.host.tolist()
             sampled = e._tokens_by_sequence(tokens, step.emitting)
-            e.num_generated_tokens += sum(n for _, seq, n in step.emitting if seq.status is SequenceStatus.RUNNING)
+            for seq_id, drawn in step.forks.items():  # a sample aborted since the launch drops its token
+                seq = next(q for _, q, _ in step.emitting if q.seq_id == seq_id)
+                by_sample = dict(zip(drawn, sampled[seq_id]))
+                sampled[seq_id] = [by_sample[i] for i in (seq.sample_index, *seq.fork_indices)]
+            running = SequenceStatus.RUNNING
+            e.num_generated_tokens += sum(
+                len(sampled[q.seq_id]) if n > 1 else 1 for _, q, n in step.emitting if q.status is running
+            )
         t = e._lap(phases, "sample", t)  # the wait for the device: where the synchronous engine books it
         finished = e.scheduler.update(step.sched.scheduled, sampled, t)
         self._num_finished += len(finished)
