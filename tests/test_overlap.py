@@ -219,6 +219,30 @@ def test_parallel_sampling_falls_back_and_matches_sync(model, prompts):
         assert_no_leaks(engine)
 
 
+@pytest.mark.parametrize("sample", [0, 1])
+def test_a_sample_aborted_while_its_fork_is_in_flight_ends_empty(model, prompts, sample):
+    """The fork's tokens are drawn; an abort of one sample before they are read drops its token only:
+    the same as an abort before the fork in a synchronous engine (each sample has its own stream)."""
+    params = [SamplingParams(max_tokens=6, temperature=1.0, seed=3, n=3), SamplingParams(max_tokens=9)]
+
+    def run(async_scheduling: bool) -> dict:
+        engine = build(model, "chunked", async_scheduling)
+        ids = engine.add_requests(prompts[1:3], params)
+        results = {}
+        if not async_scheduling:
+            engine.abort_request(ids[0], sample)
+        while engine.has_unfinished():
+            results.update({o.request_id: o.outputs for o in engine.step()})
+            flight = async_scheduling and engine.overlap.in_flight
+            if flight and flight.forks and sample not in engine._requests[ids[0]].aborted:
+                engine.abort_request(ids[0], sample)
+        assert_no_leaks(engine)
+        return results
+
+    sync, overlapped = run(False), run(True)
+    assert overlapped == sync and sync[0][sample] == [] and all(sync[0][i] for i in range(3) if i != sample)
+
+
 def test_metrics_and_outputs_reach_subscribers(model, prompts, params):
     engine = build(model, "hash", True)
     events: list = []
