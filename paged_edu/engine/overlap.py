@@ -117,9 +117,9 @@ class AsyncScheduling:
             self.num_sync_steps += 1
             outputs += self._read(prev, phases)
             prev = None
+        t = e.now()
         if prev is not None:
             self._hold(prev)  # 1. placeholders
-        t = e.now()
         sched = e.scheduler.schedule()  # 2. step N+1
         t = e._lap(phases, "schedule", t)
         if sched.is_empty:
@@ -127,7 +127,6 @@ class AsyncScheduling:
                 if e.scheduler.has_unfinished():
                     raise e._stalled()
                 return e._take_aborted() + outputs, None
-            self._release(prev)
             outputs += self._read(prev, phases)  # the last step
             return e._take_aborted() + outputs, self._metrics(sched, t_start, phases)
         if prev is not None and (sched.preempted or sched.blocks_to_swap_in):
@@ -158,7 +157,6 @@ class AsyncScheduling:
             raise e._step_failed(phase, sched, exc) from exc
         e.sampler.commit()
         if prev is not None:  # 4. step N's tokens
-            self._release(prev)
             outputs += self._read(prev, phases)
         if any(item.seq.status is SequenceStatus.RUNNING for item in sched.scheduled):
             self.in_flight = current
@@ -225,7 +223,8 @@ class AsyncScheduling:
         return InFlight(sched, emitting, tokens, host, event, forks=forks)
 
     def _read(self, step: InFlight, phases: dict[str, float]) -> list[RequestOutput]:
-        """Wait for a step's tokens, then ``update``: append, publish, finish; its finished requests."""
+        """Wait for a step's tokens, take its placeholders back, then ``update``: append the ids, publish
+        the blocks they complete, finish sequences; returns the requests that finished."""
         e = self.engine
         t = e.now()
         if step.event is not None:
@@ -233,6 +232,7 @@ class AsyncScheduling:
             step.event.synchronize()
             e.runner.device_wait_s = time.perf_counter() - t0
         self.in_flight = None  # (after the wait: an interrupt there leaves the step to read again)
+        self._release(step)  # its placeholders, if the step was held while the next was scheduled
         sampled = {}
         if step.host is not None:
             tokens = step.host.tolist()
