@@ -59,10 +59,10 @@ def params(model, prompts):
     return out
 
 
-def allocator(kind: str, num_blocks: int):
+def allocator(kind: str, num_blocks: int, block_size: int = BLOCK_SIZE):
     if kind == "radix":
-        return RadixAllocator(num_blocks, BLOCK_SIZE, cache_when_computed=True)
-    return BlockAllocator(num_blocks, BLOCK_SIZE, enable_prefix_caching=kind == "hash", cache_when_computed=True)
+        return RadixAllocator(num_blocks, block_size, cache_when_computed=True)
+    return BlockAllocator(num_blocks, block_size, enable_prefix_caching=kind == "hash", cache_when_computed=True)
 
 
 CONFIGS = {
@@ -241,6 +241,54 @@ def test_a_sample_aborted_while_its_fork_is_in_flight_ends_empty(model, prompts,
 
     sync, overlapped = run(False), run(True)
     assert overlapped == sync and sync[0][sample] == [] and all(sync[0][i] for i in range(3) if i != sample)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_configurations_match_sync(model, seed):
+    """A seeded fuzz: pool, block size, budget, chunking, limits, preemption mode, cache, n > 1 and
+    aborts (of a one-sample request, once it has k tokens) drawn at random; async == sync, no leak."""
+    rng = random.Random(seed)
+    block_size = rng.choice([2, 4, 8])
+    shared = [rng.randrange(VOCAB) for _ in range(rng.randrange(0, 12))]
+    prompts = [
+        (shared if rng.random() < 0.5 else []) + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 30))]
+        for _ in range(rng.randrange(2, 14))
+    ]
+    params = [
+        SamplingParams(max_tokens=rng.randrange(1, 12), temperature=1.0, seed=i, n=rng.randrange(1, 4))
+        if rng.random() < 0.25
+        else SamplingParams(max_tokens=rng.randrange(1, 16), stop_token_ids=tuple(rng.sample(range(VOCAB), 4)))
+        for i in range(len(prompts))
+    ]
+    need = max(-(-(len(p) + sp.max_tokens) // block_size) * sp.n for p, sp in zip(prompts, params))
+    num_blocks = rng.randrange(need + 1, need + 40)
+    kind, chunked = rng.choice(["hash", "radix", "none"]), rng.random() < 0.8
+    kwargs = dict(
+        preemption_mode=rng.choice(["recompute", "swap", "auto"]),
+        max_num_batched_tokens=rng.choice([8, 16, 64, 2048]) if chunked else 2048,
+        enable_chunked_prefill=chunked,
+        max_num_seqs=max(rng.choice([2, 4, 256]), max(p.n for p in params)),
+    )
+    aborts = {rng.randrange(len(prompts)): rng.randrange(1, 6) for _ in range(rng.randrange(0, 3))}
+
+    def run(async_scheduling: bool) -> dict:
+        a = allocator(kind, num_blocks, block_size)
+        engine = Engine(model, num_blocks, block_size, allocator=a, async_scheduling=async_scheduling, **kwargs)
+        engine.add_requests(prompts, params)
+        results, aborted = {}, set()
+        while engine.has_unfinished():
+            results.update({o.request_id: (o.outputs, o.finish_reasons) for o in engine.step()})
+            s = engine.scheduler
+            for seq in [*s.running, *s.waiting, *s.swapped]:
+                i = seq.request_id
+                if params[i].n == 1 and i not in aborted and len(seq.output_token_ids) >= aborts.get(i, 99):
+                    aborted.add(i)
+                    out = engine.abort_request(i)
+                    results[i] = (out.outputs, out.finish_reasons)
+        assert_no_leaks(engine)
+        return results
+
+    assert run(True) == run(False)
 
 
 def test_metrics_and_outputs_reach_subscribers(model, prompts, params):
