@@ -122,7 +122,7 @@ class MadeUpTokens:
                     tokens[seq.seq_id] = reply[len(seq.output_token_ids)]
                     continue
                 first = self._token_of.get(seq.seq_id) or self.token(seq.seq_id)
-                n = seq.num_tokens_to_sample
+                n = seq.samples.num_tokens_to_sample
                 tokens[seq.seq_id] = first if n == 1 else [first + j for j in range(n)]
         return tokens
 
@@ -277,7 +277,6 @@ def simulate(
 
     # Every sample of a request carries the first sample's seq_id as its request_id.
     owner: dict[int, int] = {}  # request_id -> request index
-    done_seqs: list[list[Sequence]] = [[] for _ in requests]
     records: list[RequestRecord | None] = [None] * len(requests)
     beams = _BeamForks()
     meters = _Meters()
@@ -322,13 +321,13 @@ def simulate(
         beams.fork_due(scheduler, model)
         for seq in finished:
             model.forget(seq.seq_id)
-            i = owner[seq.request_id]
-            done_seqs[i].append(seq)
-            if len(done_seqs[i]) == requests[i].n:
-                records[i] = _request_record(requests[i], done_seqs[i], manager)
-                num_done += 1
-                if progress is not None:
-                    progress(1)
+        # A request is done when its last sample finishes (several may finish in one step).
+        for request_id, samples in {s.request_id: s.samples for s in finished if s.samples.done}.items():
+            i = owner[request_id]
+            records[i] = _request_record(requests[i], samples.in_order(), manager)
+            num_done += 1
+            if progress is not None:
+                progress(1)
 
         # 5. A memory snapshot every few steps.
         if step % config.sample_every == 0:
