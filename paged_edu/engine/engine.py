@@ -57,6 +57,7 @@ from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState
 from paged_edu.engine.requests import check_inputs, check_max_model_len
 from paged_edu.engine.runner import ModelRunner
 from paged_edu.sched.memory_manager import MemoryManager, is_empty
+from paged_edu.sched.parallel_sampling import ParallelSamples
 from paged_edu.engine.sampling import Sampler, SamplingParams
 from paged_edu.models.llama import PagedLlama
 from paged_edu.sched.scheduler import Scheduler
@@ -378,14 +379,14 @@ class Engine:
         """
         request = self._live_request(request_id)
         if self._busy:
-            sample_index = request.samples.check_index(sample_index, request.request_id)
+            sample_index = request.samples.check_index(sample_index)
             self._deferred_aborts.append((request.request_id, sample_index))
             return None
         with self._critical():
             return self._abort(request, sample_index)
 
     def _abort(self, request: RequestState, sample_index: int | None) -> RequestOutput | None:
-        i = request.samples.check_live(sample_index, request.request_id)
+        i = request.samples.check_live(sample_index)
         now = self.now()
         for seq in request.samples.abort(i):  # none for a sample not forked yet
             self.scheduler.abort(seq)  # frees its blocks (or CPU blocks); finish_reason = "abort"
@@ -546,13 +547,9 @@ class Engine:
         return request.output()
 
     def _collect(self, finished_seqs: list[Seq]) -> list[RequestOutput]:
-        done: dict[int, RequestState] = {}  # finished once every sample of the step is booked: a fork's
-        for seq in finished_seqs:  # step may end a request and its aborted child together
-            request = self._requests[seq.request_id]
+        for seq in finished_seqs:
             self.sampler.remove(seq.request_id, seq.sample_index)
-            if request.done:
-                done[request.request_id] = request
-        return [self._finish(request) for request in done.values()]
+        return [self._finish(self._requests[s.request_id]) for s in ParallelSamples.completed(finished_seqs)]
 
     # -- offline batches: vLLM's LLM.generate / LLM.chat, over add_requests and step ------------
     def run(

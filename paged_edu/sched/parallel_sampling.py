@@ -57,6 +57,7 @@ class Sequence(Protocol):
     this module, so it is named here by its shape)."""
 
     seq_id: int
+    request_id: int | None
     sample_index: int
     finish_reason: str | None
     samples: ParallelSamples
@@ -68,16 +69,17 @@ class Sequence(Protocol):
 class ParallelSamples:
     """A request's ``n`` samples: still to fork, live, finished, aborted before their fork."""
 
-    __slots__ = ("n", "_to_fork", "_live", "_finished", "_aborted")
+    __slots__ = ("request_id", "n", "_to_fork", "_live_samples", "_finished_samples", "_aborted_samples")
 
     def __init__(self, seq: Sequence, num_samples: int, num_forked_later: int = 0) -> None:
         """The record of a request that starts as ``seq``: ``num_samples`` samples forked when its
         prompt ends, ``num_forked_later`` more forked later (beam branches, through ``Scheduler.fork``)."""
+        self.request_id = seq.request_id
         self.n = num_samples + num_forked_later
         self._to_fork: list[int] = [i for i in range(num_samples) if i != seq.sample_index]
-        self._live: dict[int, Sequence] = {seq.sample_index: seq}  # sample index -> its unfinished sequence
-        self._finished: dict[int, Sequence] = {}  # sample index -> its finished (or aborted) sequence
-        self._aborted: set[int] = set()  # samples aborted before their fork: they end empty
+        self._live_samples: dict[int, Sequence] = {seq.sample_index: seq}  # sample index -> its unfinished sequence
+        self._finished_samples: dict[int, Sequence] = {}  # sample index -> its finished (or aborted) sequence
+        self._aborted_samples: set[int] = set()  # samples aborted before their fork: they end empty
 
     # -- sampling ------------------------------------------------------------------------------
     @property
@@ -106,37 +108,39 @@ class ParallelSamples:
     def add(self, child: Sequence) -> None:
         """``child`` was forked from a sequence of this request: it is one of its samples now."""
         child.samples = self
-        self._live[child.sample_index] = child
+        self._live_samples[child.sample_index] = child
 
     def finish(self, seq: Sequence) -> None:
         """``seq`` finished (or was aborted): its sample is done."""
-        del self._live[seq.sample_index]
-        self._finished[seq.sample_index] = seq
+        del self._live_samples[seq.sample_index]
+        self._finished_samples[seq.sample_index] = seq
 
     def shares_blocks(self, seq: Sequence) -> bool:
         """Does another sample hold blocks now (running or swapped), or will one at the fork?"""
-        return bool(self._to_fork) or any(other is not seq and other.holds_blocks for other in self._live.values())
+        return bool(self._to_fork) or any(
+            other is not seq and other.holds_blocks for other in self._live_samples.values()
+        )
 
     # -- aborts --------------------------------------------------------------------------------
-    def check_index(self, sample_index, request_id: int) -> int | None:
+    def check_index(self, sample_index) -> int | None:
         """``sample_index`` as an int in ``[0, n)`` (None: every sample); ``ValueError`` otherwise."""
         if sample_index is None:
             return None
         i = as_int(sample_index, "sample_index must be an int")
         if not 0 <= i < self.n:
-            raise ValueError(f"sample_index must be in [0, {self.n}) for request {request_id}, got {i}")
+            raise ValueError(f"sample_index must be in [0, {self.n}) for request {self.request_id}, got {i}")
         return i
 
     def has_ended(self, sample_index: int | None) -> bool:
         """Has sample ``sample_index`` finished or been aborted (None: never -- the request is live)?"""
-        return sample_index in self._finished or sample_index in self._aborted
+        return sample_index in self._finished_samples or sample_index in self._aborted_samples
 
-    def check_live(self, sample_index, request_id: int) -> int | None:
+    def check_live(self, sample_index) -> int | None:
         """:meth:`check_index`, and the sample must not have ended (``ValueError`` naming why it did)."""
-        i = self.check_index(sample_index, request_id)
+        i = self.check_index(sample_index)
         if self.has_ended(i):
-            reason = self._finished[i].finish_reason if i in self._finished else "abort"
-            raise ValueError(f"sample {i} of request {request_id} already finished (finish_reason={reason!r})")
+            reason = self._finished_samples[i].finish_reason if i in self._finished_samples else "abort"
+            raise ValueError(f"sample {i} of request {self.request_id} already finished (finish_reason={reason!r})")
         return i
 
     def abort(self, sample_index: int | None) -> list[Sequence]:
@@ -145,28 +149,34 @@ class ParallelSamples:
         ends empty and stops nothing; if it is the forking sequence's own, that sequence goes on as
         the next sample still to fork."""
         if sample_index is None:  # every live sequence stops; samples not forked yet end with them, empty
-            self._aborted.update(self._to_fork)
+            self._aborted_samples.update(self._to_fork)
             self._to_fork = []
-            return list(self._live.values())
+            return list(self._live_samples.values())
         if sample_index in self._to_fork:  # never forked: it never will be
             self._to_fork.remove(sample_index)
-            self._aborted.add(sample_index)
+            self._aborted_samples.add(sample_index)
             return []
-        seq = self._live[sample_index]
+        seq = self._live_samples[sample_index]
         if not self._to_fork:
             return [seq]
-        self._aborted.add(sample_index)  # the forking sequence's own sample ends empty; it takes the next one
-        del self._live[sample_index]
+        self._aborted_samples.add(sample_index)  # the forking sequence's own sample ends empty; it takes the next one
+        del self._live_samples[sample_index]
         seq.sample_index = self._to_fork.pop(0)
-        self._live[seq.sample_index] = seq
+        self._live_samples[seq.sample_index] = seq
         return []
 
     # -- the outcome ---------------------------------------------------------------------------
     @property
     def done(self) -> bool:
         """Has every sample finished or been aborted?"""
-        return len(self._finished) + len(self._aborted) >= self.n
+        return len(self._finished_samples) + len(self._aborted_samples) >= self.n
 
     def in_order(self) -> list[Sequence | None]:
         """Every sample's sequence by sample index (None: aborted before its fork)."""
-        return [self._finished.get(i) for i in range(self.n)]
+        return [self._finished_samples.get(i) for i in range(self.n)]
+
+    @staticmethod
+    def completed(finished: list[Sequence]) -> list[ParallelSamples]:
+        """The requests that sequences ``finished`` in one step completed, once each, in order (several
+        samples of one request may finish in the same step)."""
+        return list({seq.request_id: seq.samples for seq in finished if seq.samples.done}.values())

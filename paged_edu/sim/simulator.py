@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, replace
 from paged_edu.core.validation import FieldTypeError, FieldValueError, integer
 from paged_edu.sched.scheduler import Scheduler
 from paged_edu.sched.scheduler_output import SchedulerOutput
+from paged_edu.sched.parallel_sampling import ParallelSamples
 from paged_edu.sched.sequence import Sequence, SequenceStatus
 from paged_edu.sim.costmodel import CostModel, StepShape
 from paged_edu.sim.managers import build_manager, check_holds_a_block
@@ -321,9 +322,8 @@ def simulate(
         beams.fork_due(scheduler, model)
         for seq in finished:
             model.forget(seq.seq_id)
-        # A request is done when its last sample finishes (several may finish in one step).
-        for request_id, samples in {s.request_id: s.samples for s in finished if s.samples.done}.items():
-            i = owner[request_id]
+        for samples in ParallelSamples.completed(finished):
+            i = owner[samples.request_id]
             records[i] = _request_record(requests[i], samples.in_order(), manager)
             num_done += 1
             if progress is not None:
