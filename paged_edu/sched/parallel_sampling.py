@@ -34,7 +34,9 @@ finished. The scheduler, the engine and the simulator only call it:
 * :meth:`~ParallelSamples.abort` -- end sample ``i`` (or all): before the fork no sequence stops,
   the sample is struck off (or, if it is the forking sequence's own index, that sequence takes the
   next one); after it, that sample's sequence stops;
-* :attr:`~ParallelSamples.done`, :meth:`~ParallelSamples.in_order` -- the request's outcome by sample index.
+* :meth:`~ParallelSamples.check_live` -- the sample index an abort names, refused if out of range or ended;
+* :attr:`~ParallelSamples.done`, :meth:`~ParallelSamples.in_order`, :meth:`~ParallelSamples.completed` -- the
+  request's outcome by sample index, and which requests a step's finished sequences completed.
 
 Beam-style branches (the simulator's ``fork="beam"``) fork later, through ``Scheduler.fork``; they are
 samples of the record too (counted in ``n``), never in the to-fork list. Plain Python, no torch.
