@@ -15,8 +15,9 @@ request out *in front of* the scheduler into ``n`` independent child requests (i
 ``f"{index}_{request_id}"``, each with ``n=1`` and ``seed + index``); a ``ParentRequest``
 (``vllm/v1/engine/parallel_sampling.py``: ``get_child_info``, ``get_outputs``) only collects their
 outputs back into one. The scheduler never sees ``n``. The children share the prompt through the
-prefix cache, which holds **full** blocks only: the partial last block is computed once per child,
-and nothing is ever copied on write. Simpler machinery; here we keep the fork because it is the
+prefix cache, which holds **full** blocks only (``BlockPool.cache_full_blocks``,
+``vllm/v1/core/block_pool.py``): the partial last block is computed once per child, and nothing is
+ever copied on write. Simpler machinery; here we keep the fork because it is the
 mechanism the paper (and lesson 3) teaches.
 
 The record
