@@ -147,6 +147,8 @@ def test_completed_names_each_request_once_when_several_samples_finish_in_one_st
 def test_beam_branches_count_as_samples_but_are_never_forked_at_the_prompts_end():
     beam = Sequence(0, [1], 4, num_pending_forks=2)
     assert (beam.samples.n, beam.samples.num_tokens_to_sample, beam.max_num_running_seqs) == (3, 1, 3)
+    branch = Sequence(1, [1], 4, request_id=0, sample_index=2)  # built to be forked: nothing of its own to fork
+    assert (branch.samples.num_tokens_to_sample, branch.max_num_running_seqs) == (1, 1)
 
 
 # -- n > 1 lives in one module ------------------------------------------------------------------

@@ -79,7 +79,8 @@ class ParallelSamples:
         prompt ends, ``num_forked_later`` more forked later (beam branches, through ``Scheduler.fork``)."""
         self.request_id = seq.request_id
         self.n = num_samples + num_forked_later
-        self._to_fork: list[int] = [i for i in range(num_samples) if i != seq.sample_index]
+        first = seq.sample_index  # 0, or a branch's own index (a forked child's record is replaced by add)
+        self._to_fork: list[int] = list(range(first + 1, first + num_samples))
         self._live_samples: dict[int, Sequence] = {seq.sample_index: seq}  # sample index -> its unfinished sequence
         self._finished_samples: dict[int, Sequence] = {}  # sample index -> its finished (or aborted) sequence
         self._aborted_samples: set[int] = set()  # samples aborted before their fork: they end empty
