@@ -291,7 +291,7 @@ def test_a_swap_in_never_copies_into_a_block_the_radix_publish_gave_it(seed):
         sampled = {}
         for item in out.scheduled:
             if item.emits_token:
-                k = item.seq.num_tokens_to_sample
+                k = item.seq.samples.num_tokens_to_sample
                 tokens = [rng.randrange(2) for _ in range(k)]
                 sampled[item.seq.seq_id] = tokens if k > 1 else tokens[0]
         sched.update(out.scheduled, sampled)

@@ -60,6 +60,7 @@ from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState
 from paged_edu.engine.requests import check_inputs, check_max_model_len
 from paged_edu.engine.runner import ModelRunner
 from paged_edu.sched.memory_manager import MemoryManager, is_empty
+from paged_edu.sched.parallel_sampling import ParallelSamples
 from paged_edu.engine.sampling import Sampler, SamplingParams
 from paged_edu.models.llama import PagedLlama
 from paged_edu.sched.scheduler import Scheduler
@@ -318,7 +319,7 @@ class Engine:
             positions = self.config.max_position_embeddings
             raise FieldValueError(exc.field, f"{exc} (the model has {positions} positions)") from None
         self._next_request_id += 1
-        self._requests[request_id] = RequestState(request_id, prompt, params, seq.arrival_time)
+        self._requests[request_id] = RequestState(request_id, prompt, params, seq.arrival_time, seq.samples)
         self.sampler.add(request_id, params)  # cannot fail: SamplingParams checked the seed's range
         return request_id
 
@@ -388,39 +389,21 @@ class Engine:
         reports the request): the scheduler is never changed under its own feet.
         """
         request = self._live_request(request_id)
-        n = request.params.n
         if self._busy:
-            if sample_index is not None and not 0 <= as_int(sample_index, "sample_index must be an int") < n:
-                raise ValueError(f"sample_index must be in [0, {n}) for request {request_id}, got {sample_index}")
+            sample_index = request.samples.check_index(sample_index)
             self._deferred_aborts.append((request.request_id, sample_index))
             return None
         with self._critical():
             return self._abort(request, sample_index)
 
     def _abort(self, request: RequestState, sample_index: int | None) -> RequestOutput | None:
-        request_id, n = request.request_id, request.params.n
-        i = None if sample_index is None else as_int(sample_index, "sample_index must be an int")
-        if i is not None and not 0 <= i < n:
-            raise ValueError(f"sample_index must be in [0, {n}) for request {request_id}, got {i}")
-        if i in request.finished or i in request.aborted:
-            reason = request.finished[i].finish_reason if i in request.finished else "abort"
-            raise ValueError(f"sample {i} of request {request_id} already finished (finish_reason={reason!r})")
-        live = (*self.scheduler.waiting, *self.scheduler.running, *self.scheduler.swapped)
+        i = request.samples.check_live(sample_index)
         now = self.now()
-        for seq in [s for s in live if s.request_id == request_id]:
-            if i is None or (seq.sample_index == i and not seq.fork_indices):
-                self.scheduler.abort(seq)  # frees its blocks (or CPU blocks); finish_reason = "abort"
-                seq.finish_time = now
-                request.finished[seq.sample_index] = seq
-                request.aborted.update(seq.fork_indices)  # its samples not forked yet end with it, empty
-            elif i == seq.sample_index:  # not forked yet: sample i ends empty, the next one takes its place
-                request.aborted.add(i)
-                seq.sample_index = seq.fork_indices.pop(0)
-            elif i in seq.fork_indices:  # a sample not forked yet: it never will be
-                seq.fork_indices.remove(i)
-                request.aborted.add(i)
-        for k in range(n) if i is None else (i,):
-            self.sampler.remove(request_id, k)
+        for seq in request.samples.abort(i):  # none for a sample not forked yet
+            self.scheduler.abort(seq)  # frees its blocks (or CPU blocks); finish_reason = "abort"
+            seq.finish_time = now
+        if i is not None:  # (every stream of a request that ends is dropped by _finish)
+            self.sampler.remove(request.request_id, i)
         if not request.done:
             return None
         output = self._finish(request)
@@ -441,7 +424,7 @@ class Engine:
             while self._deferred_aborts:  # in the order asked for; a request done meanwhile needs none
                 request_id, sample_index = self._deferred_aborts.pop(0)
                 request = self._requests.get(request_id)
-                if request is not None and sample_index not in (*request.finished, *request.aborted):
+                if request is not None and not request.samples.has_ended(sample_index):
                     with self._critical():
                         self._abort(request, sample_index)
 
@@ -551,12 +534,12 @@ class Engine:
             emitting = [(i, item.seq, 1) for i, item in enumerate(scheduled) if item.emits_token]
             return emitting, ([i for i, _, _ in emitting], None)
         emitting = [
-            (i, item.seq, item.seq.num_tokens_to_sample) for i, item in enumerate(scheduled) if item.emits_token
+            (i, item.seq, item.seq.samples.num_tokens_to_sample) for i, item in enumerate(scheduled) if item.emits_token
         ]
         rows, temps, top_ps, uniforms = [], [], [], []
         for i, seq, _ in emitting:
             params = self._requests[seq.request_id].params
-            for k in (seq.sample_index, *seq.fork_indices):  # one stream per sample it stands for
+            for k in seq.samples.sample_indices(seq):  # one stream per sample it stands for
                 rows.append(i)
                 temps.append(params.temperature)
                 top_ps.append(params.top_p)
@@ -583,14 +566,9 @@ class Engine:
         return request.output()
 
     def _collect(self, finished_seqs: list[Seq]) -> list[RequestOutput]:
-        done: dict[int, RequestState] = {}  # finished once every sample of the step is booked: a fork's
-        for seq in finished_seqs:  # step may end a request and its aborted child together
-            request = self._requests[seq.request_id]
+        for seq in finished_seqs:
             self.sampler.remove(seq.request_id, seq.sample_index)
-            request.finished[seq.sample_index] = seq
-            if request.done:
-                done[request.request_id] = request
-        return [self._finish(request) for request in done.values()]
+        return [self._finish(self._requests[s.request_id]) for s in ParallelSamples.completed(finished_seqs)]
 
     # -- offline batches: vLLM's LLM.generate / LLM.chat, over add_requests and step ------------
     def run(

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from paged_edu.engine.sampling import SamplingParams
-from paged_edu.sched.sequence import Sequence as Seq, SequenceStatus
+from paged_edu.sched.parallel_sampling import ParallelSamples
+from paged_edu.sched.sequence import SequenceStatus
 
 __all__ = ["RequestMetrics", "RequestOutput", "RequestState", "StepMetrics", "step_metrics"]
 
@@ -105,22 +106,22 @@ class RequestOutput:
 
 @dataclass(slots=True)
 class RequestState:
-    """A live request: its samples that finished, by sample index, and those aborted before the fork."""
+    """A live request: its prompt, its params and its samples (the record its sequences share)."""
 
     request_id: int
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float
-    finished: dict[int, Seq] = field(default_factory=dict)  # by sample index
-    aborted: set[int] = field(default_factory=set)  # samples aborted before their sequence existed (pre-fork)
+    samples: ParallelSamples
 
     @property
     def done(self) -> bool:
-        return len(self.finished) + len(self.aborted) >= self.params.n
+        return self.samples.done
 
     def output(self) -> RequestOutput:
         """The finished request: every sample's tokens (``[]`` for one aborted before its fork)."""
-        samples = [self.finished[i] for i in sorted(self.finished)]
+        by_index = self.samples.in_order()
+        samples = [s for s in by_index if s is not None]
         metrics = RequestMetrics(
             request_id=self.request_id,
             arrival_time=self.arrival_time,
@@ -136,8 +137,7 @@ class RequestState:
             inter_token_latencies=[x for s in samples for x in s.inter_token_latencies],
         )
         outputs, reasons = [], []
-        for i in range(self.params.n):
-            seq = self.finished.get(i)
+        for seq in by_index:
             outputs.append(list(seq.output_token_ids) if seq is not None else [])
             reasons.append(seq.finish_reason if seq is not None else "abort")
         return RequestOutput(self.request_id, self.prompt_token_ids, outputs, reasons, metrics)

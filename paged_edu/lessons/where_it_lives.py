@@ -290,7 +290,11 @@ CONCEPTS: tuple[Concept, ...] = (
     Concept(
         "fork (parallel sampling, beam search)",
         "3",
-        ("paged_edu.core.allocator:BlockAllocator.fork", "paged_edu.sched.scheduler:Scheduler.fork"),
+        (
+            "paged_edu.core.allocator:BlockAllocator.fork",
+            "paged_edu.sched.scheduler:Scheduler.fork",
+            "paged_edu.sched.parallel_sampling:ParallelSamples",
+        ),
         (
             C(
                 "n > 1: ParentRequest fans a request out into n child requests and gathers their outputs",

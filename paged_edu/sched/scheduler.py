@@ -168,6 +168,7 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: str, now: float | None) -> None:
         del self._live[seq.seq_id]
+        seq.samples.finish(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.finish_time = now
@@ -178,7 +179,7 @@ class Scheduler:
         seq.num_preemptions += 1
         out.preempted.append(seq)
         table = self.allocator.block_table(seq.seq_id)
-        swap = self.preemption_mode == "swap" or (self.preemption_mode == "auto" and self._has_siblings(seq))
+        swap = self.preemption_mode == "swap" or (self.preemption_mode == "auto" and seq.samples.shares_blocks(seq))
         if swap and self.swap_space.can_swap_out(len(table)):
             self._record_copies(out)  # a pending copy into this sequence's blocks must land first
             for gpu, cpu in self.swap_space.swap_out(seq.seq_id, table):
@@ -192,13 +193,6 @@ class Scheduler:
             seq.num_computed_tokens = 0
             seq.status = SequenceStatus.WAITING
             self.waiting.appendleft(seq)
-
-    def _has_siblings(self, seq: Sequence) -> bool:
-        """Does another live sample of the same request exist (or will one, at its first token)?"""
-        return bool(seq.fork_indices) or any(
-            other is not seq and other.request_id == seq.request_id and other.status is not SequenceStatus.WAITING
-            for other in self._live.values()
-        )
 
     def _record_copies(self, out: SchedulerOutput) -> None:
         for src, dst in self.allocator.take_copies():
@@ -354,8 +348,9 @@ class Scheduler:
         """Advance the computed tokens and append the sampled ones; return finished sequences.
 
         ``sampled`` maps the id of every sequence whose chunk ``emits_token`` to its new token --
-        or, for a sequence with samples to fork (``fork_indices``) finishing its prompt, to a list of
-        ``num_tokens_to_sample`` tokens: the first is its own, the others start the forked children.
+        or, for a parallel-sampling sequence finishing its prompt, to a list of its
+        ``samples.num_tokens_to_sample`` tokens: the first is its own, the others start the children
+        forked from it (:meth:`~paged_edu.sched.parallel_sampling.ParallelSamples.take_forks`).
         """
         finished: list[Sequence] = []
         block_size, mark_computed, running = (
@@ -386,14 +381,8 @@ class Scheduler:
             family = [seq]
             if type(token) is not int:  # n tokens (the others start forked children), or a numpy/torch integer
                 if isinstance(token, (list, tuple)):
-                    tokens = list(token)
-                    if len(tokens) != seq.num_tokens_to_sample:
-                        raise ValueError(
-                            f"sequence {seq.seq_id} takes {seq.num_tokens_to_sample} token(s) this step, got {len(tokens)}"
-                        )
-                    token = tokens[0]
-                    family += [self._fork_child(seq, i, t) for i, t in zip(seq.fork_indices, tokens[1:])]
-                    seq.fork_indices = []
+                    token, forks = seq.samples.take_forks(seq, token)
+                    family += [self._fork_child(seq, i, t) for i, t in forks]
                 token = int(token)
             seq.append_token(token)
             for member in family:
@@ -424,6 +413,7 @@ class Scheduler:
         if parent.num_pending_forks:  # a branch it reserved room for at admission
             parent.num_pending_forks -= 1
         self.allocator.fork(parent.seq_id, child.seq_id)
+        parent.samples.add(child)
         child.output_token_ids = list(parent.output_token_ids)
         child.num_tokens = parent.num_tokens
         child.num_computed_tokens = parent.num_computed_tokens

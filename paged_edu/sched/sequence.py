@@ -9,6 +9,7 @@ import enum
 from dataclasses import dataclass, field
 
 from paged_edu.core.validation import FieldTypeError, FieldValueError, integer
+from paged_edu.sched.parallel_sampling import ParallelSamples
 
 __all__ = ["Sequence", "SequenceStatus"]
 
@@ -26,9 +27,10 @@ class Sequence:
 
     ``num_computed_tokens`` leading tokens have their K/V in the cache; how many slots the memory
     manager holds for it is the manager's to count (``num_tokens(seq_id)``). Its CPU blocks while
-    swapped out belong to the scheduler's :class:`~paged_edu.sched.swap.SwapSpace`. A sequence with ``num_samples = n > 1`` forks into
-    ``n`` sequences when its prompt is done (parallel sampling): the children share ``request_id``
-    and take their ``sample_index`` from ``fork_indices`` (1 .. n-1, less any sample stopped before).
+    swapped out belong to the scheduler's :class:`~paged_edu.sched.swap.SwapSpace`. A sequence with
+    ``num_samples = n > 1`` forks into ``n`` sequences when its prompt is done (parallel sampling):
+    the children share ``request_id`` and ``samples``, the request's
+    :class:`~paged_edu.sched.parallel_sampling.ParallelSamples` record, which knows the rest.
     """
 
     seq_id: int
@@ -39,7 +41,6 @@ class Sequence:
     request_id: int | None = None
     num_samples: int = 1
     num_pending_forks: int = 0  # branches it will fork later (beam search), counted from admission
-    fork_indices: list[int] = field(default_factory=list)  # the samples it forks at its first token
     sample_index: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
@@ -53,6 +54,7 @@ class Sequence:
     finish_reason: str | None = None  # "length" | "stop" | "abort"
     cache_salt: str | None = None  # its prefix-cache namespace (issue 23): hits only its own salt's blocks
     num_tokens: int = field(init=False, default=0)  # prompt + output tokens, kept by append_token (as nano-vllm)
+    samples: ParallelSamples = field(init=False, repr=False)  # its request's samples, shared by every one of them
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -67,8 +69,7 @@ class Sequence:
             raise type(exc)(exc.field, f"sequence {self.seq_id}: {exc}") from None
         if self.request_id is None:
             self.request_id = self.seq_id
-        if self.num_samples > 1 and not self.fork_indices:
-            self.fork_indices = list(range(1, self.num_samples))
+        self.samples = ParallelSamples(self, self.num_samples, self.num_pending_forks)
         self.num_tokens = len(self.prompt_token_ids) + len(self.output_token_ids)
 
     def append_token(self, token_id: int) -> None:
@@ -85,18 +86,16 @@ class Sequence:
         return len(self.prompt_token_ids)
 
     @property
-    def num_tokens_to_sample(self) -> int:
-        """Tokens the executor samples when this sequence's chunk emits: at its first token one for
-        itself (``sample_index``) and one per sample in ``fork_indices`` (the scheduler forks those
-        from it), then 1."""
-        return 1 + len(self.fork_indices)
-
-    @property
     def max_num_running_seqs(self) -> int:
         """Sequences this one stands for against ``max_num_seqs``: its samples not forked yet and its
         pending beam branches count from admission (as vLLM counts a request of ``n`` samples as
         ``n``), so a later fork never pushes the batch over the limit."""
-        return self.num_tokens_to_sample + self.num_pending_forks
+        return self.samples.num_tokens_to_sample + self.num_pending_forks
+
+    @property
+    def holds_blocks(self) -> bool:
+        """Running or swapped: it holds blocks (GPU or CPU) another sample may share."""
+        return self.status is SequenceStatus.RUNNING or self.status is SequenceStatus.SWAPPED
 
     @property
     def is_finished(self) -> bool:

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, replace
 from paged_edu.core.validation import FieldTypeError, FieldValueError, integer
 from paged_edu.sched.scheduler import Scheduler
 from paged_edu.sched.scheduler_output import SchedulerOutput
+from paged_edu.sched.parallel_sampling import ParallelSamples
 from paged_edu.sched.sequence import Sequence, SequenceStatus
 from paged_edu.sim.costmodel import CostModel, StepShape
 from paged_edu.sim.managers import build_manager, check_holds_a_block
@@ -122,7 +123,7 @@ class MadeUpTokens:
                     tokens[seq.seq_id] = reply[len(seq.output_token_ids)]
                     continue
                 first = self._token_of.get(seq.seq_id) or self.token(seq.seq_id)
-                n = seq.num_tokens_to_sample
+                n = seq.samples.num_tokens_to_sample
                 tokens[seq.seq_id] = first if n == 1 else [first + j for j in range(n)]
         return tokens
 
@@ -277,7 +278,6 @@ def simulate(
 
     # Every sample of a request carries the first sample's seq_id as its request_id.
     owner: dict[int, int] = {}  # request_id -> request index
-    done_seqs: list[list[Sequence]] = [[] for _ in requests]
     records: list[RequestRecord | None] = [None] * len(requests)
     beams = _BeamForks()
     meters = _Meters()
@@ -322,13 +322,12 @@ def simulate(
         beams.fork_due(scheduler, model)
         for seq in finished:
             model.forget(seq.seq_id)
-            i = owner[seq.request_id]
-            done_seqs[i].append(seq)
-            if len(done_seqs[i]) == requests[i].n:
-                records[i] = _request_record(requests[i], done_seqs[i], manager)
-                num_done += 1
-                if progress is not None:
-                    progress(1)
+        for samples in ParallelSamples.completed(finished):
+            i = owner[samples.request_id]
+            records[i] = _request_record(requests[i], samples.in_order(), manager)
+            num_done += 1
+            if progress is not None:
+                progress(1)
 
         # 5. A memory snapshot every few steps.
         if step % config.sample_every == 0:
