@@ -209,7 +209,7 @@ class AsyncScheduling:
 
     def _launch_copy(self, sched: SchedulerOutput, emitting: list, tokens: torch.Tensor | None) -> InFlight:
         """Start copying the step's tokens to the host, without waiting for them."""
-        forks = {seq.seq_id: (seq.sample_index, *seq.fork_indices) for _, seq, n in emitting if n > 1}
+        forks = {seq.seq_id: seq.samples.sample_indices(seq) for _, seq, n in emitting if n > 1}
         if tokens is None or tokens.device.type != "cuda":
             return InFlight(sched, emitting, tokens, tokens, None, forks=forks)
         n = tokens.shape[0]
@@ -240,7 +240,7 @@ class AsyncScheduling:
             for seq_id, drawn in step.forks.items():  # a sample aborted since the launch drops its token
                 seq = next(q for _, q, _ in step.emitting if q.seq_id == seq_id)
                 by_sample = dict(zip(drawn, sampled[seq_id]))
-                sampled[seq_id] = [by_sample[i] for i in (seq.sample_index, *seq.fork_indices)]
+                sampled[seq_id] = [by_sample[i] for i in seq.samples.sample_indices(seq)]
             running = SequenceStatus.RUNNING
             e.num_generated_tokens += sum(
                 len(sampled[q.seq_id]) if n > 1 else 1 for _, q, n in step.emitting if q.status is running
