@@ -5,6 +5,7 @@
     python benchmarks/bench_engine.py --skip-peer --skip-static   # the engine alone (~1 min)
     python benchmarks/bench_engine.py --smoke         # a tiny run on a CPU, to check the script
     python benchmarks/bench_engine.py --workload nanovllm   # nano-vllm's benchmark, Qwen3-0.6B geometry (~2 min)
+    python benchmarks/bench_engine.py --workload nanovllm --async-scheduling both   # + the host one step ahead
 
 ``--workload nanovllm`` is the second yardstick (:mod:`nanovllm_workload` quotes every source): the
 256 requests of nano-vllm's ``bench.py`` (prompts and outputs of ``randint(100, 1024)`` tokens, ids
@@ -138,13 +139,14 @@ def run_engine(
     max_model_len=None,
     temperature=0.0,
     roofline_gpus=(),
+    async_scheduling=False,
 ):
     """Serve the requests twice, timing the second run: the first, untimed, meets every shape the
     timed one meets (the schedule does not depend on timing), so Triton compiles none inside the
     timed window; the counters below say so (``triton_variants_compiled_in_window``,
     ``graph_captures_in_window``: paged_edu captures its decode graphs when the engine is built).
     ``temperature``: every request's (0: greedy); ``roofline_gpus``: more GPUs to price the steps on
-    (:func:`step_speed`)."""
+    (:func:`step_speed`); ``async_scheduling``: the engine's option (the host one step ahead)."""
 
     def make():
         return Engine(
@@ -157,6 +159,7 @@ def run_engine(
             max_num_batched_tokens=max_num_batched_tokens,
             cuda_graphs=cuda_graphs,
             max_model_len=max_model_len,
+            async_scheduling=async_scheduling,
             **(impls or {}),
         )
 
@@ -173,7 +176,8 @@ def run_engine(
     count_variants, count_graphs = compiled_variant_counter(), graph_capture_counter()
 
     def on_event(e):
-        if isinstance(e, StepMetrics):
+        # (async scheduling's last call schedules nothing: it only reads the last step's tokens)
+        if isinstance(e, StepMetrics) and e.num_batched_tokens:
             steps.append(e)
             compiled_after.append(count_variants())
 
@@ -201,17 +205,20 @@ def run_engine(
     itl = [x for o in outs for x in o.metrics.inter_token_latencies]
     # Where a step's time goes (host wall time per phase; without sync_timing the GPU's work lands
     # in whichever phase waits for it first, usually "sample", which copies the tokens back).
-    phase_ms = {k: float(np.mean([s.phase_times[k] for s in steps]) * 1e3) for k in steps[0].phase_times}
+    # (async scheduling: a call's "update" is the previous step's, so the first call has none)
+    phase_names = list(dict.fromkeys(k for s in steps for k in s.phase_times))
+    phase_ms = {k: float(np.mean([s.phase_times.get(k, 0.0) for s in steps]) * 1e3) for k in phase_names}
     decode_phase_ms = (
         {
-            k: float(np.mean([s.phase_times[k] for s, d in zip(steps, decode_steps) if d]) * 1e3)
-            for k in steps[0].phase_times
+            k: float(np.mean([s.phase_times.get(k, 0.0) for s, d in zip(steps, decode_steps) if d]) * 1e3)
+            for k in phase_names
         }
         if decode_steps.any()
         else None
     )
     log(
-        f"  engine: {len(prompts)} requests, {len(steps)} steps, {dt:.1f} s, {useful / dt:,.0f} tok/s, "
+        f"  engine{' (async scheduling)' if async_scheduling else ''}: {len(prompts)} requests, {len(steps)} steps, "
+        f"{dt:.1f} s, {useful / dt:,.0f} tok/s, "
         f"peak {running.max()} running, {engine.scheduler.num_preemptions} preemptions, "
         f"{engine.num_graph_steps} graph steps"
         + (f" (graphs failed: {engine.graph_error})" if engine.graph_error else "")
@@ -241,6 +248,8 @@ def run_engine(
         useful_tokens=useful,
         tokens_per_s=useful / dt,
         num_requests=len(prompts),
+        async_scheduling=async_scheduling,
+        num_sync_steps=engine.overlap.num_sync_steps if engine.overlap else len(steps),  # steps not run ahead
         num_steps=len(steps),
         peak_concurrency=int(running.max()),
         mean_concurrency=float((running * w).sum()),
@@ -524,8 +533,16 @@ def main_nanovllm(args, argv, log):
         temperature=args.temperature,
         roofline_gpus=("h200", nv.PEER_GPU),
     )
-    eng, _ = run_engine_with_graphs(model, prompts, outputs, common, graphs, kw, log)
-    result["engine"] = eng
+    # --async-scheduling both: "engine" is the synchronous run, "engine_async_scheduling" the other.
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.async_scheduling]
+    runs = {}
+    for mode in modes:
+        runs[mode], _ = run_engine_with_graphs(
+            model, prompts, outputs, common, graphs, dict(kw, async_scheduling=mode), log
+        )
+    eng = result["engine"] = runs[modes[0]]
+    if len(modes) > 1:
+        result["engine_async_scheduling"] = runs[True]
     # The yardstick: useful tokens/s over the roofline's tokens/s for the same steps (both from this run).
     roofline_s = eng["roofline_run_s_by_gpu"]["h200"]
     roofline_tps = eng["useful_tokens"] / roofline_s
@@ -553,14 +570,30 @@ def main_nanovllm(args, argv, log):
         peers=peers,
         peers_source=nv.PEER_SOURCE,
         meets_target=bool(share >= 0.6 and all(share > p["share_of_roofline"] for p in peers)),
+        async_scheduling=eng["async_scheduling"],
     )
+    if len(modes) > 1:  # the same yardstick for the async run (its own steps' roofline)
+        a = runs[True]
+        a_share = a["tokens_per_s"] * a["roofline_run_s_by_gpu"]["h200"] / a["useful_tokens"]
+        result["yardstick_async_scheduling"] = dict(
+            tokens_per_s=a["tokens_per_s"],
+            roofline_run_s=a["roofline_run_s_by_gpu"]["h200"],
+            share_of_roofline=a_share,
+            meets_target=bool(a_share >= 0.6 and all(a_share > p["share_of_roofline"] for p in peers)),
+            speedup_over_sync=a["tokens_per_s"] / eng["tokens_per_s"],
+        )
     result["complete"] = True
     save()
     log(f"\n{qk['note']}")
     log(f"roofline: {ROOFLINE_NAME} on the {GPUS['h200'].name}; peers priced on the {GPUS[nv.PEER_GPU].name}")
     log("| system | GPU | useful tokens/s | roofline tokens/s | share of the roofline |")
     log("|---|---|---:|---:|---:|")
-    log(f"| paged_edu Engine | {name} | {eng['tokens_per_s']:,.0f} | {roofline_tps:,.0f} | {100 * share:.1f} % |")
+    for mode, run in runs.items():
+        run_roofline_tps = run["useful_tokens"] / run["roofline_run_s_by_gpu"]["h200"]
+        log(
+            f"| paged_edu Engine{', async scheduling' if mode else ''} | {name} | {run['tokens_per_s']:,.0f} | "
+            f"{run_roofline_tps:,.0f} | {100 * run['tokens_per_s'] / run_roofline_tps:.1f} % |"
+        )
     for p in peers:
         log(
             f"| {p['system']} (cited) | {p['gpu']} | {p['tokens_per_s']:,.0f} | "
@@ -610,6 +643,15 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="a tiny model and workload on the CPU")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps only")
     ap.add_argument("--skip-eager", action="store_true", help="skip the eager run beside the CUDA-graph one")
+    ap.add_argument(
+        "--async-scheduling",
+        nargs="?",
+        const="on",
+        default="off",
+        choices=("off", "on", "both"),
+        help="the engine's async_scheduling (the host one step ahead); 'both' (nanovllm only): a synchronous "
+        "and an async run, both in the record and the table",
+    )
     ap.add_argument("--skip-peer", action="store_true", help="skip transformers' continuous batching (both runs)")
     ap.add_argument("--skip-cb-graphs", action="store_true", help="skip transformers CB with CUDA graphs forced on")
     ap.add_argument("--skip-cb-default", action="store_true", help="skip transformers CB with its defaults")
@@ -630,6 +672,8 @@ def main(argv=None):
         return main_nanovllm(args, argv, log)
     if args.temperature:
         ap.error("--temperature is for --workload nanovllm (the default workload compares greedy tokens)")
+    if args.async_scheduling == "both":
+        ap.error("--async-scheduling both is for --workload nanovllm; use --async-scheduling (on) here")
     args.num_requests = 512 if args.num_requests is None else args.num_requests
     args.max_num_batched_tokens = 4096 if args.max_num_batched_tokens is None else args.max_num_batched_tokens
 
@@ -718,7 +762,11 @@ def main(argv=None):
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
     common = (num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens, device, log)
     # The roofline's model: SmolLM2-135M's row of the model table; the smoke run's tiny model from its config.
-    kw = dict(impls=impls, spec=config.geometry(dtype_name(dtype)) if args.smoke else None)
+    kw = dict(
+        impls=impls,
+        spec=config.geometry(dtype_name(dtype)) if args.smoke else None,
+        async_scheduling=args.async_scheduling == "on",
+    )
     eng, graphs = run_engine_with_graphs(model, prompts, outputs, common, graphs, kw, log)
     result["engine"] = eng
     save()

@@ -3,6 +3,7 @@ around a stub model that returns at once.
 
     python benchmarks/bench_host.py                    # 256 running sequences, 200 decode steps
     python benchmarks/bench_host.py --running 512 --profile
+    python benchmarks/bench_host.py --async-scheduling    # the engine's host one step ahead
 
 The pool holds every sequence to its last token (``pool_blocks``), so no timed step preempts at
 any ``--running``. Writes its record (the command, the commit, the machine) to
@@ -127,6 +128,7 @@ def measure(
     temperature: float = 0.0,
     profile: bool = False,
     graph_path: bool = False,
+    async_scheduling: bool = False,
 ) -> dict:
     model = stub_model(device)
     num_blocks = pool_blocks(running, steps, prompt_len)
@@ -138,6 +140,7 @@ def measure(
         max_num_seqs=running,
         max_num_batched_tokens=4096,
         cuda_graphs=False,
+        async_scheduling=async_scheduling,
     )
     if graph_path:
         engine.runner.graphs = StubGraphs(model, running, max(2048, max_model_len) // BLOCK_SIZE)
@@ -178,6 +181,7 @@ def measure(
         running=running,
         steps=steps,
         graph_path=graph_path,
+        async_scheduling=async_scheduling,
         temperature=temperature,
         num_blocks=num_blocks,
         ms_per_step=float(np.median(walls) * 1e3),
@@ -196,6 +200,12 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--profile", action="store_true", help="cProfile the timed steps")
     ap.add_argument("--graph-path", action="store_true", help="stage decode steps as for a CUDA graph (stub replay)")
+    ap.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="Engine(async_scheduling=True): with the stub's instant device nothing is hidden, so this times "
+        "the host's whole work per step in that mode (its bookkeeping included)",
+    )
     ap.add_argument("--out", default="figures/host_bench.json", help="write the record as JSON here ('' for none)")
     args = ap.parse_args(argv)
     res = measure(
@@ -205,6 +215,7 @@ def main(argv=None):
         temperature=args.temperature,
         profile=args.profile,
         graph_path=args.graph_path,
+        async_scheduling=args.async_scheduling,
     )
     res = {**provenance("bench_host.py", argv, note="medians; the CPU may be shared with other work"), **res}
     print(

@@ -66,7 +66,8 @@ def report(result, args, log):
     )
     log("|---|---:|---:|---:|---:|---:|---:|")
     log(
-        f"| paged_edu Engine | {eng['tokens_per_s']:,.0f} | {fmt(eng['mean_decode_step_ms'])} | "
+        f"| paged_edu Engine{', async scheduling' if eng.get('async_scheduling') else ''} | "
+        f"{eng['tokens_per_s']:,.0f} | {fmt(eng['mean_decode_step_ms'])} | "
         f"{fmt(eng['roofline_decode_step_ms'])} | {fmt(eng['host_ms_per_step'], '{:.3f}')} | "
         f"{100 * eng['share_of_steps_with_graph']:.0f}% | |"
     )

@@ -8,6 +8,7 @@ a :class:`~paged_edu.models.llama.PagedLlama` over the paged KV cache.
 * :mod:`~paged_edu.engine.outputs` -- what the engine hands back: outputs and metrics;
 * :mod:`~paged_edu.engine.engine` -- the ``Engine``: scheduler + runner + paged KV cache, with
   ``run`` / ``generate`` / ``chat`` over a batch of prompts;
+* :mod:`~paged_edu.engine.overlap` -- async scheduling: the host one step ahead of the device;
 * :mod:`~paged_edu.engine.faults` -- faults injected into a step's phases (the fault tests, the soak).
 
 The torch-side names load on first use. Above: the labs, views and lessons that drive an engine.

@@ -22,6 +22,8 @@ A prefix-cache hit needs no special case: the scheduler starts the prompt's firs
 The speed machinery (packing the flat batch with numpy into one pinned buffer, CUDA-graph replays,
 sampling on the device with one copy back) lives in the
 :class:`~paged_edu.engine.runner.ModelRunner`, so that :meth:`Engine.step` reads as the five steps above.
+``Engine(..., async_scheduling=True)`` runs the same five steps with the host one step ahead: step
+N+1 is scheduled and launched before step N's tokens are read (:mod:`~paged_edu.engine.overlap`).
 Every step emits a :class:`StepMetrics` (``phase_times``: where its time went) and every finished
 request a :class:`RequestMetrics` to the callbacks of :meth:`Engine.subscribe` -- the stream the
 lesson widgets draw live -- after the step's state is committed; a callback that raises is isolated.
@@ -53,6 +55,7 @@ from paged_edu.core.allocator import BlockAllocator
 from paged_edu.cache.sizing import bytes_per_block, check_blocks_fit
 from paged_edu.core import validation as check
 from paged_edu.core.validation import FieldTypeError, FieldValueError, as_int, cache_key
+from paged_edu.engine.overlap import AsyncScheduling
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
 from paged_edu.engine.requests import check_inputs, check_max_model_len
 from paged_edu.engine.runner import ModelRunner
@@ -112,6 +115,11 @@ class Engine:
         attributes GPU time to the phase that launched it (slower; for measuring, not serving).
     allocator: a memory manager of ``num_blocks`` x ``block_size`` to run on instead of a new
         :class:`BlockAllocator` (lesson 5 runs a learner's); it must hold no sequence yet.
+    async_scheduling: schedule and prepare step N+1 while the device runs step N, the sampled ids
+        fed to it on the device (vLLM's option of that name; :mod:`~paged_edu.engine.overlap` says
+        how, and which steps stay synchronous). A call of :meth:`step` then returns the requests
+        that finished in the step launched by the call before. Default off until the H200 run
+        confirms its gain.
     """
 
     def __init__(
@@ -134,6 +142,7 @@ class Engine:
         seed: int = 0,
         sync_timing: bool = False,
         allocator: MemoryManager | None = None,
+        async_scheduling: bool = False,
     ) -> None:
         if not isinstance(model, PagedLlama):
             raise FieldTypeError(
@@ -143,6 +152,7 @@ class Engine:
         num_blocks = check.integer("num_blocks", num_blocks, low=1, high=check.MAX_NUM_BLOCKS)
         block_size = check.integer("block_size", block_size, low=1)
         enable_prefix_caching = check.flag("enable_prefix_caching", enable_prefix_caching)
+        async_scheduling = check.flag("async_scheduling", async_scheduling)
         if num_cpu_blocks is None:
             num_cpu_blocks = num_blocks if preemption_mode in ("swap", "auto") else 0
         num_cpu_blocks = check.integer("num_cpu_blocks", num_cpu_blocks, low=0, high=check.MAX_NUM_BLOCKS)
@@ -208,6 +218,7 @@ class Engine:
         )
         self.sampler = Sampler(seed)
         self.sync_timing = check.flag("sync_timing", sync_timing)
+        self.overlap = AsyncScheduling(self) if async_scheduling else None
         self.subscriber_errors: list[tuple[Callable, Exception]] = []  # callbacks that raised, isolated
         self._requests: dict[int, RequestState] = {}  # live requests by id
         self._busy = False  # inside a step or an abort: calls back into the engine are deferred
@@ -444,17 +455,15 @@ class Engine:
 
     @torch.inference_mode()
     def _step(self) -> tuple[list[RequestOutput], StepMetrics | None]:
+        if self.overlap is not None:
+            return self.overlap.step()
         phases: dict[str, float] = {}
         t_start = self.now()
         sched = self.scheduler.schedule()  # 1. what runs this step
         t = self._lap(phases, "schedule", t_start)
         if sched.is_empty:
             if self.scheduler.has_unfinished():
-                raise RuntimeError(
-                    "the scheduler could schedule nothing although requests wait: the pool "
-                    f"({self.allocator.num_blocks} blocks, {self.allocator.num_free_blocks} free) or "
-                    f"max_num_seqs={self.scheduler.max_num_seqs} is too small for the next request"
-                )
+                raise self._stalled()
             return self._take_aborted(), None
         phase = "block copies"  # what runs now, for the error if it raises
         try:
@@ -496,6 +505,16 @@ class Engine:
         )
         self.step_count += 1
         return outputs, metrics
+
+    def _step_failed(self, phase: str, sched, cause: BaseException) -> StepFailed:
+        return StepFailed(self.step_count, phase, sched, cause)
+
+    def _stalled(self) -> RuntimeError:
+        return RuntimeError(
+            "the scheduler could schedule nothing although requests wait: the pool "
+            f"({self.allocator.num_blocks} blocks, {self.allocator.num_free_blocks} free) or "
+            f"max_num_seqs={self.scheduler.max_num_seqs} is too small for the next request"
+        )
 
     def _sample(self, batch, emitting) -> dict[int, int | list[int]]:
         """One token per emitting sequence (``n`` for a parallel-sampling prompt that just ended)."""

@@ -207,13 +207,10 @@ class ModelRunner:
       token of a prompt chunk (a 49,152-wide matmul per row); the tokens drawn on the device (the
       uniforms come from the host with the batch) and copied back once, into pinned memory.
 
-    What it does not do yet: overlap the host's work for step N+1 with the GPU's step N. vLLM's async
-    scheduling runs the scheduler one step ahead with "output placeholders" for tokens not yet
-    generated (vllm-project/vllm#19970, after NanoFlow, arXiv:2408.12757); SGLang v0.4's
-    zero-overhead batch scheduler does the same with "future tokens" resolved on the device
-    (lmsys.org/blog/2024-12-04-sglang-v0-4). Here the scheduler's block-table appends need the
-    sampled token itself (the prefix cache hashes a full block by its tokens), so the engine waits
-    for every step's tokens before it schedules the next one; the wait is the step's only sync.
+    Overlapping the host's work for step N+1 with the GPU's step N (vLLM's async scheduling,
+    SGLang's overlap scheduler) is :mod:`~paged_edu.engine.overlap`'s: it uses :meth:`draw` (the
+    tokens left on the device) and :meth:`input_ids` (where the next step's ids are filled in from
+    them); :meth:`sample` is the synchronous path, whose copy back is the step's only wait.
     """
 
     def __init__(
@@ -378,12 +375,16 @@ class ModelRunner:
         else:
             batch.hidden = self.model(batch.forward, self.kv_pairs, self.kernels)  # (T, hidden)
 
-    def sample(self, batch: StepBatch) -> list[int]:
-        """One token per sampled row, drawn on the device, copied back in one go (the step's only wait)."""
+    def input_ids(self, batch: StepBatch) -> torch.Tensor:
+        """The step's token ids on the device, ``(rows,)`` (padded to a captured graph's size): what
+        async scheduling fills in for tokens still on the device (:mod:`~paged_edu.engine.overlap`)."""
+        if batch.graph_size is not None:
+            return self.graphs.staging.views["input_ids"][: batch.graph_size]
+        return batch.forward.input_ids
+
+    def draw(self, batch: StepBatch) -> torch.Tensor:
+        """One token per sampled row, ``(N,)`` int64, left on the device (no wait)."""
         s = batch.sampling
-        N = s.rows.shape[0]
-        if N == 0:
-            return []
         if s.temperatures is None and batch.greedy is not None:
             tokens = batch.greedy[s.rows]  # (N,) computed inside the graph
         else:
@@ -394,6 +395,14 @@ class ModelRunner:
                 if s.temperatures is None
                 else sample_on_device(logits, s.temperatures, s.top_ps, s.uniforms, greedy_tokens=greedy)
             )
+        return tokens
+
+    def sample(self, batch: StepBatch) -> list[int]:
+        """One token per sampled row, drawn on the device, copied back in one go (the step's only wait)."""
+        N = batch.sampling.rows.shape[0]
+        if N == 0:
+            return []
+        tokens = self.draw(batch)
         if N > self._tokens_host.numel():
             self._tokens_host = torch.empty(2 * N, dtype=torch.long, pin_memory=self.device.type == "cuda")
         host = self._tokens_host[:N]

@@ -1,0 +1,267 @@
+"""Async scheduling: the host schedules and prepares step N+1 while the device runs step N.
+
+What you will learn
+-------------------
+A synchronous step is ``schedule -> prepare -> forward -> sample -> wait for the tokens -> update``:
+while the host schedules, prepares and updates, the GPU idles (1.14 ms of a ~5.8 ms step on the
+H200 for nano-vllm's workload, ``figures/h200/engine_bench_nanovllm.json``). With the host one step
+ahead, a step costs ``max(host, GPU)`` instead of their sum. One call of :meth:`AsyncScheduling.step`:
+
+1. **placeholders** -- step N is in flight: every sequence that samples in it gets a placeholder
+   token (its id is still on the device) and its computed count moves to the end of its chunk, as if
+   step N were done. The placeholder is ``-1 - j``: "row ``j`` of step N's sampled tokens";
+2. **schedule step N+1** with the scheduler as it is: a placeholder needs a slot like any token, and
+   the memory manager reserves it by count (``append_slots``) -- the id reaches it later, with
+   ``mark_computed``, which hashes and publishes a block only once its ids are known;
+3. **launch step N+1**: block copies, ``prepare`` (the placeholders go into the packed input ids),
+   then on the device ``ids = where(ids < 0, tokens_N[-1 - ids], ids)`` -- a gather by row, no host
+   round trip (SGLang resolves its "future" token ids the same way: ``FutureMap`` in
+   ``sglang/srt/managers/overlap_utils.py``) -- the forward pass and sampling, whose tokens stay on
+   the device and start a ``non_blocking`` copy into pinned memory, marked by a CUDA event;
+4. **step N's tokens**: the placeholders are taken back, the host waits on step N's event (the GPU
+   has usually long finished it) and :meth:`Scheduler.update` appends the real ids, publishes the
+   blocks they complete, and finishes sequences on a stop token or ``max_tokens``.
+
+Each call emits one :class:`~paged_edu.engine.outputs.StepMetrics` for the step it launched; its
+``phase_times`` keep the synchronous names (the wait for step N's tokens is booked under
+``"sample"``, ``"update"`` is step N's) and ``num_finished`` counts the sequences step N finished.
+
+A sequence that stopped at step N was already scheduled in step N+1: that row's token is
+discarded (``update`` skips a finished sequence) and its slot is given back with its blocks when it
+finishes, as vLLM does. Blocks freed at step N reach waiting requests one step later than in a
+synchronous engine and prefix-cache hits on blocks step N completes come a step later too, so the
+two engines may batch differently; greedy tokens are the same (the tests check it, token for token).
+
+vLLM's version is ``AsyncScheduler`` (``vllm/v1/core/sched/async_scheduler.py``):
+``_update_after_schedule`` adds one to ``request.num_output_placeholders`` for every token
+scheduled before its id exists, and ``_update_request_with_output`` takes it back when the id
+arrives and caches blocks only up to ``num_computed_tokens - num_output_placeholders``.
+
+When the host does not run ahead (correctness first)
+----------------------------------------------------
+Step N's tokens are read *before* step N+1 is scheduled -- a synchronous step -- when:
+
+* a swapped sequence waits (``scheduler.swapped``): a swap-in publishes the sequence's blocks and
+  re-allocates them from its token ids, which must all be known;
+* the pool might not hold a slot for every running sequence: the scheduler would preempt, and a
+  preempted sequence is freed or copied out with a placeholder whose stop check never ran (a
+  sequence that ended at step N must not be recomputed and continue). The test is conservative:
+  one free block per running sequence that needs a slot;
+* the step in flight forks ``n > 1`` samples: the children are made in ``update``, from the drawn
+  ids, so the next step waits for them (a sample aborted while its fork is in flight drops its
+  token; each sample draws from its own stream, so the others keep theirs);
+* the last step: nothing more to schedule, so the call only reads the step in flight.
+
+Three cases that might look as if they need one do not. Prefix-cache hits: a block is published
+only once its ids are read and its K/V computed, so no hit can ever rest on a placeholder (a block
+that step N completes is hit from step N+2 on, one step later than synchronously). Stop
+conditions: ``stop_token_ids`` and ``max_tokens`` are both checked when the ids are read, and the
+row a finished sequence had in step N+1 is discarded. Aborts: an abort between two calls ends the
+request with the tokens read so far (those of the step in flight are discarded with its rows),
+which is what a synchronous engine gives when the same abort follows the same tokens.
+
+A step whose launch raises is undone as in the synchronous engine
+(:class:`~paged_edu.engine.engine.StepFailed`); the step in flight stays in flight and is read by
+the next call, and outputs read before the failure are returned then.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from paged_edu.engine.outputs import RequestOutput, StepMetrics, step_metrics
+from paged_edu.sched.scheduler_output import SchedulerOutput
+from paged_edu.sched.sequence import Sequence, SequenceStatus
+
+__all__ = ["AsyncScheduling", "InFlight"]
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A launched step whose tokens the host has not read: what its placeholders point into."""
+
+    sched: SchedulerOutput
+    emitting: list  # Engine._rows_to_sample's (chunk index, seq, tokens drawn), in the order of `tokens`
+    tokens: torch.Tensor | None  # (N,) int64 on the device: the next step's inputs gather from it
+    host: torch.Tensor | None  # (N,) its copy in pinned memory (the tensor itself on a CPU)
+    event: torch.cuda.Event | None  # recorded after the copy (None on a CPU)
+    held: list[tuple[Sequence, int, bool]] = field(default_factory=list)  # (seq, chunk start, placeholder?)
+    forks: dict[int, tuple[int, ...]] = field(default_factory=dict)  # seq id -> the samples drawn for its fork
+
+
+class AsyncScheduling:
+    """The steps of an ``Engine(..., async_scheduling=True)``: one step in flight between calls."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.in_flight: InFlight | None = None
+        self.num_sync_steps = 0  # calls that read the step in flight before scheduling (see the module)
+        self._unreported: list[RequestOutput] = []  # read before a launch failed: returned next call
+        self._num_finished = 0  # sequences finished by the reads of this call (for its StepMetrics)
+        on_gpu = engine.device.type == "cuda"
+        self._pinned = [torch.empty(1024, dtype=torch.long, pin_memory=on_gpu) for _ in range(2)]
+        self._turn = 0  # which pinned buffer the next launch copies into (two steps may be unread)
+
+    # -- one call --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> tuple[list[RequestOutput], StepMetrics | None]:
+        e = self.engine
+        phases: dict[str, float] = {}
+        t_start = e.now()
+        outputs, self._unreported = self._unreported, []
+        prev = self.in_flight
+        if prev is not None and not self._can_run_ahead(prev):
+            self.num_sync_steps += 1
+            outputs += self._read(prev, phases)
+            prev = None
+        t = e.now()
+        if prev is not None:
+            self._hold(prev)  # 1. placeholders
+        sched = e.scheduler.schedule()  # 2. step N+1
+        t = e._lap(phases, "schedule", t)
+        if sched.is_empty:
+            if prev is None:
+                if e.scheduler.has_unfinished():
+                    raise e._stalled()
+                return e._take_aborted() + outputs, None
+            outputs += self._read(prev, phases)  # the last step
+            return e._take_aborted() + outputs, self._metrics(sched, t_start, phases)
+        if prev is not None and (sched.preempted or sched.blocks_to_swap_in):
+            raise RuntimeError("async scheduling ran ahead into a preemption or a swap-in (a bug: see _can_run_ahead)")
+        phase = "block copies"
+        try:  # 3. launch step N+1
+            e.runner.apply_block_ops(sched.block_ops)
+            phase = "prepare"
+            emitting, sampling = e._rows_to_sample(sched.scheduled)
+            batch = e.runner.prepare(sched.scheduled, e.allocator.block_table, *sampling)
+            if prev is not None and prev.tokens is not None:
+                self._fill_placeholders(e.runner.input_ids(batch), prev.tokens)
+            t = e._lap(phases, "prepare", t)
+            phase = "forward"
+            e.runner.forward(batch)
+            t = e._lap(phases, "forward", t)
+            phase = "sample"
+            current = self._launch_copy(sched, emitting, e.runner.draw(batch) if emitting else None)
+            t = e._lap(phases, "sample", t)
+        except BaseException as exc:  # undone; the step in flight stays in flight
+            e.sampler.rollback()
+            e.num_failed_steps += 1
+            if prev is not None:
+                self._release(prev)
+            self._unreported = outputs
+            if not isinstance(exc, Exception):
+                raise
+            raise e._step_failed(phase, sched, exc) from exc
+        e.sampler.commit()
+        if prev is not None:  # 4. step N's tokens
+            outputs += self._read(prev, phases)
+        if any(item.seq.status is SequenceStatus.RUNNING for item in sched.scheduled):
+            self.in_flight = current
+        # else every sequence of the step ended at step N: nothing in it is read (its rows are discarded)
+        return e._take_aborted() + outputs, self._metrics(sched, t_start, phases)
+
+    # -- the pieces ------------------------------------------------------------------------------
+    def _can_run_ahead(self, prev: InFlight) -> bool:
+        """May step N+1 be scheduled before step N's tokens are read? (The module lists why not.)"""
+        s, a = self.engine.scheduler, self.engine.allocator
+        if s.swapped or prev.forks:
+            return False
+        free = a.num_free_blocks
+        if len(s.running) <= free:  # each running sequence takes at most one block for one slot
+            return True
+        pending = {seq.seq_id for _, seq, _ in prev.emitting}
+        need = sum(a.num_tokens(q.seq_id) < q.num_tokens + (q.seq_id in pending) for q in s.running)
+        return need <= free
+
+    @staticmethod
+    def _hold(prev: InFlight) -> None:
+        """Step N as if done: computed counts to the chunks' ends, a placeholder per sampled token."""
+        running = SequenceStatus.RUNNING
+        emitting = {seq.seq_id: j for j, (_, seq, _) in enumerate(prev.emitting)}
+        for item in prev.sched.scheduled:
+            seq = item.seq
+            if seq.status is not running:  # finished at step N-1 or aborted: its row is discarded
+                continue
+            j = emitting.get(seq.seq_id) if item.emits_token else None
+            if j is not None:
+                seq.append_token(-1 - j)  # "row j of step N's tokens"
+            prev.held.append((seq, item.start, j is not None))
+            seq.num_computed_tokens = item.start + item.num_new_tokens
+
+    @staticmethod
+    def _release(prev: InFlight) -> None:
+        """Take the placeholders back: the sequences are as step N left them, before its update."""
+        for seq, start, placeholder in prev.held:
+            if placeholder:
+                seq.output_token_ids.pop()
+                seq.num_tokens -= 1
+            seq.num_computed_tokens = start
+        prev.held.clear()
+
+    @staticmethod
+    def _fill_placeholders(input_ids: torch.Tensor, tokens: torch.Tensor) -> None:
+        """``input_ids[i] = tokens[-1 - input_ids[i]]`` where ``input_ids[i] < 0``, on the device."""
+        rows = (-1 - input_ids).clamp_(0, tokens.shape[0] - 1)  # (rows,) index into step N's tokens
+        input_ids.copy_(torch.where(input_ids < 0, tokens[rows], input_ids))
+
+    def _launch_copy(self, sched: SchedulerOutput, emitting: list, tokens: torch.Tensor | None) -> InFlight:
+        """Start copying the step's tokens to the host, without waiting for them."""
+        forks = {seq.seq_id: seq.samples.sample_indices(seq) for _, seq, n in emitting if n > 1}
+        if tokens is None or tokens.device.type != "cuda":
+            return InFlight(sched, emitting, tokens, tokens, None, forks=forks)
+        n = tokens.shape[0]
+        if n > self._pinned[self._turn].numel():
+            self._pinned[self._turn] = torch.empty(2 * n, dtype=torch.long, pin_memory=True)
+        host = self._pinned[self._turn][:n]
+        self._turn ^= 1
+        host.copy_(tokens, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return InFlight(sched, emitting, tokens, host, event, forks=forks)
+
+    def _read(self, step: InFlight, phases: dict[str, float]) -> list[RequestOutput]:
+        """Wait for a step's tokens, take its placeholders back, then ``update``: append the ids, publish
+        the blocks they complete, finish sequences; returns the requests that finished."""
+        e = self.engine
+        t = e.now()
+        if step.event is not None:
+            t0 = time.perf_counter()
+            step.event.synchronize()
+            e.runner.device_wait_s = time.perf_counter() - t0
+        self.in_flight = None  # (after the wait: an interrupt there leaves the step to read again)
+        self._release(step)  # its placeholders, if the step was held while the next was scheduled
+        sampled = {}
+        if step.host is not None:
+            tokens = step.host.tolist()
+            sampled = e._tokens_by_sequence(tokens, step.emitting)
+            for seq_id, drawn in step.forks.items():  # a sample aborted since the launch drops its token
+                seq = next(q for _, q, _ in step.emitting if q.seq_id == seq_id)
+                by_sample = dict(zip(drawn, sampled[seq_id]))
+                sampled[seq_id] = [by_sample[i] for i in seq.samples.sample_indices(seq)]
+            running = SequenceStatus.RUNNING
+            e.num_generated_tokens += sum(
+                len(sampled[q.seq_id]) if n > 1 else 1 for _, q, n in step.emitting if q.status is running
+            )
+        t = e._lap(phases, "sample", t)  # the wait for the device: where the synchronous engine books it
+        finished = e.scheduler.update(step.sched.scheduled, sampled, t)
+        self._num_finished += len(finished)
+        outputs = e._collect(finished)
+        e._lap(phases, "update", t)
+        return outputs
+
+    def _metrics(self, sched: SchedulerOutput, t_start: float, phases) -> StepMetrics | None:
+        """The call's :class:`StepMetrics`: ``sched`` is the step it launched, ``num_finished`` the
+        sequences its reads finished; the wait for step N's tokens is booked under ``"sample"``."""
+        e = self.engine
+        now = e.now()
+        metrics = None
+        if e._subscribers:
+            metrics = step_metrics(
+                e.step_count, sched, e.scheduler, now, now - t_start, self._num_finished, phases, e.runner.device_wait_s
+            )
+        self._num_finished = 0
+        e.step_count += 1
+        return metrics
