@@ -216,7 +216,7 @@ def test_gpu_sizing_by_vllms_rule():
     allocated = torch.cuda.memory_allocated()
     cache = PagedKVCache.from_gpu_memory_utilization(4, 16, 8, 128, gpu_memory_utilization=0.05)
     assert 0 < cache.nbytes <= 0.05 * total - allocated
-    with pytest.raises(ValueError, match="free of"):
+    with pytest.raises(ValueError, match="does not fit"):
         PagedKVCache.from_gpu_memory_utilization(4, 16, 8, 128, gpu_memory_utilization=0.01, min_blocks=10**9)
 
 

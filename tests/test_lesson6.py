@@ -179,12 +179,7 @@ def test_the_plan_on_the_measured_h200_figures_predicts_what_the_h200_did():
             total_bytes=m["total"],
         )
         assert plan.fits == run["ok"], run
-        # The record's pools were sized by the engine's rule of that day, u x (total - context - weights); the
-        # plan follows vLLM's, u x total - weights: they differ by u x context - (1 - u) x weights, with the
-        # context and weights the H200 measured. (Re-running cuda_oom_child on the H200 gives the plan's kv.)
-        u = run["gpu_memory_utilization"]
-        shift = u * run["context_gib"] - (1 - u) * run["weights_gib"]
-        assert abs(plan.kv / 2**30 - (run["kv_gib"] + shift)) < 0.05, (plan.kv / 2**30, run["kv_gib"], shift)
+        assert abs(plan.kv / 2**30 - run["kv_gib"]) < 0.02, (plan.kv / 2**30, run["kv_gib"])  # the pool it allocated
 
 
 @pytest.mark.gpu

@@ -118,8 +118,9 @@ class Engine:
     async_scheduling: schedule and prepare step N+1 while the device runs step N, the sampled ids
         fed to it on the device (vLLM's option of that name; :mod:`~paged_edu.engine.overlap` says
         how, and which steps stay synchronous). A call of :meth:`step` then returns the requests
-        that finished in the step launched by the call before. Default off until the H200 run
-        confirms its gain.
+        that finished in the step launched by the call before. Default off: on the H200 it serves
+        nano-vllm's benchmark 1.24x faster (``figures/h200/engine_bench_nanovllm.json``), but the lessons
+        step the engine one call at a time and read its state after each, which running ahead changes.
     """
 
     def __init__(
