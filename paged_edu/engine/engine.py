@@ -484,30 +484,36 @@ class Engine:
             self.num_failed_steps += 1
             if not isinstance(exc, Exception):
                 raise  # KeyboardInterrupt in a notebook: undone all the same
-            raise StepFailed(self.step_count, phase, sched, exc) from exc
+            raise self._step_failed(phase, sched, exc) from exc
         self.sampler.commit()
 
         finished_seqs = self.scheduler.update(sched.scheduled, sampled, t)  # 5. append, finish, free
         outputs = self._take_aborted() + self._collect(finished_seqs)
-        now = self._lap(phases, "update", t)
-        metrics = (
-            step_metrics(
+        now = self._lap(phases, "update", t)  # the step's duration is its phases' sum
+        return outputs, self._close_step(sched, t_start, now, len(finished_seqs), phases)
+
+    def _close_step(
+        self, sched, t_start: float, now: float, num_finished: int, phases: dict[str, float]
+    ) -> StepMetrics | None:
+        """Count the step (started at ``t_start``, ended ``now``); its :class:`StepMetrics` when someone
+        subscribed (None otherwise)."""
+        metrics = None
+        if self._subscribers:
+            metrics = step_metrics(
                 self.step_count,
                 sched,
                 self.scheduler,
                 now,
                 now - t_start,
-                len(finished_seqs),
+                num_finished,
                 phases,
                 self.runner.device_wait_s,
             )
-            if self._subscribers
-            else None
-        )
         self.step_count += 1
-        return outputs, metrics
+        return metrics
 
     def _step_failed(self, phase: str, sched, cause: BaseException) -> StepFailed:
+        """The error of a step undone in ``phase`` (the async steps of :mod:`.overlap` raise it too)."""
         return StepFailed(self.step_count, phase, sched, cause)
 
     def _stalled(self) -> RuntimeError:

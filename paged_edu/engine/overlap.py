@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paged_edu.engine.outputs import RequestOutput, StepMetrics, step_metrics
+from paged_edu.engine.outputs import RequestOutput, StepMetrics
 from paged_edu.sched.scheduler_output import SchedulerOutput
 from paged_edu.sched.sequence import Sequence, SequenceStatus
 
@@ -256,12 +256,6 @@ class AsyncScheduling:
         """The call's :class:`StepMetrics`: ``sched`` is the step it launched, ``num_finished`` the
         sequences its reads finished; the wait for step N's tokens is booked under ``"sample"``."""
         e = self.engine
-        now = e.now()
-        metrics = None
-        if e._subscribers:
-            metrics = step_metrics(
-                e.step_count, sched, e.scheduler, now, now - t_start, self._num_finished, phases, e.runner.device_wait_s
-            )
+        metrics = e._close_step(sched, t_start, e.now(), self._num_finished, phases)
         self._num_finished = 0
-        e.step_count += 1
         return metrics
