@@ -140,13 +140,15 @@ def run_engine(
     temperature=0.0,
     roofline_gpus=(),
     async_scheduling=False,
+    mixed_graphs=False,
 ):
     """Serve the requests twice, timing the second run: the first, untimed, meets every shape the
     timed one meets (the schedule does not depend on timing), so Triton compiles none inside the
     timed window; the counters below say so (``triton_variants_compiled_in_window``,
     ``graph_captures_in_window``: paged_edu captures its decode graphs when the engine is built).
     ``temperature``: every request's (0: greedy); ``roofline_gpus``: more GPUs to price the steps on
-    (:func:`step_speed`); ``async_scheduling``: the engine's option (the host one step ahead)."""
+    (:func:`step_speed`); ``async_scheduling``: the engine's option (the host one step ahead);
+    ``mixed_graphs``: the engine's option (steps with prompt chunks in CUDA graphs)."""
 
     def make():
         return Engine(
@@ -160,6 +162,7 @@ def run_engine(
             cuda_graphs=cuda_graphs,
             max_model_len=max_model_len,
             async_scheduling=async_scheduling,
+            mixed_graphs=mixed_graphs,
             **(impls or {}),
         )
 
@@ -220,7 +223,7 @@ def run_engine(
         f"  engine{' (async scheduling)' if async_scheduling else ''}: {len(prompts)} requests, {len(steps)} steps, "
         f"{dt:.1f} s, {useful / dt:,.0f} tok/s, "
         f"peak {running.max()} running, {engine.scheduler.num_preemptions} preemptions, "
-        f"{engine.num_graph_steps} graph steps"
+        f"{engine.num_graph_steps} graph steps, {engine.num_mixed_graph_steps} mixed-step graphs"
         + (f" (graphs failed: {engine.graph_error})" if engine.graph_error else "")
     )
     log("  mean step phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in phase_ms.items()))
@@ -249,6 +252,8 @@ def run_engine(
         tokens_per_s=useful / dt,
         num_requests=len(prompts),
         async_scheduling=async_scheduling,
+        mixed_graphs=mixed_graphs,
+        mixed_graph_steps=engine.num_mixed_graph_steps,
         num_sync_steps=engine.overlap.num_sync_steps if engine.overlap else len(steps),  # steps not run ahead
         num_steps=len(steps),
         peak_concurrency=int(running.max()),
@@ -532,6 +537,7 @@ def main_nanovllm(args, argv, log):
         max_model_len=max_model_len,
         temperature=args.temperature,
         roofline_gpus=("h200", nv.PEER_GPU),
+        mixed_graphs=args.mixed_graphs,
     )
     # --async-scheduling both: "engine" is the synchronous run, "engine_async_scheduling" the other.
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.async_scheduling]
@@ -652,6 +658,7 @@ def main(argv=None):
         help="the engine's async_scheduling (the host one step ahead); 'both' (nanovllm only): a synchronous "
         "and an async run, both in the record and the table",
     )
+    ap.add_argument("--mixed-graphs", action="store_true", help="the engine's mixed_graphs (steps with prompt chunks)")
     ap.add_argument("--skip-peer", action="store_true", help="skip transformers' continuous batching (both runs)")
     ap.add_argument("--skip-cb-graphs", action="store_true", help="skip transformers CB with CUDA graphs forced on")
     ap.add_argument("--skip-cb-default", action="store_true", help="skip transformers CB with its defaults")
@@ -766,6 +773,7 @@ def main(argv=None):
         impls=impls,
         spec=config.geometry(dtype_name(dtype)) if args.smoke else None,
         async_scheduling=args.async_scheduling == "on",
+        mixed_graphs=args.mixed_graphs,
     )
     eng, graphs = run_engine_with_graphs(model, prompts, outputs, common, graphs, kw, log)
     result["engine"] = eng

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
 from paged_edu.engine.batch import StaticStaging  # noqa: E402
-from paged_edu.engine.runner import DecodeCudaGraphs  # noqa: E402
+from paged_edu.engine.cuda_graphs import DecodeCudaGraphs  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.models.config import LlamaConfig  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402

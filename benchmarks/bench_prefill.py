@@ -11,7 +11,7 @@ tokens sits at ``ctx + j`` and sees keys ``0 .. ctx + j`` (causal, aligned at th
 What runs, on the same data:
 
 * **paged_edu Triton** -- :func:`paged_edu.kernels.triton_prefill.paged_prefill_triton` on the
-  paged cache, ``max_q_len`` given (the engine knows it; otherwise reading it is a host sync).
+  paged cache (its grid is sized from the number of tokens and chunks: no host sync).
 * **SDPA, contiguous** -- ``torch.nn.functional.scaled_dot_product_attention`` on the same K/V
   gathered into ``(seqs, heads, tokens, head_dim)`` beforehand (untimed), in every formulation
   that reaches a fused kernel: forced onto the flash backend (FA2, ``sdpa_kernel(FLASH_ATTENTION)``)
@@ -90,7 +90,7 @@ def oracle(q, k, v, t, lens, cu, scale):
 def triton_fn(q, k, v, t, lens, cu, q_len, scale, config=None):
     from paged_edu.kernels.triton_prefill import paged_prefill_triton
 
-    return lambda: paged_prefill_triton(q, k, v, t, lens, cu, scale=scale, max_q_len=q_len, config=config)
+    return lambda: paged_prefill_triton(q, k, v, t, lens, cu, scale=scale, config=config)
 
 
 def sdpa_variants(q, k, v, t, lens, num_seqs, q_len, ctx, scale):

@@ -1,6 +1,7 @@
 """torch.profiler over the first steps of the engine benchmark's workload: where a step's time goes.
 
     python benchmarks/profile_engine.py --device cuda --out figures/h200/profile_engine   # on the H200
+    python benchmarks/profile_engine.py --device cuda --mixed-graphs --out figures/h200/profile_engine_mixed_graphs
     python benchmarks/profile_engine.py --tiny --steps 3 --num-requests 8 --out /tmp/p   # a CPU check
 
 The workload, model and pool of ``bench_engine.py`` (512 ShareGPT-like requests, SmolLM2-135M
@@ -50,6 +51,7 @@ def engine_on(model, prompts, outputs, args):
         enable_prefix_caching=True,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        mixed_graphs=args.mixed_graphs,
     )
     engine.add_requests(prompts, [SamplingParams(max_tokens=o) for o in outputs])
     return engine
@@ -65,6 +67,9 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=25, help="operators listed per table")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model and requests a tenth as long (a CPU check)")
+    ap.add_argument(
+        "--mixed-graphs", action="store_true", help="the engine's mixed_graphs: the mixed steps in CUDA graphs"
+    )
     ap.add_argument("--out", default="figures/h200/profile_engine", help="writes <out>.txt and <out>.json")
     args = ap.parse_args(argv)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
@@ -100,7 +105,7 @@ def main(argv=None):
     lines = [
         f"{args.steps} steps of {'a tiny model' if args.tiny else 'SmolLM2-135M (random weights)'} on {device} "
         f"({str(dtype).replace('torch.', '')}), {args.num_requests} requests, in {wall:.3f} s with the profiler on; "
-        f"Triton variants compiled while profiled: {compiled}",
+        f"Triton variants compiled while profiled: {compiled}; mixed_graphs={args.mixed_graphs}",
         f"roofline: {ROOFLINE_NAME}, on the {roofline.gpu.name}",
         "",
         "| step | prompt tokens | decodes | wall ms | device wait ms | roofline us | phases (ms) |",
@@ -152,6 +157,7 @@ def main(argv=None):
         device=str(device),
         dtype=str(dtype).replace("torch.", ""),
         roofline=ROOFLINE_NAME,
+        mixed_graphs=args.mixed_graphs,
         seconds_profiled=wall,
         triton_variants_compiled=compiled,
         device_events_per_step=kernels,

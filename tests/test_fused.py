@@ -228,7 +228,7 @@ def test_gpu_fused_kernels_at_smollm2_shapes():
 @pytest.mark.gpu
 def test_gpu_fused_model_matches_plain_model_under_graph_capture():
     """The 30-layer SmolLM2 geometry, bf16, through the engine's CUDA graphs: fused == plain."""
-    from paged_edu.engine.runner import DecodeCudaGraphs
+    from paged_edu.engine.cuda_graphs import DecodeCudaGraphs
     from paged_edu.models.loaders import random_llama
 
     model = random_llama(smollm2_config(), seed=0, dtype=torch.bfloat16, device="cuda")

@@ -265,14 +265,42 @@ def test_triton_prefill_matches_reference(dtype):
 
 @needs_triton
 @needs_interp
-def test_triton_prefill_takes_the_longest_chunk_from_the_host():
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_prefill_into_out_rows_after_decodes_with_padding_chunks(impl):
+    """The engine's layout: the chunks own rows ``cu[0]..cu[-1]`` of the step's queries (decode rows
+    before them, padding rows after), ``out`` is written there only, and padding chunks of q_len 0
+    (a CUDA graph's spare chunks) do nothing -- each chunk's rows equal the plain call's."""
+    from paged_edu.kernels.triton_prefill import paged_prefill_triton
+
     q, k, v, t, lens, cu = make_prefill([1, 5, 20], [1, 37, 20], 6, 2, 64, torch.float32, seed=3)
-    ref = paged_attention_prefill(q, k, v, t, lens, cu, impl="triton")
-    for m in (20, 64):  # the longest chunk, or more (programs past a chunk's end do nothing)
-        assert torch.equal(paged_attention_prefill(q, k, v, t, lens, cu, impl="triton", max_q_len=m), ref)
-    for bad in (19, 0, 2.5, True):  # too short a grid would skip query rows: refused, named
-        with pytest.raises(ValueError, match="max_q_len"):
-            paged_attention_prefill(q, k, v, t, lens, cu, impl="triton", max_q_len=bad)
+    ref = paged_attention_prefill(q, k, v, t, lens, cu, impl="torch")
+    D, pad_rows = 7, 5
+    q_all = torch.cat([torch.randn(D, 6, 64), q, torch.randn(pad_rows, 6, 64)])  # decodes, chunks, padding
+    t_pad = torch.cat([t, t[:1], t[:1]])  # two padding chunks: any table, seq_len 0, q_len 0
+    lens_pad = torch.cat([lens, torch.zeros(2, dtype=torch.int32)])
+    cu_abs = torch.cat([cu + D, (cu[-1:] + D).repeat(2)])
+    out = torch.full_like(q_all, float("nan"))
+    if impl == "triton":
+        got = paged_prefill_triton(q_all, k, v, t_pad, lens_pad, cu_abs, scale=64**-0.5, out=out)
+    else:
+        got = paged_attention_prefill(q_all, k, v, t_pad, lens_pad, cu_abs, impl="torch", validate=False, out=out)
+    assert got is out
+    check(out[D : D + q.shape[0]], ref, torch.float32, "prefill rows")
+    assert out[:D].isnan().all() and out[D + q.shape[0] :].isnan().all()  # untouched
+
+
+def test_prefill_out_and_row_range_are_checked():
+    q, k, v, t, lens, cu = make_prefill([1, 5], [1, 9], 4, 2, 16, torch.float32, seed=1)
+    with pytest.raises(ValueError, match="out must be a tensor of q's shape"):
+        paged_attention_prefill(q, k, v, t, lens, cu, impl="torch", out=q[:-1])
+    with pytest.raises(ValueError, match="must start at 0 and end at num_q_tokens"):
+        paged_attention_prefill(torch.cat([q, q]), k, v, t, lens, cu, impl="torch")  # rows no chunk owns, no out
+    with pytest.raises(ValueError, match="must lie within q's"):
+        paged_attention_prefill(q, k, v, t, lens, cu + 1, impl="torch", out=torch.empty_like(q))
+    both = torch.cat([q, q])
+    out = paged_attention_prefill(both, k, v, t, lens, cu + q.shape[0], impl="torch", out=torch.zeros_like(both))
+    assert torch.equal(out[q.shape[0] :], paged_attention_prefill(q, k, v, t, lens, cu, impl="torch"))
+    assert not out[: q.shape[0]].any()
 
 
 @needs_triton
@@ -319,8 +347,8 @@ def test_triton_prefill_head_layouts(num_q_heads, num_kv_heads, head_dim, dtype)
 
 @needs_triton
 @needs_interp
-def test_triton_prefill_stale_nan_past_the_end_and_capture_grid():
-    """NaN in unused slots never leaks; a grid sized for num_q_tokens (as under capture) is still right."""
+def test_triton_prefill_stale_nan_past_the_end():
+    """NaN in unused slots never leaks."""
     from paged_edu.kernels.triton_prefill import paged_prefill_triton
 
     q, k, v, t, lens, cu = make_prefill([3, 12], [21, 12], 4, 2, 16, torch.float32, seed=2)
@@ -329,7 +357,7 @@ def test_triton_prefill_stale_nan_past_the_end_and_capture_grid():
         last = int(t[i, (s - 1) // B])
         k[last, s % B or B :] = float("nan")
         v[last, s % B or B :] = float("nan")
-    out = paged_prefill_triton(q, k, v, t, lens, cu, scale=0.25, max_q_len=q.shape[0], config=dict(ROWS=8, TILE=16))
+    out = paged_prefill_triton(q, k, v, t, lens, cu, scale=0.25, config=dict(ROWS=8, TILE=16))
     check(out, ref, torch.float32, "prefill nan slots")
 
 

@@ -125,7 +125,7 @@ def test_prepare_batch_slots_follow_the_block_table_and_put_decodes_first():
     assert batch.positions.tolist() == [2] + list(range(3, 10))
     assert batch.logits_rows.tolist() == [7, 0]  # input order: chunk a's last row, then b's
     assert batch.decode_seq_lens.tolist() == [3] and batch.prefill_seq_lens.tolist() == [10]
-    assert batch.prefill_cu_seqlens_q.tolist() == [0, 7]
+    assert batch.prefill_cu_seqlens_q.tolist() == [1, 8]  # rows of q: after the one decode
     with pytest.raises(ValueError, match="cannot hold"):
         prepare_batch([BatchChunk([1, 2, 3], 8, alloc.block_table("b"))], 4)
     with pytest.raises(ValueError, match="at least one chunk"):

@@ -56,13 +56,12 @@ def test_vectorised_batch_equals_the_per_token_definition(seed):
         for row, c in zip(tables.tolist(), group):
             assert row[: len(c.block_table)] == c.block_table and not any(row[len(c.block_table) :])
     if pre:
-        cu = [0]
+        cu = [len(dec)]  # the chunks' rows follow the decode rows
         for c in pre:
             cu.append(cu[-1] + len(c.token_ids))
         assert batch.prefill_cu_seqlens_q.tolist() == cu
-        assert batch.prefill_max_q_len == max(len(c.token_ids) for c in pre)  # the grid's size, without a sync
     else:
-        assert batch.prefill_max_q_len is None
+        assert batch.prefill_cu_seqlens_q is None
     assert batch.input_ids.dtype == batch.positions.dtype == batch.slot_mapping.dtype == torch.int64
 
 
@@ -123,7 +122,7 @@ def test_the_graph_path_stages_pads_and_samples_like_the_eager_path():
     so does seeded sampling through the staged uniforms (same tokens as the eager engine)."""
     from paged_edu.engine import Engine
     from paged_edu.engine.batch import StaticStaging
-    from paged_edu.engine.runner import DecodeCudaGraphs
+    from paged_edu.engine.cuda_graphs import DecodeCudaGraphs
     from paged_edu.models.config import LlamaConfig
     from paged_edu.models.llama import PagedLlama
     from paged_edu.models.loaders import random_hf_llama

@@ -142,8 +142,7 @@ def pack_chunks(
         decode_seq_lens=end_o[:D].astype(np.int32) if D else None,
         prefill_block_tables=table[D:, :Wp] if D < C else None,
         prefill_seq_lens=end_o[D:].astype(np.int32) if D < C else None,
-        prefill_cu_seqlens_q=np.concatenate([[0], np.cumsum(n_o[D:])]).astype(np.int32) if D < C else None,
-        prefill_max_q_len=int(n_o[D:].max()) if D < C else None,
+        prefill_cu_seqlens_q=np.concatenate([[D], D + np.cumsum(n_o[D:])]).astype(np.int32) if D < C else None,
     )
 
 
@@ -166,7 +165,6 @@ def _pack_decodes(token_ids, c: np.ndarray, lens: np.ndarray, tables, B: int) ->
         prefill_block_tables=None,
         prefill_seq_lens=None,
         prefill_cu_seqlens_q=None,
-        prefill_max_q_len=None,
     )
 
 
@@ -291,7 +289,6 @@ def to_forward_batch(fields: dict, tensors: dict[str, torch.Tensor | None]) -> F
         prefill_seq_lens=tensors["prefill_seq_lens"],
         prefill_cu_seqlens_q=tensors["prefill_cu_seqlens_q"],
         logits_rows=tensors["logits_rows"],
-        prefill_max_q_len=fields["prefill_max_q_len"],
     )
 
 

@@ -109,6 +109,9 @@ class Engine:
         :class:`~paged_edu.models.llama.Kernels`). The choice is this engine's: another engine on the
         same model keeps its own.
     cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
+    mixed_graphs: replay captured CUDA graphs for steps with prompt chunks too, one per token bucket
+        up to ``max_num_batched_tokens`` (:mod:`~paged_edu.engine.cuda_graphs`; needs CUDA; off by
+        default: capturing them takes a few seconds when the engine is built).
     max_model_len: the longest sequence (prompt + output) accepted: at most the model's positions
         (more is refused); default: those positions, capped by what the pool holds.
     sync_timing: synchronise the device at every phase boundary so that ``StepMetrics.phase_times``
@@ -139,6 +142,7 @@ class Engine:
         prefill_impl: str | None = None,
         fused_impl: str = "auto",
         cuda_graphs: bool | None = None,
+        mixed_graphs: bool = False,
         max_model_len: int | None = None,
         seed: int = 0,
         sync_timing: bool = False,
@@ -214,8 +218,10 @@ class Engine:
             prefill_impl=prefill_impl,
             fused_impl=fused_impl,
             cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs,
+            mixed_graphs=mixed_graphs,
             max_num_seqs=self.scheduler.max_num_seqs,
             max_model_len=min(self.max_model_len, num_blocks * block_size),
+            max_num_batched_tokens=self.scheduler.max_num_batched_tokens,
         )
         self.sampler = Sampler(seed)
         self.sync_timing = check.flag("sync_timing", sync_timing)
@@ -239,6 +245,7 @@ class Engine:
     graphs = property(lambda self: self.runner.graphs)
     graph_error = property(lambda self: self.runner.graph_error)
     num_graph_steps = property(lambda self: self.runner.num_graph_steps)
+    num_mixed_graph_steps = property(lambda self: self.runner.num_mixed_graph_steps)
 
     # -- events --------------------------------------------------------------------------------
     def subscribe(self, callback: Callable[[StepMetrics | RequestMetrics], None]) -> Callable[[], None]:

@@ -7,7 +7,9 @@ of which sequences); the runner makes it run. Per step the host does three thing
    numpy from the chunks and their block tables (:mod:`paged_edu.engine.batch`), plus the rows to
    sample, in **one** host-to-device copy from a reused, pinned buffer;
 2. :meth:`ModelRunner.forward` -- launches the forward pass: one CUDA-graph replay for a pure-decode
-   step (:class:`DecodeCudaGraphs`; the graph also computes the greedy tokens), else the eager model;
+   step (:class:`~paged_edu.engine.cuda_graphs.DecodeCudaGraphs`; the graph also computes the greedy
+   tokens), one replay of :class:`~paged_edu.engine.cuda_graphs.MixedCudaGraphs` for a step with
+   prompt chunks (``mixed_graphs=True``), else the eager model;
 3. :meth:`ModelRunner.sample` -- sampling on the device (argmax, or the seeded inverse CDF of
    :func:`~paged_edu.engine.sampling.sample_on_device`) and **one** device-to-host copy of the
    tokens; the only point where the host waits for the GPU (timed: ``device_wait_s``).
@@ -28,161 +30,36 @@ import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.validation import flag
-from paged_edu.engine.batch import (
-    BatchStaging,
-    SamplingBatch,
-    StaticStaging,
-    pack_chunks,
-    to_forward_batch,
-    token_slice,
-)
+from paged_edu.engine.batch import BatchStaging, SamplingBatch, pack_chunks, to_forward_batch, token_slice
+from paged_edu.engine.cuda_graphs import DecodeCudaGraphs, MixedCudaGraphs
 from paged_edu.engine.sampling import sample_on_device
 from paged_edu.kernels import kernel_support
 from paged_edu.models.llama import ForwardBatch, Kernels, PagedLlama
 
-__all__ = ["DecodeCudaGraphs", "ModelRunner", "StepBatch"]
+__all__ = ["ModelRunner", "StepBatch"]
 
 
 class StepBatch:
     """What :meth:`ModelRunner.prepare` hands to ``forward`` and ``sample``: the model's inputs, the
     rows to sample, and (after ``forward``) where the results are."""
 
-    __slots__ = ("forward", "sampling", "num_rows", "graph_size", "hidden", "greedy")
+    __slots__ = ("forward", "sampling", "num_rows", "graph_size", "mixed_size", "hidden", "greedy")
 
-    def __init__(self, forward: ForwardBatch | None, sampling: SamplingBatch, num_rows: int, graph_size: int | None):
+    def __init__(
+        self,
+        forward: ForwardBatch | None,
+        sampling: SamplingBatch,
+        num_rows: int,
+        graph_size: int | None,
+        mixed_size: int | None = None,
+    ):
         self.forward = forward  # None when a captured graph runs it (its inputs are staged in the graph's buffers)
         self.sampling = sampling
         self.num_rows = num_rows  # real rows; rows past it pad a captured graph's batch size
-        self.graph_size = graph_size  # the captured size that runs it, or None (eager)
+        self.graph_size = graph_size  # the captured decode batch size that runs it, or None
+        self.mixed_size = mixed_size  # the token bucket whose mixed-step graph runs it, or None
         self.hidden: torch.Tensor | None = None  # (rows, hidden), set by forward
         self.greedy: torch.Tensor | None = None  # (rows,) argmax tokens, when the graph computed them
-
-
-# ----------------------------------------------------------------------------------------------
-# CUDA graphs for decode steps
-# ----------------------------------------------------------------------------------------------
-
-
-class DecodeCudaGraphs:
-    """Replay a captured forward pass for pure-decode steps (one token per sequence).
-
-    Eagerly, a decode step of a 30-layer model launches about a thousand small kernels; at batch
-    256 the GPU then waits on Python most of the time. A CUDA graph records the launches once per
-    batch size and replays them with one call. Everything a replay reads sits in static buffers
-    that each step overwrites: token ids, positions, slots, block tables and lengths -- and they are
-    views of one :class:`~paged_edu.engine.batch.StaticStaging`, so :meth:`stage` fills them with
-    numpy and one host-to-device copy (no device-side copies, no tensors made per step). A step of
-    ``D`` sequences runs the graph of the smallest captured size ``bs >= D``; the padding rows store
-    to slot -1 (skipped by the store kernel) and attend to one token of block 0 (harmless; their
-    output is dropped). The graph ends with the LM head and the argmax, so a greedy step needs no
-    further launch. The kernels must not sync with the host or size launches from data -- the
-    decode kernel picks its split count from the table *width*, which is fixed here.
-    """
-
-    def __init__(
-        self, model: PagedLlama, kv_caches, max_batch_size: int, max_blocks_per_seq: int, kernels: Kernels | None = None
-    ) -> None:
-        device = model.device
-        if device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA model, got {device}")
-        self.model = model
-        self.kv_caches = kv_caches
-        self.kernels = (kernels or Kernels()).resolve(device)  # what the captured passes run
-        self.max_blocks_per_seq = max_blocks_per_seq
-        sizes = [1, 2, 4, 8] + list(range(16, 129, 16)) + list(range(160, 1025, 32))
-        self.sizes = [b for b in sizes if b < max_batch_size] + [max_batch_size]
-        n, W = max_batch_size, max_blocks_per_seq
-        i64, i32, f32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
-        self.staging = StaticStaging(
-            device,
-            dict(
-                input_ids=(i64, (n,)),
-                positions=(i64, (n,)),
-                slot_mapping=(i64, (n,)),
-                seq_lens=(i32, (n,)),
-                sample_rows=(i64, (n,)),
-                temperatures=(f32, (n,)),
-                top_ps=(f32, (n,)),
-                uniforms=(f32, (n,)),
-                block_tables=(i32, (n, W)),  # last: only the rows of the step travel
-            ),
-        )
-        self.staging.np["seq_lens"][:] = 1
-        self.staging.np["slot_mapping"][:] = -1
-        self.staging.upload(n)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bs -> (hidden (bs, H), greedy (bs,))
-        pool = None
-        for bs in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
-            batch = self._batch(bs)
-            stream = torch.cuda.Stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up outside the graph (lazy inits, autotuning caches)
-                    self._forward(batch)
-            torch.cuda.current_stream(device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = self._forward(batch)
-            pool = graph.pool()
-            self.graphs[bs] = graph
-        torch.cuda.synchronize(device)
-
-    def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.model(batch, self.kv_caches, self.kernels)  # (bs, hidden)
-        return hidden, self.model.compute_logits(hidden).argmax(dim=-1)  # (bs,) greedy tokens
-
-    def _batch(self, bs: int) -> ForwardBatch:
-        v = self.staging.views
-        return ForwardBatch(
-            input_ids=v["input_ids"][:bs],
-            positions=v["positions"][:bs],
-            slot_mapping=v["slot_mapping"][:bs],
-            num_decodes=bs,
-            decode_block_tables=v["block_tables"][:bs],
-            decode_seq_lens=v["seq_lens"][:bs],
-            prefill_block_tables=None,
-            prefill_seq_lens=None,
-            prefill_cu_seqlens_q=None,
-            logits_rows=torch.arange(bs, device=v["input_ids"].device),
-        )
-
-    def size_for(self, num_decodes: int, width: int) -> int | None:
-        """The captured batch size that runs ``num_decodes`` decodes with tables ``width`` wide, or None."""
-        if num_decodes > self.sizes[-1] or width > self.max_blocks_per_seq:
-            return None
-        return next(b for b in self.sizes if b >= num_decodes)
-
-    def stage(self, fields: dict, bs: int, sample_rows: np.ndarray, sampling) -> SamplingBatch:
-        """Write a pure-decode batch (``pack_chunks``' fields) and its sampled rows into the graph's
-        inputs, padded to ``bs`` rows, in one copy; returns the sampled rows as device views."""
-        self.staging.wait()
-        h, v = self.staging.np, self.staging.views
-        D, N = len(fields["input_ids"]), len(sample_rows)
-        tables = fields["decode_block_tables"]
-        for name, key, pad in (
-            ("input_ids", "input_ids", 0),
-            ("positions", "positions", 0),
-            ("slot_mapping", "slot_mapping", -1),
-            ("seq_lens", "decode_seq_lens", 1),
-        ):
-            h[name][:D] = fields[key]
-            h[name][D:bs] = pad
-        h["block_tables"][:D, : tables.shape[1]] = tables  # columns past the width: stale, unread
-        h["block_tables"][D:bs, 0] = 0
-        h["sample_rows"][:N] = sample_rows
-        if sampling is not None:
-            for name, values in zip(("temperatures", "top_ps", "uniforms"), sampling):
-                h[name][:N] = values
-        self.staging.upload(bs)
-        if sampling is None:
-            return SamplingBatch(v["sample_rows"][:N], None, None, None)
-        return SamplingBatch(v["sample_rows"][:N], v["temperatures"][:N], v["top_ps"][:N], v["uniforms"][:N])
-
-    def replay(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hidden states ``(bs, hidden)`` and greedy tokens ``(bs,)`` of the staged batch."""
-        self.graphs[bs].replay()
-        return self.outputs[bs]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,10 +76,13 @@ class ModelRunner:
     * :meth:`prepare` -- the batch built by numpy array expressions, not a Python loop per token,
       into a reused pinned buffer that reaches the device in one copy (:mod:`~paged_edu.engine.batch`;
       at 256 running sequences this took the host's preparation from 0.84 to about 0.2 ms a step);
-    * ``cuda_graphs=True`` -- :class:`DecodeCudaGraphs` for batches of up to ``max_num_seqs``
-      decodes with block tables up to ``max_model_len`` tokens wide: a decode step of small
-      kernels is bound by their launches, which a replay removes. Capture is an optimisation: if it
-      fails the runner warns, records why in ``graph_error`` and runs every step eagerly;
+    * ``cuda_graphs=True`` -- :class:`~paged_edu.engine.cuda_graphs.DecodeCudaGraphs` for batches of
+      up to ``max_num_seqs`` decodes with block tables up to ``max_model_len`` tokens wide: a decode
+      step of small kernels is bound by their launches, which a replay removes;
+      ``mixed_graphs=True`` -- :class:`~paged_edu.engine.cuda_graphs.MixedCudaGraphs` for the
+      other steps of up to ``max_num_batched_tokens`` tokens (on the H200 an eager step with prompt
+      chunks spent ~17 ms launching ~600 kernels from Python). Capture is an optimisation: if it
+      fails the runner warns, records why in ``graph_error`` and runs those steps eagerly;
     * :meth:`sample` -- the LM head only for the rows that sample (one per sequence), not for every
       token of a prompt chunk (a 49,152-wide matmul per row); the tokens drawn on the device (the
       uniforms come from the host with the batch) and copied back once, into pinned memory.
@@ -222,8 +102,10 @@ class ModelRunner:
         prefill_impl: str | None = None,
         fused_impl: str = "auto",
         cuda_graphs: bool = False,
+        mixed_graphs: bool = False,
         max_num_seqs: int = 256,
         max_model_len: int = 2048,
+        max_num_batched_tokens: int = 2048,
     ) -> None:
         on_gpu = model.device.type == "cuda"
         # The kernels, checked now rather than at the first forward pass, and passed to the model
@@ -246,6 +128,7 @@ class ModelRunner:
         )
         self.kernels = Kernels(decode, prefill, fused_impl).resolve(model.device)
         cuda_graphs = flag("cuda_graphs", cuda_graphs)
+        mixed_graphs = flag("mixed_graphs", mixed_graphs)
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
@@ -254,21 +137,33 @@ class ModelRunner:
         self.staging = BatchStaging(self.device)  # the step's inputs: one pinned buffer, one copy
         self._tokens_host = torch.empty(1024, dtype=torch.long, pin_memory=on_gpu)  # the step's tokens come back here
         self.graphs: DecodeCudaGraphs | None = None
+        self.mixed_graphs: MixedCudaGraphs | None = None
         self.graph_error: str | None = None
-        self.num_graph_steps = 0  # forward passes served by a CUDA-graph replay
+        self.num_graph_steps = 0  # forward passes served by a decode CUDA-graph replay
+        self.num_mixed_graph_steps = 0  # forward passes served by a mixed-step CUDA-graph replay
         self.device_wait_s = 0.0  # how long the last sample() waited for the device
         self.num_blocks = {"swap_out": 0, "copy": 0, "swap_in": 0}  # blocks copied by apply_block_ops, ever
         self._unapplied: deque[list[tuple[str, int, int]]] = deque()  # per step: ops a raising copy left
-        if cuda_graphs:
-            if self.device.type != "cuda":
-                raise ValueError("cuda_graphs=True needs the model on a CUDA device")
-            try:
+        for name, wanted in (("cuda_graphs", cuda_graphs), ("mixed_graphs", mixed_graphs)):
+            if wanted and self.device.type != "cuda":
+                raise ValueError(f"{name}=True needs the model on a CUDA device")
+        try:
+            if cuda_graphs:
                 self.graphs = DecodeCudaGraphs(
                     model, self.kv_pairs, max_num_seqs, -(-max_model_len // self.block_size), self.kernels
                 )
-            except Exception as exc:  # fall back to eager steps, and say why
-                self.graph_error = f"{type(exc).__name__}: {exc}"
-                warnings.warn(f"CUDA-graph capture failed, decode steps run eagerly: {self.graph_error}")
+            if mixed_graphs:
+                self.mixed_graphs = MixedCudaGraphs(
+                    model,
+                    self.kv_pairs,
+                    max_num_batched_tokens,
+                    max_num_seqs,
+                    -(-max_model_len // self.block_size),
+                    self.kernels,
+                )
+        except Exception as exc:  # fall back to eager steps, and say why
+            self.graph_error = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"CUDA-graph capture failed, those steps run eagerly: {self.graph_error}")
 
     def apply_block_ops(self, block_ops: Sequence[tuple[str, int, int]]) -> dict[str, int]:
         """Apply the scheduler's ``block_ops`` to the cache in order -- ``("swap_out", gpu, cpu)``,
@@ -345,26 +240,35 @@ class ModelRunner:
             bs = self.graphs.size_for(rows, fields["decode_block_tables"].shape[1])
             if bs is not None:  # straight into the captured graph's inputs
                 return StepBatch(None, self.graphs.stage(fields, bs, sample_rows, sampling), rows, bs)
-        arrays = {
-            k: fields[k]
-            for k in (
-                "input_ids",
-                "positions",
-                "slot_mapping",
-                "logits_rows",
-                "decode_block_tables",
-                "decode_seq_lens",
-                "prefill_block_tables",
-                "prefill_seq_lens",
-                "prefill_cu_seqlens_q",
-            )
-        }
+        Tb = self.mixed_graphs.size_for(fields) if self.mixed_graphs is not None else None
+        if Tb is not None:  # into the mixed-step graph's inputs; only the rows to sample travel below
+            self.mixed_graphs.stage(fields, Tb)
+        arrays = (
+            {}
+            if Tb is not None
+            else {
+                k: fields[k]
+                for k in (
+                    "input_ids",
+                    "positions",
+                    "slot_mapping",
+                    "logits_rows",
+                    "decode_block_tables",
+                    "decode_seq_lens",
+                    "prefill_block_tables",
+                    "prefill_seq_lens",
+                    "prefill_cu_seqlens_q",
+                )
+            }
+        )
         arrays["sample_rows"] = sample_rows
         if sampling is not None:
             for name, values in zip(("temperatures", "top_ps", "uniforms"), sampling):
                 arrays[name] = np.asarray(values, dtype=np.float32)
         t = self.staging.upload(arrays)
         sampling_batch = SamplingBatch(t["sample_rows"], t.get("temperatures"), t.get("top_ps"), t.get("uniforms"))
+        if Tb is not None:
+            return StepBatch(None, sampling_batch, rows, None, Tb)
         return StepBatch(to_forward_batch(fields, t), sampling_batch, rows, None)
 
     def forward(self, batch: StepBatch) -> None:
@@ -372,6 +276,9 @@ class ModelRunner:
         if batch.graph_size is not None:
             self.num_graph_steps += 1
             batch.hidden, batch.greedy = self.graphs.replay(batch.graph_size)  # one graph replay
+        elif batch.mixed_size is not None:
+            self.num_mixed_graph_steps += 1
+            batch.hidden = self.mixed_graphs.replay(batch.mixed_size)  # one graph replay, (Tb, hidden)
         else:
             batch.hidden = self.model(batch.forward, self.kv_pairs, self.kernels)  # (T, hidden)
 
@@ -380,6 +287,8 @@ class ModelRunner:
         async scheduling fills in for tokens still on the device (:mod:`~paged_edu.engine.overlap`)."""
         if batch.graph_size is not None:
             return self.graphs.staging.views["input_ids"][: batch.graph_size]
+        if batch.mixed_size is not None:
+            return self.mixed_graphs.input_ids(batch.mixed_size)
         return batch.forward.input_ids
 
     def draw(self, batch: StepBatch) -> torch.Tensor:

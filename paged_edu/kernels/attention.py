@@ -144,23 +144,24 @@ def paged_attention_prefill(
     scale: float | None = None,
     impl: str = "auto",
     validate: bool = True,
-    max_q_len: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (num_q_tokens, num_q_heads, head_dim), q.dtype
     """Causal attention of a chunk of new tokens per sequence over its paged KV (varlen).
 
-    ``max_q_len``, the longest chunk, is what the Triton kernel's grid needs; a caller that knows it on
-    the host (the engine's runner) passes it, else the kernel reads it off ``cu_seqlens_q`` (a sync)."""
+    ``out``: write into this tensor (``q``'s shape and dtype) and return it; then the chunks may
+    own only rows ``cu_seqlens_q[0] .. cu_seqlens_q[-1]`` of ``q`` and the other rows of ``out`` are
+    left as they are -- how the engine puts a step's decode rows and prompt chunks in one buffer."""
     if validate:
         check_impl(impl, PREFILL_IMPLS)
-        check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len=max_q_len)
+        check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out=out)
         scale = check_scale(scale, q.shape[2])
     elif scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])
     impl = _resolve(impl, q, prefill=True)
     if impl == "torch":
-        return paged_prefill_reference(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale)
+        return paged_prefill_reference(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale, out=out)
     return _triton_module("triton_prefill").paged_prefill_triton(
-        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale, max_q_len=max_q_len
+        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale, out=out
     )
 
 

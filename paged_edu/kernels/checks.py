@@ -114,7 +114,7 @@ def check_decode_inputs(q, k_cache, v_cache, block_tables, seq_lens, *, validate
 
 
 def check_prefill_inputs(
-    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, validate: bool = True, max_q_len: int | None = None
+    q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, validate: bool = True, out=None
 ) -> None:
     """Raise ``TypeError``/``ValueError`` for anything :func:`paged_attention_prefill` cannot take."""
     if not isinstance(cu_seqlens_q, torch.Tensor):
@@ -131,22 +131,31 @@ def check_prefill_inputs(
     _check_cache_and_tables(q, k_cache, v_cache, block_tables, seq_lens, num_seqs)
     if cu_seqlens_q.device != q.device:
         raise ValueError(f"cu_seqlens_q is on {cu_seqlens_q.device}, q on {q.device}")
+    if out is not None and (
+        not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
+    ):
+        raise ValueError(
+            f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device {q.device}, got "
+            + (
+                f"{out.dtype} {tuple(out.shape)} on {out.device}"
+                if isinstance(out, torch.Tensor)
+                else type(out).__name__
+            )
+        )
     if validate and not _capturing(q):
         _check_lengths(seq_lens, block_tables, k_cache.shape[1], k_cache.shape[0])
         cu = cu_seqlens_q.tolist()
-        if cu[0] != 0 or cu[-1] != q.shape[0]:
+        if out is None and (cu[0] != 0 or cu[-1] != q.shape[0]):
             raise ValueError(
-                f"cu_seqlens_q must start at 0 and end at num_q_tokens ({q.shape[0]}), got {cu[0]}..{cu[-1]}"
+                f"cu_seqlens_q must start at 0 and end at num_q_tokens ({q.shape[0]}), got {cu[0]}..{cu[-1]} "
+                "(with out=..., the chunks may own a middle range of rows)"
             )
+        if cu[0] < 0 or cu[-1] > q.shape[0]:
+            raise ValueError(f"cu_seqlens_q must lie within q's {q.shape[0]} rows, got {cu[0]}..{cu[-1]}")
         for i, s in enumerate(seq_lens.tolist()):
             q_len = cu[i + 1] - cu[i]
             if not 1 <= q_len <= s:
                 raise ValueError(f"sequence {i}: q_len {q_len} must be in [1, seq_lens[{i}] = {s}]")
-        longest = max((b - a for a, b in zip(cu, cu[1:])), default=0)
-        if max_q_len is not None and (
-            isinstance(max_q_len, bool) or not isinstance(max_q_len, int) or max_q_len < longest
-        ):
-            raise ValueError(f"max_q_len={max_q_len!r}, but the longest chunk in cu_seqlens_q has {longest} tokens")
 
 
 # The largest softmax scale accepted. Models use 1/sqrt(head_dim) (at most 1) or a scale of that

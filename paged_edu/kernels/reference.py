@@ -153,17 +153,20 @@ def paged_prefill_reference(
     cu_seqlens_q: torch.Tensor,  # int32 (num_seqs + 1,)
     *,
     scale: float,
+    out: torch.Tensor | None = None,  # (num_q_tokens, num_q_heads, head_dim): rows cu[0]..cu[-1] written
 ) -> torch.Tensor:  # (num_q_tokens, num_q_heads, head_dim)
     """Query ``j`` of sequence ``i`` sits at ``p = s_i - q_len_i + j`` and sees positions ``0..p``."""
     num_q_tokens, num_q_heads, head_dim = q.shape
     B, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
     for i, s in enumerate(lens):
         start, end = cu[i], cu[i + 1]
         q_len = end - start
+        if q_len == 0:  # a padding chunk (the engine's CUDA graphs)
+            continue
         blocks = block_tables[i, : -(-s // B)].long()  # (ceil(s/B),) only the blocks in use
         k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:s].float()  # (s, H_kv, D)
         v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:s].float()  # (s, H_kv, D)

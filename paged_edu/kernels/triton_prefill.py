@@ -41,9 +41,17 @@ Inputs are packed "varlen" style (see :func:`paged_edu.kernels.paged_attention_p
 ``q (num_q_tokens, num_q_heads, head_dim)`` with sequence ``i`` in rows
 ``cu_seqlens_q[i] : cu_seqlens_q[i + 1]``.
 
-Grid: ``(num_kv_heads, num_seqs, ceil(max_q_len / BLOCK_Q))``, the query blocks in *reverse*
-order (program ``z`` takes block ``n_blocks - 1 - z``: the last tokens, which read the most keys,
-start first). A program whose block lies past its sequence's ``q_len`` does no work.
+Grid: ``(num_kv_heads, num_q_tokens // BLOCK_Q + num_seqs)``, a flat list of query blocks over all
+sequences -- a number the host knows without reading ``cu_seqlens_q``, so the launch needs no sync
+and can be captured in a CUDA graph whatever the chunks' lengths. Sequence ``i`` owns the program
+indices from ``start_i = cu_seqlens_q[i] // BLOCK_Q + i`` on (one more than it needs at most: its
+chunk may not start on a multiple of ``BLOCK_Q``); a program finds its sequence by binary search
+over ``start_i``, as vLLM's ``kernel_unified_attention_2d`` does (``find_seq_idx``,
+``vllm/attention/ops/triton_unified_attention.py``). The indices run in *reverse* (program ``z``
+takes block ``n - 1 - z``): within a sequence the last tokens, which read the most keys, start
+first. A program past its sequence's ``q_len`` -- or on a padding chunk of ``q_len = 0`` -- does no
+work and returns at once. ``cu_seqlens_q`` may start after row 0 of ``q``: the engine passes the whole step's queries,
+decodes first, and the rows ``cu[0] .. cu[-1]`` are the prompt chunks'.
 
 Benchmark
 ---------
@@ -139,7 +147,21 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
-@triton.jit(do_not_specialize=["stride_bt_seq"])  # the table width changes every step (see triton_decode)
+@triton.jit
+def _find_seq(cu_seqlens_q_ptr, b, num_seqs, BLOCK_Q: tl.constexpr):
+    """The last sequence ``i`` with ``cu_seqlens_q[i] // BLOCK_Q + i <= b`` (-1 if none): binary search."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid <= b:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit(do_not_specialize=["stride_bt_seq", "num_seqs"])  # both change every step (see triton_decode)
 def _paged_prefill_kernel(
     q_ptr,  # (num_q_tokens, num_q_heads, head_dim)
     k_cache_ptr,  # (num_blocks, B, num_kv_heads, head_dim)
@@ -149,6 +171,7 @@ def _paged_prefill_kernel(
     cu_seqlens_q_ptr,  # int32 (num_seqs + 1,)
     out_ptr,  # (num_q_tokens, num_q_heads, head_dim)
     qk_scale,  # softmax scale * log2(e)
+    num_seqs,
     stride_q_tok,
     stride_q_head,  # q strides (head_dim stride is 1)
     stride_k_block,
@@ -171,11 +194,15 @@ def _paged_prefill_kernel(
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, "tf32" otherwise
 ):
     kv_head = tl.program_id(0)
-    seq = tl.program_id(1)
-    q_block = tl.num_programs(2) - 1 - tl.program_id(2)  # longest work first
-
+    b = tl.num_programs(1) - 1 - tl.program_id(1)  # this program's block of the flat list, longest work first
+    seq = _find_seq(cu_seqlens_q_ptr, b, num_seqs, BLOCK_Q)
+    owned = seq >= 0  # False: b lies before the first chunk's blocks
+    seq = tl.maximum(seq, 0)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
-    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    q_block = tl.where(owned, b - (q_start // BLOCK_Q + seq), 0)  # which block of its chunk
+    q_len = tl.where(owned, tl.load(cu_seqlens_q_ptr + seq + 1) - q_start, 0)
+    if q_block * BLOCK_Q >= q_len:  # past its chunk's end, or a padding chunk: no work
+        return
     seq_len = tl.load(seq_lens_ptr + seq)
     ctx = seq_len - q_len  # cached tokens before the chunk
 
@@ -198,12 +225,11 @@ def _paged_prefill_kernel(
         q = q.to(tl.float32)
     q_pos = ctx + tok  # (ROWS,) position of each row's token in the sequence
 
-    # Keys this block needs: 0 .. ctx + its last token. None when the block lies past q_len.
-    has_work = q_block * BLOCK_Q < q_len
-    key_end = tl.where(has_work, ctx + tl.minimum((q_block + 1) * BLOCK_Q, q_len), 0)
+    # Keys this block needs: 0 .. ctx + its last token.
+    key_end = ctx + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
     num_tiles = tl.cdiv(key_end, TILE)
     # Tiles every row sees in full: their last key <= the first token's position ctx + q_block*BLOCK_Q.
-    num_full = tl.where(has_work, (ctx + q_block * BLOCK_Q + 1) // TILE, 0)
+    num_full = (ctx + q_block * BLOCK_Q + 1) // TILE
 
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
@@ -269,7 +295,7 @@ def _paged_prefill_kernel(
             DOT_PRECISION,
         )
 
-    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l = 0 only in programs with no work
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a guard: every row sees key 0, so l > 0
     tl.store(
         out_ptr + (q_start + tok)[:, None] * stride_o_tok + head[:, None] * stride_o_head + offs_d[None, :],
         o.to(out_ptr.dtype.element_ty),
@@ -308,7 +334,7 @@ def paged_prefill_triton(
     cu_seqlens_q: torch.Tensor,  # int32 (num_seqs + 1,)
     *,
     scale: float,
-    max_q_len: int | None = None,  # None: read it off cu_seqlens_q (a sync), or num_q_tokens while capturing
+    out: torch.Tensor | None = None,  # (num_q_tokens, num_q_heads, head_dim): rows cu[0]..cu[-1] written
     config: dict | None = None,  # overrides of prefill_config (benchmark sweeps, tests)
 ) -> torch.Tensor:  # (num_q_tokens, num_q_heads, head_dim)
     """Launch the prefill kernel on validated inputs (see :func:`paged_edu.kernels.paged_attention_prefill`)."""
@@ -325,18 +351,13 @@ def paged_prefill_triton(
         q = q.contiguous()
     block_tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
     seq_lens, cu_seqlens_q = seq_lens.contiguous(), cu_seqlens_q.contiguous()
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if num_q_tokens == 0:
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+    if num_q_tokens == 0 or num_seqs == 0:
         return out
-    if max_q_len is None:
-        if q.is_cuda and torch.cuda.is_current_stream_capturing():
-            max_q_len = num_q_tokens
-        else:
-            max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     cfg = prefill_config(head_dim, group, on_gpu=not INTERPRETING)
     cfg.update(config or {})
     block_q = max(1, cfg["ROWS"] // cfg["GROUP_PAD"])
-    grid = (num_kv_heads, num_seqs, triton.cdiv(max_q_len, block_q))
+    grid = (num_kv_heads, num_q_tokens // block_q + num_seqs)
     _paged_prefill_kernel[grid](
         q,
         k_cache,
@@ -346,6 +367,7 @@ def paged_prefill_triton(
         cu_seqlens_q,
         out,
         scale * math.log2(math.e),
+        num_seqs,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),

@@ -413,7 +413,7 @@ CONCEPTS: tuple[Concept, ...] = (
     Concept(
         "CUDA graphs",
         "5",
-        ("paged_edu.engine.runner:DecodeCudaGraphs",),
+        ("paged_edu.engine.cuda_graphs:DecodeCudaGraphs", "paged_edu.engine.cuda_graphs:MixedCudaGraphs"),
         (
             C(
                 "CompilationConfig's CUDAGraphMode: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE",

@@ -59,11 +59,8 @@ class ForwardBatch:
     decode_seq_lens: torch.Tensor | None  # int32 (D,): s = start + 1
     prefill_block_tables: torch.Tensor | None  # int32 (P, max_blocks)
     prefill_seq_lens: torch.Tensor | None  # int32 (P,): cached prefix + chunk
-    prefill_cu_seqlens_q: torch.Tensor | None  # int32 (P + 1,)
+    prefill_cu_seqlens_q: torch.Tensor | None  # int32 (P + 1,): chunk i owns rows cu[i]:cu[i+1] (cu[0] = D)
     logits_rows: torch.Tensor  # (num_chunks,) int64: the row of each chunk's last token, input order
-    prefill_max_q_len: int | None = (
-        None  # the longest prompt chunk, known on the host (None: the kernel reads it, a sync)
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,7 +176,8 @@ class PagedAttention(nn.Module):
         )
         self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels):
+    def project(self, x, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels) -> torch.Tensor:
+        """The queries ``(T, H, D)`` of the new tokens; their keys and values go into the pool."""
         T = x.shape[0]
         H, H_kv, D = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = self.qkv_proj(x).split([H * D, H_kv * D, H_kv * D], dim=-1)
@@ -191,50 +189,44 @@ class PagedAttention(nn.Module):
             # (ten small kernels) with the same rounding. cos, sin are the whole (L, D) tables here.
             from paged_edu.kernels.triton_store import rotary_store_kv_triton
 
-            q = rotary_store_kv_triton(q, k, v, k_cache, v_cache, batch.slot_mapping, batch.positions, cos, sin)
-        else:
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            store_kv(k, v, k_cache, v_cache, batch.slot_mapping)  # the pool now holds every token up to each row
+            return rotary_store_kv_triton(q, k, v, k_cache, v_cache, batch.slot_mapping, batch.positions, cos, sin)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        store_kv(k, v, k_cache, v_cache, batch.slot_mapping)  # the pool now holds every token up to each row
+        return q
 
+    def attend(self, q, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels) -> torch.Tensor:
+        """Attention of the queries ``q`` ``(T, H, D)`` over the pool, through the block tables: the
+        only part of the model that reads other tokens. Decode rows first, then the prompt chunks."""
         Dn = batch.num_decodes
-        if Dn == T:  # a pure decode step: one kernel call, no copy
-            out = paged_attention_decode(
-                q,
-                k_cache,
-                v_cache,
-                batch.decode_block_tables,
-                batch.decode_seq_lens,
-                scale=self.scale,
-                impl=kernels.decode,
-                validate=False,
+        decode = dict(scale=self.scale, impl=kernels.decode, validate=False)
+        if batch.prefill_cu_seqlens_q is None:  # a pure decode step: one kernel call, no copy
+            return paged_attention_decode(
+                q, k_cache, v_cache, batch.decode_block_tables, batch.decode_seq_lens, **decode
             )
-        else:
-            out = torch.empty_like(q)  # (T, H, D)
-            if Dn:
-                out[:Dn] = paged_attention_decode(
-                    q[:Dn],
-                    k_cache,
-                    v_cache,
-                    batch.decode_block_tables,
-                    batch.decode_seq_lens,
-                    scale=self.scale,
-                    impl=kernels.decode,
-                    validate=False,
-                )
-            out[Dn:] = paged_attention_prefill(
-                q[Dn:],
-                k_cache,
-                v_cache,
-                batch.prefill_block_tables,
-                batch.prefill_seq_lens,
-                batch.prefill_cu_seqlens_q,
-                scale=self.scale,
-                impl=kernels.prefill,
-                validate=False,
-                max_q_len=batch.prefill_max_q_len,
+        out = torch.empty_like(q)  # (T, H, D)
+        if Dn:
+            out[:Dn] = paged_attention_decode(
+                q[:Dn], k_cache, v_cache, batch.decode_block_tables, batch.decode_seq_lens, **decode
             )
-        return self.o_proj(out.reshape(T, H * D))
+        # The prompt chunks own rows cu[0] = Dn .. cu[-1] of q: written into out in place.
+        return paged_attention_prefill(
+            q,
+            k_cache,
+            v_cache,
+            batch.prefill_block_tables,
+            batch.prefill_seq_lens,
+            batch.prefill_cu_seqlens_q,
+            scale=self.scale,
+            impl=kernels.prefill,
+            validate=False,
+            out=out,
+        )
+
+    def forward(self, x, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels):
+        q = self.project(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, H, D)
+        out = self.attend(q, k_cache, v_cache, batch, kernels)  # (T, H, D)
+        return self.o_proj(out.flatten(1))  # (T, hidden)
 
 
 class SwiGLU(nn.Module):

@@ -1,0 +1,305 @@
+"""CUDA graphs for the runner: one replay instead of hundreds of launches.
+
+What you will learn
+-------------------
+A forward pass of a small model is hundreds of small kernels; launched one by one from Python, each
+costs the host 5-40 us, and on a 135M-parameter model the GPU finishes each kernel faster than the
+host launches the next. A CUDA graph records the launches once and replays them with one call.
+The price: a graph replays the *same* kernels on the *same* addresses with the *same* shapes, so
+
+* every input lives in a static buffer that each step overwrites (a
+  :class:`~paged_edu.engine.batch.StaticStaging`: numpy writes, one host-to-device copy);
+* a step runs the graph captured for the smallest size that holds it, its extra rows padded (slot
+  -1, which the K/V store skips);
+* nothing inside may sync with the host or size a launch from data.
+
+Two kinds of steps, two sets of graphs, both *full* graphs (attention included):
+
+* :class:`DecodeCudaGraphs` -- one graph per batch size for pure-decode steps (one token per
+  sequence): the decode kernel's launch depends only on the batch size and the block table's width,
+  both fixed per graph; the graph ends with the LM head and the argmax;
+* :class:`MixedCudaGraphs` -- one graph per *token bucket* for steps with prompt chunks (with or
+  without decodes beside them). The per-token layers depend only on the number of tokens; attention
+  is made to depend on it too: the prefill kernel's grid is a flat list of query blocks sized from
+  the bucket and the most chunks a step can have, each program finding its chunk by binary search
+  (:mod:`paged_edu.kernels.triton_prefill`), and the chunks a step does not use are padding of
+  length 0. The decode rows go to the decode kernel over a fixed ``min(max_num_seqs, bucket)``
+  rows, the spare ones attending to one token of block 0 (their output is overwritten by the
+  prompt chunks' rows or dropped).
+
+vLLM's default, ``FULL_AND_PIECEWISE`` (``CUDAGraphMode`` in ``vllm/config/compilation.py``), keeps
+attention out of the graphs of mixed batches (piecewise graphs around an eager attention call);
+its full graphs for mixed batches need an attention backend that supports them, as its unified
+Triton attention does with the same flat grid. On the H200 our piecewise version still spent ~11 ms
+a mixed step launching the eager attention kernels from Python; the full graph spends one replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from paged_edu.engine.batch import SamplingBatch, StaticStaging
+from paged_edu.models.llama import ForwardBatch, Kernels, PagedLlama
+
+__all__ = ["DecodeCudaGraphs", "MixedCudaGraphs", "capture"]
+
+
+def capture(run: Callable, device: torch.device, pool=None):
+    """``(graph, outputs)``: ``run()`` warmed up twice on a side stream (lazy inits, Triton's first
+    compile), then recorded into a new graph that allocates from ``pool`` (shared by graphs that
+    never run at the same time)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = run()
+    return graph, outputs
+
+
+class DecodeCudaGraphs:
+    """Replay a captured forward pass for pure-decode steps (one token per sequence).
+
+    Eagerly, a decode step of a 30-layer model launches about a thousand small kernels; at batch
+    256 the GPU then waits on Python most of the time. A CUDA graph records the launches once per
+    batch size and replays them with one call. Everything a replay reads sits in static buffers
+    that each step overwrites: token ids, positions, slots, block tables and lengths -- and they are
+    views of one :class:`~paged_edu.engine.batch.StaticStaging`, so :meth:`stage` fills them with
+    numpy and one host-to-device copy (no device-side copies, no tensors made per step). A step of
+    ``D`` sequences runs the graph of the smallest captured size ``bs >= D``; the padding rows store
+    to slot -1 (skipped by the store kernel) and attend to one token of block 0 (harmless; their
+    output is dropped). The graph ends with the LM head and the argmax, so a greedy step needs no
+    further launch. The kernels must not sync with the host or size launches from data -- the
+    decode kernel picks its split count from the table *width*, which is fixed here.
+    """
+
+    def __init__(
+        self, model: PagedLlama, kv_caches, max_batch_size: int, max_blocks_per_seq: int, kernels: Kernels | None = None
+    ) -> None:
+        device = model.device
+        if device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA model, got {device}")
+        self.model = model
+        self.kv_caches = kv_caches
+        self.kernels = (kernels or Kernels()).resolve(device)  # what the captured passes run
+        self.max_blocks_per_seq = max_blocks_per_seq
+        sizes = [1, 2, 4, 8] + list(range(16, 129, 16)) + list(range(160, 1025, 32))
+        self.sizes = [b for b in sizes if b < max_batch_size] + [max_batch_size]
+        n, W = max_batch_size, max_blocks_per_seq
+        i64, i32, f32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
+        self.staging = StaticStaging(
+            device,
+            dict(
+                input_ids=(i64, (n,)),
+                positions=(i64, (n,)),
+                slot_mapping=(i64, (n,)),
+                seq_lens=(i32, (n,)),
+                sample_rows=(i64, (n,)),
+                temperatures=(f32, (n,)),
+                top_ps=(f32, (n,)),
+                uniforms=(f32, (n,)),
+                block_tables=(i32, (n, W)),  # last: only the rows of the step travel
+            ),
+        )
+        self.staging.np["seq_lens"][:] = 1
+        self.staging.np["slot_mapping"][:] = -1
+        self.staging.upload(n)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bs -> (hidden (bs, H), greedy (bs,))
+        pool = None
+        for bs in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
+            batch = self._batch(bs)
+            self.graphs[bs], self.outputs[bs] = capture(lambda: self._forward(batch), device, pool)
+            pool = self.graphs[bs].pool()
+        torch.cuda.synchronize(device)
+
+    def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.model(batch, self.kv_caches, self.kernels)  # (bs, hidden)
+        return hidden, self.model.compute_logits(hidden).argmax(dim=-1)  # (bs,) greedy tokens
+
+    def _batch(self, bs: int) -> ForwardBatch:
+        v = self.staging.views
+        return ForwardBatch(
+            input_ids=v["input_ids"][:bs],
+            positions=v["positions"][:bs],
+            slot_mapping=v["slot_mapping"][:bs],
+            num_decodes=bs,
+            decode_block_tables=v["block_tables"][:bs],
+            decode_seq_lens=v["seq_lens"][:bs],
+            prefill_block_tables=None,
+            prefill_seq_lens=None,
+            prefill_cu_seqlens_q=None,
+            logits_rows=torch.arange(bs, device=v["input_ids"].device),
+        )
+
+    def size_for(self, num_decodes: int, width: int) -> int | None:
+        """The captured batch size that runs ``num_decodes`` decodes with tables ``width`` wide, or None."""
+        if num_decodes > self.sizes[-1] or width > self.max_blocks_per_seq:
+            return None
+        return next(b for b in self.sizes if b >= num_decodes)
+
+    def stage(self, fields: dict, bs: int, sample_rows: np.ndarray, sampling) -> SamplingBatch:
+        """Write a pure-decode batch (``pack_chunks``' fields) and its sampled rows into the graph's
+        inputs, padded to ``bs`` rows, in one copy; returns the sampled rows as device views."""
+        self.staging.wait()
+        h, v = self.staging.np, self.staging.views
+        D, N = len(fields["input_ids"]), len(sample_rows)
+        tables = fields["decode_block_tables"]
+        for name, key, pad in (
+            ("input_ids", "input_ids", 0),
+            ("positions", "positions", 0),
+            ("slot_mapping", "slot_mapping", -1),
+            ("seq_lens", "decode_seq_lens", 1),
+        ):
+            h[name][:D] = fields[key]
+            h[name][D:bs] = pad
+        h["block_tables"][:D, : tables.shape[1]] = tables  # columns past the width: stale, unread
+        h["block_tables"][D:bs, 0] = 0
+        h["sample_rows"][:N] = sample_rows
+        if sampling is not None:
+            for name, values in zip(("temperatures", "top_ps", "uniforms"), sampling):
+                h[name][:N] = values
+        self.staging.upload(bs)
+        if sampling is None:
+            return SamplingBatch(v["sample_rows"][:N], None, None, None)
+        return SamplingBatch(v["sample_rows"][:N], v["temperatures"][:N], v["top_ps"][:N], v["uniforms"][:N])
+
+    def replay(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states ``(bs, hidden)`` and greedy tokens ``(bs,)`` of the staged batch."""
+        self.graphs[bs].replay()
+        return self.outputs[bs]
+
+
+class MixedCudaGraphs:
+    """Steps with prompt chunks, one full graph per token bucket.
+
+    Buckets: powers of two from 16 to 512, then every 512 up to ``max_num_tokens`` (the scheduler's
+    ``max_num_batched_tokens``). Static inputs, for ``T <= Tb`` rows and ``C <= max_num_seqs``
+    chunks (``D`` decodes first, then ``P`` prompt chunks): ids, positions and slots per row; the
+    decode rows' lengths and tables over ``Dcap = min(max_num_seqs, Tb)`` rows; the prompt chunks'
+    lengths, ``cu_seqlens_q`` (rows of q, from ``D``) and tables over ``max_num_seqs`` chunks.
+    Padding: rows past ``T`` store to slot -1; decode rows past ``D`` have length 1 (one token of
+    block 0); chunks past ``P`` have length 0 and ``cu`` stays at ``T``. The graph computes the hidden
+    states of all ``Tb`` rows; the runner samples the real ones.
+
+    ``capture_graphs=False`` replays by running the same padded batch eagerly: what a CPU can check.
+    """
+
+    def __init__(
+        self,
+        model: PagedLlama,
+        kv_caches,
+        max_num_tokens: int,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        kernels: Kernels | None = None,
+        capture_graphs: bool = True,
+    ) -> None:
+        device = model.device
+        if capture_graphs and device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA model, got {device}")
+        self.model = model
+        self.kv_caches = kv_caches
+        self.kernels = (kernels or Kernels()).resolve(device)
+        self.max_num_seqs, self.max_blocks_per_seq = max_num_seqs, max_blocks_per_seq
+        sizes = [2**k for k in range(4, 10)] + list(range(1024, max_num_tokens + 1, 512))
+        self.sizes = [t for t in sizes if t < max_num_tokens] + [max_num_tokens]
+        n, S, W = max_num_tokens, max_num_seqs, max_blocks_per_seq
+        i64, i32 = np.dtype(np.int64), np.dtype(np.int32)
+        self.staging = StaticStaging(
+            device,
+            dict(
+                input_ids=(i64, (n,)),
+                positions=(i64, (n,)),
+                slot_mapping=(i64, (n,)),
+                decode_seq_lens=(i32, (S,)),
+                prefill_seq_lens=(i32, (S,)),
+                cu_seqlens_q=(i32, (S + 1,)),
+                decode_block_tables=(i32, (S, W)),
+                prefill_block_tables=(i32, (S, W)),  # last: only the rows of the step's chunks travel
+            ),
+        )
+        h = self.staging.np
+        h["slot_mapping"][:] = -1  # warm-up and capture run the model: store nothing
+        h["decode_seq_lens"][:] = 1
+        self.staging.upload(S)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}  # Tb -> hidden (Tb, hidden)
+        pool = None
+        for Tb in reversed(self.sizes) if capture_graphs else ():  # largest first: the others reuse its pool
+            batch = self._batch(Tb)
+            self.graphs[Tb], self.outputs[Tb] = capture(
+                lambda: self.model(batch, kv_caches, self.kernels), device, pool
+            )  # noqa: B023
+            pool = self.graphs[Tb].pool()
+        if capture_graphs:
+            torch.cuda.synchronize(device)
+
+    def _batch(self, Tb: int) -> ForwardBatch:
+        v = self.staging.views
+        Dcap = min(self.max_num_seqs, Tb)
+        return ForwardBatch(
+            input_ids=v["input_ids"][:Tb],
+            positions=v["positions"][:Tb],
+            slot_mapping=v["slot_mapping"][:Tb],
+            num_decodes=Dcap,
+            decode_block_tables=v["decode_block_tables"][:Dcap],
+            decode_seq_lens=v["decode_seq_lens"][:Dcap],
+            prefill_block_tables=v["prefill_block_tables"],
+            prefill_seq_lens=v["prefill_seq_lens"],
+            prefill_cu_seqlens_q=v["cu_seqlens_q"],
+            logits_rows=v["input_ids"][:0],  # unused: the runner samples
+        )
+
+    def size_for(self, fields: dict) -> int | None:
+        """The token bucket that runs this step (``pack_chunks``' fields), or None (eager)."""
+        T = len(fields["input_ids"])
+        tables = [t for t in (fields["decode_block_tables"], fields["prefill_block_tables"]) if t is not None]
+        if len(fields["logits_rows"]) > self.max_num_seqs or max(t.shape[1] for t in tables) > self.max_blocks_per_seq:
+            return None
+        return next((t for t in self.sizes if t >= T), None)
+
+    def stage(self, fields: dict, Tb: int) -> None:
+        """Write the step into the graph's inputs, padded as the class says, in one copy."""
+        self.staging.wait()
+        h = self.staging.np
+        T, D = len(fields["input_ids"]), fields["num_decodes"]
+        for name, pad in (("input_ids", 0), ("positions", 0), ("slot_mapping", -1)):
+            h[name][:T] = fields[name]
+            h[name][T:Tb] = pad
+        Dcap = min(self.max_num_seqs, Tb)
+        h["decode_seq_lens"][:D] = fields["decode_seq_lens"] if D else 0
+        h["decode_seq_lens"][D:Dcap] = 1
+        if D:
+            tables = fields["decode_block_tables"]
+            h["decode_block_tables"][:D, : tables.shape[1]] = tables  # columns past the width: stale, unread
+        h["decode_block_tables"][D:Dcap, 0] = 0
+        cu = fields["prefill_cu_seqlens_q"]  # (P + 1,) from D, or None (decodes only)
+        P = 0 if cu is None else len(cu) - 1
+        if P:
+            h["prefill_seq_lens"][:P] = fields["prefill_seq_lens"]
+            tables = fields["prefill_block_tables"]
+            h["prefill_block_tables"][:P, : tables.shape[1]] = tables
+            h["cu_seqlens_q"][: P + 1] = cu
+        else:
+            h["cu_seqlens_q"][0] = T
+        h["prefill_seq_lens"][P:] = 0
+        h["cu_seqlens_q"][P + 1 :] = T
+        self.staging.upload(max(P, 1))
+
+    def input_ids(self, Tb: int) -> torch.Tensor:
+        """The staged token ids ``(Tb,)`` (async scheduling fills placeholders in there)."""
+        return self.staging.views["input_ids"][:Tb]
+
+    def replay(self, Tb: int) -> torch.Tensor:
+        """Hidden states ``(Tb, hidden)`` of the staged step."""
+        if not self.graphs:  # capture_graphs=False
+            return self.model(self._batch(Tb), self.kv_caches, self.kernels)
+        self.graphs[Tb].replay()
+        return self.outputs[Tb]

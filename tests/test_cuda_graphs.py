@@ -1,0 +1,216 @@
+"""CUDA graphs for steps with prompt chunks, against independent oracles: the model's own eager
+forward pass on the unpadded step (hidden states and the K/V it stores) and transformers' greedy
+tokens. On a CPU the padded batch the graph would replay runs eagerly (``capture_graphs=False``:
+same buffers, padding and bucket choice); on a GPU it is captured and replayed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from paged_edu.core.validation import FieldTypeError
+from paged_edu.engine import Engine
+from paged_edu.engine.batch import BatchChunk, pack_chunks, prepare_batch
+from paged_edu.engine.cuda_graphs import MixedCudaGraphs
+from paged_edu.engine.sampling import SamplingParams
+from paged_edu.labs.engine_lab import tiny_model
+from paged_edu.models.llama import Kernels
+from paged_edu.models.loaders import random_hf_llama
+
+B = 4  # tokens per block
+NUM_BLOCKS = 64
+
+
+def kv_pool(model, device, seed: int = 0):
+    """Random K/V per layer, as if earlier tokens had been stored: attention reads it either way."""
+    g = torch.Generator().manual_seed(seed)
+    c = model.config
+    shape = (NUM_BLOCKS, B, c.num_kv_heads, c.head_dim)
+    return [
+        (
+            torch.randn(shape, generator=g).to(device, model.dtype),
+            torch.randn(shape, generator=g).to(device, model.dtype),
+        )
+        for _ in range(c.num_layers)
+    ]
+
+
+def mixed_chunks(seed: int, num_decodes: int = 3) -> list[BatchChunk]:
+    """Decodes and prompt chunks over cached prefixes, in random order, on distinct blocks."""
+    rng = random.Random(seed)
+    free = list(range(1, NUM_BLOCKS))
+    rng.shuffle(free)
+    chunks = []
+    for n in [1] * num_decodes + [rng.randrange(2, 9), rng.randrange(2, 9)]:
+        start = rng.randrange(0, 17)
+        table = [free.pop() for _ in range(-(-(start + n) // B))]
+        chunks.append(BatchChunk([rng.randrange(300) for _ in range(n)], start, table))
+    rng.shuffle(chunks)
+    return chunks
+
+
+def graphs_for(model, kv, kernels, capture: bool, max_num_tokens=64, max_num_seqs=8):
+    return MixedCudaGraphs(model, kv, max_num_tokens, max_num_seqs, NUM_BLOCKS, kernels, capture_graphs=capture)
+
+
+def run_step(graphs: MixedCudaGraphs, chunks):
+    """Stage a step as the runner does and replay it: ``(hidden[:T], bucket)``."""
+    fields = pack_chunks(
+        [t for c in chunks for t in c.token_ids],
+        [c.start for c in chunks],
+        [len(c.token_ids) for c in chunks],
+        [c.block_table for c in chunks],
+        B,
+    )
+    Tb = graphs.size_for(fields)
+    graphs.stage(fields, Tb)
+    T = len(fields["input_ids"])
+    return graphs.replay(Tb)[:T], Tb
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("fused", ["torch", "triton"])
+def test_padded_mixed_step_is_the_forward_pass_and_stores_the_same_kv(seed, fused):
+    """The padded step (spare rows, spare decode rows, spare chunks of length 0) gives the unpadded
+    forward pass's hidden states and K/V, twice in a row on the same buffers (the second step's
+    stale rows from the first must not leak), including a step with no decode at all."""
+    model = tiny_model(seed=seed, vocab_size=300)
+    kernels = Kernels("torch", "torch", fused).resolve(model.device)
+    want_kv, got_kv = kv_pool(model, "cpu", seed), kv_pool(model, "cpu", seed)
+    graphs = graphs_for(model, got_kv, kernels, capture=False)
+    for chunks in (mixed_chunks(seed), mixed_chunks(seed + 10, num_decodes=0)):
+        want = model(prepare_batch(chunks, B), want_kv, kernels)  # (T, hidden)
+        got, Tb = run_step(graphs, chunks)
+        assert Tb > got.shape[0]  # padded
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # (a padded matmul may round differently)
+        for (wk, wv), (gk, gv) in zip(want_kv, got_kv):  # and the padding rows stored nothing
+            torch.testing.assert_close(gk, wk, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(gv, wv, rtol=1e-5, atol=1e-5)
+
+
+def test_buckets_cover_every_step_up_to_the_token_budget():
+    model = tiny_model(vocab_size=300)
+    kv = kv_pool(model, "cpu")
+    graphs = MixedCudaGraphs(model, kv, 2048, 8, NUM_BLOCKS, capture_graphs=False)
+    assert graphs.sizes == [16, 32, 64, 128, 256, 512, 1024, 1536, 2048]
+    for T in range(1, 2049):
+        Tb = next(t for t in graphs.sizes if t >= T)
+        assert Tb == 16 or graphs.sizes[graphs.sizes.index(Tb) - 1] < T
+    fields = pack_chunks(list(range(9)), [0], [9], [[1, 2, 3]], B)
+    assert graphs.size_for(fields) == 16
+    too_wide = pack_chunks(list(range(9)), [0], [9], [list(range(NUM_BLOCKS + 1))], B)
+    assert graphs.size_for(too_wide) is None  # a table wider than the graph's: eager
+    many = pack_chunks(list(range(9)), list(range(9)), [1] * 9, [[i] * 3 for i in range(9)], B)
+    assert graphs.size_for(many) is None  # more chunks than max_num_seqs: eager
+    assert MixedCudaGraphs(model, kv, 100, 8, 8, capture_graphs=False).sizes[-1] == 100
+
+
+@pytest.fixture(scope="module")
+def hf_and_prompts():
+    from paged_edu.models.config import LlamaConfig
+
+    cfg = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    hf = random_hf_llama(cfg, seed=3, initializer_range=0.25)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(2, 40))] for _ in range(9)]
+    want = []
+    with torch.no_grad():
+        for p in prompts:
+            out = hf.generate(torch.tensor([p]), max_new_tokens=9, do_sample=False, eos_token_id=None, pad_token_id=0)
+            want.append(out[0, len(p) :].tolist())
+    return hf, prompts, want
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_an_engine_on_mixed_step_graphs_gives_transformers_tokens(hf_and_prompts, async_scheduling):
+    """Steps with prompt chunks (chunked: 24 tokens a step, decodes alongside) through the padded
+    graph batch, async scheduling's placeholders filled into the graph's own ids: transformers'
+    greedy tokens."""
+    from paged_edu.models.llama import PagedLlama
+
+    hf, prompts, want = hf_and_prompts
+    engine = Engine(
+        PagedLlama.from_hf(hf),
+        num_blocks=96,
+        block_size=B,
+        max_num_seqs=8,
+        max_num_batched_tokens=24,
+        async_scheduling=async_scheduling,
+    )
+    r = engine.runner
+    r.mixed_graphs = MixedCudaGraphs(engine.model, r.kv_pairs, 24, 8, 64, r.kernels, capture_graphs=False)
+    assert engine.generate(prompts, max_new_tokens=9) == want
+    assert engine.num_mixed_graph_steps > 0 and engine.num_graph_steps == 0
+
+
+def test_mixed_graphs_need_cuda_and_a_flag():
+    model = tiny_model(vocab_size=300)
+    with pytest.raises(ValueError, match="mixed_graphs=True needs the model on a CUDA device"):
+        Engine(model, num_blocks=8, block_size=B, mixed_graphs=True)
+    with pytest.raises(FieldTypeError, match="mixed_graphs"):
+        Engine(model, num_blocks=8, block_size=B, mixed_graphs="yes")
+    with pytest.raises(ValueError, match="CUDA"):
+        MixedCudaGraphs(model, kv_pool(model, "cpu"), 64, 8, 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_captured_mixed_steps_give_the_forward_pass(dtype):
+    model = tiny_model(device="cuda", dtype=dtype, seed=2, vocab_size=300)
+    kernels = Kernels().resolve(model.device)
+    want_kv, got_kv = kv_pool(model, "cuda", 0), kv_pool(model, "cuda", 0)
+    graphs = graphs_for(model, got_kv, kernels, capture=True)
+    assert set(graphs.graphs) == set(graphs.sizes)
+    for seed in range(4):
+        chunks = mixed_chunks(seed, num_decodes=seed % 4)
+        want = model(prepare_batch(chunks, B, "cuda"), want_kv, kernels)
+        got, Tb = run_step(graphs, chunks)
+        torch.cuda.synchronize()
+        tol = 1e-4 if dtype == torch.float32 else 3e-2  # a padded GEMM may pick another algorithm
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        for (wk, wv), (gk, gv) in zip(want_kv, got_kv):
+            torch.testing.assert_close(gk, wk, rtol=tol, atol=tol)
+            torch.testing.assert_close(gv, wv, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+def test_gpu_engine_with_every_graph_gives_the_eager_tokens():
+    """Decode and mixed-step graphs, with and without async scheduling, against the eager engine on
+    the same GPU model: greedy and seeded sampling, n > 1, and a tight pool that preempts."""
+    model = tiny_model(device="cuda", seed=7, vocab_size=512)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(512) for _ in range(rng.randrange(1, 90))] for _ in range(24)]
+    params = [
+        SamplingParams(max_tokens=12, temperature=0.0 if i % 2 else 0.8, seed=i, n=1 if i % 2 else 1 + i % 3)
+        for i in range(24)
+    ]
+    runs = {}
+    for graphs, async_scheduling in ((False, False), (True, False), (True, True)):
+        engine = Engine(
+            model,
+            num_blocks=80,
+            block_size=B,
+            max_num_seqs=16,
+            max_num_batched_tokens=64,
+            cuda_graphs=graphs,
+            mixed_graphs=graphs,
+            async_scheduling=async_scheduling,
+        )
+        assert engine.graph_error is None
+        runs[graphs, async_scheduling] = [(o.outputs, o.finish_reasons) for o in engine.run(prompts, params)]
+        assert (engine.num_mixed_graph_steps > 0) == graphs
+        assert engine.allocator.num_used_blocks == 0
+    assert runs[True, False] == runs[False, False]
+    assert runs[True, True] == runs[False, False]
