@@ -29,9 +29,11 @@ Two kinds of steps, two sets of graphs, both *full* graphs (attention included):
 
 vLLM's default, ``FULL_AND_PIECEWISE`` (``CUDAGraphMode`` in ``vllm/config/compilation.py``), keeps
 attention out of the graphs of mixed batches (piecewise graphs around an eager attention call);
-its full graphs for mixed batches need an attention backend that supports them, as its unified
-Triton attention does with the same flat grid. On the H200 our piecewise version still spent ~11 ms
-a mixed step launching the eager attention kernels from Python; the full graph spends one replay.
+its full graphs for mixed batches need a backend that declares ``AttentionCGSupport.ALWAYS``, as its
+Triton backend does (``TritonAttentionMetadataBuilder`` in ``vllm/v1/attention/backends/triton_attn.py``,
+over the unified attention kernel's flat grid). On the H200 a piecewise version of ours spent 11.4 ms
+a mixed step, mostly launching the eager attention kernels from Python, the full graph 5.5 ms
+(``figures/h200/engine_bench_piecewise_probe.json``, ``figures/h200/profile_engine_mixed_graphs.txt``).
 """
 
 from __future__ import annotations
