@@ -62,3 +62,37 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def hf_greedy_case():
+    """A small random transformers Llama (2 layers, 4 / 2 heads of 16), seven prompts of 2-29 tokens
+    and transformers' own greedy 9 tokens for each: ``(hf, prompts, want)``, the oracle the graph
+    paths of the runner are checked against."""
+    import random
+
+    import torch
+
+    from paged_edu.models.config import LlamaConfig
+    from paged_edu.models.loaders import random_hf_llama
+
+    cfg = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    hf = random_hf_llama(cfg, seed=3, initializer_range=0.25)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(2, 30))] for _ in range(7)]
+    want = []
+    with torch.no_grad():
+        for p in prompts:
+            out = hf.generate(torch.tensor([p]), max_new_tokens=9, do_sample=False, eos_token_id=None, pad_token_id=0)
+            want.append(out[0, len(p) :].tolist())
+    return hf, prompts, want

@@ -17,7 +17,6 @@ from paged_edu.engine.cuda_graphs import MixedCudaGraphs
 from paged_edu.engine.sampling import SamplingParams
 from paged_edu.labs.engine_lab import tiny_model
 from paged_edu.models.llama import Kernels
-from paged_edu.models.loaders import random_hf_llama
 
 B = 4  # tokens per block
 NUM_BLOCKS = 64
@@ -107,40 +106,14 @@ def test_buckets_cover_every_step_up_to_the_token_budget():
     assert MixedCudaGraphs(model, kv, 100, 8, 8, capture_graphs=False).sizes[-1] == 100
 
 
-@pytest.fixture(scope="module")
-def hf_and_prompts():
-    from paged_edu.models.config import LlamaConfig
-
-    cfg = LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=96,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    hf = random_hf_llama(cfg, seed=3, initializer_range=0.25)
-    rng = random.Random(1)
-    prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(2, 40))] for _ in range(9)]
-    want = []
-    with torch.no_grad():
-        for p in prompts:
-            out = hf.generate(torch.tensor([p]), max_new_tokens=9, do_sample=False, eos_token_id=None, pad_token_id=0)
-            want.append(out[0, len(p) :].tolist())
-    return hf, prompts, want
-
-
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_an_engine_on_mixed_step_graphs_gives_transformers_tokens(hf_and_prompts, async_scheduling):
+def test_an_engine_on_mixed_step_graphs_gives_transformers_tokens(hf_greedy_case, async_scheduling):
     """Steps with prompt chunks (chunked: 24 tokens a step, decodes alongside) through the padded
     graph batch, async scheduling's placeholders filled into the graph's own ids: transformers'
     greedy tokens."""
     from paged_edu.models.llama import PagedLlama
 
-    hf, prompts, want = hf_and_prompts
+    hf, prompts, want = hf_greedy_case
     engine = Engine(
         PagedLlama.from_hf(hf),
         num_blocks=96,

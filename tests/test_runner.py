@@ -116,16 +116,14 @@ def test_staged_views_are_aligned_for_triton():
     assert all((f.data_ptr() - base) % 256 == 0 for f in fields)
 
 
-def test_the_graph_path_stages_pads_and_samples_like_the_eager_path():
+def test_the_graph_path_stages_pads_and_samples_like_the_eager_path(hf_greedy_case):
     """The CUDA-graph path without CUDA: a stand-in whose replay runs the captured forward eagerly on
     the static staged inputs (padded to the captured sizes) gives transformers' greedy tokens, and
     so does seeded sampling through the staged uniforms (same tokens as the eager engine)."""
     from paged_edu.engine import Engine
     from paged_edu.engine.batch import StaticStaging
     from paged_edu.engine.cuda_graphs import DecodeCudaGraphs
-    from paged_edu.models.config import LlamaConfig
     from paged_edu.models.llama import PagedLlama
-    from paged_edu.models.loaders import random_hf_llama
 
     class EagerGraphs(DecodeCudaGraphs):
         def __init__(self, model, kv_caches, n, W, kernels):
@@ -153,25 +151,7 @@ def test_the_graph_path_stages_pads_and_samples_like_the_eager_path():
             self.replays.append(bs)
             return self._forward(self._batch(bs))
 
-    cfg = LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=96,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    hf = random_hf_llama(cfg, seed=3, initializer_range=0.25)
-    rng = random.Random(1)
-    prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(2, 30))] for _ in range(7)]
-    want = []
-    with torch.no_grad():
-        for p in prompts:
-            out = hf.generate(torch.tensor([p]), max_new_tokens=9, do_sample=False, eos_token_id=None, pad_token_id=0)
-            want.append(out[0, len(p) :].tolist())
+    hf, prompts, want = hf_greedy_case
     params = [SamplingParams(max_tokens=9, temperature=0.9, top_p=0.9, seed=5 + i) for i in range(len(prompts))]
     runs = {}
     for graphs in (False, True):
