@@ -155,16 +155,14 @@ def step_metrics(
 ) -> StepMetrics:
     """The :class:`StepMetrics` of a step that ran ``sched`` (a ``SchedulerOutput``) and left ``scheduler`` so."""
     stats = scheduler.stats()
-    decodes = prefill_tokens = emitting = 0
-    starts, counts = [], []
-    for s in sched.scheduled:  # one pass (this runs every step a view is subscribed)
-        starts.append(s.start)
-        counts.append(s.num_new_tokens)
-        emitting += s.emits_token
-        if s.is_decode:
-            decodes += 1
-        else:  # a prompt chunk (or a recompute)
-            prefill_tokens += s.num_new_tokens
+    # This runs every step a view is subscribed (256 chunks a step at high load): columns built by
+    # comprehensions and counted by list methods, no Python loop body per chunk.
+    scheduled = sched.scheduled
+    starts = [s.start for s in scheduled]
+    counts = [s.num_new_tokens for s in scheduled]
+    decodes = counts.count(1)  # one-token chunks (ScheduledSeq.is_decode)
+    prefill_tokens = sum(counts) - decodes  # the prompt chunks' (or recomputes') tokens
+    emitting = sum(map(attrgetter("emits_token"), scheduled))
     in_cache = sum(map(attrgetter("num_computed_tokens"), scheduler.running))
     return StepMetrics(
         step=step,
@@ -188,7 +186,7 @@ def step_metrics(
             (s.request_id, s.seq_id, "swap" if s.status is SequenceStatus.SWAPPED else "recompute")
             for s in sched.preempted
         ],
-        scheduled_request_ids=sorted({item.seq.request_id for item in sched.scheduled}),
+        scheduled_request_ids=sorted(set(map(attrgetter("seq.request_id"), scheduled))),
         num_blocks_swapped_out=len(sched.blocks_to_swap_out),
         num_blocks_swapped_in=len(sched.blocks_to_swap_in),
         device_wait=device_wait,

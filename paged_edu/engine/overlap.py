@@ -180,15 +180,15 @@ class AsyncScheduling:
     def _hold(prev: InFlight) -> None:
         """Step N as if done: computed counts to the chunks' ends, a placeholder per sampled token."""
         running = SequenceStatus.RUNNING
-        emitting = {seq.seq_id: j for j, (_, seq, _) in enumerate(prev.emitting)}
+        j = -1  # the row of step N's tokens: prev.emitting lists the emitting chunks in this order
         for item in prev.sched.scheduled:
+            j += item.emits_token
             seq = item.seq
             if seq.status is not running:  # finished at step N-1 or aborted: its row is discarded
                 continue
-            j = emitting.get(seq.seq_id) if item.emits_token else None
-            if j is not None:
+            if item.emits_token:
                 seq.append_token(-1 - j)  # "row j of step N's tokens"
-            prev.held.append((seq, item.start, j is not None))
+            prev.held.append((seq, item.start, item.emits_token))
             seq.num_computed_tokens = item.start + item.num_new_tokens
 
     @staticmethod

@@ -378,15 +378,16 @@ class Scheduler:
             token = sampled.get(seq.seq_id)
             if token is None:
                 raise KeyError(f"no sampled token for sequence {seq.seq_id}, whose chunk emits one")
-            family = [seq]
+            children = ()  # forked now, at the end of a parallel-sampling prompt
             if type(token) is not int:  # n tokens (the others start forked children), or a numpy/torch integer
                 if isinstance(token, (list, tuple)):
                     token, forks = seq.samples.take_forks(seq, token)
-                    family += [self._fork_child(seq, i, t) for i, t in forks]
+                    children = [self._fork_child(seq, i, t) for i, t in forks]
                 token = int(token)
             seq.append_token(token)
-            for member in family:
-                self._after_token(member, now, finished)
+            self._after_token(seq, now, finished)
+            for child in children:
+                self._after_token(child, now, finished)
         return finished
 
     def _fork_child(self, parent: Sequence, sample_index: int, token: int) -> Sequence:
