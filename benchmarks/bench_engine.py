@@ -79,6 +79,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
+from paged_edu.labs.batching import sharegpt_requests  # noqa: E402
 from paged_edu.cache.sizing import dtype_name  # noqa: E402
 from paged_edu.labs.timing import compiled_variant_counter, graph_capture_counter  # noqa: E402
 from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
@@ -86,7 +87,6 @@ from paged_edu.models.llama import Kernels, PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.sim.arrivals import L_MAX  # noqa: E402
-from paged_edu.sim.workloads import sharegpt  # noqa: E402
 from engine_report import plot, report  # noqa: E402
 from record import provenance  # noqa: E402
 from hf_peers import FIRST_COMPARED, common_prefix, run_hf, run_hf_cb, sync  # noqa: E402
@@ -103,18 +103,6 @@ TINY = LlamaConfig(
     head_dim=16,
     max_position_embeddings=L_MAX,
 )
-
-
-def make_requests(num: int, seed: int, vocab: int, scale: float = 1.0):
-    reqs = sharegpt(num, seed=seed)
-    rng = np.random.default_rng(seed + 1)
-    prompts, outputs = [], []
-    for r in reqs:
-        p = max(1, int(round(r.prompt_len * scale)))
-        o = max(1, int(round(r.output_len * scale)))
-        prompts.append(rng.integers(3, vocab, size=p).tolist())
-        outputs.append(o)
-    return prompts, outputs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -730,7 +718,7 @@ def main(argv=None):
     hf.generation_config.eos_token_id = None
     model = PagedLlama.from_hf(hf)
     l_max = int(round(L_MAX * scale))
-    prompts, outputs = make_requests(args.num_requests, args.seed, config.vocab_size, scale)
+    prompts, outputs = sharegpt_requests(args.num_requests, args.seed, config.vocab_size, scale)
     bytes_per_token = (
         2 * config.num_layers * config.num_kv_heads * config.head_dim * torch.empty((), dtype=dtype).element_size()
     )

@@ -14,7 +14,8 @@ sampling). ``Engine(..., record_timeline=True)`` keeps one :class:`StepRecord` p
   On a CPU the device work is synchronous: the interval of the forward and sampling calls;
 * ``host_busy_s`` -- the host's work for the call that launched the step: its wall time less the
   time it waited for the device (``StepMetrics.duration - device_wait``, the same split
-  ``benchmarks/bench_engine.py`` reports), and ``forward`` -- how the forward pass ran.
+  ``benchmarks/bench_engine.py`` reports; on a CPU less the device interval too, which the host
+  ran itself), and ``forward`` -- how the forward pass ran.
 
 The device *idle gap* before step N+1 is ``device_start(N+1) - device_end(N)``: the GPU waiting for
 the host. A synchronous engine leaves a gap of about the host's time per step; with the host one step
@@ -120,8 +121,9 @@ class Timeline:
         if self.on_gpu:
             self._pending.append((record, start, end))
             self._resolve(wait=False)
-        else:
+        else:  # the host ran the device's work itself: not host work that could overlap it
             record.device_start_s, record.device_end_s = start, end
+            record.host_busy_s = max(0.0, host_busy_s - (end - start))
             self._records.append(record)
 
     def discard(self) -> None:
