@@ -29,12 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
-from paged_edu.labs.batching import sharegpt_requests  # noqa: E402
-from paged_edu.labs.engine_lab import tiny_model  # noqa: E402
-from paged_edu.labs.speed_ladder import STORED_LADDER, run_ladder, rung_table  # noqa: E402
-from paged_edu.models.config import smollm2_config  # noqa: E402
-from paged_edu.models.llama import PagedLlama  # noqa: E402
-from paged_edu.models.loaders import random_hf_llama  # noqa: E402
+from paged_edu.labs.speed_ladder import STORED_LADDER, ladder_setup, run_ladder, rung_table  # noqa: E402
 from record import provenance  # noqa: E402
 
 
@@ -51,19 +46,12 @@ def main(argv=None) -> dict:
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise SystemExit("no CUDA device: run with --device cpu for a CPU check")
-        config = smollm2_config()
-        hf = random_hf_llama(config, seed=args.seed, dtype=torch.bfloat16, device=device, eos_token_id=None)
-        model, scale, label = PagedLlama.from_hf(hf), 1.0, "SmolLM2-135M geometry, random bf16 weights"
-        engine_kwargs = dict(num_blocks=8192, block_size=16, max_num_seqs=256, max_num_batched_tokens=4096)
-        default_out = ROOT / "paged_edu" / "data" / STORED_LADDER
-    else:
-        model, scale, label = tiny_model(seed=args.seed), 0.1, "tiny: 2 layers, hidden 64, random fp32 weights"
-        engine_kwargs = dict(num_blocks=1024, block_size=16, max_num_seqs=64, max_num_batched_tokens=512)
-        default_out = ROOT / "build" / "speed_ladder_cpu.json"
-    prompts, outputs = sharegpt_requests(args.num_requests, args.seed, model.config.vocab_size, scale)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --device cpu for a CPU check")
+    setup = ladder_setup(device, args.num_requests, args.seed)
+    model, prompts, outputs, engine_kwargs = (setup[k] for k in ("model", "prompts", "outputs", "engine_kwargs"))
+    label, scale = setup["label"], setup["scale"]
+    default_out = ROOT / ("paged_edu/data/" + STORED_LADDER if device.type == "cuda" else "build/speed_ladder_cpu.json")
     out = Path(args.out).with_suffix(".json") if args.out else default_out
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -80,7 +68,7 @@ def main(argv=None) -> dict:
         dtype=str(model.dtype).replace("torch.", ""),
         model=label,
         workload=dict(
-            source="paged_edu.labs.batching.sharegpt_requests",
+            source="paged_edu.labs.speed_ladder.ladder_setup (paged_edu.labs.batching.sharegpt_requests)",
             num_requests=len(prompts),
             seed=args.seed,
             scale=scale,

@@ -43,6 +43,7 @@ from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel, StepShape
 __all__ = [
     "RUNGS",
     "STORED_LADDER",
+    "ladder_setup",
     "load_stored_ladder",
     "overlap_schedule",
     "run_ladder",
@@ -65,6 +66,31 @@ RUNGS: tuple[tuple[str, dict], ...] = (
     ("+ graphs for mixed steps", dict(_OVERLAP, piecewise_graphs=True)),
 )
 STORED_LADDER = "speed_ladder_h200.json"  # benchmarks/bench_ladder.py on the H200, in paged_edu.data
+
+
+def ladder_setup(device: torch.device | str, num_requests: int, seed: int = 0) -> dict:
+    """The ladder's model, requests and shared engine options on ``device``: on CUDA SmolLM2-135M's
+    geometry with random bf16 weights, ShareGPT-like requests (:func:`~paged_edu.labs.batching.sharegpt_requests`),
+    a pool of 8,192 blocks of 16, 256 running and 4,096 batched tokens at most (``bench_engine``'s pool and
+    budget); on a CPU the 2-layer tiny model and requests a tenth as long. Returns ``model``, ``prompts``,
+    ``outputs``, ``engine_kwargs`` and ``label``."""
+    from paged_edu.labs.batching import sharegpt_requests
+    from paged_edu.labs.engine_lab import tiny_model
+    from paged_edu.models.config import smollm2_config
+    from paged_edu.models.llama import PagedLlama
+    from paged_edu.models.loaders import random_hf_llama
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        hf = random_hf_llama(smollm2_config(), seed=seed, dtype=torch.bfloat16, device=device, eos_token_id=None)
+        model, scale, label = PagedLlama.from_hf(hf), 1.0, "SmolLM2-135M geometry, random bf16 weights"
+        engine_kwargs = dict(num_blocks=8192, block_size=16, max_num_seqs=256, max_num_batched_tokens=4096)
+    else:
+        model, scale = tiny_model(seed=seed), 0.1
+        label = "the tiny model (2 layers, hidden 64, random fp32 weights), requests a tenth as long"
+        engine_kwargs = dict(num_blocks=1024, block_size=16, max_num_seqs=64, max_num_batched_tokens=512)
+    prompts, outputs = sharegpt_requests(num_requests, seed, model.config.vocab_size, scale)
+    return dict(model=model, prompts=prompts, outputs=outputs, engine_kwargs=engine_kwargs, label=label, scale=scale)
 
 
 def rung_blocker(engine_kwargs: dict, device: torch.device | str) -> str | None:
@@ -221,7 +247,7 @@ def rung_table(rungs: list[dict]) -> str:
     """A markdown table of the ladder: one row per rung."""
     fmt = lambda v, f="{:.3f}": "-" if v is None else f.format(v)  # noqa: E731
     lines = [
-        "| rung | useful tok/s | decode step (ms) | host / device per decode step (ms) | GPU idle between "
+        "| rung | useful tok/s | decode step (ms) | host / device per decode step (ms) | device idle between "
         "decode steps, median (ms) | mixed step (ms) | roofline decode step (ms) |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
