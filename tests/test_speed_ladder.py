@@ -189,3 +189,24 @@ def test_9_3_refuses_the_unfused_kernels_and_wall_time():
     assert "unfused" in str(ex.check("9.3", unfused["gpu_busy_us"] / unfused["kernels_per_step"]))
     assert "wall time" in str(ex.check("9.3", row["fused_us"] / fused["kernels_per_step"]))
     assert not ex.check("9.3", math.nan)
+
+
+@pytest.mark.gpu
+def test_gpu_ladder_runs_every_rung_this_engine_has():
+    """On CUDA every rung runs on the same requests with every token; the graph rungs replay decode graphs,
+    the eager rung none; the piecewise rung either says the option is missing or runs piecewise steps."""
+    import torch
+
+    model = tiny_model("cuda", torch.bfloat16, seed=0)
+    prompts, outputs = sharegpt_requests(32, 0, model.config.vocab_size, 0.1)
+    kw = dict(num_blocks=1024, block_size=16, max_num_seqs=64, max_num_batched_tokens=512)
+    by = {r["rung"]: r for r in sl.run_ladder(model, prompts, outputs, kw)}
+    for name in ("eager", "+ CUDA graphs", "+ fused kernels", "+ overlap"):
+        assert "skipped" not in by[name] and by[name]["useful_tokens"] == sum(outputs), name
+    assert "graph" not in by["eager"]["forward_modes"]
+    assert by["+ CUDA graphs"]["forward_modes"].get("graph", 0) > 0
+    piecewise = by["+ graphs for mixed steps"]
+    if "skipped" in piecewise:
+        assert "piecewise_graphs" in piecewise["skipped"]
+    else:  # timeline.forward_mode names the piecewise path (the lead extends it with the option)
+        assert piecewise["forward_modes"].get("piecewise", 0) > 0, piecewise["forward_modes"]
