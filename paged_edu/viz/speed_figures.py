@@ -48,6 +48,7 @@ def ladder_speed_figure(rungs: list[dict], source: str) -> go.Figure:
         xaxis_title="rung (each adds one mechanism)",
         yaxis_title="useful tokens / s",
         yaxis_type="log",
+        hovermode="x",  # a rung's measured and roofline figures together, from anywhere above it
         height=380,
         legend={"orientation": "h", "y": -0.3},
         margin={"t": 60},
