@@ -210,3 +210,29 @@ def test_gpu_ladder_runs_every_rung_this_engine_has():
         assert "piecewise_graphs" in piecewise["skipped"]
     else:  # timeline.forward_mode names the piecewise path (the lead extends it with the option)
         assert piecewise["forward_modes"].get("piecewise", 0) > 0, piecewise["forward_modes"]
+
+
+def test_a_rung_whose_timeline_misses_a_step_is_refused(monkeypatch):
+    """The ladder's guard: the timeline and the step metrics must list the same steps."""
+    from paged_edu.engine.timeline import Timeline
+
+    real = Timeline.close
+
+    def close_but_skip_step_2(self, step, *args):
+        if step == 2:
+            return self.discard()
+        return real(self, step, *args)
+
+    monkeypatch.setattr(Timeline, "close", close_but_skip_step_2)
+    model = tiny_model(seed=0)
+    prompts, outputs = sharegpt_requests(4, 0, model.config.vocab_size, 0.05)
+    kw = dict(num_blocks=128, block_size=16, max_num_seqs=8, max_num_batched_tokens=64)
+    with pytest.raises(RuntimeError, match="a step is missing"):
+        sl.run_rung(model, prompts, outputs, dict(sl.RUNGS[0][1]), kw)
+
+
+def test_a_stored_ladder_without_its_fused_rung_falls_back(monkeypatch, ladder):
+    *_, rungs = ladder
+    stored = dict(command="c", commit="x", rungs=[rungs[0], dict(rung="+ fused kernels", skipped="failed")])
+    monkeypatch.setattr(sl, "load_stored_ladder", lambda name=sl.STORED_LADDER: stored)
+    assert "engine_bench.json" in sl.stored_decode_split()["source"]
