@@ -23,6 +23,7 @@ from paged_edu.engine.timeline import (
     Timeline,
     decode_idle_gaps_ms,
     idle_gaps_ms,
+    per_step_ms,
     summarize_timeline,
 )
 from paged_edu.labs.engine_lab import tiny_model
@@ -129,6 +130,10 @@ def test_summary_against_hand_made_records():
     assert s["host_ms_per_decode_step"] == pytest.approx(1.0)
     assert (s["num_decode_steps"], s["num_mixed_steps"], s["num_prefill_steps"]) == (3, 1, 0)
     assert s["forward_modes"] == {"eager": 4}
+    rows = per_step_ms(records)
+    assert [r["idle_before_ms"] for r in rows] == pytest.approx([None, 1.0, 3.0, 1.0])
+    assert [r["device_ms"] for r in rows] == pytest.approx([10.0, 10.0, 6.0, 9.0])
+    assert [r["launch_ms"] for r in rows] == pytest.approx([1.0] * 4) and rows[2]["host_ms"] == pytest.approx(1.0)
 
 
 @pytest.mark.gpu

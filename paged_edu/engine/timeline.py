@@ -39,6 +39,7 @@ __all__ = [
     "decode_idle_gaps_ms",
     "forward_mode",
     "idle_gaps_ms",
+    "per_step_ms",
     "summarize_timeline",
 ]
 
@@ -157,6 +158,22 @@ class Timeline:
 def idle_gaps_ms(records: list[StepRecord]) -> list[float]:
     """Per step after the first: ``device_start(N+1) - device_end(N)`` in ms (the device idle)."""
     return [1e3 * (b.device_start_s - a.device_end_s) for a, b in zip(records, records[1:])]
+
+
+def per_step_ms(records: list[StepRecord]) -> list[dict]:
+    """Per step: its host busy ms, launch ms (scheduling to the last kernel queued), device ms, and the
+    device's idle ms before it (None for the first step)."""
+    gaps = [None, *idle_gaps_ms(records)]
+    return [
+        dict(
+            step=r.step,
+            host_ms=1e3 * r.host_busy_s,
+            launch_ms=1e3 * (r.host_end_s - r.host_start_s),
+            device_ms=1e3 * (r.device_end_s - r.device_start_s),
+            idle_before_ms=gap,
+        )
+        for r, gap in zip(records, gaps)
+    ]
 
 
 def decode_idle_gaps_ms(records: list[StepRecord]) -> list[float]:
