@@ -79,6 +79,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
+from paged_edu.labs.batching import sharegpt_requests  # noqa: E402
 from paged_edu.cache.sizing import dtype_name  # noqa: E402
 from paged_edu.labs.timing import compiled_variant_counter, graph_capture_counter  # noqa: E402
 from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
@@ -86,7 +87,6 @@ from paged_edu.models.llama import Kernels, PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.sim.arrivals import L_MAX  # noqa: E402
-from paged_edu.sim.workloads import sharegpt  # noqa: E402
 from engine_report import plot, report  # noqa: E402
 from record import provenance  # noqa: E402
 from hf_peers import FIRST_COMPARED, common_prefix, run_hf, run_hf_cb, sync  # noqa: E402
@@ -103,18 +103,6 @@ TINY = LlamaConfig(
     head_dim=16,
     max_position_embeddings=L_MAX,
 )
-
-
-def make_requests(num: int, seed: int, vocab: int, scale: float = 1.0):
-    reqs = sharegpt(num, seed=seed)
-    rng = np.random.default_rng(seed + 1)
-    prompts, outputs = [], []
-    for r in reqs:
-        p = max(1, int(round(r.prompt_len * scale)))
-        o = max(1, int(round(r.output_len * scale)))
-        prompts.append(rng.integers(3, vocab, size=p).tolist())
-        outputs.append(o)
-    return prompts, outputs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,6 +129,7 @@ def run_engine(
     roofline_gpus=(),
     async_scheduling=False,
     mixed_graphs=False,
+    record_timeline=False,
 ):
     """Serve the requests twice, timing the second run: the first, untimed, meets every shape the
     timed one meets (the schedule does not depend on timing), so Triton compiles none inside the
@@ -148,9 +137,11 @@ def run_engine(
     ``graph_captures_in_window``: paged_edu captures its decode graphs when the engine is built).
     ``temperature``: every request's (0: greedy); ``roofline_gpus``: more GPUs to price the steps on
     (:func:`step_speed`); ``async_scheduling``: the engine's option (the host one step ahead);
-    ``mixed_graphs``: the engine's option (steps with prompt chunks in CUDA graphs)."""
+    ``mixed_graphs``: the engine's option (steps with prompt chunks in CUDA graphs);
+    ``record_timeline``: a third run, after the timed one, with ``Engine(record_timeline=True)``
+    (:func:`timeline_run`: host and device per step, the GPU's idle gap between decode steps)."""
 
-    def make():
+    def make(**extra):
         return Engine(
             model,
             num_blocks=num_blocks,
@@ -164,6 +155,7 @@ def run_engine(
             async_scheduling=async_scheduling,
             mixed_graphs=mixed_graphs,
             **(impls or {}),
+            **extra,
         )
 
     def params():
@@ -243,9 +235,16 @@ def run_engine(
         f"variant {speed['steps_that_compiled']} ({speed['mixed_steps_that_compiled']} mixed), mixed step without "
         f"them {speed['mean_mixed_step_ms_without_compiles']} ms"
     )
+    recorded = (
+        timeline_run(make(record_timeline=True), prompts, params(), device, useful / dt, log)
+        if record_timeline
+        else None
+    )
     return dict(
         **speed,
         **window,
+        recorded_timeline=recorded,
+        gpu_idle_between_decode_steps_ms_median=recorded and recorded["gpu_idle_between_decode_steps_ms_median"],
         first_outputs=[o.outputs[0] for o in outs[:FIRST_COMPARED]],
         seconds=dt,
         useful_tokens=useful,
@@ -276,6 +275,32 @@ def run_engine(
             kv_usage=[round(s.kv_usage, 4) for s in steps][:: max(1, len(steps) // 400)],
         ),
     )
+
+
+def timeline_run(engine, prompts, params, device, timed_tokens_per_s, log) -> dict:
+    """Serve the requests once more on ``engine`` (built with ``record_timeline=True``), outside the
+    timed window: the per-step split of :func:`paged_edu.engine.timeline.summarize_timeline` (host
+    busy ms and device ms per decode step, the median GPU idle gap between consecutive decode
+    steps: the issue's target is <= 0.1 ms), and this run's tok/s beside the timed run's (what
+    recording costs)."""
+    from paged_edu.engine.timeline import summarize_timeline
+
+    sync(device)
+    t0 = time.perf_counter()
+    outs = engine.run(prompts, params, use_tqdm=False)
+    sync(device)
+    dt = time.perf_counter() - t0
+    out = summarize_timeline(engine.timeline)
+    out["tokens_per_s"] = sum(len(o.outputs[0]) for o in outs) / dt
+    out["tokens_per_s_vs_timed_run"] = out["tokens_per_s"] / timed_tokens_per_s
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    log(
+        f"  timeline run (record_timeline=True, untimed): per decode step host {fmt(out['host_ms_per_decode_step'])} ms, "
+        f"device {fmt(out['device_ms_per_decode_step'])} ms; GPU idle between decode steps (median) "
+        f"{fmt(out['gpu_idle_between_decode_steps_ms_median'])} ms (target <= 0.1); "
+        f"{out['tokens_per_s']:,.0f} tok/s = {out['tokens_per_s_vs_timed_run']:.3f} x the timed run's"
+    )
+    return out
 
 
 def step_speed(
@@ -409,10 +434,10 @@ def choose_impls(model, device, block_size, log) -> tuple[dict, dict]:
 
 
 def run_engine_with_graphs(model, prompts, outputs, common, graphs, kw, log):
-    """:func:`run_engine` with ``cuda_graphs=graphs``; if that raises, again eagerly (and say so), so the
+    """:func:`run_engine` with ``cuda_graphs=graphs`` and its timeline run; if that raises, again eagerly (and say so), so the
     run keeps its other numbers. Returns the result and the graphs setting that ran."""
     try:
-        return run_engine(model, prompts, outputs, *common, cuda_graphs=graphs, **kw), graphs
+        return run_engine(model, prompts, outputs, *common, cuda_graphs=graphs, record_timeline=True, **kw), graphs
     except Exception as exc:
         if graphs is False:
             raise
@@ -420,7 +445,7 @@ def run_engine_with_graphs(model, prompts, outputs, common, graphs, kw, log):
 
         traceback.print_exc()
         log(f"engine with CUDA graphs failed ({exc}); running eagerly")
-        return run_engine(model, prompts, outputs, *common, cuda_graphs=False, **kw), False
+        return run_engine(model, prompts, outputs, *common, cuda_graphs=False, record_timeline=True, **kw), False
 
 
 def main_nanovllm(args, argv, log):
@@ -700,7 +725,7 @@ def main(argv=None):
     hf.generation_config.eos_token_id = None
     model = PagedLlama.from_hf(hf)
     l_max = int(round(L_MAX * scale))
-    prompts, outputs = make_requests(args.num_requests, args.seed, config.vocab_size, scale)
+    prompts, outputs = sharegpt_requests(args.num_requests, args.seed, config.vocab_size, scale)
     bytes_per_token = (
         2 * config.num_layers * config.num_kv_heads * config.head_dim * torch.empty((), dtype=dtype).element_size()
     )

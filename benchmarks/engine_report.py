@@ -96,3 +96,15 @@ def report(result, args, log):
         f"{fmt(eng['host_ms_at_256_running'], '{:.3f}')}; peak {eng['peak_concurrency']} running, "
         f"{eng['num_preemptions']} preemptions"
     )
+    tl = eng.get("recorded_timeline")
+    if tl:
+        log(
+            "\n| timeline run (record_timeline=True) | host ms / decode step | device ms / decode step | "
+            "GPU idle between decode steps, median (ms; target <= 0.1) | tok/s vs the timed run |"
+        )
+        log("|---|---:|---:|---:|---:|")
+        log(
+            f"| paged_edu Engine | {fmt(tl['host_ms_per_decode_step'], '{:.3f}')} | "
+            f"{fmt(tl['device_ms_per_decode_step'], '{:.3f}')} | "
+            f"{fmt(tl['gpu_idle_between_decode_steps_ms_median'], '{:.3f}')} | {tl['tokens_per_s_vs_timed_run']:.3f} |"
+        )

@@ -30,7 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_engine import TINY, make_requests  # noqa: E402
+from bench_engine import TINY  # noqa: E402
+from paged_edu.labs.batching import sharegpt_requests  # noqa: E402
 from paged_edu.cache.sizing import dtype_name  # noqa: E402
 from paged_edu.core.hardware import GPUS, MODELS  # noqa: E402
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
@@ -78,7 +79,7 @@ def main(argv=None):
     hf = random_hf_llama(config, seed=0, dtype=dtype, device=device, eos_token_id=None, pad_token_id=0)
     model = PagedLlama.from_hf(hf)
     del hf
-    prompts, outputs = make_requests(args.num_requests, 0, config.vocab_size, 0.1 if args.tiny else 1.0)
+    prompts, outputs = sharegpt_requests(args.num_requests, 0, config.vocab_size, 0.1 if args.tiny else 1.0)
     spec = config.geometry(dtype_name(dtype)) if args.tiny else MODELS["smollm2-135m"]
     roofline = CostModel(model=spec, gpu=GPUS["h200"]).roofline()
 

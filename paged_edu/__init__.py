@@ -11,7 +11,7 @@ keeps it so); the first three are plain Python, no torch:
 * :mod:`paged_edu.cache` -- the paged KV cache on real tensors (lessons 2-3);
 * :mod:`paged_edu.models` and :mod:`paged_edu.engine` -- a Llama-family model on the paged cache and
   continuous batching (lessons 5-6);
-* :mod:`paged_edu.labs` -- the experiments and widget models the lessons and views run (lessons 1-8);
+* :mod:`paged_edu.labs` -- the experiments and widget models the lessons and views run (lessons 1-9);
 * :mod:`paged_edu.viz` -- figures and widgets, views only;
 * :mod:`paged_edu.lessons` -- notebook glue: set-up, exercises, lesson 8's tables;
 * :mod:`paged_edu.cli` -- ``paged-edu simulate`` and ``paged-edu figures-sim``.

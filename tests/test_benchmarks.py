@@ -102,6 +102,10 @@ def test_bench_engine_nanovllm_smoke_writes_its_share_of_the_roofline(tmp_path):
     eng, yard, work = rec["engine"], rec["yardstick"], rec["workload"]
     assert work["num_requests"] == 5 and work["ignore_eos"] and eng["useful_tokens"] == work["output_tokens"]
     assert eng["num_preemptions"] == 0 and rec["kv_budget"]["num_blocks"] >= eng["useful_tokens"] // 16
+    # The timeline run (record_timeline=True, outside the timed window): the same steps as the timed run.
+    tl = eng["recorded_timeline"]
+    assert (tl["num_steps"], tl["num_decode_steps"]) == (eng["num_steps"], eng["num_decode_steps"])
+    assert eng["gpu_idle_between_decode_steps_ms_median"] == tl["gpu_idle_between_decode_steps_ms_median"] >= 0
     assert rec["model"]["matmul_params_counted"] == rec["model"]["cost_model_spec"]["matmul_params"]
     assert rec["model"]["qk_norm"]["implemented"] is False and "omitted" in rec["model"]["qk_norm"]["note"]
     # The share from the two measured figures: useful tokens over the wall time, and over the roofline's time.

@@ -279,6 +279,26 @@ def _lesson8(tiny):
     }
 
 
+def _lesson9(tiny):
+    from paged_edu.labs import speed_ladder as sl
+    from paged_edu.labs.batching import sharegpt_requests
+    from paged_edu.viz import speed_figures as SF
+    from paged_edu.viz.overlap_explorer import OverlapExplorer
+
+    prompts, outputs = sharegpt_requests(4, 0, tiny.config.vocab_size, 0.05)
+    kw = dict(num_blocks=128, block_size=16, max_num_seqs=8, max_num_batched_tokens=64)
+    rungs = sl.run_ladder(tiny, prompts, outputs, kw, window=6)
+    explorer = OverlapExplorer({"a": (1.0, 2.0), "b": (2.0, 0.5)})
+    explorer.preset.value = "b"
+    return {
+        "ladder_speed_figure": SF.ladder_speed_figure(rungs, "live CPU run"),
+        "host_device_figure": SF.host_device_figure(rungs[0]),
+        "step_roofline_figure": SF.step_roofline_figure(rungs),
+        "overlap_figure": SF.overlap_figure(1.0, 2.0),
+        "OverlapExplorer.fig": explorer.fig,
+    }
+
+
 LESSONS = {
     "01": _lesson1,
     "02": _lesson2,
@@ -288,6 +308,7 @@ LESSONS = {
     "06": _lesson6,
     "07": _lesson7,
     "08": _lesson8,
+    "09": _lesson9,
 }
 
 

@@ -56,6 +56,8 @@ def test_cuda_without_a_gpu_names_the_parameter(monkeypatch):
         ("num_requests", -1),
         ("s_max", 0),
         ("num_chats", 0),
+        ("ladder_requests", 0),
+        ("ladder_requests", 5000),
         ("seed", -1),
         ("seed", 2**64),
     ],

@@ -78,7 +78,7 @@ def test_the_h200_runs_schedule_gives_the_issues_recomputed_roofline():
     from paged_edu.sim.results import SimConfig
     from paged_edu.sim.workloads import sharegpt
 
-    rng = np.random.default_rng(1)  # bench_engine.make_requests: random prompt ids from seed + 1
+    rng = np.random.default_rng(1)  # labs.batching.sharegpt_requests: random prompt ids from seed + 1
     trace = []
     for r in sharegpt(512, seed=0):
         p = max(1, int(round(r.prompt_len)))

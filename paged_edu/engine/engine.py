@@ -59,6 +59,7 @@ from paged_edu.engine.overlap import AsyncScheduling
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
 from paged_edu.engine.requests import check_inputs, check_max_model_len
 from paged_edu.engine.runner import ModelRunner
+from paged_edu.engine.timeline import StepRecord, Timeline
 from paged_edu.sched.memory_manager import MemoryManager, is_empty
 from paged_edu.sched.parallel_sampling import ParallelSamples
 from paged_edu.engine.sampling import Sampler, SamplingParams
@@ -124,6 +125,8 @@ class Engine:
         that finished in the step launched by the call before. Default off: on the H200 it serves
         nano-vllm's benchmark 1.24x faster (``figures/h200/engine_bench_nanovllm.json``), but the lessons
         step the engine one call at a time and read its state after each, which running ahead changes.
+    record_timeline: keep a :class:`~paged_edu.engine.timeline.StepRecord` of host and device
+        intervals per launched step, read with :attr:`timeline` (:mod:`~paged_edu.engine.timeline`).
     """
 
     def __init__(
@@ -148,6 +151,7 @@ class Engine:
         sync_timing: bool = False,
         allocator: MemoryManager | None = None,
         async_scheduling: bool = False,
+        record_timeline: bool = False,
     ) -> None:
         if not isinstance(model, PagedLlama):
             raise FieldTypeError(
@@ -158,6 +162,7 @@ class Engine:
         block_size = check.integer("block_size", block_size, low=1)
         enable_prefix_caching = check.flag("enable_prefix_caching", enable_prefix_caching)
         async_scheduling = check.flag("async_scheduling", async_scheduling)
+        record_timeline = check.flag("record_timeline", record_timeline)
         if num_cpu_blocks is None:
             num_cpu_blocks = num_blocks if preemption_mode in ("swap", "auto") else 0
         num_cpu_blocks = check.integer("num_cpu_blocks", num_cpu_blocks, low=0, high=check.MAX_NUM_BLOCKS)
@@ -234,6 +239,7 @@ class Engine:
         self._subscribers: list[Callable] = []
         self._next_request_id = 0
         self._t0 = time.perf_counter()
+        self._timeline = self.runner.timeline = Timeline(self.device, self._t0) if record_timeline else None
         self.step_count = 0
         self.num_failed_steps = 0  # steps that raised StepFailed (each undone)
         self.num_generated_tokens = 0
@@ -246,6 +252,13 @@ class Engine:
     graph_error = property(lambda self: self.runner.graph_error)
     num_graph_steps = property(lambda self: self.runner.num_graph_steps)
     num_mixed_graph_steps = property(lambda self: self.runner.num_mixed_graph_steps)
+
+    @property
+    def timeline(self) -> list[StepRecord]:
+        """One :class:`~paged_edu.engine.timeline.StepRecord` per step launched (``record_timeline=True``)."""
+        if self._timeline is None:
+            raise RuntimeError("this engine records no timeline: build it with Engine(..., record_timeline=True)")
+        return self._timeline.records
 
     # -- events --------------------------------------------------------------------------------
     def subscribe(self, callback: Callable[[StepMetrics | RequestMetrics], None]) -> Callable[[], None]:
@@ -488,6 +501,8 @@ class Engine:
             t = self._lap(phases, "sample", t)
         except BaseException as exc:  # nothing computed counts: the next step schedules the same work again
             self.sampler.rollback()
+            if self._timeline is not None:
+                self._timeline.discard()
             self.num_failed_steps += 1
             if not isinstance(exc, Exception):
                 raise  # KeyboardInterrupt in a notebook: undone all the same
@@ -505,6 +520,8 @@ class Engine:
         """Count the step (started at ``t_start``, ended ``now``); its :class:`StepMetrics` when someone
         subscribed (None otherwise)."""
         metrics = None
+        if self._timeline is not None and sched.scheduled:  # (async scheduling's last call launches nothing)
+            self._timeline.close(self.step_count, sched, t_start, now - t_start - self.runner.device_wait_s)
         if self._subscribers:
             metrics = step_metrics(
                 self.step_count,
@@ -533,6 +550,7 @@ class Engine:
     def _sample(self, batch, emitting) -> dict[int, int | list[int]]:
         """One token per emitting sequence (``n`` for a parallel-sampling prompt that just ended)."""
         if not emitting:
+            self.runner.end_launch()
             return {}
         tokens = self.runner.sample(batch)  # drawn on the device, one copy back
         sampled = self._tokens_by_sequence(tokens, emitting)

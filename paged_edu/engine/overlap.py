@@ -144,10 +144,13 @@ class AsyncScheduling:
             e.runner.forward(batch)
             t = e._lap(phases, "forward", t)
             phase = "sample"
-            current = self._launch_copy(sched, emitting, e.runner.draw(batch) if emitting else None)
+            tokens = e.runner.draw(batch) if emitting else e.runner.end_launch()
+            current = self._launch_copy(sched, emitting, tokens)
             t = e._lap(phases, "sample", t)
         except BaseException as exc:  # undone; the step in flight stays in flight
             e.sampler.rollback()
+            if e._timeline is not None:
+                e._timeline.discard()
             e.num_failed_steps += 1
             if prev is not None:
                 self._release(prev)

@@ -141,6 +141,7 @@ class ModelRunner:
         self.graph_error: str | None = None
         self.num_graph_steps = 0  # forward passes served by a decode CUDA-graph replay
         self.num_mixed_graph_steps = 0  # forward passes served by a mixed-step CUDA-graph replay
+        self.timeline = None  # the engine's Timeline when it records one: begin() / end() around the device work
         self.device_wait_s = 0.0  # how long the last sample() waited for the device
         self.num_blocks = {"swap_out": 0, "copy": 0, "swap_in": 0}  # blocks copied by apply_block_ops, ever
         self._unapplied: deque[list[tuple[str, int, int]]] = deque()  # per step: ops a raising copy left
@@ -273,6 +274,8 @@ class ModelRunner:
 
     def forward(self, batch: StepBatch) -> None:
         """Launch the forward pass; the new tokens' K/V land in the cache, the hidden states in ``batch``."""
+        if self.timeline is not None:
+            self.timeline.begin(batch)
         if batch.graph_size is not None:
             self.num_graph_steps += 1
             batch.hidden, batch.greedy = self.graphs.replay(batch.graph_size)  # one graph replay
@@ -304,7 +307,14 @@ class ModelRunner:
                 if s.temperatures is None
                 else sample_on_device(logits, s.temperatures, s.top_ps, s.uniforms, greedy_tokens=greedy)
             )
+        self.end_launch()
         return tokens
+
+    def end_launch(self) -> None:
+        """The step's device work is all queued (after its tokens are drawn, or its forward pass when
+        it draws none): the timeline's end mark."""
+        if self.timeline is not None:
+            self.timeline.end()
 
     def sample(self, batch: StepBatch) -> list[int]:
         """One token per sampled row, drawn on the device, copied back in one go (the step's only wait)."""

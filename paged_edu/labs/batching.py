@@ -23,12 +23,14 @@ import random
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from paged_edu.engine import Engine, SamplingParams, StepMetrics
 from paged_edu.cache.sizing import dtype_name
 from paged_edu.core.hardware import GPUS
 from paged_edu.sim.costmodel import CostModel, StepShape
+from paged_edu.sim.workloads import sharegpt
 
 __all__ = [
     "DONE",
@@ -38,6 +40,7 @@ __all__ = [
     "BatchingRun",
     "PHASES",
     "make_requests",
+    "sharegpt_requests",
     "chunked_prefill_trace",
     "compare_batching",
     "phase_profile",
@@ -64,6 +67,18 @@ def make_requests(
         p = rng.randint(*prompt_len)
         out.append(([rng.randrange(3, vocab_size) for _ in range(p)], rng.randint(*output_len)))
     return out
+
+
+def sharegpt_requests(num: int, seed: int, vocab_size: int, scale: float = 1.0) -> tuple[list[list[int]], list[int]]:
+    """``num`` ShareGPT-like requests (:func:`paged_edu.sim.workloads.sharegpt`, lengths times ``scale``):
+    random prompt token ids (``seed + 1``) and output lengths -- the engine benchmarks' workload."""
+    rng = np.random.default_rng(seed + 1)
+    prompts, outputs = [], []
+    for r in sharegpt(num, seed=seed):
+        p = max(1, int(round(r.prompt_len * scale)))
+        prompts.append(rng.integers(3, vocab_size, size=p).tolist())
+        outputs.append(max(1, int(round(r.output_len * scale))))
+    return prompts, outputs
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Notebook glue, the top of the course (every lesson, 1-8): what a notebook's cells call directly.
+"""Notebook glue, the top of the course (every lesson, 1-9): what a notebook's cells call directly.
 
 * :mod:`~paged_edu.lessons.setup` -- the one call at the top of every lesson: device, dtype,
   Triton's interpreter, parameter checks, the Colab cell;

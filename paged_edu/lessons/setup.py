@@ -149,6 +149,9 @@ PARAMETERS: dict[str, IntParameter | TextParameter] = {
     "real_requests": IntParameter(2, 1024, "lesson 7: requests of the real engine run compared with the simulator"),
     "flags_requests": IntParameter(20, 1000, "lesson 8: simulated requests per redraw of the flags explorer"),
     "compare_requests": IntParameter(20, 10_000, "lesson 8: simulated requests per cell of the cache comparison"),
+    "ladder_requests": IntParameter(
+        1, 4096, "lesson 9: requests of the live speed ladder (a GPU runs every rung, a CPU the eager one)"
+    ),
 }
 
 

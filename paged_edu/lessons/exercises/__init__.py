@@ -40,6 +40,7 @@ from paged_edu.lessons.exercises import (  # noqa: E402,F401
     lesson6,
     lesson7,
     lesson8,
+    lesson9,
 )
 
 __all__ = [
