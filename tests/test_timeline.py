@@ -138,16 +138,20 @@ def test_summary_against_hand_made_records():
 
 @pytest.mark.gpu
 def test_gpu_overlap_shrinks_the_idle_gap_between_decode_steps():
-    """On CUDA with graphs: async scheduling's median idle gap between decode steps is below the
-    synchronous engine's; device intervals never overlap; the host's time and the device's agree."""
-    gpu_model = tiny_model("cuda", torch.bfloat16, seed=3, vocab_size=VOCAB)
-    ps = prompts(64, seed=9)
-    params = [SamplingParams(max_tokens=48) for _ in ps]
+    """On CUDA with graphs, where a decode step's device work outlasts the host's (SmolLM2-135M's
+    geometry, the ladder's workload): async scheduling's median idle gap between decode steps is
+    below half the synchronous engine's; device intervals never overlap; their sum fits in the wall
+    time. (On a tiny model the host outlasts the device and the gap is the host's time either way:
+    an earlier version of this test, on the tiny model, measured 1.03 ms with overlap, 0.80 without.)"""
+    from paged_edu.labs.speed_ladder import ladder_setup
+
+    setup = ladder_setup("cuda", 48, seed=0)
+    ps, params = setup["prompts"], [SamplingParams(max_tokens=o) for o in setup["outputs"]]
     medians = {}
     for async_scheduling in (False, True):
         for _ in range(2):  # the first run compiles and warms up
             engine = Engine(
-                gpu_model, num_blocks=2048, block_size=16, record_timeline=True, async_scheduling=async_scheduling
+                setup["model"], **setup["engine_kwargs"], record_timeline=True, async_scheduling=async_scheduling
             )
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -162,4 +166,4 @@ def test_gpu_overlap_shrinks_the_idle_gap_between_decode_steps():
         assert sum(r.device_end_s - r.device_start_s for r in records) <= wall
         assert any(r.forward == "graph" for r in records)
         medians[async_scheduling] = summarize_timeline(records)["gpu_idle_between_decode_steps_ms_median"]
-    assert medians[True] < medians[False], medians
+    assert medians[True] < 0.5 * medians[False], medians
