@@ -276,23 +276,21 @@ class MixedCudaGraphs:
             h[name][:T] = fields[name]
             h[name][T:Tb] = pad
         Dcap = min(self.max_num_seqs, Tb)
-        h["decode_seq_lens"][:D] = fields["decode_seq_lens"] if D else 0
-        h["decode_seq_lens"][D:Dcap] = 1
         if D:
+            h["decode_seq_lens"][:D] = fields["decode_seq_lens"]
             tables = fields["decode_block_tables"]
             h["decode_block_tables"][:D, : tables.shape[1]] = tables  # columns past the width: stale, unread
+        h["decode_seq_lens"][D:Dcap] = 1
         h["decode_block_tables"][D:Dcap, 0] = 0
-        cu = fields["prefill_cu_seqlens_q"]  # (P + 1,) from D, or None (decodes only)
+        cu = fields["prefill_cu_seqlens_q"]  # (P + 1,) from D to T, or None (decodes only)
         P = 0 if cu is None else len(cu) - 1
         if P:
             h["prefill_seq_lens"][:P] = fields["prefill_seq_lens"]
             tables = fields["prefill_block_tables"]
             h["prefill_block_tables"][:P, : tables.shape[1]] = tables
-            h["cu_seqlens_q"][: P + 1] = cu
-        else:
-            h["cu_seqlens_q"][0] = T
+            h["cu_seqlens_q"][:P] = cu[:-1]
         h["prefill_seq_lens"][P:] = 0
-        h["cu_seqlens_q"][P + 1 :] = T
+        h["cu_seqlens_q"][P:] = T  # the last chunk's end, and every padding chunk's (length 0)
         self.staging.upload(max(P, 1))
 
     def input_ids(self, Tb: int) -> torch.Tensor:

@@ -144,7 +144,11 @@ class AsyncScheduling:
             e.runner.forward(batch)
             t = e._lap(phases, "forward", t)
             phase = "sample"
-            tokens = e.runner.draw(batch) if emitting else e.runner.end_launch()
+            if emitting:
+                tokens = e.runner.draw(batch)
+            else:  # nothing to draw: the launch ends with the forward pass
+                tokens = None
+                e.runner.end_launch()
             current = self._launch_copy(sched, emitting, tokens)
             t = e._lap(phases, "sample", t)
         except BaseException as exc:  # undone; the step in flight stays in flight
