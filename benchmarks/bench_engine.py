@@ -322,10 +322,10 @@ def step_speed(
     not rounded).
     """
     from paged_edu.core.hardware import GPUS, MODELS
-    from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel, StepShape
+    from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel
 
     cost = CostModel(model=spec or MODELS["smollm2-135m"]).roofline()
-    shapes = [StepShape.of_chunks(m.chunk_starts, m.chunk_counts, m.num_emitting) for m in steps]
+    shapes = [m.shape for m in steps]
     roof = np.array([cost.step_time(s) for s in shapes])  # (steps,) seconds
     dur = np.array([m.duration for m in steps])
     host = dur - np.array([m.device_wait for m in steps])

@@ -40,7 +40,7 @@ from paged_edu.labs.timing import compiled_variant_counter  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
-from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel, StepShape  # noqa: E402
+from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel  # noqa: E402
 from record import provenance  # noqa: E402
 
 
@@ -114,7 +114,7 @@ def main(argv=None):
     ]
     rows = []
     for s in steps:
-        roof = roofline.step_time(StepShape.of_chunks(s.chunk_starts, s.chunk_counts, s.num_emitting))
+        roof = roofline.step_time(s.shape)
         rows.append(
             dict(
                 step=s.step,

@@ -15,6 +15,7 @@ from operator import attrgetter
 from paged_edu.engine.sampling import SamplingParams
 from paged_edu.sched.parallel_sampling import ParallelSamples
 from paged_edu.sched.sequence import SequenceStatus
+from paged_edu.sim.costmodel import StepShape
 
 __all__ = ["RequestMetrics", "RequestOutput", "RequestState", "StepMetrics", "step_metrics"]
 
@@ -85,12 +86,16 @@ class StepMetrics:
     # is the step's host time, GPU time excluded (what the host could not overlap with the GPU)
     device_wait: float = 0.0
     # Each scheduled chunk's shape, in the scheduler's order: chunk i computed chunk_counts[i] new
-    # tokens on top of chunk_starts[i] cached ones; num_emitting of them sampled a token. What the
-    # cost model's roofline needs: StepShape.of_chunks(m.chunk_starts, m.chunk_counts, m.num_emitting).
+    # tokens on top of chunk_starts[i] cached ones; num_emitting of them sampled a token (``shape``).
     chunk_starts: list[int] = field(default_factory=list)
     chunk_counts: list[int] = field(default_factory=list)
     num_emitting: int = 0
     kind: str = "step"
+
+    @property
+    def shape(self) -> StepShape:
+        """The step's chunks as the cost model prices them (``CostModel.roofline().step_time(m.shape)``)."""
+        return StepShape.of_chunks(self.chunk_starts, self.chunk_counts, self.num_emitting)
 
 
 @dataclass(slots=True)
@@ -160,8 +165,7 @@ def step_metrics(
     scheduled = sched.scheduled
     starts = [s.start for s in scheduled]
     counts = [s.num_new_tokens for s in scheduled]
-    decodes = counts.count(1)  # one-token chunks (ScheduledSeq.is_decode)
-    prefill_tokens = sum(counts) - decodes  # the prompt chunks' (or recomputes') tokens
+    decodes, prefill_tokens = sched.decodes_and_prefill_tokens()
     emitting = sum(map(attrgetter("emits_token"), scheduled))
     in_cache = sum(map(attrgetter("num_computed_tokens"), scheduler.running))
     return StepMetrics(

@@ -114,12 +114,7 @@ class Timeline:
             self.end()
             start, end, host_end, mode = self._open
         self._open = [None, None, None, ""]
-        decodes = prefill = 0
-        for item in sched.scheduled:
-            if item.is_decode:
-                decodes += 1
-            else:
-                prefill += item.num_new_tokens
+        decodes, prefill = sched.decodes_and_prefill_tokens()
         record = StepRecord(step, host_start_s, host_end, 0.0, 0.0, host_busy_s, decodes, prefill, mode)
         if self.on_gpu:
             self._pending.append((record, start, end))

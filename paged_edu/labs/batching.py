@@ -29,7 +29,7 @@ import torch
 from paged_edu.engine import Engine, SamplingParams, StepMetrics
 from paged_edu.cache.sizing import dtype_name
 from paged_edu.core.hardware import GPUS
-from paged_edu.sim.costmodel import CostModel, StepShape
+from paged_edu.sim.costmodel import CostModel
 from paged_edu.sim.workloads import sharegpt
 
 __all__ = [
@@ -340,9 +340,7 @@ def phase_profile(
         duration=[s.duration for s in steps],
         batched_tokens=[s.num_batched_tokens for s in steps],
         num_decode_seqs=[s.num_decode_seqs for s in steps],
-        roofline=[
-            roofline.step_time(StepShape.of_chunks(s.chunk_starts, s.chunk_counts, s.num_emitting)) for s in steps
-        ],
+        roofline=[roofline.step_time(s.shape) for s in steps],
         gpu=roofline.gpu.name,
         cuda_graph_steps=engine.num_graph_steps,
     )

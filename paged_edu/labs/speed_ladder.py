@@ -38,7 +38,7 @@ from paged_edu.cache.sizing import dtype_name
 from paged_edu.core.hardware import GPUS
 from paged_edu.engine import Engine, SamplingParams, StepMetrics
 from paged_edu.engine.timeline import StepRecord, summarize_timeline
-from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel, StepShape
+from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel
 
 __all__ = [
     "RUNGS",
@@ -167,9 +167,7 @@ def run_rung(
     if [r.step for r in records] != [m.step for m in steps]:
         raise RuntimeError("the timeline and the step metrics disagree: a step is missing from one of them")
     cost = CostModel(model=model.config.geometry(dtype_name(model.dtype)), gpu=GPUS[gpu]).roofline()
-    roof = np.array(
-        [cost.step_time(StepShape.of_chunks(m.chunk_starts, m.chunk_counts, m.num_emitting)) for m in steps]
-    )
+    roof = np.array([cost.step_time(m.shape) for m in steps])
     dur = np.array([m.duration for m in steps])
     decode = np.array([m.num_prefill_tokens == 0 for m in steps])
     mixed = ~decode & np.array([m.num_decode_seqs > 0 for m in steps])

@@ -54,3 +54,11 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+    def decodes_and_prefill_tokens(self) -> tuple[int, int]:
+        """``(decodes, prefill_tokens)``: the one-token chunks (:attr:`ScheduledSeq.is_decode`) and the
+        new tokens of all the others (prompt chunks, recomputes) -- how a step's metrics and the
+        engine's timeline count it."""
+        counts = [s.num_new_tokens for s in self.scheduled]
+        decodes = counts.count(1)
+        return decodes, sum(counts) - decodes
