@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
-from paged_edu.engine.batch import StaticStaging  # noqa: E402
 from paged_edu.engine.cuda_graphs import DecodeCudaGraphs  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.models.config import LlamaConfig  # noqa: E402
@@ -73,31 +72,8 @@ class StubGraphs(DecodeCudaGraphs):
     the static buffers as for a real graph; the "replay" returns fixed outputs at once."""
 
     def __init__(self, model, max_batch_size: int, max_blocks_per_seq: int) -> None:
+        super().__init__(model, None, max_batch_size, max_blocks_per_seq, capture_graphs=False)
         device = model.device
-        self.model, self.max_blocks_per_seq = model, max_blocks_per_seq
-        self.sizes = [b for b in [1, 2, 4, 8, *range(16, 129, 16), *range(160, 1025, 32)] if b < max_batch_size]
-        self.sizes.append(max_batch_size)
-        n, W, i64, i32, f32 = (
-            max_batch_size,
-            max_blocks_per_seq,
-            np.dtype(np.int64),
-            np.dtype(np.int32),
-            np.dtype(np.float32),
-        )
-        self.staging = StaticStaging(
-            device,
-            dict(
-                input_ids=(i64, (n,)),
-                positions=(i64, (n,)),
-                slot_mapping=(i64, (n,)),
-                seq_lens=(i32, (n,)),
-                sample_rows=(i64, (n,)),
-                temperatures=(f32, (n,)),
-                top_ps=(f32, (n,)),
-                uniforms=(f32, (n,)),
-                block_tables=(i32, (n, W)),
-            ),
-        )
         self.outputs = {
             b: (
                 torch.zeros(b, model.config.hidden_size, device=device),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import pytest
 import torch
 
@@ -121,35 +120,17 @@ def test_the_graph_path_stages_pads_and_samples_like_the_eager_path(hf_greedy_ca
     the static staged inputs (padded to the captured sizes) gives transformers' greedy tokens, and
     so does seeded sampling through the staged uniforms (same tokens as the eager engine)."""
     from paged_edu.engine import Engine
-    from paged_edu.engine.batch import StaticStaging
     from paged_edu.engine.cuda_graphs import DecodeCudaGraphs
     from paged_edu.models.llama import PagedLlama
 
-    class EagerGraphs(DecodeCudaGraphs):
+    class EagerGraphs(DecodeCudaGraphs):  # the graphs' staging and padding, replayed eagerly, replays counted
         def __init__(self, model, kv_caches, n, W, kernels):
-            self.model, self.kv_caches, self.max_blocks_per_seq, self.sizes = model, kv_caches, W, [1, 2, 4, 8]
-            self.kernels = kernels
-            i64, i32, f32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
-            n = self.sizes[-1]
-            self.staging = StaticStaging(
-                torch.device("cpu"),
-                dict(
-                    input_ids=(i64, (n,)),
-                    positions=(i64, (n,)),
-                    slot_mapping=(i64, (n,)),
-                    seq_lens=(i32, (n,)),
-                    sample_rows=(i64, (n,)),
-                    temperatures=(f32, (n,)),
-                    top_ps=(f32, (n,)),
-                    uniforms=(f32, (n,)),
-                    block_tables=(i32, (n, W)),
-                ),
-            )
+            super().__init__(model, kv_caches, n, W, kernels, capture_graphs=False)
             self.replays = []
 
         def replay(self, bs):
             self.replays.append(bs)
-            return self._forward(self._batch(bs))
+            return super().replay(bs)
 
     hf, prompts, want = hf_greedy_case
     params = [SamplingParams(max_tokens=9, temperature=0.9, top_p=0.9, seed=5 + i) for i in range(len(prompts))]

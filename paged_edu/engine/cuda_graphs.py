@@ -79,13 +79,21 @@ class DecodeCudaGraphs:
     output is dropped). The graph ends with the LM head and the argmax, so a greedy step needs no
     further launch. The kernels must not sync with the host or size launches from data -- the
     decode kernel picks its split count from the table *width*, which is fixed here.
+
+    ``capture_graphs=False`` replays by running the same padded batch eagerly: what a CPU can check.
     """
 
     def __init__(
-        self, model: PagedLlama, kv_caches, max_batch_size: int, max_blocks_per_seq: int, kernels: Kernels | None = None
+        self,
+        model: PagedLlama,
+        kv_caches,
+        max_batch_size: int,
+        max_blocks_per_seq: int,
+        kernels: Kernels | None = None,
+        capture_graphs: bool = True,
     ) -> None:
         device = model.device
-        if device.type != "cuda":
+        if capture_graphs and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA model, got {device}")
         self.model = model
         self.kv_caches = kv_caches
@@ -115,11 +123,12 @@ class DecodeCudaGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bs -> (hidden (bs, H), greedy (bs,))
         pool = None
-        for bs in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
+        for bs in reversed(self.sizes) if capture_graphs else ():  # largest first: the others reuse its pool
             batch = self._batch(bs)
-            self.graphs[bs], self.outputs[bs] = capture(lambda: self._forward(batch), device, pool)
+            self.graphs[bs], self.outputs[bs] = capture(lambda: self._forward(batch), device, pool)  # noqa: B023
             pool = self.graphs[bs].pool()
-        torch.cuda.synchronize(device)
+        if capture_graphs:
+            torch.cuda.synchronize(device)
 
     def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.model(batch, self.kv_caches, self.kernels)  # (bs, hidden)
@@ -174,6 +183,8 @@ class DecodeCudaGraphs:
 
     def replay(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states ``(bs, hidden)`` and greedy tokens ``(bs,)`` of the staged batch."""
+        if not self.graphs:  # capture_graphs=False
+            return self._forward(self._batch(bs))
         self.graphs[bs].replay()
         return self.outputs[bs]
 
