@@ -69,6 +69,7 @@ class SamplingBatch:
     temperatures: torch.Tensor | None  # (N,) fp32, 0 = greedy
     top_ps: torch.Tensor | None  # (N,) fp32
     uniforms: torch.Tensor | None  # (N,) fp32 in [0, 1)
+    in_order: bool = False  # rows are 0 .. N-1: a graph's greedy tokens are then a view, no gather
 
 
 def token_slice(seq, start: int, end: int) -> list[int]:

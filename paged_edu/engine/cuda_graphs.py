@@ -38,6 +38,7 @@ a mixed step, mostly launching the eager attention kernels from Python, the full
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 
 import numpy as np
@@ -132,7 +133,7 @@ class DecodeCudaGraphs:
 
     def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.model(batch, self.kv_caches, self.kernels)  # (bs, hidden)
-        return hidden, self.model.compute_logits(hidden).argmax(dim=-1)  # (bs,) greedy tokens
+        return hidden, self.model.greedy_tokens(hidden)  # (bs,) greedy tokens
 
     def _batch(self, bs: int) -> ForwardBatch:
         v = self.staging.views
@@ -153,7 +154,7 @@ class DecodeCudaGraphs:
         """The captured batch size that runs ``num_decodes`` decodes with tables ``width`` wide, or None."""
         if num_decodes > self.sizes[-1] or width > self.max_blocks_per_seq:
             return None
-        return next(b for b in self.sizes if b >= num_decodes)
+        return self.sizes[bisect_left(self.sizes, num_decodes)]
 
     def stage(self, fields: dict, bs: int, sample_rows: np.ndarray, sampling) -> SamplingBatch:
         """Write a pure-decode batch (``pack_chunks``' fields) and its sampled rows into the graph's
@@ -177,9 +178,12 @@ class DecodeCudaGraphs:
             for name, values in zip(("temperatures", "top_ps", "uniforms"), sampling):
                 h[name][:N] = values
         self.staging.upload(bs)
+        in_order = np.array_equal(sample_rows, np.arange(N))  # every row samples, in order: the usual decode step
         if sampling is None:
-            return SamplingBatch(v["sample_rows"][:N], None, None, None)
-        return SamplingBatch(v["sample_rows"][:N], v["temperatures"][:N], v["top_ps"][:N], v["uniforms"][:N])
+            return SamplingBatch(v["sample_rows"][:N], None, None, None, in_order)
+        return SamplingBatch(
+            v["sample_rows"][:N], v["temperatures"][:N], v["top_ps"][:N], v["uniforms"][:N], in_order
+        )
 
     def replay(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states ``(bs, hidden)`` and greedy tokens ``(bs,)`` of the staged batch."""

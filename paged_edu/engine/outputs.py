@@ -190,7 +190,7 @@ def step_metrics(
             (s.request_id, s.seq_id, "swap" if s.status is SequenceStatus.SWAPPED else "recompute")
             for s in sched.preempted
         ],
-        scheduled_request_ids=sorted(set(map(attrgetter("seq.request_id"), scheduled))),
+        scheduled_request_ids=sorted({s.seq.request_id for s in scheduled}),  # (a dotted attrgetter: 3x slower)
         num_blocks_swapped_out=len(sched.blocks_to_swap_out),
         num_blocks_swapped_in=len(sched.blocks_to_swap_in),
         device_wait=device_wait,

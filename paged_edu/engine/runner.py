@@ -43,7 +43,7 @@ class StepBatch:
     """What :meth:`ModelRunner.prepare` hands to ``forward`` and ``sample``: the model's inputs, the
     rows to sample, and (after ``forward``) where the results are."""
 
-    __slots__ = ("forward", "sampling", "num_rows", "graph_size", "mixed_size", "hidden", "greedy")
+    __slots__ = ("forward", "sampling", "num_rows", "graph_size", "mixed_size", "hidden", "greedy", "host_input_ids")
 
     def __init__(
         self,
@@ -60,6 +60,7 @@ class StepBatch:
         self.mixed_size = mixed_size  # the token bucket whose mixed-step graph runs it, or None
         self.hidden: torch.Tensor | None = None  # (rows, hidden), set by forward
         self.greedy: torch.Tensor | None = None  # (rows,) argmax tokens, when the graph computed them
+        self.host_input_ids = None  # (num_rows,) int64 numpy: the ids as staged, placeholders (< 0) included
 
 
 # ----------------------------------------------------------------------------------------------
@@ -235,6 +236,12 @@ class ModelRunner:
             [block_table(it.seq.seq_id) for it in scheduled],
             self.block_size,
         )
+        batch = self._stage(fields, sample_chunks, sampling)
+        batch.host_input_ids = fields["input_ids"]
+        return batch
+
+    def _stage(self, fields: dict, sample_chunks, sampling) -> StepBatch:
+        """``pack_chunks``' fields on the device: into a captured graph's buffers, or the staging buffer."""
         rows = len(fields["input_ids"])
         sample_rows = fields["logits_rows"][np.asarray(sample_chunks, dtype=np.int64)]  # (N,) rows of the hidden states
         if self.graphs is not None and fields["num_decodes"] == rows:
@@ -298,7 +305,7 @@ class ModelRunner:
         """One token per sampled row, ``(N,)`` int64, left on the device (no wait)."""
         s = batch.sampling
         if s.temperatures is None and batch.greedy is not None:
-            tokens = batch.greedy[s.rows]  # (N,) computed inside the graph
+            tokens = batch.greedy[: s.rows.shape[0]] if s.in_order else batch.greedy[s.rows]  # (N,) from the graph
         else:
             logits = self.model.compute_logits(batch.hidden[s.rows])  # (N, vocab) fp32
             greedy = batch.greedy[s.rows] if batch.greedy is not None else logits.argmax(dim=-1)  # (N,)

@@ -361,6 +361,11 @@ class PagedLlama(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()  # (N, vocab) fp32
 
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``compute_logits(hidden).argmax(-1)`` without the fp32 copy of the logits: widening to fp32
+        is exact and keeps their order (ties: the first index, in both), so the tokens are the same."""
+        return self.lm_head(hidden).argmax(dim=-1)  # (N,) int64
+
     # -- weights -------------------------------------------------------------------------------
     @classmethod
     def from_hf(
