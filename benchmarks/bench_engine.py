@@ -20,7 +20,9 @@ give each its share of the roofline beside ours.
 
 Every system serves its requests once untimed before its timed run (the same requests: every shape
 the timed run meets is compiled or captured before it), and the record counts what was still
-compiled (Triton variants) or captured (CUDA graphs, in either system) inside the timed window.
+compiled (Triton variants) or captured (CUDA graphs, in either system) inside the timed window. The
+engine's runs are :mod:`paged_edu.labs.timed_run`'s, the timed run the speed ladder (``bench_ladder.py``)
+makes too.
 
 Peers, in the same process on the same requests, weights and KV budget: transformers' own
 continuous batching (``ContinuousBatchingManager``, driven like ``generate_batch``; once with CUDA
