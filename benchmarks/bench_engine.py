@@ -20,7 +20,9 @@ give each its share of the roofline beside ours.
 
 Every system serves its requests once untimed before its timed run (the same requests: every shape
 the timed run meets is compiled or captured before it), and the record counts what was still
-compiled (Triton variants) or captured (CUDA graphs, in either system) inside the timed window.
+compiled (Triton variants) or captured (CUDA graphs, in either system) inside the timed window. The
+engine's runs are :mod:`paged_edu.labs.timed_run`'s, the timed run the speed ladder (``bench_ladder.py``)
+makes too.
 
 Peers, in the same process on the same requests, weights and KV budget: transformers' own
 continuous batching (``ContinuousBatchingManager``, driven like ``generate_batch``; once with CUDA
@@ -68,7 +70,6 @@ import argparse
 import json
 import platform
 import sys
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -78,18 +79,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
-from paged_edu.engine import Engine, StepMetrics  # noqa: E402
-from paged_edu.labs.batching import sharegpt_requests  # noqa: E402
 from paged_edu.cache.sizing import dtype_name  # noqa: E402
-from paged_edu.labs.timing import compiled_variant_counter, graph_capture_counter  # noqa: E402
+from paged_edu.core.hardware import MODELS  # noqa: E402
+from paged_edu.labs.batching import sharegpt_requests  # noqa: E402
+from paged_edu.labs.timed_run import roofline_model, step_speed, timed_run, timeline_run  # noqa: E402
 from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
 from paged_edu.models.llama import Kernels, PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
-from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.sim.arrivals import L_MAX  # noqa: E402
 from engine_report import plot, report  # noqa: E402
 from record import provenance  # noqa: E402
-from hf_peers import FIRST_COMPARED, common_prefix, run_hf, run_hf_cb, sync  # noqa: E402
+from hf_peers import FIRST_COMPARED, common_prefix, run_hf, run_hf_cb  # noqa: E402
 
 
 # The smoke runs' model (here and in profile_engine.py --tiny): two layers, 4 query / 2 KV heads of 16.
@@ -118,7 +118,6 @@ def run_engine(
     block_size,
     max_num_seqs,
     max_num_batched_tokens,
-    device,
     log,
     preemption_mode="recompute",
     cuda_graphs=None,
@@ -131,70 +130,44 @@ def run_engine(
     mixed_graphs=False,
     record_timeline=False,
 ):
-    """Serve the requests twice, timing the second run: the first, untimed, meets every shape the
-    timed one meets (the schedule does not depend on timing), so Triton compiles none inside the
-    timed window; the counters below say so (``triton_variants_compiled_in_window``,
+    """Serve the requests twice, timing the second run (:func:`~paged_edu.labs.timed_run.timed_run`): the
+    first, untimed, meets every shape the timed one meets (the schedule does not depend on timing), so
+    Triton compiles none inside the timed window; the counters say so (``triton_variants_compiled_in_window``,
     ``graph_captures_in_window``: paged_edu captures its decode graphs when the engine is built).
-    ``temperature``: every request's (0: greedy); ``roofline_gpus``: more GPUs to price the steps on
-    (:func:`step_speed`); ``async_scheduling``: the engine's option (the host one step ahead);
-    ``mixed_graphs``: the engine's option (steps with prompt chunks in CUDA graphs);
+    ``temperature``: every request's (0: greedy); ``spec``: the roofline's model (default SmolLM2-135M's
+    row of the model table); ``roofline_gpus``: more GPUs to price the steps on
+    (:func:`~paged_edu.labs.timed_run.step_speed`); ``async_scheduling``: the engine's option (the host one
+    step ahead); ``mixed_graphs``: the engine's option (steps with prompt chunks in CUDA graphs);
     ``record_timeline``: a third run, after the timed one, with ``Engine(record_timeline=True)``
-    (:func:`timeline_run`: host and device per step, the GPU's idle gap between decode steps)."""
-
-    def make(**extra):
-        return Engine(
-            model,
-            num_blocks=num_blocks,
-            block_size=block_size,
-            enable_prefix_caching=True,
-            preemption_mode=preemption_mode,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            cuda_graphs=cuda_graphs,
-            max_model_len=max_model_len,
-            async_scheduling=async_scheduling,
-            mixed_graphs=mixed_graphs,
-            **(impls or {}),
-            **extra,
-        )
-
-    def params():
-        return [SamplingParams(max_tokens=o, temperature=temperature) for o in outputs]
-
-    t = time.perf_counter()
-    make().run(prompts, params(), use_tqdm=False)  # untimed: compiles
-    sync(device)
-    log(f"  engine warm-up on the same {len(prompts)} requests: {time.perf_counter() - t:.1f} s")
-    engine = make()
-    steps: list[StepMetrics] = []
-    compiled_after: list[int] = []  # Triton kernel variants compiled so far, after each step
-    count_variants, count_graphs = compiled_variant_counter(), graph_capture_counter()
-
-    def on_event(e):
-        # (async scheduling's last call schedules nothing: it only reads the last step's tokens)
-        if isinstance(e, StepMetrics) and e.num_batched_tokens:
-            steps.append(e)
-            compiled_after.append(count_variants())
-
-    engine.subscribe(on_event)
-    compiled_before, graphs_before = count_variants(), count_graphs()
-    sync(device)
-    t0 = time.perf_counter()
-    outs = engine.run(prompts, params(), use_tqdm=False)
-    sync(device)
-    dt = time.perf_counter() - t0
-    window = dict(
-        triton_variants_compiled_in_window=count_variants() - compiled_before,
-        graph_captures_in_window=count_graphs() - graphs_before,
+    (:func:`~paged_edu.labs.timed_run.timeline_run`: host and device per step, the GPU's idle gap between
+    decode steps)."""
+    engine_kwargs = dict(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        enable_prefix_caching=True,
+        preemption_mode=preemption_mode,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        cuda_graphs=cuda_graphs,
+        max_model_len=max_model_len,
+        async_scheduling=async_scheduling,
+        mixed_graphs=mixed_graphs,
+        **(impls or {}),
     )
-    useful = sum(len(o.outputs[0]) for o in outs)
+    run = timed_run(model, prompts, outputs, engine_kwargs, temperature=temperature, count_compiles_per_step=True)
+    log(f"  engine warm-up on the same {len(prompts)} requests: {run.warmup_seconds:.1f} s")
+    engine, steps, outs, dt, useful = run.engine, run.steps, run.outputs, run.seconds, run.useful_tokens
+    window = dict(
+        triton_variants_compiled_in_window=run.triton_variants_compiled_in_window,
+        graph_captures_in_window=run.graph_captures_in_window,
+    )
     if useful != sum(outputs):
         raise RuntimeError(f"the engine produced {useful} tokens, expected {sum(outputs)}")
-    durations = np.array([s.duration for s in steps])
+    durations = run.durations
     running = np.array([s.num_running for s in steps])
     slots_used = np.array([s.num_used_blocks * block_size for s in steps])
     in_cache = np.array([s.num_tokens_in_cache for s in steps])
-    decode_steps = np.array([s.num_prefill_tokens == 0 for s in steps])
+    decode_steps = run.decode
     w = durations / durations.sum()
     ttft = [o.metrics.ttft for o in outs]
     itl = [x for o in outs for x in o.metrics.inter_token_latencies]
@@ -225,8 +198,7 @@ def run_engine(
     )
     # A step that compiled a new Triton variant (a shape, stride or split count not seen before) pays
     # the compiler's time: step_speed counts them, and the mixed steps' mean without them.
-    new_variants = np.diff(np.array([compiled_before] + compiled_after)) > 0  # (steps,)
-    speed = step_speed(steps, decode_steps, running, new_variants, spec, roofline_gpus)
+    speed = step_speed(run, roofline_model(spec or MODELS["smollm2-135m"]), roofline_gpus)
     log(
         f"  host ms/step (wall - device wait): {speed['host_ms_per_step']:.3f} (decode steps "
         f"{speed['host_ms_per_decode_step']:.3f}, at ~256 running {speed['host_ms_at_256_running']}); "
@@ -235,11 +207,17 @@ def run_engine(
         f"variant {speed['steps_that_compiled']} ({speed['mixed_steps_that_compiled']} mixed), mixed step without "
         f"them {speed['mean_mixed_step_ms_without_compiles']} ms"
     )
-    recorded = (
-        timeline_run(make(record_timeline=True), prompts, params(), device, useful / dt, log)
-        if record_timeline
-        else None
-    )
+    recorded = None
+    if record_timeline:
+        recorded = timeline_run(model, prompts, outputs, engine_kwargs, useful / dt, temperature=temperature)
+        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        log(
+            f"  timeline run (record_timeline=True, untimed): per decode step host "
+            f"{fmt(recorded['host_ms_per_decode_step'])} ms, device {fmt(recorded['device_ms_per_decode_step'])} ms; "
+            f"GPU idle between decode steps (median) {fmt(recorded['gpu_idle_between_decode_steps_ms_median'])} ms "
+            f"(target <= 0.1); {recorded['tokens_per_s']:,.0f} tok/s = "
+            f"{recorded['tokens_per_s_vs_timed_run']:.3f} x the timed run's"
+        )
     return dict(
         **speed,
         **window,
@@ -275,96 +253,6 @@ def run_engine(
             kv_usage=[round(s.kv_usage, 4) for s in steps][:: max(1, len(steps) // 400)],
         ),
     )
-
-
-def timeline_run(engine, prompts, params, device, timed_tokens_per_s, log) -> dict:
-    """Serve the requests once more on ``engine`` (built with ``record_timeline=True``), outside the
-    timed window: the per-step split of :func:`paged_edu.engine.timeline.summarize_timeline` (host
-    busy ms and device ms per decode step, the median GPU idle gap between consecutive decode
-    steps: the issue's target is <= 0.1 ms), and this run's tok/s beside the timed run's (what
-    recording costs)."""
-    from paged_edu.engine.timeline import summarize_timeline
-
-    sync(device)
-    t0 = time.perf_counter()
-    outs = engine.run(prompts, params, use_tqdm=False)
-    sync(device)
-    dt = time.perf_counter() - t0
-    out = summarize_timeline(engine.timeline)
-    out["tokens_per_s"] = sum(len(o.outputs[0]) for o in outs) / dt
-    out["tokens_per_s_vs_timed_run"] = out["tokens_per_s"] / timed_tokens_per_s
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    log(
-        f"  timeline run (record_timeline=True, untimed): per decode step host {fmt(out['host_ms_per_decode_step'])} ms, "
-        f"device {fmt(out['device_ms_per_decode_step'])} ms; GPU idle between decode steps (median) "
-        f"{fmt(out['gpu_idle_between_decode_steps_ms_median'])} ms (target <= 0.1); "
-        f"{out['tokens_per_s']:,.0f} tok/s = {out['tokens_per_s_vs_timed_run']:.3f} x the timed run's"
-    )
-    return out
-
-
-def step_speed(
-    steps: list[StepMetrics],
-    decode_steps: np.ndarray,
-    running: np.ndarray,
-    new_variants: np.ndarray,
-    spec=None,
-    roofline_gpus=(),
-) -> dict:
-    """Step times against the roofline of the same steps, and the host's share of each step.
-
-    Roofline (:data:`paged_edu.sim.costmodel.ROOFLINE_NAME`): ``CostModel.roofline()`` for ``spec`` (default
-    SmolLM2-135M) on the H200 -- full efficiency, no overhead, the tied LM head's weight read counted -- on each
-    step's exact chunks (``StepShape.of_chunks`` of the step's ``chunk_starts`` / ``chunk_counts``).
-    Host time: ``duration - device_wait``, the wall time less the time the host waited for the GPU
-    (the copy of the sampled tokens: the one sync). ``roofline_gpus``: keys of
-    :data:`~paged_edu.sim.costmodel.GPUS` to price the same steps on too (``roofline_run_s_by_gpu``,
-    not rounded).
-    """
-    from paged_edu.core.hardware import GPUS, MODELS
-    from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel
-
-    cost = CostModel(model=spec or MODELS["smollm2-135m"]).roofline()
-    shapes = [m.shape for m in steps]
-    roof = np.array([cost.step_time(s) for s in shapes])  # (steps,) seconds
-    dur = np.array([m.duration for m in steps])
-    host = dur - np.array([m.device_wait for m in steps])
-    mixed = ~decode_steps & np.array([m.num_decode_seqs > 0 for m in steps])
-    near_256 = decode_steps & (np.abs(running - 256) <= 32)
-
-    ms = lambda values, mask: round(float(values[mask].mean() * 1e3), 4) if mask.any() else None  # noqa: E731
-
-    out = dict(
-        roofline=ROOFLINE_NAME,
-        roofline_gpu=cost.gpu.name,
-        roofline_bandwidth=cost.gpu.hbm_bandwidth,
-        roofline_run_s=round(float(roof.sum()), 4),
-        mean_decode_step_ms=ms(dur, decode_steps),
-        roofline_decode_step_ms=ms(roof, decode_steps),
-        mean_mixed_step_ms=ms(dur, mixed),
-        roofline_mixed_step_ms=ms(roof, mixed),
-        num_decode_steps=int(decode_steps.sum()),
-        num_mixed_steps=int(mixed.sum()),
-        device_wait_ms_per_decode_step=ms(dur - host, decode_steps),  # ~ the GPU's share of a decode step
-        host_ms_per_step=ms(host, np.ones(len(steps), bool)),
-        host_ms_per_decode_step=ms(host, decode_steps),
-        host_ms_at_256_running=ms(host, near_256),
-        num_steps_near_256_running=int(near_256.sum()),
-        host_ms_decode_p50_p90_max=[round(float(np.percentile(host[decode_steps], q)) * 1e3, 4) for q in (50, 90, 100)]
-        if decode_steps.any()
-        else None,
-        steps_that_compiled=int(new_variants.sum()),
-        mixed_steps_that_compiled=int((new_variants & mixed).sum()),
-        mean_mixed_step_ms_without_compiles=ms(dur, mixed & ~new_variants),
-    )
-    for kind in ("decode", "mixed"):
-        step, roofline = out[f"mean_{kind}_step_ms"], out[f"roofline_{kind}_step_ms"]
-        out[f"{kind}_step_vs_roofline"] = round(step / roofline, 3) if step and roofline else None
-    if roofline_gpus:
-        out["roofline_run_s_by_gpu"] = {
-            key: float(sum(map(replace(cost, gpu=GPUS[key]).step_time, shapes))) for key in roofline_gpus
-        }
-    return out
 
 
 @torch.inference_mode()
@@ -555,7 +443,7 @@ def main_nanovllm(args, argv, log):
     kernel_check, impls = choose_impls(model, device, B, log)
     result.update(kernel_check=kernel_check, engine_impls=impls or "auto")
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
-    common = (num_blocks, B, args.max_num_seqs, max_batched, device, log)
+    common = (num_blocks, B, args.max_num_seqs, max_batched, log)
     kw = dict(
         impls=impls,
         spec=spec,
@@ -792,7 +680,7 @@ def main(argv=None):
     kernel_check, impls = choose_impls(model, device, args.block_size, log)
     result.update(kernel_check=kernel_check, engine_impls=impls or "auto")
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
-    common = (num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens, device, log)
+    common = (num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens, log)
     # The roofline's model: SmolLM2-135M's row of the model table; the smoke run's tiny model from its config.
     kw = dict(
         impls=impls,

@@ -19,7 +19,10 @@ or records that a lesson prints and a view draws.
   :mod:`~paged_edu.labs.sim_vs_real` (simulator against the engine);
 * lesson 8: :mod:`~paged_edu.labs.serving_flags` (a ``vllm serve`` command line read),
   :mod:`~paged_edu.labs.cache_compare` (hash chain against radix tree, FCFS against LPM),
-  :mod:`~paged_edu.labs.cache_contents` (the prefix cache rebuilt from its store / evict / clear events).
+  :mod:`~paged_edu.labs.cache_contents` (the prefix cache rebuilt from its store / evict / clear events);
+* lesson 9: :mod:`~paged_edu.labs.timed_run` (a timed engine run: warm-up, the timed window, the
+  roofline of the same steps -- what ``bench_engine`` times with too), :mod:`~paged_edu.labs.speed_ladder`
+  (one engine option per rung).
 
 Nothing here draws (that is :mod:`paged_edu.viz`) and nothing here is notebook glue (that is
 :mod:`paged_edu.lessons`).

@@ -15,11 +15,12 @@ Each rung adds one mechanism to the one before and serves the same requests (les
    bucket, attention included (``mixed_graphs=True``, :mod:`paged_edu.engine.cuda_graphs`).
 
 :func:`run_ladder` serves one workload on every rung that can run here (a warm-up run first, outside
-the timed window, so that no Triton compile and no graph capture lands in it), with the engine's
-timeline recording (:mod:`paged_edu.engine.timeline`), and returns one JSON-able record per rung:
-useful tokens/s, mean decode and mixed step, the host / device split per step, the GPU's idle gap
-between decode steps, and each step against the roofline of its exact chunks
-(:data:`~paged_edu.sim.costmodel.ROOFLINE_NAME`: ``CostModel.roofline()``, as ``bench_engine`` prices it).
+the timed window, so that no Triton compile and no graph capture lands in it: the timed run of
+:mod:`paged_edu.labs.timed_run`, which ``bench_engine`` makes too), with the engine's timeline recording
+(:mod:`paged_edu.engine.timeline`), and returns one JSON-able record per rung: useful tokens/s, mean decode
+and mixed step, the host / device split per step, the GPU's idle gap between decode steps, and each step
+against the roofline of its exact chunks (:data:`~paged_edu.sim.costmodel.ROOFLINE_NAME`:
+``CostModel.roofline()``, as ``bench_engine`` prices it).
 On a CPU only ``eager`` runs (CUDA graphs and the Triton kernels need a GPU): the lesson shows the
 stored H200 ladder (:func:`load_stored_ladder`) and runs that rung live to show the mechanism.
 """
@@ -27,18 +28,16 @@ stored H200 ladder (:func:`load_stored_ladder`) and runs that rung live to show 
 from __future__ import annotations
 
 import inspect
-import statistics
-import time
 
 import numpy as np
 import torch
 
 from paged_edu import data
 from paged_edu.cache.sizing import dtype_name
-from paged_edu.core.hardware import GPUS
-from paged_edu.engine import Engine, SamplingParams, StepMetrics
+from paged_edu.engine import Engine
 from paged_edu.engine.timeline import StepRecord, summarize_timeline
-from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel
+from paged_edu.labs.timed_run import roofline_model, roofline_s, step_speed, timed_run
+from paged_edu.sim.costmodel import ROOFLINE_NAME
 
 __all__ = [
     "RUNGS",
@@ -116,24 +115,6 @@ _SPLIT_KEYS = (  # what a rung's record takes from summarize_timeline
 )
 
 
-def _ms(values) -> float | None:
-    values = list(values)
-    return round(1e3 * statistics.fmean(values), 4) if values else None
-
-
-def _serve(model, prompts, params, engine_kwargs, on_step=None) -> tuple[Engine, list, float]:
-    engine = Engine(model, **engine_kwargs)
-    if on_step is not None:
-        engine.subscribe(on_step)
-    if model.device.type == "cuda":
-        torch.cuda.synchronize(model.device)
-    t0 = time.perf_counter()
-    outs = engine.run(prompts, params, use_tqdm=False)
-    if model.device.type == "cuda":
-        torch.cuda.synchronize(model.device)
-    return engine, outs, time.perf_counter() - t0
-
-
 def run_rung(
     model,
     prompts: list[list[int]],
@@ -146,51 +127,32 @@ def run_rung(
     max_points: int = 400,
 ) -> dict:
     """Serve the requests twice on ``Engine(model, **engine_kwargs, **rung_kwargs)``: a warm-up run, then
-    the timed run with the timeline recording. Returns the rung's record (times in ms unless named _s):
-    useful tokens/s, the mean decode and mixed step, host / device ms per step, the idle gaps, the
-    roofline of the same steps on ``gpu``; ``steps``: per step (at most ``max_points``, evenly spaced)
-    its kind, duration and roofline; ``window``: ``window`` consecutive steps' host and device intervals
-    from the middle of the run (the timeline figure)."""
-    params = [SamplingParams(max_tokens=m) for m in max_tokens]
-    kwargs = dict(engine_kwargs, **rung_kwargs)
-    _serve(model, prompts, params, kwargs)  # warm-up: compiles every Triton variant, fills the allocator's caches
-    steps: list[StepMetrics] = []
-    engine, outs, wall = _serve(
-        model,
-        prompts,
-        params,
-        dict(kwargs, record_timeline=True),
-        lambda e: steps.append(e) if isinstance(e, StepMetrics) and e.num_batched_tokens else None,
-    )
-    useful = sum(len(o.outputs[0]) for o in outs)
-    records: list[StepRecord] = engine.timeline
-    if [r.step for r in records] != [m.step for m in steps]:
-        raise RuntimeError("the timeline and the step metrics disagree: a step is missing from one of them")
-    cost = CostModel(model=model.config.geometry(dtype_name(model.dtype)), gpu=GPUS[gpu]).roofline()
-    roof = np.array([cost.step_time(m.shape) for m in steps])
-    dur = np.array([m.duration for m in steps])
-    decode = np.array([m.num_prefill_tokens == 0 for m in steps])
-    mixed = ~decode & np.array([m.num_decode_seqs > 0 for m in steps])
-    split = summarize_timeline(records)
-    picks = np.unique(np.linspace(0, len(steps) - 1, min(max_points, len(steps))).astype(int))
+    the timed run with the timeline recording (:func:`~paged_edu.labs.timed_run.timed_run`). Returns the
+    rung's record (times in ms unless named _s): useful tokens/s, the mean decode and mixed step, host /
+    device ms per step, the idle gaps, the roofline of the same steps on ``gpu``; ``steps``: per step (at
+    most ``max_points``, evenly spaced) its kind, duration and roofline; ``window``: ``window`` consecutive
+    steps' host and device intervals from the middle of the run (the timeline figure)."""
+    run = timed_run(model, prompts, max_tokens, dict(engine_kwargs, **rung_kwargs), record_timeline=True)
+    records: list[StepRecord] = run.engine.timeline
+    cost = roofline_model(model.config.geometry(dtype_name(model.dtype)), gpu)
+    roof, dur, decode = roofline_s(run.steps, cost), run.durations, run.decode
+    speed, split = step_speed(run, cost), summarize_timeline(records)
+    picks = np.unique(np.linspace(0, len(run.steps) - 1, min(max_points, len(run.steps))).astype(int))
     mid = max(0, len(records) // 2 - window // 2)
     return dict(
         engine_kwargs=rung_kwargs,
-        useful_tokens=useful,
-        wall_s=wall,
-        tokens_per_s=useful / wall,
-        num_steps=len(steps),
-        num_decode_steps=int(decode.sum()),
-        num_mixed_steps=int(mixed.sum()),
-        mean_decode_step_ms=_ms(dur[decode]),
-        mean_mixed_step_ms=_ms(dur[mixed]),
+        useful_tokens=run.useful_tokens,
+        wall_s=run.seconds,
+        tokens_per_s=run.tokens_per_s,
+        num_steps=len(run.steps),
+        **{k: speed[k] for k in ("num_decode_steps", "num_mixed_steps", "mean_decode_step_ms", "mean_mixed_step_ms")},
         **{k: split[k] for k in _SPLIT_KEYS},
         roofline=ROOFLINE_NAME,
         roofline_gpu=cost.gpu.name,
-        roofline_run_s=float(roof.sum()),
-        roofline_tokens_per_s=useful / float(roof.sum()),
-        roofline_decode_step_ms=_ms(roof[decode]),
-        roofline_mixed_step_ms=_ms(roof[mixed]),
+        roofline_run_s=float(roof.sum()),  # (not rounded: a CPU rung's roofline is a few ms)
+        roofline_tokens_per_s=run.useful_tokens / float(roof.sum()),
+        roofline_decode_step_ms=speed["roofline_decode_step_ms"],
+        roofline_mixed_step_ms=speed["roofline_mixed_step_ms"],
         steps=dict(
             step=picks.tolist(),
             decode=decode[picks].tolist(),
