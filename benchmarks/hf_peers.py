@@ -8,6 +8,8 @@ import time
 import numpy as np
 import torch
 
+from paged_edu.labs.timing import frozen_heap
+
 FIRST_COMPARED = 8  # requests whose greedy tokens are compared between the systems
 STALL_S = 120  # give up on transformers' continuous batching after this long without a finished request
 
@@ -49,18 +51,19 @@ def run_hf(hf, prompts, outputs, batch_size, num_batches, l_max, device, log):
                 do_sample=False,
                 pad_token_id=0,
             )
-        sync(device)
-        t0 = time.perf_counter()
-        hf.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            max_new_tokens=steps,
-            min_new_tokens=steps,
-            do_sample=False,
-            pad_token_id=0,
-        )
-        sync(device)
-        dt = time.perf_counter() - t0
+        with frozen_heap():
+            sync(device)
+            t0 = time.perf_counter()
+            hf.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                max_new_tokens=steps,
+                min_new_tokens=steps,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            sync(device)
+            dt = time.perf_counter() - t0
         # KV use per decode step t = 1..steps: live tokens vs the L_max reservation and vs the grown cache.
         lens_p = np.array([len(p) for p in batch_prompts])
         lens_o = np.array(batch_out)
@@ -200,10 +203,11 @@ def run_hf_cb(
             serve(prompts[:8], [min(o, 16) for o in outputs[:8]], "warm")
         sync(hf.device)
         warm_s, graphs_before = time.perf_counter() - t, count_graphs()
-        t0 = time.perf_counter()
-        tokens = serve(prompts, outputs, "r")
-        sync(hf.device)
-        dt = time.perf_counter() - t0
+        with frozen_heap():  # as the engine's window (paged_edu.labs.timed_run)
+            t0 = time.perf_counter()
+            tokens = serve(prompts, outputs, "r")
+            sync(hf.device)
+            dt = time.perf_counter() - t0
         graphs_in_window = count_graphs() - graphs_before
     finally:
         manager.stop(block=True, timeout=30)  # generate_batch stops it so too (timeout=5)

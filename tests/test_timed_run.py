@@ -120,3 +120,17 @@ def test_a_timed_run_without_a_timeline_has_none_to_read(setup):
     model, prompts, outputs = setup
     with pytest.raises(RuntimeError, match="records no timeline"):
         tr.timed_run(model, prompts[:2], outputs[:2], KW).engine.timeline
+
+
+def test_frozen_heap_freezes_inside_and_always_unfreezes():
+    import gc
+
+    from paged_edu.labs.timing import frozen_heap
+
+    assert gc.get_freeze_count() == 0
+    with frozen_heap():
+        assert gc.get_freeze_count() > 0  # the heap alive at entry: never rescanned inside
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(KeyError), frozen_heap():
+        raise KeyError("a failing run")
+    assert gc.get_freeze_count() == 0

@@ -181,9 +181,7 @@ class DecodeCudaGraphs:
         in_order = np.array_equal(sample_rows, np.arange(N))  # every row samples, in order: the usual decode step
         if sampling is None:
             return SamplingBatch(v["sample_rows"][:N], None, None, None, in_order)
-        return SamplingBatch(
-            v["sample_rows"][:N], v["temperatures"][:N], v["top_ps"][:N], v["uniforms"][:N], in_order
-        )
+        return SamplingBatch(v["sample_rows"][:N], v["temperatures"][:N], v["top_ps"][:N], v["uniforms"][:N], in_order)
 
     def replay(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states ``(bs, hidden)`` and greedy tokens ``(bs,)`` of the staged batch."""

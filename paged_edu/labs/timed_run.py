@@ -9,7 +9,8 @@ against the roofline. ``benchmarks/bench_engine.py`` and the speed ladder of les
 1. **warm-up** -- :func:`timed_run` serves the requests once, untimed, on an engine built with the
    same options. The schedule does not depend on timing, so this run meets every shape the timed
    one meets: every Triton variant is compiled and every CUDA graph captured before the window;
-2. **the timed window** -- a fresh engine serves the same requests between two device syncs. A
+2. **the timed window** -- a fresh engine serves the same requests between two device syncs, the
+   heap frozen (:func:`~paged_edu.labs.timing.frozen_heap`, as vLLM does after warm-up). A
    subscriber keeps each step's :class:`~paged_edu.engine.StepMetrics` (one list append a step;
    with ``count_compiles_per_step`` also the count of Triton variants compiled so far), and
    :mod:`paged_edu.labs.timing`'s counters say what was still compiled or captured inside the window
@@ -38,7 +39,7 @@ import torch
 from paged_edu.core.hardware import GPUS
 from paged_edu.engine import Engine, RequestOutput, SamplingParams, StepMetrics
 from paged_edu.engine.timeline import summarize_timeline
-from paged_edu.labs.timing import compiled_variant_counter, graph_capture_counter
+from paged_edu.labs.timing import compiled_variant_counter, frozen_heap, graph_capture_counter
 from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel
 
 __all__ = [
@@ -146,11 +147,12 @@ def timed_run(
     engine.subscribe(on_event)
     compiled_before, graphs_before = count_variants(), count_graphs()
     params = _params(max_tokens, temperature)
-    _sync(device)
-    t0 = time.perf_counter()
-    outputs = engine.run(prompts, params, use_tqdm=False)
-    _sync(device)
-    seconds = time.perf_counter() - t0
+    with frozen_heap():
+        _sync(device)
+        t0 = time.perf_counter()
+        outputs = engine.run(prompts, params, use_tqdm=False)
+        _sync(device)
+        seconds = time.perf_counter() - t0
     variants, graphs = count_variants() - compiled_before, count_graphs() - graphs_before
 
     if record_timeline and [r.step for r in engine.timeline] != [m.step for m in steps]:
@@ -175,11 +177,12 @@ def timeline_run(
     (``tokens_per_s_vs_timed_run``: what recording costs)."""
     engine = Engine(model, **engine_kwargs, record_timeline=True)
     params = _params(max_tokens, temperature)
-    _sync(model.device)
-    t0 = time.perf_counter()
-    outs = engine.run(prompts, params, use_tqdm=False)
-    _sync(model.device)
-    dt = time.perf_counter() - t0
+    with frozen_heap():
+        _sync(model.device)
+        t0 = time.perf_counter()
+        outs = engine.run(prompts, params, use_tqdm=False)
+        _sync(model.device)
+        dt = time.perf_counter() - t0
     out = summarize_timeline(engine.timeline)
     out["tokens_per_s"] = sum(len(o.outputs[0]) for o in outs) / dt
     out["tokens_per_s_vs_timed_run"] = out["tokens_per_s"] / timed_tokens_per_s
