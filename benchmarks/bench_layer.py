@@ -245,6 +245,62 @@ def sweep_decode(batch, context, width, flush, reps=30) -> dict:
     }
 
 
+def sweep_splits(batches, contexts, width, reps=30, splits=(1, 2, 4, 8, 16)) -> list[dict]:
+    """The decode kernel's split count at small batches, as a step meets it: one graph of 30 calls
+    (one per layer, each over its own K/V, so the L2 cache holds none of it), block tables
+    ``width`` wide as in the engine; per-layer microseconds for each forced split count and for
+    the default (:func:`~paged_edu.kernels.triton_decode.choose_num_splits`, from the width)."""
+    from paged_edu.kernels.triton_decode import paged_attention_triton
+
+    c = smollm2_config()
+    scale = c.head_dim**-0.5
+    rows = []
+    for batch, context in itertools.product(batches, contexts):
+        layers = []
+        for layer in range(c.num_layers):
+            q, k, v, tables, lens = random_paged_case(
+                batch,
+                context,
+                c.num_heads,
+                c.num_kv_heads,
+                c.head_dim,
+                BLOCK,
+                dtype=torch.bfloat16,
+                device="cuda",
+                seed=layer,
+            )
+            wide = torch.zeros(batch, width, dtype=torch.int32, device="cuda")
+            wide[:, : tables.shape[1]] = tables
+            layers.append((q, k, v, wide, lens))
+        ref = paged_attention_decode(*(t.float() if t.is_floating_point() else t for t in layers[0]), impl="torch")
+        row = {"batch": batch, "context": context, "us_per_layer": {}, "rel_err": {}}
+        for n in (None, *splits):
+            graph, out = capture(lambda n=n: [paged_attention_triton(*t, scale=scale, num_splits=n) for t in layers][0])
+            for _ in range(3):
+                graph.replay()
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            for i in range(reps):
+                starts[i].record()
+                graph.replay()
+                ends[i].record()
+            torch.cuda.synchronize()
+            key = "default" if n is None else str(n)
+            row["us_per_layer"][key] = statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)) / len(
+                layers
+            )
+            row["rel_err"][key] = rel_err(out, ref)
+            del graph
+        best = min(row["us_per_layer"], key=row["us_per_layer"].get)
+        print(
+            f"splits {batch} x {context}: default {row['us_per_layer']['default']:.2f} us/layer, best {best} "
+            f"{row['us_per_layer'][best]:.2f}; " + ", ".join(f"{k}: {v:.2f}" for k, v in row["us_per_layer"].items()),
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------
@@ -289,12 +345,34 @@ def main(argv=None) -> int:
     )
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--sweep-decode", action="store_true")
+    p.add_argument(
+        "--sweep-splits",
+        default="",
+        help="BATCHES/CONTEXTS, e.g. 1,4,16/256,1024: only the decode kernel's split counts",
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_layer needs a CUDA GPU")
         return 1
     batches = [int(b) for b in args.batches.split(",")]
     width = -(-args.max_model_len // BLOCK)
+    if args.sweep_splits:
+        bs, ctxs = ([int(x) for x in part.split(",")] for part in args.sweep_splits.split("/"))
+        rows = sweep_splits(bs, ctxs, width)
+        with open(args.out, "w") as f:
+            json.dump(
+                {
+                    "command": "python benchmarks/bench_layer.py " + " ".join(argv or sys.argv[1:]),
+                    "device": torch.cuda.get_device_name(),
+                    "torch": torch.__version__,
+                    "max_model_len": args.max_model_len,
+                    "splits": rows,
+                },
+                f,
+                indent=1,
+            )
+        print(f"wrote {args.out}")
+        return 0
     per_seq = -(-args.context // BLOCK)
     model = random_llama(smollm2_config(), seed=0, dtype=torch.bfloat16, device="cuda")
     c = model.config
