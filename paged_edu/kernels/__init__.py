@@ -15,7 +15,7 @@ The seed's kernel as written, the timing helpers and the whole-row decode experi
 material, in :mod:`paged_edu.labs`. This package's ``__init__`` only re-exports.
 """
 
-from paged_edu.kernels.attention import IMPLS, paged_attention_decode, paged_attention_prefill
+from paged_edu.kernels.attention import IMPLS, paged_attention_decode, paged_attention_prefill, resolve_impl
 from paged_edu.kernels.checks import check_decode_inputs, check_prefill_inputs
 from paged_edu.kernels.reference import paged_attention_loop, paged_attention_torch, paged_prefill_reference
 from paged_edu.kernels.support import KernelSupport, kernel_support, triton_available, triton_interpreting
@@ -26,6 +26,7 @@ __all__ = [
     "kernel_support",
     "paged_attention_decode",
     "paged_attention_prefill",
+    "resolve_impl",
     "triton_available",
     "triton_interpreting",
     "check_decode_inputs",
