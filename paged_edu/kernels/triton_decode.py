@@ -75,7 +75,7 @@ import triton.language as tl
 
 from paged_edu.core.validation import integer
 from paged_edu.kernels.checks import check_rotary_store_inputs
-from paged_edu.kernels.triton_fused import by_hand
+from paged_edu.kernels.triton_fused import INTERPRETING, by_hand  # INTERPRETING: the kernels were interpreted?
 from paged_edu.kernels.triton_store import rotary_cos_sin, rotate_rows
 
 __all__ = ["paged_attention_triton", "rotary_store_decode_triton", "choose_num_splits", "decode_config", "INTERPRETING"]
@@ -393,9 +393,6 @@ def _merge_splits_kernel(
 # ----------------------------------------------------------------------------------------------
 # The Python wrapper: configuration, split count, launch
 # ----------------------------------------------------------------------------------------------
-
-# The kernels were decorated under the interpreter (TRITON_INTERPRET=1 before this import)?
-INTERPRETING = type(_paged_decode_kernel).__name__ == "InterpretedFunction"
 
 
 @functools.lru_cache(maxsize=None)

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from paged_edu.kernels.checks import check_rotary_store_inputs
-from paged_edu.kernels.triton_fused import by_hand, round_to
+from paged_edu.kernels.triton_fused import INTERPRETING, by_hand, round_to
 
 __all__ = ["rope", "rotary_cos_sin", "rotary_store_kv_triton", "rotate_rows", "store_kv_triton"]
 
@@ -167,8 +167,6 @@ def _store_kv_kernel(
 
 
 def _launch(key, value, k_cache, v_cache, slot_mapping, q=None, q_out=None, positions=None, cos=None, sin=None):
-    from paged_edu.kernels.triton_decode import INTERPRETING
-
     if not INTERPRETING and not key.is_cuda:
         raise RuntimeError(
             "the Triton store kernel needs a CUDA GPU, or TRITON_INTERPRET=1 set before importing "
