@@ -215,11 +215,31 @@ def test_fused_decode_is_rotary_store_then_decode(dtype, H, H_kv, D, num_splits)
     assert err < {torch.float32: 2e-6, torch.bfloat16: 1e-2}[dtype], f"relative error {err:.1e}"
 
 
-def test_fused_decode_reads_the_token_it_stores():
-    """The new token's own K/V enter its attention: a pool that holds NaN at every new token's slot
-    gives a finite output only if the store happens before the tiles are read (split or not)."""
-    from paged_edu.kernels.triton_decode import rotary_store_decode_triton
+def run_splits_in_reverse(monkeypatch) -> None:
+    """Make the interpreter run each (sequence, head)'s programs from the last split to the first.
 
+    It runs a grid in order, the split axis innermost, so a store by the wrong split would still
+    land before a later split reads; a GPU runs them in any order. Both orders must give the answer."""
+    from triton.runtime import interpreter
+
+    builder = type(interpreter.interpreter_builder)
+    if not hasattr(builder, "set_grid_idx"):
+        pytest.skip("this Triton's interpreter has no set_grid_idx to reorder")
+    forward = builder.set_grid_idx
+    monkeypatch.setattr(builder, "set_grid_idx", lambda self, x, y, z: forward(self, x, y, self.grid_dim[2] - 1 - z))
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_fused_decode_reads_the_token_it_stores(order, monkeypatch):
+    """The new token's own K/V enter its attention: a pool that holds NaN at every new token's slot
+    gives a finite output only if the program that reads the token's tile stored it first (split
+    or not, whichever split runs first)."""
+    from paged_edu.kernels.triton_decode import INTERPRETING, rotary_store_decode_triton
+
+    if order == "reverse":
+        if not INTERPRETING:
+            pytest.skip("program order is the interpreter's to set")
+        run_splits_in_reverse(monkeypatch)
     rot, q, k, v, pool, tables, lens, slots, positions = fused_decode_case(torch.float32, 9, 3, 64, seed=3)
     real = slots >= 0
     for num_splits in (1, 3):
