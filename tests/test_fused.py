@@ -139,6 +139,143 @@ def test_rotary_store_rejects_mismatched_heads():
 
 
 # ----------------------------------------------------------------------------------------------
+# Rotary + store inside the decode kernel (a pure-decode step)
+# ----------------------------------------------------------------------------------------------
+
+DB = 16  # tokens per block in the decode cases
+# Each sequence's length s (its new token at position s - 1): a padding row (s = 1, slot -1, table
+# row at block 0, as a captured graph pads), a token that starts a new block (17), one that ends a
+# block (16), a token alone in a new tile of 64 (65) and one deep in a third tile (150).
+DECODE_LENS = [1, 17, 16, 65, 150]
+
+
+def fused_decode_case(dtype, H, H_kv, D, seed=0):
+    """Unrotated q, k, v (views of one qkv row), a pool of stale garbage, shuffled block tables, and
+    the new tokens' slots (through the tables) and positions."""
+    g = torch.Generator().manual_seed(seed)
+    N, max_blocks = len(DECODE_LENS), -(-max(DECODE_LENS) // DB) + 1
+    need = [-(-s // DB) for s in DECODE_LENS]
+    num_blocks = sum(need) + 3
+    perm = torch.randperm(num_blocks - 1, generator=g) + 1  # block 0 stays for the padding row
+    tables = torch.zeros(N, max_blocks, dtype=torch.int32)
+    used = 0
+    for i, n in enumerate(need):
+        if i == 0:
+            continue  # padding: table row 0 ... (block 0), as the graphs' spare rows have it
+        tables[i, :n] = perm[used : used + n].to(torch.int32)
+        used += n
+    lens = torch.tensor(DECODE_LENS, dtype=torch.int32)
+    positions = (lens - 1).long()
+    slots = (tables[torch.arange(N), positions // DB].long() * DB + positions % DB).clone()
+    slots[0] = -1  # padding row: store nothing
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    rot = Rotary(inv_freq.to(DEVICE), 256)
+    qkv = rand(N, (H + 2 * H_kv) * D, dtype=dtype, seed=seed + 1)
+    q, k, v = qkv.split([H * D, H_kv * D, H_kv * D], dim=-1)
+    q, k, v = q.view(N, H, D), k.view(N, H_kv, D), v.view(N, H_kv, D)  # strided views
+    pool = rand(num_blocks, DB, H_kv, D, dtype=dtype, seed=seed + 2)  # stale: earlier tokens and garbage
+    to = lambda t: t.to(DEVICE)  # noqa: E731
+    return rot, q, k, v, pool, to(tables), to(lens), to(slots), to(positions)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H,H_kv,D", [(9, 3, 64), (4, 4, 16), (4, 1, 24)])  # GQA 3 (SmolLM2), MHA, MQA + odd D
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_fused_decode_is_rotary_store_then_decode(dtype, H, H_kv, D, num_splits):
+    """One launch against two (rotary_store_kv_triton, then the decode kernel): the same output and
+    the same pool, bit for bit, split or not; and both against plain PyTorch (rotary by hand, the
+    scatter store, the vectorised oracle)."""
+    from paged_edu.kernels import paged_attention_torch
+    from paged_edu.kernels.triton_decode import paged_attention_triton, rotary_store_decode_triton
+
+    rot, q, k, v, pool, tables, lens, slots, positions = fused_decode_case(dtype, H, H_kv, D)
+    tabs = (rot.cos_table, rot.sin_table)
+    scale = D**-0.5
+    kc, vc = pool.clone(), -pool
+    out = rotary_store_decode_triton(
+        q, k, v, kc, vc, tables, lens, slots, positions, *tabs, scale=scale, num_splits=num_splits
+    )
+
+    kc2, vc2 = pool.clone(), -pool  # the unfused Triton path
+    q_rot = rotary_store_kv_triton(q, k, v, kc2, vc2, slots, positions, *tabs)
+    out2 = paged_attention_triton(q_rot, kc2, vc2, tables, lens, scale=scale, num_splits=num_splits)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    assert torch.equal(out, out2)
+
+    cos, sin = rot(positions, dtype)  # plain PyTorch
+    q_ref = q * cos + _rotate_half(q) * sin
+    k_ref = k * cos + _rotate_half(k) * sin
+    kc3, vc3 = pool.clone(), -pool
+    store_kv(k_ref, v, kc3, vc3, slots, impl="torch")
+    assert torch.equal(kc, kc3) and torch.equal(vc, vc3)  # the rotation's rounding is PyTorch's
+    changed = (kc != pool).any(-1).any(-1)  # (num_blocks, B): the rows the kernel wrote
+    assert int(changed.sum()) == len(DECODE_LENS) - 1  # every real token, not the padding row
+    ref = paged_attention_torch(q_ref.float(), kc3.float(), vc3.float(), tables, lens, scale=scale)
+    err = ((out[1:].double() - ref[1:].double()).norm() / ref[1:].double().norm()).item()
+    assert err < {torch.float32: 2e-6, torch.bfloat16: 1e-2}[dtype], f"relative error {err:.1e}"
+
+
+def run_splits_in_reverse(monkeypatch) -> None:
+    """Make the interpreter run each (sequence, head)'s programs from the last split to the first.
+
+    It runs a grid in order, the split axis innermost, so a store by the wrong split would still
+    land before a later split reads; a GPU runs them in any order. Both orders must give the answer."""
+    from triton.runtime import interpreter
+
+    builder = type(interpreter.interpreter_builder)
+    if not hasattr(builder, "set_grid_idx"):
+        pytest.skip("this Triton's interpreter has no set_grid_idx to reorder")
+    forward = builder.set_grid_idx
+    monkeypatch.setattr(builder, "set_grid_idx", lambda self, x, y, z: forward(self, x, y, self.grid_dim[2] - 1 - z))
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_fused_decode_reads_the_token_it_stores(order, monkeypatch):
+    """The new token's own K/V enter its attention: a pool that holds NaN at every new token's slot
+    gives a finite output only if the program that reads the token's tile stored it first (split
+    or not, whichever split runs first)."""
+    from paged_edu.kernels.triton_decode import INTERPRETING, rotary_store_decode_triton
+
+    if order == "reverse":
+        if not INTERPRETING:
+            pytest.skip("program order is the interpreter's to set")
+        run_splits_in_reverse(monkeypatch)
+    rot, q, k, v, pool, tables, lens, slots, positions = fused_decode_case(torch.float32, 9, 3, 64, seed=3)
+    real = slots >= 0
+    for num_splits in (1, 3):
+        kc, vc = pool.clone(), pool.clone()
+        kc.view(-1, 3, 64)[slots[real]] = float("nan")  # stale NaN where the new tokens go
+        vc.view(-1, 3, 64)[slots[real]] = float("nan")
+        out = rotary_store_decode_triton(
+            q,
+            k,
+            v,
+            kc,
+            vc,
+            tables,
+            lens,
+            slots,
+            positions,
+            rot.cos_table,
+            rot.sin_table,
+            scale=0.125,
+            num_splits=num_splits,
+        )
+        assert torch.isfinite(out[real]).all()
+
+
+def test_fused_decode_checks_shapes():
+    from paged_edu.kernels.triton_decode import rotary_store_decode_triton
+
+    rot, q, k, v, pool, tables, lens, slots, positions = fused_decode_case(torch.float32, 4, 2, 16)
+    args = (pool, pool.clone(), tables, lens, slots, positions, rot.cos_table, rot.sin_table)
+    with pytest.raises(ValueError, match="same tokens"):
+        rotary_store_decode_triton(q[:3], k, v, *args, scale=0.25)
+    with pytest.raises(ValueError, match="one shape"):
+        rotary_store_decode_triton(q, k, v[:, :1], *args, scale=0.25)
+
+
+# ----------------------------------------------------------------------------------------------
 # The whole model: fused against plain
 # ----------------------------------------------------------------------------------------------
 
@@ -190,6 +327,93 @@ def test_fused_model_matches_plain_model(dtype):
         torch.testing.assert_close(vf, vp, atol=tol, rtol=tol)
     with pytest.raises(ValueError, match="fused_impl must be"):
         run_model(model, "fast", dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pure_decode_step_stores_inside_the_decode_kernel(dtype, monkeypatch):
+    """A pure-decode batch with the fused ops and the Triton decode kernel takes the one-launch path
+    (one call per layer, no separate store), and gives the two-launch path's hidden states and pool
+    bit for bit; plain PyTorch agrees to rounding. A step with a prompt chunk keeps the store."""
+    from paged_edu.engine.batch import BatchChunk, prepare_batch
+    from paged_edu.kernels import triton_decode, triton_store
+    from paged_edu.models.loaders import random_llama
+
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=96,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
+    model = random_llama(cfg, seed=4, dtype=dtype, device=DEVICE)
+    pool = [
+        (rand(12, 4, 2, 16, dtype=dtype, seed=30 + i), rand(12, 4, 2, 16, dtype=dtype, seed=40 + i)) for i in range(2)
+    ]
+    # Three sequences after their prompts (7, 4 and 2 tokens): the second one's token starts block 2.
+    decode = [BatchChunk([11], 7, [5, 1]), BatchChunk([12], 4, [2, 7]), BatchChunk([13], 2, [9])]
+    calls = {"fused": 0, "store": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(
+        triton_decode, "rotary_store_decode_triton", counted("fused", triton_decode.rotary_store_decode_triton)
+    )
+    monkeypatch.setattr(triton_store, "rotary_store_kv_triton", counted("store", triton_store.rotary_store_kv_triton))
+
+    def step(kernels, chunks, two_launches=False):
+        caches = [(k.clone(), v.clone()) for k, v in pool]
+        with monkeypatch.context() as m:
+            if two_launches:
+                m.setattr(Kernels, "fused_decode", property(lambda self: False))
+            hidden = model(prepare_batch(chunks, 4, DEVICE), caches, kernels)
+        return hidden, caches
+
+    fused = Kernels(decode="triton", prefill="torch", fused="triton")
+    got, got_kv = step(fused, decode)
+    assert calls == {"fused": 2, "store": 0}  # one launch per layer
+    want, want_kv = step(fused, decode, two_launches=True)
+    assert calls == {"fused": 2, "store": 2}
+    assert torch.equal(got, want)
+    for (kf, vf), (kp, vp) in zip(got_kv, want_kv):
+        assert torch.equal(kf, kp) and torch.equal(vf, vp)
+    plain, plain_kv = step(Kernels(decode="torch", prefill="torch", fused="torch"), decode)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
+    torch.testing.assert_close(got, plain, atol=tol, rtol=tol)
+    for (kf, vf), (kp, vp) in zip(got_kv, plain_kv):
+        torch.testing.assert_close(kf, kp, atol=tol, rtol=tol)
+        torch.testing.assert_close(vf, vp, atol=tol, rtol=tol)
+    step(fused, decode + [BatchChunk([14, 15], 0, [3])])  # a mixed step: the separate store
+    assert calls == {"fused": 2, "store": 4}
+
+
+def test_engine_with_the_fused_decode_gives_transformers_tokens(hf_greedy_case):
+    """The engine with the fused ops and the Triton decode kernel (interpreted here), its decode
+    steps through the decode graphs' padded staging (8 rows for 7 sequences: a padding row with
+    slot -1 every step), gives transformers' greedy tokens."""
+    from paged_edu.engine import Engine
+    from paged_edu.engine.cuda_graphs import DecodeCudaGraphs
+    from paged_edu.models.llama import PagedLlama
+
+    hf, prompts, want = hf_greedy_case
+    engine = Engine(
+        PagedLlama.from_hf(hf), num_blocks=64, block_size=4, max_num_seqs=8, attn_impl="triton", fused_impl="triton"
+    )
+    assert engine.runner.kernels.fused_decode
+    r = engine.runner
+    r.graphs = DecodeCudaGraphs(engine.model, r.kv_pairs, 8, 64, r.kernels, capture_graphs=False)
+    replays = []
+    replay = r.graphs.replay
+    r.graphs.replay = lambda bs: replays.append(bs) or replay(bs)
+    assert engine.generate(prompts, max_new_tokens=9) == want
+    assert 8 in replays  # the 7 sequences' decode steps, padded to 8 rows
 
 
 def test_auto_runs_the_fused_kernels_only_where_they_compile():
@@ -255,3 +479,71 @@ def test_gpu_fused_model_matches_plain_model_under_graph_capture():
         out[impl] = graphs.outputs[8][0].float().clone()  # (hidden, greedy): the hidden states
     err = (out["triton"] - out["torch"]).norm() / out["torch"].norm()
     assert err < 2e-2, f"relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+def test_gpu_fused_decode_in_a_captured_graph_and_one_launch_fewer_per_layer(monkeypatch):
+    """SmolLM2's geometry, bf16: the decode graph (the one-launch path, a padding row included)
+    replays to the eager forward pass of the same batch and stores the same K/V; it agrees with the
+    two-launch path; and an eager step launches exactly one kernel fewer per layer than that path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from paged_edu.engine.cuda_graphs import DecodeCudaGraphs
+    from paged_edu.models.loaders import random_llama
+
+    model = random_llama(smollm2_config(), seed=0, dtype=torch.bfloat16, device="cuda")
+    c = model.config
+    g = torch.Generator(device="cuda").manual_seed(7)
+    pool = [
+        tuple(
+            torch.randn(64, 16, c.num_kv_heads, c.head_dim, device="cuda", generator=g).to(torch.bfloat16)
+            for _ in range(2)
+        )
+        for _ in range(c.num_layers)
+    ]
+    copy = lambda: [(k.clone(), v.clone()) for k, v in pool]  # noqa: E731
+    graph_kv = copy()
+    graphs = DecodeCudaGraphs(model, graph_kv, max_batch_size=8, max_blocks_per_seq=8)
+    assert graphs.kernels.fused_decode  # "auto" on a GPU: the one-launch path was captured
+    inputs = graphs.staging.np
+    inputs["input_ids"][:8] = np.arange(100, 108)
+    inputs["positions"][:7] = [5, 16, 31, 0, 17, 40, 63]  # 16: a token that starts a new block
+    inputs["seq_lens"][:7] = inputs["positions"][:7] + 1
+    for i in range(7):  # distinct blocks per sequence
+        inputs["block_tables"][i, :4] = np.arange(4) + 4 * i + 1
+    pos = inputs["positions"][:7]
+    inputs["slot_mapping"][:7] = inputs["block_tables"][np.arange(7), pos // 16].astype(np.int64) * 16 + pos % 16
+    inputs["positions"][7], inputs["seq_lens"][7], inputs["slot_mapping"][7] = 0, 1, -1  # padding row
+    inputs["block_tables"][7] = 0
+    graphs.staging.upload(8)
+    graphs.graphs[8].replay()
+    torch.cuda.synchronize()
+    got = graphs.outputs[8][0].float().clone()  # (8, hidden)
+
+    batch = graphs._batch(8)  # the same staged inputs, run eagerly
+    eager_kv, two_kv = copy(), copy()
+    eager = model(batch, eager_kv, graphs.kernels).float()
+    torch.testing.assert_close(got[:7], eager[:7], rtol=2e-2, atol=2e-2)
+    for (kg, vg), (ke, ve) in zip(graph_kv, eager_kv):
+        torch.testing.assert_close(kg, ke, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(vg, ve, rtol=2e-2, atol=2e-2)
+    assert int((graph_kv[0][0] != pool[0][0]).any(-1).any(-1).sum()) == 7  # 7 tokens stored, padding none
+
+    def kernels_in(kv, two_launches):
+        with monkeypatch.context() as m:
+            if two_launches:
+                m.setattr(Kernels, "fused_decode", property(lambda self: False))
+            step = lambda: model(batch, kv, graphs.kernels)  # noqa: E731
+            out = step().float()  # compiles outside the profile
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        return out, len([n for n in names if not n.startswith(("Memcpy", "Memset"))])
+
+    one, n_one = kernels_in(copy(), two_launches=False)
+    two, n_two = kernels_in(two_kv, two_launches=True)
+    err = (one[:7] - two[:7]).norm() / two[:7].norm()
+    assert err < 1e-2, f"one launch against two: relative error {err:.2e}"
+    assert n_two - n_one == c.num_layers, f"{n_two} kernels with the separate store, {n_one} without"

@@ -6,7 +6,8 @@
 * :mod:`~paged_edu.kernels.checks` -- the entry points' input checks;
 * :mod:`~paged_edu.kernels.reference` -- the seed's loop, corrected, and the vectorised PyTorch oracle;
 * :mod:`~paged_edu.kernels.online_softmax` -- the seed's online softmax and the merge of partial states;
-* the Triton kernels: :mod:`~paged_edu.kernels.triton_decode` (split-KV flash-decoding),
+* the Triton kernels: :mod:`~paged_edu.kernels.triton_decode` (split-KV flash-decoding; in a
+  pure-decode step of the model it also rotates and stores the new token),
   :mod:`~paged_edu.kernels.triton_prefill` (varlen causal prefill), :mod:`~paged_edu.kernels.triton_store`
   (the K/V store by slot mapping) and :mod:`~paged_edu.kernels.triton_fused` (a Llama layer's
   per-token ops).
@@ -15,7 +16,7 @@ The seed's kernel as written, the timing helpers and the whole-row decode experi
 material, in :mod:`paged_edu.labs`. This package's ``__init__`` only re-exports.
 """
 
-from paged_edu.kernels.attention import IMPLS, paged_attention_decode, paged_attention_prefill
+from paged_edu.kernels.attention import IMPLS, paged_attention_decode, paged_attention_prefill, resolve_impl
 from paged_edu.kernels.checks import check_decode_inputs, check_prefill_inputs
 from paged_edu.kernels.reference import paged_attention_loop, paged_attention_torch, paged_prefill_reference
 from paged_edu.kernels.support import KernelSupport, kernel_support, triton_available, triton_interpreting
@@ -26,6 +27,7 @@ __all__ = [
     "kernel_support",
     "paged_attention_decode",
     "paged_attention_prefill",
+    "resolve_impl",
     "triton_available",
     "triton_interpreting",
     "check_decode_inputs",

@@ -92,17 +92,25 @@ from paged_edu.kernels.checks import check_decode_inputs, check_impl, check_pref
 from paged_edu.kernels.reference import paged_attention_loop, paged_attention_torch, paged_prefill_reference
 from paged_edu.kernels.support import kernel_support
 
-__all__ = ["IMPLS", "paged_attention_decode", "paged_attention_prefill"]
+__all__ = ["IMPLS", "paged_attention_decode", "paged_attention_prefill", "resolve_impl"]
 
 IMPLS = ("loop", "torch", "triton", "auto")
 PREFILL_IMPLS = ("torch", "triton", "auto")
 
 
+def resolve_impl(impl: str, device: torch.device | str, kernel: str = "decode") -> str:
+    """``impl`` with ``"auto"`` made ``"triton"`` or ``"torch"`` for ``kernel`` (``"decode"`` or
+    ``"prefill"``) on ``device``, as the entry points here resolve it; any other ``impl`` as given."""
+    if impl != "auto":
+        return impl
+    return "triton" if kernel_support(device).use_triton(kernel) else "torch"
+
+
 def _resolve(impl: str, q: torch.Tensor, prefill: bool = False) -> str:
     """``impl`` with ``"auto"`` resolved (kept for a non-tensor ``q``: the input checks reject it)."""
-    if impl != "auto" or not isinstance(q, torch.Tensor):
+    if not isinstance(q, torch.Tensor):
         return impl
-    return "triton" if kernel_support(q.device).use_triton("prefill" if prefill else "decode") else "torch"
+    return resolve_impl(impl, q.device, "prefill" if prefill else "decode")
 
 
 def paged_attention_decode(

@@ -15,7 +15,7 @@ import numbers
 
 import torch
 
-__all__ = ["check_decode_inputs", "check_impl", "check_prefill_inputs", "check_scale"]
+__all__ = ["check_decode_inputs", "check_impl", "check_prefill_inputs", "check_rotary_store_inputs", "check_scale"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -156,6 +156,20 @@ def check_prefill_inputs(
             q_len = cu[i + 1] - cu[i]
             if not 1 <= q_len <= s:
                 raise ValueError(f"sequence {i}: q_len {q_len} must be in [1, seq_lens[{i}] = {s}]")
+
+
+def check_rotary_store_inputs(q, key, value, k_cache) -> None:
+    """Raise ``ValueError`` unless ``q`` ``(T, H, D)``, ``key`` and ``value`` ``(T, H_kv, D)`` fit a pool
+    ``k_cache`` ``(num_blocks, B, H_kv, D)`` with an even ``D``: the shapes the rotary store kernels
+    take (:func:`~paged_edu.kernels.triton_store.rotary_store_kv_triton`, and the decode kernel that
+    stores as it attends). Shapes only: no device sync, so it runs under CUDA-graph capture too."""
+    if q.shape[0] != key.shape[0] or q.shape[2] != key.shape[2] or key.shape[2] % 2:
+        raise ValueError(f"q {tuple(q.shape)} and key {tuple(key.shape)} need the same tokens and an even head_dim")
+    if value.shape != key.shape or key.shape[1:] != k_cache.shape[2:]:
+        raise ValueError(
+            f"key {tuple(key.shape)} and value {tuple(value.shape)} must have one shape, with the pool's "
+            f"heads and head_dim {tuple(k_cache.shape[2:])}"
+        )
 
 
 # The largest softmax scale accepted. Models use 1/sqrt(head_dim) (at most 1) or a scale of that

@@ -13,6 +13,7 @@ In this tutorial-style module you will learn
 * *split-KV* (flash-decoding): when there are too few (sequence, KV head) pairs to fill the GPU,
   each sequence is cut into ``num_splits`` ranges processed in parallel, and a second small kernel
   merges the partial results with their log-sum-exp;
+* how the decode step's rotary embedding and K/V store ride along in the same launch (``FUSED_STORE``);
 * what it takes to run under CUDA-graph capture (no host sync, no data-dependent launch shape) and
   under the Triton interpreter on a CPU (bf16 is wrong there: upcast after every load).
 
@@ -35,6 +36,24 @@ query heads ``h*G .. h*G+G-1``, attention over its range of tiles, and writes ei
 output (``num_splits == 1``) or a partial output ``o_j`` with its log-sum-exp ``lse_j``. The merge
 is ``O = sum_j exp(lse_j - M) o_j / sum_j exp(lse_j - M)`` with ``M = max_j lse_j``.
 
+Storing the new token on the way in (``FUSED_STORE``)
+-----------------------------------------------------
+A decode step of a small model is bound by the *number* of kernels: SmolLM2-135M's 30 layers run
+about 300 launches per step even with the per-token ops fused (:mod:`~paged_edu.kernels.triton_fused`),
+each a few microseconds of mostly fixed cost. On an H200 at batch 1 the step took 940 us against a
+roofline of 53 us of weight reads (``paged_edu/data/layer_bench.json``): the launches are the
+floor. Per layer the new token's rotary embedding and K/V store
+(:func:`~paged_edu.kernels.triton_store.rotary_store_kv_triton`) is its own launch, only to hand
+the rotated q and the stored k to this kernel. So in a pure-decode step this kernel does it:
+:func:`rotary_store_decode_triton` takes the *unrotated* q, k, v of the qkv projection; every
+program rotates its group's q rows (the same :func:`~paged_edu.kernels.triton_store.rope`, so the
+same bits as the two launches), and the one program per (sequence, KV head) whose split holds
+position ``s - 1`` rotates k and stores k and v at the slot, then ``tl.debug_barrier()`` -- a
+barrier of the program's threads that orders their global stores before the tile loads -- before
+it reads. No other program reads that token: other splits end before its tile, other KV heads read
+other columns of the row. One launch fewer per layer: 30 per SmolLM2 step. Steps with prompt
+chunks keep the separate store (the prefill kernel reads the chunk's tokens from many programs).
+
 Benchmark
 ---------
 ``python benchmarks/bench_kernels.py`` on an H200 (bf16, B=16, 32/8 heads, head_dim 128, random
@@ -56,8 +75,11 @@ import triton
 import triton.language as tl
 
 from paged_edu.core.validation import integer
+from paged_edu.kernels.checks import check_rotary_store_inputs
+from paged_edu.kernels.triton_fused import INTERPRETING, by_hand  # INTERPRETING: the kernels were interpreted?
+from paged_edu.kernels.triton_store import rotary_cos_sin, rotate_rows
 
-__all__ = ["paged_attention_triton", "choose_num_splits", "decode_config", "INTERPRETING"]
+__all__ = ["paged_attention_triton", "rotary_store_decode_triton", "choose_num_splits", "decode_config", "INTERPRETING"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -171,6 +193,19 @@ def _paged_decode_kernel(
     UPCAST: tl.constexpr,  # interpreter: fp32 right after every load
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, "tf32" otherwise
     HEADS_FASTEST: tl.constexpr,  # grid (H_kv, num_seqs, splits) instead of (num_seqs, H_kv, splits)
+    key_ptr,  # FUSED_STORE: (num_seqs, num_kv_heads, head_dim) the new tokens' keys, not yet rotated
+    value_ptr,  # FUSED_STORE: (num_seqs, num_kv_heads, head_dim) the new tokens' values
+    slot_mapping_ptr,  # FUSED_STORE: int (num_seqs,) each new token's slot; -1 = padding, store nothing
+    positions_ptr,  # FUSED_STORE: int (num_seqs,) each new token's position p (= seq_len - 1)
+    cos_ptr,
+    sin_ptr,  # FUSED_STORE: (max_positions, head_dim) the rotary tables
+    stride_key_seq,
+    stride_key_head,  # FUSED_STORE: key strides (head_dim stride is 1)
+    stride_value_seq,
+    stride_value_head,  # FUSED_STORE: value strides
+    stride_table,  # FUSED_STORE: cos/sin row stride
+    FUSED_STORE: tl.constexpr,  # q arrives unrotated; rotate it, and store the new token's k, v first
+    BY_HAND: tl.constexpr,  # FUSED_STORE: round_to rounds by hand (the interpreter, bf16)
 ):
     # The KV heads of one sequence are neighbours in the launch order: the programs running side
     # by side then read neighbouring rows of the same blocks (a token's row holds all KV heads).
@@ -198,13 +233,45 @@ def _paged_decode_kernel(
     q_heads = kv_head * GROUP + offs_g  # (GROUP_PAD,)
 
     # The G queries that share this KV head, padded with zero rows: (GROUP_PAD, HEAD_DIM_PAD).
-    q = tl.load(
-        q_ptr + seq * stride_q_seq + q_heads[:, None] * stride_q_head + offs_d[None, :],
-        mask=g_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        q = q.to(tl.float32)
+    q_ptrs = q_ptr + seq * stride_q_seq + q_heads[:, None] * stride_q_head  # (GROUP_PAD, 1) row starts
+    q_mask = g_mask[:, None] & d_mask[None, :]
+    if FUSED_STORE:
+        # Every program rotates its group's queries itself (the same rope as triton_store's kernel, so
+        # the same bits); the program whose split holds the new token, position seq_len - 1, rotates
+        # its k, stores k and v at the slot, and waits for its threads' stores before reading tiles.
+        dtype = q_ptr.dtype.element_ty
+        table_row = tl.load(positions_ptr + seq).to(tl.int64) * stride_table
+        c, s = rotary_cos_sin(cos_ptr, sin_ptr, table_row, offs_d, HEAD_DIM, dtype, BY_HAND)  # (HEAD_DIM_PAD,)
+        q = rotate_rows(q_ptrs, offs_d[None, :], q_mask, c, s, HEAD_DIM, dtype, BY_HAND)  # fp32, rounded
+        if not UPCAST:
+            q = q.to(dtype)  # exact: already rounded to dtype
+        slot = tl.load(slot_mapping_ptr + seq).to(tl.int64)
+        holder = (num_tiles - 1) // tiles_per_split  # the split whose tiles hold position seq_len - 1
+        # (HEAD_DIM_PAD,); the scalar tests broadcast as tensors (the interpreter refuses a scalar bool).
+        store = d_mask & ((offs_d * 0 + slot) >= 0) & ((offs_d * 0 + split) == holder)
+        k_new = rotate_rows(
+            key_ptr + seq * stride_key_seq + kv_head * stride_key_head, offs_d, store, c, s, HEAD_DIM, dtype, BY_HAND
+        )
+        v_new = tl.load(value_ptr + seq * stride_value_seq + kv_head * stride_value_head + offs_d, mask=store)
+        block = slot // BLOCK_SIZE  # physical block B(t // B) of the new token
+        offset = slot % BLOCK_SIZE  # t mod B
+        tl.store(
+            k_cache_ptr + block * stride_k_block + offset * stride_k_tok + kv_head * stride_k_head + offs_d,
+            k_new.to(dtype),
+            mask=store,
+        )
+        tl.store(
+            v_cache_ptr + block * stride_v_block + offset * stride_v_tok + kv_head * stride_v_head + offs_d,
+            v_new,
+            mask=store,
+        )
+        # A CTA-wide barrier orders global memory too: every thread of this program now sees the token.
+        # No other program reads it (other splits stop before its tile; other heads read other columns).
+        tl.debug_barrier()
+    else:
+        q = tl.load(q_ptrs + offs_d[None, :], mask=q_mask, other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)  # running max (log2 units)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)  # running normaliser
@@ -328,9 +395,6 @@ def _merge_splits_kernel(
 # The Python wrapper: configuration, split count, launch
 # ----------------------------------------------------------------------------------------------
 
-# The kernels were decorated under the interpreter (TRITON_INTERPRET=1 before this import)?
-INTERPRETING = type(_paged_decode_kernel).__name__ == "InterpretedFunction"
-
 
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: int) -> int:
@@ -417,6 +481,53 @@ def paged_attention_triton(
     config: dict | None = None,  # overrides of decode_config (benchmark sweeps)
 ) -> torch.Tensor:  # (num_seqs, num_q_heads, head_dim)
     """Launch the kernel on validated inputs (see :func:`paged_edu.kernels.paged_attention_decode`)."""
+    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, config)
+
+
+def rotary_store_decode_triton(
+    q: torch.Tensor,  # (num_seqs, num_q_heads, head_dim), not yet rotated
+    key: torch.Tensor,  # (num_seqs, num_kv_heads, head_dim), not yet rotated
+    value: torch.Tensor,  # (num_seqs, num_kv_heads, head_dim)
+    k_cache: torch.Tensor,  # (num_blocks, B, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,  # (num_blocks, B, num_kv_heads, head_dim)
+    block_tables: torch.Tensor,  # int32 (num_seqs, max_blocks)
+    seq_lens: torch.Tensor,  # int32 (num_seqs,): s, the new token included
+    slot_mapping: torch.Tensor,  # int (num_seqs,): the new token's slot, -1 = store nothing
+    positions: torch.Tensor,  # int (num_seqs,): the new token's position, s - 1
+    cos_table: torch.Tensor,  # (max_positions, head_dim), fp32 or the model's dtype
+    sin_table: torch.Tensor,  # (max_positions, head_dim), fp32 or the model's dtype
+    *,
+    scale: float,
+    num_splits: int | None = None,  # None: choose_num_splits; tests force values
+    config: dict | None = None,  # overrides of decode_config
+) -> torch.Tensor:  # (num_seqs, num_q_heads, head_dim)
+    """A pure-decode step's attention with its rotary embedding and K/V store in the same launch.
+
+    For each sequence ``n`` with one new token at position ``p = s_n - 1`` and slot ``slot_n``::
+
+        q'  = RoPE(q_n, p)                                  (triton_store's rounding, bit for bit)
+        K[slot_n], V[slot_n] = RoPE(key_n, p), value_n      (skipped where slot_n = -1)
+        o_n = softmax(q' K_{0..p}^T * scale) V_{0..p}       (the new token included)
+
+    -- what :func:`~paged_edu.kernels.triton_store.rotary_store_kv_triton` followed by
+    :func:`paged_attention_triton` compute, in one kernel (two with the split merge) instead of two
+    (three). ``q``, ``key`` and ``value`` may be strided views of one qkv projection. The caller
+    guarantees what the model's runner does: inputs as :func:`paged_edu.kernels.paged_attention_decode`
+    validates them, ``slot_n`` the slot that ``block_tables`` gives position ``p``, and ``p`` inside
+    the tables; only the shapes are checked here (no device sync: capturable in a CUDA graph).
+    """
+    check_rotary_store_inputs(q, key, value, k_cache)
+    if key.stride(-1) != 1:
+        key = key.contiguous()
+    if value.stride(-1) != 1:
+        value = value.contiguous()
+    store = (key, value, slot_mapping.contiguous(), positions.contiguous(), cos_table, sin_table)
+    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, config, store)
+
+
+def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, config, store=None):
+    """Configure and launch the decode kernel (and the merge); ``store``: the fused path's
+    ``(key, value, slot_mapping, positions, cos_table, sin_table)``, or None."""
     if not INTERPRETING and not q.is_cuda:
         raise RuntimeError(
             "the Triton kernel needs a CUDA GPU, or the Triton interpreter for CPU tensors: set "
@@ -441,6 +552,9 @@ def paged_attention_triton(
         part_lse = torch.empty(num_seqs, num_q_heads, num_splits, device=q.device, dtype=torch.float32)
     else:
         part_o = part_lse = out  # unused
+    fused = store is not None
+    # Without the store, placeholders for its unused arguments.
+    key, value, slot_mapping, positions, cos_table, sin_table = store if fused else (q, q, seq_lens, seq_lens, q, q)
 
     grid = (num_kv_heads, num_seqs, num_splits) if cfg["HEADS_FASTEST"] else (num_seqs, num_kv_heads, num_splits)
     _paged_decode_kernel[grid](
@@ -476,8 +590,24 @@ def paged_attention_triton(
         UPCAST=INTERPRETING,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         HEADS_FASTEST=cfg["HEADS_FASTEST"],
+        key_ptr=key,
+        value_ptr=value,
+        slot_mapping_ptr=slot_mapping,
+        positions_ptr=positions,
+        cos_ptr=cos_table,
+        sin_ptr=sin_table,
+        stride_key_seq=key.stride(0),
+        stride_key_head=key.stride(1),
+        stride_value_seq=value.stride(0),
+        stride_value_head=value.stride(1),
+        stride_table=cos_table.stride(0),
+        FUSED_STORE=fused,
+        BY_HAND=fused and by_hand(q.dtype),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
+        # fp32: no x * c + y * s contracted into one FMA in the rotation (PyTorch rounds each product);
+        # 16-bit rotations round between the product and the sum anyway, and keep the unfused kernel's code.
+        enable_fp_fusion=not (fused and q.dtype == torch.float32),
     )
     if split:
         _merge_splits_kernel[(num_seqs, num_q_heads)](

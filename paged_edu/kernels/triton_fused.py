@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["add_rms_norm_triton", "round_to", "silu_and_mul_triton"]
+__all__ = ["INTERPRETING", "add_rms_norm_triton", "by_hand", "round_to", "silu_and_mul_triton"]
 
 
 @triton.jit
@@ -64,10 +64,13 @@ def round_to(x, dtype: tl.constexpr, BY_HAND: tl.constexpr):
     return x.to(dtype).to(tl.float32)
 
 
+# The kernels were decorated under the interpreter (TRITON_INTERPRET=1 before this import)? Asked
+# here, in the Triton module every other one imports; triton_decode passes it on under the same name.
+INTERPRETING = type(round_to).__name__ == "InterpretedFunction"
+
+
 def by_hand(dtype: torch.dtype) -> bool:
     """Whether :func:`round_to` must round by hand: the interpreter, rounding to bf16."""
-    from paged_edu.kernels.triton_decode import INTERPRETING
-
     return INTERPRETING and dtype == torch.bfloat16
 
 

@@ -26,6 +26,10 @@ bit-identical. In PyTorch that is ten small kernels for q and k; here the same p
 stores the token's K/V first rotates its q (written out for the attention kernel, padding rows
 too) and its k (stored rotated). One kernel, one store mechanism: :func:`store_kv_triton` is the
 same kernel with ``ROTARY=False``.
+
+A pure-decode step goes one launch further: the decode attention kernel rotates and stores the
+step's one token per sequence itself (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`),
+with :func:`rotary_cos_sin` and :func:`rotate_rows` from here -- the same :func:`rope`, so the same bits.
 """
 
 from __future__ import annotations
@@ -34,9 +38,21 @@ import torch
 import triton
 import triton.language as tl
 
-from paged_edu.kernels.triton_fused import by_hand, round_to
+from paged_edu.kernels.checks import check_rotary_store_inputs
+from paged_edu.kernels.triton_fused import INTERPRETING, by_hand, round_to
 
-__all__ = ["rotary_store_kv_triton", "store_kv_triton"]
+__all__ = ["rope", "rotary_cos_sin", "rotary_store_kv_triton", "rotate_rows", "store_kv_triton"]
+
+
+@triton.jit
+def rope(x, pair, c, s, dtype: tl.constexpr, BY_HAND: tl.constexpr):
+    """One rotated value, ``round(round(x * c) + round(pair * s))``: the one definition of RoPE's rounding.
+
+    ``pair`` is ``x``'s partner in its pair; the first half of a head takes ``s`` negated
+    (``x'_i = rope(x_i, x_{i+D/2}, c_i, -s_i)``: ``round(-y) = -round(y)``, so that is the module
+    docstring's subtraction bit for bit), the second half ``s`` itself. All in fp32; ``c, s``
+    already rounded to ``dtype``."""
+    return round_to(round_to(x * c, dtype, BY_HAND) + round_to(pair * s, dtype, BY_HAND), dtype, BY_HAND)
 
 
 @triton.jit
@@ -46,9 +62,30 @@ def _rotate(x_ptrs, half, c1, s1, c2, s2, mask, dtype: tl.constexpr, BY_HAND: tl
     ``c1, s1`` (pairs' first halves) and ``c2, s2`` arrive already rounded to ``dtype`` (in fp32)."""
     x1 = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)  # x_i, i < D/2
     x2 = tl.load(x_ptrs + half, mask=mask, other=0.0).to(tl.float32)  # x_{i + D/2}
-    out1 = round_to(round_to(x1 * c1, dtype, BY_HAND) - round_to(x2 * s1, dtype, BY_HAND), dtype, BY_HAND)
-    out2 = round_to(round_to(x2 * c2, dtype, BY_HAND) + round_to(x1 * s2, dtype, BY_HAND), dtype, BY_HAND)
-    return out1.to(dtype), out2.to(dtype)
+    return rope(x1, x2, c1, -s1, dtype, BY_HAND).to(dtype), rope(x2, x1, c2, s2, dtype, BY_HAND).to(dtype)
+
+
+@triton.jit
+def rotary_cos_sin(cos_ptr, sin_ptr, row, offs_d, HEAD_DIM: tl.constexpr, dtype: tl.constexpr, BY_HAND: tl.constexpr):
+    """One position's ``c, s`` along a whole head, ``(HEAD_DIM_PAD,)`` fp32 rounded to ``dtype``, ``s``
+    negated on the first half: what :func:`rotate_rows` takes (``row``: the position times the
+    tables' row stride; columns past ``HEAD_DIM`` are 0)."""
+    d_mask = offs_d < HEAD_DIM
+    c = round_to(tl.load(cos_ptr + row + offs_d, mask=d_mask, other=0.0).to(tl.float32), dtype, BY_HAND)
+    s = round_to(tl.load(sin_ptr + row + offs_d, mask=d_mask, other=0.0).to(tl.float32), dtype, BY_HAND)
+    return c, tl.where(offs_d < HEAD_DIM // 2, -s, s)
+
+
+@triton.jit
+def rotate_rows(row_ptrs, offs_d, mask, c, s, HEAD_DIM: tl.constexpr, dtype: tl.constexpr, BY_HAND: tl.constexpr):
+    """Whole rows ``row_ptrs + offs_d`` rotated, in fp32 rounded to ``dtype`` (0 where masked): each
+    value with its partner ``d +- D/2`` loaded beside it, so the result has the rows' own layout --
+    what a kernel that goes on to use the rows (the fused decode kernel's q and k) needs."""
+    HALF = HEAD_DIM // 2
+    pair_d = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)
+    x = tl.load(row_ptrs + offs_d, mask=mask, other=0.0).to(tl.float32)
+    pair = tl.load(row_ptrs + pair_d, mask=mask, other=0.0).to(tl.float32)
+    return rope(x, pair, c, s, dtype, BY_HAND)
 
 
 @triton.jit
@@ -130,8 +167,6 @@ def _store_kv_kernel(
 
 
 def _launch(key, value, k_cache, v_cache, slot_mapping, q=None, q_out=None, positions=None, cos=None, sin=None):
-    from paged_edu.kernels.triton_decode import INTERPRETING
-
     if not INTERPRETING and not key.is_cuda:
         raise RuntimeError(
             "the Triton store kernel needs a CUDA GPU, or TRITON_INTERPRET=1 set before importing "
@@ -219,8 +254,7 @@ def rotary_store_kv_triton(
     The model's fused path (see the module docstring); the caller guarantees positions inside the
     tables and slots inside the pool (the runner built them).
     """
-    if q.shape[0] != key.shape[0] or q.shape[2] != key.shape[2] or key.shape[2] % 2:
-        raise ValueError(f"q {tuple(q.shape)} and key {tuple(key.shape)} need the same tokens and an even head_dim")
+    check_rotary_store_inputs(q, key, value, k_cache)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _launch(key, value, k_cache, v_cache, slot_mapping, q, q_out, positions.contiguous(), cos_table, sin_table)
     return q_out

@@ -19,8 +19,10 @@ What you will learn
   kernels, so where Triton compiles (:func:`paged_edu.kernels.kernel_support`) the residual add
   and RMSNorm are one kernel, the rotary embedding and the K/V store one, SiLU and the product
   one (:mod:`paged_edu.kernels.triton_fused`, :mod:`paged_edu.kernels.triton_store`) -- with the
-  PyTorch path's rounding, so both paths give the same numbers. On a CPU the model runs plain
-  PyTorch.
+  PyTorch path's rounding, so both paths give the same numbers. A pure-decode step goes one
+  further: the decode attention kernel rotates and stores the new token itself
+  (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`). On a CPU the model runs
+  plain PyTorch.
 
 ``PagedLlama.from_hf(hf_model)`` copies the weights of any Hugging Face ``LlamaForCausalLM``; the
 config lives in :mod:`paged_edu.models.config`, random and real (SmolLM2) weights in
@@ -36,7 +38,7 @@ import torch
 from torch import nn
 
 from paged_edu.cache.kv_cache import store_kv
-from paged_edu.kernels import kernel_support, paged_attention_decode, paged_attention_prefill
+from paged_edu.kernels import kernel_support, paged_attention_decode, paged_attention_prefill, resolve_impl
 from paged_edu.models.config import LlamaConfig
 
 __all__ = ["ForwardBatch", "Kernels", "PagedLlama"]
@@ -79,8 +81,10 @@ class Kernels:
     fused: str = "auto"  # the per-token ops (norm, rotary + store, SiLU-and-mul): "auto", "triton" or "torch"
 
     def resolve(self, device: torch.device) -> Kernels:
-        """The same choice with ``fused="auto"`` made ``"triton"`` where the fused kernels compile,
-        else ``"torch"``; a fused choice that cannot run here raises ``ValueError``."""
+        """The same choice with every ``"auto"`` made concrete: ``fused`` ``"triton"`` where the fused
+        kernels compile, else ``"torch"``; ``decode`` and ``prefill`` as
+        :func:`~paged_edu.kernels.resolve_impl` resolves them. A fused choice that cannot run here
+        raises ``ValueError``."""
         if self.fused not in ("auto", "triton", "torch"):
             raise ValueError(f"fused_impl must be 'auto', 'triton' or 'torch', got {self.fused!r}")
         support = kernel_support(device)
@@ -89,14 +93,24 @@ class Kernels:
                 f"fused_impl='triton', but the fused Triton kernels cannot run on {device} here "
                 "(see paged_edu.kernels.kernel_support); use 'auto' or 'torch'"
             )
-        if self.fused == "auto":
-            return replace(self, fused="triton" if support.use_triton("fused") else "torch")
-        return self
+        fused = ("triton" if support.use_triton("fused") else "torch") if self.fused == "auto" else self.fused
+        return replace(
+            self,
+            decode=resolve_impl(self.decode, device, "decode"),
+            prefill=resolve_impl(self.prefill, device, "prefill"),
+            fused=fused,
+        )
 
     @property
     def fused_ops(self) -> bool:
         """Run the fused Triton kernels for the per-token ops (after :meth:`resolve`)."""
         return self.fused == "triton"
+
+    @property
+    def fused_decode(self) -> bool:
+        """A pure-decode step's rotary embedding and K/V store run inside the Triton decode kernel
+        (after :meth:`resolve`): one launch fewer per layer."""
+        return self.fused_ops and self.decode == "triton"
 
 
 class RMSNorm(nn.Module):
@@ -176,14 +190,16 @@ class PagedAttention(nn.Module):
         )
         self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=False)
 
-    def project(self, x, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels) -> torch.Tensor:
-        """The queries ``(T, H, D)`` of the new tokens; their keys and values go into the pool."""
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The new tokens' q ``(T, H, D)``, k and v ``(T, H_kv, D)``, not yet rotated: views of one matmul."""
         T = x.shape[0]
         H, H_kv, D = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = self.qkv_proj(x).split([H * D, H_kv * D, H_kv * D], dim=-1)
-        q = q.view(T, H, D)  # (T, H, D)
-        k = k.view(T, H_kv, D)  # (T, H_kv, D)
-        v = v.view(T, H_kv, D)  # (T, H_kv, D)
+        return q.view(T, H, D), k.view(T, H_kv, D), v.view(T, H_kv, D)
+
+    def project(self, x, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels) -> torch.Tensor:
+        """The queries ``(T, H, D)`` of the new tokens; their keys and values go into the pool."""
+        q, k, v = self.qkv(x)  # (T, H, D), (T, H_kv, D), (T, H_kv, D)
         if kernels.fused_ops:
             # One kernel rotates q and k and stores k, v at their slots: the three lines below
             # (ten small kernels) with the same rounding. cos, sin are the whole (L, D) tables here.
@@ -224,8 +240,29 @@ class PagedAttention(nn.Module):
         )
 
     def forward(self, x, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels):
-        q = self.project(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, H, D)
-        out = self.attend(q, k_cache, v_cache, batch, kernels)  # (T, H, D)
+        if kernels.fused_decode and batch.prefill_cu_seqlens_q is None:
+            # A pure decode step on the GPU: the decode kernel rotates q and k and stores k, v itself
+            # (project + attend in one launch). cos, sin are the whole (L, D) tables here.
+            from paged_edu.kernels.triton_decode import rotary_store_decode_triton
+
+            q, k, v = self.qkv(x)  # (T, H, D), (T, H_kv, D), (T, H_kv, D)
+            out = rotary_store_decode_triton(
+                q,
+                k,
+                v,
+                k_cache,
+                v_cache,
+                batch.decode_block_tables,
+                batch.decode_seq_lens,
+                batch.slot_mapping,
+                batch.positions,
+                cos,
+                sin,
+                scale=self.scale,
+            )  # (T, H, D)
+        else:
+            q = self.project(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, H, D)
+            out = self.attend(q, k_cache, v_cache, batch, kernels)  # (T, H, D)
         return self.o_proj(out.flatten(1))  # (T, hidden)
 
 
