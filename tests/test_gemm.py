@@ -1,0 +1,152 @@
+"""The skinny GEMM (``y = x @ W^T`` for a few rows) against a plain fp32 matmul (the oracle).
+
+On the CPU it runs in Triton's interpreter (``tests/conftest.py``), where bf16 tiles are upcast
+after their loads and the final store truncates to bf16 (the GPU rounds): one ulp. The ``gpu``
+tests run it compiled, inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paged_edu.kernels import kernel_support, triton_available
+from paged_edu.models.config import smollm2_config
+
+if not triton_available():
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+from paged_edu.kernels.triton_gemm import MAX_ROWS, skinny_config, skinny_matmul  # noqa: E402
+
+DEVICE = "cpu" if kernel_support("cpu").decode else "cuda"
+C = smollm2_config()
+# SmolLM2-135M's projections: name -> (N, K) of nn.Linear's weight.
+SHAPES = {
+    "qkv": ((C.num_heads + 2 * C.num_kv_heads) * C.head_dim, C.hidden_size),  # (960, 576)
+    "o_proj": (C.hidden_size, C.num_heads * C.head_dim),  # (576, 576)
+    "gate_up": (2 * C.intermediate_size, C.hidden_size),  # (3072, 576)
+    "down": (C.hidden_size, C.intermediate_size),  # (576, 1536)
+    "lm_head": (C.vocab_size, C.hidden_size),  # (49152, 576)
+}
+# Relative tolerance: fp32 sums in another order; bf16 also rounds (truncates, interpreted) its output once.
+RTOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7}
+
+
+def case(M, N, K, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g).to(dtype).to(DEVICE)  # (M, K)
+    w = (torch.randn(N, K, generator=g) * 0.05).to(dtype).to(DEVICE)  # (N, K), nn.Linear's layout
+    return x, w
+
+
+def check(y, x, w):
+    """``y`` against ``x @ w^T`` computed in fp32 from the same (rounded) inputs."""
+    ref = x.float() @ w.float().T  # (M, N)
+    assert y.dtype == x.dtype and y.shape == ref.shape
+    torch.testing.assert_close(y.float(), ref, rtol=RTOL[x.dtype], atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 3, 16, 32])
+@pytest.mark.parametrize("name", [n for n in SHAPES if n != "lm_head"])
+def test_matches_fp32_matmul_at_smollm2_shapes(name, M, dtype):
+    N, K = SHAPES[name]
+    x, w = case(M, N, K, dtype, seed=M)
+    check(skinny_matmul(x, w), x, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 3, 16, 32])
+def test_lm_head_shape(M, dtype):
+    """49,152 rows: wide tiles keep the interpreter to 48 programs (the default's 768 take ~15 s)."""
+    N, K = SHAPES["lm_head"]
+    x, w = case(M, N, K, dtype, seed=M)
+    check(skinny_matmul(x, w, config=dict(BLOCK_N=1024)), x, w)
+
+
+@pytest.mark.slow
+def test_lm_head_default_config():
+    N, K = SHAPES["lm_head"]
+    x, w = case(5, N, K, torch.bfloat16)
+    check(skinny_matmul(x, w), x, w)
+
+
+def test_the_default_configs_split_k_where_n_tiles_are_few():
+    """The N = 576 and 960 shapes take the split-K path by default (the tests above run it)."""
+    for name, (N, K) in SHAPES.items():
+        cfg = skinny_config(1, N, K)
+        programs = -(-N // cfg["BLOCK_N"]) * cfg["SPLIT_K"]
+        assert programs >= 0.75 * 132, (name, cfg)
+        assert cfg["BLOCK_N"] >= 16 and cfg["BLOCK_K"] >= 16  # tl.dot's minimum on a GPU
+        assert (cfg["SPLIT_K"] > 1) == (name in ("qkv", "o_proj", "down")), (name, cfg)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(SPLIT_K=1),
+        dict(SPLIT_K=4),  # 9 steps of 64: cdiv gives 3 a slice, the last slice has none
+        dict(SPLIT_K=2, BLOCK_K=256),  # 576 = 2.25 x 256: a masked tail
+        dict(BLOCK_N=32, BLOCK_K=32, SPLIT_K=8),
+        dict(BLOCK_N=128),  # 576 rows: the last tile half empty
+    ],
+)
+def test_configs_of_a_sweep_agree(config):
+    x, w = case(7, 576, 576, torch.float32, seed=3)
+    check(skinny_matmul(x, w, config=config), x, w)
+
+
+def test_split_k_leaves_its_counters_zeroed_for_the_next_launch():
+    from paged_edu.kernels.triton_gemm import _counters
+
+    x, w = case(2, 96, 256, torch.float32)
+    for _ in range(3):  # a counter left at 1 would make the next launch's sum fire early
+        check(skinny_matmul(x, w, config=dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=4)), x, w)
+    assert int(_counters[x.device].abs().sum()) == 0
+
+
+def test_strided_x_and_out_are_handled():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(64, 5, generator=g).to(DEVICE).T  # (5, 64) with strides (1, 5): a transposed view
+    w = torch.randn(48, 64, generator=g).to(DEVICE)
+    out = torch.full((48, 5), float("nan"), device=DEVICE).T  # (5, 48), strides (1, 5)
+    y = skinny_matmul(x, w, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    check(y, x, w)
+    sliced = torch.randn(5, 128, generator=g).to(DEVICE)[:, ::2]  # (5, 64), column stride 2
+    check(skinny_matmul(sliced, w), sliced, w)
+
+
+def test_bad_inputs_raise_clear_errors():
+    x, w = case(MAX_ROWS + 1, 32, 64, torch.float32)
+    with pytest.raises(ValueError, match="at most 32 rows"):
+        skinny_matmul(x, w)
+    with pytest.raises(ValueError, match="K=64 columns"):
+        skinny_matmul(x[:4], w[:, :32])
+    with pytest.raises(ValueError, match="share dtype"):
+        skinny_matmul(x[:4], w.double())
+    with pytest.raises(ValueError, match="out must be"):
+        skinny_matmul(x[:4], w, out=torch.empty(4, 31, device=DEVICE))
+    assert skinny_matmul(x[:0], w).shape == (0, 32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Compiled, on a GPU: every shape and M, inside a CUDA graph
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 4, 16, 32])
+def test_gpu_skinny_matmul_in_a_cuda_graph(M):
+    for name, (N, K) in SHAPES.items():
+        x, w = case(M, N, K, torch.bfloat16, seed=M)
+        skinny_matmul(x, w)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = skinny_matmul(x, w)
+        for _ in range(3):  # replays reuse the split-K counters: each must leave them at zero
+            y.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            ref = x.float() @ w.float().T
+            torch.testing.assert_close(y.float(), ref, rtol=2.0**-7, atol=2e-3, msg=name)
