@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from paged_edu.kernels import kernel_support, triton_available
-from paged_edu.models.config import smollm2_config
+from paged_edu.models.config import LlamaConfig, smollm2_config
+from paged_edu.models.llama import Kernels, PagedLlama
 
 if not triton_available():
     pytest.skip("triton is not installed", allow_module_level=True)
@@ -128,6 +129,95 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="out must be"):
         skinny_matmul(x[:4], w, out=torch.empty(4, 31, device=DEVICE))
     assert skinny_matmul(x[:0], w).shape == (0, 32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Wired into the model and the engine (gemm_impl="triton"): the same numbers and tokens
+# ----------------------------------------------------------------------------------------------
+
+TINY = LlamaConfig(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    max_position_embeddings=64,
+)
+
+
+def run_tiny_model(model, gemm, sizes):
+    """Chunks of ``sizes`` tokens of one sequence (prefill, then decodes): hidden states and logits."""
+    from paged_edu.engine.batch import BatchChunk, prepare_batch
+
+    c = model.config
+    kernels = Kernels(decode="torch", prefill="torch", fused="torch", gemm=gemm)
+    g = torch.Generator().manual_seed(1)
+    caches = [
+        tuple(torch.randn(16, 4, c.num_kv_heads, c.head_dim, generator=g).to(model.dtype).to(DEVICE) for _ in range(2))
+        for _ in range(c.num_layers)
+    ]
+    tokens, pos, hidden, logits = list(range(3, 3 + sum(sizes))), 0, [], []
+    for n in sizes:
+        batch = prepare_batch([BatchChunk(tokens[pos : pos + n], pos, list(range(16)))], 4, DEVICE)
+        h = model(batch, caches, kernels)  # (n, hidden)
+        hidden.append(h)
+        logits.append(model.compute_logits(h, kernels))  # (n, vocab): every row, to test the LM head
+        pos += n
+    return torch.cat(hidden), torch.cat(logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_with_the_skinny_gemm_matches_the_torch_path(dtype, monkeypatch):
+    """Prefill 40 tokens (> 32 rows: cuBLAS), then 7, then decode 2: the skinny GEMM's rows only."""
+    import paged_edu.kernels.triton_gemm as gemm_module
+    from paged_edu.models.loaders import random_llama
+
+    rows = []
+    real = gemm_module.skinny_matmul
+    monkeypatch.setattr(gemm_module, "skinny_matmul", lambda x, w: rows.append(x.shape[0]) or real(x, w))
+    model = random_llama(TINY, seed=2, dtype=dtype, device=DEVICE)
+    sizes = (40, 7, 1, 1)
+    plain = run_tiny_model(model, "torch", sizes)
+    assert rows == []
+    skinny = run_tiny_model(model, "triton", sizes)
+    # Per chunk of <= 32 rows: 4 projections a layer, then the LM head; the 40-row chunk: none.
+    assert rows == [n for n in sizes[1:] for _ in range(4 * TINY.num_layers + 1)]
+    tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
+    for got, want in zip(skinny, plain):
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    n = sizes[0]
+    assert torch.equal(skinny[0][:n], plain[0][:n])  # the prompt chunk ran cuBLAS in both
+
+
+def test_the_engine_with_gemm_impl_triton_gives_transformers_tokens(hf_greedy_case):
+    """The engine's graph path (a stand-in replaying eagerly: no CUDA needed) and its eager
+    prompt steps with the skinny GEMM: transformers' greedy tokens."""
+    from paged_edu.engine import Engine
+    from paged_edu.engine.cuda_graphs import DecodeCudaGraphs
+
+    hf, prompts, want = hf_greedy_case
+    kw = dict(num_blocks=64, block_size=4, max_num_seqs=8, attn_impl="torch", prefill_impl="torch")
+    engine = Engine(PagedLlama.from_hf(hf, device=DEVICE), cuda_graphs=False, gemm_impl="triton", **kw)
+    r = engine.runner
+    assert r.kernels.gemm == "triton"
+    r.graphs = DecodeCudaGraphs(engine.model, r.kv_pairs, 8, 64, r.kernels, capture_graphs=False)
+    assert engine.generate(prompts, max_new_tokens=9) == want
+    assert r.num_graph_steps > 0
+
+
+def test_gemm_impl_is_checked_like_fused_impl(hf_greedy_case):
+    from paged_edu.engine import Engine
+
+    model = PagedLlama.from_hf(hf_greedy_case[0])
+    with pytest.raises(ValueError, match="gemm_impl must be"):
+        Engine(model, num_blocks=8, block_size=4, gemm_impl="cublas")
+    assert Engine(model, num_blocks=8, block_size=4).runner.kernels.gemm == "torch"  # the default
+    assert Kernels(gemm="auto").resolve(torch.device(DEVICE)).gemm == "torch"  # until measured
+    elsewhere = "cuda" if DEVICE == "cpu" else "cpu"
+    with pytest.raises(ValueError, match="gemm_impl='triton', but"):
+        Kernels(gemm="triton").resolve(torch.device(elsewhere))
 
 
 # ----------------------------------------------------------------------------------------------

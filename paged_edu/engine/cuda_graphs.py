@@ -132,7 +132,7 @@ class DecodeCudaGraphs:
 
     def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.model(batch, self.kv_caches, self.kernels)  # (bs, hidden)
-        return hidden, self.model.compute_logits(hidden).argmax(dim=-1)  # (bs,) greedy tokens
+        return hidden, self.model.compute_logits(hidden, self.kernels).argmax(dim=-1)  # (bs,) greedy tokens
 
     def _batch(self, bs: int) -> ForwardBatch:
         v = self.staging.views
