@@ -11,6 +11,11 @@ a layer stack does, captured in one CUDA graph: once with ``F.linear`` (cuBLAS),
 HBM; the median of ``--reps`` replays, divided by the calls, is the time per GEMM (kernel plus the
 graph's gap to the next one). ``floor_us`` is the weight read at the H200's 4.8 TB/s.
 
+Then whole decode steps (``--step-batches``): the 30-layer model with the fused per-token
+kernels, its projections and LM head by cuBLAS and by the skinny GEMM (``Kernels(gemm=...)``), each
+step captured in a CUDA graph as ``bench_layer.py`` captures it (context 512, block tables 8,192
+tokens wide, L2 flushed): the end-to-end effect, with the two paths' logits compared.
+
 Then a sweep: variations of the default config (one knob at a time: SPLIT_K, BLOCK_N, BLOCK_K,
 num_warps, num_stages) per shape at the ``--sweep-ms`` batches, until ``--budget-s`` has passed
 since the start (Triton compiles each config once, ~1 s: the compiles are the run's time). Every
@@ -107,6 +112,7 @@ class Timer:
             return statistics.median(times) * 1e6 / calls, outs
         graph, outs = capture(fn)
         us = time_replays(graph, self.reps, self.flush) / calls
+        outs = [o.clone() for o in outs]  # the last replay's results, kept past the graph
         del graph
         return us, outs
 
@@ -124,6 +130,56 @@ def measure(timer, impl, x, weights, config=None) -> dict:
     return {"us": us, "rel_err": err, "ok": err < OK_ERR}
 
 
+def step_times(timer, batches, device, dtype, tiny: bool) -> list[dict]:
+    """A decode step of SmolLM2's geometry (``tiny``: a 2-layer toy, for --smoke), gemm "torch" vs "triton"."""
+    from bench_layer import BLOCK, decode_batch
+
+    from paged_edu.models.config import LlamaConfig
+    from paged_edu.models.llama import Kernels
+    from paged_edu.models.loaders import random_llama
+
+    cfg = C
+    context, max_model_len = 512, 8192
+    if tiny:
+        cfg = LlamaConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+            max_position_embeddings=64,
+        )
+        context, max_model_len = 8, 32
+    model = random_llama(cfg, seed=0, dtype=dtype, device=device)
+    width, per_seq = -(-max_model_len // BLOCK), -(-context // BLOCK)
+    num_blocks = max(batches) * per_seq + 16
+    g = torch.Generator(device=device).manual_seed(1)
+    kv_pairs = [
+        tuple(
+            torch.randn(num_blocks, BLOCK, cfg.num_kv_heads, cfg.head_dim, device=device, generator=g).to(dtype)
+            for _ in range(2)
+        )
+        for _ in range(cfg.num_layers)
+    ]
+    rows = []
+    for b in batches:
+        fb = decode_batch(b, context, width, num_blocks, device, seed=b)
+        fb.input_ids = fb.input_ids % cfg.vocab_size
+        row, logits = {"batch": b, "context": context, "num_layers": cfg.num_layers}, {}
+        for gemm in ("torch", "triton"):
+            kernels = Kernels(fused="triton", gemm=gemm)
+            step = lambda: [model.compute_logits(model(fb, kv_pairs, kernels), kernels)]  # noqa: E731,B023
+            row[f"{gemm}_gemm_us"], (logits[gemm],) = timer(step, 1)
+        row["logits_rel_err"] = rel_err(logits["triton"], logits["torch"])
+        row["argmax_agree"] = float((logits["triton"].argmax(-1) == logits["torch"].argmax(-1)).float().mean())
+        row["speedup"] = row["torch_gemm_us"] / row["triton_gemm_us"]
+        row["ok"] = row["logits_rel_err"] < 2e-2
+        rows.append(row)
+    return rows
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="figures/h200/gemm_bench.json")
@@ -132,6 +188,7 @@ def main(argv=None) -> dict:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--calls", type=int, default=30, help="GEMMs per graph, each on its own weight")
     p.add_argument("--reps", type=int, default=50, help="graph replays; the median is reported")
+    p.add_argument("--step-batches", default="1,16", help="decode steps of the whole model ('' to skip)")
     p.add_argument("--budget-s", type=float, default=75.0, help="the sweep stops after this many seconds")
     p.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes and reps")
     args = p.parse_args(argv)
@@ -142,7 +199,7 @@ def main(argv=None) -> dict:
         if not INTERPRETING:
             raise SystemExit("--smoke needs TRITON_INTERPRET=1 before paged_edu is imported (run it as a script)")
         device, dtype, shapes = torch.device("cpu"), torch.bfloat16, SMOKE_SHAPES
-        args.calls, args.reps, args.ms, args.sweep_ms = 2, 2, "1,3", "1"
+        args.calls, args.reps, args.ms, args.sweep_ms, args.step_batches = 2, 2, "1,3", "1", "1,3"
     elif torch.cuda.is_available():
         device, dtype, shapes = torch.device("cuda"), torch.bfloat16, SHAPES
     else:
@@ -205,6 +262,18 @@ def main(argv=None) -> dict:
             )
         del weights
     save()
+
+    if args.step_batches:
+        rows = step_times(timer, [int(b) for b in args.step_batches.split(",")], device, dtype, tiny=args.smoke)
+        result["steps"] = rows
+        for r in rows:
+            print(
+                f"decode step, batch {r['batch']}, context {r['context']}: cuBLAS {r['torch_gemm_us']:.0f} us, "
+                f"skinny GEMM {r['triton_gemm_us']:.0f} us ({r['speedup']:.2f}x), logits rel err "
+                f"{r['logits_rel_err']:.1e}, argmax agree {r['argmax_agree']:.2f}",
+                flush=True,
+            )
+        save()
 
     # The sweep: one knob at a time around the default, most important batches first.
     for M in [int(m) for m in args.sweep_ms.split(",")]:

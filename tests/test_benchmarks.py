@@ -136,3 +136,5 @@ def test_bench_gemm_smoke_times_both_paths_checks_them_and_sweeps(tmp_path):
     assert all(r["ok"] and r["cublas_rel_err"] < 1e-2 and r["config"]["SPLIT_K"] > 1 for r in rec["rows"])
     assert len(rec["sweep"]) == 6 and all(e["ok"] for e in rec["sweep"])
     assert set(rec["best"]) == {"o_proj/M=1", "down/M=1"}
+    # Whole decode steps of a 2-layer toy, projections and LM head by F.linear and by the skinny GEMM.
+    assert [s["batch"] for s in rec["steps"]] == [1, 3] and all(s["ok"] for s in rec["steps"])
