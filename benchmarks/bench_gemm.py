@@ -82,7 +82,8 @@ def sweep_configs(M: int, N: int, K: int, num_sms: int) -> list[dict]:
         {"num_warps": 2},
         {"num_warps": 8},
         {"num_stages": 2},
-        {"num_stages": 4},
+        {"num_stages": 3},
+        {"num_stages": 5},
     ]
     out = []
     for v in variants:

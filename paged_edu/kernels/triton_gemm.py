@@ -145,7 +145,8 @@ def skinny_config(M: int, N: int, K: int, num_sms: int = 132) -> dict:
       (``K = 576``): whole steps, no masked tail.
     * ``SPLIT_K``: where the N tiles fill fewer than 3/4 of the SMs (``N = 576``: 36 tiles,
       ``N = 960``: 60), the smallest divisor of the K steps that reaches 3/4, up to 8.
-    * ``num_stages = 3``: two weight tiles in flight while one is multiplied; ``num_warps = 4``.
+    * ``num_stages = 4``: three weight tiles in flight while one is multiplied -- a split-K program's
+      whole slice (3 steps) is requested at once, the latency paid about once; ``num_warps = 4``.
 
     ``M`` does not change the choice today (the weight read is the same for 1 or 32 rows); it is
     an argument so that a measured rule can use it.
@@ -159,7 +160,7 @@ def skinny_config(M: int, N: int, K: int, num_sms: int = 132) -> dict:
     if tiles < 0.75 * num_sms:
         divisors = [s for s in range(1, min(8, k_blocks) + 1) if k_blocks % s == 0]
         split_k = next((s for s in divisors if tiles * s >= 0.75 * num_sms), divisors[-1])
-    return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=3)
+    return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=4)
 
 
 _counters: dict[torch.device, torch.Tensor] = {}  # per device: int32, zero between launches
