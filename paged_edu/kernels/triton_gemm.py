@@ -62,7 +62,7 @@ MAX_ROWS = 32  # the largest M: one tile of x^T, at most 32 rows, rides along wi
 # ----------------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["M"])  # one compiled kernel for every M of a BLOCK_M (not M == 1 apart)
+@triton.jit(do_not_specialize=["M"])  # M unspecialised: M = 1 shares the kernel of M = 2..16
 def _skinny_matmul_kernel(
     x_ptr,  # (M, K): the activations, any strides
     w_ptr,  # (N, K): the weight, as nn.Linear stores it
