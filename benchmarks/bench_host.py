@@ -59,7 +59,7 @@ def stub_model(device: str = "cpu", vocab: int = 16) -> PagedLlama:
     def forward(batch, kv_caches, kernels=None):  # (T, hidden) zeros: no kernels worth the name
         return torch.zeros(batch.input_ids.shape[0], cfg.hidden_size, device=device)
 
-    def compute_logits(hidden):  # (N, vocab): the same row for every sequence
+    def compute_logits(hidden, kernels=None):  # (N, vocab): the same row for every sequence
         return logits_table.repeat(hidden.shape[0], 1)
 
     model.forward = forward

@@ -117,3 +117,24 @@ def test_bench_engine_nanovllm_smoke_writes_its_share_of_the_roofline(tmp_path):
     assert vllm["system"].startswith("vLLM") and vllm["share_of_roofline"] == pytest.approx(
         eng["roofline_run_s_by_gpu"]["a100-80gb"] / 15.60
     )
+
+
+def test_bench_gemm_smoke_times_both_paths_checks_them_and_sweeps(tmp_path):
+    """Its --smoke mode (the Triton interpreter, shapes 8-16x smaller) on two shapes: every row and
+    sweep entry checked against an fp32 matmul, the record written with its command."""
+    from paged_edu.kernels import triton_interpreting
+
+    if not triton_interpreting():
+        pytest.skip("--smoke runs in the Triton interpreter (a CPU machine)")
+    from bench_gemm import main
+
+    argv = ["--smoke", "--shapes", "o_proj,down", "--out", str(tmp_path / "gemm.json")]
+    rec = main(argv)
+    assert json.loads((tmp_path / "gemm.json").read_text()) == json.loads(json.dumps(rec))
+    assert rec["command"] == "python benchmarks/bench_gemm.py " + " ".join(argv)
+    assert [(r["shape"], r["M"]) for r in rec["rows"]] == [("o_proj", 1), ("o_proj", 3), ("down", 1), ("down", 3)]
+    assert all(r["ok"] and r["cublas_rel_err"] < 1e-2 and r["config"]["SPLIT_K"] > 1 for r in rec["rows"])
+    assert len(rec["sweep"]) == 6 and all(e["ok"] for e in rec["sweep"])
+    assert set(rec["best"]) == {"o_proj/M=1", "down/M=1"}
+    # Whole decode steps of a 2-layer toy, projections and LM head by F.linear and by the skinny GEMM.
+    assert [s["batch"] for s in rec["steps"]] == [1, 3] and all(s["ok"] for s in rec["steps"])

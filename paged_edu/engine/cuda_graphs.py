@@ -133,7 +133,7 @@ class DecodeCudaGraphs:
 
     def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.model(batch, self.kv_caches, self.kernels)  # (bs, hidden)
-        return hidden, self.model.greedy_tokens(hidden)  # (bs,) greedy tokens
+        return hidden, self.model.greedy_tokens(hidden, self.kernels)  # (bs,) greedy tokens
 
     def _batch(self, bs: int) -> ForwardBatch:
         v = self.staging.views

@@ -109,6 +109,9 @@ class Engine:
     fused_impl: the per-token ops (``"auto"``, ``"triton"`` or ``"torch"``; see
         :class:`~paged_edu.models.llama.Kernels`). The choice is this engine's: another engine on the
         same model keeps its own.
+    gemm_impl: the projections and LM head of steps of at most 32 rows (``"torch"``: cuBLAS, the
+        default; ``"triton"``: :mod:`~paged_edu.kernels.triton_gemm`'s skinny GEMM; ``"auto"``: ``"torch"``
+        until measured). Validated like ``fused_impl``.
     cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
     mixed_graphs: replay captured CUDA graphs for steps with prompt chunks too, one per token bucket
         up to ``max_num_batched_tokens`` (:mod:`~paged_edu.engine.cuda_graphs`; needs CUDA; off by
@@ -144,6 +147,7 @@ class Engine:
         attn_impl: str | None = None,
         prefill_impl: str | None = None,
         fused_impl: str = "auto",
+        gemm_impl: str = "torch",
         cuda_graphs: bool | None = None,
         mixed_graphs: bool = False,
         max_model_len: int | None = None,
@@ -222,6 +226,7 @@ class Engine:
             attn_impl=attn_impl,
             prefill_impl=prefill_impl,
             fused_impl=fused_impl,
+            gemm_impl=gemm_impl,
             cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs,
             mixed_graphs=mixed_graphs,
             max_num_seqs=self.scheduler.max_num_seqs,

@@ -102,6 +102,7 @@ class ModelRunner:
         attn_impl: str | None = None,
         prefill_impl: str | None = None,
         fused_impl: str = "auto",
+        gemm_impl: str = "torch",
         cuda_graphs: bool = False,
         mixed_graphs: bool = False,
         max_num_seqs: int = 256,
@@ -127,7 +128,7 @@ class ModelRunner:
             ("auto", "triton", "torch"),
             model.device,
         )
-        self.kernels = Kernels(decode, prefill, fused_impl).resolve(model.device)
+        self.kernels = Kernels(decode, prefill, fused_impl, gemm_impl).resolve(model.device)
         cuda_graphs = flag("cuda_graphs", cuda_graphs)
         mixed_graphs = flag("mixed_graphs", mixed_graphs)
         self.model = model
@@ -307,7 +308,7 @@ class ModelRunner:
         if s.temperatures is None and batch.greedy is not None:
             tokens = batch.greedy[: s.rows.shape[0]] if s.in_order else batch.greedy[s.rows]  # (N,) from the graph
         else:
-            logits = self.model.compute_logits(batch.hidden[s.rows])  # (N, vocab) fp32
+            logits = self.model.compute_logits(batch.hidden[s.rows], self.kernels)  # (N, vocab) fp32
             greedy = batch.greedy[s.rows] if batch.greedy is not None else logits.argmax(dim=-1)  # (N,)
             tokens = (
                 greedy

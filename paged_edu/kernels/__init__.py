@@ -9,8 +9,9 @@
 * the Triton kernels: :mod:`~paged_edu.kernels.triton_decode` (split-KV flash-decoding; in a
   pure-decode step of the model it also rotates and stores the new token),
   :mod:`~paged_edu.kernels.triton_prefill` (varlen causal prefill), :mod:`~paged_edu.kernels.triton_store`
-  (the K/V store by slot mapping) and :mod:`~paged_edu.kernels.triton_fused` (a Llama layer's
-  per-token ops).
+  (the K/V store by slot mapping), :mod:`~paged_edu.kernels.triton_fused` (a Llama layer's
+  per-token ops) and :mod:`~paged_edu.kernels.triton_gemm` (the skinny GEMM: a decode batch's
+  projections, ``gemm_impl="triton"``).
 
 The seed's kernel as written, the timing helpers and the whole-row decode experiment are lesson
 material, in :mod:`paged_edu.labs`. This package's ``__init__`` only re-exports.

@@ -1,7 +1,7 @@
 """Which kernels can run here: the one probe of "is Triton usable", and a device's default dtype.
 
-:func:`kernel_support(device) <kernel_support>` says which of the decode, prefill, store and fused
-Triton kernels run on that device, and whether interpreted. Every ``"auto"`` -- the dispatch in
+:func:`kernel_support(device) <kernel_support>` says which of the decode, prefill, store, fused and
+skinny-GEMM Triton kernels run on that device, and whether interpreted. Every ``"auto"`` -- the dispatch in
 :mod:`~paged_edu.kernels.attention`, :meth:`PagedKVCache.store <paged_edu.cache.kv_cache.PagedKVCache.store>`,
 the engine's choice of kernels -- asks it. Triton compiles for CUDA tensors; under
 ``TRITON_INTERPRET=1`` (set before the first import) it interprets on CPU tensors instead.
@@ -51,6 +51,7 @@ class KernelSupport:
     prefill: bool  # paged_edu.kernels.triton_prefill
     store: bool  # paged_edu.kernels.triton_store
     fused: bool  # paged_edu.kernels.triton_fused + the rotary store: a Llama layer's per-token ops
+    gemm: bool  # paged_edu.kernels.triton_gemm: the projections of a batch of <= 32 rows
     interpreted: bool  # they would run in Triton's interpreter: exact, but far too slow to serve a model
 
     def use_triton(self, kernel: str) -> bool:
@@ -85,6 +86,7 @@ def _support(device_type: str) -> KernelSupport:
         prefill=runs_here and _importable("triton_prefill"),
         store=runs_here and _importable("triton_store"),
         fused=runs_here and _importable("triton_fused") and _importable("triton_store"),
+        gemm=runs_here and _importable("triton_gemm"),
         interpreted=runs_here and interpreting,
     )
 

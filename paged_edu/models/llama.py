@@ -79,26 +79,31 @@ class Kernels:
     decode: str = "auto"  # paged_attention_decode's impl: "auto", "triton", "torch" or "loop"
     prefill: str = "auto"  # paged_attention_prefill's impl: "auto", "triton" or "torch"
     fused: str = "auto"  # the per-token ops (norm, rotary + store, SiLU-and-mul): "auto", "triton" or "torch"
+    # The projections and the LM head of a batch of <= 32 rows: "torch" (cuBLAS), "triton" (the skinny
+    # GEMM, paged_edu.kernels.triton_gemm) or "auto" -- "torch" until the H200 measurement says otherwise.
+    gemm: str = "torch"
 
     def resolve(self, device: torch.device) -> Kernels:
         """The same choice with every ``"auto"`` made concrete: ``fused`` ``"triton"`` where the fused
         kernels compile, else ``"torch"``; ``decode`` and ``prefill`` as
-        :func:`~paged_edu.kernels.resolve_impl` resolves them. A fused choice that cannot run here
-        raises ``ValueError``."""
-        if self.fused not in ("auto", "triton", "torch"):
-            raise ValueError(f"fused_impl must be 'auto', 'triton' or 'torch', got {self.fused!r}")
+        :func:`~paged_edu.kernels.resolve_impl` resolves them; ``gemm`` ``"torch"``. A fused or gemm
+        choice that cannot run here raises ``ValueError``."""
         support = kernel_support(device)
-        if self.fused == "triton" and not support.fused:
-            raise ValueError(
-                f"fused_impl='triton', but the fused Triton kernels cannot run on {device} here "
-                "(see paged_edu.kernels.kernel_support); use 'auto' or 'torch'"
-            )
+        for name, value, runs in (("fused_impl", self.fused, support.fused), ("gemm_impl", self.gemm, support.gemm)):
+            if value not in ("auto", "triton", "torch"):
+                raise ValueError(f"{name} must be 'auto', 'triton' or 'torch', got {value!r}")
+            if value == "triton" and not runs:
+                raise ValueError(
+                    f"{name}='triton', but its Triton kernels cannot run on {device} here "
+                    "(see paged_edu.kernels.kernel_support); use 'auto' or 'torch'"
+                )
         fused = ("triton" if support.use_triton("fused") else "torch") if self.fused == "auto" else self.fused
         return replace(
             self,
             decode=resolve_impl(self.decode, device, "decode"),
             prefill=resolve_impl(self.prefill, device, "prefill"),
             fused=fused,
+            gemm="torch" if self.gemm == "auto" else self.gemm,
         )
 
     @property
@@ -111,6 +116,16 @@ class Kernels:
         """A pure-decode step's rotary embedding and K/V store run inside the Triton decode kernel
         (after :meth:`resolve`): one launch fewer per layer."""
         return self.fused_ops and self.decode == "triton"
+
+
+def linear(layer: nn.Linear, x: torch.Tensor, gemm: str = "torch") -> torch.Tensor:
+    """``layer(x)`` (``x @ W^T``, no bias): with ``gemm="triton"`` and at most 32 rows, the skinny GEMM
+    (:func:`~paged_edu.kernels.triton_gemm.skinny_matmul`, a decode batch's projection), else PyTorch."""
+    if gemm == "triton" and x.shape[0] <= 32 and layer.bias is None:  # triton_gemm.MAX_ROWS; fixed in a graph
+        from paged_edu.kernels.triton_gemm import skinny_matmul
+
+        return skinny_matmul(x, layer.weight)
+    return layer(x)
 
 
 class RMSNorm(nn.Module):
@@ -190,16 +205,16 @@ class PagedAttention(nn.Module):
         )
         self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=False)
 
-    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, x: torch.Tensor, kernels: Kernels) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The new tokens' q ``(T, H, D)``, k and v ``(T, H_kv, D)``, not yet rotated: views of one matmul."""
         T = x.shape[0]
         H, H_kv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = self.qkv_proj(x).split([H * D, H_kv * D, H_kv * D], dim=-1)
+        q, k, v = linear(self.qkv_proj, x, kernels.gemm).split([H * D, H_kv * D, H_kv * D], dim=-1)
         return q.view(T, H, D), k.view(T, H_kv, D), v.view(T, H_kv, D)
 
     def project(self, x, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels) -> torch.Tensor:
         """The queries ``(T, H, D)`` of the new tokens; their keys and values go into the pool."""
-        q, k, v = self.qkv(x)  # (T, H, D), (T, H_kv, D), (T, H_kv, D)
+        q, k, v = self.qkv(x, kernels)  # (T, H, D), (T, H_kv, D), (T, H_kv, D)
         if kernels.fused_ops:
             # One kernel rotates q and k and stores k, v at their slots: the three lines below
             # (ten small kernels) with the same rounding. cos, sin are the whole (L, D) tables here.
@@ -245,7 +260,7 @@ class PagedAttention(nn.Module):
             # (project + attend in one launch). cos, sin are the whole (L, D) tables here.
             from paged_edu.kernels.triton_decode import rotary_store_decode_triton
 
-            q, k, v = self.qkv(x)  # (T, H, D), (T, H_kv, D), (T, H_kv, D)
+            q, k, v = self.qkv(x, kernels)  # (T, H, D), (T, H_kv, D), (T, H_kv, D)
             out = rotary_store_decode_triton(
                 q,
                 k,
@@ -263,7 +278,7 @@ class PagedAttention(nn.Module):
         else:
             q = self.project(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, H, D)
             out = self.attend(q, k_cache, v_cache, batch, kernels)  # (T, H, D)
-        return self.o_proj(out.flatten(1))  # (T, hidden)
+        return linear(self.o_proj, out.flatten(1), kernels.gemm)  # (T, hidden)
 
 
 class SwiGLU(nn.Module):
@@ -275,14 +290,14 @@ class SwiGLU(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # (T, 2I): gate, then up
+    def forward(self, x: torch.Tensor, fused: bool = False, gemm: str = "torch") -> torch.Tensor:
+        gate_up = linear(self.gate_up_proj, x, gemm)  # (T, 2I): gate, then up
         if fused:  # silu and the product in one kernel, the same rounding
             from paged_edu.kernels.triton_fused import silu_and_mul_triton
 
-            return self.down_proj(silu_and_mul_triton(gate_up))
+            return linear(self.down_proj, silu_and_mul_triton(gate_up), gemm)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)  # (T, I) each
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return linear(self.down_proj, nn.functional.silu(gate) * up, gemm)
 
 
 class DecoderLayer(nn.Module):
@@ -300,7 +315,7 @@ class DecoderLayer(nn.Module):
         x, residual = self.input_layernorm(h, residual, kernels.fused_ops)  # residual += h; x = norm(residual)
         h = self.self_attn(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, hidden)
         x, residual = self.post_attention_layernorm(h, residual, kernels.fused_ops)
-        return self.mlp(x, kernels.fused_ops), residual
+        return self.mlp(x, kernels.fused_ops, kernels.gemm), residual
 
 
 # ----------------------------------------------------------------------------------------------
@@ -395,13 +410,14 @@ class PagedLlama(nn.Module):
         hidden, _ = self.norm(h, residual, kernels.fused_ops)
         return hidden  # (T, hidden)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()  # (N, vocab) fp32
+    def compute_logits(self, hidden: torch.Tensor, kernels: Kernels | None = None) -> torch.Tensor:
+        """fp32 logits ``(N, vocab)`` of ``hidden`` ``(N, hidden)``: the LM head by ``kernels.gemm``."""
+        return linear(self.lm_head, hidden, kernels.gemm if kernels else "torch").float()  # (N, vocab) fp32
 
-    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``compute_logits(hidden).argmax(-1)`` without the fp32 copy of the logits: widening to fp32
-        is exact and keeps their order (ties: the first index, in both), so the tokens are the same."""
-        return self.lm_head(hidden).argmax(dim=-1)  # (N,) int64
+    def greedy_tokens(self, hidden: torch.Tensor, kernels: Kernels | None = None) -> torch.Tensor:
+        """``compute_logits(hidden, kernels).argmax(-1)`` without the fp32 copy of the logits: widening
+        to fp32 is exact and keeps their order (ties: the first index, in both), so the tokens are the same."""
+        return linear(self.lm_head, hidden, kernels.gemm if kernels else "torch").argmax(dim=-1)  # (N,) int64
 
     # -- weights -------------------------------------------------------------------------------
     @classmethod

@@ -1,0 +1,254 @@
+"""
+Skinny GEMM: a Linear layer for a decode batch of a few rows
+============================================================
+
+What you will learn
+-------------------
+* why ``y = x @ W^T`` with ``M <= 32`` rows is not a matrix multiplication in the usual sense: the
+  FLOPs are negligible, the weight ``W`` is read once from HBM, and the time is that read plus the
+  kernel's *latency*. On an H200 a SmolLM2-135M decode step at batch 1 ran 121 cuBLAS GEMMs of
+  3.9 us each, while their weights (0.7-3.5 MB each) take 0.2-0.8 us at 4.8 TB/s;
+* how to read the weight at full speed with a *small* kernel: split its ``N`` output rows over
+  enough programs to put one on every SM (132 on an H200), and keep several loads in flight in
+  each (``num_stages``: Triton's software pipeline);
+* the "swap AB" trick of small-batch GEMMs: the tensor cores want a tall left operand (64 rows
+  on Hopper), so each program computes ``y^T``'s tile ``W_tile @ x^T`` -- the weight's rows are
+  the tall side, the few tokens (padded to 16) the narrow one;
+* split-K without a second kernel: when ``N`` alone gives too few programs (``N = 576``: 36
+  tiles of 16 rows), several programs share a tile, each summing a slice of ``K``. They write
+  fp32 partial sums; the *last to arrive* (an atomic counter per tile) adds them up in a fixed
+  order and writes ``y``, then resets the counter for the next launch -- no memset, no second pass,
+  the same bits whichever program comes last.
+
+The math
+--------
+For ``x`` ``(M, K)`` and ``W`` ``(N, K)`` (row-major, as ``nn.Linear`` stores it)::
+
+    y[m, n] = sum_k x[m, k] * W[n, k]                    # y = x @ W^T, (M, N)
+
+Program ``(j, s)`` owns output columns ``n in [j*BLOCK_N, (j+1)*BLOCK_N)`` and the ``s``-th of
+``SPLIT_K`` slices of ``K``; it accumulates ``acc = W[n_tile, k_slice] @ x[:, k_slice]^T``, a
+``(BLOCK_N, BLOCK_M)`` tile of ``y^T`` in fp32, ``BLOCK_K`` columns of ``K`` at a time. With
+``SPLIT_K = 1`` it writes ``y[:, n_tile] = acc^T`` in ``x``'s dtype; otherwise
+``y[:, n_tile] = sum_s partial_s^T``, summed by the last program of the tile.
+
+``tl.dot`` needs every dimension >= 16 for 16-bit inputs on a GPU: ``BLOCK_M`` is ``M`` rounded
+up to 16 or 32 (the padding rows are masked loads of 0, never stored), ``BLOCK_N, BLOCK_K >= 16``.
+fp32 inputs multiply in full fp32 (``input_precision="ieee"``, as ``F.linear`` does; TF32 would
+lose 13 bits). In the interpreter (``TRITON_INTERPRET=1``) bf16 tensors are raw bits: the tiles
+are upcast to fp32 right after their loads (and the interpreter truncates the final bf16 store
+where the GPU rounds to nearest: one ulp).
+
+Launch shapes depend only on ``(M's bucket, N, K)`` and the config, never on values, so a call
+captures in a CUDA graph; the split-K counters live in one zeroed buffer per device that every
+launch leaves zeroed again (so two split-K launches must not run *concurrently* on two streams).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from paged_edu.kernels.triton_decode import INTERPRETING, _num_sms
+
+__all__ = ["MAX_ROWS", "skinny_config", "skinny_matmul"]
+
+MAX_ROWS = 32  # the largest M: one tile of x^T, at most 32 rows, rides along with every weight tile
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernel
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["M"])  # M unspecialised: M = 1 shares the kernel of M = 2..16
+def _skinny_matmul_kernel(
+    x_ptr,  # (M, K): the activations, any strides
+    w_ptr,  # (N, K): the weight, as nn.Linear stores it
+    y_ptr,  # (M, N) out, in x's dtype
+    partial_ptr,  # fp32 (SPLIT_K, N, BLOCK_M): each K slice's sum (unused when SPLIT_K == 1)
+    counter_ptr,  # int32 (>= number of N tiles,): programs of a tile done so far; 0 between launches
+    M,  # rows of x (<= BLOCK_M); runtime, so batches 1..16 share one compiled kernel
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_ym,
+    stride_yn,  # element strides
+    N: tl.constexpr,  # output features
+    K: tl.constexpr,  # input features
+    BLOCK_M: tl.constexpr,  # M rounded up to 16 or 32: the narrow side of every tl.dot
+    BLOCK_N: tl.constexpr,  # weight rows per program (the tall side of tl.dot)
+    BLOCK_K: tl.constexpr,  # columns of K per loop step: one (BLOCK_N, BLOCK_K) weight load
+    K_STEPS: tl.constexpr,  # loop steps per program: cdiv(cdiv(K, BLOCK_K), SPLIT_K)
+    SPLIT_K: tl.constexpr,  # programs sharing one N tile, each summing a slice of K
+    UPCAST: tl.constexpr,  # convert tiles to fp32 after loading (the interpreter: bf16 is raw bits)
+    IEEE: tl.constexpr,  # fp32 inputs: full-precision products, not TF32
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) rows of W, columns of y
+    rm = tl.arange(0, BLOCK_M)  # (BLOCK_M,) rows of x and y
+    rk = pid_k * (K_STEPS * BLOCK_K) + tl.arange(0, BLOCK_K)  # (BLOCK_K,) this slice's first columns
+    mask_n = rn < N
+    mask_m = rm < M
+    w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk  # (BLOCK_N, BLOCK_K)
+    x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk  # (BLOCK_M, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # a tile of y^T
+    for _ in range(K_STEPS):  # a constant trip count: the pipeliner keeps num_stages - 1 loads ahead
+        mask_k = rk < K  # the tail of K, and whole steps past it when SPLIT_K does not divide
+        w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
+        x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
+        if UPCAST:
+            w = w.to(tl.float32)
+            x = x.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")  # (BLOCK_N, BLOCK_M)
+        else:
+            acc = tl.dot(w, tl.trans(x), acc)  # (BLOCK_N, BLOCK_M)
+        rk += BLOCK_K
+        w_ptrs += BLOCK_K * stride_wk
+        x_ptrs += BLOCK_K * stride_xk
+    y_ptrs = y_ptr + rm[None, :] * stride_ym + rn[:, None] * stride_yn  # (BLOCK_N, BLOCK_M): y^T's tile
+    y_mask = mask_n[:, None] & mask_m[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+    else:
+        tile = rn[:, None] * BLOCK_M + rm[None, :]  # (BLOCK_N, BLOCK_M) offsets in one slice of partial
+        tl.store(partial_ptr + pid_k * (N * BLOCK_M) + tile, acc, mask=mask_n[:, None])
+        # Every thread's partial is written before one thread announces it (the barrier), and the
+        # announcement releases them to the whole GPU; the last program acquires them all.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):  # a fixed order: the same sum whoever arrives last
+                # .cg: read L2, where the other SMs' stores are, not a stale L1 line
+                total += tl.load(partial_ptr + s * (N * BLOCK_M) + tile, mask=mask_n[:, None], cache_modifier=".cg")
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
+            tl.atomic_xchg(counter_ptr + pid_n, 0)  # ready for the next launch (stream order)
+
+
+# ----------------------------------------------------------------------------------------------
+# The configuration: one fixed choice per shape, overridable for sweeps
+# ----------------------------------------------------------------------------------------------
+
+
+def skinny_config(M: int, N: int, K: int, num_sms: int = 132) -> dict:
+    """Block sizes, split-K, warps and pipeline depth for ``(M, N, K)`` (no autotuning: a decode
+    GEMM is captured in a CUDA graph and must launch the same way every time).
+
+    * ``BLOCK_N``: the largest of 64, 32, 16 that still gives one N tile per SM (the LM head's
+      49,152 rows: 64, 768 tiles; gate_up's 3,072: 16, 192 tiles); at least 16 for ``tl.dot``.
+    * ``BLOCK_K``: 128 columns (256 bytes of each weight row) when they divide ``K``, else 64
+      (``K = 576``): whole steps, no masked tail.
+    * ``SPLIT_K``: where the N tiles fill fewer than 3/4 of the SMs (``N = 576``: 36 tiles,
+      ``N = 960``: 60), the smallest divisor of the K steps that reaches 3/4, up to 8.
+    * ``num_stages = 4``: three weight tiles in flight while one is multiplied -- a split-K program's
+      whole slice (3 steps) is requested at once, the latency paid about once; ``num_warps = 4``.
+
+    ``M`` does not change the choice today (the weight read is the same for 1 or 32 rows); it is
+    an argument so that a measured rule can use it.
+    """
+    block_n = 64
+    while block_n > 16 and triton.cdiv(N, block_n) < num_sms:
+        block_n //= 2
+    block_k = 128 if K % 128 == 0 else 64
+    tiles, k_blocks = triton.cdiv(N, block_n), triton.cdiv(K, block_k)
+    split_k = 1
+    if tiles < 0.75 * num_sms:
+        divisors = [s for s in range(1, min(8, k_blocks) + 1) if k_blocks % s == 0]
+        split_k = next((s for s in divisors if tiles * s >= 0.75 * num_sms), divisors[-1])
+    return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=4)
+
+
+_counters: dict[torch.device, torch.Tensor] = {}  # per device: int32, zero between launches
+
+
+def _tile_counters(device: torch.device, n_tiles: int) -> torch.Tensor:
+    """The split-K arrival counters: one zeroed buffer per device, grown (never shrunk) as needed."""
+    buf = _counters.get(device)
+    if buf is None or buf.numel() < n_tiles:
+        buf = _counters[device] = torch.zeros(max(n_tiles, 1024), dtype=torch.int32, device=device)
+    return buf
+
+
+# ----------------------------------------------------------------------------------------------
+# The Python wrapper
+# ----------------------------------------------------------------------------------------------
+
+
+def skinny_matmul(
+    x: torch.Tensor,  # (M, K), M <= MAX_ROWS; any strides
+    weight: torch.Tensor,  # (N, K), nn.Linear's weight
+    out: torch.Tensor | None = None,  # (M, N) in x's dtype: written in place when given
+    config: dict | None = None,  # overrides of skinny_config (benchmark sweeps)
+) -> torch.Tensor:  # (M, N), x's dtype
+    """``x @ weight.T`` for a few rows (``F.linear(x, weight)`` without a bias), fp32 accumulation."""
+    if x.dim() != 2 or weight.dim() != 2:
+        raise ValueError(f"x must be (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
+    M, K = x.shape
+    N = weight.shape[0]
+    if weight.shape[1] != K:
+        raise ValueError(f"x has K={K} columns but weight is {tuple(weight.shape)}: need (N, {K})")
+    if M > MAX_ROWS:
+        raise ValueError(f"skinny_matmul takes at most {MAX_ROWS} rows (a small decode batch), got M={M}: use F.linear")
+    if x.dtype != weight.dtype or x.device != weight.device:
+        raise ValueError(
+            f"x and weight must share dtype and device, got {x.dtype} on {x.device} and {weight.dtype} on {weight.device}"
+        )
+    if not INTERPRETING and not x.is_cuda:
+        raise RuntimeError(
+            "skinny_matmul needs a CUDA GPU, or the Triton interpreter for CPU tensors: set "
+            "TRITON_INTERPRET=1 before importing paged_edu (slow, for learning and tests), or use F.linear"
+        )
+    if out is None:
+        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    elif out.shape != (M, N) or out.dtype != x.dtype or out.device != x.device:
+        raise ValueError(
+            f"out must be ({M}, {N}) {x.dtype} on {x.device}, got {tuple(out.shape)} {out.dtype} on {out.device}"
+        )
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        return out.zero_()
+    num_sms = (
+        _num_sms(x.device.index if x.device.index is not None else torch.cuda.current_device()) if x.is_cuda else 132
+    )
+    cfg = skinny_config(M, N, K, num_sms)
+    cfg.update(config or {})
+    block_m = 16 if M <= 16 else 32
+    n_tiles = triton.cdiv(N, cfg["BLOCK_N"])
+    split_k = cfg["SPLIT_K"]
+    if split_k > 1:  # each slice's fp32 sums; no zeroing needed, every program writes its whole slice
+        partial = torch.empty((split_k, N, block_m), dtype=torch.float32, device=x.device)
+        counters = _tile_counters(x.device, n_tiles)
+    else:
+        partial = counters = out  # unused
+    _skinny_matmul_kernel[(n_tiles, split_k)](
+        x,
+        weight,
+        out,
+        partial,
+        counters,
+        M,
+        x.stride(0),
+        x.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        out.stride(0),
+        out.stride(1),
+        N=N,
+        K=K,
+        BLOCK_M=block_m,
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"],
+        K_STEPS=triton.cdiv(triton.cdiv(K, cfg["BLOCK_K"]), split_k),
+        SPLIT_K=split_k,
+        UPCAST=INTERPRETING and x.dtype != torch.float32,
+        IEEE=x.dtype == torch.float32,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    return out

@@ -1,0 +1,277 @@
+"""The skinny GEMM (``y = x @ W^T`` for a few rows) against a plain fp32 matmul (the oracle).
+
+On the CPU it runs in Triton's interpreter (``tests/conftest.py``), where bf16 tiles are upcast
+after their loads and the final store truncates to bf16 (the GPU rounds): one ulp. The ``gpu``
+tests run it compiled, inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paged_edu.kernels import kernel_support, triton_available
+from paged_edu.models.config import LlamaConfig, smollm2_config
+from paged_edu.models.llama import Kernels, PagedLlama
+
+if not triton_available():
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+from paged_edu.kernels.triton_gemm import MAX_ROWS, skinny_config, skinny_matmul  # noqa: E402
+
+DEVICE = "cpu" if kernel_support("cpu").decode else "cuda"
+C = smollm2_config()
+# SmolLM2-135M's projections: name -> (N, K) of nn.Linear's weight.
+SHAPES = {
+    "qkv": ((C.num_heads + 2 * C.num_kv_heads) * C.head_dim, C.hidden_size),  # (960, 576)
+    "o_proj": (C.hidden_size, C.num_heads * C.head_dim),  # (576, 576)
+    "gate_up": (2 * C.intermediate_size, C.hidden_size),  # (3072, 576)
+    "down": (C.hidden_size, C.intermediate_size),  # (576, 1536)
+    "lm_head": (C.vocab_size, C.hidden_size),  # (49152, 576)
+}
+# Relative tolerance: fp32 sums in another order; bf16 also rounds (truncates, interpreted) its output once.
+RTOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7}
+
+
+def case(M, N, K, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g).to(dtype).to(DEVICE)  # (M, K)
+    w = (torch.randn(N, K, generator=g) * 0.05).to(dtype).to(DEVICE)  # (N, K), nn.Linear's layout
+    return x, w
+
+
+def check(y, x, w):
+    """``y`` against ``x @ w^T`` computed in fp32 from the same (rounded) inputs."""
+    ref = x.float() @ w.float().T  # (M, N)
+    assert y.dtype == x.dtype and y.shape == ref.shape
+    torch.testing.assert_close(y.float(), ref, rtol=RTOL[x.dtype], atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 3, 16, 32])
+@pytest.mark.parametrize("name", [n for n in SHAPES if n != "lm_head"])
+def test_matches_fp32_matmul_at_smollm2_shapes(name, M, dtype):
+    N, K = SHAPES[name]
+    x, w = case(M, N, K, dtype, seed=M)
+    check(skinny_matmul(x, w), x, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 3, 16, 32])
+def test_lm_head_shape(M, dtype):
+    """49,152 rows: wide tiles keep the interpreter to 48 programs (the default's 768 take ~15 s)."""
+    N, K = SHAPES["lm_head"]
+    x, w = case(M, N, K, dtype, seed=M)
+    check(skinny_matmul(x, w, config=dict(BLOCK_N=1024)), x, w)
+
+
+@pytest.mark.slow
+def test_lm_head_default_config():
+    N, K = SHAPES["lm_head"]
+    x, w = case(5, N, K, torch.bfloat16)
+    check(skinny_matmul(x, w), x, w)
+
+
+def test_the_default_configs_split_k_where_n_tiles_are_few():
+    """The N = 576 and 960 shapes take the split-K path by default (the tests above run it)."""
+    for name, (N, K) in SHAPES.items():
+        cfg = skinny_config(1, N, K)
+        programs = -(-N // cfg["BLOCK_N"]) * cfg["SPLIT_K"]
+        assert programs >= 0.75 * 132, (name, cfg)
+        assert cfg["BLOCK_N"] >= 16 and cfg["BLOCK_K"] >= 16  # tl.dot's minimum on a GPU
+        assert (cfg["SPLIT_K"] > 1) == (name in ("qkv", "o_proj", "down")), (name, cfg)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(SPLIT_K=1),
+        dict(SPLIT_K=4),  # 9 steps of 64: cdiv gives 3 a slice, the last slice has none
+        dict(SPLIT_K=2, BLOCK_K=256),  # 576 = 2.25 x 256: a masked tail
+        dict(BLOCK_N=32, BLOCK_K=32, SPLIT_K=8),
+        dict(BLOCK_N=128),  # 576 rows: the last tile half empty
+    ],
+)
+def test_configs_of_a_sweep_agree(config):
+    x, w = case(7, 576, 576, torch.float32, seed=3)
+    check(skinny_matmul(x, w, config=config), x, w)
+
+
+def test_split_k_leaves_its_counters_zeroed_for_the_next_launch():
+    from paged_edu.kernels.triton_gemm import _counters
+
+    x, w = case(2, 96, 256, torch.float32)
+    for _ in range(3):  # a counter left at 1 would make the next launch's sum fire early
+        check(skinny_matmul(x, w, config=dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=4)), x, w)
+    assert int(_counters[x.device].abs().sum()) == 0
+
+
+def test_strided_x_and_out_are_handled():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(64, 5, generator=g).to(DEVICE).T  # (5, 64) with strides (1, 5): a transposed view
+    w = torch.randn(48, 64, generator=g).to(DEVICE)
+    out = torch.full((48, 5), float("nan"), device=DEVICE).T  # (5, 48), strides (1, 5)
+    y = skinny_matmul(x, w, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    check(y, x, w)
+    sliced = torch.randn(5, 128, generator=g).to(DEVICE)[:, ::2]  # (5, 64), column stride 2
+    check(skinny_matmul(sliced, w), sliced, w)
+
+
+def test_bad_inputs_raise_clear_errors():
+    x, w = case(MAX_ROWS + 1, 32, 64, torch.float32)
+    with pytest.raises(ValueError, match="at most 32 rows"):
+        skinny_matmul(x, w)
+    with pytest.raises(ValueError, match="K=64 columns"):
+        skinny_matmul(x[:4], w[:, :32])
+    with pytest.raises(ValueError, match="share dtype"):
+        skinny_matmul(x[:4], w.double())
+    with pytest.raises(ValueError, match="out must be"):
+        skinny_matmul(x[:4], w, out=torch.empty(4, 31, device=DEVICE))
+    assert skinny_matmul(x[:0], w).shape == (0, 32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Wired into the model and the engine (gemm_impl="triton"): the same numbers and tokens
+# ----------------------------------------------------------------------------------------------
+
+TINY = LlamaConfig(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    max_position_embeddings=64,
+)
+
+
+def run_tiny_model(model, gemm, sizes):
+    """Chunks of ``sizes`` tokens of one sequence (prefill, then decodes): hidden states and logits."""
+    from paged_edu.engine.batch import BatchChunk, prepare_batch
+
+    c = model.config
+    kernels = Kernels(decode="torch", prefill="torch", fused="torch", gemm=gemm)
+    g = torch.Generator().manual_seed(1)
+    caches = [
+        tuple(torch.randn(16, 4, c.num_kv_heads, c.head_dim, generator=g).to(model.dtype).to(DEVICE) for _ in range(2))
+        for _ in range(c.num_layers)
+    ]
+    tokens, pos, hidden, logits = list(range(3, 3 + sum(sizes))), 0, [], []
+    for n in sizes:
+        batch = prepare_batch([BatchChunk(tokens[pos : pos + n], pos, list(range(16)))], 4, DEVICE)
+        h = model(batch, caches, kernels)  # (n, hidden)
+        hidden.append(h)
+        logits.append(model.compute_logits(h, kernels))  # (n, vocab): every row, to test the LM head
+        pos += n
+    return torch.cat(hidden), torch.cat(logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_with_the_skinny_gemm_matches_the_torch_path(dtype, monkeypatch):
+    """Prefill 40 tokens (> 32 rows: cuBLAS), then 7, then decode 2: the skinny GEMM's rows only."""
+    import paged_edu.kernels.triton_gemm as gemm_module
+    from paged_edu.models.loaders import random_llama
+
+    rows = []
+    real = gemm_module.skinny_matmul
+    monkeypatch.setattr(gemm_module, "skinny_matmul", lambda x, w: rows.append(x.shape[0]) or real(x, w))
+    model = random_llama(TINY, seed=2, dtype=dtype, device=DEVICE)
+    sizes = (40, 7, 1, 1)
+    plain = run_tiny_model(model, "torch", sizes)
+    assert rows == []
+    skinny = run_tiny_model(model, "triton", sizes)
+    # Per chunk of <= 32 rows: 4 projections a layer, then the LM head; the 40-row chunk: none.
+    assert rows == [n for n in sizes[1:] for _ in range(4 * TINY.num_layers + 1)]
+    tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
+    for got, want in zip(skinny, plain):
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    n = sizes[0]
+    assert torch.equal(skinny[0][:n], plain[0][:n])  # the prompt chunk ran cuBLAS in both
+
+
+def test_the_engine_with_gemm_impl_triton_gives_transformers_tokens(hf_greedy_case):
+    """The engine's graph path (a stand-in replaying eagerly: no CUDA needed) and its eager
+    prompt steps with the skinny GEMM: transformers' greedy tokens."""
+    from paged_edu.engine import Engine
+    from paged_edu.engine.cuda_graphs import DecodeCudaGraphs
+
+    hf, prompts, want = hf_greedy_case
+    kw = dict(num_blocks=64, block_size=4, max_num_seqs=8, attn_impl="torch", prefill_impl="torch")
+    engine = Engine(PagedLlama.from_hf(hf, device=DEVICE), cuda_graphs=False, gemm_impl="triton", **kw)
+    r = engine.runner
+    assert r.kernels.gemm == "triton"
+    r.graphs = DecodeCudaGraphs(engine.model, r.kv_pairs, 8, 64, r.kernels, capture_graphs=False)
+    assert engine.generate(prompts, max_new_tokens=9) == want
+    assert r.num_graph_steps > 0
+
+
+def test_gemm_impl_is_checked_like_fused_impl(hf_greedy_case):
+    from paged_edu.engine import Engine
+
+    model = PagedLlama.from_hf(hf_greedy_case[0])
+    with pytest.raises(ValueError, match="gemm_impl must be"):
+        Engine(model, num_blocks=8, block_size=4, gemm_impl="cublas")
+    assert Engine(model, num_blocks=8, block_size=4).runner.kernels.gemm == "torch"  # the default
+    assert Kernels(gemm="auto").resolve(torch.device(DEVICE)).gemm == "torch"  # until measured
+    elsewhere = "cuda" if DEVICE == "cpu" else "cpu"
+    with pytest.raises(ValueError, match="gemm_impl='triton', but"):
+        Kernels(gemm="triton").resolve(torch.device(elsewhere))
+
+
+# ----------------------------------------------------------------------------------------------
+# Compiled, on a GPU: every shape and M, inside a CUDA graph
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 4, 16, 32])
+def test_gpu_skinny_matmul_in_a_cuda_graph(M):
+    for name, (N, K) in SHAPES.items():
+        x, w = case(M, N, K, torch.bfloat16, seed=M)
+        skinny_matmul(x, w)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = skinny_matmul(x, w)
+        for _ in range(3):  # replays reuse the split-K counters: each must leave them at zero
+            y.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            ref = x.float() @ w.float().T
+            torch.testing.assert_close(y.float(), ref, rtol=2.0**-7, atol=2e-3, msg=name)
+
+
+@pytest.mark.gpu
+def test_gpu_model_with_the_skinny_gemm_under_graph_capture():
+    """SmolLM2's 30-layer geometry, bf16, through the engine's decode CUDA graphs: gemm "triton" ==
+    "torch" (hidden states close), batch sizes 1..32 captured."""
+    import numpy as np
+
+    from paged_edu.engine.cuda_graphs import DecodeCudaGraphs
+    from paged_edu.models.loaders import random_llama
+
+    model = random_llama(C, seed=0, dtype=torch.bfloat16, device="cuda")
+    out = {}
+    for impl in ("torch", "triton"):
+        g = torch.Generator(device="cuda").manual_seed(7)  # the same stale pool for both
+        caches = [
+            tuple(
+                torch.randn(64, 16, C.num_kv_heads, C.head_dim, device="cuda", generator=g).to(torch.bfloat16)
+                for _ in range(2)
+            )
+            for _ in range(C.num_layers)
+        ]
+        graphs = DecodeCudaGraphs(model, caches, 32, 8, kernels=Kernels(fused="triton", gemm=impl))
+        inputs = graphs.staging.np
+        inputs["input_ids"][:8] = np.arange(100, 108)
+        inputs["positions"][:8] = 5
+        inputs["block_tables"][:8, 0] = np.arange(8) * 3
+        inputs["slot_mapping"][:8] = np.arange(8) * 3 * 16 + 5
+        inputs["seq_lens"][:8] = 6
+        graphs.staging.upload(8)
+        hidden, greedy = graphs.replay(8)
+        out[impl] = hidden.float().clone(), greedy.clone()
+    err = (out["triton"][0] - out["torch"][0]).norm() / out["torch"][0].norm()
+    agree = (out["triton"][1] == out["torch"][1]).float().mean().item()  # near-ties of random weights may flip
+    assert err < 2e-2, f"relative error {err:.2e} (greedy tokens agree on {agree:.0%})"
