@@ -441,6 +441,8 @@ def main_nanovllm(args, argv, log):
         out.with_suffix(".json").write_text(json.dumps(result, indent=1))
 
     kernel_check, impls = choose_impls(model, device, B, log)
+    if args.gemm_impl != "auto":
+        impls["gemm_impl"] = args.gemm_impl
     result.update(kernel_check=kernel_check, engine_impls=impls or "auto")
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
     common = (num_blocks, B, args.max_num_seqs, max_batched, log)
@@ -572,6 +574,12 @@ def main(argv=None):
         "and an async run, both in the record and the table",
     )
     ap.add_argument("--mixed-graphs", action="store_true", help="the engine's mixed_graphs (steps with prompt chunks)")
+    ap.add_argument(
+        "--gemm-impl",
+        choices=("auto", "torch", "triton"),
+        default="auto",
+        help="the engine's gemm_impl: the projections and LM head of decode batches of <= 32 rows",
+    )
     ap.add_argument("--skip-peer", action="store_true", help="skip transformers' continuous batching (both runs)")
     ap.add_argument("--skip-cb-graphs", action="store_true", help="skip transformers CB with CUDA graphs forced on")
     ap.add_argument("--skip-cb-default", action="store_true", help="skip transformers CB with its defaults")
@@ -678,6 +686,8 @@ def main(argv=None):
         out.with_suffix(".json").write_text(json.dumps(result, indent=1))
 
     kernel_check, impls = choose_impls(model, device, args.block_size, log)
+    if args.gemm_impl != "auto":
+        impls["gemm_impl"] = args.gemm_impl
     result.update(kernel_check=kernel_check, engine_impls=impls or "auto")
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
     common = (num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens, log)

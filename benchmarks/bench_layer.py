@@ -91,7 +91,7 @@ def kind_of(kernel: str) -> str:
         return "attention"
     if any(w in name for w in ("add_rms_norm", "silu_and_mul", "store_kv")):
         return "fused"
-    if any(w in name for w in ("gemm", "gemv", "cutlass", "nvjet", "sm90", "cublas", "splitk")):
+    if any(w in name for w in ("gemm", "gemv", "cutlass", "nvjet", "sm90", "cublas", "splitk", "skinny_matmul")):
         return "gemm"
     return "other"
 
