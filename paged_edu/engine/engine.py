@@ -110,8 +110,8 @@ class Engine:
         :class:`~paged_edu.models.llama.Kernels`). The choice is this engine's: another engine on the
         same model keeps its own.
     gemm_impl: the projections and LM head of steps of at most 32 rows (``"torch"``: cuBLAS, the
-        default; ``"triton"``: :mod:`~paged_edu.kernels.triton_gemm`'s skinny GEMM; ``"auto"``: ``"torch"``
-        until measured). Validated like ``fused_impl``.
+        default; ``"triton"``: :mod:`~paged_edu.kernels.triton_gemm`'s skinny GEMM; ``"auto"``: ``"torch"``,
+        which it ties on the H200). Validated like ``fused_impl``.
     cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
     mixed_graphs: replay captured CUDA graphs for steps with prompt chunks too, one per token bucket
         up to ``max_num_batched_tokens`` (:mod:`~paged_edu.engine.cuda_graphs`; needs CUDA; off by

@@ -80,7 +80,7 @@ class Kernels:
     prefill: str = "auto"  # paged_attention_prefill's impl: "auto", "triton" or "torch"
     fused: str = "auto"  # the per-token ops (norm, rotary + store, SiLU-and-mul): "auto", "triton" or "torch"
     # The projections and the LM head of a batch of <= 32 rows: "torch" (cuBLAS), "triton" (the skinny
-    # GEMM, paged_edu.kernels.triton_gemm) or "auto" -- "torch" until the H200 measurement says otherwise.
+    # GEMM, paged_edu.kernels.triton_gemm) or "auto" -- "torch": on the H200 the two tie (triton_gemm's docstring).
     gemm: str = "torch"
 
     def resolve(self, device: torch.device) -> Kernels:
