@@ -545,8 +545,13 @@ def test_gpu_fused_decode_in_a_captured_graph_and_one_launch_fewer_per_layer(mon
     one_kv = copy()
     one, n_one = kernels_in(one_kv, two_launches=False)
     two, n_two = kernels_in(two_kv, two_launches=True)
-    # Layer 0 sees the same inputs on both paths: the same rope, the same stored bits.
-    assert torch.equal(one_kv[0][0], two_kv[0][0]) and torch.equal(one_kv[0][1], two_kv[0][1])
+    # Layer 0 sees the same inputs on both paths: the same 7 slots written, the same values to bf16's
+    # rounding (bit for bit under the interpreter, test_fused's CPU tests; the H200's compiled kernels
+    # were measured to differ in layer 0's keys, so this holds them to bf16's tolerance, not equality).
+    for one_t, two_t, before in zip(one_kv[0], two_kv[0], pool[0]):
+        written = (one_t != before).any(-1).any(-1)  # (num_blocks, B) slots the one-launch path wrote
+        assert torch.equal(written, (two_t != before).any(-1).any(-1)) and int(written.sum()) == 7
+        torch.testing.assert_close(one_t, two_t)  # bf16 defaults: rtol 1.6e-2, atol 1e-5
     # After 30 layers of random weights, a different compiled attention kernel (its own MMA
     # schedule) leaves last-bit differences that the layers amplify: swapping cuBLAS for another
     # GEMM gives 2.1-2.4e-2 on the H200 (bench_gemm.py's decode-step rows), this path 2.0e-2.

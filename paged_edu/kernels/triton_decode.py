@@ -46,8 +46,9 @@ floor. Per layer the new token's rotary embedding and K/V store
 (:func:`~paged_edu.kernels.triton_store.rotary_store_kv_triton`) is its own launch, only to hand
 the rotated q and the stored k to this kernel. So in a pure-decode step this kernel does it:
 :func:`rotary_store_decode_triton` takes the *unrotated* q, k, v of the qkv projection; every
-program rotates its group's q rows (the same :func:`~paged_edu.kernels.triton_store.rope`, so the
-same bits as the two launches), and the one program per (sequence, KV head) whose split holds
+program rotates its group's q rows (the same :func:`~paged_edu.kernels.triton_store.rope`: the
+same bits as the two launches under the interpreter; compiled for the H200 the two kernels' stored
+keys differ slightly, within bf16's rounding -- ``tests/test_fused.py`` checks both), and the one program per (sequence, KV head) whose split holds
 position ``s - 1`` rotates k and stores k and v at the slot, then ``tl.debug_barrier()`` -- a
 barrier of the program's threads that orders their global stores before the tile loads -- before
 it reads. No other program reads that token: other splits end before its tile, other KV heads read
@@ -505,7 +506,7 @@ def rotary_store_decode_triton(
 
     For each sequence ``n`` with one new token at position ``p = s_n - 1`` and slot ``slot_n``::
 
-        q'  = RoPE(q_n, p)                                  (triton_store's rounding, bit for bit)
+        q'  = RoPE(q_n, p)                                  (triton_store's rope and rounding)
         K[slot_n], V[slot_n] = RoPE(key_n, p), value_n      (skipped where slot_n = -1)
         o_n = softmax(q' K_{0..p}^T * scale) V_{0..p}       (the new token included)
 

@@ -29,7 +29,8 @@ same kernel with ``ROTARY=False``.
 
 A pure-decode step goes one launch further: the decode attention kernel rotates and stores the
 step's one token per sequence itself (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`),
-with :func:`rotary_cos_sin` and :func:`rotate_rows` from here -- the same :func:`rope`, so the same bits.
+with :func:`rotary_cos_sin` and :func:`rotate_rows` from here -- the same :func:`rope` (the same bits
+under the interpreter; the H200's compiled kernels agree to bf16's rounding).
 """
 
 from __future__ import annotations
