@@ -8,13 +8,16 @@ last bits, so those are held to one rounding step of the dtype and a share of id
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
+from model_helpers import TINY_LLAMA
 
 from paged_edu.cache.kv_cache import store_kv
 from paged_edu.kernels import kernel_support, triton_available
-from paged_edu.models.config import LlamaConfig, smollm2_config
+from paged_edu.models.config import smollm2_config
 from paged_edu.models.llama import Kernels, RMSNorm, Rotary, SwiGLU, _rotate_half
 
 if not triton_available():
@@ -305,17 +308,7 @@ def run_model(model, fused_impl, dtype, sizes=(9, 1, 1)):
 def test_fused_model_matches_plain_model(dtype):
     from paged_edu.models.loaders import random_llama
 
-    cfg = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        max_position_embeddings=64,
-    )
-    model = random_llama(cfg, seed=2, dtype=dtype, device=DEVICE)
+    model = random_llama(TINY_LLAMA, seed=2, dtype=dtype, device=DEVICE)
     plain, plain_caches = run_model(model, "torch", dtype)
     fused, fused_caches = run_model(model, "triton", dtype)
     tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
@@ -338,16 +331,7 @@ def test_pure_decode_step_stores_inside_the_decode_kernel(dtype, monkeypatch):
     from paged_edu.kernels import triton_decode, triton_store
     from paged_edu.models.loaders import random_llama
 
-    cfg = LlamaConfig(
-        vocab_size=128,
-        hidden_size=96,
-        intermediate_size=64,
-        num_layers=2,
-        num_heads=6,
-        num_kv_heads=2,
-        head_dim=16,
-        max_position_embeddings=64,
-    )
+    cfg = replace(TINY_LLAMA, hidden_size=96, intermediate_size=64, num_heads=6)  # groups of 3, as SmolLM2's
     model = random_llama(cfg, seed=4, dtype=dtype, device=DEVICE)
     pool = [
         (rand(12, 4, 2, 16, dtype=dtype, seed=30 + i), rand(12, 4, 2, 16, dtype=dtype, seed=40 + i)) for i in range(2)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_helpers import TINY_LLAMA
 
 from paged_edu.kernels import kernel_support, triton_available
-from paged_edu.models.config import LlamaConfig, smollm2_config
+from paged_edu.models.config import smollm2_config
 from paged_edu.models.llama import Kernels, PagedLlama
 
 if not triton_available():
@@ -135,17 +136,6 @@ def test_bad_inputs_raise_clear_errors():
 # Wired into the model and the engine (gemm_impl="triton"): the same numbers and tokens
 # ----------------------------------------------------------------------------------------------
 
-TINY = LlamaConfig(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=96,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    max_position_embeddings=64,
-)
-
 
 def run_tiny_model(model, gemm, sizes):
     """Chunks of ``sizes`` tokens of one sequence (prefill, then decodes): hidden states and logits."""
@@ -177,13 +167,13 @@ def test_model_with_the_skinny_gemm_matches_the_torch_path(dtype, monkeypatch):
     rows = []
     real = gemm_module.skinny_matmul
     monkeypatch.setattr(gemm_module, "skinny_matmul", lambda x, w: rows.append(x.shape[0]) or real(x, w))
-    model = random_llama(TINY, seed=2, dtype=dtype, device=DEVICE)
+    model = random_llama(TINY_LLAMA, seed=2, dtype=dtype, device=DEVICE)
     sizes = (40, 7, 1, 1)
     plain = run_tiny_model(model, "torch", sizes)
     assert rows == []
     skinny = run_tiny_model(model, "triton", sizes)
     # Per chunk of <= 32 rows: 4 projections a layer, then the LM head; the 40-row chunk: none.
-    assert rows == [n for n in sizes[1:] for _ in range(4 * TINY.num_layers + 1)]
+    assert rows == [n for n in sizes[1:] for _ in range(4 * TINY_LLAMA.num_layers + 1)]
     tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
     for got, want in zip(skinny, plain):
         torch.testing.assert_close(got, want, atol=tol, rtol=tol)
