@@ -52,14 +52,9 @@ from paged_edu.labs.timing import rel_err  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
 
 C = smollm2_config()
-# name -> (N, K) of nn.Linear's weight: y (M, N) = x (M, K) @ W^T
-SHAPES = {
-    "qkv": ((C.num_heads + 2 * C.num_kv_heads) * C.head_dim, C.hidden_size),  # (960, 576)
-    "o_proj": (C.hidden_size, C.num_heads * C.head_dim),  # (576, 576)
-    "gate_up": (2 * C.intermediate_size, C.hidden_size),  # (3072, 576)
-    "down": (C.hidden_size, C.intermediate_size),  # (576, 1536)
-    "lm_head": (C.vocab_size, C.hidden_size),  # (49152, 576)
-}
+# name -> (N, K) of nn.Linear's weight: qkv (960, 576), o_proj (576, 576), gate_up (3072, 576),
+# down (576, 1536), lm_head (49152, 576)
+SHAPES = C.linear_shapes()
 SMOKE_SHAPES = {name: (N // 16, K // 8) for name, (N, K) in SHAPES.items()}  # K = 72 or 192: masked tails
 MS = (1, 4, 8, 16, 32)
 OK_ERR = 1e-2  # bf16 output: ~3e-3 relative (one rounding); a broken config gives ~1

@@ -22,14 +22,9 @@ from paged_edu.kernels.triton_gemm import MAX_ROWS, skinny_config, skinny_matmul
 
 DEVICE = "cpu" if kernel_support("cpu").decode else "cuda"
 C = smollm2_config()
-# SmolLM2-135M's projections: name -> (N, K) of nn.Linear's weight.
-SHAPES = {
-    "qkv": ((C.num_heads + 2 * C.num_kv_heads) * C.head_dim, C.hidden_size),  # (960, 576)
-    "o_proj": (C.hidden_size, C.num_heads * C.head_dim),  # (576, 576)
-    "gate_up": (2 * C.intermediate_size, C.hidden_size),  # (3072, 576)
-    "down": (C.hidden_size, C.intermediate_size),  # (576, 1536)
-    "lm_head": (C.vocab_size, C.hidden_size),  # (49152, 576)
-}
+# name -> (N, K) of nn.Linear's weight: qkv (960, 576), o_proj (576, 576), gate_up (3072, 576),
+# down (576, 1536), lm_head (49152, 576)
+SHAPES = C.linear_shapes()
 # Relative tolerance: fp32 sums in another order; bf16 also rounds (truncates, interpreted) its output once.
 RTOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7}
 

@@ -359,3 +359,22 @@ def test_sampling_does_not_depend_on_the_order_of_nearly_tied_tokens():
     # exact ties are kept in token-id order by the stable sort, whatever the top-p
     tied = torch.tensor([[1.0, 2.0, 2.0, 2.0, 0.0]])
     assert sample(tied, [1.0], [0.5], [0.999]) == [2]  # nucleus {1, 2}: the two lowest ids among the ties
+
+
+def test_linear_shapes_are_the_models_weights():
+    """``LlamaConfig.linear_shapes`` against the weights a PagedLlama of that config holds."""
+    from dataclasses import replace
+
+    from paged_edu.models.config import smollm2_config
+
+    cfg = replace(smollm2_config(), num_layers=1, vocab_size=1000)
+    model = PagedLlama(cfg, seed=None)
+    layer = model.layers[0]
+    held = {
+        "qkv": layer.self_attn.qkv_proj.weight.shape,
+        "o_proj": layer.self_attn.o_proj.weight.shape,
+        "gate_up": layer.mlp.gate_up_proj.weight.shape,
+        "down": layer.mlp.down_proj.weight.shape,
+        "lm_head": model.lm_head.weight.shape,
+    }
+    assert cfg.linear_shapes() == {k: tuple(v) for k, v in held.items()}

@@ -110,6 +110,17 @@ class LlamaConfig:
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         )
 
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """``(N, K)`` of each projection's weight (``y (M, N) = x (M, K) @ W^T``), as ``PagedLlama``
+        fuses them: q/k/v in one, gate/up in one; the LM head last."""
+        return {
+            "qkv": ((self.num_heads + 2 * self.num_kv_heads) * self.head_dim, self.hidden_size),
+            "o_proj": (self.hidden_size, self.num_heads * self.head_dim),
+            "gate_up": (2 * self.intermediate_size, self.hidden_size),
+            "down": (self.hidden_size, self.intermediate_size),
+            "lm_head": (self.vocab_size, self.hidden_size),
+        }
+
     def to_hf(self, **overrides):
         """The equivalent ``transformers.LlamaConfig`` (needs transformers)."""
         from transformers import LlamaConfig as HFLlamaConfig
