@@ -443,6 +443,8 @@ def main_nanovllm(args, argv, log):
     kernel_check, impls = choose_impls(model, device, B, log)
     if args.gemm_impl != "auto":
         impls["gemm_impl"] = args.gemm_impl
+    if args.fuse_decode_store:
+        impls["fuse_decode_store"] = True
     result.update(kernel_check=kernel_check, engine_impls=impls or "auto")
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
     common = (num_blocks, B, args.max_num_seqs, max_batched, log)
@@ -575,6 +577,11 @@ def main(argv=None):
     )
     ap.add_argument("--mixed-graphs", action="store_true", help="the engine's mixed_graphs (steps with prompt chunks)")
     ap.add_argument(
+        "--fuse-decode-store",
+        action="store_true",
+        help="the engine's fuse_decode_store: the decode kernel rotates and stores the new token itself",
+    )
+    ap.add_argument(
         "--gemm-impl",
         choices=("auto", "torch", "triton"),
         default="auto",
@@ -688,6 +695,8 @@ def main(argv=None):
     kernel_check, impls = choose_impls(model, device, args.block_size, log)
     if args.gemm_impl != "auto":
         impls["gemm_impl"] = args.gemm_impl
+    if args.fuse_decode_store:
+        impls["fuse_decode_store"] = True
     result.update(kernel_check=kernel_check, engine_impls=impls or "auto")
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
     common = (num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens, log)

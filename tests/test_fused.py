@@ -360,7 +360,7 @@ def test_pure_decode_step_stores_inside_the_decode_kernel(dtype, monkeypatch):
             hidden = model(prepare_batch(chunks, 4, DEVICE), caches, kernels)
         return hidden, caches
 
-    fused = Kernels(decode="triton", prefill="torch", fused="triton")
+    fused = Kernels(decode="triton", prefill="torch", fused="triton", fuse_decode_store=True)
     got, got_kv = step(fused, decode)
     assert calls == {"fused": 2, "store": 0}  # one launch per layer
     want, want_kv = step(fused, decode, two_launches=True)
@@ -388,7 +388,13 @@ def test_engine_with_the_fused_decode_gives_transformers_tokens(hf_greedy_case):
 
     hf, prompts, want = hf_greedy_case
     engine = Engine(
-        PagedLlama.from_hf(hf), num_blocks=64, block_size=4, max_num_seqs=8, attn_impl="triton", fused_impl="triton"
+        PagedLlama.from_hf(hf),
+        num_blocks=64,
+        block_size=4,
+        max_num_seqs=8,
+        attn_impl="triton",
+        fused_impl="triton",
+        fuse_decode_store=True,
     )
     assert engine.runner.kernels.fused_decode
     r = engine.runner
@@ -487,8 +493,10 @@ def test_gpu_fused_decode_in_a_captured_graph_and_one_launch_fewer_per_layer(mon
     ]
     copy = lambda: [(k.clone(), v.clone()) for k, v in pool]  # noqa: E731
     graph_kv = copy()
-    graphs = DecodeCudaGraphs(model, graph_kv, max_batch_size=8, max_blocks_per_seq=8)
-    assert graphs.kernels.fused_decode  # "auto" on a GPU: the one-launch path was captured
+    graphs = DecodeCudaGraphs(
+        model, graph_kv, max_batch_size=8, max_blocks_per_seq=8, kernels=Kernels(fuse_decode_store=True)
+    )
+    assert graphs.kernels.fused_decode  # the one-launch path was captured
     inputs = graphs.staging.np
     inputs["input_ids"][:8] = np.arange(100, 108)
     inputs["positions"][:7] = [5, 16, 31, 0, 17, 40, 63]  # 16: a token that starts a new block
@@ -530,15 +538,32 @@ def test_gpu_fused_decode_in_a_captured_graph_and_one_launch_fewer_per_layer(mon
     one, n_one = kernels_in(one_kv, two_launches=False)
     two, n_two = kernels_in(two_kv, two_launches=True)
     # Layer 0 sees the same inputs on both paths: the same 7 slots written, the same values to bf16's
-    # rounding (bit for bit under the interpreter, test_fused's CPU tests; the H200's compiled kernels
-    # were measured to differ in layer 0's keys, so this holds them to bf16's tolerance, not equality).
+    # rounding -- bit for bit under the interpreter (the CPU tests above); on the H200 the two compiled
+    # kernels' RoPE rounded 10 of layer 0's 196,608 cache values differently, by at most 2**-10 (values
+    # that nearly cancel), so the written values are held to two bf16 ulps of the largest of them.
     for one_t, two_t, before in zip(one_kv[0], two_kv[0], pool[0]):
         written = (one_t != before).any(-1).any(-1)  # (num_blocks, B) slots the one-launch path wrote
         assert torch.equal(written, (two_t != before).any(-1).any(-1)) and int(written.sum()) == 7
-        torch.testing.assert_close(one_t, two_t)  # bf16 defaults: rtol 1.6e-2, atol 1e-5
+        assert torch.equal(one_t[~written], two_t[~written])  # nothing else touched
+        new_one, new_two = one_t[written].float(), two_t[written].float()  # (7, H_kv, D) each
+        tol = 2**-6 * float(new_two.abs().max())  # two ulps of bf16 (8 significant bits) at the largest value
+        assert float((new_one - new_two).abs().max()) <= tol
     # After 30 layers of random weights, a different compiled attention kernel (its own MMA
     # schedule) leaves last-bit differences that the layers amplify: swapping cuBLAS for another
     # GEMM gives 2.1-2.4e-2 on the H200 (bench_gemm.py's decode-step rows), this path 2.0e-2.
     err = (one[:7] - two[:7]).norm() / two[:7].norm()
     assert err < 4e-2, f"one launch against two: relative error {err:.2e}"
     assert n_two - n_one == c.num_layers, f"{n_two} kernels with the separate store, {n_one} without"
+
+
+def test_the_one_launch_store_is_opt_in():
+    """Off unless asked (its H200 logits are not yet explained: Kernels' comment), and the option is checked."""
+    from paged_edu.engine import Engine
+    from paged_edu.labs.engine_lab import tiny_model
+
+    device = torch.device(DEVICE)
+    assert not Kernels(decode="triton", fused="triton").resolve(device).fused_decode
+    assert Kernels(decode="triton", fused="triton", fuse_decode_store=True).resolve(device).fused_decode
+    assert not Kernels(decode="torch", fused="triton", fuse_decode_store=True).resolve(device).fused_decode
+    with pytest.raises(ValueError, match="fuse_decode_store"):
+        Engine(tiny_model(), num_blocks=16, block_size=4, fuse_decode_store="yes")

@@ -112,6 +112,9 @@ class Engine:
     gemm_impl: the projections and LM head of steps of at most 32 rows (``"torch"``: cuBLAS, the
         default; ``"triton"``: :mod:`~paged_edu.kernels.triton_gemm`'s skinny GEMM; ``"auto"``: ``"torch"``,
         which it ties on the H200). Validated like ``fused_impl``.
+    fuse_decode_store: a pure-decode step's rotary embedding and K/V store inside the Triton decode
+        kernel (:func:`~paged_edu.kernels.triton_decode.rotary_store_decode_triton`; with the fused ops and
+        the Triton decode kernel). Off by default: see :class:`~paged_edu.models.llama.Kernels`.
     cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
     mixed_graphs: replay captured CUDA graphs for steps with prompt chunks too, one per token bucket
         up to ``max_num_batched_tokens`` (:mod:`~paged_edu.engine.cuda_graphs`; needs CUDA; off by
@@ -148,6 +151,7 @@ class Engine:
         prefill_impl: str | None = None,
         fused_impl: str = "auto",
         gemm_impl: str = "torch",
+        fuse_decode_store: bool = False,
         cuda_graphs: bool | None = None,
         mixed_graphs: bool = False,
         max_model_len: int | None = None,
@@ -227,6 +231,7 @@ class Engine:
             prefill_impl=prefill_impl,
             fused_impl=fused_impl,
             gemm_impl=gemm_impl,
+            fuse_decode_store=fuse_decode_store,
             cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs,
             mixed_graphs=mixed_graphs,
             max_num_seqs=self.scheduler.max_num_seqs,

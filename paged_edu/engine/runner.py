@@ -103,6 +103,7 @@ class ModelRunner:
         prefill_impl: str | None = None,
         fused_impl: str = "auto",
         gemm_impl: str = "torch",
+        fuse_decode_store: bool = False,
         cuda_graphs: bool = False,
         mixed_graphs: bool = False,
         max_num_seqs: int = 256,
@@ -128,7 +129,8 @@ class ModelRunner:
             ("auto", "triton", "torch"),
             model.device,
         )
-        self.kernels = Kernels(decode, prefill, fused_impl, gemm_impl).resolve(model.device)
+        fuse_decode_store = flag("fuse_decode_store", fuse_decode_store)
+        self.kernels = Kernels(decode, prefill, fused_impl, gemm_impl, fuse_decode_store).resolve(model.device)
         cuda_graphs = flag("cuda_graphs", cuda_graphs)
         mixed_graphs = flag("mixed_graphs", mixed_graphs)
         self.model = model

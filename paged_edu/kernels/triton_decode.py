@@ -55,6 +55,17 @@ it reads. No other program reads that token: other splits end before its tile, o
 other columns of the row. One launch fewer per layer: 30 per SmolLM2 step. Steps with prompt
 chunks keep the separate store (the prefill kernel reads the chunk's tokens from many programs).
 
+It is opt-in (``Kernels(fuse_decode_store=True)``, ``Engine(fuse_decode_store=True)``) until the H200
+says it is right. Measured there (``figures/h200/layer_bench_fused_store.json``): 274 kernels a step
+at batch 1 (304 with the separate store) and 244 at 256 (274), the step 888 us (931) and 1,736 us
+(1,812); a decode step of the engine benchmark 1.338 ms of device time against 1.404. But the step's
+logits moved 4.0e-2 (relative) from the PyTorch path, where the two-launch path stays within 2e-3; in
+a decode graph the one-launch path agrees with its own eager run, and layer 0 stores the same 7
+tokens as the two launches with 10 of its 196,608 cache values one ulp apart (nearly cancelling
+sums: the compiled kernels round RoPE differently). Under the interpreter both paths agree bit for
+bit. Whether the rest is that rounding, amplified by 30 random layers, or a read of the new token
+that the barrier does not order on the GPU, is not settled.
+
 Benchmark
 ---------
 ``python benchmarks/bench_kernels.py`` on an H200 (bf16, B=16, 32/8 heads, head_dim 128, random

@@ -82,6 +82,12 @@ class Kernels:
     # The projections and the LM head of a batch of <= 32 rows: "torch" (cuBLAS), "triton" (the skinny
     # GEMM, paged_edu.kernels.triton_gemm) or "auto" -- "torch": on the H200 the two tie (triton_gemm's docstring).
     gemm: str = "torch"
+    # A pure-decode step's rotary embedding and K/V store inside the Triton decode kernel (one launch
+    # fewer per layer; needs fused="triton" and decode="triton"). Off by default: on the H200 it saved
+    # 0.066 ms of a decode step's 1.40, but bench_layer's logits moved 4e-2 from the two-launch path
+    # (which matches PyTorch's to 2e-3), a difference the CPU's interpreter does not show and that is
+    # not yet explained (kernels/triton_decode.py, "Storing the new token on the way in").
+    fuse_decode_store: bool = False
 
     def resolve(self, device: torch.device) -> Kernels:
         """The same choice with every ``"auto"`` made concrete: ``fused`` ``"triton"`` where the fused
@@ -115,7 +121,7 @@ class Kernels:
     def fused_decode(self) -> bool:
         """A pure-decode step's rotary embedding and K/V store run inside the Triton decode kernel
         (after :meth:`resolve`): one launch fewer per layer."""
-        return self.fused_ops and self.decode == "triton"
+        return self.fuse_decode_store and self.fused_ops and self.decode == "triton"
 
 
 def linear(layer: nn.Linear, x: torch.Tensor, gemm: str = "torch") -> torch.Tensor:
