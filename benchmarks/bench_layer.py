@@ -11,9 +11,9 @@ The step is captured in a CUDA graph as the engine's runner captures it (block t
 with the L2 cache flushed before each replay; the median of CUDA-event times is reported.
 
 For each batch, both paths (``fused_impl="torch"`` and ``"triton"``) run on the same weights, pool
-and inputs and their logits are compared in the same run. The fused path's decode kernel also
-rotates and stores each layer's new token (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`:
-no separate store kernel in a pure-decode step); ``torch.profiler`` over replays counts
+and inputs and their logits are compared in the same run (the fused path as the engine runs it by
+default: the decode kernel's own store, :func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`,
+is opt-in); ``torch.profiler`` over replays counts
 the kernels per step and books their GPU time to GEMMs, attention, the fused kernels and the rest.
 The roofline is :meth:`paged_edu.sim.costmodel.CostModel.roofline` for the same batch: at full bandwidth
 and peak FLOP/s with no overhead, the tied LM head's weight read counted (``roofline_us``, named

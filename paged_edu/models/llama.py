@@ -19,9 +19,9 @@ What you will learn
   kernels, so where Triton compiles (:func:`paged_edu.kernels.kernel_support`) the residual add
   and RMSNorm are one kernel, the rotary embedding and the K/V store one, SiLU and the product
   one (:mod:`paged_edu.kernels.triton_fused`, :mod:`paged_edu.kernels.triton_store`) -- with the
-  PyTorch path's rounding, so both paths give the same numbers. A pure-decode step goes one
-  further: the decode attention kernel rotates and stores the new token itself
-  (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`). On a CPU the model runs
+  PyTorch path's rounding, so both paths give the same numbers. A pure-decode step can go one
+  further (opt-in, ``Kernels(fuse_decode_store=True)``): the decode attention kernel rotates and stores
+  the new token itself (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`). On a CPU the model runs
   plain PyTorch.
 
 ``PagedLlama.from_hf(hf_model)`` copies the weights of any Hugging Face ``LlamaForCausalLM``; the
