@@ -301,11 +301,16 @@ def check_kernels(model, device, block_size=16, require_cuda=True):
     )
 
 
-def choose_impls(model, device, block_size, log) -> tuple[dict, dict]:
+def choose_impls(model, device, block_size, log, args) -> tuple[dict, dict]:
     """The kernel check (:func:`check_kernels`) and the engine's kernels: the PyTorch path for a Triton
-    kernel whose logits disagree with it by more than 5 % of their scale."""
+    kernel whose logits disagree with it by more than 5 % of their scale; ``--gemm-impl`` and
+    ``--fuse-decode-store`` as the command line asks."""
     kernel_check = check_kernels(model, device, block_size)
     impls = {}
+    if args.gemm_impl != "auto":
+        impls["gemm_impl"] = args.gemm_impl
+    if args.fuse_decode_store:
+        impls["fuse_decode_store"] = True
     if kernel_check:
         log(
             f"kernels vs PyTorch references (bf16 logits, scale {kernel_check['logit_scale']:.2f}): "
@@ -440,11 +445,7 @@ def main_nanovllm(args, argv, log):
     def save():
         out.with_suffix(".json").write_text(json.dumps(result, indent=1))
 
-    kernel_check, impls = choose_impls(model, device, B, log)
-    if args.gemm_impl != "auto":
-        impls["gemm_impl"] = args.gemm_impl
-    if args.fuse_decode_store:
-        impls["fuse_decode_store"] = True
+    kernel_check, impls = choose_impls(model, device, B, log, args)
     result.update(kernel_check=kernel_check, engine_impls=impls or "auto")
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
     common = (num_blocks, B, args.max_num_seqs, max_batched, log)
@@ -692,11 +693,7 @@ def main(argv=None):
     def save():  # after every system: a run cut short keeps what finished
         out.with_suffix(".json").write_text(json.dumps(result, indent=1))
 
-    kernel_check, impls = choose_impls(model, device, args.block_size, log)
-    if args.gemm_impl != "auto":
-        impls["gemm_impl"] = args.gemm_impl
-    if args.fuse_decode_store:
-        impls["fuse_decode_store"] = True
+    kernel_check, impls = choose_impls(model, device, args.block_size, log, args)
     result.update(kernel_check=kernel_check, engine_impls=impls or "auto")
     graphs = None if device.type == "cuda" and not args.no_cuda_graphs else False
     common = (num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens, log)

@@ -73,20 +73,13 @@ def hf_greedy_case():
 
     import torch
 
-    from paged_edu.models.config import LlamaConfig
+    from dataclasses import replace
+
+    from model_helpers import TINY_LLAMA
+
     from paged_edu.models.loaders import random_hf_llama
 
-    cfg = LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=96,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
+    cfg = replace(TINY_LLAMA, vocab_size=300, max_position_embeddings=256, tie_word_embeddings=False)
     hf = random_hf_llama(cfg, seed=3, initializer_range=0.25)
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(2, 30))] for _ in range(7)]

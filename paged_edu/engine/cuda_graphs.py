@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
@@ -64,6 +65,24 @@ def capture(run: Callable, device: torch.device, pool=None):
     with torch.cuda.graph(graph, pool=pool):
         outputs = run()
     return graph, outputs
+
+
+def capture_sizes(sizes: list[int], step_for: Callable, device: torch.device) -> tuple[dict, dict]:
+    """``({size: graph}, {size: outputs})``: for every size, the call ``step_for(size)`` returns -- made
+    before capture, so that building its inputs is not recorded -- captured, largest size first so
+    that the others reuse its memory pool (the graphs never run at the same time)."""
+    graphs, outputs, pool = {}, {}, None
+    for size in reversed(sizes):
+        graphs[size], outputs[size] = capture(step_for(size), device, pool)
+        pool = graphs[size].pool()
+    torch.cuda.synchronize(device)
+    return graphs, outputs
+
+
+def smallest_size(sizes: list[int], n: int) -> int | None:
+    """The smallest captured size that holds ``n`` (``sizes`` ascending), or None."""
+    i = bisect_left(sizes, n)
+    return sizes[i] if i < len(sizes) else None
 
 
 class DecodeCudaGraphs:
@@ -123,13 +142,10 @@ class DecodeCudaGraphs:
         self.staging.upload(n)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bs -> (hidden (bs, H), greedy (bs,))
-        pool = None
-        for bs in reversed(self.sizes) if capture_graphs else ():  # largest first: the others reuse its pool
-            batch = self._batch(bs)
-            self.graphs[bs], self.outputs[bs] = capture(lambda: self._forward(batch), device, pool)  # noqa: B023
-            pool = self.graphs[bs].pool()
         if capture_graphs:
-            torch.cuda.synchronize(device)
+            self.graphs, self.outputs = capture_sizes(
+                self.sizes, lambda bs: partial(self._forward, self._batch(bs)), device
+            )
 
     def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.model(batch, self.kv_caches, self.kernels)  # (bs, hidden)
@@ -152,9 +168,9 @@ class DecodeCudaGraphs:
 
     def size_for(self, num_decodes: int, width: int) -> int | None:
         """The captured batch size that runs ``num_decodes`` decodes with tables ``width`` wide, or None."""
-        if num_decodes > self.sizes[-1] or width > self.max_blocks_per_seq:
+        if width > self.max_blocks_per_seq:
             return None
-        return self.sizes[bisect_left(self.sizes, num_decodes)]
+        return smallest_size(self.sizes, num_decodes)
 
     def stage(self, fields: dict, bs: int, sample_rows: np.ndarray, sampling) -> SamplingBatch:
         """Write a pure-decode batch (``pack_chunks``' fields) and its sampled rows into the graph's
@@ -246,15 +262,10 @@ class MixedCudaGraphs:
         self.staging.upload(S)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # Tb -> hidden (Tb, hidden)
-        pool = None
-        for Tb in reversed(self.sizes) if capture_graphs else ():  # largest first: the others reuse its pool
-            batch = self._batch(Tb)
-            self.graphs[Tb], self.outputs[Tb] = capture(
-                lambda: self.model(batch, kv_caches, self.kernels), device, pool
-            )  # noqa: B023
-            pool = self.graphs[Tb].pool()
         if capture_graphs:
-            torch.cuda.synchronize(device)
+            self.graphs, self.outputs = capture_sizes(
+                self.sizes, lambda Tb: partial(self.model, self._batch(Tb), kv_caches, self.kernels), device
+            )
 
     def _batch(self, Tb: int) -> ForwardBatch:
         v = self.staging.views
@@ -278,7 +289,7 @@ class MixedCudaGraphs:
         tables = [t for t in (fields["decode_block_tables"], fields["prefill_block_tables"]) if t is not None]
         if len(fields["logits_rows"]) > self.max_num_seqs or max(t.shape[1] for t in tables) > self.max_blocks_per_seq:
             return None
-        return next((t for t in self.sizes if t >= T), None)
+        return smallest_size(self.sizes, T)
 
     def stage(self, fields: dict, Tb: int) -> None:
         """Write the step into the graph's inputs, padded as the class says, in one copy."""
