@@ -309,8 +309,8 @@ def choose_impls(model, device, block_size, log, args) -> tuple[dict, dict]:
     impls = {}
     if args.gemm_impl != "auto":
         impls["gemm_impl"] = args.gemm_impl
-    if args.fuse_decode_store:
-        impls["fuse_decode_store"] = True
+    if not args.fuse_decode_store:
+        impls["fuse_decode_store"] = False
     if kernel_check:
         log(
             f"kernels vs PyTorch references (bf16 logits, scale {kernel_check['logit_scale']:.2f}): "
@@ -579,8 +579,9 @@ def main(argv=None):
     ap.add_argument("--mixed-graphs", action="store_true", help="the engine's mixed_graphs (steps with prompt chunks)")
     ap.add_argument(
         "--fuse-decode-store",
-        action="store_true",
-        help="the engine's fuse_decode_store: the decode kernel rotates and stores the new token itself",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the engine's fuse_decode_store (default on): the decode kernel rotates and stores the new token itself",
     )
     ap.add_argument(
         "--gemm-impl",

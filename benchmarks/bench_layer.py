@@ -12,8 +12,8 @@ with the L2 cache flushed before each replay; the median of CUDA-event times is 
 
 For each batch, both paths (``fused_impl="torch"`` and ``"triton"``) run on the same weights, pool
 and inputs and their logits are compared in the same run (the fused path as the engine runs it by
-default: the decode kernel's own store, :func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`,
-is opt-in); ``torch.profiler`` over replays counts
+default, the decode kernel's own store included, :func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`;
+``--no-fuse-decode-store``: the separate store); ``torch.profiler`` over replays counts
 the kernels per step and books their GPU time to GEMMs, attention, the fused kernels and the rest.
 The roofline is :meth:`paged_edu.sim.costmodel.CostModel.roofline` for the same batch: at full bandwidth
 and peak FLOP/s with no overhead, the tied LM head's weight read counted (``roofline_us``, named
@@ -164,7 +164,7 @@ def decode_batch(batch: int, context: int, width: int, num_blocks: int, device, 
     )
 
 
-def measure_step(model, kv_pairs, batch, context, width, reps, flush, roofline, cost) -> dict:
+def measure_step(model, kv_pairs, batch, context, width, reps, flush, roofline, cost, fuse_decode_store=True) -> dict:
     num_blocks = kv_pairs[0][0].shape[0]
     fb = decode_batch(batch, context, width, num_blocks, model.device, seed=batch)
     row = {
@@ -175,7 +175,7 @@ def measure_step(model, kv_pairs, batch, context, width, reps, flush, roofline, 
     }
     logits = {}
     for impl in ("torch", "triton"):
-        kernels = Kernels(fused=impl)
+        kernels = Kernels(fused=impl, fuse_decode_store=fuse_decode_store)
         step = lambda: model.compute_logits(model(fb, kv_pairs, kernels))  # noqa: E731  (batch, vocab) fp32
         graph, out = capture(step)
         graph.replay()
@@ -346,6 +346,12 @@ def main(argv=None) -> int:
         "--max-model-len", type=int, default=8192, help="block-table width x 16 (the engine's default for SmolLM2)"
     )
     p.add_argument("--reps", type=int, default=50)
+    p.add_argument(
+        "--fuse-decode-store",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the fused path's decode kernel rotates and stores the new token itself (the engine's default)",
+    )
     p.add_argument("--sweep-decode", action="store_true")
     p.add_argument(
         "--sweep-splits",
@@ -393,7 +399,11 @@ def main(argv=None) -> int:
     roofline = cost.roofline()
     rows = []
     for b in batches:
-        rows.append(measure_step(model, kv_pairs, b, args.context, width, args.reps, flush, roofline, cost))
+        rows.append(
+            measure_step(
+                model, kv_pairs, b, args.context, width, args.reps, flush, roofline, cost, args.fuse_decode_store
+            )
+        )
         r = rows[-1]
         print(
             f"batch {b}: unfused {r['unfused_us']:.0f} us ({r['unfused_profile']['kernels_per_step']:.0f} kernels), "
@@ -402,10 +412,11 @@ def main(argv=None) -> int:
             flush=True,
         )
     result = {
-        "command": "python benchmarks/bench_layer.py" + (" --sweep-decode" if args.sweep_decode else ""),
+        "command": " ".join(["python benchmarks/bench_layer.py", *(argv if argv is not None else sys.argv[1:])]),
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "model": "SmolLM2-135M geometry, random bf16 weights",
+        "fuse_decode_store": args.fuse_decode_store,
         "block_size": BLOCK,
         "max_model_len": args.max_model_len,
         "rows": rows,

@@ -181,6 +181,21 @@ def fused_decode_case(dtype, H, H_kv, D, seed=0):
     return rot, q, k, v, pool, to(tables), to(lens), to(slots), to(positions)
 
 
+def assert_same_attention(out: torch.Tensor, out2: torch.Tensor) -> None:
+    """The one-launch decode kernel's output against the two-launch path's: bit for bit under the
+    interpreter; compiled, the two kernels are different code (the one-launch kernel is built without
+    FMA contraction, for its rotation), so a few values may differ in their last bits -- at most one
+    ulp of the largest output, and 99 % identical."""
+    from paged_edu.kernels.triton_decode import INTERPRETING
+
+    if INTERPRETING:
+        assert torch.equal(out, out2)
+        return
+    diff = (out.double() - out2.double()).abs().max().item()
+    assert diff <= ULP[out.dtype] * out2.double().abs().max().item(), f"max difference {diff:.2e}"
+    assert (out == out2).double().mean().item() >= 0.99
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("H,H_kv,D", [(9, 3, 64), (4, 4, 16), (4, 1, 24)])  # GQA 3 (SmolLM2), MHA, MQA + odd D
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
@@ -203,7 +218,7 @@ def test_fused_decode_is_rotary_store_then_decode(dtype, H, H_kv, D, num_splits)
     q_rot = rotary_store_kv_triton(q, k, v, kc2, vc2, slots, positions, *tabs)
     out2 = paged_attention_triton(q_rot, kc2, vc2, tables, lens, scale=scale, num_splits=num_splits)
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
-    assert torch.equal(out, out2)
+    assert_same_attention(out, out2)
 
     cos, sin = rot(positions, dtype)  # plain PyTorch
     q_ref = q * cos + _rotate_half(q) * sin
@@ -472,6 +487,45 @@ def test_gpu_fused_model_matches_plain_model_under_graph_capture():
 
 
 @pytest.mark.gpu
+def test_gpu_one_launch_rotation_rounds_as_pytorch_at_smollm2_scale():
+    """64 sequences of SmolLM2's attention geometry, bf16, up to 600 tokens: the keys the decode
+    kernel rotates and stores are PyTorch's ``k * cos + rotate_half(k) * sin`` bit for bit (with FMA
+    contraction on, 2,119 of these 12,288 values differed on the H200), and its output is the
+    two-launch path's to the last bits."""
+    from paged_edu.kernels.triton_decode import paged_attention_triton, rotary_store_decode_triton
+    from paged_edu.models.loaders import random_llama
+
+    c = smollm2_config()
+    rot = random_llama(replace(c, num_layers=1), seed=0, dtype=torch.bfloat16, device="cuda").rotary
+    g = torch.Generator(device="cuda").manual_seed(3)
+    N, H, H_kv, D, B, width = 64, c.num_heads, c.num_kv_heads, c.head_dim, 16, 38
+    num_blocks = N * 40
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16)
+
+    q, k, v = randn(N, H, D, scale=3.0), randn(N, H_kv, D, scale=3.0), randn(N, H_kv, D)
+    pool = randn(num_blocks, B, H_kv, D)
+    lens = torch.randint(1, 600, (N,), device="cuda", generator=g).to(torch.int32)
+    tables = torch.randperm(num_blocks, device="cuda", generator=g)[: N * width].view(N, width).to(torch.int32)
+    pos = (lens - 1).long()
+    slots = tables[torch.arange(N, device="cuda"), pos // B].long() * B + pos % B
+    tabs, scale = (rot.cos_table, rot.sin_table), D**-0.5
+    kc, vc = pool.clone(), -pool
+    out = rotary_store_decode_triton(q, k, v, kc, vc, tables, lens, slots, pos, *tabs, scale=scale)
+
+    cos, sin = rot(pos, torch.bfloat16)
+    k_ref = k * cos + _rotate_half(k) * sin
+    kc_ref, vc_ref = pool.clone(), -pool
+    store_kv(k_ref, v, kc_ref, vc_ref, slots, impl="torch")
+    assert int((kc != kc_ref).sum()) == 0 and torch.equal(vc, vc_ref)
+    kc2, vc2 = pool.clone(), -pool
+    q_rot = rotary_store_kv_triton(q, k, v, kc2, vc2, slots, pos, *tabs)
+    assert torch.equal(q_rot, q * cos + _rotate_half(q) * sin) and torch.equal(kc2, kc_ref)
+    assert_same_attention(out, paged_attention_triton(q_rot, kc2, vc2, tables, lens, scale=scale))
+
+
+@pytest.mark.gpu
 def test_gpu_fused_decode_in_a_captured_graph_and_one_launch_fewer_per_layer(monkeypatch):
     """SmolLM2's geometry, bf16: the decode graph (the one-launch path, a padding row included)
     replays to the eager forward pass of the same batch and stores the same K/V; it agrees with the
@@ -537,33 +591,28 @@ def test_gpu_fused_decode_in_a_captured_graph_and_one_launch_fewer_per_layer(mon
     one_kv = copy()
     one, n_one = kernels_in(one_kv, two_launches=False)
     two, n_two = kernels_in(two_kv, two_launches=True)
-    # Layer 0 sees the same inputs on both paths: the same 7 slots written, the same values to bf16's
-    # rounding -- bit for bit under the interpreter (the CPU tests above); on the H200 the two compiled
-    # kernels' RoPE rounded 10 of layer 0's 196,608 cache values differently, by at most 2**-10 (values
-    # that nearly cancel), so the written values are held to two bf16 ulps of the largest of them.
+    # Layer 0 sees the same inputs on both paths: the same 7 slots written, the same bits (the
+    # rotation launched without FMA contraction, which changed 2,119 of 12,288 keys on the H200).
     for one_t, two_t, before in zip(one_kv[0], two_kv[0], pool[0]):
         written = (one_t != before).any(-1).any(-1)  # (num_blocks, B) slots the one-launch path wrote
-        assert torch.equal(written, (two_t != before).any(-1).any(-1)) and int(written.sum()) == 7
-        assert torch.equal(one_t[~written], two_t[~written])  # nothing else touched
-        new_one, new_two = one_t[written].float(), two_t[written].float()  # (7, H_kv, D) each
-        tol = 2**-6 * float(new_two.abs().max())  # two ulps of bf16 (8 significant bits) at the largest value
-        assert float((new_one - new_two).abs().max()) <= tol
-    # After 30 layers of random weights, a different compiled attention kernel (its own MMA
-    # schedule) leaves last-bit differences that the layers amplify: swapping cuBLAS for another
-    # GEMM gives 2.1-2.4e-2 on the H200 (bench_gemm.py's decode-step rows), this path 2.0e-2.
+        assert int(written.sum()) == 7
+        assert torch.equal(one_t, two_t)
+    # After 30 layers of random weights the attention kernel's own last bits (its code differs
+    # from the two-launch kernel's) are amplified; the bound is the fused-against-plain one above.
     err = (one[:7] - two[:7]).norm() / two[:7].norm()
-    assert err < 4e-2, f"one launch against two: relative error {err:.2e}"
+    assert err < 2e-2, f"one launch against two: relative error {err:.2e}"
     assert n_two - n_one == c.num_layers, f"{n_two} kernels with the separate store, {n_one} without"
 
 
-def test_the_one_launch_store_is_opt_in():
-    """Off unless asked (its H200 logits are not yet explained: Kernels' comment), and the option is checked."""
+def test_the_one_launch_store_is_on_where_both_kernels_are_triton():
+    """On by default with the Triton decode kernel and the fused ops, off when asked, and checked."""
     from paged_edu.engine import Engine
     from paged_edu.labs.engine_lab import tiny_model
 
     device = torch.device(DEVICE)
-    assert not Kernels(decode="triton", fused="triton").resolve(device).fused_decode
-    assert Kernels(decode="triton", fused="triton", fuse_decode_store=True).resolve(device).fused_decode
-    assert not Kernels(decode="torch", fused="triton", fuse_decode_store=True).resolve(device).fused_decode
+    assert Kernels(decode="triton", fused="triton").resolve(device).fused_decode
+    assert not Kernels(decode="triton", fused="triton", fuse_decode_store=False).resolve(device).fused_decode
+    assert not Kernels(decode="torch", fused="triton").resolve(device).fused_decode
+    assert not Kernels(decode="triton", fused="torch").resolve(device).fused_decode
     with pytest.raises(ValueError, match="fuse_decode_store"):
         Engine(tiny_model(), num_blocks=16, block_size=4, fuse_decode_store="yes")

@@ -114,7 +114,7 @@ class Engine:
         which it ties on the H200). Validated like ``fused_impl``.
     fuse_decode_store: a pure-decode step's rotary embedding and K/V store inside the Triton decode
         kernel (:func:`~paged_edu.kernels.triton_decode.rotary_store_decode_triton`; with the fused ops and
-        the Triton decode kernel). Off by default: see :class:`~paged_edu.models.llama.Kernels`.
+        the Triton decode kernel). On by default; False keeps the separate rotary + store kernel.
     cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
     mixed_graphs: replay captured CUDA graphs for steps with prompt chunks too, one per token bucket
         up to ``max_num_batched_tokens`` (:mod:`~paged_edu.engine.cuda_graphs`; needs CUDA; off by
@@ -151,7 +151,7 @@ class Engine:
         prefill_impl: str | None = None,
         fused_impl: str = "auto",
         gemm_impl: str = "torch",
-        fuse_decode_store: bool = False,
+        fuse_decode_store: bool = True,
         cuda_graphs: bool | None = None,
         mixed_graphs: bool = False,
         max_model_len: int | None = None,

@@ -103,7 +103,7 @@ class ModelRunner:
         prefill_impl: str | None = None,
         fused_impl: str = "auto",
         gemm_impl: str = "torch",
-        fuse_decode_store: bool = False,
+        fuse_decode_store: bool = True,
         cuda_graphs: bool = False,
         mixed_graphs: bool = False,
         max_num_seqs: int = 256,

@@ -7,7 +7,7 @@
 * :mod:`~paged_edu.kernels.reference` -- the seed's loop, corrected, and the vectorised PyTorch oracle;
 * :mod:`~paged_edu.kernels.online_softmax` -- the seed's online softmax and the merge of partial states;
 * the Triton kernels: :mod:`~paged_edu.kernels.triton_decode` (split-KV flash-decoding; in a
-  pure-decode step it can also rotate and store the new token, opt-in),
+  pure-decode step it also rotates and stores the new token),
   :mod:`~paged_edu.kernels.triton_prefill` (varlen causal prefill), :mod:`~paged_edu.kernels.triton_store`
   (the K/V store by slot mapping), :mod:`~paged_edu.kernels.triton_fused` (a Llama layer's
   per-token ops) and :mod:`~paged_edu.kernels.triton_gemm` (the skinny GEMM: a decode batch's

@@ -46,25 +46,22 @@ floor. Per layer the new token's rotary embedding and K/V store
 (:func:`~paged_edu.kernels.triton_store.rotary_store_kv_triton`) is its own launch, only to hand
 the rotated q and the stored k to this kernel. So in a pure-decode step this kernel does it:
 :func:`rotary_store_decode_triton` takes the *unrotated* q, k, v of the qkv projection; every
-program rotates its group's q rows (the same :func:`~paged_edu.kernels.triton_store.rope`: the
-same bits as the two launches under the interpreter; compiled for the H200 the two kernels' stored
-keys differ slightly, within bf16's rounding -- ``tests/test_fused.py`` checks both), and the one program per (sequence, KV head) whose split holds
+program rotates its group's q rows (the same :func:`~paged_edu.kernels.triton_store.rope`, so the
+same bits as the two launches), and the one program per (sequence, KV head) whose split holds
 position ``s - 1`` rotates k and stores k and v at the slot, then ``tl.debug_barrier()`` -- a
 barrier of the program's threads that orders their global stores before the tile loads -- before
 it reads. No other program reads that token: other splits end before its tile, other KV heads read
 other columns of the row. One launch fewer per layer: 30 per SmolLM2 step. Steps with prompt
 chunks keep the separate store (the prefill kernel reads the chunk's tokens from many programs).
 
-It is opt-in (``Kernels(fuse_decode_store=True)``, ``Engine(fuse_decode_store=True)``) until the H200
-says it is right. Measured there (``figures/h200/layer_bench_fused_store.json``): 274 kernels a step
-at batch 1 (304 with the separate store) and 244 at 256 (274), the step 888 us (931) and 1,736 us
-(1,812); a decode step of the engine benchmark 1.338 ms of device time against 1.404. But the step's
-logits moved 4.0e-2 (relative) from the PyTorch path, where the two-launch path stays within 2e-3; in
-a decode graph the one-launch path agrees with its own eager run, and layer 0 stores the same 7
-tokens as the two launches with 10 of its 196,608 cache values one ulp apart (nearly cancelling
-sums: the compiled kernels round RoPE differently). Under the interpreter both paths agree bit for
-bit. Whether the rest is that rounding, amplified by 30 random layers, or a read of the new token
-that the barrier does not order on the GPU, is not settled.
+The rounding we write must survive the compiler. ``rope`` rounds each product to bf16 before the
+sum, as PyTorch does; with Triton's default ``enable_fp_fusion=True`` the compiled kernel did not
+keep that rounding on the H200: 2,119 of 12,288 rotated keys of a 64-sequence SmolLM2 batch differed
+from PyTorch's, and after 30 random layers the logits moved 4.0e-2 (relative) where the two-launch
+path stays within 2e-3. Launched with ``enable_fp_fusion=False`` (as the store kernel always was),
+none differed, and the attention outputs of the one- and two-launch paths agreed to 13 values of
+36,864 (``scratch`` diagnostic in the closing note of issue 22). Under the interpreter the two paths
+agree bit for bit either way: numpy never contracts ``a * b + c``.
 
 Benchmark
 ---------
@@ -617,9 +614,9 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, conf
         BY_HAND=fused and by_hand(q.dtype),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
-        # fp32: no x * c + y * s contracted into one FMA in the rotation (PyTorch rounds each product);
-        # 16-bit rotations round between the product and the sum anyway, and keep the unfused kernel's code.
-        enable_fp_fusion=not (fused and q.dtype == torch.float32),
+        # The rotation rounds each product before the sum, as PyTorch does: no a * b + c contracted into
+        # one FMA, which on the H200 changed 2,119 of 12,288 rotated bf16 keys (module docstring).
+        enable_fp_fusion=not fused,
     )
     if split:
         _merge_splits_kernel[(num_seqs, num_q_heads)](

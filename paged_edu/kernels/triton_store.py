@@ -27,10 +27,10 @@ stores the token's K/V first rotates its q (written out for the attention kernel
 too) and its k (stored rotated). One kernel, one store mechanism: :func:`store_kv_triton` is the
 same kernel with ``ROTARY=False``.
 
-A pure-decode step can go one launch further (opt-in: ``Kernels(fuse_decode_store=True)``): the decode attention kernel rotates and stores the
-step's one token per sequence itself (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`),
-with :func:`rotary_cos_sin` and :func:`rotate_rows` from here -- the same :func:`rope` (the same bits
-under the interpreter; on the H200 not yet -- triton_decode's module docstring).
+A pure-decode step goes one launch further (``Kernels.fuse_decode_store``, on by default): the decode
+attention kernel rotates and stores the step's one token per sequence itself (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`),
+with :func:`rotary_cos_sin` and :func:`rotate_rows` from here -- the same :func:`rope`, so the same bits,
+provided neither kernel lets the compiler contract a product into the sum (``enable_fp_fusion=False``).
 """
 
 from __future__ import annotations

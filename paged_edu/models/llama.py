@@ -19,8 +19,8 @@ What you will learn
   kernels, so where Triton compiles (:func:`paged_edu.kernels.kernel_support`) the residual add
   and RMSNorm are one kernel, the rotary embedding and the K/V store one, SiLU and the product
   one (:mod:`paged_edu.kernels.triton_fused`, :mod:`paged_edu.kernels.triton_store`) -- with the
-  PyTorch path's rounding, so both paths give the same numbers. A pure-decode step can go one
-  further (opt-in, ``Kernels(fuse_decode_store=True)``): the decode attention kernel rotates and stores
+  PyTorch path's rounding, so both paths give the same numbers. A pure-decode step goes one
+  further (``Kernels.fuse_decode_store``, on by default): the decode attention kernel rotates and stores
   the new token itself (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`). On a CPU the model runs
   plain PyTorch.
 
@@ -83,11 +83,9 @@ class Kernels:
     # GEMM, paged_edu.kernels.triton_gemm) or "auto" -- "torch": on the H200 the two tie (triton_gemm's docstring).
     gemm: str = "torch"
     # A pure-decode step's rotary embedding and K/V store inside the Triton decode kernel (one launch
-    # fewer per layer; needs fused="triton" and decode="triton"). Off by default: on the H200 it saved
-    # 0.066 ms of a decode step's 1.40, but bench_layer's logits moved 4e-2 from the two-launch path
-    # (which matches PyTorch's to 2e-3), a difference the CPU's interpreter does not show and that is
-    # not yet explained (kernels/triton_decode.py, "Storing the new token on the way in").
-    fuse_decode_store: bool = False
+    # fewer per layer; needs fused="triton" and decode="triton"; kernels/triton_decode.py, "Storing the
+    # new token on the way in"). False: the separate rotary + store kernel, as in a step with prompts.
+    fuse_decode_store: bool = True
 
     def resolve(self, device: torch.device) -> Kernels:
         """The same choice with every ``"auto"`` made concrete: ``fused`` ``"triton"`` where the fused
