@@ -303,14 +303,16 @@ def check_kernels(model, device, block_size=16, require_cuda=True):
 
 def choose_impls(model, device, block_size, log, args) -> tuple[dict, dict]:
     """The kernel check (:func:`check_kernels`) and the engine's kernels: the PyTorch path for a Triton
-    kernel whose logits disagree with it by more than 5 % of their scale; ``--gemm-impl`` and
-    ``--fuse-decode-store`` as the command line asks."""
+    kernel whose logits disagree with it by more than 5 % of their scale; ``--gemm-impl``,
+    ``--fuse-decode-store`` and ``--swiglu-gemm`` as the command line asks."""
     kernel_check = check_kernels(model, device, block_size)
     impls = {}
     if args.gemm_impl != "auto":
         impls["gemm_impl"] = args.gemm_impl
     if not args.fuse_decode_store:
         impls["fuse_decode_store"] = False
+    if args.swiglu_gemm:
+        impls["swiglu_gemm"] = True
     if kernel_check:
         log(
             f"kernels vs PyTorch references (bf16 logits, scale {kernel_check['logit_scale']:.2f}): "
@@ -582,6 +584,11 @@ def main(argv=None):
         action=argparse.BooleanOptionalAction,
         default=True,
         help="the engine's fuse_decode_store (default on): the decode kernel rotates and stores the new token itself",
+    )
+    ap.add_argument(
+        "--swiglu-gemm",
+        action="store_true",
+        help="the engine's swiglu_gemm: gate_up and silu*mul in one skinny GEMM at <= 32 rows",
     )
     ap.add_argument(
         "--gemm-impl",

@@ -13,7 +13,8 @@ with the L2 cache flushed before each replay; the median of CUDA-event times is 
 For each batch, both paths (``fused_impl="torch"`` and ``"triton"``) run on the same weights, pool
 and inputs and their logits are compared in the same run (the fused path as the engine runs it by
 default, the decode kernel's own store included, :func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`;
-``--no-fuse-decode-store``: the separate store); ``torch.profiler`` over replays counts
+``--no-fuse-decode-store``: the separate store; ``--swiglu-gemm`` adds ``Kernels(swiglu_gemm=True)`` to the fused
+side: gate_up and SiLU-and-mul as one skinny GEMM at <= 32 rows); ``torch.profiler`` over replays counts
 the kernels per step and books their GPU time to GEMMs, attention, the fused kernels and the rest.
 The roofline is :meth:`paged_edu.sim.costmodel.CostModel.roofline` for the same batch: at full bandwidth
 and peak FLOP/s with no overhead, the tied LM head's weight read counted (``roofline_us``, named
@@ -164,7 +165,11 @@ def decode_batch(batch: int, context: int, width: int, num_blocks: int, device, 
     )
 
 
-def measure_step(model, kv_pairs, batch, context, width, reps, flush, roofline, cost, fuse_decode_store=True) -> dict:
+def measure_step(
+    model, kv_pairs, batch, context, width, reps, flush, roofline, cost, fuse_decode_store=True, swiglu_gemm=False
+) -> dict:
+    """The step's time, kernels and logits, unfused (``fused="torch"``) and fused (``"triton"``, with
+    ``fuse_decode_store`` and ``swiglu_gemm`` as asked)."""
     num_blocks = kv_pairs[0][0].shape[0]
     fb = decode_batch(batch, context, width, num_blocks, model.device, seed=batch)
     row = {
@@ -175,7 +180,7 @@ def measure_step(model, kv_pairs, batch, context, width, reps, flush, roofline, 
     }
     logits = {}
     for impl in ("torch", "triton"):
-        kernels = Kernels(fused=impl, fuse_decode_store=fuse_decode_store)
+        kernels = Kernels(fused=impl, fuse_decode_store=fuse_decode_store, swiglu_gemm=swiglu_gemm and impl == "triton")
         step = lambda: model.compute_logits(model(fb, kv_pairs, kernels))  # noqa: E731  (batch, vocab) fp32
         graph, out = capture(step)
         graph.replay()
@@ -354,6 +359,11 @@ def main(argv=None) -> int:
     )
     p.add_argument("--sweep-decode", action="store_true")
     p.add_argument(
+        "--swiglu-gemm",
+        action="store_true",
+        help="the fused side with Kernels(swiglu_gemm=True): gate_up and silu*mul in one skinny GEMM",
+    )
+    p.add_argument(
         "--sweep-splits",
         default="",
         help="BATCHES/CONTEXTS, e.g. 1,4,16/256,1024: only the decode kernel's split counts",
@@ -401,7 +411,17 @@ def main(argv=None) -> int:
     for b in batches:
         rows.append(
             measure_step(
-                model, kv_pairs, b, args.context, width, args.reps, flush, roofline, cost, args.fuse_decode_store
+                model,
+                kv_pairs,
+                b,
+                args.context,
+                width,
+                args.reps,
+                flush,
+                roofline,
+                cost,
+                args.fuse_decode_store,
+                args.swiglu_gemm,
             )
         )
         r = rows[-1]
@@ -419,6 +439,7 @@ def main(argv=None) -> int:
         "fuse_decode_store": args.fuse_decode_store,
         "block_size": BLOCK,
         "max_model_len": args.max_model_len,
+        "swiglu_gemm": args.swiglu_gemm,  # the fused side's Kernels(swiglu_gemm=...)
         "rows": rows,
     }
     print(markdown(rows))

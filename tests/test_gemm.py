@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from model_helpers import TINY_LLAMA
 
 from paged_edu.kernels import kernel_support, triton_available
@@ -128,16 +129,103 @@ def test_bad_inputs_raise_clear_errors():
 
 
 # ----------------------------------------------------------------------------------------------
+# The SwiGLU epilogue: gate_up and silu(gate) * up in one kernel
+# ----------------------------------------------------------------------------------------------
+
+
+def exact_case(M, I, K, dtype, seed=0):
+    """``x`` and gate_up's ``w`` ``(2I, K)`` of few significant bits (eighths, 256ths): every product and
+    every partial sum is exact in fp32, so each GEMM's sum is the same whatever its order (the skinny
+    GEMM's tiles, split-K, cuBLAS, the CPU's BLAS), and the fused kernel must equal the two-kernel path
+    bit for bit -- only the roundings the two share are left. The sums need up to ~12 significant bits:
+    bf16 (8) rounds them, so the "round to bf16 first" of the epilogue is exercised."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randint(-16, 17, (M, K), generator=g) / 8).to(dtype).to(DEVICE)  # (M, K)
+    w = (torch.randint(-32, 33, (2 * I, K), generator=g) / 256).to(dtype).to(DEVICE)  # (2I, K): gate, up
+    return x, w
+
+
+def silu_mul_oracle(x, w):
+    """Plain PyTorch in fp64, no intermediate rounding: ``F.silu(g) * u`` for ``g, u = x @ w^T`` halves."""
+    gate, up = F.linear(x.double(), w.double()).chunk(2, dim=-1)  # (M, I) each
+    return F.silu(gate) * up
+
+
+# Relative tolerance against the fp64 oracle: fp32 sums in another order; bf16 rounds g, u, silu(g) and
+# the product (four roundings of at most 2**-9 each, silu's slope amplifying g's for g < 0).
+SWIGLU_RTOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-6}
+SWIGLU_SPLITS = [
+    dict(SPLIT_K=1),
+    dict(SPLIT_K=3, BLOCK_K=16),  # 4 steps of 16: 2 a slice, the last slice has none
+    dict(BLOCK_N=64, BLOCK_K=16, SPLIT_K=2),  # I = 96: the second tile (gate and up halves) half empty
+]
+
+
+@pytest.mark.parametrize("config", SWIGLU_SPLITS, ids=["split1", "split3", "split2-wide"])
+@pytest.mark.parametrize("M", [1, 5, 16, 17, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_equals_the_two_kernel_path(dtype, M, config):
+    """``skinny_matmul(x, w, swiglu=True)`` == ``silu_and_mul_triton(F.linear(x, w))`` bit for bit on
+    exact sums (:func:`exact_case`), at TINY_LLAMA's MLP shape, split-K 1 and > 1; and close to the fp64
+    oracle. The interpreter's truncating bf16 store (module docstring) does not touch this path: its
+    epilogue rounds to nearest by hand, as F.linear does."""
+    from paged_edu.kernels.triton_fused import silu_and_mul_triton
+    from paged_edu.kernels.triton_gemm import _counters
+
+    I, K = TINY_LLAMA.intermediate_size, TINY_LLAMA.hidden_size
+    x, w = exact_case(M, I, K, dtype, seed=M)
+    y = skinny_matmul(x, w, config=config, swiglu=True)
+    assert y.shape == (M, I) and y.dtype == dtype
+    assert torch.equal(y, silu_and_mul_triton(F.linear(x, w)))
+    torch.testing.assert_close(y.double(), silu_mul_oracle(x, w), rtol=SWIGLU_RTOL[dtype], atol=1e-4)
+    if config["SPLIT_K"] > 1:
+        assert int(_counters[x.device].abs().sum()) == 0  # left zeroed for the next launch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_at_smollm2_mlp_shape_with_random_values(dtype):
+    """SmolLM2's MLP (K = 576, I = 1536) with its default config (split-K 3), Gaussian values: the sums'
+    order differs from F.linear's, so a bf16 value next to a rounding boundary may land one ulp apart
+    -- held to the fp64 oracle, and to the two-kernel path on all but a few values."""
+    from paged_edu.kernels.triton_fused import silu_and_mul_triton
+
+    I, K = C.intermediate_size, C.hidden_size
+    x, w = case(5, 2 * I, K, dtype, seed=11)
+    assert skinny_config(5, I, K)["SPLIT_K"] > 1
+    y = skinny_matmul(x, w, swiglu=True)
+    torch.testing.assert_close(y.double(), silu_mul_oracle(x, w), rtol=SWIGLU_RTOL[dtype], atol=1e-4)
+    two = silu_and_mul_triton(F.linear(x, w))
+    torch.testing.assert_close(y, two, rtol=RTOL[dtype], atol=1e-5)
+    if dtype == torch.bfloat16:  # fp32 keeps the sums' last bits; bf16 rounds them away, nearly always
+        assert (y != two).double().mean().item() <= 0.01
+
+
+def test_swiglu_writes_out_in_place_and_rejects_bad_shapes():
+    I, K = 48, 32
+    x, w = exact_case(4, I, K, torch.float32)
+    out = torch.full((I, 4), float("nan"), device=DEVICE).T  # (4, I), strides (1, 4)
+    y = skinny_matmul(x, w, out=out, swiglu=True)
+    assert y.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(y.double(), silu_mul_oracle(x, w), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="even number"):
+        skinny_matmul(x, w[:-1], swiglu=True)
+    with pytest.raises(ValueError, match=f"out must be \\(4, {I}\\)"):
+        skinny_matmul(x, w, out=torch.empty(4, 2 * I, device=DEVICE), swiglu=True)  # gate_up's shape
+    assert skinny_matmul(x[:0], w, swiglu=True).shape == (0, I)
+    assert torch.equal(skinny_matmul(x[:, :0], w[:, :0], swiglu=True), torch.zeros(4, I, device=DEVICE))
+
+
+# ----------------------------------------------------------------------------------------------
 # Wired into the model and the engine (gemm_impl="triton"): the same numbers and tokens
 # ----------------------------------------------------------------------------------------------
 
 
-def run_tiny_model(model, gemm, sizes):
-    """Chunks of ``sizes`` tokens of one sequence (prefill, then decodes): hidden states and logits."""
+def run_tiny_model(model, kernels, sizes):
+    """Chunks of ``sizes`` tokens of one sequence (prefill, then decodes) through ``kernels``: hidden
+    states and logits."""
     from paged_edu.engine.batch import BatchChunk, prepare_batch
 
     c = model.config
-    kernels = Kernels(decode="torch", prefill="torch", fused="torch", gemm=gemm)
     g = torch.Generator().manual_seed(1)
     caches = [
         tuple(torch.randn(16, 4, c.num_kv_heads, c.head_dim, generator=g).to(model.dtype).to(DEVICE) for _ in range(2))
@@ -164,9 +252,9 @@ def test_model_with_the_skinny_gemm_matches_the_torch_path(dtype, monkeypatch):
     monkeypatch.setattr(gemm_module, "skinny_matmul", lambda x, w: rows.append(x.shape[0]) or real(x, w))
     model = random_llama(TINY_LLAMA, seed=2, dtype=dtype, device=DEVICE)
     sizes = (40, 7, 1, 1)
-    plain = run_tiny_model(model, "torch", sizes)
+    plain = run_tiny_model(model, Kernels(decode="torch", prefill="torch", fused="torch", gemm="torch"), sizes)
     assert rows == []
-    skinny = run_tiny_model(model, "triton", sizes)
+    skinny = run_tiny_model(model, Kernels(decode="torch", prefill="torch", fused="torch", gemm="triton"), sizes)
     # Per chunk of <= 32 rows: 4 projections a layer, then the LM head; the 40-row chunk: none.
     assert rows == [n for n in sizes[1:] for _ in range(4 * TINY_LLAMA.num_layers + 1)]
     tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
@@ -203,6 +291,67 @@ def test_gemm_impl_is_checked_like_fused_impl(hf_greedy_case):
     elsewhere = "cuda" if DEVICE == "cpu" else "cpu"
     with pytest.raises(ValueError, match="gemm_impl='triton', but"):
         Kernels(gemm="triton").resolve(torch.device(elsewhere))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_with_the_swiglu_gemm_matches_the_two_kernel_mlp(dtype, monkeypatch):
+    """TINY_LLAMA with the fused ops: ``swiglu_gemm=True`` gives the hidden states and logits of the
+    two-kernel MLP (gate_up by F.linear, then silu_and_mul_triton). Prefill 40 tokens (> 32 rows: the
+    two kernels on both paths), then 7, 1, 1 rows: one swiglu GEMM a layer. The GEMMs' sums differ in
+    order only: fp32 keeps that in its last bits; bf16 rounds it away, barring a sum next to a rounding
+    boundary (one ulp; none here, seeded -- ``equal`` says so)."""
+    import paged_edu.kernels.triton_fused as fused_module
+    import paged_edu.kernels.triton_gemm as gemm_module
+    from paged_edu.models.loaders import random_llama
+
+    calls = {"swiglu": [], "silu_and_mul": []}
+    real_gemm, real_silu = gemm_module.skinny_matmul, fused_module.silu_and_mul_triton
+
+    def counted_gemm(x, w, out=None, config=None, *, swiglu=False):
+        calls["swiglu"].append(x.shape[0]) if swiglu else None
+        return real_gemm(x, w, out, config, swiglu=swiglu)
+
+    monkeypatch.setattr(gemm_module, "skinny_matmul", counted_gemm)
+    monkeypatch.setattr(
+        fused_module, "silu_and_mul_triton", lambda gu: calls["silu_and_mul"].append(gu.shape[0]) or real_silu(gu)
+    )
+    model = random_llama(TINY_LLAMA, seed=2, dtype=dtype, device=DEVICE)
+    sizes, layers = (40, 7, 1, 1), TINY_LLAMA.num_layers
+    kw = dict(decode="torch", prefill="torch", fused="triton")
+    two = run_tiny_model(model, Kernels(**kw).resolve(torch.device(DEVICE)), sizes)
+    assert calls == {"swiglu": [], "silu_and_mul": [n for n in sizes for _ in range(layers)]}
+    calls["silu_and_mul"].clear()
+    one = run_tiny_model(model, Kernels(**kw, swiglu_gemm=True).resolve(torch.device(DEVICE)), sizes)
+    assert calls == {"swiglu": [n for n in sizes[1:] for _ in range(layers)], "silu_and_mul": [40] * layers}
+    for got, want in zip(one, two):
+        assert torch.equal(got[: sizes[0]], want[: sizes[0]])  # the prompt chunk: the two kernels on both
+        if dtype == torch.bfloat16:
+            assert torch.equal(got, want)
+        else:  # fp32 keeps the sums' order in its last bits
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    plain = run_tiny_model(model, Kernels(decode="torch", prefill="torch", fused="torch"), sizes)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
+    torch.testing.assert_close(one[0], plain[0], atol=tol, rtol=tol)  # and the plain PyTorch MLP's
+
+
+def test_swiglu_gemm_is_an_engine_option_off_by_default(hf_greedy_case):
+    """``Engine(swiglu_gemm=True)`` (fused ops, interpreted here): transformers' greedy tokens through the
+    decode graphs' path; checked like the other flags; off by default."""
+    from paged_edu.engine import Engine
+    from paged_edu.engine.cuda_graphs import DecodeCudaGraphs
+
+    hf, prompts, want = hf_greedy_case
+    model = PagedLlama.from_hf(hf, device=DEVICE)
+    kw = dict(num_blocks=64, block_size=4, max_num_seqs=8, attn_impl="torch", prefill_impl="torch")
+    assert not Engine(model, **kw).runner.kernels.swiglu_gemm
+    with pytest.raises(ValueError, match="swiglu_gemm"):
+        Engine(model, swiglu_gemm="yes", **kw)
+    engine = Engine(model, cuda_graphs=False, fused_impl="triton", swiglu_gemm=True, **kw)
+    r = engine.runner
+    assert r.kernels.swiglu_gemm and r.kernels.fused_ops
+    r.graphs = DecodeCudaGraphs(engine.model, r.kv_pairs, 8, 64, r.kernels, capture_graphs=False)
+    assert engine.generate(prompts, max_new_tokens=9) == want
+    assert r.num_graph_steps > 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -260,3 +409,76 @@ def test_gpu_model_with_the_skinny_gemm_under_graph_capture():
     err = (out["triton"][0] - out["torch"][0]).norm() / out["torch"][0].norm()
     agree = (out["triton"][1] == out["torch"][1]).float().mean().item()  # near-ties of random weights may flip
     assert err < 2e-2, f"relative error {err:.2e} (greedy tokens agree on {agree:.0%})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 8, 32])
+def test_gpu_swiglu_at_smollm2_mlp_shape(M, monkeypatch):
+    """K = 576, I = 1536, bf16, the default config (split-K 3), inside a CUDA graph: bit for bit the
+    two-kernel path on exact sums (cuBLAS made to reduce in fp32, as the skinny GEMM does; and the
+    skinny GEMM's own two launches), close to the oracle on Gaussian values."""
+    from paged_edu.kernels.triton_fused import silu_and_mul_triton
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", False)
+    I, K = C.intermediate_size, C.hidden_size
+    x, w = exact_case(M, I, K, torch.bfloat16, seed=M)
+    skinny_matmul(x, w, swiglu=True)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = skinny_matmul(x, w, swiglu=True)
+    for _ in range(3):  # replays reuse the split-K counters: each must leave them at zero
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, silu_and_mul_triton(F.linear(x, w)))
+        assert torch.equal(y, silu_and_mul_triton(skinny_matmul(x, w)))
+    x, w = case(M, 2 * I, K, torch.bfloat16, seed=M)
+    y = skinny_matmul(x, w, swiglu=True)
+    torch.testing.assert_close(y.double(), silu_mul_oracle(x, w), rtol=SWIGLU_RTOL[torch.bfloat16], atol=1e-3)
+    two = silu_and_mul_triton(F.linear(x, w))
+    assert (y != two).double().mean().item() <= 0.01
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gemm", ["torch", "triton"])
+def test_gpu_decode_step_with_the_swiglu_gemm_launches_one_kernel_fewer_per_layer(gemm):
+    """SmolLM2's 30 layers, bf16, a decode step of 8 rows: ``swiglu_gemm=True`` launches exactly 30
+    kernels fewer than the two-kernel MLP (torch.profiler; gate_up's GEMM and silu_and_mul become one
+    kernel a layer -- with ``gemm="torch"`` this assumes cuBLAS runs gate_up as one kernel, as it did
+    at batch 1 on the H200), and the hidden states agree."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from paged_edu.engine.batch import BatchChunk, prepare_batch
+    from paged_edu.models.loaders import random_llama
+
+    model = random_llama(C, seed=0, dtype=torch.bfloat16, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    kv = [
+        tuple(
+            torch.randn(64, 16, C.num_kv_heads, C.head_dim, device="cuda", generator=g).to(torch.bfloat16)
+            for _ in range(2)
+        )
+        for _ in range(C.num_layers)
+    ]
+    chunks = [BatchChunk([100 + i], 5 + 3 * i, [4 * i + 1, 4 * i + 2]) for i in range(8)]
+    batch = prepare_batch(chunks, 16, "cuda")
+
+    def kernels_in(swiglu_gemm):
+        kernels = Kernels(gemm=gemm, swiglu_gemm=swiglu_gemm).resolve(torch.device("cuda"))
+        assert kernels.fused_ops
+        step = lambda: model(batch, [(k.clone(), v.clone()) for k, v in kv], kernels)  # noqa: E731
+        out = step().float()  # compiles (and allocates the split-K counters) outside the profile
+        torch.cuda.synchronize()
+        caches = [(k.clone(), v.clone()) for k, v in kv]
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            model(batch, caches, kernels)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        return out, [n for n in names if not n.startswith(("Memcpy", "Memset"))]
+
+    one, n_one = kernels_in(True)
+    two, n_two = kernels_in(False)
+    assert len(n_two) - len(n_one) == C.num_layers, (len(n_two), len(n_one))
+    assert sum("silu_and_mul" in n for n in n_one) == 0 and sum("silu_and_mul" in n for n in n_two) == C.num_layers
+    err = (one - two).norm() / two.norm()
+    assert err < 2e-2, f"relative error {err:.2e}"

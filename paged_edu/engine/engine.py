@@ -115,6 +115,9 @@ class Engine:
     fuse_decode_store: a pure-decode step's rotary embedding and K/V store inside the Triton decode
         kernel (:func:`~paged_edu.kernels.triton_decode.rotary_store_decode_triton`; with the fused ops and
         the Triton decode kernel). On by default; False keeps the separate rotary + store kernel.
+    swiglu_gemm: the MLP's gate_up projection and SiLU-and-mul in one skinny GEMM for steps of at most
+        32 rows (:func:`~paged_edu.kernels.triton_gemm.skinny_matmul` with ``swiglu=True``; with the fused
+        ops). Off by default, until measured on a GPU: see :class:`~paged_edu.models.llama.Kernels`.
     cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
     mixed_graphs: replay captured CUDA graphs for steps with prompt chunks too, one per token bucket
         up to ``max_num_batched_tokens`` (:mod:`~paged_edu.engine.cuda_graphs`; needs CUDA; off by
@@ -152,6 +155,7 @@ class Engine:
         fused_impl: str = "auto",
         gemm_impl: str = "torch",
         fuse_decode_store: bool = True,
+        swiglu_gemm: bool = False,
         cuda_graphs: bool | None = None,
         mixed_graphs: bool = False,
         max_model_len: int | None = None,
@@ -232,6 +236,7 @@ class Engine:
             fused_impl=fused_impl,
             gemm_impl=gemm_impl,
             fuse_decode_store=fuse_decode_store,
+            swiglu_gemm=swiglu_gemm,
             cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs,
             mixed_graphs=mixed_graphs,
             max_num_seqs=self.scheduler.max_num_seqs,

@@ -104,6 +104,7 @@ class ModelRunner:
         fused_impl: str = "auto",
         gemm_impl: str = "torch",
         fuse_decode_store: bool = True,
+        swiglu_gemm: bool = False,
         cuda_graphs: bool = False,
         mixed_graphs: bool = False,
         max_num_seqs: int = 256,
@@ -130,7 +131,10 @@ class ModelRunner:
             model.device,
         )
         fuse_decode_store = flag("fuse_decode_store", fuse_decode_store)
-        self.kernels = Kernels(decode, prefill, fused_impl, gemm_impl, fuse_decode_store).resolve(model.device)
+        swiglu_gemm = flag("swiglu_gemm", swiglu_gemm)
+        self.kernels = Kernels(decode, prefill, fused_impl, gemm_impl, fuse_decode_store, swiglu_gemm).resolve(
+            model.device
+        )
         cuda_graphs = flag("cuda_graphs", cuda_graphs)
         mixed_graphs = flag("mixed_graphs", mixed_graphs)
         self.model = model

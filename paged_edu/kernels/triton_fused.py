@@ -33,7 +33,9 @@ the same bytes, and no tensor a caller holds changes under it.
 
     a = round(round(g / (1 + exp(-g))) * u)     # (T, I)
 
-(``silu`` rounds to bf16 before the product, as ``F.silu(gate) * up`` does.)
+(``silu`` rounds to bf16 before the product, as ``F.silu(gate) * up`` does.) The per-element math is
+one ``@triton.jit`` helper, :func:`silu_and_mul`, which the skinny GEMM's SwiGLU epilogue
+(:mod:`~paged_edu.kernels.triton_gemm`, ``swiglu=True``) calls too: at <= 32 rows the two kernels become one.
 
 In the interpreter (``TRITON_INTERPRET=1``) bf16 tensors are raw bits; both kernels convert to
 fp32 right after each load and keep every value in fp32. Each ``round`` is :func:`round_to`: a
@@ -47,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRETING", "add_rms_norm_triton", "by_hand", "round_to", "silu_and_mul_triton"]
+__all__ = ["INTERPRETING", "add_rms_norm_triton", "by_hand", "round_to", "silu_and_mul", "silu_and_mul_triton"]
 
 
 @triton.jit
@@ -158,6 +160,15 @@ def add_rms_norm_triton(
 
 
 @triton.jit
+def silu_and_mul(g, u, dtype: tl.constexpr, BY_HAND: tl.constexpr):
+    """``round(round(silu(g)) * u)`` per element, kept in fp32: ``g`` and ``u`` are fp32 tiles of values
+    already rounded to ``dtype``. The one place for this math: the kernel below and the skinny GEMM's
+    SwiGLU epilogue (:mod:`~paged_edu.kernels.triton_gemm`) both call it, so the two paths round alike."""
+    silu = round_to(g / (1.0 + tl.exp(-g)), dtype, BY_HAND)  # round(silu(g))
+    return round_to(silu * u, dtype, BY_HAND)
+
+
+@triton.jit
 def _silu_and_mul_kernel(
     gate_up_ptr,  # (T, 2I): gate in columns [0, I), up in [I, 2I)
     out_ptr,  # (T, I)
@@ -173,8 +184,7 @@ def _silu_and_mul_kernel(
     dtype = out_ptr.dtype.element_ty
     g = tl.load(gate_up_ptr + row * stride_in + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(gate_up_ptr + row * stride_in + I + cols, mask=mask, other=0.0).to(tl.float32)
-    silu = round_to(g / (1.0 + tl.exp(-g)), dtype, BY_HAND)  # round(silu(g))
-    a = round_to(silu * u, dtype, BY_HAND)
+    a = silu_and_mul(g, u, dtype, BY_HAND)  # (BLOCK,)
     tl.store(out_ptr + row * stride_out + cols, a.to(dtype), mask=mask)
 
 

@@ -18,7 +18,9 @@ What you will learn
   tiles of 16 rows), several programs share a tile, each summing a slice of ``K``. They write
   fp32 partial sums; the *last to arrive* (an atomic counter per tile) adds them up in a fixed
   order and writes ``y``, then resets the counter for the next launch -- no memset, no second pass,
-  the same bits whichever program comes last.
+  the same bits whichever program comes last;
+* how a GEMM takes the next elementwise op into its *epilogue*: the SwiGLU MLP's ``silu(gate) * up``
+  applied to the tiles before they are stored (``swiglu=True``), one kernel where there were two.
 
 The math
 --------
@@ -39,6 +41,32 @@ lose 13 bits). In the interpreter (``TRITON_INTERPRET=1``) bf16 tensors are raw 
 are upcast to fp32 right after their loads (and the interpreter truncates the final bf16 store
 where the GPU rounds to nearest: one ulp).
 
+The SwiGLU epilogue (unmeasured)
+--------------------------------
+A Llama MLP is ``down(silu(x @ W_g^T) * (x @ W_u^T))``; ``gate_up_proj`` stores ``W_g`` and ``W_u``
+stacked, a ``(2I, K)`` weight, gate rows first. Unfused, at <= 32 rows, its first half is two
+kernels: the GEMM writes ``(M, 2I)``, and
+:func:`~paged_edu.kernels.triton_fused.silu_and_mul_triton` reads it back to write ``(M, I)`` -- one
+launch of ~4 us (latency, not bytes) per layer, 30 per SmolLM2 decode step. With ``swiglu=True``
+program ``(j, s)`` owns the outputs ``n in [j*BLOCK_N, (j+1)*BLOCK_N)`` of ``I`` and sums *two* tiles
+over the same ``x`` tile: the gate's (weight rows ``n``) and the up's (rows ``n + I``); then::
+
+    g = round(acc_gate),  u = round(acc_up)              # where F.linear rounds gate_up
+    a[m, n] = round(round(silu(g)) * u)                  # silu_and_mul_triton's rounding, (M, I)
+
+``round`` is the cast to ``x``'s dtype (:func:`~paged_edu.kernels.triton_fused.round_to`), and the
+second line is the same ``@triton.jit`` helper
+(:func:`~paged_edu.kernels.triton_fused.silu_and_mul`) that the separate kernel calls: the result is
+bit for bit ``silu_and_mul_triton(F.linear(x, W))`` wherever the two GEMMs' fp32 sums agree (their
+order differs, so a sum next to a rounding boundary can land one ulp apart). Under split-K the
+partial buffer is indexed by *weight row* (``(SPLIT_K, 2I, BLOCK_M)``); the last program of a tile
+adds both halves' partials in slice order, then applies the epilogue. In the interpreter this
+epilogue rounds by hand to nearest (:func:`~paged_edu.kernels.triton_fused.round_to`), so the
+truncated store above does not apply to it. The tiling is the plain rule's for an ``(M, I, K)``
+GEMM (:func:`skinny_config`), each program reading ``2 * BLOCK_N`` weight rows. No GPU figure of this
+path exists yet: it saves a launch per layer by construction, but its time and its tiling are
+*unmeasured*.
+
 Launch shapes depend only on ``(M's bucket, N, K)`` and the config, never on values, so a call
 captures in a CUDA graph; the split-K counters live in one zeroed buffer per device that every
 launch leaves zeroed again (so two split-K launches must not run *concurrently* on two streams).
@@ -53,7 +81,7 @@ default config; the best of the sweep per shape (4.19, 4.01, 4.34, 4.89, 15.9 us
 954 at batch 16. Both kernels sit at the same floor, ~4 us a GEMM for 0.7-3.5 MB that the memory
 streams in under 1 us: the time is latency (a launch inside the graph, the first loads' round
 trips, the tail), which a different tiling does not remove -- fewer kernels do (the decode
-kernel's own K/V store, :mod:`~paged_edu.kernels.triton_decode`). So ``gemm="auto"`` means
+kernel's own K/V store, :mod:`~paged_edu.kernels.triton_decode`; the SwiGLU epilogue above, not yet measured). So ``gemm="auto"`` means
 ``"torch"``; ``"triton"`` stays selectable, tested on both devices, for the lesson it teaches.
 """
 
@@ -64,6 +92,7 @@ import triton
 import triton.language as tl
 
 from paged_edu.kernels.triton_decode import INTERPRETING, _num_sms
+from paged_edu.kernels.triton_fused import by_hand, round_to, silu_and_mul
 
 __all__ = ["MAX_ROWS", "skinny_config", "skinny_matmul"]
 
@@ -75,12 +104,31 @@ MAX_ROWS = 32  # the largest M: one tile of x^T, at most 32 rows, rides along wi
 # ----------------------------------------------------------------------------------------------
 
 
+@triton.jit
+def _mma(w, x, acc, IEEE: tl.constexpr):
+    """``acc + w @ x^T``: a ``(BLOCK_N, BLOCK_K)`` weight tile times ``x``'s ``(BLOCK_M, BLOCK_K)`` tile."""
+    if IEEE:
+        return tl.dot(w, tl.trans(x), acc, input_precision="ieee")  # (BLOCK_N, BLOCK_M)
+    return tl.dot(w, tl.trans(x), acc)  # (BLOCK_N, BLOCK_M)
+
+
+@triton.jit
+def _epilogue(acc, acc_up, dtype: tl.constexpr, SWIGLU: tl.constexpr, BY_HAND: tl.constexpr):
+    """The tile of ``y^T`` to store, in ``dtype``: ``acc`` itself, or with ``SWIGLU``
+    ``round(round(silu(g)) * u)`` of the gate and up sums rounded to ``dtype`` first -- exactly where
+    ``F.linear`` would round them before :func:`~paged_edu.kernels.triton_fused.silu_and_mul_triton`."""
+    y = acc
+    if SWIGLU:
+        y = silu_and_mul(round_to(acc, dtype, BY_HAND), round_to(acc_up, dtype, BY_HAND), dtype, BY_HAND)
+    return y.to(dtype)
+
+
 @triton.jit(do_not_specialize=["M"])  # M unspecialised: M = 1 shares the kernel of M = 2..16
 def _skinny_matmul_kernel(
     x_ptr,  # (M, K): the activations, any strides
-    w_ptr,  # (N, K): the weight, as nn.Linear stores it
+    w_ptr,  # (N, K): the weight, as nn.Linear stores it; (2N, K) with SWIGLU: gate rows, then up rows
     y_ptr,  # (M, N) out, in x's dtype
-    partial_ptr,  # fp32 (SPLIT_K, N, BLOCK_M): each K slice's sum (unused when SPLIT_K == 1)
+    partial_ptr,  # fp32 (SPLIT_K, N or 2N weight rows, BLOCK_M): each K slice's sums (unused when SPLIT_K == 1)
     counter_ptr,  # int32 (>= number of N tiles,): programs of a tile done so far; 0 between launches
     M,  # rows of x (<= BLOCK_M); runtime, so batches 1..16 share one compiled kernel
     stride_xm,
@@ -89,15 +137,17 @@ def _skinny_matmul_kernel(
     stride_wk,
     stride_ym,
     stride_yn,  # element strides
-    N: tl.constexpr,  # output features
+    N: tl.constexpr,  # output features (I with SWIGLU)
     K: tl.constexpr,  # input features
     BLOCK_M: tl.constexpr,  # M rounded up to 16 or 32: the narrow side of every tl.dot
-    BLOCK_N: tl.constexpr,  # weight rows per program (the tall side of tl.dot)
+    BLOCK_N: tl.constexpr,  # output features per program (the tall side of tl.dot); twice the weight rows with SWIGLU
     BLOCK_K: tl.constexpr,  # columns of K per loop step: one (BLOCK_N, BLOCK_K) weight load
     K_STEPS: tl.constexpr,  # loop steps per program: cdiv(cdiv(K, BLOCK_K), SPLIT_K)
     SPLIT_K: tl.constexpr,  # programs sharing one N tile, each summing a slice of K
+    SWIGLU: tl.constexpr,  # y = silu(x @ W_gate^T) * (x @ W_up^T): a second tile, weight rows n + N
     UPCAST: tl.constexpr,  # convert tiles to fp32 after loading (the interpreter: bf16 is raw bits)
     IEEE: tl.constexpr,  # fp32 inputs: full-precision products, not TF32
+    BY_HAND: tl.constexpr,  # the SWIGLU epilogue's round_to rounds by hand (the interpreter, bf16)
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -107,39 +157,53 @@ def _skinny_matmul_kernel(
     mask_n = rn < N
     mask_m = rm < M
     w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk  # (BLOCK_N, BLOCK_K)
+    up_ptrs = w_ptrs + N * stride_wn  # (BLOCK_N, BLOCK_K): SWIGLU's up rows, n + N
     x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk  # (BLOCK_M, BLOCK_K)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # a tile of y^T
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # a tile of y^T (SWIGLU: of the gate's)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWIGLU: the up tile's (else unused)
     for _ in range(K_STEPS):  # a constant trip count: the pipeliner keeps num_stages - 1 loads ahead
         mask_k = rk < K  # the tail of K, and whole steps past it when SPLIT_K does not divide
-        w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
+        w_mask = mask_n[:, None] & mask_k[None, :]
+        w = tl.load(w_ptrs, mask=w_mask, other=0.0)  # (BLOCK_N, BLOCK_K)
         x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
         if UPCAST:
             w = w.to(tl.float32)
             x = x.to(tl.float32)
-        if IEEE:
-            acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")  # (BLOCK_N, BLOCK_M)
-        else:
-            acc = tl.dot(w, tl.trans(x), acc)  # (BLOCK_N, BLOCK_M)
+        acc = _mma(w, x, acc, IEEE)  # (BLOCK_N, BLOCK_M)
+        if SWIGLU:  # the same x tile, the up rows' weights
+            w_up = tl.load(up_ptrs, mask=w_mask, other=0.0)  # (BLOCK_N, BLOCK_K)
+            if UPCAST:
+                w_up = w_up.to(tl.float32)
+            acc_up = _mma(w_up, x, acc_up, IEEE)  # (BLOCK_N, BLOCK_M)
+            up_ptrs += BLOCK_K * stride_wk
         rk += BLOCK_K
         w_ptrs += BLOCK_K * stride_wk
         x_ptrs += BLOCK_K * stride_xk
     y_ptrs = y_ptr + rm[None, :] * stride_ym + rn[:, None] * stride_yn  # (BLOCK_N, BLOCK_M): y^T's tile
     y_mask = mask_n[:, None] & mask_m[None, :]
+    dtype = y_ptr.dtype.element_ty
     if SPLIT_K == 1:
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+        tl.store(y_ptrs, _epilogue(acc, acc_up, dtype, SWIGLU, BY_HAND), mask=y_mask)
     else:
+        W_ROWS = 2 * N if SWIGLU else N  # partial is indexed by weight row
         tile = rn[:, None] * BLOCK_M + rm[None, :]  # (BLOCK_N, BLOCK_M) offsets in one slice of partial
-        tl.store(partial_ptr + pid_k * (N * BLOCK_M) + tile, acc, mask=mask_n[:, None])
+        tl.store(partial_ptr + pid_k * (W_ROWS * BLOCK_M) + tile, acc, mask=mask_n[:, None])
+        if SWIGLU:
+            tl.store(partial_ptr + pid_k * (W_ROWS * BLOCK_M) + N * BLOCK_M + tile, acc_up, mask=mask_n[:, None])
         # Every thread's partial is written before one thread announces it (the barrier), and the
         # announcement releases them to the whole GPU; the last program acquires them all.
         tl.debug_barrier()
         arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:
             total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            total_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for s in tl.static_range(SPLIT_K):  # a fixed order: the same sum whoever arrives last
                 # .cg: read L2, where the other SMs' stores are, not a stale L1 line
-                total += tl.load(partial_ptr + s * (N * BLOCK_M) + tile, mask=mask_n[:, None], cache_modifier=".cg")
-            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
+                slice_ptr = partial_ptr + s * (W_ROWS * BLOCK_M)
+                total += tl.load(slice_ptr + tile, mask=mask_n[:, None], cache_modifier=".cg")
+                if SWIGLU:
+                    total_up += tl.load(slice_ptr + N * BLOCK_M + tile, mask=mask_n[:, None], cache_modifier=".cg")
+            tl.store(y_ptrs, _epilogue(total, total_up, dtype, SWIGLU, BY_HAND), mask=y_mask)
             tl.atomic_xchg(counter_ptr + pid_n, 0)  # ready for the next launch (stream order)
 
 
@@ -163,6 +227,12 @@ def skinny_config(M: int, N: int, K: int, num_sms: int = 132) -> dict:
 
     ``M`` does not change the choice today (the weight read is the same for 1 or 32 rows); it is
     an argument so that a measured rule can use it.
+
+    The SwiGLU GEMM (``skinny_matmul(..., swiglu=True)``) takes the config of ``(M, I, K)``: ``N`` counts
+    its output features, ``I``, and each program reads ``2 * BLOCK_N`` weight rows (gate and up), twice
+    a plain tile's bytes, which the rule does not weigh. At SmolLM2's MLP (``I = 1536``, ``K = 576``):
+    ``BLOCK_N = 16``, 96 tiles, ``SPLIT_K = 3`` -- 288 programs of 32 rows by 192 columns, where the plain
+    ``gate_up`` GEMM runs 192 programs of 16 rows by 576. A guess kept simple until a GPU sweep says better.
     """
     block_n = 64
     while block_n > 16 and triton.cdiv(N, block_n) < num_sms:
@@ -194,15 +264,20 @@ def _tile_counters(device: torch.device, n_tiles: int) -> torch.Tensor:
 
 def skinny_matmul(
     x: torch.Tensor,  # (M, K), M <= MAX_ROWS; any strides
-    weight: torch.Tensor,  # (N, K), nn.Linear's weight
-    out: torch.Tensor | None = None,  # (M, N) in x's dtype: written in place when given
+    weight: torch.Tensor,  # (N, K), nn.Linear's weight; with swiglu gate_up's (2I, K): gate rows, then up rows
+    out: torch.Tensor | None = None,  # (M, N) -- (M, I) with swiglu -- in x's dtype: written in place when given
     config: dict | None = None,  # overrides of skinny_config (benchmark sweeps)
-) -> torch.Tensor:  # (M, N), x's dtype
-    """``x @ weight.T`` for a few rows (``F.linear(x, weight)`` without a bias), fp32 accumulation."""
+    *,
+    swiglu: bool = False,  # silu(gate) * up in the epilogue: silu_and_mul_triton(F.linear(x, weight)) in one kernel
+) -> torch.Tensor:  # (M, N) or (M, I), x's dtype
+    """``x @ weight.T`` for a few rows (``F.linear(x, weight)`` without a bias), fp32 accumulation.
+
+    With ``swiglu=True``, the SwiGLU MLP's first half: ``silu(g) * u`` for ``g, u = (x @ weight.T).chunk(2, -1)``,
+    rounded as :func:`~paged_edu.kernels.triton_fused.silu_and_mul_triton` rounds ``F.linear``'s output."""
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"x must be (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
     M, K = x.shape
-    N = weight.shape[0]
+    N = weight.shape[0]  # weight rows
     if weight.shape[1] != K:
         raise ValueError(f"x has K={K} columns but weight is {tuple(weight.shape)}: need (N, {K})")
     if M > MAX_ROWS:
@@ -211,30 +286,35 @@ def skinny_matmul(
         raise ValueError(
             f"x and weight must share dtype and device, got {x.dtype} on {x.device} and {weight.dtype} on {weight.device}"
         )
+    if swiglu and N % 2:
+        raise ValueError(
+            f"swiglu=True needs gate_up's weight, (2I, K): gate rows then up rows, an even number; got {N} rows"
+        )
     if not INTERPRETING and not x.is_cuda:
         raise RuntimeError(
             "skinny_matmul needs a CUDA GPU, or the Triton interpreter for CPU tensors: set "
             "TRITON_INTERPRET=1 before importing paged_edu (slow, for learning and tests), or use F.linear"
         )
+    n_out = N // 2 if swiglu else N  # output features: I with swiglu
     if out is None:
-        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    elif out.shape != (M, N) or out.dtype != x.dtype or out.device != x.device:
+        out = torch.empty((M, n_out), dtype=x.dtype, device=x.device)
+    elif out.shape != (M, n_out) or out.dtype != x.dtype or out.device != x.device:
         raise ValueError(
-            f"out must be ({M}, {N}) {x.dtype} on {x.device}, got {tuple(out.shape)} {out.dtype} on {out.device}"
+            f"out must be ({M}, {n_out}) {x.dtype} on {x.device}, got {tuple(out.shape)} {out.dtype} on {out.device}"
         )
     if M == 0 or N == 0:
         return out
     if K == 0:
-        return out.zero_()
+        return out.zero_()  # swiglu too: silu(0) * 0
     num_sms = (
         _num_sms(x.device.index if x.device.index is not None else torch.cuda.current_device()) if x.is_cuda else 132
     )
-    cfg = skinny_config(M, N, K, num_sms)
+    cfg = skinny_config(M, n_out, K, num_sms)  # swiglu: tiles of I outputs, each reading 2 * BLOCK_N weight rows
     cfg.update(config or {})
     block_m = 16 if M <= 16 else 32
-    n_tiles = triton.cdiv(N, cfg["BLOCK_N"])
+    n_tiles = triton.cdiv(n_out, cfg["BLOCK_N"])
     split_k = cfg["SPLIT_K"]
-    if split_k > 1:  # each slice's fp32 sums; no zeroing needed, every program writes its whole slice
+    if split_k > 1:  # each slice's fp32 sums per weight row; no zeroing needed, every program writes its whole slice
         partial = torch.empty((split_k, N, block_m), dtype=torch.float32, device=x.device)
         counters = _tile_counters(x.device, n_tiles)
     else:
@@ -252,15 +332,17 @@ def skinny_matmul(
         weight.stride(1),
         out.stride(0),
         out.stride(1),
-        N=N,
+        N=n_out,
         K=K,
         BLOCK_M=block_m,
         BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"],
         K_STEPS=triton.cdiv(triton.cdiv(K, cfg["BLOCK_K"]), split_k),
         SPLIT_K=split_k,
+        SWIGLU=swiglu,
         UPCAST=INTERPRETING and x.dtype != torch.float32,
         IEEE=x.dtype == torch.float32,
+        BY_HAND=swiglu and by_hand(x.dtype),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -21,8 +21,10 @@ What you will learn
   one (:mod:`paged_edu.kernels.triton_fused`, :mod:`paged_edu.kernels.triton_store`) -- with the
   PyTorch path's rounding, so both paths give the same numbers. A pure-decode step goes one
   further (``Kernels.fuse_decode_store``, on by default): the decode attention kernel rotates and stores
-  the new token itself (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`). On a CPU the model runs
-  plain PyTorch.
+  the new token itself (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`), and a batch of
+  <= 32 rows can run the MLP's gate_up projection and SiLU-and-mul as one skinny GEMM (opt-in,
+  ``Kernels(swiglu_gemm=True)``: :mod:`paged_edu.kernels.triton_gemm`'s SwiGLU epilogue). On a CPU the
+  model runs plain PyTorch.
 
 ``PagedLlama.from_hf(hf_model)`` copies the weights of any Hugging Face ``LlamaForCausalLM``; the
 config lives in :mod:`paged_edu.models.config`, random and real (SmolLM2) weights in
@@ -86,6 +88,9 @@ class Kernels:
     # fewer per layer; needs fused="triton" and decode="triton"; kernels/triton_decode.py, "Storing the
     # new token on the way in"). False: the separate rotary + store kernel, as in a step with prompts.
     fuse_decode_store: bool = True
+    # gate_up and silu*mul in one skinny GEMM at <= 32 rows (skinny_matmul(..., swiglu=True): one launch
+    # fewer per layer; with fused="triton", whatever ``gemm`` says). Off by default: not yet measured on a GPU.
+    swiglu_gemm: bool = False
 
     def resolve(self, device: torch.device) -> Kernels:
         """The same choice with every ``"auto"`` made concrete: ``fused`` ``"triton"`` where the fused
@@ -294,9 +299,16 @@ class SwiGLU(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, fused: bool = False, gemm: str = "torch") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernels: Kernels = Kernels(fused="torch")) -> torch.Tensor:
+        """``x`` (T, hidden) -> (T, hidden); ``kernels`` (resolved) picks the fused ops and the GEMMs."""
+        gemm = kernels.gemm
+        if kernels.swiglu_gemm and kernels.fused_ops and x.shape[0] <= 32:  # triton_gemm.MAX_ROWS
+            from paged_edu.kernels.triton_gemm import skinny_matmul
+
+            # gate_up, then silu and the product in the GEMM's epilogue: one kernel, the same rounding
+            return linear(self.down_proj, skinny_matmul(x, self.gate_up_proj.weight, swiglu=True), gemm)
         gate_up = linear(self.gate_up_proj, x, gemm)  # (T, 2I): gate, then up
-        if fused:  # silu and the product in one kernel, the same rounding
+        if kernels.fused_ops:  # silu and the product in one kernel, the same rounding
             from paged_edu.kernels.triton_fused import silu_and_mul_triton
 
             return linear(self.down_proj, silu_and_mul_triton(gate_up), gemm)
@@ -319,7 +331,7 @@ class DecoderLayer(nn.Module):
         x, residual = self.input_layernorm(h, residual, kernels.fused_ops)  # residual += h; x = norm(residual)
         h = self.self_attn(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, hidden)
         x, residual = self.post_attention_layernorm(h, residual, kernels.fused_ops)
-        return self.mlp(x, kernels.fused_ops, kernels.gemm), residual
+        return self.mlp(x, kernels), residual
 
 
 # ----------------------------------------------------------------------------------------------
