@@ -192,8 +192,11 @@ def assert_same_attention(out: torch.Tensor, out2: torch.Tensor) -> None:
         assert torch.equal(out, out2)
         return
     diff = (out.double() - out2.double()).abs().max().item()
-    assert diff <= ULP[out.dtype] * out2.double().abs().max().item(), f"max difference {diff:.2e}"
-    assert (out == out2).double().mean().item() >= 0.99
+    # fp32 is never re-rounded to a coarser type, so contraction's last bits stay visible everywhere:
+    # 8 ulps of the largest output and no share of identical values (as close_in_ulps treats fp32).
+    ulps, share = (8, 0.0) if out.dtype == torch.float32 else (1, 0.99)
+    assert diff <= ULP[out.dtype] * ulps * out2.double().abs().max().item(), f"max difference {diff:.2e}"
+    assert (out == out2).double().mean().item() >= share
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -230,7 +233,11 @@ def test_fused_decode_is_rotary_store_then_decode(dtype, H, H_kv, D, num_splits)
     assert int(changed.sum()) == len(DECODE_LENS) - 1  # every real token, not the padding row
     ref = paged_attention_torch(q_ref.float(), kc3.float(), vc3.float(), tables, lens, scale=scale)
     err = ((out[1:].double() - ref[1:].double()).norm() / ref[1:].double().norm()).item()
-    assert err < {torch.float32: 2e-6, torch.bfloat16: 1e-2}[dtype], f"relative error {err:.1e}"
+    from paged_edu.kernels.triton_decode import INTERPRETING
+
+    # Compiled, fp32 meets the GPU's fast exp2 (test_kernels' fp32 tolerance); interpreted, numpy's.
+    fp32_bound = 2e-6 if INTERPRETING else 2e-5
+    assert err < {torch.float32: fp32_bound, torch.bfloat16: 1e-2}[dtype], f"relative error {err:.1e}"
 
 
 def run_splits_in_reverse(monkeypatch) -> None:
@@ -403,7 +410,7 @@ def test_engine_with_the_fused_decode_gives_transformers_tokens(hf_greedy_case):
 
     hf, prompts, want = hf_greedy_case
     engine = Engine(
-        PagedLlama.from_hf(hf),
+        PagedLlama.from_hf(hf, device=DEVICE),  # compiled on a GPU machine (no interpreter there)
         num_blocks=64,
         block_size=4,
         max_num_seqs=8,

@@ -56,10 +56,13 @@ def test_matches_fp32_matmul_at_smollm2_shapes(name, M, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("M", [1, 3, 16, 32])
 def test_lm_head_shape(M, dtype):
-    """49,152 rows: wide tiles keep the interpreter to 48 programs (the default's 768 take ~15 s)."""
+    """49,152 rows: wide tiles keep the interpreter to 48 programs (the default's 768 take ~15 s);
+    compiled, the default config (a 1024-row tile does not fit a GPU's shared memory)."""
+    from paged_edu.kernels.triton_gemm import INTERPRETING
+
     N, K = SHAPES["lm_head"]
     x, w = case(M, N, K, dtype, seed=M)
-    check(skinny_matmul(x, w, config=dict(BLOCK_N=1024)), x, w)
+    check(skinny_matmul(x, w, config=dict(BLOCK_N=1024) if INTERPRETING else None), x, w)
 
 
 @pytest.mark.slow
