@@ -41,8 +41,8 @@ lose 13 bits). In the interpreter (``TRITON_INTERPRET=1``) bf16 tensors are raw 
 are upcast to fp32 right after their loads (and the interpreter truncates the final bf16 store
 where the GPU rounds to nearest: one ulp).
 
-The SwiGLU epilogue (unmeasured)
---------------------------------
+The SwiGLU epilogue (measured: no faster yet)
+--------------------------------------------
 A Llama MLP is ``down(silu(x @ W_g^T) * (x @ W_u^T))``; ``gate_up_proj`` stores ``W_g`` and ``W_u``
 stacked, a ``(2I, K)`` weight, gate rows first. Unfused, at <= 32 rows, its first half is two
 kernels: the GEMM writes ``(M, 2I)``, and
@@ -63,9 +63,13 @@ partial buffer is indexed by *weight row* (``(SPLIT_K, 2I, BLOCK_M)``); the last
 adds both halves' partials in slice order, then applies the epilogue. In the interpreter this
 epilogue rounds by hand to nearest (:func:`~paged_edu.kernels.triton_fused.round_to`), so the
 truncated store above does not apply to it. The tiling is the plain rule's for an ``(M, I, K)``
-GEMM (:func:`skinny_config`), each program reading ``2 * BLOCK_N`` weight rows. No GPU figure of this
-path exists yet: it saves a launch per layer by construction, but its time and its tiling are
-*unmeasured*.
+GEMM (:func:`skinny_config`), each program reading ``2 * BLOCK_N`` weight rows. On the H200
+(``python benchmarks/bench_layer.py --batches 1,16,256 --swiglu-gemm``,
+``figures/h200/layer_bench_store_swiglu.json``) it removes the 30 launches -- 244 kernels a decode step
+at batch 1 and 16 -- but not the time: the fused kernel took 5.6 us against cuBLAS's gate_up GEMM
+(3.9-4.4 us) plus the ~1.5-us SiLU kernel, and the step 907 us at batch 1 (888 with the separate
+kernel, measured in an earlier session). Its tiling (``SPLIT_K = 3``, 288 programs) is unswept: the
+place to start. So it stays opt-in (``Kernels(swiglu_gemm=True)``).
 
 Launch shapes depend only on ``(M's bucket, N, K)`` and the config, never on values, so a call
 captures in a CUDA graph; the split-K counters live in one zeroed buffer per device that every
@@ -81,7 +85,7 @@ default config; the best of the sweep per shape (4.19, 4.01, 4.34, 4.89, 15.9 us
 954 at batch 16. Both kernels sit at the same floor, ~4 us a GEMM for 0.7-3.5 MB that the memory
 streams in under 1 us: the time is latency (a launch inside the graph, the first loads' round
 trips, the tail), which a different tiling does not remove -- fewer kernels do (the decode
-kernel's own K/V store, :mod:`~paged_edu.kernels.triton_decode`; the SwiGLU epilogue above, not yet measured). So ``gemm="auto"`` means
+kernel's own K/V store, :mod:`~paged_edu.kernels.triton_decode`; the SwiGLU epilogue above, not yet faster). So ``gemm="auto"`` means
 ``"torch"``; ``"triton"`` stays selectable, tested on both devices, for the lesson it teaches.
 """
 

@@ -89,7 +89,8 @@ class Kernels:
     # new token on the way in"). False: the separate rotary + store kernel, as in a step with prompts.
     fuse_decode_store: bool = True
     # gate_up and silu*mul in one skinny GEMM at <= 32 rows (skinny_matmul(..., swiglu=True): one launch
-    # fewer per layer; with fused="triton", whatever ``gemm`` says). Off by default: not yet measured on a GPU.
+    # fewer per layer; with fused="triton", whatever ``gemm`` says). Off by default: on the H200 not yet
+    # faster than cuBLAS + the SiLU kernel (kernels/triton_gemm.py, "The SwiGLU epilogue").
     swiglu_gemm: bool = False
 
     def resolve(self, device: torch.device) -> Kernels:
