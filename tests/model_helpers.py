@@ -13,3 +13,16 @@ TINY_LLAMA = LlamaConfig(
     head_dim=16,
     max_position_embeddings=64,
 )
+
+
+def stale_gpu_pools(config: LlamaConfig, seed: int = 7, num_blocks: int = 64, block_size: int = 16) -> list:
+    """One ``(k_cache, v_cache)`` pair per layer of random bf16 values on the GPU -- earlier tokens'
+    K/V and garbage -- the same for the same ``seed`` (the GPU tests' stale pool)."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    return [
+        tuple(torch.randn(*shape, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+        for _ in range(config.num_layers)
+    ]

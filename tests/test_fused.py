@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from model_helpers import TINY_LLAMA
+from model_helpers import TINY_LLAMA, stale_gpu_pools
 
 from paged_edu.cache.kv_cache import store_kv
 from paged_edu.kernels import kernel_support, triton_available
@@ -471,14 +471,7 @@ def test_gpu_fused_model_matches_plain_model_under_graph_capture():
     c = model.config
     out = {}
     for impl in ("torch", "triton"):
-        g = torch.Generator(device="cuda").manual_seed(7)  # the same stale pool for both
-        caches = [
-            tuple(
-                torch.randn(64, 16, c.num_kv_heads, c.head_dim, device="cuda", generator=g).to(torch.bfloat16)
-                for _ in range(2)
-            )
-            for _ in range(c.num_layers)
-        ]
+        caches = stale_gpu_pools(c)  # the same stale pool for both
         graphs = DecodeCudaGraphs(model, caches, max_batch_size=8, max_blocks_per_seq=8, kernels=Kernels(fused=impl))
         inputs = graphs.staging.np  # the graphs' static inputs, written on the host, copied in one go
         inputs["input_ids"][:8] = np.arange(100, 108)
@@ -544,14 +537,7 @@ def test_gpu_fused_decode_in_a_captured_graph_and_one_launch_fewer_per_layer(mon
 
     model = random_llama(smollm2_config(), seed=0, dtype=torch.bfloat16, device="cuda")
     c = model.config
-    g = torch.Generator(device="cuda").manual_seed(7)
-    pool = [
-        tuple(
-            torch.randn(64, 16, c.num_kv_heads, c.head_dim, device="cuda", generator=g).to(torch.bfloat16)
-            for _ in range(2)
-        )
-        for _ in range(c.num_layers)
-    ]
+    pool = stale_gpu_pools(c)
     copy = lambda: [(k.clone(), v.clone()) for k, v in pool]  # noqa: E731
     graph_kv = copy()
     graphs = DecodeCudaGraphs(

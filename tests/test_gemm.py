@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from model_helpers import TINY_LLAMA
+from model_helpers import TINY_LLAMA, stale_gpu_pools
 
 from paged_edu.kernels import kernel_support, triton_available
 from paged_edu.models.config import smollm2_config
@@ -391,14 +391,7 @@ def test_gpu_model_with_the_skinny_gemm_under_graph_capture():
     model = random_llama(C, seed=0, dtype=torch.bfloat16, device="cuda")
     out = {}
     for impl in ("torch", "triton"):
-        g = torch.Generator(device="cuda").manual_seed(7)  # the same stale pool for both
-        caches = [
-            tuple(
-                torch.randn(64, 16, C.num_kv_heads, C.head_dim, device="cuda", generator=g).to(torch.bfloat16)
-                for _ in range(2)
-            )
-            for _ in range(C.num_layers)
-        ]
+        caches = stale_gpu_pools(C)  # the same stale pool for both
         graphs = DecodeCudaGraphs(model, caches, 32, 8, kernels=Kernels(fused="triton", gemm=impl))
         inputs = graphs.staging.np
         inputs["input_ids"][:8] = np.arange(100, 108)
@@ -455,14 +448,7 @@ def test_gpu_decode_step_with_the_swiglu_gemm_launches_one_kernel_fewer_per_laye
     from paged_edu.models.loaders import random_llama
 
     model = random_llama(C, seed=0, dtype=torch.bfloat16, device="cuda")
-    g = torch.Generator(device="cuda").manual_seed(7)
-    kv = [
-        tuple(
-            torch.randn(64, 16, C.num_kv_heads, C.head_dim, device="cuda", generator=g).to(torch.bfloat16)
-            for _ in range(2)
-        )
-        for _ in range(C.num_layers)
-    ]
+    kv = stale_gpu_pools(C)
     chunks = [BatchChunk([100 + i], 5 + 3 * i, [4 * i + 1, 4 * i + 2]) for i in range(8)]
     batch = prepare_batch(chunks, 16, "cuda")
 
