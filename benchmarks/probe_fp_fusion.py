@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from paged_edu.kernels import triton_decode, triton_store  # noqa: E402
+from paged_edu.labs.timing import random_decode_step  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.llama import _rotate_half  # noqa: E402
 from paged_edu.models.loaders import random_llama  # noqa: E402
@@ -58,19 +60,9 @@ def main(argv=None) -> int:
     store = triton_store._store_kv_kernel = ForcedFusion(triton_store._store_kv_kernel)
     decode = triton_decode._paged_decode_kernel = ForcedFusion(triton_decode._paged_decode_kernel)
     c = smollm2_config()
-    rot = random_llama(c, seed=0, dtype=torch.bfloat16, device="cuda").rotary
-    g = torch.Generator(device="cuda").manual_seed(3)
-    N, H, H_kv, D, B, width = 64, c.num_heads, c.num_kv_heads, c.head_dim, 16, 38
-
-    def randn(*shape, scale=1.0):
-        return (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16)
-
-    q, k, v = randn(N, H, D, scale=3.0), randn(N, H_kv, D, scale=3.0), randn(N, H_kv, D)
-    pool = randn(N * 40, B, H_kv, D)
-    lens = torch.randint(1, 600, (N,), device="cuda", generator=g).to(torch.int32)
-    tables = torch.randperm(N * 40, device="cuda", generator=g)[: N * width].view(N, width).to(torch.int32)
-    pos = (lens - 1).long()
-    slots = tables[torch.arange(N, device="cuda"), pos // B].long() * B + pos % B
+    rot = random_llama(replace(c, num_layers=1), seed=0, dtype=torch.bfloat16, device="cuda").rotary
+    q, k, v, pool, tables, lens, pos, slots = random_decode_step(c.num_heads, c.num_kv_heads, c.head_dim)
+    N, H_kv, D = q.shape[0], c.num_kv_heads, c.head_dim
     tabs, scale = (rot.cos_table, rot.sin_table), D**-0.5
     cos, sin = rot(pos, torch.bfloat16)
     k_ref = pool.clone()

@@ -23,7 +23,7 @@ from paged_edu.models.llama import Kernels, RMSNorm, Rotary, SwiGLU, _rotate_hal
 if not triton_available():
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from paged_edu.kernels.triton_fused import add_rms_norm_triton, silu_and_mul_triton  # noqa: E402
+from paged_edu.kernels.triton_fused import INTERPRETING, add_rms_norm_triton, silu_and_mul_triton  # noqa: E402
 from paged_edu.kernels.triton_store import rotary_store_kv_triton  # noqa: E402
 
 DEVICE = "cpu" if kernel_support("cpu").fused else "cuda"
@@ -186,8 +186,6 @@ def assert_same_attention(out: torch.Tensor, out2: torch.Tensor) -> None:
     interpreter; compiled, the two kernels are different code (the one-launch kernel is built without
     FMA contraction, for its rotation), so a few values may differ in their last bits -- at most one
     ulp of the largest output, and 99 % identical."""
-    from paged_edu.kernels.triton_decode import INTERPRETING
-
     if INTERPRETING:
         assert torch.equal(out, out2)
         return
@@ -233,8 +231,6 @@ def test_fused_decode_is_rotary_store_then_decode(dtype, H, H_kv, D, num_splits)
     assert int(changed.sum()) == len(DECODE_LENS) - 1  # every real token, not the padding row
     ref = paged_attention_torch(q_ref.float(), kc3.float(), vc3.float(), tables, lens, scale=scale)
     err = ((out[1:].double() - ref[1:].double()).norm() / ref[1:].double().norm()).item()
-    from paged_edu.kernels.triton_decode import INTERPRETING
-
     # Compiled, fp32 meets the GPU's fast exp2 (test_kernels' fp32 tolerance); interpreted, numpy's.
     fp32_bound = 2e-6 if INTERPRETING else 2e-5
     assert err < {torch.float32: fp32_bound, torch.bfloat16: 1e-2}[dtype], f"relative error {err:.1e}"
@@ -259,7 +255,7 @@ def test_fused_decode_reads_the_token_it_stores(order, monkeypatch):
     """The new token's own K/V enter its attention: a pool that holds NaN at every new token's slot
     gives a finite output only if the program that reads the token's tile stored it first (split
     or not, whichever split runs first)."""
-    from paged_edu.kernels.triton_decode import INTERPRETING, rotary_store_decode_triton
+    from paged_edu.kernels.triton_decode import rotary_store_decode_triton
 
     if order == "reverse":
         if not INTERPRETING:
@@ -486,6 +482,21 @@ def test_gpu_fused_model_matches_plain_model_under_graph_capture():
     assert err < 2e-2, f"relative error {err:.2e}"
 
 
+def test_random_decode_step_is_one_decode_step_through_its_tables():
+    """The GPU test's case (labs.timing.random_decode_step), checked where it runs everywhere: each
+    sequence's new token at s - 1, its slot the one its own table gives, tables of distinct blocks."""
+    from paged_edu.labs.timing import random_decode_step
+
+    q, k, v, pool, tables, lens, pos, slots = random_decode_step(9, 3, 64, num_seqs=8, device="cpu")
+    assert q.shape == (8, 9, 64) and k.shape == v.shape == (8, 3, 64) and pool.shape == (320, 16, 3, 64)
+    assert torch.equal(pos, (lens - 1).long()) and int(lens.min()) >= 1 and int(lens.max()) < 600
+    assert tables.unique().numel() == tables.numel() and int(tables.max()) < pool.shape[0]
+    for n in range(8):
+        p = int(pos[n])
+        assert int(slots[n]) == int(tables[n, p // 16]) * 16 + p % 16
+    assert torch.equal(random_decode_step(9, 3, 64, num_seqs=8, device="cpu")[7], slots)  # seeded
+
+
 @pytest.mark.gpu
 def test_gpu_one_launch_rotation_rounds_as_pytorch_at_smollm2_scale():
     """64 sequences of SmolLM2's attention geometry, bf16, up to 600 tokens: the keys the decode
@@ -493,23 +504,13 @@ def test_gpu_one_launch_rotation_rounds_as_pytorch_at_smollm2_scale():
     contraction on, 2,119 of these 12,288 values differed on the H200), and its output is the
     two-launch path's to the last bits."""
     from paged_edu.kernels.triton_decode import paged_attention_triton, rotary_store_decode_triton
+    from paged_edu.labs.timing import random_decode_step
     from paged_edu.models.loaders import random_llama
 
     c = smollm2_config()
     rot = random_llama(replace(c, num_layers=1), seed=0, dtype=torch.bfloat16, device="cuda").rotary
-    g = torch.Generator(device="cuda").manual_seed(3)
-    N, H, H_kv, D, B, width = 64, c.num_heads, c.num_kv_heads, c.head_dim, 16, 38
-    num_blocks = N * 40
-
-    def randn(*shape, scale=1.0):
-        return (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16)
-
-    q, k, v = randn(N, H, D, scale=3.0), randn(N, H_kv, D, scale=3.0), randn(N, H_kv, D)
-    pool = randn(num_blocks, B, H_kv, D)
-    lens = torch.randint(1, 600, (N,), device="cuda", generator=g).to(torch.int32)
-    tables = torch.randperm(num_blocks, device="cuda", generator=g)[: N * width].view(N, width).to(torch.int32)
-    pos = (lens - 1).long()
-    slots = tables[torch.arange(N, device="cuda"), pos // B].long() * B + pos % B
+    q, k, v, pool, tables, lens, pos, slots = random_decode_step(c.num_heads, c.num_kv_heads, c.head_dim)
+    D = c.head_dim
     tabs, scale = (rot.cos_table, rot.sin_table), D**-0.5
     kc, vc = pool.clone(), -pool
     out = rotary_store_decode_triton(q, k, v, kc, vc, tables, lens, slots, pos, *tabs, scale=scale)

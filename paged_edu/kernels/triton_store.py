@@ -52,7 +52,9 @@ def rope(x, pair, c, s, dtype: tl.constexpr, BY_HAND: tl.constexpr):
     ``pair`` is ``x``'s partner in its pair; the first half of a head takes ``s`` negated
     (``x'_i = rope(x_i, x_{i+D/2}, c_i, -s_i)``: ``round(-y) = -round(y)``, so that is the module
     docstring's subtraction bit for bit), the second half ``s`` itself. All in fp32; ``c, s``
-    already rounded to ``dtype``."""
+    already rounded to ``dtype``. A kernel that calls it must launch with ``enable_fp_fusion=False``:
+    with contraction on, the compiled code did not keep the product's rounding on the H200
+    (:mod:`~paged_edu.kernels.triton_decode`, "Storing the new token on the way in")."""
     return round_to(round_to(x * c, dtype, BY_HAND) + round_to(pair * s, dtype, BY_HAND), dtype, BY_HAND)
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "graph_capture_counter",
     "decode_bytes",
     "percentile",
+    "random_decode_step",
     "random_paged_case",
     "rel_err",
     "wall_us",
@@ -149,6 +150,42 @@ def random_paged_case(
     tables = torch.randperm(num_blocks, device=device, generator=g).to(torch.int32).view(num_seqs, blocks_per_seq)
     lens = torch.full((num_seqs,), seq_len, dtype=torch.int32, device=device)
     return q, k_cache, v_cache, tables, lens
+
+
+def random_decode_step(
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    num_seqs: int = 64,
+    max_len: int = 600,
+    block_size: int = 16,
+    width: int = 38,
+    device="cuda",
+    seed: int = 3,
+):
+    """One pure-decode step before its rotary embedding and store, bf16: ``(q, k, v, pool, block_tables,
+    seq_lens, positions, slot_mapping)`` -- q ``(num_seqs, H, D)`` and k ``(num_seqs, H_kv, D)`` scaled by 3,
+    v ``(num_seqs, H_kv, D)``, a pool of random "stale" values ``(num_seqs * 40, B, H_kv, D)``, lengths in
+    ``[1, max_len)``, each sequence ``width`` distinct random blocks (``width * B >= max_len``), the new
+    token at ``s - 1`` and its slot through the table. The case of ``benchmarks/probe_fp_fusion.py`` and
+    of the GPU test that holds its finding (``tests/test_fused.py``)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, device=device, generator=g) * scale).to(torch.bfloat16)
+
+    num_blocks = num_seqs * 40
+    q = randn(num_seqs, num_q_heads, head_dim, scale=3.0)
+    k = randn(num_seqs, num_kv_heads, head_dim, scale=3.0)
+    v = randn(num_seqs, num_kv_heads, head_dim)
+    pool = randn(num_blocks, block_size, num_kv_heads, head_dim)
+    lens = torch.randint(1, max_len, (num_seqs,), device=device, generator=g).to(torch.int32)
+    tables = torch.randperm(num_blocks, device=device, generator=g)[: num_seqs * width].view(num_seqs, width)
+    tables = tables.to(torch.int32)
+    pos = (lens - 1).long()
+    slots = tables[torch.arange(num_seqs, device=device), pos // block_size].long() * block_size + pos % block_size
+    return q, k, v, pool, tables, lens, pos, slots
 
 
 def percentile(samples, q):
