@@ -207,6 +207,13 @@ def run_engine(
         f"variant {speed['steps_that_compiled']} ({speed['mixed_steps_that_compiled']} mixed), mixed step without "
         f"them {speed['mean_mixed_step_ms_without_compiles']} ms"
     )
+    log(
+        "  decode steps by sequences decoded (step / host / device wait, ms): "
+        + "; ".join(
+            f"{r['num_seqs']}: {r['steps']} steps, {r['step_ms']} / {r['host_ms']} / {r['device_wait_ms']}"
+            for r in speed["decode_by_concurrency"]
+        )
+    )
     recorded = None
     if record_timeline:
         recorded = timeline_run(model, prompts, outputs, engine_kwargs, useful / dt, temperature=temperature)

@@ -4,6 +4,7 @@ around a stub model that returns at once.
     python benchmarks/bench_host.py                    # 256 running sequences, 200 decode steps
     python benchmarks/bench_host.py --running 512 --profile
     python benchmarks/bench_host.py --async-scheduling    # the engine's host one step ahead
+    python benchmarks/bench_host.py --workload sharegpt --graph-path --async-scheduling   # the real schedule
 
 The pool holds every sequence to its last token (``pool_blocks``), so no timed step preempts at
 any ``--running``. Writes its record (the command, the commit, the machine) to
@@ -36,6 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
 from paged_edu.engine.cuda_graphs import DecodeCudaGraphs  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
+from paged_edu.labs.batching import sharegpt_requests  # noqa: E402
+from paged_edu.labs.timed_run import by_concurrency, mean_ms, near_running  # noqa: E402
+from paged_edu.labs.timing import frozen_heap  # noqa: E402
+from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.config import LlamaConfig  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
 from record import provenance  # noqa: E402
@@ -59,8 +64,8 @@ def stub_model(device: str = "cpu", vocab: int = 16) -> PagedLlama:
     def forward(batch, kv_caches, kernels=None):  # (T, hidden) zeros: no kernels worth the name
         return torch.zeros(batch.input_ids.shape[0], cfg.hidden_size, device=device)
 
-    def compute_logits(hidden, kernels=None):  # (N, vocab): the same row for every sequence
-        return logits_table.repeat(hidden.shape[0], 1)
+    def compute_logits(hidden, kernels=None):  # (N, vocab): the same row for every sequence (a view)
+        return logits_table.expand(hidden.shape[0], vocab)
 
     model.forward = forward
     model.compute_logits = compute_logits
@@ -168,8 +173,82 @@ def measure(
     )
 
 
+def measure_sharegpt(
+    num_requests: int = 512,
+    seed: int = 0,
+    device: str = "cpu",
+    profile: bool = False,
+    graph_path: bool = False,
+    async_scheduling: bool = False,
+) -> dict:
+    """Host time of every step of ``bench_engine``'s workload (module docstring), by concurrency."""
+    vocab = smollm2_config().vocab_size  # the benchmark's token ids, unchanged
+    model = stub_model(device, vocab=vocab)
+    prompts, outputs = sharegpt_requests(num_requests, seed, vocab)
+    engine = Engine(
+        model,
+        num_blocks=8192,
+        block_size=BLOCK_SIZE,
+        enable_prefix_caching=True,
+        max_num_seqs=512,
+        max_num_batched_tokens=4096,
+        cuda_graphs=False,
+        async_scheduling=async_scheduling,
+    )
+    if graph_path:
+        engine.runner.graphs = StubGraphs(model, 512, 2048 // BLOCK_SIZE)
+    events: list[StepMetrics] = []
+    engine.subscribe(lambda e: events.append(e) if isinstance(e, StepMetrics) and e.num_batched_tokens else None)
+    prof = None
+    with frozen_heap():  # as the engine benchmark's timed window (paged_edu.labs.timed_run)
+        for p, o in zip(prompts, outputs):
+            engine.add_request(p, SamplingParams(max_tokens=o))
+        if profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
+        while engine.has_unfinished():
+            engine.step()
+        if prof is not None:
+            prof.disable()
+    if prof is not None:
+        import pstats
+
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    # Host time as bench_engine counts it (paged_edu.labs.timed_run.step_speed): a call's wall time less
+    # its wait for the device -- with the stub, almost all of it
+    host = np.array([e.duration - e.device_wait for e in events])  # (steps,) seconds
+    decode = np.array([e.num_prefill_tokens == 0 for e in events])
+    running = np.array([e.num_running for e in events])
+    near = decode & near_running(running)
+    return dict(
+        workload=f"bench_engine's {num_requests} ShareGPT-like requests (seed {seed})",
+        graph_path=graph_path,
+        async_scheduling=async_scheduling,
+        num_steps=len(events),
+        num_decode_steps=int(decode.sum()),
+        num_generated_tokens=engine.num_generated_tokens,  # the requests' output lengths, summed, when all went well
+        host_s=round(float(host.sum()), 4),
+        host_ms_per_decode_step=mean_ms(host, decode),
+        host_ms_at_256_running=mean_ms(host, near),
+        num_steps_near_256_running=int(near.sum()),
+        host_ms_per_mixed_step=mean_ms(host, ~decode),
+        host_ms_decode_p50_max=[round(float(np.percentile(host[decode], q)) * 1e3, 4) for q in (50, 100)],
+        decode_by_concurrency=by_concurrency(np.array([e.num_decode_seqs for e in events]), decode, host=host),
+        torch=torch.__version__,
+        device=device,
+    )
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--workload",
+        choices=("lockstep", "sharegpt"),
+        default="lockstep",
+        help="lockstep: --running sequences decoding in step; sharegpt: bench_engine's 512 requests, every step",
+    )
     ap.add_argument("--running", type=int, default=256)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--temperature", type=float, default=0.0)
@@ -184,6 +263,27 @@ def main(argv=None):
     )
     ap.add_argument("--out", default="figures/host_bench.json", help="write the record as JSON here ('' for none)")
     args = ap.parse_args(argv)
+    if args.workload == "sharegpt":
+        res = measure_sharegpt(
+            device=args.device,
+            profile=args.profile,
+            graph_path=args.graph_path,
+            async_scheduling=args.async_scheduling,
+        )
+        res = {**provenance("bench_host.py", argv, note="the CPU may be shared with other work"), **res}
+        print(
+            f"{res['workload']}: {res['num_steps']} steps ({res['num_decode_steps']} decode), host {res['host_s']:.3f} s; "
+            f"per decode step {res['host_ms_per_decode_step']:.3f} ms, at ~256 running "
+            f"{res['host_ms_at_256_running']:.3f} ms ({res['num_steps_near_256_running']} steps)"
+        )
+        print(f"{'sequences':>9} {'decode steps':>12} {'host ms':>8}")
+        for r in res["decode_by_concurrency"]:
+            print(f"{r['num_seqs']:>9} {r['steps']:>12} {r['host_ms']:>8.3f}")
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(res, indent=1))
+            print(f"wrote {args.out}")
+        return res
     res = measure(
         args.running,
         args.steps,

@@ -70,12 +70,12 @@ def main(argv=None) -> int:
     rows = []
     for fusion in (True, False):
         store.value = decode.value = fusion
-        k_two = pool.clone()
-        q_rot = triton_store.rotary_store_kv_triton(q, k, v, k_two, pool.clone(), slots, pos, *tabs)
-        out_two = triton_decode.paged_attention_triton(q_rot, k_two, pool.clone(), tables, lens, scale=scale)
-        k_one = pool.clone()
+        k_two, v_two = pool.clone(), -pool  # the V cache differs from the K cache, as in a model
+        q_rot = triton_store.rotary_store_kv_triton(q, k, v, k_two, v_two, slots, pos, *tabs)
+        out_two = triton_decode.paged_attention_triton(q_rot, k_two, v_two, tables, lens, scale=scale)
+        k_one, v_one = pool.clone(), -pool
         out_one = triton_decode.rotary_store_decode_triton(
-            q, k, v, k_one, pool.clone(), tables, lens, slots, pos, *tabs, scale=scale
+            q, k, v, k_one, v_one, tables, lens, slots, pos, *tabs, scale=scale
         )
         rows.append(
             dict(
@@ -84,6 +84,7 @@ def main(argv=None) -> int:
                 two_launch_keys_unlike_pytorch=int((k_two != k_ref).sum()),
                 two_launch_queries_unlike_pytorch=int((q_rot != q * cos + _rotate_half(q) * sin).sum()),
                 one_launch_keys_unlike_pytorch=int((k_one != k_ref).sum()),
+                value_caches_equal=bool(torch.equal(v_one, v_two)),
                 outputs=out_one.numel(),
                 outputs_unlike_two_launch=int((out_one != out_two).sum()),
                 max_abs_output_difference=float((out_one.float() - out_two.float()).abs().max()),

@@ -45,6 +45,22 @@ def test_bench_host_running_512_times_full_steps(tmp_path):
     ] == "python benchmarks/bench_host.py --running 512 --steps 110 --out " + str(out)
 
 
+def test_bench_host_serves_bench_engines_workload_to_its_last_token():
+    """``--workload sharegpt``: the stub engine serves every request to its full length (no early stop
+    changes the schedule), and the groups by concurrency hold every decode step."""
+    from bench_host import measure_sharegpt
+
+    from paged_edu.labs.batching import sharegpt_requests
+    from paged_edu.models.config import smollm2_config
+
+    rec = measure_sharegpt(num_requests=12, graph_path=True, async_scheduling=True)
+    _, outputs = sharegpt_requests(12, 0, smollm2_config().vocab_size)
+    assert rec["num_generated_tokens"] == sum(outputs)
+    assert sum(r["steps"] for r in rec["decode_by_concurrency"]) == rec["num_decode_steps"] < rec["num_steps"]
+    assert rec["num_steps"] >= max(outputs)  # one token a step at most, per sequence
+    assert rec["host_ms_per_decode_step"] > 0 and rec["num_steps_near_256_running"] == 0
+
+
 def pool_blocks_for(running, steps):
     from bench_host import pool_blocks
 

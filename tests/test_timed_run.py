@@ -71,6 +71,23 @@ def test_step_speed_prices_the_same_steps_by_hand(setup):
     a100 = CostModel(model=spec, gpu=GPUS["a100-80gb"]).roofline()
     assert speed["roofline_run_s_by_gpu"]["a100-80gb"] == pytest.approx(sum(a100.step_time(m.shape) for m in run.steps))
     assert speed["steps_that_compiled"] is None  # (not counted per step)
+    rows = speed["decode_by_concurrency"]  # KW's 4 sequences at most: one group, every decode step
+    assert [r["num_seqs"] for r in rows] == ["1-63"] and rows[0]["steps"] == len(decode)
+    assert rows[0]["host_ms"] == speed["host_ms_per_decode_step"] and rows[0]["step_ms"] == speed["mean_decode_step_ms"]
+
+
+def test_by_concurrency_groups_steps_by_sequences_decoded():
+    num_seqs = np.array([1, 63, 64, 300, 512, 200, 7])
+    mask = np.array([True, True, True, True, True, False, True])
+    t = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 9.0]) * 1e-3  # seconds
+    rows = tr.by_concurrency(num_seqs, mask, host=t)
+    assert rows == [
+        dict(num_seqs="1-63", steps=3, host_ms=4.0),  # 1, 2 and 9 ms; 63 is in the first group, 64 is not
+        dict(num_seqs="64-127", steps=1, host_ms=3.0),
+        dict(num_seqs="256-383", steps=1, host_ms=4.0),  # 200 (masked out) leaves 128-255 empty: no row
+        dict(num_seqs="384-512", steps=1, host_ms=5.0),
+    ]
+    assert tr.near_running(np.array([223, 224, 256, 288, 289])).tolist() == [False, True, True, True, False]
 
 
 def test_a_compile_inside_the_window_is_booked_to_its_step(setup, monkeypatch):

@@ -43,8 +43,11 @@ from paged_edu.labs.timing import compiled_variant_counter, frozen_heap, graph_c
 from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel
 
 __all__ = [
+    "CONCURRENCY_BUCKETS",
     "TimedRun",
+    "by_concurrency",
     "mean_ms",
+    "near_running",
     "roofline_model",
     "roofline_s",
     "step_speed",
@@ -206,6 +209,27 @@ def mean_ms(seconds: np.ndarray, mask: np.ndarray) -> float | None:
     return round(float(seconds[mask].mean() * 1e3), 4) if mask.any() else None
 
 
+CONCURRENCY_BUCKETS = ((1, 64), (64, 128), (128, 256), (256, 384), (384, 513))  # [lo, hi) sequences a step
+
+
+def by_concurrency(num_seqs: np.ndarray, mask: np.ndarray, **seconds: np.ndarray) -> list[dict]:
+    """The steps of ``mask`` grouped by how many sequences each computed (``num_seqs``, grouped by
+    :data:`CONCURRENCY_BUCKETS`): per group the step count and the mean of each named column, given in
+    seconds, as ``<name>_ms``."""
+    rows = []
+    for lo, hi in CONCURRENCY_BUCKETS:
+        m = mask & (num_seqs >= lo) & (num_seqs < hi)
+        if m.any():
+            means = {f"{k}_ms": mean_ms(v, m) for k, v in seconds.items()}
+            rows.append(dict(num_seqs=f"{lo}-{hi - 1}", steps=int(m.sum()), **means))
+    return rows
+
+
+def near_running(running: np.ndarray, target: int = 256, width: int = 32) -> np.ndarray:
+    """Steps with ``target +- width`` sequences running: what "at ~256 running" means in every host figure."""
+    return np.abs(running - target) <= width
+
+
 def step_speed(run: TimedRun, cost: CostModel, roofline_gpus=()) -> dict:
     """A timed run's steps against the roofline of the same steps, and the host's share of each step.
 
@@ -220,7 +244,7 @@ def step_speed(run: TimedRun, cost: CostModel, roofline_gpus=()) -> dict:
     dur = run.durations
     host = dur - np.array([m.device_wait for m in steps])
     running = np.array([m.num_running for m in steps])
-    near_256 = decode & (np.abs(running - 256) <= 32)
+    near_256 = decode & near_running(running)
     compiled = run.compiled
     out = dict(
         roofline=ROOFLINE_NAME,
@@ -244,6 +268,16 @@ def step_speed(run: TimedRun, cost: CostModel, roofline_gpus=()) -> dict:
         steps_that_compiled=None if compiled is None else int(compiled.sum()),
         mixed_steps_that_compiled=None if compiled is None else int((compiled & mixed).sum()),
         mean_mixed_step_ms_without_compiles=None if compiled is None else mean_ms(dur, mixed & ~compiled),
+        # "host below the GPU's time at every concurrency": a decode step's wall time, its host work, the
+        # host's wait for the device and its roofline, by the sequences it decoded
+        decode_by_concurrency=by_concurrency(
+            np.array([m.num_decode_seqs for m in steps]),
+            decode,
+            step=dur,
+            host=host,
+            device_wait=dur - host,
+            roofline=roof,
+        ),
     )
     for kind in ("decode", "mixed"):
         step, roofline = out[f"mean_{kind}_step_ms"], out[f"roofline_{kind}_step_ms"]
