@@ -285,6 +285,30 @@ def test_unknown_sequence_raises_key_error_naming_it():
         assert "ghost" in str(err.value)
 
 
+@pytest.mark.parametrize("make", [lambda: BlockAllocator(8, B, True), lambda: RadixAllocator(8, B)])
+def test_block_tables_are_each_sequences_table_read_in_one_call(make):
+    """``block_tables(ids)``: ``block_table(id)`` for each id, in order (the allocator's own lists, not
+    copies); an unknown id is named, as by ``block_table``; a manager without it gets the per-sequence
+    fallback from ``block_tables_reader``."""
+    from paged_edu.sched.memory_manager import block_tables_reader
+
+    a = make()
+    a.allocate("a", list(range(2 * B + 1)))
+    a.allocate("b", [7])
+    a.fork("a", "c")
+    append_token(a, "c", 3)  # copy-on-write: c's last block differs from a's
+    ids = ["c", "b", "a"]
+    assert a.block_tables(ids) == [a.block_table(i) for i in ids] and a.block_table("c") != a.block_table("a")
+    with pytest.raises(UnknownSequenceError, match="ghost"):
+        a.block_tables(["a", "ghost"])
+
+    class TablesOnly:  # a learner's manager: block_table, no block_tables
+        block_table = a.block_table
+
+    assert block_tables_reader(TablesOnly())(ids) == a.block_tables(ids)
+    assert block_tables_reader(a) == a.block_tables
+
+
 def test_existing_id_raises_value_error():
     a = BlockAllocator(8, B)
     a.allocate("a", [1])

@@ -60,7 +60,7 @@ from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState
 from paged_edu.engine.requests import check_inputs, check_max_model_len
 from paged_edu.engine.runner import ModelRunner
 from paged_edu.engine.timeline import StepRecord, Timeline
-from paged_edu.sched.memory_manager import MemoryManager, is_empty
+from paged_edu.sched.memory_manager import MemoryManager, block_tables_reader, is_empty
 from paged_edu.sched.parallel_sampling import ParallelSamples
 from paged_edu.engine.sampling import Sampler, SamplingParams
 from paged_edu.models.llama import PagedLlama
@@ -208,6 +208,7 @@ class Engine:
                 f"allocator still caches {a.num_cached_blocks} blocks whose K/V is in another engine's "
                 f"KV cache, not this one's: pass a new allocator, or call its reset_prefix_cache() first"
             )
+        self._block_tables = block_tables_reader(a)  # every scheduled sequence's table, each step
         self.scheduler = Scheduler(
             self.allocator,
             max_num_seqs=max_num_seqs,
@@ -506,7 +507,7 @@ class Engine:
             self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
             phase = "prepare"
             emitting, sampling = self._rows_to_sample(sched.scheduled)  # who samples, and how
-            batch = self.runner.prepare(sched.scheduled, self.allocator.block_table, *sampling)
+            batch = self.runner.prepare(sched.scheduled, self._block_tables, *sampling)
             t = self._lap(phases, "prepare", t)
             phase = "forward"
             self.runner.forward(batch)  # 3. one forward pass over the flat batch

@@ -217,13 +217,14 @@ class ModelRunner:
     def prepare(
         self,
         scheduled,
-        block_table,
+        block_tables,
         sample_chunks: Sequence[int],
         sampling: tuple[Sequence[float], Sequence[float], Sequence[float]] | None = None,
     ) -> StepBatch:
         """The step's inputs on the device, from the scheduler's ``ScheduledSeq`` s.
 
-        ``block_table(seq_id)`` gives each sequence's blocks (the allocator's); ``sample_chunks``
+        ``block_tables(seq_ids)`` gives the sequences' blocks (the allocator's:
+        :func:`~paged_edu.sched.memory_manager.block_tables_reader`); ``sample_chunks``
         lists, per token to sample, the index of its chunk; ``sampling`` is ``(temperatures,
         top_ps, uniforms)`` per sampled row, or None when every row is greedy.
         """
@@ -240,7 +241,7 @@ class ModelRunner:
             token_ids,
             [it.start for it in scheduled],
             [it.num_new_tokens for it in scheduled],
-            [block_table(it.seq.seq_id) for it in scheduled],
+            block_tables([it.seq.seq_id for it in scheduled]),
             self.block_size,
         )
         batch = self._stage(fields, sample_chunks, sampling)

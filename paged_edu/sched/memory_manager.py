@@ -44,10 +44,18 @@ Plain Python, no torch.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["CacheStats", "MemoryManager", "PrefixLookup", "cache_keys", "is_empty", "publishes_before_computed"]
+__all__ = [
+    "CacheStats",
+    "MemoryManager",
+    "PrefixLookup",
+    "block_tables_reader",
+    "cache_keys",
+    "is_empty",
+    "publishes_before_computed",
+]
 
 
 @runtime_checkable
@@ -129,6 +137,17 @@ def cache_keys(seq) -> dict:
     ``cache_salt``: the admission policy takes any object with ``seq_id`` and ``token_ids``)."""
     salt = getattr(seq, "cache_salt", None)
     return {} if salt is None else {"cache_salt": salt}
+
+
+def block_tables_reader(manager: MemoryManager) -> Callable[[list], list[list[int]]]:
+    """``seq_ids -> their block tables``: the manager's ``block_tables(seq_ids)`` where it has one (the
+    paged and radix allocators: their own lists, read at once, no copies), else one ``block_table`` call
+    per sequence -- a manager needs only :class:`MemoryManager` to serve the engine."""
+    bulk = getattr(manager, "block_tables", None)
+    if callable(bulk):
+        return bulk
+    block_table = manager.block_table
+    return lambda seq_ids: [block_table(i) for i in seq_ids]
 
 
 def publishes_before_computed(manager: MemoryManager) -> bool:
