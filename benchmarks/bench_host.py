@@ -261,16 +261,24 @@ def main(argv=None):
         help="Engine(async_scheduling=True): with the stub's instant device nothing is hidden, so this times "
         "the host's whole work per step in that mode (its bookkeeping included)",
     )
-    ap.add_argument("--out", default="figures/host_bench.json", help="write the record as JSON here ('' for none)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="write the record as JSON here ('' for none; default figures/host_bench.json, "
+        "figures/host_bench_sharegpt.json with --workload sharegpt)",
+    )
     args = ap.parse_args(argv)
+    modes = dict(device=args.device, profile=args.profile, graph_path=args.graph_path)
     if args.workload == "sharegpt":
-        res = measure_sharegpt(
-            device=args.device,
-            profile=args.profile,
-            graph_path=args.graph_path,
-            async_scheduling=args.async_scheduling,
+        res = measure_sharegpt(**modes, async_scheduling=args.async_scheduling)
+        note, out = "the CPU may be shared with other work", "figures/host_bench_sharegpt.json"
+    else:
+        res = measure(
+            args.running, args.steps, temperature=args.temperature, **modes, async_scheduling=args.async_scheduling
         )
-        res = {**provenance("bench_host.py", argv, note="the CPU may be shared with other work"), **res}
+        note, out = "medians; the CPU may be shared with other work", "figures/host_bench.json"
+    res = {**provenance("bench_host.py", argv, note=note), **res}
+    if args.workload == "sharegpt":
         print(
             f"{res['workload']}: {res['num_steps']} steps ({res['num_decode_steps']} decode), host {res['host_s']:.3f} s; "
             f"per decode step {res['host_ms_per_decode_step']:.3f} ms, at ~256 running "
@@ -279,30 +287,17 @@ def main(argv=None):
         print(f"{'sequences':>9} {'decode steps':>12} {'host ms':>8}")
         for r in res["decode_by_concurrency"]:
             print(f"{r['num_seqs']:>9} {r['steps']:>12} {r['host_ms']:>8.3f}")
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(res, indent=1))
-            print(f"wrote {args.out}")
-        return res
-    res = measure(
-        args.running,
-        args.steps,
-        device=args.device,
-        temperature=args.temperature,
-        profile=args.profile,
-        graph_path=args.graph_path,
-        async_scheduling=args.async_scheduling,
-    )
-    res = {**provenance("bench_host.py", argv, note="medians; the CPU may be shared with other work"), **res}
-    print(
-        f"{res['running']} running, {res['steps']} decode steps: median {res['ms_per_step']:.3f} ms host per step "
-        f"(mean {res['mean_ms_per_step']:.3f}); median phases (ms): "
-        + ", ".join(f"{k} {v:.3f}" for k, v in res["phase_ms"].items())
-    )
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(res, indent=1))
-        print(f"wrote {args.out}")
+    else:
+        print(
+            f"{res['running']} running, {res['steps']} decode steps: median {res['ms_per_step']:.3f} ms host per step "
+            f"(mean {res['mean_ms_per_step']:.3f}); median phases (ms): "
+            + ", ".join(f"{k} {v:.3f}" for k, v in res["phase_ms"].items())
+        )
+    out = out if args.out is None else args.out
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(res, indent=1))
+        print(f"wrote {out}")
     return res
 
 
