@@ -36,6 +36,18 @@ query heads ``h*G .. h*G+G-1``, attention over its range of tiles, and writes ei
 output (``num_splits == 1``) or a partial output ``o_j`` with its log-sum-exp ``lse_j``. The merge
 is ``O = sum_j exp(lse_j - M) o_j / sum_j exp(lse_j - M)`` with ``M = max_j lse_j``.
 
+Why the merge is a second kernel (measured, not assumed): the merge could run inside the same
+launch, by whichever split of a (sequence, KV head) finishes last -- each adds 1 to a counter with
+an atomic after writing its part, and the one that reads back ``num_splits - 1`` merges, as
+:mod:`~paged_edu.kernels.triton_gemm`'s split-K does. That saves 30 launches of a SmolLM2 decode
+step. On the H200 it lost (``benchmarks/bench_layer.py --batches 1,16,64,256``, context 512,
+64 splits at batch 1): attention per step at batch 1 took 173 us with the second kernel
+(``figures/h200/layer_bench_merge_two_launches.json``), 753 us with a merge reading one split
+after another (``..._in_kernel_serial.json``: one memory latency per split, on the critical path
+of the last program) and 254 us reading 16 splits at once (``..._in_kernel_chunked.json``); the
+whole step 883 / 1,449 / 954 us. Inside a CUDA graph the second launch costs about 1.4 us; the
+last program's wait-then-merge costs more, because nothing else runs beside it.
+
 Storing the new token on the way in (``FUSED_STORE``)
 -----------------------------------------------------
 A decode step of a small model is bound by the *number* of kernels: SmolLM2-135M's 30 layers run
