@@ -318,8 +318,8 @@ def choose_impls(model, device, block_size, log, args) -> tuple[dict, dict]:
         impls["gemm_impl"] = args.gemm_impl
     if not args.fuse_decode_store:
         impls["fuse_decode_store"] = False
-    if args.swiglu_gemm:
-        impls["swiglu_gemm"] = True
+    if not args.swiglu_gemm:
+        impls["swiglu_gemm"] = False
     if kernel_check:
         log(
             f"kernels vs PyTorch references (bf16 logits, scale {kernel_check['logit_scale']:.2f}): "
@@ -594,8 +594,9 @@ def main(argv=None):
     )
     ap.add_argument(
         "--swiglu-gemm",
-        action="store_true",
-        help="the engine's swiglu_gemm: gate_up and silu*mul in one skinny GEMM at <= 32 rows",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the engine's swiglu_gemm (default on): gate_up and silu*mul in one skinny GEMM at <= 32 rows",
     )
     ap.add_argument(
         "--gemm-impl",

@@ -185,17 +185,19 @@ def test_swiglu_equals_the_two_kernel_path(dtype, M, config):
         assert int(_counters[x.device].abs().sum()) == 0  # left zeroed for the next launch
 
 
+@pytest.mark.parametrize("config", [None, dict(SPLIT_K=3, num_stages=4)], ids=["default", "split3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_swiglu_at_smollm2_mlp_shape_with_random_values(dtype):
-    """SmolLM2's MLP (K = 576, I = 1536) with its default config (split-K 3), Gaussian values: the sums'
-    order differs from F.linear's, so a bf16 value next to a rounding boundary may land one ulp apart
-    -- held to the fp64 oracle, and to the two-kernel path on all but a few values."""
+def test_swiglu_at_smollm2_mlp_shape_with_random_values(dtype, config):
+    """SmolLM2's MLP (K = 576, I = 1536) with its default config (no split: the SwiGLU rule) and split in
+    three, Gaussian values: the sums' order differs from F.linear's, so a bf16 value next to a rounding
+    boundary may land one ulp apart -- held to the fp64 oracle, and to the two-kernel path on all but a
+    few values."""
     from paged_edu.kernels.triton_fused import silu_and_mul_triton
 
     I, K = C.intermediate_size, C.hidden_size
     x, w = case(5, 2 * I, K, dtype, seed=11)
-    assert skinny_config(5, I, K)["SPLIT_K"] > 1
-    y = skinny_matmul(x, w, swiglu=True)
+    assert skinny_config(5, I, K, swiglu=True)["SPLIT_K"] == 1 and skinny_config(5, I, K)["SPLIT_K"] == 3
+    y = skinny_matmul(x, w, config=config, swiglu=True)
     torch.testing.assert_close(y.double(), silu_mul_oracle(x, w), rtol=SWIGLU_RTOL[dtype], atol=1e-4)
     two = silu_and_mul_triton(F.linear(x, w))
     torch.testing.assert_close(y, two, rtol=RTOL[dtype], atol=1e-5)
@@ -321,10 +323,10 @@ def test_model_with_the_swiglu_gemm_matches_the_two_kernel_mlp(dtype, monkeypatc
     model = random_llama(TINY_LLAMA, seed=2, dtype=dtype, device=DEVICE)
     sizes, layers = (40, 7, 1, 1), TINY_LLAMA.num_layers
     kw = dict(decode="torch", prefill="torch", fused="triton")
-    two = run_tiny_model(model, Kernels(**kw).resolve(torch.device(DEVICE)), sizes)
+    two = run_tiny_model(model, Kernels(**kw, swiglu_gemm=False).resolve(torch.device(DEVICE)), sizes)
     assert calls == {"swiglu": [], "silu_and_mul": [n for n in sizes for _ in range(layers)]}
     calls["silu_and_mul"].clear()
-    one = run_tiny_model(model, Kernels(**kw, swiglu_gemm=True).resolve(torch.device(DEVICE)), sizes)
+    one = run_tiny_model(model, Kernels(**kw).resolve(torch.device(DEVICE)), sizes)  # on by default
     assert calls == {"swiglu": [n for n in sizes[1:] for _ in range(layers)], "silu_and_mul": [40] * layers}
     for got, want in zip(one, two):
         assert torch.equal(got[: sizes[0]], want[: sizes[0]])  # the prompt chunk: the two kernels on both
@@ -337,16 +339,17 @@ def test_model_with_the_swiglu_gemm_matches_the_two_kernel_mlp(dtype, monkeypatc
     torch.testing.assert_close(one[0], plain[0], atol=tol, rtol=tol)  # and the plain PyTorch MLP's
 
 
-def test_swiglu_gemm_is_an_engine_option_off_by_default(hf_greedy_case):
+def test_swiglu_gemm_is_an_engine_option_on_by_default(hf_greedy_case):
     """``Engine(swiglu_gemm=True)`` (fused ops, interpreted here): transformers' greedy tokens through the
-    decode graphs' path; checked like the other flags; off by default."""
+    decode graphs' path; checked like the other flags; on by default, ``False`` turns it off."""
     from paged_edu.engine import Engine
     from paged_edu.engine.cuda_graphs import DecodeCudaGraphs
 
     hf, prompts, want = hf_greedy_case
     model = PagedLlama.from_hf(hf, device=DEVICE)
     kw = dict(num_blocks=64, block_size=4, max_num_seqs=8, attn_impl="torch", prefill_impl="torch")
-    assert not Engine(model, **kw).runner.kernels.swiglu_gemm
+    assert Engine(model, **kw).runner.kernels.swiglu_gemm
+    assert not Engine(model, swiglu_gemm=False, **kw).runner.kernels.swiglu_gemm
     with pytest.raises(ValueError, match="swiglu_gemm"):
         Engine(model, swiglu_gemm="yes", **kw)
     engine = Engine(model, cuda_graphs=False, fused_impl="triton", swiglu_gemm=True, **kw)
@@ -408,20 +411,21 @@ def test_gpu_model_with_the_skinny_gemm_under_graph_capture():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", [None, dict(SPLIT_K=3, num_stages=4)], ids=["default", "split3"])
 @pytest.mark.parametrize("M", [1, 8, 32])
-def test_gpu_swiglu_at_smollm2_mlp_shape(M, monkeypatch):
-    """K = 576, I = 1536, bf16, the default config (split-K 3), inside a CUDA graph: bit for bit the
-    two-kernel path on exact sums (cuBLAS made to reduce in fp32, as the skinny GEMM does; and the
-    skinny GEMM's own two launches), close to the oracle on Gaussian values."""
+def test_gpu_swiglu_at_smollm2_mlp_shape(M, config, monkeypatch):
+    """K = 576, I = 1536, bf16, the default config (no split) and split-K 3, inside a CUDA graph: bit for
+    bit the two-kernel path on exact sums (cuBLAS made to reduce in fp32, as the skinny GEMM does; and
+    the skinny GEMM's own two launches), close to the oracle on Gaussian values."""
     from paged_edu.kernels.triton_fused import silu_and_mul_triton
 
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", False)
     I, K = C.intermediate_size, C.hidden_size
     x, w = exact_case(M, I, K, torch.bfloat16, seed=M)
-    skinny_matmul(x, w, swiglu=True)  # compile outside the capture
+    skinny_matmul(x, w, config=config, swiglu=True)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = skinny_matmul(x, w, swiglu=True)
+        y = skinny_matmul(x, w, config=config, swiglu=True)
     for _ in range(3):  # replays reuse the split-K counters: each must leave them at zero
         y.fill_(float("nan"))
         graph.replay()
@@ -429,7 +433,7 @@ def test_gpu_swiglu_at_smollm2_mlp_shape(M, monkeypatch):
         assert torch.equal(y, silu_and_mul_triton(F.linear(x, w)))
         assert torch.equal(y, silu_and_mul_triton(skinny_matmul(x, w)))
     x, w = case(M, 2 * I, K, torch.bfloat16, seed=M)
-    y = skinny_matmul(x, w, swiglu=True)
+    y = skinny_matmul(x, w, config=config, swiglu=True)
     torch.testing.assert_close(y.double(), silu_mul_oracle(x, w), rtol=SWIGLU_RTOL[torch.bfloat16], atol=1e-3)
     two = silu_and_mul_triton(F.linear(x, w))
     assert (y != two).double().mean().item() <= 0.01

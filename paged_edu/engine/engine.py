@@ -117,7 +117,8 @@ class Engine:
         the Triton decode kernel). On by default; False keeps the separate rotary + store kernel.
     swiglu_gemm: the MLP's gate_up projection and SiLU-and-mul in one skinny GEMM for steps of at most
         32 rows (:func:`~paged_edu.kernels.triton_gemm.skinny_matmul` with ``swiglu=True``; with the fused
-        ops). Off by default: on the H200 not yet faster (:class:`~paged_edu.models.llama.Kernels`).
+        ops). On by default (faster on the H200, :class:`~paged_edu.models.llama.Kernels`); False keeps the
+        cuBLAS GEMM and the SiLU kernel.
     cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
     mixed_graphs: replay captured CUDA graphs for steps with prompt chunks too, one per token bucket
         up to ``max_num_batched_tokens`` (:mod:`~paged_edu.engine.cuda_graphs`; needs CUDA; off by
@@ -155,7 +156,7 @@ class Engine:
         fused_impl: str = "auto",
         gemm_impl: str = "torch",
         fuse_decode_store: bool = True,
-        swiglu_gemm: bool = False,
+        swiglu_gemm: bool = True,
         cuda_graphs: bool | None = None,
         mixed_graphs: bool = False,
         max_model_len: int | None = None,

@@ -104,7 +104,7 @@ class ModelRunner:
         fused_impl: str = "auto",
         gemm_impl: str = "torch",
         fuse_decode_store: bool = True,
-        swiglu_gemm: bool = False,
+        swiglu_gemm: bool = True,
         cuda_graphs: bool = False,
         mixed_graphs: bool = False,
         max_num_seqs: int = 256,
