@@ -20,7 +20,8 @@ What you will learn
   order and writes ``y``, then resets the counter for the next launch -- no memset, no second pass,
   the same bits whichever program comes last;
 * how a GEMM takes the next elementwise op into its *epilogue*: the SwiGLU MLP's ``silu(gate) * up``
-  applied to the tiles before they are stored (``swiglu=True``), one kernel where there were two.
+  applied to the tiles before they are stored (``swiglu=True``), one kernel where there were two --
+  and why its tiling differs from the plain GEMM's.
 
 The math
 --------
@@ -41,8 +42,8 @@ lose 13 bits). In the interpreter (``TRITON_INTERPRET=1``) bf16 tensors are raw 
 are upcast to fp32 right after their loads (and the interpreter truncates the final bf16 store
 where the GPU rounds to nearest: one ulp).
 
-The SwiGLU epilogue (measured: no faster yet)
---------------------------------------------
+The SwiGLU epilogue (on by default at <= 32 rows)
+-------------------------------------------------
 A Llama MLP is ``down(silu(x @ W_g^T) * (x @ W_u^T))``; ``gate_up_proj`` stores ``W_g`` and ``W_u``
 stacked, a ``(2I, K)`` weight, gate rows first. Unfused, at <= 32 rows, its first half is two
 kernels: the GEMM writes ``(M, 2I)``, and
@@ -62,14 +63,23 @@ order differs, so a sum next to a rounding boundary can land one ulp apart). Und
 partial buffer is indexed by *weight row* (``(SPLIT_K, 2I, BLOCK_M)``); the last program of a tile
 adds both halves' partials in slice order, then applies the epilogue. In the interpreter this
 epilogue rounds by hand to nearest (:func:`~paged_edu.kernels.triton_fused.round_to`), so the
-truncated store above does not apply to it. The tiling is the plain rule's for an ``(M, I, K)``
-GEMM (:func:`skinny_config`), each program reading ``2 * BLOCK_N`` weight rows. On the H200
-(``python benchmarks/bench_layer.py --batches 1,16,256 --swiglu-gemm``,
-``figures/h200/layer_bench_store_swiglu.json``) it removes the 30 launches -- 244 kernels a decode step
-at batch 1 and 16 -- but not the time: the fused kernel took 5.6 us against cuBLAS's gate_up GEMM
-(3.9-4.4 us) plus the ~1.5-us SiLU kernel, and the step 907 us at batch 1 (888 with the separate
-kernel, measured in an earlier session). Its tiling (``SPLIT_K = 3``, 288 programs) is unswept: the
-place to start. So it stays opt-in (``Kernels(swiglu_gemm=True)``).
+truncated store above does not apply to it. Its tiling is its own (:func:`skinny_config` with
+``swiglu=True``): no split of ``K``, five stages. With the plain rule's tiling (``SPLIT_K = 3``, 288
+programs) it had removed the 30 launches but not the time (5.6 us against cuBLAS's gate_up GEMM plus
+the SiLU kernel). A sweep on the H200 (``figures/h200/mlp_sweep.json``: 30 MLPs in one CUDA graph, L2
+flushed) put the unsplit tiling at 4.9-5.1 us a layer at 1-32 rows, against 4.5 + 1.8-2.0 us for the
+two kernels it replaces. A whole decode step (``python benchmarks/bench_layer.py --batches 1,16,32,64,256
+--reps 20``, with and without ``--no-swiglu-gemm`` in one call; ``figures/h200/layer_bench_swiglu_default.json``
+and ``layer_bench_swiglu_off.json``): 863 against 890 us at batch 1, 936 / 971 at 16, 989 / 1,034 at 32,
+244 kernels instead of 274; batches of more than 32 rows are unchanged (cuBLAS and the SiLU kernel). Its
+logits are as far from an fp32 step as the two-kernel path's (3.2-3.5e-2 for both over 30 random
+layers). So ``Kernels.swiglu_gemm`` is on by default; ``False`` gives the two kernels back.
+
+A mirror image was measured and not kept: SiLU-and-mul in the *prologue* of the down projection
+(each program applying it to the ``x`` tiles it loads). Bit for bit the two-kernel path, but at best
+5.9 us (split 12 ways) against 7.1 us for the SiLU kernel plus cuBLAS's down GEMM at one row, 8.2
+against 7.3 at 32 rows, and 9.5 us with the plain rule's tiling; each program recomputes the
+activation of its slice of ``K``, once for every tile of outputs that reads it.
 
 Launch shapes depend only on ``(M's bucket, N, K)`` and the config, never on values, so a call
 captures in a CUDA graph; the split-K counters live in one zeroed buffer per device that every
@@ -85,7 +95,7 @@ default config; the best of the sweep per shape (4.19, 4.01, 4.34, 4.89, 15.9 us
 954 at batch 16. Both kernels sit at the same floor, ~4 us a GEMM for 0.7-3.5 MB that the memory
 streams in under 1 us: the time is latency (a launch inside the graph, the first loads' round
 trips, the tail), which a different tiling does not remove -- fewer kernels do (the decode
-kernel's own K/V store, :mod:`~paged_edu.kernels.triton_decode`; the SwiGLU epilogue above, not yet faster). So ``gemm="auto"`` means
+kernel's own K/V store, :mod:`~paged_edu.kernels.triton_decode`; the SwiGLU epilogue above). So ``gemm="auto"`` means
 ``"torch"``; ``"triton"`` stays selectable, tested on both devices, for the lesson it teaches.
 """
 
