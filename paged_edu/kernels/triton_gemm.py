@@ -246,7 +246,7 @@ def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = 
     ``2 * BLOCK_N`` weight rows, gate and up) never splits ``K`` and keeps five stages in flight: at
     SmolLM2's MLP (``I = 1536``, ``K = 576``) 96 programs of 2 x 16 rows by 576 columns. Measured on the
     H200 (a sweep of 108 tilings at one row, the best four at 16 and 32; ``figures/h200/mlp_sweep.json``):
-    4.9-5.1 us a call at 1-32 rows, against ~6.3 us for the plain rule's ``SPLIT_K = 3`` (288 programs;
+    4.9-5.1 us a call at 1-32 rows, against ~6.2 us for the plain rule's ``SPLIT_K = 3`` (288 programs;
     5.6 us in an earlier session) and 6.2-6.6 us for cuBLAS's ``gate_up`` plus the SiLU kernel. What a
     split adds here: fp32 partials of *two* tiles per program and the last program's pass over them;
     unsplit, each program walks its nine 64-column steps of ``K`` with four loads ahead.
