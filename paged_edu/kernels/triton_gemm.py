@@ -255,13 +255,13 @@ def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = 
     while block_n > 16 and triton.cdiv(N, block_n) < num_sms:
         block_n //= 2
     block_k = 128 if K % 128 == 0 else 64
+    if swiglu:
+        return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=1, num_warps=4, num_stages=5)
     tiles, k_blocks = triton.cdiv(N, block_n), triton.cdiv(K, block_k)
     split_k = 1
     if tiles < 0.75 * num_sms:
         divisors = [s for s in range(1, min(8, k_blocks) + 1) if k_blocks % s == 0]
         split_k = next((s for s in divisors if tiles * s >= 0.75 * num_sms), divisors[-1])
-    if swiglu:
-        return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=1, num_warps=4, num_stages=5)
     return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=4)
 
 
