@@ -455,7 +455,7 @@ def _launch(x, weight, out, config, swiglu: bool, norm) -> torch.Tensor:
     )
     cfg = skinny_config(M, n_out, K, num_sms, swiglu=swiglu)  # swiglu: tiles of I outputs, 2 * BLOCK_N weight rows each
     cfg.update(config or {})
-    block_m = 16 if M <= 16 else 32
+    block_m = 16 if M <= 16 else 32 if M <= 32 else 64  # (64: the kernel takes it; the API stops at MAX_ROWS)
     n_tiles = triton.cdiv(n_out, cfg["BLOCK_N"])
     split_k = cfg["SPLIT_K"]
     if split_k > 1:  # each slice's fp32 sums per weight row; no zeroing needed, every program writes its whole slice
