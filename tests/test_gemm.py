@@ -254,22 +254,23 @@ def rel_err(got, want):
 # Relative (norm-wise) distance to the fp64 oracle: fp32 sums in another order; bf16 rounds h + r, the
 # normalised row, its product with the weight, the GEMM's output (and SwiGLU's three more): ~2**-9 each.
 NORM_TOL = {torch.float32: 1e-5, torch.bfloat16: 1.5e-2}
-NORM_SPLITS = [None, dict(SPLIT_K=2, BLOCK_K=16)]  # the default tiling; K = 64 in two slices of two steps
+NORM_CONFIGS = [None, dict(BLOCK_K=16, num_stages=3)]  # the default tiling; K = 64 in four steps
 
 
-@pytest.mark.parametrize("config", NORM_SPLITS, ids=["default", "split2"])
+@pytest.mark.parametrize("config", NORM_CONFIGS, ids=["default", "four-steps"])
 @pytest.mark.parametrize("swiglu", [False, True], ids=["qkv", "swiglu"])
 @pytest.mark.parametrize("add", [True, False], ids=["add", "first-layer"])
 @pytest.mark.parametrize("M", [1, 17, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_norm_prologue_equals_the_norm_kernel_then_the_gemm(dtype, M, add, swiglu, config):
+def test_norm_prologue_against_fp64_and_the_norm_kernel_then_the_gemm(dtype, M, add, swiglu, config):
     """``add_rms_norm_matmul`` against the fp64 oracle, and against the two-step path it replaces
     (``add_rms_norm_triton``, then ``F.linear`` -- and ``silu_and_mul_triton`` with ``swiglu``): the same
-    residual stream bit for bit, the same outputs but for a value next to a rounding boundary (the sum of
-    squares and the GEMM's sums go in another order), at TINY_LLAMA's qkv and gate_up shapes, split or not.
-    The interpreter's truncating bf16 store does not touch this path: it rounds to nearest by hand."""
+    residual stream bit for bit; outputs within the oracle's tolerance and a rounding or two of the
+    two-step path (it divides by the row's rms after the sums, one rounding fewer), at TINY_LLAMA's qkv
+    and gate_up shapes. The interpreter's truncating bf16 store does not touch this path: it rounds to
+    nearest by hand."""
     from paged_edu.kernels.triton_fused import add_rms_norm_triton, silu_and_mul_triton
-    from paged_edu.kernels.triton_gemm import _counters, add_rms_norm_matmul
+    from paged_edu.kernels.triton_gemm import add_rms_norm_matmul
 
     K = TINY_LLAMA.hidden_size
     N = 2 * TINY_LLAMA.intermediate_size if swiglu else TINY_LLAMA.linear_shapes()["qkv"][0]
@@ -279,36 +280,43 @@ def test_norm_prologue_equals_the_norm_kernel_then_the_gemm(dtype, M, add, swigl
     assert y.shape == (M, N // 2 if swiglu else N) and y.dtype == dtype and r_out.shape == h.shape
     assert torch.equal(h, h0) and (r is None or torch.equal(r, r0))  # the inputs are left as they were
     assert torch.equal(r_out, h if r is None else (h.float() + r.float()).to(dtype))  # r' = round(h + r)
-    assert rel_err(y, norm_oracle(h, r, nw, 1e-5, w, swiglu)) <= NORM_TOL[dtype]
+    oracle = norm_oracle(h, r, nw, 1e-5, w, swiglu)
+    assert rel_err(y, oracle) <= NORM_TOL[dtype]
     x, r_two = add_rms_norm_triton(h, nw, 1e-5, r)
     two = F.linear(x, w)
     two = silu_and_mul_triton(two) if swiglu else two
     assert torch.equal(r_out, r_two)
-    torch.testing.assert_close(y, two, rtol=RTOL[dtype] if swiglu else 2 * RTOL[dtype], atol=1e-4)
-    if dtype == torch.bfloat16:
-        assert (y != two).double().mean().item() <= 0.02
-    if config is not None:
-        assert int(_counters[h.device].abs().sum()) == 0  # left zeroed for the next launch
+    assert rel_err(y, oracle) <= 1.5 * rel_err(two, oracle) + 1e-6  # no farther from fp64 than the two kernels
+    assert rel_err(y, two.double()) <= NORM_TOL[dtype]
+
+
+def test_norm_prologue_needs_the_whole_row_in_one_program():
+    """Split-K would give each program a slice of the row, not its rms: refused, with the reason."""
+    from paged_edu.kernels.triton_gemm import add_rms_norm_matmul
+
+    h, r, nw, w = norm_case(2, 48, 64, torch.float32, add=True)
+    assert skinny_config(2, 48, 64, norm=True)["SPLIT_K"] == 1
+    with pytest.raises(ValueError, match="SPLIT_K=1"):
+        add_rms_norm_matmul(h, nw, 1e-5, r, w, dict(SPLIT_K=2))
 
 
 @pytest.mark.parametrize("name", ["qkv", "gate_up"])
 def test_norm_prologue_at_smollm2_shapes(name):
-    """SmolLM2's qkv (N = 960: its default tiling splits K in three, so three programs share each row's
-    norm and one of all 180 writes the residual stream) and gate_up with the SwiGLU epilogue (no split),
-    bf16, 5 rows: close to the fp64 oracle and to the two-step path."""
+    """SmolLM2's qkv (N = 960, 60 programs; one writes the residual stream) and gate_up with the SwiGLU
+    epilogue, bf16, 5 rows: close to the fp64 oracle, no farther from it than the two-step path."""
     from paged_edu.kernels.triton_fused import add_rms_norm_triton, silu_and_mul_triton
     from paged_edu.kernels.triton_gemm import add_rms_norm_matmul
 
     N, K = SHAPES[name]
     swiglu = name == "gate_up"
-    assert skinny_config(5, N // 2 if swiglu else N, K, swiglu=swiglu)["SPLIT_K"] == (1 if swiglu else 3)
+    assert skinny_config(5, N // 2 if swiglu else N, K, norm=True)["SPLIT_K"] == 1
     h, r, nw, w = norm_case(5, N, K, torch.bfloat16, add=True, seed=3)
     y, r_out = add_rms_norm_matmul(h, nw, C.rms_norm_eps, r, w, swiglu=swiglu)
-    assert rel_err(y, norm_oracle(h, r, nw, C.rms_norm_eps, w, swiglu)) <= NORM_TOL[torch.bfloat16]
+    oracle = norm_oracle(h, r, nw, C.rms_norm_eps, w, swiglu)
     x, r_two = add_rms_norm_triton(h, nw, C.rms_norm_eps, r)
     two = silu_and_mul_triton(F.linear(x, w)) if swiglu else F.linear(x, w)
     assert torch.equal(r_out, r_two)
-    assert (y != two).double().mean().item() <= 0.02
+    assert rel_err(y, oracle) <= min(NORM_TOL[torch.bfloat16], 1.5 * rel_err(two, oracle))
 
 
 def test_norm_prologue_rejects_bad_inputs_and_leaves_them_unchanged():
@@ -659,9 +667,9 @@ def test_gpu_decode_step_with_the_swiglu_gemm_launches_one_kernel_fewer_per_laye
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 8, 32])
 def test_gpu_norm_prologue_at_smollm2_shapes_in_a_cuda_graph(M):
-    """qkv (split in three) and gate_up with the SwiGLU epilogue, bf16, compiled inside a CUDA graph and
-    replayed three times (the split-K counters reset each time): the residual stream bit for bit, close
-    to the fp64 oracle and to the two-step path on all but a few values."""
+    """qkv and gate_up with the SwiGLU epilogue, bf16, compiled inside a CUDA graph and replayed three
+    times: the residual stream bit for bit, close to the fp64 oracle, no farther from it than the two-step
+    path."""
     from paged_edu.kernels.triton_fused import add_rms_norm_triton, silu_and_mul_triton
     from paged_edu.kernels.triton_gemm import add_rms_norm_matmul
 
@@ -681,8 +689,8 @@ def test_gpu_norm_prologue_at_smollm2_shapes_in_a_cuda_graph(M):
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(r_out, r_two), name
-            assert rel_err(y, norm_oracle(h, r, nw, C.rms_norm_eps, w, swiglu)) <= NORM_TOL[torch.bfloat16], name
-            assert (y != two).double().mean().item() <= 0.02, name
+            oracle = norm_oracle(h, r, nw, C.rms_norm_eps, w, swiglu)
+            assert rel_err(y, oracle) <= min(NORM_TOL[torch.bfloat16], 1.5 * rel_err(two, oracle)), name
 
 
 @pytest.mark.gpu

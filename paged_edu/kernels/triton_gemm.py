@@ -235,32 +235,22 @@ def _skinny_matmul_kernel(
     up_ptrs = w_ptrs + N * stride_wn  # (BLOCK_N, BLOCK_K): SWIGLU's up rows, n + N
     x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk  # (BLOCK_M, BLOCK_K)
     dtype = y_ptr.dtype.element_ty
-    inv_rms = tl.zeros((BLOCK_M,), dtype=tl.float32)  # NORM: 1 / sqrt(mean(r'^2) + eps) per row (else unused)
-    if NORM:  # a first pass over the whole row (from L2: the previous kernel just wrote it)
-        sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        first = (pid_n == 0) & (pid_k == 0)  # the one program that writes r'
-        for i in tl.static_range(triton.cdiv(K, BLOCK_K)):
-            ck = i * BLOCK_K + tl.arange(0, BLOCK_K)  # (BLOCK_K,) columns of the whole row
-            row_mask = mask_m[:, None] & (ck < K)[None, :]
-            v = _residual_sum(x_ptr, r_ptr, rm, ck, stride_xm, stride_xk, stride_rm, row_mask, dtype, ADD, BY_HAND)
-            sum_sq += tl.sum(v * v, axis=1)
-            if ADD:
-                if first:
-                    r_out = r_out_ptr + rm[:, None] * stride_rom + ck[None, :] * stride_xk
-                    tl.store(r_out, v.to(dtype), mask=row_mask)
-        inv_rms = tl.rsqrt(sum_sq / K + eps)  # (BLOCK_M,)
+    sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)  # NORM: sum of r'^2 per row, over the loop (else unused)
+    store_r = ADD & (pid_n == 0)  # NORM with ADD: the one program that writes r' (SPLIT_K is 1)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # a tile of y^T (SWIGLU: of the gate's)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWIGLU: the up tile's (else unused)
     for _ in range(K_STEPS):  # a constant trip count: the pipeliner keeps num_stages - 1 loads ahead
         mask_k = rk < K  # the tail of K, and whole steps past it when SPLIT_K does not divide
         w_mask = mask_n[:, None] & mask_k[None, :]
         w = tl.load(w_ptrs, mask=w_mask, other=0.0)  # (BLOCK_N, BLOCK_K)
-        if NORM:  # round(w_norm * round(r' * inv_rms)): add_rms_norm_triton's y, tile by tile
+        if NORM:  # x = round(w_norm * r'): the row's 1 / rms comes after the loop, on the sums
             x_mask = mask_m[:, None] & mask_k[None, :]
             v = _residual_sum(x_ptr, r_ptr, rm, rk, stride_xm, stride_xk, stride_rm, x_mask, dtype, ADD, BY_HAND)
+            sum_sq += tl.sum(v * v, axis=1)
+            if store_r:
+                tl.store(r_out_ptr + rm[:, None] * stride_rom + rk[None, :] * stride_xk, v.to(dtype), mask=x_mask)
             nw = tl.load(norm_w_ptr + rk, mask=mask_k, other=0.0).to(tl.float32)  # (BLOCK_K,)
-            normed = round_to(v * inv_rms[:, None], dtype, BY_HAND)
-            x = round_to(nw[None, :] * normed, dtype, BY_HAND)  # (BLOCK_M, BLOCK_K), exact in dtype
+            x = round_to(nw[None, :] * v, dtype, BY_HAND)  # (BLOCK_M, BLOCK_K), exact in dtype
             if not UPCAST:
                 x = x.to(dtype)
         else:
@@ -278,6 +268,10 @@ def _skinny_matmul_kernel(
         rk += BLOCK_K
         w_ptrs += BLOCK_K * stride_wk
         x_ptrs += BLOCK_K * stride_xk
+    if NORM:  # y^T[n, m] = (sum_k W[n, k] x[m, k]) / rms[m]: every column of the tile is one row's
+        inv_rms = tl.rsqrt(sum_sq / K + eps)  # (BLOCK_M,)
+        acc = acc * inv_rms[None, :]
+        acc_up = acc_up * inv_rms[None, :]
     y_ptrs = y_ptr + rm[None, :] * stride_ym + rn[:, None] * stride_yn  # (BLOCK_N, BLOCK_M): y^T's tile
     y_mask = mask_n[:, None] & mask_m[None, :]
     if SPLIT_K == 1:
@@ -310,7 +304,7 @@ def _skinny_matmul_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = False) -> dict:
+def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = False, norm: bool = False) -> dict:
     """Block sizes, split-K, warps and pipeline depth for ``(M, N, K)`` (no autotuning: a decode
     GEMM is captured in a CUDA graph and must launch the same way every time).
 
@@ -339,7 +333,7 @@ def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = 
     while block_n > 16 and triton.cdiv(N, block_n) < num_sms:
         block_n //= 2
     block_k = 128 if K % 128 == 0 else 64
-    if swiglu:
+    if swiglu or norm:
         return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=1, num_warps=4, num_stages=5)
     tiles, k_blocks = triton.cdiv(N, block_n), triton.cdiv(K, block_k)
     split_k = 1
@@ -453,8 +447,12 @@ def _launch(x, weight, out, config, swiglu: bool, norm) -> torch.Tensor:
     num_sms = (
         _num_sms(x.device.index if x.device.index is not None else torch.cuda.current_device()) if x.is_cuda else 132
     )
-    cfg = skinny_config(M, n_out, K, num_sms, swiglu=swiglu)  # swiglu: tiles of I outputs, 2 * BLOCK_N weight rows each
+    cfg = skinny_config(M, n_out, K, num_sms, swiglu=swiglu, norm=norm is not None)  # swiglu: tiles of I outputs
     cfg.update(config or {})
+    if norm is not None and cfg["SPLIT_K"] != 1:
+        raise ValueError(
+            f"the RMSNorm prologue needs each program to see the whole row: SPLIT_K=1, got {cfg['SPLIT_K']}"
+        )
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64  # (64: the kernel takes it; the API stops at MAX_ROWS)
     n_tiles = triton.cdiv(n_out, cfg["BLOCK_N"])
     split_k = cfg["SPLIT_K"]
