@@ -311,7 +311,7 @@ def check_kernels(model, device, block_size=16, require_cuda=True):
 def choose_impls(model, device, block_size, log, args) -> tuple[dict, dict]:
     """The kernel check (:func:`check_kernels`) and the engine's kernels: the PyTorch path for a Triton
     kernel whose logits disagree with it by more than 5 % of their scale; ``--gemm-impl``,
-    ``--fuse-decode-store``, ``--swiglu-gemm`` and ``--norm-gemm`` as the command line asks."""
+    ``--fuse-decode-store`` and ``--swiglu-gemm`` as the command line asks."""
     kernel_check = check_kernels(model, device, block_size)
     impls = {}
     if args.gemm_impl != "auto":
@@ -320,8 +320,6 @@ def choose_impls(model, device, block_size, log, args) -> tuple[dict, dict]:
         impls["fuse_decode_store"] = False
     if not args.swiglu_gemm:
         impls["swiglu_gemm"] = False
-    if not args.norm_gemm:
-        impls["norm_gemm"] = False
     if kernel_check:
         log(
             f"kernels vs PyTorch references (bf16 logits, scale {kernel_check['logit_scale']:.2f}): "
@@ -599,12 +597,6 @@ def main(argv=None):
         action=argparse.BooleanOptionalAction,
         default=True,
         help="the engine's swiglu_gemm (default on): gate_up and silu*mul in one skinny GEMM at <= 32 rows",
-    )
-    ap.add_argument(
-        "--norm-gemm",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the engine's norm_gemm (default on): each add + RMSNorm in the prologue of the next GEMM at <= 32 rows",
     )
     ap.add_argument(
         "--gemm-impl",

@@ -14,8 +14,7 @@ For each batch, both paths (``fused_impl="torch"`` and ``"triton"``) run on the 
 and inputs and their logits are compared in the same run (the fused path as the engine runs it by
 default, the decode kernel's own store included, :func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`;
 ``--no-fuse-decode-store``: the separate store; ``--no-swiglu-gemm``: gate_up by cuBLAS and the SiLU kernel
-where the engine runs them as one skinny GEMM at <= 32 rows; ``--no-norm-gemm``: the add + RMSNorm kernel
-before qkv and gate_up where the engine runs it in their GEMMs' prologue at <= 32 rows); ``torch.profiler`` over replays counts
+where the engine runs them as one skinny GEMM at <= 32 rows); ``torch.profiler`` over replays counts
 the kernels per step and books their GPU time to GEMMs, attention, the fused kernels and the rest.
 The oracle is the same step in fp32 by plain PyTorch (same weights and pool, upcast): 30 random bf16
 layers amplify any change in the order of a sum (two bf16 paths whose GEMMs differ land 2-3e-2 apart), so
@@ -184,10 +183,9 @@ def measure_step(
     fp32,
     fuse_decode_store=True,
     swiglu_gemm=True,
-    norm_gemm=True,
 ) -> dict:
     """The step's time, kernels and logits, unfused (``fused="torch"``) and fused (``"triton"``, with
-    ``fuse_decode_store``, ``swiglu_gemm`` and ``norm_gemm`` as asked); ``fp32``: the same model and pool in fp32
+    ``fuse_decode_store`` and ``swiglu_gemm`` as asked); ``fp32``: the same model and pool in fp32
     ``(model, kv_pairs)``, whose plain PyTorch step is the oracle both bf16 paths are held to (module
     docstring)."""
     num_blocks = kv_pairs[0][0].shape[0]
@@ -200,13 +198,7 @@ def measure_step(
     }
     logits = {}
     for impl in ("torch", "triton"):
-        fused = impl == "triton"
-        kernels = Kernels(
-            fused=impl,
-            fuse_decode_store=fuse_decode_store,
-            swiglu_gemm=swiglu_gemm and fused,
-            norm_gemm=norm_gemm and fused,
-        )
+        kernels = Kernels(fused=impl, fuse_decode_store=fuse_decode_store, swiglu_gemm=swiglu_gemm and impl == "triton")
         step = lambda: model.compute_logits(model(fb, kv_pairs, kernels))  # noqa: E731  (batch, vocab) fp32
         graph, out = capture(step)
         graph.replay()
@@ -396,13 +388,6 @@ def main(argv=None) -> int:
         "one skinny GEMM at <= 32 rows",
     )
     p.add_argument(
-        "--norm-gemm",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the fused side's Kernels(norm_gemm=...) (default on, as the engine): each add + RMSNorm in the "
-        "prologue of the next GEMM at <= 32 rows",
-    )
-    p.add_argument(
         "--sweep-splits",
         default="",
         help="BATCHES/CONTEXTS, e.g. 1,4,16/256,1024: only the decode kernel's split counts",
@@ -464,7 +449,6 @@ def main(argv=None) -> int:
                 fp32,
                 args.fuse_decode_store,
                 args.swiglu_gemm,
-                args.norm_gemm,
             )
         )
         r = rows[-1]
@@ -485,7 +469,6 @@ def main(argv=None) -> int:
         "block_size": BLOCK,
         "max_model_len": args.max_model_len,
         "swiglu_gemm": args.swiglu_gemm,  # the fused side's Kernels(swiglu_gemm=...)
-        "norm_gemm": args.norm_gemm,  # the fused side's Kernels(norm_gemm=...)
         "rows": rows,
     }
     print(markdown(rows))

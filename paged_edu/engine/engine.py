@@ -119,9 +119,6 @@ class Engine:
         32 rows (:func:`~paged_edu.kernels.triton_gemm.skinny_matmul` with ``swiglu=True``; with the fused
         ops). On by default (faster on the H200, :class:`~paged_edu.models.llama.Kernels`); False keeps the
         cuBLAS GEMM and the SiLU kernel.
-    norm_gemm: each residual add + RMSNorm in the prologue of the GEMM that reads it, qkv's and gate_up's,
-        for steps of at most 32 rows (:func:`~paged_edu.kernels.triton_gemm.add_rms_norm_matmul`; with the
-        fused ops). On by default; False keeps the norm kernel before each of those GEMMs.
     cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
     mixed_graphs: replay captured CUDA graphs for steps with prompt chunks too, one per token bucket
         up to ``max_num_batched_tokens`` (:mod:`~paged_edu.engine.cuda_graphs`; needs CUDA; off by
@@ -160,7 +157,6 @@ class Engine:
         gemm_impl: str = "torch",
         fuse_decode_store: bool = True,
         swiglu_gemm: bool = True,
-        norm_gemm: bool = True,
         cuda_graphs: bool | None = None,
         mixed_graphs: bool = False,
         max_model_len: int | None = None,
@@ -243,7 +239,6 @@ class Engine:
             gemm_impl=gemm_impl,
             fuse_decode_store=fuse_decode_store,
             swiglu_gemm=swiglu_gemm,
-            norm_gemm=norm_gemm,
             cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs,
             mixed_graphs=mixed_graphs,
             max_num_seqs=self.scheduler.max_num_seqs,

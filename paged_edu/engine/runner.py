@@ -105,7 +105,6 @@ class ModelRunner:
         gemm_impl: str = "torch",
         fuse_decode_store: bool = True,
         swiglu_gemm: bool = True,
-        norm_gemm: bool = True,
         cuda_graphs: bool = False,
         mixed_graphs: bool = False,
         max_num_seqs: int = 256,
@@ -133,10 +132,9 @@ class ModelRunner:
         )
         fuse_decode_store = flag("fuse_decode_store", fuse_decode_store)
         swiglu_gemm = flag("swiglu_gemm", swiglu_gemm)
-        norm_gemm = flag("norm_gemm", norm_gemm)
-        self.kernels = Kernels(
-            decode, prefill, fused_impl, gemm_impl, fuse_decode_store, swiglu_gemm, norm_gemm
-        ).resolve(model.device)
+        self.kernels = Kernels(decode, prefill, fused_impl, gemm_impl, fuse_decode_store, swiglu_gemm).resolve(
+            model.device
+        )
         cuda_graphs = flag("cuda_graphs", cuda_graphs)
         mixed_graphs = flag("mixed_graphs", mixed_graphs)
         self.model = model

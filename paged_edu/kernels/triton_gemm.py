@@ -21,10 +21,7 @@ What you will learn
   the same bits whichever program comes last;
 * how a GEMM takes the next elementwise op into its *epilogue*: the SwiGLU MLP's ``silu(gate) * up``
   applied to the tiles before they are stored (``swiglu=True``), one kernel where there were two --
-  and why its tiling differs from the plain GEMM's;
-* how it takes the *previous* op into its *prologue*: the residual add and RMSNorm that produce its
-  input, computed as the tiles of ``x`` load (``add_rms_norm_matmul``) -- a norm needs the whole row's
-  statistics before the first tile, so each program reads the row once more, from L2.
+  and why its tiling differs from the plain GEMM's.
 
 The math
 --------
@@ -84,28 +81,25 @@ A mirror image was measured and not kept: SiLU-and-mul in the *prologue* of the 
 against 7.3 at 32 rows, and 9.5 us with the plain rule's tiling; each program recomputes the
 activation of its slice of ``K``, once for every tile of outputs that reads it.
 
-The RMSNorm prologue (on by default at <= 32 rows)
---------------------------------------------------
-Each half of a Llama layer starts with the residual add and RMSNorm
-(:func:`~paged_edu.kernels.triton_fused.add_rms_norm_triton`: ``r' = round(h + r)``, then
-``x = round(w * round(r' / sqrt(mean(r'^2) + eps)))``), and the next kernel is a GEMM that reads ``x``:
-qkv's, or gate_up's with the SwiGLU epilogue. At <= 32 rows the norm is a launch of ~2 us for a few KB.
-``add_rms_norm_matmul`` does it inside the GEMM, in two passes over the row of ``K`` values:
+The *previous* op in the prologue was measured too, and not kept: the residual add + RMSNorm that
+feeds qkv and gate_up (two of a layer's eight kernels at <= 32 rows), as ``add_rms_norm_matmul``. A norm
+needs its row's ``sum(r'^2)`` before any normalised value exists. Two ways, both bit-checked in the
+interpreter against an fp64 oracle and the two-kernel path, both slower on the H200 (commits d7136fc and
+8ba8c78, reverted; records ``figures/h200/norm_sweep_{prepass,fold}.json``, 30 layers in one CUDA graph, L2
+flushed, us a layer at 1 / 16 / 32 rows):
 
-1. each program walks the whole row of ``r'`` (``BLOCK_K`` columns at a time, both inputs from L2: the
-   previous kernel just wrote them) and sums ``r'^2`` per row in fp32: ``inv_rms = 1 / sqrt(sum / K + eps)``.
-   Program ``(0, 0)`` also stores ``r'``, the residual stream the next half-layer adds to;
-2. the GEMM's loop, where each ``x`` tile is computed instead of loaded: ``round(w * round(r' * inv_rms))``
-   from the ``h`` and ``r`` tiles and the norm weight's slice -- the norm kernel's roundings, element for
-   element, so ``y`` is the two kernels' up to the order of the sums (the squares', the GEMM's).
+* a first pass over the row in every program, then the GEMM on normalised tiles (the norm kernel's
+  roundings): qkv 6.9 / 7.2 / 8.7 against 6.0 / 5.9 / 5.9 for the norm kernel plus cuBLAS; gate_up with
+  SwiGLU 7.4 / 7.8 / 9.1 against 6.7 / 6.8 / 6.9 for the norm kernel plus the SwiGLU GEMM. The best of 12
+  tilings at one row: 6.2 and 7.2;
+* no first pass: ``sum(r'^2)`` accumulated in the GEMM's own loop and ``1 / rms`` applied to the sums
+  (one rounding fewer; no split of ``K``): qkv 7.2 / 7.2 / 8.2, gate_up with SwiGLU 10.7 / 10.7 / 9.4.
 
-Every program repeats pass 1 for its rows (at 32 rows, 2 x 36 KB read from L2 per program): redundant
-work that costs less than a launch. Under split-K each program still needs the whole row's sum, so pass
-1 always spans ``K``; pass 2 only its slice. The first layer has no residual yet (``residual=None``):
-``r' = h``, nothing is stored. In the model (``Kernels.norm_gemm``,
-:meth:`~paged_edu.models.llama.DecoderLayer.forward`) a layer of <= 32 rows launches two kernels fewer:
-qkv with its norm, attention (and its merge, when the decode kernel splits), o_proj, gate_up with its
-norm and SwiGLU, down. The final norm before the LM head stays a kernel.
+A whole decode step (``bench_layer.py --batches 1,16,32,64,256 --reps 20``, with and without the option in
+one call): 911 against 854 us at batch 1, 1,027 / 930 at 16, 1,165 / 987 at 32 for the first way; 1,013 /
+857, 1,093 / 931, 1,139 / 988 for the second -- with 184 kernels instead of 244. Removing a ~2 us launch
+did not pay for what each program adds before its first multiply: the row's reductions, and the h, r and
+norm-weight loads beside every weight tile (``figures/h200/layer_bench_norm_{prepass,fold}_{on,off}.json``).
 
 Launch shapes depend only on ``(M's bucket, N, K)`` and the config, never on values, so a call
 captures in a CUDA graph; the split-K counters live in one zeroed buffer per device that every
@@ -134,7 +128,7 @@ import triton.language as tl
 from paged_edu.kernels.triton_decode import INTERPRETING, _num_sms
 from paged_edu.kernels.triton_fused import by_hand, round_to, silu_and_mul
 
-__all__ = ["MAX_ROWS", "add_rms_norm_matmul", "skinny_config", "skinny_matmul"]
+__all__ = ["MAX_ROWS", "skinny_config", "skinny_matmul"]
 
 MAX_ROWS = 32  # the largest M: one tile of x^T, at most 32 rows, rides along with every weight tile
 
@@ -156,38 +150,11 @@ def _mma(w, x, acc, IEEE: tl.constexpr):
 def _epilogue(acc, acc_up, dtype: tl.constexpr, SWIGLU: tl.constexpr, BY_HAND: tl.constexpr):
     """The tile of ``y^T`` to store, in ``dtype``: ``acc`` itself, or with ``SWIGLU``
     ``round(round(silu(g)) * u)`` of the gate and up sums rounded to ``dtype`` first -- exactly where
-    ``F.linear`` would round them before :func:`~paged_edu.kernels.triton_fused.silu_and_mul_triton`.
-    ``BY_HAND`` (the interpreter, bf16; set for the SwiGLU and RMSNorm variants) rounds to nearest
-    before the store, which would truncate."""
+    ``F.linear`` would round them before :func:`~paged_edu.kernels.triton_fused.silu_and_mul_triton`."""
     y = acc
     if SWIGLU:
         y = silu_and_mul(round_to(acc, dtype, BY_HAND), round_to(acc_up, dtype, BY_HAND), dtype, BY_HAND)
-    elif BY_HAND:
-        y = round_to(acc, dtype, BY_HAND)
     return y.to(dtype)
-
-
-@triton.jit
-def _residual_sum(
-    x_ptr,
-    r_ptr,
-    rm,
-    ck,
-    stride_xm,
-    stride_xk,
-    stride_rm,
-    mask,
-    dtype: tl.constexpr,
-    ADD: tl.constexpr,
-    BY_HAND: tl.constexpr,
-):
-    """The ``(BLOCK_M, BLOCK_K)`` tile of ``r' = round(h + r)`` (``h`` alone without ``ADD``) in fp32,
-    columns ``ck``: the residual stream the norm reads, rounded where ``add_rms_norm_triton`` rounds it."""
-    v = tl.load(x_ptr + rm[:, None] * stride_xm + ck[None, :] * stride_xk, mask=mask, other=0.0).to(tl.float32)
-    if ADD:
-        r = tl.load(r_ptr + rm[:, None] * stride_rm + ck[None, :] * stride_xk, mask=mask, other=0.0).to(tl.float32)
-        v = round_to(v + r, dtype, BY_HAND)
-    return v
 
 
 @triton.jit(do_not_specialize=["M"])  # M unspecialised: M = 1 shares the kernel of M = 2..16
@@ -204,12 +171,6 @@ def _skinny_matmul_kernel(
     stride_wk,
     stride_ym,
     stride_yn,  # element strides
-    r_ptr,  # NORM with ADD: (M, K) the residual stream r (x is the sub-layer's output h); else unused
-    norm_w_ptr,  # NORM: (K,) the RMSNorm weight; else unused
-    r_out_ptr,  # NORM with ADD: (M, K) out, r' = round(h + r), written by program (0, 0); else unused
-    stride_rm,
-    stride_rom,  # row strides of r and r' (their column stride is x's)
-    eps,  # NORM: the norm's epsilon
     N: tl.constexpr,  # output features (I with SWIGLU)
     K: tl.constexpr,  # input features
     BLOCK_M: tl.constexpr,  # M rounded up to 16 or 32: the narrow side of every tl.dot
@@ -218,8 +179,6 @@ def _skinny_matmul_kernel(
     K_STEPS: tl.constexpr,  # loop steps per program: cdiv(cdiv(K, BLOCK_K), SPLIT_K)
     SPLIT_K: tl.constexpr,  # programs sharing one N tile, each summing a slice of K
     SWIGLU: tl.constexpr,  # y = silu(x @ W_gate^T) * (x @ W_up^T): a second tile, weight rows n + N
-    NORM: tl.constexpr,  # the GEMM's input is rmsnorm(x) (with ADD: of x + r), computed as its tiles load
-    ADD: tl.constexpr,  # NORM of h + r, the residual add first
     UPCAST: tl.constexpr,  # convert tiles to fp32 after loading (the interpreter: bf16 is raw bits)
     IEEE: tl.constexpr,  # fp32 inputs: full-precision products, not TF32
     BY_HAND: tl.constexpr,  # the SWIGLU epilogue's round_to rounds by hand (the interpreter, bf16)
@@ -234,27 +193,13 @@ def _skinny_matmul_kernel(
     w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk  # (BLOCK_N, BLOCK_K)
     up_ptrs = w_ptrs + N * stride_wn  # (BLOCK_N, BLOCK_K): SWIGLU's up rows, n + N
     x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk  # (BLOCK_M, BLOCK_K)
-    dtype = y_ptr.dtype.element_ty
-    sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)  # NORM: sum of r'^2 per row, over the loop (else unused)
-    store_r = ADD & (pid_n == 0)  # NORM with ADD: the one program that writes r' (SPLIT_K is 1)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # a tile of y^T (SWIGLU: of the gate's)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWIGLU: the up tile's (else unused)
     for _ in range(K_STEPS):  # a constant trip count: the pipeliner keeps num_stages - 1 loads ahead
         mask_k = rk < K  # the tail of K, and whole steps past it when SPLIT_K does not divide
         w_mask = mask_n[:, None] & mask_k[None, :]
         w = tl.load(w_ptrs, mask=w_mask, other=0.0)  # (BLOCK_N, BLOCK_K)
-        if NORM:  # x = round(w_norm * r'): the row's 1 / rms comes after the loop, on the sums
-            x_mask = mask_m[:, None] & mask_k[None, :]
-            v = _residual_sum(x_ptr, r_ptr, rm, rk, stride_xm, stride_xk, stride_rm, x_mask, dtype, ADD, BY_HAND)
-            sum_sq += tl.sum(v * v, axis=1)
-            if store_r:
-                tl.store(r_out_ptr + rm[:, None] * stride_rom + rk[None, :] * stride_xk, v.to(dtype), mask=x_mask)
-            nw = tl.load(norm_w_ptr + rk, mask=mask_k, other=0.0).to(tl.float32)  # (BLOCK_K,)
-            x = round_to(nw[None, :] * v, dtype, BY_HAND)  # (BLOCK_M, BLOCK_K), exact in dtype
-            if not UPCAST:
-                x = x.to(dtype)
-        else:
-            x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
+        x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
         if UPCAST:
             w = w.to(tl.float32)
             x = x.to(tl.float32)
@@ -268,12 +213,9 @@ def _skinny_matmul_kernel(
         rk += BLOCK_K
         w_ptrs += BLOCK_K * stride_wk
         x_ptrs += BLOCK_K * stride_xk
-    if NORM:  # y^T[n, m] = (sum_k W[n, k] x[m, k]) / rms[m]: every column of the tile is one row's
-        inv_rms = tl.rsqrt(sum_sq / K + eps)  # (BLOCK_M,)
-        acc = acc * inv_rms[None, :]
-        acc_up = acc_up * inv_rms[None, :]
     y_ptrs = y_ptr + rm[None, :] * stride_ym + rn[:, None] * stride_yn  # (BLOCK_N, BLOCK_M): y^T's tile
     y_mask = mask_n[:, None] & mask_m[None, :]
+    dtype = y_ptr.dtype.element_ty
     if SPLIT_K == 1:
         tl.store(y_ptrs, _epilogue(acc, acc_up, dtype, SWIGLU, BY_HAND), mask=y_mask)
     else:
@@ -304,7 +246,7 @@ def _skinny_matmul_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = False, norm: bool = False) -> dict:
+def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = False) -> dict:
     """Block sizes, split-K, warps and pipeline depth for ``(M, N, K)`` (no autotuning: a decode
     GEMM is captured in a CUDA graph and must launch the same way every time).
 
@@ -333,7 +275,7 @@ def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = 
     while block_n > 16 and triton.cdiv(N, block_n) < num_sms:
         block_n //= 2
     block_k = 128 if K % 128 == 0 else 64
-    if swiglu or norm:
+    if swiglu:
         return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=1, num_warps=4, num_stages=5)
     tiles, k_blocks = triton.cdiv(N, block_n), triton.cdiv(K, block_k)
     split_k = 1
@@ -371,44 +313,10 @@ def skinny_matmul(
 
     With ``swiglu=True``, the SwiGLU MLP's first half: ``silu(g) * u`` for ``g, u = (x @ weight.T).chunk(2, -1)``,
     rounded as :func:`~paged_edu.kernels.triton_fused.silu_and_mul_triton` rounds ``F.linear``'s output."""
-    _check(x, weight, swiglu)
-    return _launch(x, weight, out, config, swiglu, None)
-
-
-def add_rms_norm_matmul(
-    h: torch.Tensor,  # (M, K), M <= MAX_ROWS: the sub-layer's output
-    norm_weight: torch.Tensor,  # (K,): the RMSNorm's weight
-    eps: float,
-    residual: torch.Tensor | None,  # (M, K): the residual stream, or None (the first layer: it starts at h)
-    weight: torch.Tensor,  # (N, K), or gate_up's (2I, K) with swiglu
-    config: dict | None = None,  # overrides of skinny_config (benchmark sweeps)
-    *,
-    swiglu: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:  # y (M, N) or (M, I), r' (M, K)
-    """The residual add and RMSNorm in the prologue of the GEMM that reads the norm's output:
-    ``y, r' = skinny_matmul(add_rms_norm_triton(h, norm_weight, eps, residual)[0], weight, swiglu=swiglu), r'``
-    in one kernel -- the same roundings, the sum of squares in another order ("The RMSNorm prologue" above)."""
-    _check(h, weight, swiglu)
-    K = h.shape[1]
-    if norm_weight.shape != (K,) or norm_weight.device != h.device:
-        raise ValueError(
-            f"norm_weight must be ({K},) on {h.device}, got {tuple(norm_weight.shape)} on {norm_weight.device}"
-        )
-    if residual is not None and (residual.shape != h.shape or residual.dtype != h.dtype or residual.device != h.device):
-        raise ValueError(
-            f"residual must be {tuple(h.shape)} {h.dtype} on {h.device} like h, got "
-            f"{tuple(residual.shape)} {residual.dtype} on {residual.device}"
-        )
-    h = h if h.stride(1) == 1 else h.contiguous()  # the residual tiles walk h's column stride: 1 for both
-    r = None if residual is None else residual if residual.stride(1) == 1 else residual.contiguous()
-    r_out = h if r is None else torch.empty_like(h)  # r' = h without a residual: the stream starts there
-    return _launch(h, weight, None, config, swiglu, (norm_weight, float(eps), r, r_out)), r_out
-
-
-def _check(x: torch.Tensor, weight: torch.Tensor, swiglu: bool) -> None:
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"x must be (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
     M, K = x.shape
+    N = weight.shape[0]  # weight rows
     if weight.shape[1] != K:
         raise ValueError(f"x has K={K} columns but weight is {tuple(weight.shape)}: need (N, {K})")
     if M > MAX_ROWS:
@@ -417,22 +325,15 @@ def _check(x: torch.Tensor, weight: torch.Tensor, swiglu: bool) -> None:
         raise ValueError(
             f"x and weight must share dtype and device, got {x.dtype} on {x.device} and {weight.dtype} on {weight.device}"
         )
-    if swiglu and weight.shape[0] % 2:
+    if swiglu and N % 2:
         raise ValueError(
-            f"swiglu=True needs gate_up's weight, (2I, K): gate rows then up rows, an even number; got {weight.shape[0]} rows"
+            f"swiglu=True needs gate_up's weight, (2I, K): gate rows then up rows, an even number; got {N} rows"
         )
     if not INTERPRETING and not x.is_cuda:
         raise RuntimeError(
             "skinny_matmul needs a CUDA GPU, or the Triton interpreter for CPU tensors: set "
             "TRITON_INTERPRET=1 before importing paged_edu (slow, for learning and tests), or use F.linear"
         )
-
-
-def _launch(x, weight, out, config, swiglu: bool, norm) -> torch.Tensor:
-    """One launch of the kernel (arguments checked); ``norm`` is ``(norm_weight, eps, residual or None,
-    r')`` for the RMSNorm prologue, or None."""
-    M, K = x.shape
-    N = weight.shape[0]  # weight rows
     n_out = N // 2 if swiglu else N  # output features: I with swiglu
     if out is None:
         out = torch.empty((M, n_out), dtype=x.dtype, device=x.device)
@@ -447,13 +348,9 @@ def _launch(x, weight, out, config, swiglu: bool, norm) -> torch.Tensor:
     num_sms = (
         _num_sms(x.device.index if x.device.index is not None else torch.cuda.current_device()) if x.is_cuda else 132
     )
-    cfg = skinny_config(M, n_out, K, num_sms, swiglu=swiglu, norm=norm is not None)  # swiglu: tiles of I outputs
+    cfg = skinny_config(M, n_out, K, num_sms, swiglu=swiglu)  # swiglu: tiles of I outputs, 2 * BLOCK_N weight rows each
     cfg.update(config or {})
-    if norm is not None and cfg["SPLIT_K"] != 1:
-        raise ValueError(
-            f"the RMSNorm prologue needs each program to see the whole row: SPLIT_K=1, got {cfg['SPLIT_K']}"
-        )
-    block_m = 16 if M <= 16 else 32 if M <= 32 else 64  # (64: the kernel takes it; the API stops at MAX_ROWS)
+    block_m = 16 if M <= 16 else 32
     n_tiles = triton.cdiv(n_out, cfg["BLOCK_N"])
     split_k = cfg["SPLIT_K"]
     if split_k > 1:  # each slice's fp32 sums per weight row; no zeroing needed, every program writes its whole slice
@@ -461,8 +358,6 @@ def _launch(x, weight, out, config, swiglu: bool, norm) -> torch.Tensor:
         counters = _tile_counters(x.device, n_tiles)
     else:
         partial = counters = out  # unused
-    norm_weight, eps, r, r_out = norm if norm is not None else (out, 0.0, None, out)  # (out: unused pointers)
-    r = x if r is None else r  # unused without the add
     _skinny_matmul_kernel[(n_tiles, split_k)](
         x,
         weight,
@@ -476,12 +371,6 @@ def _launch(x, weight, out, config, swiglu: bool, norm) -> torch.Tensor:
         weight.stride(1),
         out.stride(0),
         out.stride(1),
-        r,
-        norm_weight,
-        r_out,
-        r.stride(0),
-        r_out.stride(0),
-        eps,
         N=n_out,
         K=K,
         BLOCK_M=block_m,
@@ -490,11 +379,9 @@ def _launch(x, weight, out, config, swiglu: bool, norm) -> torch.Tensor:
         K_STEPS=triton.cdiv(triton.cdiv(K, cfg["BLOCK_K"]), split_k),
         SPLIT_K=split_k,
         SWIGLU=swiglu,
-        NORM=norm is not None,
-        ADD=norm is not None and norm[2] is not None,
         UPCAST=INTERPRETING and x.dtype != torch.float32,
         IEEE=x.dtype == torch.float32,
-        BY_HAND=(swiglu or norm is not None) and by_hand(x.dtype),
+        BY_HAND=swiglu and by_hand(x.dtype),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -23,9 +23,8 @@ What you will learn
   further (``Kernels.fuse_decode_store``, on by default): the decode attention kernel rotates and stores
   the new token itself (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`), and a batch of
   <= 32 rows runs the MLP's gate_up projection and SiLU-and-mul as one skinny GEMM
-  (``Kernels.swiglu_gemm``, on by default: :mod:`paged_edu.kernels.triton_gemm`'s SwiGLU epilogue), with each
-  residual add + RMSNorm in the prologue of the GEMM that reads it (``Kernels.norm_gemm``, on by default:
-  ``add_rms_norm_matmul``). On a CPU the model runs plain PyTorch.
+  (``Kernels.swiglu_gemm``, on by default: :mod:`paged_edu.kernels.triton_gemm`'s SwiGLU epilogue). On a CPU
+  the model runs plain PyTorch.
 
 ``PagedLlama.from_hf(hf_model)`` copies the weights of any Hugging Face ``LlamaForCausalLM``; the
 config lives in :mod:`paged_edu.models.config`, random and real (SmolLM2) weights in
@@ -93,10 +92,6 @@ class Kernels:
     # fewer per layer; with fused="triton", whatever ``gemm`` says). On by default: on the H200 its tuned
     # tiling beats cuBLAS + the SiLU kernel (kernels/triton_gemm.py, "The SwiGLU epilogue"). False: the two.
     swiglu_gemm: bool = True
-    # Each residual add + RMSNorm in the prologue of the GEMM that reads its output, at <= 32 rows: qkv's
-    # and gate_up's (add_rms_norm_matmul: two launches fewer per layer; with fused="triton", whatever
-    # ``gemm`` says). kernels/triton_gemm.py, "The RMSNorm prologue". False: the norm kernel, then the GEMM.
-    norm_gemm: bool = True
 
     def resolve(self, device: torch.device) -> Kernels:
         """The same choice with every ``"auto"`` made concrete: ``fused`` ``"triton"`` where the fused
@@ -125,10 +120,6 @@ class Kernels:
     def fused_ops(self) -> bool:
         """Run the fused Triton kernels for the per-token ops (after :meth:`resolve`)."""
         return self.fused == "triton"
-
-    def norm_in_gemm(self, rows: int) -> bool:
-        """A layer of ``rows`` rows runs each norm in the next GEMM's prologue (after :meth:`resolve`)."""
-        return self.norm_gemm and self.fused_ops and rows <= 32  # triton_gemm.MAX_ROWS; fixed in a graph
 
     @property
     def fused_decode(self) -> bool:
@@ -226,10 +217,14 @@ class PagedAttention(nn.Module):
 
     def qkv(self, x: torch.Tensor, kernels: Kernels) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The new tokens' q ``(T, H, D)``, k and v ``(T, H_kv, D)``, not yet rotated: views of one matmul."""
-        return self.split_qkv(linear(self.qkv_proj, x, kernels.gemm))
+        T = x.shape[0]
+        H, H_kv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = linear(self.qkv_proj, x, kernels.gemm).split([H * D, H_kv * D, H_kv * D], dim=-1)
+        return q.view(T, H, D), k.view(T, H_kv, D), v.view(T, H_kv, D)
 
-    def project(self, q, k, v, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels) -> torch.Tensor:
-        """The queries ``(T, H, D)`` of the new tokens, rotated; their keys (rotated) and values go into the pool."""
+    def project(self, x, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels) -> torch.Tensor:
+        """The queries ``(T, H, D)`` of the new tokens; their keys and values go into the pool."""
+        q, k, v = self.qkv(x, kernels)  # (T, H, D), (T, H_kv, D), (T, H_kv, D)
         if kernels.fused_ops:
             # One kernel rotates q and k and stores k, v at their slots: the three lines below
             # (ten small kernels) with the same rounding. cos, sin are the whole (L, D) tables here.
@@ -270,24 +265,12 @@ class PagedAttention(nn.Module):
         )
 
     def forward(self, x, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels):
-        """``x`` (T, hidden), the normalised input -> (T, hidden)."""
-        return self.attend_projected(self.qkv(x, kernels), cos, sin, k_cache, v_cache, batch, kernels)
-
-    def split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``qkv_proj``'s output (T, (H + 2 H_kv) D) as q ``(T, H, D)``, k and v ``(T, H_kv, D)``: views."""
-        T = qkv.shape[0]
-        H, H_kv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = qkv.split([H * D, H_kv * D, H_kv * D], dim=-1)
-        return q.view(T, H, D), k.view(T, H_kv, D), v.view(T, H_kv, D)
-
-    def attend_projected(self, qkv, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels):
-        """The rest of the layer after the projection: ``qkv`` is ``(q, k, v)`` from :meth:`qkv`."""
-        q, k, v = qkv  # (T, H, D), (T, H_kv, D), (T, H_kv, D)
         if kernels.fused_decode and batch.prefill_cu_seqlens_q is None:
             # A pure decode step on the GPU: the decode kernel rotates q and k and stores k, v itself
             # (project + attend in one launch). cos, sin are the whole (L, D) tables here.
             from paged_edu.kernels.triton_decode import rotary_store_decode_triton
 
+            q, k, v = self.qkv(x, kernels)  # (T, H, D), (T, H_kv, D), (T, H_kv, D)
             out = rotary_store_decode_triton(
                 q,
                 k,
@@ -303,7 +286,7 @@ class PagedAttention(nn.Module):
                 scale=self.scale,
             )  # (T, H, D)
         else:
-            q = self.project(q, k, v, cos, sin, k_cache, v_cache, batch, kernels)  # (T, H, D)
+            q = self.project(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, H, D)
             out = self.attend(q, k_cache, v_cache, batch, kernels)  # (T, H, D)
         return linear(self.o_proj, out.flatten(1), kernels.gemm)  # (T, hidden)
 
@@ -346,29 +329,10 @@ class DecoderLayer(nn.Module):
         """``h``: the previous sub-layer's output; ``residual``: the stream before it (``None`` at
         the first layer). Each norm adds the two first, so the pair passes on to the next layer:
         ``h_out + residual_out`` is the classic ``x + attn(norm(x)) + mlp(norm(...))``."""
-        if kernels.norm_in_gemm(h.shape[0]):
-            return self._forward_norm_in_gemm(h, residual, cos, sin, k_cache, v_cache, batch, kernels)
         x, residual = self.input_layernorm(h, residual, kernels.fused_ops)  # residual += h; x = norm(residual)
         h = self.self_attn(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, hidden)
         x, residual = self.post_attention_layernorm(h, residual, kernels.fused_ops)
         return self.mlp(x, kernels), residual
-
-    def _forward_norm_in_gemm(self, h, residual, cos, sin, k_cache, v_cache, batch, kernels: Kernels):
-        """The same layer, each add + norm in the prologue of the GEMM that reads it (``Kernels.norm_gemm``,
-        <= 32 rows): qkv's, and gate_up's (with SiLU-and-mul in its epilogue when ``Kernels.swiglu_gemm``).
-        Two launches fewer than :meth:`forward`'s other path, the same roundings."""
-        from paged_edu.kernels.triton_gemm import add_rms_norm_matmul
-
-        attn, mlp, norm1, norm2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
-        qkv, residual = add_rms_norm_matmul(h, norm1.weight, norm1.eps, residual, attn.qkv_proj.weight)
-        h = attn.attend_projected(attn.split_qkv(qkv), cos, sin, k_cache, v_cache, batch, kernels)  # (T, hidden)
-        swiglu = kernels.swiglu_gemm
-        a, residual = add_rms_norm_matmul(h, norm2.weight, norm2.eps, residual, mlp.gate_up_proj.weight, swiglu=swiglu)
-        if not swiglu:  # a is gate_up's (T, 2I): SiLU-and-mul its own kernel
-            from paged_edu.kernels.triton_fused import silu_and_mul_triton
-
-            a = silu_and_mul_triton(a)
-        return linear(mlp.down_proj, a, kernels.gemm), residual  # (T, hidden)
 
 
 # ----------------------------------------------------------------------------------------------
