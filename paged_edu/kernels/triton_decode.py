@@ -53,7 +53,7 @@ Storing the new token on the way in (``FUSED_STORE``)
 A decode step of a small model is bound by the *number* of kernels: SmolLM2-135M's 30 layers run
 about 300 launches per step even with the per-token ops fused (:mod:`~paged_edu.kernels.triton_fused`),
 each a few microseconds of mostly fixed cost. On an H200 at batch 1 the step took 940 us against a
-roofline of 53 us of weight reads (``paged_edu/data/layer_bench.json``): the launches are the
+roofline of 53 us of weight reads (``figures/h200/layer_bench_8ecf92c.json``): the launches are the
 floor. Per layer the new token's rotary embedding and K/V store
 (:func:`~paged_edu.kernels.triton_store.rotary_store_kv_triton`) is its own launch, only to hand
 the rotated q and the stored k to this kernel. So in a pure-decode step this kernel does it:

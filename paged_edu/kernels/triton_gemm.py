@@ -83,7 +83,7 @@ activation of its slice of ``K``, once for every tile of outputs that reads it.
 
 The *previous* op in the prologue was measured too, and not kept: the residual add + RMSNorm that
 feeds qkv and gate_up (two of a layer's eight kernels at <= 32 rows), as ``add_rms_norm_matmul``. A norm
-needs its row's ``sum(r'^2)`` before any normalised value exists. Two ways, both bit-checked in the
+needs its row's ``sum(r'^2)`` before any normalised value exists. Two ways, both tested in the
 interpreter against an fp64 oracle and the two-kernel path, both slower on the H200 (commits d7136fc and
 8ba8c78, reverted; records ``figures/h200/norm_sweep_{prepass,fold}.json``, 30 layers in one CUDA graph, L2
 flushed, us a layer at 1 / 16 / 32 rows):
