@@ -97,9 +97,10 @@ flushed, us a layer at 1 / 16 / 32 rows):
 
 A whole decode step (``bench_layer.py --batches 1,16,32,64,256 --reps 20``, with and without the option in
 one call): 911 against 854 us at batch 1, 1,027 / 930 at 16, 1,165 / 987 at 32 for the first way; 1,013 /
-857, 1,093 / 931, 1,139 / 988 for the second -- with 184 kernels instead of 244. Removing a ~2 us launch
-did not pay for what each program adds before its first multiply: the row's reductions, and the h, r and
-norm-weight loads beside every weight tile (``figures/h200/layer_bench_norm_{prepass,fold}_{on,off}.json``).
+857, 1,093 / 931, 1,139 / 988 for the second -- with 184 kernels instead of 244
+(``figures/h200/layer_bench_norm_{prepass,fold}_{on,off}.json``). What each program adds -- the row's
+reductions, the h, r and norm-weight loads beside every weight tile -- cost more than the ~2 us launch it
+saved; which of them costs most was not measured.
 
 Launch shapes depend only on ``(M's bucket, N, K)`` and the config, never on values, so a call
 captures in a CUDA graph; the split-K counters live in one zeroed buffer per device that every
