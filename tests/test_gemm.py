@@ -162,6 +162,10 @@ SWIGLU_SPLITS = [
     dict(SPLIT_K=3, BLOCK_K=16),  # 4 steps of 16: 2 a slice, the last slice has none
     dict(BLOCK_N=64, BLOCK_K=16, SPLIT_K=2),  # I = 96: the second tile (gate and up halves) half empty
 ]
+# At SmolLM2's MLP shape: the SwiGLU rule's tiling (no split) and the plain rule's it replaced (split in three)
+SMOLLM2_SWIGLU_CONFIGS = pytest.mark.parametrize(
+    "config", [None, dict(SPLIT_K=3, num_stages=4)], ids=["default", "split3"]
+)
 
 
 @pytest.mark.parametrize("config", SWIGLU_SPLITS, ids=["split1", "split3", "split2-wide"])
@@ -185,7 +189,7 @@ def test_swiglu_equals_the_two_kernel_path(dtype, M, config):
         assert int(_counters[x.device].abs().sum()) == 0  # left zeroed for the next launch
 
 
-@pytest.mark.parametrize("config", [None, dict(SPLIT_K=3, num_stages=4)], ids=["default", "split3"])
+@SMOLLM2_SWIGLU_CONFIGS
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_swiglu_at_smollm2_mlp_shape_with_random_values(dtype, config):
     """SmolLM2's MLP (K = 576, I = 1536) with its default config (no split: the SwiGLU rule) and split in
@@ -411,7 +415,7 @@ def test_gpu_model_with_the_skinny_gemm_under_graph_capture():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [None, dict(SPLIT_K=3, num_stages=4)], ids=["default", "split3"])
+@SMOLLM2_SWIGLU_CONFIGS
 @pytest.mark.parametrize("M", [1, 8, 32])
 def test_gpu_swiglu_at_smollm2_mlp_shape(M, config, monkeypatch):
     """K = 576, I = 1536, bf16, the default config (no split) and split-K 3, inside a CUDA graph: bit for
