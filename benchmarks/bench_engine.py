@@ -320,6 +320,8 @@ def choose_impls(model, device, block_size, log, args) -> tuple[dict, dict]:
         impls["fuse_decode_store"] = False
     if not args.swiglu_gemm:
         impls["swiglu_gemm"] = False
+    if not args.pdl:
+        impls["pdl"] = False
     if kernel_check:
         log(
             f"kernels vs PyTorch references (bf16 logits, scale {kernel_check['logit_scale']:.2f}): "
@@ -597,6 +599,13 @@ def main(argv=None):
         action=argparse.BooleanOptionalAction,
         default=True,
         help="the engine's swiglu_gemm (default on): gate_up and silu*mul in one skinny GEMM at <= 32 rows",
+    )
+    ap.add_argument(
+        "--pdl",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the engine's pdl (default on): a pure-decode step of <= 32 rows launches its Triton kernels as "
+        "programmatic dependents (Hopper)",
     )
     ap.add_argument(
         "--gemm-impl",

@@ -183,6 +183,8 @@ def measure_step(
     fp32,
     fuse_decode_store=True,
     swiglu_gemm=True,
+    gemm="auto",
+    pdl=True,
 ) -> dict:
     """The step's time, kernels and logits, unfused (``fused="torch"``) and fused (``"triton"``, with
     ``fuse_decode_store`` and ``swiglu_gemm`` as asked); ``fp32``: the same model and pool in fp32
@@ -198,7 +200,14 @@ def measure_step(
     }
     logits = {}
     for impl in ("torch", "triton"):
-        kernels = Kernels(fused=impl, fuse_decode_store=fuse_decode_store, swiglu_gemm=swiglu_gemm and impl == "triton")
+        fused = impl == "triton"
+        kernels = Kernels(
+            fused=impl,
+            fuse_decode_store=fuse_decode_store,
+            swiglu_gemm=swiglu_gemm and fused,
+            gemm=gemm if fused else "torch",
+            pdl=pdl and fused,  # on where it applies (Kernels.resolve / for_step), as in the engine
+        )
         step = lambda: model.compute_logits(model(fb, kv_pairs, kernels))  # noqa: E731  (batch, vocab) fp32
         graph, out = capture(step)
         graph.replay()
@@ -388,6 +397,20 @@ def main(argv=None) -> int:
         "one skinny GEMM at <= 32 rows",
     )
     p.add_argument(
+        "--gemm",
+        choices=("auto", "torch", "triton"),
+        default="auto",
+        help="the fused side's Kernels(gemm=...): 'auto' (the engine's default: the skinny Triton GEMM where PDL is "
+        "on), cuBLAS, or the skinny GEMM at <= 32 rows",
+    )
+    p.add_argument(
+        "--pdl",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the fused side's Kernels(pdl=...) (default on, as the engine): a pure-decode step of <= 32 rows "
+        "launches its Triton kernels as programmatic dependents (Hopper)",
+    )
+    p.add_argument(
         "--sweep-splits",
         default="",
         help="BATCHES/CONTEXTS, e.g. 1,4,16/256,1024: only the decode kernel's split counts",
@@ -449,6 +472,8 @@ def main(argv=None) -> int:
                 fp32,
                 args.fuse_decode_store,
                 args.swiglu_gemm,
+                args.gemm,
+                args.pdl,
             )
         )
         r = rows[-1]
@@ -469,6 +494,8 @@ def main(argv=None) -> int:
         "block_size": BLOCK,
         "max_model_len": args.max_model_len,
         "swiglu_gemm": args.swiglu_gemm,  # the fused side's Kernels(swiglu_gemm=...)
+        "gemm": args.gemm,  # the fused side's Kernels(gemm=...)
+        "pdl": args.pdl,  # the fused side's Kernels(pdl=...)
         "rows": rows,
     }
     print(markdown(rows))

@@ -258,7 +258,7 @@ def test_model_with_the_skinny_gemm_matches_the_torch_path(dtype, monkeypatch):
 
     rows = []
     real = gemm_module.skinny_matmul
-    monkeypatch.setattr(gemm_module, "skinny_matmul", lambda x, w: rows.append(x.shape[0]) or real(x, w))
+    monkeypatch.setattr(gemm_module, "skinny_matmul", lambda x, w, **kw: rows.append(x.shape[0]) or real(x, w, **kw))
     model = random_llama(TINY_LLAMA, seed=2, dtype=dtype, device=DEVICE)
     sizes = (40, 7, 1, 1)
     plain = run_tiny_model(model, Kernels(decode="torch", prefill="torch", fused="torch", gemm="torch"), sizes)
@@ -295,8 +295,9 @@ def test_gemm_impl_is_checked_like_fused_impl(hf_greedy_case):
     model = PagedLlama.from_hf(hf_greedy_case[0])
     with pytest.raises(ValueError, match="gemm_impl must be"):
         Engine(model, num_blocks=8, block_size=4, gemm_impl="cublas")
-    assert Engine(model, num_blocks=8, block_size=4).runner.kernels.gemm == "torch"  # the default
-    assert Kernels(gemm="auto").resolve(torch.device(DEVICE)).gemm == "torch"  # until measured
+    kernels = Engine(model, num_blocks=8, block_size=4).runner.kernels  # the default, "auto":
+    assert kernels.gemm == ("triton" if kernels.pdl else "torch")  # the skinny GEMM only in a PDL chain
+    assert Kernels(gemm="auto", pdl=False).resolve(torch.device(DEVICE)).gemm == "torch"
     elsewhere = "cuda" if DEVICE == "cpu" else "cpu"
     with pytest.raises(ValueError, match="gemm_impl='triton', but"):
         Kernels(gemm="triton").resolve(torch.device(elsewhere))
@@ -316,9 +317,9 @@ def test_model_with_the_swiglu_gemm_matches_the_two_kernel_mlp(dtype, monkeypatc
     calls = {"swiglu": [], "silu_and_mul": []}
     real_gemm, real_silu = gemm_module.skinny_matmul, fused_module.silu_and_mul_triton
 
-    def counted_gemm(x, w, out=None, config=None, *, swiglu=False):
+    def counted_gemm(x, w, out=None, config=None, *, swiglu=False, pdl=False):
         calls["swiglu"].append(x.shape[0]) if swiglu else None
-        return real_gemm(x, w, out, config, swiglu=swiglu)
+        return real_gemm(x, w, out, config, swiglu=swiglu, pdl=pdl)
 
     monkeypatch.setattr(gemm_module, "skinny_matmul", counted_gemm)
     monkeypatch.setattr(

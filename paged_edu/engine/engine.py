@@ -109,9 +109,9 @@ class Engine:
     fused_impl: the per-token ops (``"auto"``, ``"triton"`` or ``"torch"``; see
         :class:`~paged_edu.models.llama.Kernels`). The choice is this engine's: another engine on the
         same model keeps its own.
-    gemm_impl: the projections and LM head of steps of at most 32 rows (``"torch"``: cuBLAS, the
-        default; ``"triton"``: :mod:`~paged_edu.kernels.triton_gemm`'s skinny GEMM; ``"auto"``: ``"torch"``,
-        which it ties on the H200). Validated like ``fused_impl``.
+    gemm_impl: the projections and LM head of steps of at most 32 rows (``"torch"``: cuBLAS;
+        ``"triton"``: :mod:`~paged_edu.kernels.triton_gemm`'s skinny GEMM; ``"auto"``, the default: the
+        skinny GEMM where ``pdl`` is on, else cuBLAS -- alone they tie on the H200). Validated like ``fused_impl``.
     fuse_decode_store: a pure-decode step's rotary embedding and K/V store inside the Triton decode
         kernel (:func:`~paged_edu.kernels.triton_decode.rotary_store_decode_triton`; with the fused ops and
         the Triton decode kernel). On by default; False keeps the separate rotary + store kernel.
@@ -119,6 +119,10 @@ class Engine:
         32 rows (:func:`~paged_edu.kernels.triton_gemm.skinny_matmul` with ``swiglu=True``; with the fused
         ops). On by default (faster on the H200, :class:`~paged_edu.models.llama.Kernels`); False keeps the
         cuBLAS GEMM and the SiLU kernel.
+    pdl: a pure-decode step of at most 32 rows launches its Triton kernels as programmatic dependents,
+        each launched while the previous one ends (:mod:`~paged_edu.kernels.pdl`). On by default; it
+        applies only where the decode chain is all Triton on a GPU that has it (Hopper and later), and
+        there ``gemm_impl="auto"`` is the skinny Triton GEMM. False: every kernel waits for the last.
     cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
     mixed_graphs: replay captured CUDA graphs for steps with prompt chunks too, one per token bucket
         up to ``max_num_batched_tokens`` (:mod:`~paged_edu.engine.cuda_graphs`; needs CUDA; off by
@@ -154,9 +158,10 @@ class Engine:
         attn_impl: str | None = None,
         prefill_impl: str | None = None,
         fused_impl: str = "auto",
-        gemm_impl: str = "torch",
+        gemm_impl: str = "auto",
         fuse_decode_store: bool = True,
         swiglu_gemm: bool = True,
+        pdl: bool = True,
         cuda_graphs: bool | None = None,
         mixed_graphs: bool = False,
         max_model_len: int | None = None,
@@ -239,6 +244,7 @@ class Engine:
             gemm_impl=gemm_impl,
             fuse_decode_store=fuse_decode_store,
             swiglu_gemm=swiglu_gemm,
+            pdl=pdl,
             cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs,
             mixed_graphs=mixed_graphs,
             max_num_seqs=self.scheduler.max_num_seqs,

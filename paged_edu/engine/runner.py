@@ -102,9 +102,10 @@ class ModelRunner:
         attn_impl: str | None = None,
         prefill_impl: str | None = None,
         fused_impl: str = "auto",
-        gemm_impl: str = "torch",
+        gemm_impl: str = "auto",
         fuse_decode_store: bool = True,
         swiglu_gemm: bool = True,
+        pdl: bool = True,
         cuda_graphs: bool = False,
         mixed_graphs: bool = False,
         max_num_seqs: int = 256,
@@ -132,7 +133,8 @@ class ModelRunner:
         )
         fuse_decode_store = flag("fuse_decode_store", fuse_decode_store)
         swiglu_gemm = flag("swiglu_gemm", swiglu_gemm)
-        self.kernels = Kernels(decode, prefill, fused_impl, gemm_impl, fuse_decode_store, swiglu_gemm).resolve(
+        pdl = flag("pdl", pdl)
+        self.kernels = Kernels(decode, prefill, fused_impl, gemm_impl, fuse_decode_store, swiglu_gemm, pdl).resolve(
             model.device
         )
         cuda_graphs = flag("cuda_graphs", cuda_graphs)

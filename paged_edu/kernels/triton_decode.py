@@ -102,6 +102,7 @@ import triton.language as tl
 
 from paged_edu.core.validation import integer
 from paged_edu.kernels.checks import check_rotary_store_inputs
+from paged_edu.kernels.pdl import launch_options, wait_for_previous_kernel
 from paged_edu.kernels.triton_fused import INTERPRETING, by_hand  # INTERPRETING: the kernels were interpreted?
 from paged_edu.kernels.triton_store import rotary_cos_sin, rotate_rows
 
@@ -232,7 +233,9 @@ def _paged_decode_kernel(
     stride_table,  # FUSED_STORE: cos/sin row stride
     FUSED_STORE: tl.constexpr,  # q arrives unrotated; rotate it, and store the new token's k, v first
     BY_HAND: tl.constexpr,  # FUSED_STORE: round_to rounds by hand (the interpreter, bf16)
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent (paged_edu.kernels.pdl)
 ):
+    wait_for_previous_kernel(USE_PDL)  # q (and the new key, value) are the previous kernel's output
     # The KV heads of one sequence are neighbours in the launch order: the programs running side
     # by side then read neighbouring rows of the same blocks (a token's row holds all KV heads).
     if HEADS_FASTEST:
@@ -394,7 +397,9 @@ def _merge_splits_kernel(
     HEAD_DIM: tl.constexpr,  # D
     HEAD_DIM_PAD: tl.constexpr,  # D rounded up to a power of two
     SPLITS_PAD: tl.constexpr,  # num_splits rounded up to a power of two
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent (paged_edu.kernels.pdl)
 ):
+    wait_for_previous_kernel(USE_PDL)  # the splits' partial results
     seq = tl.program_id(0)
     head = tl.program_id(1)
     row = seq * tl.num_programs(1) + head  # (sequence, head) pair
@@ -526,6 +531,7 @@ def rotary_store_decode_triton(
     scale: float,
     num_splits: int | None = None,  # None: choose_num_splits; tests force values
     config: dict | None = None,  # overrides of decode_config
+    pdl: bool = False,  # launch both kernels as programmatic dependents where the GPU can (kernels.pdl)
 ) -> torch.Tensor:  # (num_seqs, num_q_heads, head_dim)
     """A pure-decode step's attention with its rotary embedding and K/V store in the same launch.
 
@@ -548,12 +554,13 @@ def rotary_store_decode_triton(
     if value.stride(-1) != 1:
         value = value.contiguous()
     store = (key, value, slot_mapping.contiguous(), positions.contiguous(), cos_table, sin_table)
-    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, config, store)
+    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, config, store, pdl)
 
 
-def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, config, store=None):
+def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, config, store=None, pdl=False):
     """Configure and launch the decode kernel (and the merge); ``store``: the fused path's
-    ``(key, value, slot_mapping, positions, cos_table, sin_table)``, or None."""
+    ``(key, value, slot_mapping, positions, cos_table, sin_table)``, or None; ``pdl``: both launched
+    as programmatic dependents where the GPU can (:mod:`~paged_edu.kernels.pdl`)."""
     if not INTERPRETING and not q.is_cuda:
         raise RuntimeError(
             "the Triton kernel needs a CUDA GPU, or the Triton interpreter for CPU tensors: set "
@@ -582,6 +589,7 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, conf
     # Without the store, placeholders for its unused arguments.
     key, value, slot_mapping, positions, cos_table, sin_table = store if fused else (q, q, seq_lens, seq_lens, q, q)
 
+    launch = launch_options(pdl, q.device)  # USE_PDL (and launch_pdl where it is on)
     grid = (num_kv_heads, num_seqs, num_splits) if cfg["HEADS_FASTEST"] else (num_seqs, num_kv_heads, num_splits)
     _paged_decode_kernel[grid](
         q,
@@ -634,6 +642,7 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, conf
         # The rotation rounds each product before the sum, as PyTorch does: no a * b + c contracted into
         # one FMA, which on the H200 changed 2,119 of 12,288 rotated bf16 keys (module docstring).
         enable_fp_fusion=not fused,
+        **launch,
     )
     if split:
         _merge_splits_kernel[(num_seqs, num_q_heads)](
@@ -647,5 +656,6 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, conf
             HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
             SPLITS_PAD=triton.next_power_of_2(num_splits),
             num_warps=4,
+            **launch,
         )
     return out

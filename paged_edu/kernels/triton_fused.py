@@ -49,6 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
+from paged_edu.kernels.pdl import launch_options, wait_for_previous_kernel
+
 __all__ = ["INTERPRETING", "add_rms_norm_triton", "by_hand", "round_to", "silu_and_mul", "silu_and_mul_triton"]
 
 
@@ -97,10 +99,12 @@ def _add_rms_norm_kernel(
     BLOCK_N: tl.constexpr,  # N rounded up to a power of two: the whole row in one program
     HAS_RESIDUAL: tl.constexpr,  # False for the first layer: r' = h, nothing is written
     BY_HAND: tl.constexpr,  # round_to rounds by hand (the interpreter, bf16)
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent (paged_edu.kernels.pdl)
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     mask = cols < N
+    wait_for_previous_kernel(USE_PDL)  # h and r are the previous kernels' outputs
     dtype = y_ptr.dtype.element_ty  # the activation dtype: every "round" is a cast to it
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
@@ -119,6 +123,8 @@ def add_rms_norm_triton(
     weight: torch.Tensor,  # (N,)
     eps: float,
     residual: torch.Tensor | None = None,  # (T, N)
+    *,
+    pdl: bool = False,  # launch as a programmatic dependent where the GPU can (paged_edu.kernels.pdl)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # y (T, N), r' (T, N)
     """``(rmsnorm(x + residual) * weight, x + residual)`` in one kernel (``x`` alone without a residual)."""
     T, N = x.shape
@@ -150,6 +156,7 @@ def add_rms_norm_triton(
         HAS_RESIDUAL=residual is not None,
         BY_HAND=by_hand(x.dtype),
         num_warps=4 if block_n >= 1024 else 2,  # 8-16 values per thread
+        **launch_options(pdl, x.device),
     )
     return y, residual_out
 

@@ -106,8 +106,8 @@ Launch shapes depend only on ``(M's bucket, N, K)`` and the config, never on val
 captures in a CUDA graph; the split-K counters live in one zeroed buffer per device that every
 launch leaves zeroed again (so two split-K launches must not run *concurrently* on two streams).
 
-Measured: a tie with cuBLAS, so the engine keeps cuBLAS
---------------------------------------------------------
+Measured: a tie with cuBLAS alone, a win in a chain of programmatic launches
+----------------------------------------------------------------------------
 ``python benchmarks/bench_gemm.py`` on the H200 (record ``figures/h200/gemm_bench.json``; a graph of
 30 GEMMs on distinct weights, L2 flushed, per call at M = 1): qkv 4.54 us against cuBLAS's 4.15,
 o_proj 4.22 / 3.76, gate_up 4.63 / 4.42, down 5.19 / 5.23, the LM head 18.1 / 16.6 with the
@@ -116,8 +116,13 @@ default config; the best of the sweep per shape (4.19, 4.01, 4.34, 4.89, 15.9 us
 954 at batch 16. Both kernels sit at the same floor, ~4 us a GEMM for 0.7-3.5 MB that the memory
 streams in under 1 us: the time is latency (a launch inside the graph, the first loads' round
 trips, the tail), which a different tiling does not remove -- fewer kernels do (the decode
-kernel's own K/V store, :mod:`~paged_edu.kernels.triton_decode`; the SwiGLU epilogue above). So ``gemm="auto"`` means
-``"torch"``; ``"triton"`` stays selectable, tested on both devices, for the lesson it teaches.
+kernel's own K/V store, :mod:`~paged_edu.kernels.triton_decode`; the SwiGLU epilogue above) -- or
+kernels that start before the previous one ends. That is what this kernel can do and cuBLAS's cannot
+here: launched as a programmatic dependent (``pdl=True``, :mod:`~paged_edu.kernels.pdl`) it waits for
+``x`` only after its programs are placed and their pointers computed. With every kernel of a decode
+step launched that way a whole step took 711 against 864 us at batch 1 (cuBLAS, no PDL) on the H200,
+815 / 935 at 16 and 923 / 990 at 32. So ``gemm="auto"`` means ``"triton"`` where PDL is on (Hopper
+and later, a pure-decode chain of Triton kernels) and ``"torch"`` elsewhere.
 """
 
 from __future__ import annotations
@@ -126,6 +131,7 @@ import torch
 import triton
 import triton.language as tl
 
+from paged_edu.kernels.pdl import launch_options, wait_for_previous_kernel
 from paged_edu.kernels.triton_decode import INTERPRETING, _num_sms
 from paged_edu.kernels.triton_fused import by_hand, round_to, silu_and_mul
 
@@ -183,6 +189,7 @@ def _skinny_matmul_kernel(
     UPCAST: tl.constexpr,  # convert tiles to fp32 after loading (the interpreter: bf16 is raw bits)
     IEEE: tl.constexpr,  # fp32 inputs: full-precision products, not TF32
     BY_HAND: tl.constexpr,  # the SWIGLU epilogue's round_to rounds by hand (the interpreter, bf16)
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent (paged_edu.kernels.pdl)
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -194,6 +201,7 @@ def _skinny_matmul_kernel(
     w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk  # (BLOCK_N, BLOCK_K)
     up_ptrs = w_ptrs + N * stride_wn  # (BLOCK_N, BLOCK_K): SWIGLU's up rows, n + N
     x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk  # (BLOCK_M, BLOCK_K)
+    wait_for_previous_kernel(USE_PDL)  # x is the previous kernel's output
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # a tile of y^T (SWIGLU: of the gate's)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWIGLU: the up tile's (else unused)
     for _ in range(K_STEPS):  # a constant trip count: the pipeliner keeps num_stages - 1 loads ahead
@@ -309,6 +317,7 @@ def skinny_matmul(
     config: dict | None = None,  # overrides of skinny_config (benchmark sweeps)
     *,
     swiglu: bool = False,  # silu(gate) * up in the epilogue: silu_and_mul_triton(F.linear(x, weight)) in one kernel
+    pdl: bool = False,  # launch as a programmatic dependent where the GPU can (paged_edu.kernels.pdl)
 ) -> torch.Tensor:  # (M, N) or (M, I), x's dtype
     """``x @ weight.T`` for a few rows (``F.linear(x, weight)`` without a bias), fp32 accumulation.
 
@@ -385,5 +394,6 @@ def skinny_matmul(
         BY_HAND=swiglu and by_hand(x.dtype),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
+        **launch_options(pdl, x.device),
     )
     return out

@@ -72,6 +72,13 @@ class ForwardBatch:
 # ----------------------------------------------------------------------------------------------
 
 
+def _pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch on ``device`` (:func:`paged_edu.kernels.pdl.pdl_supported`; needs Triton)."""
+    from paged_edu.kernels.pdl import pdl_supported
+
+    return pdl_supported(torch.device(device))
+
+
 @dataclass(frozen=True, slots=True)
 class Kernels:
     """Which implementation each op of a forward pass runs: the caller's choice, passed to
@@ -82,8 +89,9 @@ class Kernels:
     prefill: str = "auto"  # paged_attention_prefill's impl: "auto", "triton" or "torch"
     fused: str = "auto"  # the per-token ops (norm, rotary + store, SiLU-and-mul): "auto", "triton" or "torch"
     # The projections and the LM head of a batch of <= 32 rows: "torch" (cuBLAS), "triton" (the skinny
-    # GEMM, paged_edu.kernels.triton_gemm) or "auto" -- "torch": on the H200 the two tie (triton_gemm's docstring).
-    gemm: str = "torch"
+    # GEMM, paged_edu.kernels.triton_gemm) or "auto": "triton" where ``pdl`` is on (below), else "torch" --
+    # alone the two tie on the H200, but only Triton's kernels take part in a programmatic launch chain.
+    gemm: str = "auto"
     # A pure-decode step's rotary embedding and K/V store inside the Triton decode kernel (one launch
     # fewer per layer; needs fused="triton" and decode="triton"; kernels/triton_decode.py, "Storing the
     # new token on the way in"). False: the separate rotary + store kernel, as in a step with prompts.
@@ -92,12 +100,18 @@ class Kernels:
     # fewer per layer; with fused="triton", whatever ``gemm`` says). On by default: on the H200 its tuned
     # tiling beats cuBLAS + the SiLU kernel (kernels/triton_gemm.py, "The SwiGLU epilogue"). False: the two.
     swiglu_gemm: bool = True
+    # A pure-decode step of <= 32 rows launches its Triton kernels as programmatic dependents
+    # (kernels/pdl.py: each is launched while the previous one ends; 864 -> 711 us a step at batch 1 on
+    # the H200). Only where the whole decode chain is Triton (fused ops, the decode kernel with its own
+    # store) on a GPU that has it (Hopper and later); :meth:`resolve` turns it off elsewhere.
+    pdl: bool = True
 
     def resolve(self, device: torch.device) -> Kernels:
         """The same choice with every ``"auto"`` made concrete: ``fused`` ``"triton"`` where the fused
         kernels compile, else ``"torch"``; ``decode`` and ``prefill`` as
-        :func:`~paged_edu.kernels.resolve_impl` resolves them; ``gemm`` ``"torch"``. A fused or gemm
-        choice that cannot run here raises ``ValueError``."""
+        :func:`~paged_edu.kernels.resolve_impl` resolves them; ``pdl`` on only where the decode chain is
+        all Triton on a GPU with programmatic launches; ``gemm`` ``"triton"`` where ``pdl`` is on, else
+        ``"torch"``. A fused or gemm choice that cannot run here raises ``ValueError``."""
         support = kernel_support(device)
         for name, value, runs in (("fused_impl", self.fused, support.fused), ("gemm_impl", self.gemm, support.gemm)):
             if value not in ("auto", "triton", "torch"):
@@ -108,13 +122,23 @@ class Kernels:
                     "(see paged_edu.kernels.kernel_support); use 'auto' or 'torch'"
                 )
         fused = ("triton" if support.use_triton("fused") else "torch") if self.fused == "auto" else self.fused
-        return replace(
+        resolved = replace(
             self,
             decode=resolve_impl(self.decode, device, "decode"),
             prefill=resolve_impl(self.prefill, device, "prefill"),
             fused=fused,
-            gemm="torch" if self.gemm == "auto" else self.gemm,
         )
+        pdl = self.pdl and resolved.fused_decode and support.gemm and _pdl_supported(device)
+        gemm = ("triton" if pdl else "torch") if self.gemm == "auto" else self.gemm
+        return replace(resolved, gemm=gemm, pdl=pdl)
+
+    def for_step(self, num_tokens: int, pure_decode: bool) -> Kernels:
+        """The choice for one step (after :meth:`resolve`): ``pdl`` only for a pure-decode step of at
+        most 32 rows, where every kernel of the chain is Triton's; above, the projections are cuBLAS's,
+        and there a chain of Triton kernels launched early measured slower on the H200 (kernels/pdl.py)."""
+        if self.pdl and not (pure_decode and num_tokens <= 32):  # triton_gemm.MAX_ROWS
+            return replace(self, pdl=False)
+        return self
 
     @property
     def fused_ops(self) -> bool:
@@ -128,13 +152,14 @@ class Kernels:
         return self.fuse_decode_store and self.fused_ops and self.decode == "triton"
 
 
-def linear(layer: nn.Linear, x: torch.Tensor, gemm: str = "torch") -> torch.Tensor:
+def linear(layer: nn.Linear, x: torch.Tensor, gemm: str = "torch", pdl: bool = False) -> torch.Tensor:
     """``layer(x)`` (``x @ W^T``, no bias): with ``gemm="triton"`` and at most 32 rows, the skinny GEMM
-    (:func:`~paged_edu.kernels.triton_gemm.skinny_matmul`, a decode batch's projection), else PyTorch."""
+    (:func:`~paged_edu.kernels.triton_gemm.skinny_matmul`, a decode batch's projection; ``pdl``: launched
+    as a programmatic dependent), else PyTorch."""
     if gemm == "triton" and x.shape[0] <= 32 and layer.bias is None:  # triton_gemm.MAX_ROWS; fixed in a graph
         from paged_edu.kernels.triton_gemm import skinny_matmul
 
-        return skinny_matmul(x, layer.weight)
+        return skinny_matmul(x, layer.weight, pdl=pdl)
     return layer(x)
 
 
@@ -153,12 +178,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, fused: bool = False
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, fused: bool = False, pdl: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if fused:
             from paged_edu.kernels.triton_fused import add_rms_norm_triton
 
-            return add_rms_norm_triton(x, self.weight, self.eps, residual)
+            return add_rms_norm_triton(x, self.weight, self.eps, residual, pdl=pdl)
         if residual is not None:
             x = x + residual  # (T, hidden): the residual stream after this sub-layer
         dtype = x.dtype
@@ -219,7 +244,7 @@ class PagedAttention(nn.Module):
         """The new tokens' q ``(T, H, D)``, k and v ``(T, H_kv, D)``, not yet rotated: views of one matmul."""
         T = x.shape[0]
         H, H_kv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = linear(self.qkv_proj, x, kernels.gemm).split([H * D, H_kv * D, H_kv * D], dim=-1)
+        q, k, v = linear(self.qkv_proj, x, kernels.gemm, kernels.pdl).split([H * D, H_kv * D, H_kv * D], dim=-1)
         return q.view(T, H, D), k.view(T, H_kv, D), v.view(T, H_kv, D)
 
     def project(self, x, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels) -> torch.Tensor:
@@ -284,11 +309,12 @@ class PagedAttention(nn.Module):
                 cos,
                 sin,
                 scale=self.scale,
+                pdl=kernels.pdl,
             )  # (T, H, D)
         else:
             q = self.project(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, H, D)
             out = self.attend(q, k_cache, v_cache, batch, kernels)  # (T, H, D)
-        return linear(self.o_proj, out.flatten(1), kernels.gemm)  # (T, hidden)
+        return linear(self.o_proj, out.flatten(1), kernels.gemm, kernels.pdl)  # (T, hidden)
 
 
 class SwiGLU(nn.Module):
@@ -302,19 +328,19 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor, kernels: Kernels = Kernels(fused="torch")) -> torch.Tensor:
         """``x`` (T, hidden) -> (T, hidden); ``kernels`` (resolved) picks the fused ops and the GEMMs."""
-        gemm = kernels.gemm
+        gemm, pdl = kernels.gemm, kernels.pdl
         if kernels.swiglu_gemm and kernels.fused_ops and x.shape[0] <= 32:  # triton_gemm.MAX_ROWS
             from paged_edu.kernels.triton_gemm import skinny_matmul
 
             # gate_up, then silu and the product in the GEMM's epilogue: one kernel, the same rounding
-            return linear(self.down_proj, skinny_matmul(x, self.gate_up_proj.weight, swiglu=True), gemm)
-        gate_up = linear(self.gate_up_proj, x, gemm)  # (T, 2I): gate, then up
+            return linear(self.down_proj, skinny_matmul(x, self.gate_up_proj.weight, swiglu=True, pdl=pdl), gemm, pdl)
+        gate_up = linear(self.gate_up_proj, x, gemm, pdl)  # (T, 2I): gate, then up
         if kernels.fused_ops:  # silu and the product in one kernel, the same rounding
             from paged_edu.kernels.triton_fused import silu_and_mul_triton
 
-            return linear(self.down_proj, silu_and_mul_triton(gate_up), gemm)
+            return linear(self.down_proj, silu_and_mul_triton(gate_up), gemm, pdl)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)  # (T, I) each
-        return linear(self.down_proj, nn.functional.silu(gate) * up, gemm)
+        return linear(self.down_proj, nn.functional.silu(gate) * up, gemm, pdl)
 
 
 class DecoderLayer(nn.Module):
@@ -329,9 +355,11 @@ class DecoderLayer(nn.Module):
         """``h``: the previous sub-layer's output; ``residual``: the stream before it (``None`` at
         the first layer). Each norm adds the two first, so the pair passes on to the next layer:
         ``h_out + residual_out`` is the classic ``x + attn(norm(x)) + mlp(norm(...))``."""
-        x, residual = self.input_layernorm(h, residual, kernels.fused_ops)  # residual += h; x = norm(residual)
+        x, residual = self.input_layernorm(
+            h, residual, kernels.fused_ops, kernels.pdl
+        )  # residual += h; x = norm(residual)
         h = self.self_attn(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, hidden)
-        x, residual = self.post_attention_layernorm(h, residual, kernels.fused_ops)
+        x, residual = self.post_attention_layernorm(h, residual, kernels.fused_ops, kernels.pdl)
         return self.mlp(x, kernels), residual
 
 
@@ -416,6 +444,7 @@ class PagedLlama(nn.Module):
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"need one (k_cache, v_cache) pair per layer ({len(self.layers)}), got {len(kv_caches)}")
         kernels = (kernels or Kernels()).resolve(self.device)
+        kernels = kernels.for_step(batch.input_ids.shape[0], batch.prefill_cu_seqlens_q is None)
         h = self.embed_tokens(batch.input_ids)  # (T, hidden)
         if kernels.fused_ops:  # the rotary kernel reads each token's row of the tables itself
             cos, sin = self.rotary.cos_table, self.rotary.sin_table  # (L, D) each
@@ -424,7 +453,7 @@ class PagedLlama(nn.Module):
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h, residual = layer(h, residual, cos, sin, k_cache, v_cache, batch, kernels)
-        hidden, _ = self.norm(h, residual, kernels.fused_ops)
+        hidden, _ = self.norm(h, residual, kernels.fused_ops, kernels.pdl)
         return hidden  # (T, hidden)
 
     def compute_logits(self, hidden: torch.Tensor, kernels: Kernels | None = None) -> torch.Tensor:

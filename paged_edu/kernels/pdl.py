@@ -1,0 +1,87 @@
+"""
+Programmatic dependent launch: the next kernel starts before this one ends
+==========================================================================
+
+What you will learn
+-------------------
+* why a decode step of a small model is a chain of ~250 kernels whose *latency*, not their
+  bytes, sets the time: each waits for the previous one to finish, then pays its own launch,
+  its first loads' round trip to HBM and its tail (at batch 1 on an H200, 244 kernels of ~3 us
+  each while their weights stream in well under 1 us: ``paged_edu/data/layer_bench.json``);
+* how Hopper's *programmatic dependent launch* (PDL) lets kernel ``n + 1`` be launched while
+  kernel ``n`` still runs: its programs are placed on the SMs and set up their indices and
+  pointers, then wait at ``griddepcontrol.wait`` until ``n`` has finished and its stores are visible;
+* where the wait must sit: before the first load of anything an earlier kernel writes, and before
+  the first store (a store could race the previous kernel's reads).
+
+The protocol, per kernel launched with ``launch_pdl=True``::
+
+    program ids, offsets, pointers, masks           # overlaps the previous kernel
+    gdc_wait()                                      # every earlier kernel's stores are visible
+    gdc_launch_dependents()                         # now the next kernel may be launched
+    ... the kernel's loads, math and stores ...
+
+``gdc_launch_dependents`` comes *after* the wait, so at most one kernel runs ahead: with it first,
+every kernel of a step could be launched at once and sit on the SMs waiting. ``gdc_wait`` waits for
+the *whole* previous grid, which itself waited for its own predecessor, so the order of the chain is
+kept transitively; a kernel launched without PDL (cuBLAS, a PyTorch op) simply waits as before. Under
+the interpreter, or before Hopper, the kernels take ``USE_PDL=False`` and these calls compile away.
+In a CUDA graph, stream capture turns the launch attribute into programmatic edges between the
+graph's kernel nodes.
+
+Measured on the H200 (``python benchmarks/bench_layer.py --batches 1,16,32,64,256 --reps 20``, a
+whole SmolLM2-135M decode step in a CUDA graph, L2 flushed; ``figures/h200/layer_bench_pdl_*.json``):
+the step pays only when *every* kernel of the chain takes part, which at <= 32 rows means the
+skinny Triton GEMM in place of cuBLAS (:mod:`~paged_edu.kernels.triton_gemm`): 711 / 815 / 923 us at
+batch 1 / 16 / 32 against 864 / 935 / 990 for cuBLAS without PDL, and 878 / 965 / 1,032 for the
+skinny GEMM without PDL. With cuBLAS's GEMMs left in the chain, PDL on the Triton kernels alone was
+*slower* (899 / 965 / 1,025 us), and so it was above 32 rows, where the projections are cuBLAS's
+(1,186 against 1,178 us at batch 64, 1,784 against 1,734 at 256): the model turns it on only for
+pure-decode steps of <= 32 rows (:meth:`~paged_edu.models.llama.Kernels.for_step`). Also measured and
+dropped: asking for the GEMM's weight lines before the wait (``prefetch.global.L2``, one per 128-byte
+line), 757 / 870 / 982 us -- slower than the wait alone.
+
+Peers launch their own small kernels this way on Hopper, e.g. alibaba/rtp-llm's
+``LAUNCH_KERNEL_WITH_PDL`` (``rtp_llm/cpp/cuda/launch_utils.h``: ``cudaLaunchKernelEx`` with
+``cudaLaunchAttributeProgrammaticStreamSerialization`` where the compute capability is >= 9).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["launch_options", "pdl_supported", "wait_for_previous_kernel"]
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """True on a CUDA device of compute capability >= 9.0 (Hopper) outside the interpreter."""
+    from paged_edu.kernels.triton_fused import INTERPRETING  # imported here: triton_fused imports this module
+
+    if INTERPRETING or device.type != "cuda":
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+
+
+def launch_options(pdl: bool, device: torch.device) -> dict:
+    """A launch's keyword arguments: ``USE_PDL`` for the kernel, and ``launch_pdl`` when it is on."""
+    on = bool(pdl) and pdl_supported(device)
+    return {"USE_PDL": on, "launch_pdl": True} if on else {"USE_PDL": False}
+
+
+@triton.jit
+def wait_for_previous_kernel(USE_PDL: tl.constexpr):
+    """With ``USE_PDL``: wait until every earlier kernel's stores are visible, then let the next
+    kernel be launched. Call it before the first load of an earlier kernel's output and before the
+    first store."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
