@@ -30,16 +30,16 @@ In a CUDA graph, stream capture turns the launch attribute into programmatic edg
 graph's kernel nodes.
 
 Measured on the H200 (``python benchmarks/bench_layer.py --batches 1,16,32,64,256 --reps 20``, a
-whole SmolLM2-135M decode step in a CUDA graph, L2 flushed; ``figures/h200/layer_bench_pdl_*.json``):
-the step pays only when *every* kernel of the chain takes part, which at <= 32 rows means the
-skinny Triton GEMM in place of cuBLAS (:mod:`~paged_edu.kernels.triton_gemm`): 711 / 815 / 923 us at
-batch 1 / 16 / 32 against 864 / 935 / 990 for cuBLAS without PDL, and 878 / 965 / 1,032 for the
-skinny GEMM without PDL. With cuBLAS's GEMMs left in the chain, PDL on the Triton kernels alone was
-*slower* (899 / 965 / 1,025 us), and so it was above 32 rows, where the projections are cuBLAS's
-(1,186 against 1,178 us at batch 64, 1,784 against 1,734 at 256): the model turns it on only for
-pure-decode steps of <= 32 rows (:meth:`~paged_edu.models.llama.Kernels.for_step`). Also measured and
-dropped: asking for the GEMM's weight lines before the wait (``prefetch.global.L2``, one per 128-byte
-line), 757 / 870 / 982 us -- slower than the wait alone.
+whole SmolLM2-135M decode step in a CUDA graph, L2 flushed; ``figures/h200/pdl_probe/``): the step
+pays only when *every* kernel of the chain takes part, which at <= 32 rows means the skinny Triton
+GEMM in place of cuBLAS (:mod:`~paged_edu.kernels.triton_gemm`): 711 / 815 / 923 us at batch
+1 / 16 / 32 against 864 / 935 / 990 for cuBLAS without PDL, and 878 / 965 / 1,032 for the skinny GEMM
+without PDL. With cuBLAS's GEMMs left in the chain, PDL on the Triton kernels alone was *slower*:
+899 / 965 / 1,025 us at <= 32 rows (its SwiGLU GEMM also prefetching, as below), and 1,186 against 1,178 us at batch 64, 1,784 against 1,734 at 256,
+where every projection is cuBLAS's. So the model turns it on only for pure-decode steps of <= 32 rows
+(:meth:`~paged_edu.models.llama.Kernels.for_step`). Also measured and dropped: the GEMM asking for
+its weight's lines before the wait (``prefetch.global.L2``, one per 128-byte line: they are no
+kernel's output), 757 / 870 / 982 us -- slower than the wait alone.
 
 Peers launch their own small kernels this way on Hopper, e.g. alibaba/rtp-llm's
 ``LAUNCH_KERNEL_WITH_PDL`` (``rtp_llm/cpp/cuda/launch_utils.h``: ``cudaLaunchKernelEx`` with

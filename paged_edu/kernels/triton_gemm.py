@@ -360,7 +360,7 @@ def skinny_matmul(
     )
     cfg = skinny_config(M, n_out, K, num_sms, swiglu=swiglu)  # swiglu: tiles of I outputs, 2 * BLOCK_N weight rows each
     cfg.update(config or {})
-    block_m = 16 if M <= 16 else 32
+    block_m = max(16, triton.next_power_of_2(M))  # 16 or 32
     n_tiles = triton.cdiv(n_out, cfg["BLOCK_N"])
     split_k = cfg["SPLIT_K"]
     if split_k > 1:  # each slice's fp32 sums per weight row; no zeroing needed, every program writes its whole slice

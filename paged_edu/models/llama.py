@@ -72,6 +72,11 @@ class ForwardBatch:
 # ----------------------------------------------------------------------------------------------
 
 
+SKINNY_MAX_ROWS = (
+    32  # the skinny GEMM's largest batch: paged_edu.kernels.triton_gemm.MAX_ROWS (a test keeps them equal)
+)
+
+
 def _pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch on ``device`` (:func:`paged_edu.kernels.pdl.pdl_supported`; needs Triton)."""
     from paged_edu.kernels.pdl import pdl_supported
@@ -136,7 +141,7 @@ class Kernels:
         """The choice for one step (after :meth:`resolve`): ``pdl`` only for a pure-decode step of at
         most 32 rows, where every kernel of the chain is Triton's; above, the projections are cuBLAS's,
         and there a chain of Triton kernels launched early measured slower on the H200 (kernels/pdl.py)."""
-        if self.pdl and not (pure_decode and num_tokens <= 32):  # triton_gemm.MAX_ROWS
+        if self.pdl and not (pure_decode and num_tokens <= SKINNY_MAX_ROWS):
             return replace(self, pdl=False)
         return self
 
@@ -156,7 +161,7 @@ def linear(layer: nn.Linear, x: torch.Tensor, gemm: str = "torch", pdl: bool = F
     """``layer(x)`` (``x @ W^T``, no bias): with ``gemm="triton"`` and at most 32 rows, the skinny GEMM
     (:func:`~paged_edu.kernels.triton_gemm.skinny_matmul`, a decode batch's projection; ``pdl``: launched
     as a programmatic dependent), else PyTorch."""
-    if gemm == "triton" and x.shape[0] <= 32 and layer.bias is None:  # triton_gemm.MAX_ROWS; fixed in a graph
+    if gemm == "triton" and x.shape[0] <= SKINNY_MAX_ROWS and layer.bias is None:  # fixed in a graph
         from paged_edu.kernels.triton_gemm import skinny_matmul
 
         return skinny_matmul(x, layer.weight, pdl=pdl)
@@ -329,7 +334,7 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor, kernels: Kernels = Kernels(fused="torch")) -> torch.Tensor:
         """``x`` (T, hidden) -> (T, hidden); ``kernels`` (resolved) picks the fused ops and the GEMMs."""
         gemm, pdl = kernels.gemm, kernels.pdl
-        if kernels.swiglu_gemm and kernels.fused_ops and x.shape[0] <= 32:  # triton_gemm.MAX_ROWS
+        if kernels.swiglu_gemm and kernels.fused_ops and x.shape[0] <= SKINNY_MAX_ROWS:
             from paged_edu.kernels.triton_gemm import skinny_matmul
 
             # gate_up, then silu and the product in the GEMM's epilogue: one kernel, the same rounding
