@@ -63,10 +63,9 @@ def _capability(device_index: int) -> tuple[int, int]:
 
 
 def pdl_supported(device: torch.device) -> bool:
-    """True on a CUDA device of compute capability >= 9.0 (Hopper) outside the interpreter."""
-    from paged_edu.kernels.triton_fused import INTERPRETING  # imported here: triton_fused imports this module
-
-    if INTERPRETING or device.type != "cuda":
+    """True on a CUDA device of compute capability >= 9.0 (Hopper). Never for CPU tensors, which is
+    where the interpreter runs the kernels (``paged_edu.kernels.support``)."""
+    if device.type != "cuda":
         return False
     return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
 

@@ -276,6 +276,7 @@ def paged_attention_packed(
             HEAD_DIM=head_dim,
             HEAD_DIM_PAD=part_d,
             SPLITS_PAD=triton.next_power_of_2(num_splits),
+            USE_PDL=False,  # launched after the packed kernel in the usual way
             num_warps=4,
         )
     return out
