@@ -289,12 +289,6 @@ def test_the_engine_with_gemm_impl_triton_gives_transformers_tokens(hf_greedy_ca
     assert r.num_graph_steps > 0
 
 
-def test_the_model_and_the_kernel_agree_on_the_skinny_gemms_largest_batch():
-    from paged_edu.models import llama
-
-    assert llama.SKINNY_MAX_ROWS == MAX_ROWS
-
-
 def test_gemm_impl_is_checked_like_fused_impl(hf_greedy_case):
     from paged_edu.engine import Engine
 

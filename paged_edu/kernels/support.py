@@ -15,7 +15,18 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["KernelSupport", "default_dtype", "kernel_support", "triton_available", "triton_interpreting"]
+__all__ = [
+    "SKINNY_MAX_ROWS",
+    "KernelSupport",
+    "default_dtype",
+    "kernel_support",
+    "triton_available",
+    "triton_interpreting",
+]
+
+# The skinny GEMM's largest batch (paged_edu.kernels.triton_gemm.MAX_ROWS): named here, without Triton,
+# so that the model can choose between it and cuBLAS on any machine.
+SKINNY_MAX_ROWS = 32
 
 
 @functools.lru_cache(maxsize=None)

@@ -132,12 +132,13 @@ import triton
 import triton.language as tl
 
 from paged_edu.kernels.pdl import launch_options, wait_for_previous_kernel
+from paged_edu.kernels.support import SKINNY_MAX_ROWS
 from paged_edu.kernels.triton_decode import INTERPRETING, _num_sms
 from paged_edu.kernels.triton_fused import by_hand, round_to, silu_and_mul
 
 __all__ = ["MAX_ROWS", "skinny_config", "skinny_matmul"]
 
-MAX_ROWS = 32  # the largest M: one tile of x^T, at most 32 rows, rides along with every weight tile
+MAX_ROWS = SKINNY_MAX_ROWS  # the largest M: one tile of x^T, at most 32 rows, rides along with every weight tile
 
 
 # ----------------------------------------------------------------------------------------------

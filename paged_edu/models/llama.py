@@ -41,6 +41,7 @@ from torch import nn
 
 from paged_edu.cache.kv_cache import store_kv
 from paged_edu.kernels import kernel_support, paged_attention_decode, paged_attention_prefill, resolve_impl
+from paged_edu.kernels.support import SKINNY_MAX_ROWS
 from paged_edu.models.config import LlamaConfig
 
 __all__ = ["ForwardBatch", "Kernels", "PagedLlama"]
@@ -70,11 +71,6 @@ class ForwardBatch:
 # ----------------------------------------------------------------------------------------------
 # The layers
 # ----------------------------------------------------------------------------------------------
-
-
-SKINNY_MAX_ROWS = (
-    32  # the skinny GEMM's largest batch: paged_edu.kernels.triton_gemm.MAX_ROWS (a test keeps them equal)
-)
 
 
 def _pdl_supported(device: torch.device) -> bool:
@@ -360,9 +356,8 @@ class DecoderLayer(nn.Module):
         """``h``: the previous sub-layer's output; ``residual``: the stream before it (``None`` at
         the first layer). Each norm adds the two first, so the pair passes on to the next layer:
         ``h_out + residual_out`` is the classic ``x + attn(norm(x)) + mlp(norm(...))``."""
-        x, residual = self.input_layernorm(
-            h, residual, kernels.fused_ops, kernels.pdl
-        )  # residual += h; x = norm(residual)
+        # residual += h; x = norm(residual)
+        x, residual = self.input_layernorm(h, residual, kernels.fused_ops, kernels.pdl)
         h = self.self_attn(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, hidden)
         x, residual = self.post_attention_layernorm(h, residual, kernels.fused_ops, kernels.pdl)
         return self.mlp(x, kernels), residual
