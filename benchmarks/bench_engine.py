@@ -598,20 +598,20 @@ def main(argv=None):
         "--swiglu-gemm",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="the engine's swiglu_gemm (default on): gate_up and silu*mul in one skinny GEMM at <= 32 rows",
+        help="the engine's swiglu_gemm (default on): gate_up and silu*mul in one skinny GEMM at <= 64 rows",
     )
     ap.add_argument(
         "--pdl",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="the engine's pdl (default on): a pure-decode step of <= 32 rows launches its Triton kernels as "
+        help="the engine's pdl (default on): a pure-decode step of <= 64 rows launches its Triton kernels as "
         "programmatic dependents (Hopper)",
     )
     ap.add_argument(
         "--gemm-impl",
         choices=("auto", "torch", "triton"),
         default="auto",
-        help="the engine's gemm_impl: the projections and LM head of decode batches of <= 32 rows",
+        help="the engine's gemm_impl: the projections and LM head of decode batches of <= 64 rows",
     )
     ap.add_argument("--skip-peer", action="store_true", help="skip transformers' continuous batching (both runs)")
     ap.add_argument("--skip-cb-graphs", action="store_true", help="skip transformers CB with CUDA graphs forced on")

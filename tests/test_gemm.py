@@ -7,6 +7,8 @@ tests run it compiled, inside a CUDA graph.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -45,7 +47,7 @@ def check(y, x, w):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M", [1, 3, 16, 32])
+@pytest.mark.parametrize("M", [1, 3, 16, 32, 64])
 @pytest.mark.parametrize("name", [n for n in SHAPES if n != "lm_head"])
 def test_matches_fp32_matmul_at_smollm2_shapes(name, M, dtype):
     N, K = SHAPES[name]
@@ -120,7 +122,7 @@ def test_strided_x_and_out_are_handled():
 
 def test_bad_inputs_raise_clear_errors():
     x, w = case(MAX_ROWS + 1, 32, 64, torch.float32)
-    with pytest.raises(ValueError, match="at most 32 rows"):
+    with pytest.raises(ValueError, match=f"at most {MAX_ROWS} rows"):
         skinny_matmul(x, w)
     with pytest.raises(ValueError, match="K=64 columns"):
         skinny_matmul(x[:4], w[:, :32])
@@ -169,7 +171,7 @@ SMOLLM2_SWIGLU_CONFIGS = pytest.mark.parametrize(
 
 
 @pytest.mark.parametrize("config", SWIGLU_SPLITS, ids=["split1", "split3", "split2-wide"])
-@pytest.mark.parametrize("M", [1, 5, 16, 17, 32])
+@pytest.mark.parametrize("M", [1, 5, 16, 17, 32, 33])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_swiglu_equals_the_two_kernel_path(dtype, M, config):
     """``skinny_matmul(x, w, swiglu=True)`` == ``silu_and_mul_triton(F.linear(x, w))`` bit for bit on
@@ -229,6 +231,11 @@ def test_swiglu_writes_out_in_place_and_rejects_bad_shapes():
 # ----------------------------------------------------------------------------------------------
 
 
+LONGER_TINY_LLAMA = replace(
+    TINY_LLAMA, max_position_embeddings=128
+)  # room for a prompt of MAX_ROWS + 6 and its decodes
+
+
 def run_tiny_model(model, kernels, sizes):
     """Chunks of ``sizes`` tokens of one sequence (prefill, then decodes) through ``kernels``: hidden
     states and logits."""
@@ -237,12 +244,12 @@ def run_tiny_model(model, kernels, sizes):
     c = model.config
     g = torch.Generator().manual_seed(1)
     caches = [
-        tuple(torch.randn(16, 4, c.num_kv_heads, c.head_dim, generator=g).to(model.dtype).to(DEVICE) for _ in range(2))
+        tuple(torch.randn(32, 4, c.num_kv_heads, c.head_dim, generator=g).to(model.dtype).to(DEVICE) for _ in range(2))
         for _ in range(c.num_layers)
     ]
     tokens, pos, hidden, logits = list(range(3, 3 + sum(sizes))), 0, [], []
     for n in sizes:
-        batch = prepare_batch([BatchChunk(tokens[pos : pos + n], pos, list(range(16)))], 4, DEVICE)
+        batch = prepare_batch([BatchChunk(tokens[pos : pos + n], pos, list(range(32)))], 4, DEVICE)
         h = model(batch, caches, kernels)  # (n, hidden)
         hidden.append(h)
         logits.append(model.compute_logits(h, kernels))  # (n, vocab): every row, to test the LM head
@@ -252,19 +259,19 @@ def run_tiny_model(model, kernels, sizes):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_model_with_the_skinny_gemm_matches_the_torch_path(dtype, monkeypatch):
-    """Prefill 40 tokens (> 32 rows: cuBLAS), then 7, then decode 2: the skinny GEMM's rows only."""
+    """Prefill MAX_ROWS + 6 tokens (cuBLAS), then 7, then decode 2: the skinny GEMM's rows only."""
     import paged_edu.kernels.triton_gemm as gemm_module
     from paged_edu.models.loaders import random_llama
 
     rows = []
     real = gemm_module.skinny_matmul
     monkeypatch.setattr(gemm_module, "skinny_matmul", lambda x, w, **kw: rows.append(x.shape[0]) or real(x, w, **kw))
-    model = random_llama(TINY_LLAMA, seed=2, dtype=dtype, device=DEVICE)
-    sizes = (40, 7, 1, 1)
+    model = random_llama(LONGER_TINY_LLAMA, seed=2, dtype=dtype, device=DEVICE)
+    sizes = (MAX_ROWS + 6, 7, 1, 1)
     plain = run_tiny_model(model, Kernels(decode="torch", prefill="torch", fused="torch", gemm="torch"), sizes)
     assert rows == []
     skinny = run_tiny_model(model, Kernels(decode="torch", prefill="torch", fused="torch", gemm="triton"), sizes)
-    # Per chunk of <= 32 rows: 4 projections a layer, then the LM head; the 40-row chunk: none.
+    # Per chunk of <= MAX_ROWS rows: 4 projections a layer, then the LM head; the prompt chunk: none.
     assert rows == [n for n in sizes[1:] for _ in range(4 * TINY_LLAMA.num_layers + 1)]
     tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
     for got, want in zip(skinny, plain):
@@ -306,7 +313,7 @@ def test_gemm_impl_is_checked_like_fused_impl(hf_greedy_case):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_model_with_the_swiglu_gemm_matches_the_two_kernel_mlp(dtype, monkeypatch):
     """TINY_LLAMA with the fused ops: ``swiglu_gemm=True`` gives the hidden states and logits of the
-    two-kernel MLP (gate_up by F.linear, then silu_and_mul_triton). Prefill 40 tokens (> 32 rows: the
+    two-kernel MLP (gate_up by F.linear, then silu_and_mul_triton). Prefill MAX_ROWS + 6 tokens (the
     two kernels on both paths), then 7, 1, 1 rows: one swiglu GEMM a layer. The GEMMs' sums differ in
     order only: fp32 keeps that in its last bits; bf16 rounds it away, barring a sum next to a rounding
     boundary (one ulp; none here, seeded -- ``equal`` says so)."""
@@ -325,14 +332,14 @@ def test_model_with_the_swiglu_gemm_matches_the_two_kernel_mlp(dtype, monkeypatc
     monkeypatch.setattr(
         fused_module, "silu_and_mul_triton", lambda gu: calls["silu_and_mul"].append(gu.shape[0]) or real_silu(gu)
     )
-    model = random_llama(TINY_LLAMA, seed=2, dtype=dtype, device=DEVICE)
-    sizes, layers = (40, 7, 1, 1), TINY_LLAMA.num_layers
+    model = random_llama(LONGER_TINY_LLAMA, seed=2, dtype=dtype, device=DEVICE)
+    sizes, layers = (MAX_ROWS + 6, 7, 1, 1), TINY_LLAMA.num_layers
     kw = dict(decode="torch", prefill="torch", fused="triton")
     two = run_tiny_model(model, Kernels(**kw, swiglu_gemm=False).resolve(torch.device(DEVICE)), sizes)
     assert calls == {"swiglu": [], "silu_and_mul": [n for n in sizes for _ in range(layers)]}
     calls["silu_and_mul"].clear()
     one = run_tiny_model(model, Kernels(**kw).resolve(torch.device(DEVICE)), sizes)  # on by default
-    assert calls == {"swiglu": [n for n in sizes[1:] for _ in range(layers)], "silu_and_mul": [40] * layers}
+    assert calls == {"swiglu": [n for n in sizes[1:] for _ in range(layers)], "silu_and_mul": [sizes[0]] * layers}
     for got, want in zip(one, two):
         assert torch.equal(got[: sizes[0]], want[: sizes[0]])  # the prompt chunk: the two kernels on both
         if dtype == torch.bfloat16:
@@ -371,7 +378,7 @@ def test_swiglu_gemm_is_an_engine_option_on_by_default(hf_greedy_case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 4, 16, 32])
+@pytest.mark.parametrize("M", [1, 4, 16, 32, 33, 64])
 def test_gpu_skinny_matmul_in_a_cuda_graph(M):
     for name, (N, K) in SHAPES.items():
         x, w = case(M, N, K, torch.bfloat16, seed=M)
@@ -390,7 +397,7 @@ def test_gpu_skinny_matmul_in_a_cuda_graph(M):
 @pytest.mark.gpu
 def test_gpu_model_with_the_skinny_gemm_under_graph_capture():
     """SmolLM2's 30-layer geometry, bf16, through the engine's decode CUDA graphs: gemm "triton" ==
-    "torch" (hidden states close), batch sizes 1..32 captured."""
+    "torch" (hidden states close), batch sizes 1..64 captured."""
     import numpy as np
 
     from paged_edu.engine.cuda_graphs import DecodeCudaGraphs
@@ -400,7 +407,7 @@ def test_gpu_model_with_the_skinny_gemm_under_graph_capture():
     out = {}
     for impl in ("torch", "triton"):
         caches = stale_gpu_pools(C)  # the same stale pool for both
-        graphs = DecodeCudaGraphs(model, caches, 32, 8, kernels=Kernels(fused="triton", gemm=impl))
+        graphs = DecodeCudaGraphs(model, caches, MAX_ROWS, 8, kernels=Kernels(fused="triton", gemm=impl))
         inputs = graphs.staging.np
         inputs["input_ids"][:8] = np.arange(100, 108)
         inputs["positions"][:8] = 5

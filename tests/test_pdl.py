@@ -8,6 +8,7 @@ import torch
 from model_helpers import TINY_LLAMA, stale_gpu_pools
 
 from paged_edu.kernels import triton_available
+from paged_edu.kernels.support import SKINNY_MAX_ROWS
 from paged_edu.models.config import smollm2_config
 from paged_edu.models.llama import Kernels, PagedLlama
 
@@ -32,9 +33,15 @@ def test_pdl_is_off_where_the_gpu_cannot_launch_that_way():
 
 @pytest.mark.parametrize(
     "num_tokens, pure_decode, on",
-    [(1, True, True), (32, True, True), (33, True, False), (256, True, False), (8, False, False)],
+    [
+        (1, True, True),
+        (SKINNY_MAX_ROWS, True, True),
+        (SKINNY_MAX_ROWS + 1, True, False),
+        (256, True, False),
+        (8, False, False),
+    ],
 )
-def test_pdl_applies_only_to_pure_decode_steps_of_at_most_32_rows(num_tokens, pure_decode, on):
+def test_pdl_applies_only_to_pure_decode_steps_the_skinny_gemm_takes(num_tokens, pure_decode, on):
     """The measured rule (kernels/pdl.py): a chain is launched early only where all of it is Triton's."""
     kernels = Kernels(pdl=True)  # as resolve() leaves it on a GPU that has PDL
     step = kernels.for_step(num_tokens, pure_decode)
@@ -64,7 +71,7 @@ def _pdl_gpu() -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_seqs", [1, 8, 32])
+@pytest.mark.parametrize("num_seqs", [1, 8, 32, 48, SKINNY_MAX_ROWS])
 def test_gpu_decode_graph_with_pdl_is_bit_for_bit_the_plain_chain(num_seqs):
     """SmolLM2's 30 layers, bf16, the engine's decode CUDA graphs (the skinny GEMM, the decode kernel
     with its own store, split-K and split-KV merges at 100 tokens of context): launched as programmatic
@@ -81,12 +88,12 @@ def test_gpu_decode_graph_with_pdl_is_bit_for_bit_the_plain_chain(num_seqs):
     C = smollm2_config()
     model = random_llama(C, seed=0, dtype=torch.bfloat16, device="cuda")
     context, per_seq = 100, 7  # tokens per sequence, the new one included; its blocks of 16
-    blocks = np.random.default_rng(num_seqs).permutation(256)[: num_seqs * per_seq].reshape(num_seqs, per_seq)
+    blocks = np.random.default_rng(num_seqs).permutation(512)[: num_seqs * per_seq].reshape(num_seqs, per_seq)
     out, pools = {}, {}
     for pdl in (False, True):
-        caches = stale_gpu_pools(C, num_blocks=256)  # the same stale pool for both
+        caches = stale_gpu_pools(C, num_blocks=512)  # the same stale pool for both
         kernels = Kernels(fused="triton", gemm="triton", pdl=pdl)
-        graphs = DecodeCudaGraphs(model, caches, 32, 8, kernels=kernels)
+        graphs = DecodeCudaGraphs(model, caches, SKINNY_MAX_ROWS, 8, kernels=kernels)
         assert graphs.kernels.pdl is pdl
         inputs = graphs.staging.np
         inputs["input_ids"][:num_seqs] = np.arange(100, 100 + num_seqs)

@@ -109,17 +109,17 @@ class Engine:
     fused_impl: the per-token ops (``"auto"``, ``"triton"`` or ``"torch"``; see
         :class:`~paged_edu.models.llama.Kernels`). The choice is this engine's: another engine on the
         same model keeps its own.
-    gemm_impl: the projections and LM head of steps of at most 32 rows (``"torch"``: cuBLAS;
+    gemm_impl: the projections and LM head of steps of at most 64 rows (``"torch"``: cuBLAS;
         ``"triton"``: :mod:`~paged_edu.kernels.triton_gemm`'s skinny GEMM; ``"auto"``, the default: the
         skinny GEMM where ``pdl`` is on, else cuBLAS -- alone they tie on the H200). Validated like ``fused_impl``.
     fuse_decode_store: a pure-decode step's rotary embedding and K/V store inside the Triton decode
         kernel (:func:`~paged_edu.kernels.triton_decode.rotary_store_decode_triton`; with the fused ops and
         the Triton decode kernel). On by default; False keeps the separate rotary + store kernel.
     swiglu_gemm: the MLP's gate_up projection and SiLU-and-mul in one skinny GEMM for steps of at most
-        32 rows (:func:`~paged_edu.kernels.triton_gemm.skinny_matmul` with ``swiglu=True``; with the fused
+        64 rows (:func:`~paged_edu.kernels.triton_gemm.skinny_matmul` with ``swiglu=True``; with the fused
         ops). On by default (faster on the H200, :class:`~paged_edu.models.llama.Kernels`); False keeps the
         cuBLAS GEMM and the SiLU kernel.
-    pdl: a pure-decode step of at most 32 rows launches its Triton kernels as programmatic dependents,
+    pdl: a pure-decode step of at most 64 rows launches its Triton kernels as programmatic dependents,
         each launched while the previous one ends (:mod:`~paged_edu.kernels.pdl`). On by default; it
         applies only where the decode chain is all Triton on a GPU that has it (Hopper and later), and
         there ``gemm_impl="auto"`` is the skinny Triton GEMM. False: every kernel waits for the last.

@@ -26,7 +26,7 @@ __all__ = [
 
 # The skinny GEMM's largest batch (paged_edu.kernels.triton_gemm.MAX_ROWS): named here, without Triton,
 # so that the model can choose between it and cuBLAS on any machine.
-SKINNY_MAX_ROWS = 32
+SKINNY_MAX_ROWS = 64
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,7 +62,7 @@ class KernelSupport:
     prefill: bool  # paged_edu.kernels.triton_prefill
     store: bool  # paged_edu.kernels.triton_store
     fused: bool  # paged_edu.kernels.triton_fused + the rotary store: a Llama layer's per-token ops
-    gemm: bool  # paged_edu.kernels.triton_gemm: the projections of a batch of <= 32 rows
+    gemm: bool  # paged_edu.kernels.triton_gemm: the projections of a batch of <= 64 rows
     interpreted: bool  # they would run in Triton's interpreter: exact, but far too slow to serve a model
 
     def use_triton(self, kernel: str) -> bool:

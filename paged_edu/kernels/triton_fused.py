@@ -35,7 +35,7 @@ the same bytes, and no tensor a caller holds changes under it.
 
 (``silu`` rounds to bf16 before the product, as ``F.silu(gate) * up`` does.) The per-element math is
 one ``@triton.jit`` helper, :func:`silu_and_mul`, which the skinny GEMM's SwiGLU epilogue
-(:mod:`~paged_edu.kernels.triton_gemm`, ``swiglu=True``) calls too: at <= 32 rows the two kernels become one.
+(:mod:`~paged_edu.kernels.triton_gemm`, ``swiglu=True``) calls too: at <= 64 rows the two kernels become one.
 
 In the interpreter (``TRITON_INTERPRET=1``) bf16 tensors are raw bits; both kernels convert to
 fp32 right after each load and keep every value in fp32. Each ``round`` is :func:`round_to`: a

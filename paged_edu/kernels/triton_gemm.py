@@ -4,7 +4,7 @@ Skinny GEMM: a Linear layer for a decode batch of a few rows
 
 What you will learn
 -------------------
-* why ``y = x @ W^T`` with ``M <= 32`` rows is not a matrix multiplication in the usual sense: the
+* why ``y = x @ W^T`` with ``M <= 64`` rows is not a matrix multiplication in the usual sense: the
   FLOPs are negligible, the weight ``W`` is read once from HBM, and the time is that read plus the
   kernel's *latency*. On an H200 a SmolLM2-135M decode step at batch 1 ran 121 cuBLAS GEMMs of
   3.9 us each, while their weights (0.7-3.5 MB each) take 0.2-0.8 us at 4.8 TB/s;
@@ -36,16 +36,16 @@ Program ``(j, s)`` owns output columns ``n in [j*BLOCK_N, (j+1)*BLOCK_N)`` and t
 ``y[:, n_tile] = sum_s partial_s^T``, summed by the last program of the tile.
 
 ``tl.dot`` needs every dimension >= 16 for 16-bit inputs on a GPU: ``BLOCK_M`` is ``M`` rounded
-up to 16 or 32 (the padding rows are masked loads of 0, never stored), ``BLOCK_N, BLOCK_K >= 16``.
+up to a power of two from 16 to 64 (the padding rows are masked loads of 0, never stored), ``BLOCK_N, BLOCK_K >= 16``.
 fp32 inputs multiply in full fp32 (``input_precision="ieee"``, as ``F.linear`` does; TF32 would
 lose 13 bits). In the interpreter (``TRITON_INTERPRET=1``) bf16 tensors are raw bits: the tiles
 are upcast to fp32 right after their loads (and the interpreter truncates the final bf16 store
 where the GPU rounds to nearest: one ulp).
 
-The SwiGLU epilogue (on by default at <= 32 rows)
+The SwiGLU epilogue (on by default at <= 64 rows)
 -------------------------------------------------
 A Llama MLP is ``down(silu(x @ W_g^T) * (x @ W_u^T))``; ``gate_up_proj`` stores ``W_g`` and ``W_u``
-stacked, a ``(2I, K)`` weight, gate rows first. Unfused, at <= 32 rows, its first half is two
+stacked, a ``(2I, K)`` weight, gate rows first. Unfused, at <= 64 rows, its first half is two
 kernels: the GEMM writes ``(M, 2I)``, and
 :func:`~paged_edu.kernels.triton_fused.silu_and_mul_triton` reads it back to write ``(M, I)`` -- one
 launch of ~4 us (latency, not bytes) per layer, 30 per SmolLM2 decode step. With ``swiglu=True``
@@ -82,7 +82,7 @@ against 7.3 at 32 rows, and 9.5 us with the plain rule's tiling; each program re
 activation of its slice of ``K``, once for every tile of outputs that reads it.
 
 The *previous* op in the prologue was measured too, and not kept: the residual add + RMSNorm that
-feeds qkv and gate_up (two of a layer's eight kernels at <= 32 rows), as ``add_rms_norm_matmul``. A norm
+feeds qkv and gate_up (two of a layer's eight kernels at <= 64 rows), as ``add_rms_norm_matmul``. A norm
 needs its row's ``sum(r'^2)`` before any normalised value exists. Two ways, both tested in the
 interpreter against an fp64 oracle and the two-kernel path, both slower on the H200 (commits d7136fc and
 8ba8c78, reverted; records ``figures/h200/norm_sweep_{prepass,fold}.json``, 30 layers in one CUDA graph, L2
@@ -138,7 +138,7 @@ from paged_edu.kernels.triton_fused import by_hand, round_to, silu_and_mul
 
 __all__ = ["MAX_ROWS", "skinny_config", "skinny_matmul"]
 
-MAX_ROWS = SKINNY_MAX_ROWS  # the largest M: one tile of x^T, at most 32 rows, rides along with every weight tile
+MAX_ROWS = SKINNY_MAX_ROWS  # the largest M: one tile of x^T, at most 64 rows, rides along with every weight tile
 
 
 # ----------------------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ def _skinny_matmul_kernel(
     stride_yn,  # element strides
     N: tl.constexpr,  # output features (I with SWIGLU)
     K: tl.constexpr,  # input features
-    BLOCK_M: tl.constexpr,  # M rounded up to 16 or 32: the narrow side of every tl.dot
+    BLOCK_M: tl.constexpr,  # M rounded up to 16, 32 or 64: the narrow side of every tl.dot
     BLOCK_N: tl.constexpr,  # output features per program (the tall side of tl.dot); twice the weight rows with SWIGLU
     BLOCK_K: tl.constexpr,  # columns of K per loop step: one (BLOCK_N, BLOCK_K) weight load
     K_STEPS: tl.constexpr,  # loop steps per program: cdiv(cdiv(K, BLOCK_K), SPLIT_K)
@@ -361,7 +361,7 @@ def skinny_matmul(
     )
     cfg = skinny_config(M, n_out, K, num_sms, swiglu=swiglu)  # swiglu: tiles of I outputs, 2 * BLOCK_N weight rows each
     cfg.update(config or {})
-    block_m = max(16, triton.next_power_of_2(M))  # 16 or 32
+    block_m = max(16, triton.next_power_of_2(M))  # 16, 32 or 64
     n_tiles = triton.cdiv(n_out, cfg["BLOCK_N"])
     split_k = cfg["SPLIT_K"]
     if split_k > 1:  # each slice's fp32 sums per weight row; no zeroing needed, every program writes its whole slice

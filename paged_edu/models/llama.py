@@ -22,7 +22,7 @@ What you will learn
   PyTorch path's rounding, so both paths give the same numbers. A pure-decode step goes one
   further (``Kernels.fuse_decode_store``, on by default): the decode attention kernel rotates and stores
   the new token itself (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`), and a batch of
-  <= 32 rows runs the MLP's gate_up projection and SiLU-and-mul as one skinny GEMM
+  <= 64 rows runs the MLP's gate_up projection and SiLU-and-mul as one skinny GEMM
   (``Kernels.swiglu_gemm``, on by default: :mod:`paged_edu.kernels.triton_gemm`'s SwiGLU epilogue). On a CPU
   the model runs plain PyTorch.
 
@@ -89,7 +89,7 @@ class Kernels:
     decode: str = "auto"  # paged_attention_decode's impl: "auto", "triton", "torch" or "loop"
     prefill: str = "auto"  # paged_attention_prefill's impl: "auto", "triton" or "torch"
     fused: str = "auto"  # the per-token ops (norm, rotary + store, SiLU-and-mul): "auto", "triton" or "torch"
-    # The projections and the LM head of a batch of <= 32 rows: "torch" (cuBLAS), "triton" (the skinny
+    # The projections and the LM head of a batch of <= 64 rows: "torch" (cuBLAS), "triton" (the skinny
     # GEMM, paged_edu.kernels.triton_gemm) or "auto": "triton" where ``pdl`` is on (below), else "torch" --
     # alone the two tie on the H200, but only Triton's kernels take part in a programmatic launch chain.
     gemm: str = "auto"
@@ -97,11 +97,11 @@ class Kernels:
     # fewer per layer; needs fused="triton" and decode="triton"; kernels/triton_decode.py, "Storing the
     # new token on the way in"). False: the separate rotary + store kernel, as in a step with prompts.
     fuse_decode_store: bool = True
-    # gate_up and silu*mul in one skinny GEMM at <= 32 rows (skinny_matmul(..., swiglu=True): one launch
+    # gate_up and silu*mul in one skinny GEMM at <= 64 rows (skinny_matmul(..., swiglu=True): one launch
     # fewer per layer; with fused="triton", whatever ``gemm`` says). On by default: on the H200 its tuned
     # tiling beats cuBLAS + the SiLU kernel (kernels/triton_gemm.py, "The SwiGLU epilogue"). False: the two.
     swiglu_gemm: bool = True
-    # A pure-decode step of <= 32 rows launches its Triton kernels as programmatic dependents
+    # A pure-decode step of <= 64 rows launches its Triton kernels as programmatic dependents
     # (kernels/pdl.py: each is launched while the previous one ends; 864 -> 711 us a step at batch 1 on
     # the H200). Only where the whole decode chain is Triton (fused ops, the decode kernel with its own
     # store) on a GPU that has it (Hopper and later); :meth:`resolve` turns it off elsewhere.
@@ -135,7 +135,7 @@ class Kernels:
 
     def for_step(self, num_tokens: int, pure_decode: bool) -> Kernels:
         """The choice for one step (after :meth:`resolve`): ``pdl`` only for a pure-decode step of at
-        most 32 rows, where every kernel of the chain is Triton's; above, the projections are cuBLAS's,
+        most 64 rows, where every kernel of the chain is Triton's; above, the projections are cuBLAS's,
         and there a chain of Triton kernels launched early measured slower on the H200 (kernels/pdl.py)."""
         if self.pdl and not (pure_decode and num_tokens <= SKINNY_MAX_ROWS):
             return replace(self, pdl=False)
@@ -154,7 +154,7 @@ class Kernels:
 
 
 def linear(layer: nn.Linear, x: torch.Tensor, gemm: str = "torch", pdl: bool = False) -> torch.Tensor:
-    """``layer(x)`` (``x @ W^T``, no bias): with ``gemm="triton"`` and at most 32 rows, the skinny GEMM
+    """``layer(x)`` (``x @ W^T``, no bias): with ``gemm="triton"`` and at most 64 rows, the skinny GEMM
     (:func:`~paged_edu.kernels.triton_gemm.skinny_matmul`, a decode batch's projection; ``pdl``: launched
     as a programmatic dependent), else PyTorch."""
     if gemm == "triton" and x.shape[0] <= SKINNY_MAX_ROWS and layer.bias is None:  # fixed in a graph
