@@ -179,7 +179,9 @@ def step_times(timer, batches, device, dtype, tiny: bool) -> list[dict]:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="figures/h200/gemm_bench.json")
-    p.add_argument("--ms", default=",".join(map(str, MS)), help="batches (rows of x), each <= 32")
+    p.add_argument(
+        "--ms", default=",".join(map(str, MS)), help="batches (rows of x), each <= 64 (triton_gemm.MAX_ROWS)"
+    )
     p.add_argument("--sweep-ms", default="1,16,32", help="batches the config sweep runs at (in this order)")
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--calls", type=int, default=30, help="GEMMs per graph, each on its own weight")

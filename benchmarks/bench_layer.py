@@ -14,7 +14,7 @@ For each batch, both paths (``fused_impl="torch"`` and ``"triton"``) run on the 
 and inputs and their logits are compared in the same run (the fused path as the engine runs it by
 default, the decode kernel's own store included, :func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`;
 ``--no-fuse-decode-store``: the separate store; ``--no-swiglu-gemm``: gate_up by cuBLAS and the SiLU kernel
-where the engine runs them as one skinny GEMM at <= 32 rows); ``torch.profiler`` over replays counts
+where the engine runs them as one skinny GEMM at <= 64 rows); ``torch.profiler`` over replays counts
 the kernels per step and books their GPU time to GEMMs, attention, the fused kernels and the rest.
 The oracle is the same step in fp32 by plain PyTorch (same weights and pool, upcast): 30 random bf16
 layers amplify any change in the order of a sum (two bf16 paths whose GEMMs differ land 2-3e-2 apart), so
@@ -394,20 +394,20 @@ def main(argv=None) -> int:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="the fused side's Kernels(swiglu_gemm=...) (default on, as the engine): gate_up and silu*mul in "
-        "one skinny GEMM at <= 32 rows",
+        "one skinny GEMM at <= 64 rows",
     )
     p.add_argument(
         "--gemm",
         choices=("auto", "torch", "triton"),
         default="auto",
         help="the fused side's Kernels(gemm=...): 'auto' (the engine's default: the skinny Triton GEMM where PDL is "
-        "on), cuBLAS, or the skinny GEMM at <= 32 rows",
+        "on), cuBLAS, or the skinny GEMM at <= 64 rows",
     )
     p.add_argument(
         "--pdl",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="the fused side's Kernels(pdl=...) (default on, as the engine): a pure-decode step of <= 32 rows "
+        help="the fused side's Kernels(pdl=...) (default on, as the engine): a pure-decode step of <= 64 rows "
         "launches its Triton kernels as programmatic dependents (Hopper)",
     )
     p.add_argument(

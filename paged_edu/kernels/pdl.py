@@ -36,8 +36,10 @@ GEMM in place of cuBLAS (:mod:`~paged_edu.kernels.triton_gemm`): 711 / 815 / 923
 1 / 16 / 32 against 864 / 935 / 990 for cuBLAS without PDL, and 878 / 965 / 1,032 for the skinny GEMM
 without PDL. With cuBLAS's GEMMs left in the chain, PDL on the Triton kernels alone was *slower*:
 899 / 965 / 1,025 us at <= 32 rows (its SwiGLU GEMM also prefetching, as below), and 1,186 against 1,178 us at batch 64, 1,784 against 1,734 at 256,
-where every projection is cuBLAS's. So the model turns it on only for pure-decode steps of <= 32 rows
-(:meth:`~paged_edu.models.llama.Kernels.for_step`). Also measured and dropped: the GEMM asking for
+where every projection was cuBLAS's. So the model turns it on only for pure-decode steps the skinny GEMM takes
+(:meth:`~paged_edu.models.llama.Kernels.for_step`): <= 32 rows then, <= 64 since commit 2cf683e, which moved the
+skinny GEMM's limit (1,090 against 1,108 us a step at 48 rows, 1,175 against 1,175 at 64, 244 kernels instead of 274;
+``figures/h200/layer_bench_rows64.json``). Also measured and dropped: the GEMM asking for
 its weight's lines before the wait (``prefetch.global.L2``, one per 128-byte line: they are no
 kernel's output), 757 / 870 / 982 us -- slower than the wait alone.
 

@@ -71,7 +71,8 @@ flushed) put the unsplit tiling at 4.9-5.1 us a layer at 1-32 rows, against 4.5 
 two kernels it replaces. A whole decode step (``python benchmarks/bench_layer.py --batches 1,16,32,64,256
 --reps 20``, with and without ``--no-swiglu-gemm`` in one call; ``figures/h200/layer_bench_swiglu_default.json``
 and ``layer_bench_swiglu_off.json``): 863 against 890 us at batch 1, 936 / 971 at 16, 989 / 1,034 at 32,
-244 kernels instead of 274; batches of more than 32 rows are unchanged (cuBLAS and the SiLU kernel). Its
+244 kernels instead of 274; batches of more than 32 rows were unchanged (cuBLAS and the SiLU kernel; since 2cf683e the
+skinny GEMM takes up to 64 rows, below). Its
 logits are as far from an fp32 step as the two-kernel path's (3.2-3.5e-2 for both over 30 random
 layers). So ``Kernels.swiglu_gemm`` is on by default; ``False`` gives the two kernels back.
 
@@ -123,6 +124,12 @@ here: launched as a programmatic dependent (``pdl=True``, :mod:`~paged_edu.kerne
 step launched that way a whole step took 711 against 864 us at batch 1 (cuBLAS, no PDL) on the H200,
 815 / 935 at 16 and 923 / 990 at 32. So ``gemm="auto"`` means ``"triton"`` where PDL is on (Hopper
 and later, a pure-decode chain of Triton kernels) and ``"torch"`` elsewhere.
+
+Up to 32 rows first, then 64 (``MAX_ROWS``, commit 2cf683e): with ``BLOCK_M = 64`` a decode step of 33-64 sequences
+runs 244 kernels instead of 274 (cuBLAS's GEMMs and the SiLU kernel gone) and the whole chain launches early -- on the
+H200 1,090 against 1,108 us a step at 48 rows, 1,175 against 1,175 at 64 (``python benchmarks/bench_layer.py --batches
+1,16,32,33,48,64,256 --reps 20``, ``figures/h200/layer_bench_rows64.json``; ``docs/benchmarks.md``). Past 64 rows cuBLAS
+runs the projections (the skinny GEMM was not measured there).
 """
 
 from __future__ import annotations
