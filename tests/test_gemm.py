@@ -231,9 +231,8 @@ def test_swiglu_writes_out_in_place_and_rejects_bad_shapes():
 # ----------------------------------------------------------------------------------------------
 
 
-LONGER_TINY_LLAMA = replace(
-    TINY_LLAMA, max_position_embeddings=128
-)  # room for a prompt of MAX_ROWS + 6 and its decodes
+# Room for a prompt of MAX_ROWS + 6 tokens (past the skinny GEMM's rows) and its decodes
+LONGER_TINY_LLAMA = replace(TINY_LLAMA, max_position_embeddings=128)
 
 
 def run_tiny_model(model, kernels, sizes):
