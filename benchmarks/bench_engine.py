@@ -81,6 +81,7 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from paged_edu.cache.sizing import dtype_name  # noqa: E402
 from paged_edu.core.hardware import MODELS  # noqa: E402
+from paged_edu.kernels.support import SKINNY_MAX_ROWS  # noqa: E402
 from paged_edu.labs.batching import sharegpt_requests  # noqa: E402
 from paged_edu.labs.timed_run import roofline_model, step_speed, timed_run, timeline_run  # noqa: E402
 from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
@@ -598,20 +599,20 @@ def main(argv=None):
         "--swiglu-gemm",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="the engine's swiglu_gemm (default on): gate_up and silu*mul in one skinny GEMM at <= 64 rows",
+        help=f"the engine's swiglu_gemm (default on): gate_up and silu*mul in one skinny GEMM at <= {SKINNY_MAX_ROWS} rows",
     )
     ap.add_argument(
         "--pdl",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="the engine's pdl (default on): a pure-decode step of <= 64 rows launches its Triton kernels as "
+        help=f"the engine's pdl (default on): a pure-decode step of <= {SKINNY_MAX_ROWS} rows launches its Triton kernels as "
         "programmatic dependents (Hopper)",
     )
     ap.add_argument(
         "--gemm-impl",
         choices=("auto", "torch", "triton"),
         default="auto",
-        help="the engine's gemm_impl: the projections and LM head of decode batches of <= 64 rows",
+        help=f"the engine's gemm_impl: the projections and LM head of decode batches of <= {SKINNY_MAX_ROWS} rows",
     )
     ap.add_argument("--skip-peer", action="store_true", help="skip transformers' continuous batching (both runs)")
     ap.add_argument("--skip-cb-graphs", action="store_true", help="skip transformers CB with CUDA graphs forced on")

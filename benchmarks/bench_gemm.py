@@ -48,6 +48,7 @@ from bench_layer import capture, time_replays  # noqa: E402
 from record import provenance  # noqa: E402
 
 from paged_edu.core.hardware import GPUS  # noqa: E402
+from paged_edu.kernels.support import SKINNY_MAX_ROWS  # noqa: E402
 from paged_edu.labs.timing import rel_err  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
 
@@ -180,7 +181,9 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="figures/h200/gemm_bench.json")
     p.add_argument(
-        "--ms", default=",".join(map(str, MS)), help="batches (rows of x), each <= 64 (triton_gemm.MAX_ROWS)"
+        "--ms",
+        default=",".join(map(str, MS)),
+        help=f"batches (rows of x), each <= {SKINNY_MAX_ROWS} (the skinny GEMM's MAX_ROWS)",
     )
     p.add_argument("--sweep-ms", default="1,16,32", help="batches the config sweep runs at (in this order)")
     p.add_argument("--shapes", default=",".join(SHAPES))

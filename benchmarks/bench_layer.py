@@ -45,6 +45,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from paged_edu.kernels import paged_attention_decode  # noqa: E402
+from paged_edu.kernels.support import SKINNY_MAX_ROWS  # noqa: E402
 from paged_edu.labs.timing import random_paged_case, rel_err  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.llama import ForwardBatch, Kernels  # noqa: E402
@@ -394,20 +395,20 @@ def main(argv=None) -> int:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="the fused side's Kernels(swiglu_gemm=...) (default on, as the engine): gate_up and silu*mul in "
-        "one skinny GEMM at <= 64 rows",
+        f"one skinny GEMM at <= {SKINNY_MAX_ROWS} rows",
     )
     p.add_argument(
         "--gemm",
         choices=("auto", "torch", "triton"),
         default="auto",
         help="the fused side's Kernels(gemm=...): 'auto' (the engine's default: the skinny Triton GEMM where PDL is "
-        "on), cuBLAS, or the skinny GEMM at <= 64 rows",
+        f"on), cuBLAS, or the skinny GEMM at <= {SKINNY_MAX_ROWS} rows",
     )
     p.add_argument(
         "--pdl",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="the fused side's Kernels(pdl=...) (default on, as the engine): a pure-decode step of <= 64 rows "
+        help=f"the fused side's Kernels(pdl=...) (default on, as the engine): a pure-decode step of <= {SKINNY_MAX_ROWS} rows "
         "launches its Triton kernels as programmatic dependents (Hopper)",
     )
     p.add_argument(
