@@ -635,6 +635,12 @@ def test_engine_runs_on_a_given_allocator_and_refuses_one_of_another_size(hf_mod
     assert engine.allocator is mine
     assert engine.generate(prompts, max_new_tokens=8) == [r[:8] for r in reference]
     assert_no_leaks(engine)
+    # A manager with the protocol only (lesson 5's): no bulk block_tables, no version numbers for the
+    # engine's DecodeTables -- every table is read whole each step, with the same output
+    from paged_edu.lessons.exercises.lesson5 import PlainAllocator
+
+    plain = Engine(model, num_blocks=64, block_size=4, enable_prefix_caching=False, allocator=PlainAllocator(64, 4))
+    assert plain.generate(prompts, max_new_tokens=8) == [r[:8] for r in reference]
     for wrong in (BlockAllocator(32, 4), BlockAllocator(64, 8)):
         with pytest.raises(ValueError, match="allocator must be an empty pool"):
             Engine(model, num_blocks=64, block_size=4, allocator=wrong)

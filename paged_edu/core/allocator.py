@@ -31,6 +31,7 @@ Plain Python, no torch, so a learner can read and test it anywhere.
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ class _SeqBlocks:
     key: object  # the prefix index's state for this sequence (hash chain: its blocks' hashes)
     num_cached_tokens: int = 0  # leading tokens whose blocks came from the prefix cache
     num_published_blocks: int = 0  # leading full blocks already offered to the prefix cache
+    table_version: int = 0  # changes when a block of the table is replaced (see block_table_versions)
 
 
 class BlockAllocator(SequenceLookup):
@@ -99,6 +101,7 @@ class BlockAllocator(SequenceLookup):
         self.pool = BlockPool(self.num_blocks, self.block_size, index)
         self._seqs: dict[SeqId, _SeqBlocks] = {}
         self._copies: list[tuple[int, int]] = []
+        self._table_versions = itertools.count(1)  # a fresh number for every table made or edited in place
         self._subscribers = Subscribers("allocator")
         self._cache_subscribers = Subscribers("prefix cache")
         self._cache_events: list[BlockEvent] = []  # for cache subscribers, once the operation is done
@@ -260,6 +263,7 @@ class BlockAllocator(SequenceLookup):
             self.pool.share([cached])
             self.pool.release([own])
             seq.block_table[i] = cached
+            seq.table_version = next(self._table_versions)
             if self._subscribers.callbacks:
                 events.append(BlockEvent("replace", seq_id, [own, cached]))
         return events
@@ -307,7 +311,7 @@ class BlockAllocator(SequenceLookup):
         fresh, evicted = self.pool.take(num_fresh)
         table = hits + fresh
         num_cached = len(hits) * B
-        seq = _SeqBlocks(table, n, n, packed[num_cached:], key, num_cached, len(hits))
+        seq = _SeqBlocks(table, n, n, packed[num_cached:], key, num_cached, len(hits), next(self._table_versions))
         self._seqs[seq_id] = seq
         published = self._publish(seq_id, seq, n // B, dedupe=False) if not self._cache_when_computed else ()
         if record_stats:
@@ -405,6 +409,7 @@ class BlockAllocator(SequenceLookup):
         else:  # copy on write: the K/V is copied by the cache; the known tokens are the sequence's own
             self.pool.release([shared])
             seq.block_table[-1] = block_id
+            seq.table_version = next(self._table_versions)
             self._copies.append((shared, block_id))
         if evicted and self._cache_subscribers.callbacks:
             self._cache_events.append(BlockEvent("evict", None, [block_id]))
@@ -481,6 +486,7 @@ class BlockAllocator(SequenceLookup):
             self.index.fork(parent.key),
             parent.num_cached_tokens,
             parent.num_published_blocks,
+            next(self._table_versions),
         )
         if self._subscribers.callbacks:
             self._subscribers.deliver(BlockEvent("fork", child_id, list(parent.block_table), parent.num_tokens))

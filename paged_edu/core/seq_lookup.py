@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
+from typing import NoReturn
 
 from paged_edu.core.validation import integer
 
@@ -52,9 +53,30 @@ class SequenceLookup:
         try:
             return [seqs[i].block_table for i in seq_ids]
         except (KeyError, TypeError):
-            for i in seq_ids:
-                self._seq(i)  # raises UnknownSequenceError, naming the first unknown id
-            raise
+            self._raise_first_unknown(seq_ids)
+
+    def block_table_versions(self, seq_ids: Iterable[Hashable]) -> list[int]:
+        """A number per sequence that changes whenever its block table changes *other than by new
+        blocks at its end*: a new table (allocated, forked), a copy-on-write of its last block, a block
+        swapped for the prefix cache's copy. No two tables ever share a number.
+
+        What a reader that keeps copies of the tables needs (the engine's
+        :class:`~paged_edu.engine.decode_tables.DecodeTables`): where the number is the one it copied,
+        the copy is still right up to its length, and only blocks added since are new. (vLLM's
+        scheduler tells its workers each step's ``new_block_ids`` for the same purpose.)
+        """
+        seqs = self._seqs
+        try:
+            return [seqs[i].table_version for i in seq_ids]
+        except (KeyError, TypeError):
+            self._raise_first_unknown(seq_ids)
+
+    def _raise_first_unknown(self, seq_ids: Iterable[Hashable]) -> NoReturn:
+        """The bulk readers' error, called while their KeyError or TypeError is handled:
+        :class:`UnknownSequenceError` naming the first id not held (else that error again)."""
+        for i in seq_ids:
+            self._seq(i)
+        raise  # the error being handled (seq_ids was an iterator, now spent)
 
     def slot(self, seq_id: Hashable, position: int) -> int:
         """Physical slot of token ``position``: ``B(position // B) * B + position % B``."""

@@ -26,7 +26,7 @@ blocks the host, each.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
@@ -88,11 +88,15 @@ def pack_chunks(
     counts: Sequence[int],
     tables: Sequence[Sequence[int]],
     block_size: int,
+    table_matrix: Callable[[Sequence[Sequence[int]], np.ndarray], np.ndarray] | None = None,
 ) -> dict[str, np.ndarray | int]:
     """The fields of a :class:`ForwardBatch` as numpy arrays (see the module docstring).
 
     ``token_ids`` holds every chunk's tokens back to back in input order; chunk ``i`` has
-    ``counts[i]`` of them starting at position ``starts[i]``, over ``tables[i]``.
+    ``counts[i]`` of them starting at position ``starts[i]``, over ``tables[i]``. In a pure-decode
+    step, ``table_matrix(tables, lens)`` (when given) supplies the zero-padded ``(C, max(lens))``
+    table matrix instead of packing the lists again: the engine's
+    :class:`~paged_edu.engine.decode_tables.DecodeTables`, which keeps it across steps.
     """
     C = len(counts)
     if C == 0:
@@ -110,7 +114,7 @@ def pack_chunks(
         raise ValueError(f"chunk {i}: block table of {int(lens[i])} blocks cannot hold {int(end[i])} tokens")
     D = int((n == 1).sum())
     if D == C:  # a pure-decode step (most steps): one row per chunk, in input order
-        return _pack_decodes(token_ids, c, lens, tables, B)
+        return _pack_decodes(token_ids, c, lens, tables if table_matrix is None else table_matrix(tables, lens), B)
     order = np.argsort(n != 1, kind="stable")  # (C,) decodes first, otherwise input order
     n_o, c_o, end_o, lens_o = n[order], c[order], end[order], lens[order]
     T = int(n.sum())
@@ -148,12 +152,16 @@ def pack_chunks(
 
 
 def _pack_decodes(token_ids, c: np.ndarray, lens: np.ndarray, tables, B: int) -> dict:
-    """:func:`pack_chunks` when every chunk is one token: ``positions = c``, no reordering."""
+    """:func:`pack_chunks` when every chunk is one token: ``positions = c``, no reordering.
+    ``tables`` are the lists, or their ``(C, W)`` matrix already."""
     C, W = len(c), int(lens.max())
-    table = np.zeros((C, W), dtype=np.int32)  # (C, W)
-    table[np.arange(W)[None, :] < lens[:, None]] = np.fromiter(
-        chain.from_iterable(tables), dtype=np.int32, count=int(lens.sum())
-    )
+    if isinstance(tables, np.ndarray):
+        table = tables  # (C, W)
+    else:
+        table = np.zeros((C, W), dtype=np.int32)  # (C, W)
+        table[np.arange(W)[None, :] < lens[:, None]] = np.fromiter(
+            chain.from_iterable(tables), dtype=np.int32, count=int(lens.sum())
+        )
     slots = table[np.arange(C), c // B].astype(np.int64) * B + c % B  # (C,)
     return dict(
         input_ids=np.asarray(token_ids, dtype=np.int64),

@@ -55,12 +55,13 @@ from paged_edu.core.allocator import BlockAllocator
 from paged_edu.cache.sizing import bytes_per_block, check_blocks_fit
 from paged_edu.core import validation as check
 from paged_edu.core.validation import FieldTypeError, FieldValueError, as_int, cache_key
+from paged_edu.engine.decode_tables import DecodeTables
 from paged_edu.engine.overlap import AsyncScheduling
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
 from paged_edu.engine.requests import check_inputs, check_max_model_len
 from paged_edu.engine.runner import ModelRunner
 from paged_edu.engine.timeline import StepRecord, Timeline
-from paged_edu.sched.memory_manager import MemoryManager, block_tables_reader, is_empty
+from paged_edu.sched.memory_manager import MemoryManager, block_table_versions_reader, block_tables_reader, is_empty
 from paged_edu.sched.parallel_sampling import ParallelSamples
 from paged_edu.engine.sampling import Sampler, SamplingParams
 from paged_edu.models.llama import PagedLlama
@@ -215,6 +216,8 @@ class Engine:
                 f"KV cache, not this one's: pass a new allocator, or call its reset_prefix_cache() first"
             )
         self._block_tables = block_tables_reader(a)  # every scheduled sequence's table, each step
+        versions = block_table_versions_reader(a)  # kept across decode steps where the manager numbers its edits
+        self._decode_tables = DecodeTables(versions) if versions is not None else None
         self.scheduler = Scheduler(
             self.allocator,
             max_num_seqs=max_num_seqs,
@@ -514,7 +517,7 @@ class Engine:
             self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
             phase = "prepare"
             emitting, sampling = self._rows_to_sample(sched.scheduled)  # who samples, and how
-            batch = self.runner.prepare(sched.scheduled, self._block_tables, *sampling)
+            batch = self.runner.prepare(sched.scheduled, self._block_tables, *sampling, self._decode_tables)
             t = self._lap(phases, "prepare", t)
             phase = "forward"
             self.runner.forward(batch)  # 3. one forward pass over the flat batch

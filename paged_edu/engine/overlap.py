@@ -138,7 +138,7 @@ class AsyncScheduling:
             e.runner.apply_block_ops(sched.block_ops)
             phase = "prepare"
             emitting, sampling = e._rows_to_sample(sched.scheduled)
-            batch = e.runner.prepare(sched.scheduled, e._block_tables, *sampling)
+            batch = e.runner.prepare(sched.scheduled, e._block_tables, *sampling, e._decode_tables)
             if prev is not None and prev.tokens is not None:
                 self._fill_placeholders(e.runner.input_ids(batch), prev.tokens, batch.host_input_ids)
             t = e._lap(phases, "prepare", t)

@@ -24,6 +24,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ from paged_edu.cache.kv_cache import PagedKVCache
 from paged_edu.core.validation import flag
 from paged_edu.engine.batch import BatchStaging, SamplingBatch, pack_chunks, to_forward_batch, token_slice
 from paged_edu.engine.cuda_graphs import DecodeCudaGraphs, MixedCudaGraphs
+from paged_edu.engine.decode_tables import DecodeTables
 from paged_edu.engine.sampling import sample_on_device
 from paged_edu.kernels import kernel_support
 from paged_edu.models.llama import ForwardBatch, Kernels, PagedLlama
@@ -222,13 +224,15 @@ class ModelRunner:
         block_tables,
         sample_chunks: Sequence[int],
         sampling: tuple[Sequence[float], Sequence[float], Sequence[float]] | None = None,
+        decode_tables: DecodeTables | None = None,
     ) -> StepBatch:
         """The step's inputs on the device, from the scheduler's ``ScheduledSeq`` s.
 
         ``block_tables(seq_ids)`` gives the sequences' blocks (the allocator's:
         :func:`~paged_edu.sched.memory_manager.block_tables_reader`); ``sample_chunks``
         lists, per token to sample, the index of its chunk; ``sampling`` is ``(temperatures,
-        top_ps, uniforms)`` per sampled row, or None when every row is greedy.
+        top_ps, uniforms)`` per sampled row, or None when every row is greedy. ``decode_tables``
+        keeps a pure-decode step's table matrix across steps (None: packed from the lists).
         """
         self.device_wait_s = 0.0
         token_ids: list[int] = []
@@ -239,12 +243,14 @@ class ModelRunner:
                 token_ids.append(seq.output_token_ids[s - p] if s >= p else seq.prompt_token_ids[s])
             else:
                 token_ids += token_slice(seq, s, s + n)
+        seq_ids = [it.seq.seq_id for it in scheduled]
         fields = pack_chunks(
             token_ids,
             [it.start for it in scheduled],
             [it.num_new_tokens for it in scheduled],
-            block_tables([it.seq.seq_id for it in scheduled]),
+            block_tables(seq_ids),
             self.block_size,
+            None if decode_tables is None else partial(decode_tables.matrix, seq_ids),
         )
         batch = self._stage(fields, sample_chunks, sampling)
         batch.host_input_ids = fields["input_ids"]

@@ -51,6 +51,7 @@ __all__ = [
     "CacheStats",
     "MemoryManager",
     "PrefixLookup",
+    "block_table_versions_reader",
     "block_tables_reader",
     "cache_keys",
     "is_empty",
@@ -148,6 +149,14 @@ def block_tables_reader(manager: MemoryManager) -> Callable[[list], list[list[in
         return bulk
     block_table = manager.block_table
     return lambda seq_ids: [block_table(i) for i in seq_ids]
+
+
+def block_table_versions_reader(manager: MemoryManager) -> Callable[[list], list[int]] | None:
+    """``seq_ids -> their tables' version numbers`` where the manager keeps them (the paged and radix
+    allocators: :meth:`~paged_edu.core.seq_lookup.SequenceLookup.block_table_versions`), else None:
+    then a reader cannot tell an edited table from an unchanged one and must read every table whole."""
+    versions = getattr(manager, "block_table_versions", None)
+    return versions if callable(versions) else None
 
 
 def publishes_before_computed(manager: MemoryManager) -> bool:
