@@ -495,6 +495,7 @@ def main(argv=None) -> int:
         "block_size": BLOCK,
         "max_model_len": args.max_model_len,
         "swiglu_gemm": args.swiglu_gemm,  # the fused side's Kernels(swiglu_gemm=...)
+        "skinny_max_rows": SKINNY_MAX_ROWS,  # the batches the skinny GEMM (and so swiglu_gemm) applies to
         "gemm": args.gemm,  # the fused side's Kernels(gemm=...)
         "pdl": args.pdl,  # the fused side's Kernels(pdl=...)
         "rows": rows,

@@ -267,7 +267,8 @@ def stored_decode_split() -> dict:
 def stored_decode_kernels(batch: int = 1) -> dict:
     """One decode step of SmolLM2-135M's geometry (context 512) on the H200, from ``layer_bench.json``
     (``benchmarks/bench_layer.py``, profiled graph replays): kernels per step and GPU-busy microseconds,
-    per-token ops unfused (PyTorch) and fused (Triton), and the step's roofline."""
+    per-token ops unfused (PyTorch) and fused (Triton), and the step's roofline; the skinny GEMM's row
+    limit when it was measured (``skinny_max_rows``) and the profile's batches within it."""
     bench = data.load_json("layer_bench.json")
     row = next((r for r in bench["rows"] if r["batch"] == batch), None)
     if row is None:
@@ -283,6 +284,8 @@ def stored_decode_kernels(batch: int = 1) -> dict:
         fused_busy_us=row["fused_profile"]["gpu_busy_us"],
         fused_us=row["fused_us"],
         roofline_us=row["roofline_us"],
+        skinny_max_rows=bench["skinny_max_rows"],
+        skinny_batches=[r["batch"] for r in bench["rows"] if r["batch"] <= bench["skinny_max_rows"]],
     )
 
 
