@@ -41,6 +41,7 @@ __all__ = [
     "SamplingBatch",
     "StaticStaging",
     "pack_chunks",
+    "padded_tables",
     "prepare_batch",
     "token_slice",
 ]
@@ -94,8 +95,8 @@ def pack_chunks(
 
     ``token_ids`` holds every chunk's tokens back to back in input order; chunk ``i`` has
     ``counts[i]`` of them starting at position ``starts[i]``, over ``tables[i]``. In a pure-decode
-    step, ``table_matrix(tables, lens)`` (when given) supplies the zero-padded ``(C, max(lens))``
-    table matrix instead of packing the lists again: the engine's
+    step, ``table_matrix(tables, lens)`` supplies the zero-padded ``(C, max(lens))`` table matrix:
+    :func:`padded_tables` by default, or the engine's
     :class:`~paged_edu.engine.decode_tables.DecodeTables`, which keeps it across steps.
     """
     C = len(counts)
@@ -114,15 +115,11 @@ def pack_chunks(
         raise ValueError(f"chunk {i}: block table of {int(lens[i])} blocks cannot hold {int(end[i])} tokens")
     D = int((n == 1).sum())
     if D == C:  # a pure-decode step (most steps): one row per chunk, in input order
-        return _pack_decodes(token_ids, c, lens, tables if table_matrix is None else table_matrix(tables, lens), B)
+        return _pack_decodes(token_ids, c, (table_matrix or padded_tables)(tables, lens), B)
     order = np.argsort(n != 1, kind="stable")  # (C,) decodes first, otherwise input order
     n_o, c_o, end_o, lens_o = n[order], c[order], end[order], lens[order]
     T = int(n.sum())
-    W = int(lens.max())
-    table = np.zeros((C, W), dtype=np.int32)  # (C, W): the block tables in row order, zero-padded
-    table[np.arange(W)[None, :] < lens_o[:, None]] = np.fromiter(
-        chain.from_iterable(tables[i] for i in order.tolist()), dtype=np.int32, count=int(lens.sum())
-    )
+    table = padded_tables([tables[i] for i in order.tolist()], lens_o)  # (C, W): in row order
     last_row = np.cumsum(n_o) - 1  # (C,) in row order
     first_row = last_row + 1 - n_o
     chunk_of_row = np.repeat(np.arange(C), n_o)  # (T,)
@@ -151,17 +148,20 @@ def pack_chunks(
     )
 
 
-def _pack_decodes(token_ids, c: np.ndarray, lens: np.ndarray, tables, B: int) -> dict:
-    """:func:`pack_chunks` when every chunk is one token: ``positions = c``, no reordering.
-    ``tables`` are the lists, or their ``(C, W)`` matrix already."""
-    C, W = len(c), int(lens.max())
-    if isinstance(tables, np.ndarray):
-        table = tables  # (C, W)
-    else:
-        table = np.zeros((C, W), dtype=np.int32)  # (C, W)
-        table[np.arange(W)[None, :] < lens[:, None]] = np.fromiter(
-            chain.from_iterable(tables), dtype=np.int32, count=int(lens.sum())
-        )
+def padded_tables(tables: Sequence[Sequence[int]], lens: np.ndarray) -> np.ndarray:
+    """``tables`` (of lengths ``lens``) as one zero-padded ``(C, max(lens))`` int32 matrix."""
+    C, W = len(lens), int(lens.max())
+    table = np.zeros((C, W), dtype=np.int32)  # (C, W)
+    table[np.arange(W)[None, :] < lens[:, None]] = np.fromiter(
+        chain.from_iterable(tables), dtype=np.int32, count=int(lens.sum())
+    )
+    return table
+
+
+def _pack_decodes(token_ids, c: np.ndarray, table: np.ndarray, B: int) -> dict:
+    """:func:`pack_chunks` when every chunk is one token, over its ``(C, W)`` table matrix:
+    ``positions = c``, no reordering."""
+    C = len(c)
     slots = table[np.arange(C), c // B].astype(np.int64) * B + c % B  # (C,)
     return dict(
         input_ids=np.asarray(token_ids, dtype=np.int64),

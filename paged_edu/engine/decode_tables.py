@@ -67,13 +67,14 @@ class DecodeTables:
         copied = self._length[rows]  # (C,)
         edited = (self._version[rows] != versions) | (copied > lens)  # (C,) rewrite these whole
         grown = ~edited & (copied < lens)  # (C,) append to these
-        for k in np.flatnonzero(edited).tolist():
+        rewrite, extend = np.flatnonzero(edited).tolist(), np.flatnonzero(grown).tolist()
+        for k in rewrite:
             row, n, old = rows[k], lens[k], copied[k]
             self.table[row, :n] = tables[k]
             self.table[row, n:old] = 0
-        for k in np.flatnonzero(grown).tolist():
+        for k in extend:
             self.table[rows[k], copied[k] : lens[k]] = tables[k][copied[k] :]
-        self.num_rows_written += int(edited.sum() + grown.sum())
+        self.num_rows_written += len(rewrite) + len(extend)
         self._version[rows] = versions
         self._length[rows] = lens
         return self.table[rows, :W]  # (C, W)
