@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 
 import pytest
@@ -195,5 +196,13 @@ def test_sim_vs_real_on_a_gpu_fits_warm_steps():
 
     r = sim_vs_real(tiny_model("cuda", torch.bfloat16), num_requests=24)
     assert r["measured"]["num_steps"] == r["simulated"]["num_steps"]
-    assert r["step_rel_error_p50"] < 0.5, r["step_rel_error_p50"]
-    assert abs(r["simulated"]["tokens_per_s"] / r["measured"]["tokens_per_s"] - 1) < 0.5
+    # Bounds a busy host's noise does not cross, which a cold fit misses many times over. On the H200
+    # (figures/h200/sim_vs_real_probe_0298cf0.txt): warm, the fitted overhead was 0.3-0.6 of the median
+    # step, the median step error 0.25-0.58 (0.62 in a whole GPU suite run, which failed the bound of 0.5
+    # this test had), the throughput ratio 0.86-1.10 -- and 6.2 in the first run on an empty Triton cache,
+    # whose measured trace was not warmed then (sim_vs_real warms both traces now); with the warm-up
+    # removed and an empty cache: an overhead 68 times the median step, a median error of 105, a ratio of 0.05.
+    median_step = statistics.median(r["step_durations"])
+    assert r["cost"].step_overhead_s < 5 * median_step, (r["cost"].step_overhead_s, median_step)
+    assert r["step_rel_error_p50"] < 1.0, r["step_rel_error_p50"]
+    assert 0.5 < r["simulated"]["tokens_per_s"] / r["measured"]["tokens_per_s"] < 2.0

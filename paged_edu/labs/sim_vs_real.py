@@ -84,8 +84,10 @@ def sim_vs_real(
     fit_requests, requests = trace(fit_seed), trace(seed)
     if model.device.type != "cpu":
         # On a GPU the first steps of a process compile the Triton kernels for each new shape: seconds
-        # that would swamp the fit. One untimed run of the fit trace compiles them.
+        # that would swamp the fit, or the measured run. One untimed run of each trace compiles them
+        # (a shape only the test trace has would otherwise compile inside its timed steps).
         serve(fit_requests)
+        serve(requests)
     fit_steps, _ = serve(fit_requests)
     base = CostModel(model=model.config.geometry(dtype_name(model.dtype)), gpu=GPUS[gpu])
     cost = fit_engine_steps(base, fit_steps)
