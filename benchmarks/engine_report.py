@@ -1,6 +1,13 @@
-"""The figure and the markdown table of ``bench_engine.py``, from its result dict."""
+"""The figure and the markdown table of ``bench_engine.py``, from its result dict; and, over several of its
+records, where their time went:
+
+    python benchmarks/engine_report.py figures/h200/engine_bench_0298cf0.json figures/h200/engine_bench_0298cf0_2.json
+"""
 
 from __future__ import annotations
+
+import json
+import sys
 
 
 # ----------------------------------------------------------------------------------------------
@@ -108,3 +115,57 @@ def report(result, args, log):
             f"{fmt(tl['device_ms_per_decode_step'], '{:.3f}')} | "
             f"{fmt(tl['gpu_idle_between_decode_steps_ms_median'], '{:.3f}')} | {tl['tokens_per_s_vs_timed_run']:.3f} |"
         )
+
+
+# ----------------------------------------------------------------------------------------------
+# Several runs: the GPU's time against the timed run's
+# ----------------------------------------------------------------------------------------------
+
+
+def decode_time_split(record: dict) -> dict:
+    """The decode steps' seconds in a record's timed run (``sum(steps x step_ms)`` over its
+    ``decode_by_concurrency``) beside the GPU time of the same steps in its untimed timeline run
+    (``num_decode_steps x device_ms_per_decode_step``, from CUDA events): where the first exceeds the
+    second the host held the GPU up; where the runs of one code differ in the first but not the
+    second, the host (or the peer) is what moved."""
+    eng = record["engine"]
+    timed = sum(r["steps"] * r["step_ms"] for r in eng["decode_by_concurrency"]) / 1e3
+    gpu = eng["num_decode_steps"] * eng["recorded_timeline"]["device_ms_per_decode_step"] / 1e3
+    cb = record.get("transformers_cb_graphs") or {}
+    return {
+        "commit": record.get("commit"),
+        "tokens_per_s": eng["tokens_per_s"],
+        "cb_tokens_per_s": cb.get("tokens_per_s"),
+        "speedup": cb.get("engine_speedup"),
+        "seconds": eng["seconds"],
+        "host_ms_at_256_running": eng["host_ms_at_256_running"],
+        "decode_timed_s": timed,
+        "decode_gpu_s": gpu,
+        "held_up_s": max(0.0, timed - gpu),
+    }
+
+
+def runs_table(paths: list[str]) -> str:
+    """:func:`decode_time_split` of each record, as a markdown table."""
+    lines = [
+        "| record | commit | engine tok/s | CB tok/s | engine / CB | window, s | host at ~256, ms | "
+        "decode steps, timed, s | their GPU time, s | held up by the host, s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for path in paths:
+        with open(path) as f:
+            r = decode_time_split(json.load(f))
+        cb = "-" if r["cb_tokens_per_s"] is None else f"{r['cb_tokens_per_s']:,.0f}"
+        x = "-" if r["speedup"] is None else f"{r['speedup']:.1f}x"
+        lines.append(
+            f"| {path} | {r['commit']} | {r['tokens_per_s']:,.0f} | {cb} | {x} | {r['seconds']:.3f} | "
+            f"{r['host_ms_at_256_running']:.2f} | {r['decode_timed_s']:.3f} | {r['decode_gpu_s']:.3f} | "
+            f"{r['held_up_s']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: python benchmarks/engine_report.py RECORD.json [RECORD.json ...]")
+    print(runs_table(sys.argv[1:]))

@@ -154,3 +154,40 @@ def test_bench_gemm_smoke_times_both_paths_checks_them_and_sweeps(tmp_path):
     assert set(rec["best"]) == {"o_proj/M=1", "down/M=1"}
     # Whole decode steps of a 2-layer toy, projections and LM head by F.linear and by the skinny GEMM.
     assert [s["batch"] for s in rec["steps"]] == [1, 3] and all(s["ok"] for s in rec["steps"])
+
+
+H200_ENGINE_RUNS = [
+    "figures/h200/engine_bench_decode_tables.json",
+    "figures/h200/engine_bench_decode_tables_2.json",
+    "figures/h200/engine_bench_decode_tables_3.json",
+    "figures/h200/engine_bench_0298cf0.json",
+    "figures/h200/engine_bench_0298cf0_2.json",
+]
+
+
+def test_engine_report_splits_the_decode_time_of_stored_h200_runs():
+    """The per-concurrency sums agree with the record's own mean decode step (an independent field), the
+    GPU time is the timeline's per-step figure times the step count, and the table has a row per record."""
+    from engine_report import decode_time_split, runs_table
+
+    for name in H200_ENGINE_RUNS:
+        rec = json.loads((ROOT / name).read_text())
+        eng = rec["engine"]
+        r = decode_time_split(rec)
+        assert r["decode_timed_s"] == pytest.approx(
+            eng["num_decode_steps"] * eng["mean_decode_step_ms"] / 1e3, rel=2e-3
+        )
+        assert r["decode_gpu_s"] == pytest.approx(
+            eng["num_decode_steps"] * eng["recorded_timeline"]["device_ms_per_decode_step"] / 1e3
+        )
+        assert r["held_up_s"] == max(0.0, r["decode_timed_s"] - r["decode_gpu_s"]) and r["held_up_s"] < eng["seconds"]
+    table = runs_table([str(ROOT / n) for n in H200_ENGINE_RUNS]).splitlines()
+    assert len(table) == 2 + len(H200_ENGINE_RUNS) and "| 0298cf0 | 52,454 | 1,833 | 28.6x |" in table[5]
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "engine_report.py"), *H200_ENGINE_RUNS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.strip().splitlines() == [line.replace(str(ROOT) + "/", "") for line in table]
