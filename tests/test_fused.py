@@ -200,10 +200,12 @@ def assert_same_attention(out: torch.Tensor, out2: torch.Tensor) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("H,H_kv,D", [(9, 3, 64), (4, 4, 16), (4, 1, 24)])  # GQA 3 (SmolLM2), MHA, MQA + odd D
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
-def test_fused_decode_is_rotary_store_then_decode(dtype, H, H_kv, D, num_splits):
+@pytest.mark.parametrize("preload", [False, True], ids=["", "preload"])
+def test_fused_decode_is_rotary_store_then_decode(dtype, H, H_kv, D, num_splits, preload):
     """One launch against two (rotary_store_kv_triton, then the decode kernel): the same output and
-    the same pool, bit for bit, split or not; and both against plain PyTorch (rotary by hand, the
-    scatter store, the vectorised oracle)."""
+    the same pool, bit for bit, split or not, with the first tile loaded before the stores or not
+    (``PRELOAD``: the new token's row patched in registers); and both against plain PyTorch (rotary by
+    hand, the scatter store, the vectorised oracle)."""
     from paged_edu.kernels import paged_attention_torch
     from paged_edu.kernels.triton_decode import paged_attention_triton, rotary_store_decode_triton
 
@@ -212,7 +214,19 @@ def test_fused_decode_is_rotary_store_then_decode(dtype, H, H_kv, D, num_splits)
     scale = D**-0.5
     kc, vc = pool.clone(), -pool
     out = rotary_store_decode_triton(
-        q, k, v, kc, vc, tables, lens, slots, positions, *tabs, scale=scale, num_splits=num_splits
+        q,
+        k,
+        v,
+        kc,
+        vc,
+        tables,
+        lens,
+        slots,
+        positions,
+        *tabs,
+        scale=scale,
+        num_splits=num_splits,
+        config=dict(PRELOAD=preload),
     )
 
     kc2, vc2 = pool.clone(), -pool  # the unfused Triton path
@@ -250,11 +264,13 @@ def run_splits_in_reverse(monkeypatch) -> None:
     monkeypatch.setattr(builder, "set_grid_idx", lambda self, x, y, z: forward(self, x, y, self.grid_dim[2] - 1 - z))
 
 
+@pytest.mark.parametrize("preload", [False, True], ids=["", "preload"])
 @pytest.mark.parametrize("order", ["forward", "reverse"])
-def test_fused_decode_reads_the_token_it_stores(order, monkeypatch):
+def test_fused_decode_reads_the_token_it_stores(order, preload, monkeypatch):
     """The new token's own K/V enter its attention: a pool that holds NaN at every new token's slot
     gives a finite output only if the program that reads the token's tile stored it first (split
-    or not, whichever split runs first)."""
+    or not, whichever split runs first) -- or, with ``PRELOAD``, replaced the stale row it loaded
+    before the store by the values it stored."""
     from paged_edu.kernels.triton_decode import rotary_store_decode_triton
 
     if order == "reverse":
@@ -281,6 +297,7 @@ def test_fused_decode_reads_the_token_it_stores(order, monkeypatch):
             rot.sin_table,
             scale=0.125,
             num_splits=num_splits,
+            config=dict(PRELOAD=preload),
         )
         assert torch.isfinite(out[real]).all()
 
@@ -378,7 +395,9 @@ def test_pure_decode_step_stores_inside_the_decode_kernel(dtype, monkeypatch):
             hidden = model(prepare_batch(chunks, 4, DEVICE), caches, kernels)
         return hidden, caches
 
-    fused = Kernels(decode="triton", prefill="torch", fused="triton", fuse_decode_store=True)
+    # gemm pinned: "auto" would give the two-launch path (no programmatic launches) cuBLAS's GEMMs, whose
+    # fp32 sums need not match the skinny GEMM's bit for bit.
+    fused = Kernels(decode="triton", prefill="torch", fused="triton", fuse_decode_store=True, gemm="triton")
     got, got_kv = step(fused, decode)
     assert calls == {"fused": 2, "store": 0}  # one launch per layer
     want, want_kv = step(fused, decode, two_launches=True)

@@ -84,6 +84,18 @@ def test_the_default_configs_split_k_where_n_tiles_are_few():
         assert (cfg["SPLIT_K"] > 1) == (name in ("qkv", "o_proj", "down")), (name, cfg)
 
 
+def test_the_weight_is_preloaded_where_it_was_measured_to_pay():
+    """``PRELOAD`` (module docstring): at most 16 rows, slices of at most 8,192 weight elements, never with
+    ``swiglu`` -- on for SmolLM2's qkv, o and down at 1 and 16 rows; off at 17, for the LM head's
+    64 x 1,024 tiles and for the SwiGLU GEMM."""
+    for name in ("qkv", "o_proj", "down"):
+        N, K = SHAPES[name]
+        assert skinny_config(1, N, K)["PRELOAD"] and skinny_config(16, N, K)["PRELOAD"], name
+        assert not skinny_config(17, N, K)["PRELOAD"], name
+    assert not skinny_config(1, *SHAPES["lm_head"])["PRELOAD"]
+    assert not skinny_config(1, SHAPES["gate_up"][0] // 2, SHAPES["gate_up"][1], swiglu=True)["PRELOAD"]
+
+
 @pytest.mark.parametrize(
     "config",
     [
@@ -92,6 +104,11 @@ def test_the_default_configs_split_k_where_n_tiles_are_few():
         dict(SPLIT_K=2, BLOCK_K=256),  # 576 = 2.25 x 256: a masked tail
         dict(BLOCK_N=32, BLOCK_K=32, SPLIT_K=8),
         dict(BLOCK_N=128),  # 576 rows: the last tile half empty
+        # PRELOAD: the whole slice before the wait, padded to a power of two and masked
+        dict(SPLIT_K=1, PRELOAD=True),  # 576 columns in a 1,024-wide tile
+        dict(SPLIT_K=4, PRELOAD=True),  # slices of 192 in 256; the last slice past K, all masked
+        dict(SPLIT_K=2, BLOCK_K=256, PRELOAD=True),  # 512-column slices: the second's tail past K
+        dict(BLOCK_N=32, BLOCK_K=32, SPLIT_K=8, PRELOAD=True),  # 9 slices of 64 (18 steps of 32 over 8)
     ],
 )
 def test_configs_of_a_sweep_agree(config):
@@ -163,6 +180,7 @@ SWIGLU_SPLITS = [
     dict(SPLIT_K=1),
     dict(SPLIT_K=3, BLOCK_K=16),  # 4 steps of 16: 2 a slice, the last slice has none
     dict(BLOCK_N=64, BLOCK_K=16, SPLIT_K=2),  # I = 96: the second tile (gate and up halves) half empty
+    dict(SPLIT_K=3, BLOCK_K=16, PRELOAD=True),  # both halves' slices loaded before the wait
 ]
 # At SmolLM2's MLP shape: the SwiGLU rule's tiling (no split) and the plain rule's it replaced (split in three)
 SMOLLM2_SWIGLU_CONFIGS = pytest.mark.parametrize(
@@ -170,7 +188,7 @@ SMOLLM2_SWIGLU_CONFIGS = pytest.mark.parametrize(
 )
 
 
-@pytest.mark.parametrize("config", SWIGLU_SPLITS, ids=["split1", "split3", "split2-wide"])
+@pytest.mark.parametrize("config", SWIGLU_SPLITS, ids=["split1", "split3", "split2-wide", "split3-preload"])
 @pytest.mark.parametrize("M", [1, 5, 16, 17, 32, 33])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_swiglu_equals_the_two_kernel_path(dtype, M, config):

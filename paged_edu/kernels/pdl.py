@@ -41,7 +41,9 @@ where every projection was cuBLAS's. So the model turns it on only for pure-deco
 skinny GEMM's limit (1,090 against 1,108 us a step at 48 rows, 1,175 against 1,175 at 64, 244 kernels instead of 274;
 ``figures/h200/layer_bench_rows64.json``). Also measured and dropped: the GEMM asking for
 its weight's lines before the wait (``prefetch.global.L2``, one per 128-byte line: they are no
-kernel's output), 757 / 870 / 982 us -- slower than the wait alone.
+kernel's output), 757 / 870 / 982 us -- slower than the wait alone. Loading the weight's slice into
+*registers* before the wait does pay, at <= 16 rows (:mod:`~paged_edu.kernels.triton_gemm`, "The weight
+before the wait": 672 against 708 us a step at batch 1, 775 against 801 at 16).
 
 Peers launch their own small kernels this way on Hopper, e.g. alibaba/rtp-llm's
 ``LAUNCH_KERNEL_WITH_PDL`` (``rtp_llm/cpp/cuda/launch_utils.h``: ``cudaLaunchKernelEx`` with

@@ -13,7 +13,8 @@ In this tutorial-style module you will learn
 * *split-KV* (flash-decoding): when there are too few (sequence, KV head) pairs to fill the GPU,
   each sequence is cut into ``num_splits`` ranges processed in parallel, and a second small kernel
   merges the partial results with their log-sum-exp;
-* how the decode step's rotary embedding and K/V store ride along in the same launch (``FUSED_STORE``);
+* how the decode step's rotary embedding and K/V store ride along in the same launch (``FUSED_STORE``),
+  and how its first tile is read while the previous kernel still runs (``PRELOAD``);
 * what it takes to run under CUDA-graph capture (no host sync, no data-dependent launch shape) and
   under the Triton interpreter on a CPU (bf16 is wrong there: upcast after every load).
 
@@ -80,6 +81,26 @@ Measured on the H200 (``python benchmarks/bench_layer.py --batches 1,16,256 --sw
 ``figures/h200/layer_bench_store_swiglu.json``): at batch 256 a decode step of 244 kernels (274 with the
 separate store) in 1,732 us (1,812), its logits 9.4e-3 from the PyTorch path's.
 
+Before the wait (``PRELOAD``)
+-----------------------------
+Launched as a programmatic dependent (:mod:`~paged_edu.kernels.pdl`), the kernel may run everything
+that reads no earlier kernel's output before ``gdc_wait``. Only q and the new token's k, v come from
+the previous kernel (the qkv projection); the sequence's length, its block table row, its position,
+slot and rotary row were written before the step, and the cache rows of its past by earlier steps. So
+with ``PRELOAD`` each program computes its range and gathers its *first tile* -- block ids, then keys and
+values, two round trips to HBM -- before the wait. That tile may hold the new token's row, which this
+very kernel stores after the wait (the holder split, above): loaded stale, it is replaced in registers
+by the values the program stores (``tl.where`` on that row), the same bits the store-then-load path
+reads. Later tiles are loaded in the loop, after the barrier, as before. ``PRELOAD`` follows ``USE_PDL``
+unless a config says otherwise (tests run both under the interpreter, where there is no wait).
+
+Measured on the H200 (script ``figures/h200/preload2_ab_script.txt``, log ``figures/h200/preload2_ab_log.txt``: a whole
+SmolLM2 decode step in a CUDA graph, context 512, L2 flushed, three interleaved rounds, us), with the
+skinny GEMM's own ``PRELOAD`` (:mod:`~paged_edu.kernels.triton_gemm`, "The weight before the wait") on
+in both columns: 671 -> **627** at batch 1, 779 -> 753 at 16, 921 -> 896 at 32, 1,089 -> 1,060 at 48,
+1,177 -> **1,116** at 64, the logits bit for bit the same. At 256 rows, where the step launches nothing
+as a dependent, loading early only cost registers (1,730 -> 1,749): there it stays off.
+
 Benchmark
 ---------
 ``python benchmarks/bench_kernels.py`` on an H200 (bf16, B=16, 32/8 heads, head_dim 128, random
@@ -115,11 +136,7 @@ __all__ = ["paged_attention_triton", "rotary_store_decode_triton", "choose_num_s
 
 
 @triton.jit
-def _attend_tile(
-    q,  # (GROUP_PAD, HEAD_DIM_PAD) the group's queries, already in the dot dtype
-    m_i,
-    l_i,
-    acc,  # running max (GROUP_PAD,), normaliser (GROUP_PAD,), output (GROUP_PAD, HEAD_DIM_PAD)
+def _load_tile(
     tile,  # which tile of TILE tokens (logical positions tile*TILE ...)
     seq_len,  # tokens in this sequence
     bt_row_ptr,  # this sequence's row of the block table
@@ -132,14 +149,13 @@ def _attend_tile(
     offs_t,
     offs_d,
     d_mask,  # aranges (TILE,), (HEAD_DIM_PAD,) and the head_dim mask
-    qk_scale,  # scale * log2(e): scores in base 2, so exp2 can be used
     BLOCK_SIZE: tl.constexpr,  # B, tokens per KV block
     TILE: tl.constexpr,  # tokens per step
     EVEN_D: tl.constexpr,  # head_dim is a power of two: no mask along it (keeps 16-byte loads)
-    MASKED: tl.constexpr,  # True only for the last, partial tile
+    MASKED: tl.constexpr,  # rows at or past seq_len read as 0 (the last, partial tile)
     UPCAST: tl.constexpr,  # interpreter: compute in fp32 (bf16 is wrong there)
-    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (exact), "tf32" otherwise (ignored for 16-bit)
 ):
+    """The tile's keys and values, ``(TILE, HEAD_DIM_PAD)`` each, gathered through the block table."""
     pos = tile * TILE + offs_t  # (TILE,) logical token positions
     if MASKED:
         valid = pos < seq_len
@@ -169,11 +185,30 @@ def _attend_tile(
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
+    return k, v
 
+
+@triton.jit
+def _attend_kv(
+    q,  # (GROUP_PAD, HEAD_DIM_PAD) the group's queries, already in the dot dtype
+    m_i,
+    l_i,
+    acc,  # running max (GROUP_PAD,), normaliser (GROUP_PAD,), output (GROUP_PAD, HEAD_DIM_PAD)
+    k,
+    v,  # (TILE, HEAD_DIM_PAD) the tile's keys and values (:func:`_load_tile`)
+    tile,
+    seq_len,
+    offs_t,
+    qk_scale,  # scale * log2(e): scores in base 2, so exp2 can be used
+    TILE: tl.constexpr,
+    MASKED: tl.constexpr,  # positions at or past seq_len get no weight
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (exact), "tf32" otherwise (ignored for 16-bit)
+):
+    """One step of the online softmax over a loaded tile: the updated ``(m_i, l_i, acc)``."""
     # S = q K^T * scale, in log2 units: (GROUP_PAD, TILE), accumulated in fp32.
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
-        s = tl.where(valid[None, :], s, float("-inf"))  # M_b: the tail of the last block
+        s = tl.where((tile * TILE + offs_t < seq_len)[None, :], s, float("-inf"))  # M_b: past the last token
     # Online softmax, the seed's equations with exp2 instead of exp.
     m_new = tl.maximum(m_i, tl.max(s, 1))  # (GROUP_PAD,)
     alpha = tl.exp2(m_i - m_new)  # rescales what came before; 0 on the first tile
@@ -181,6 +216,55 @@ def _attend_tile(
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _attend_tile(
+    q,  # (GROUP_PAD, HEAD_DIM_PAD) the group's queries, already in the dot dtype
+    m_i,
+    l_i,
+    acc,  # running max (GROUP_PAD,), normaliser (GROUP_PAD,), output (GROUP_PAD, HEAD_DIM_PAD)
+    tile,  # which tile of TILE tokens (logical positions tile*TILE ...)
+    seq_len,  # tokens in this sequence
+    bt_row_ptr,  # this sequence's row of the block table
+    k_head_ptr,
+    v_head_ptr,  # k_cache / v_cache advanced to this KV head
+    stride_k_block,
+    stride_k_tok,
+    stride_v_block,
+    stride_v_tok,
+    offs_t,
+    offs_d,
+    d_mask,  # aranges (TILE,), (HEAD_DIM_PAD,) and the head_dim mask
+    qk_scale,  # scale * log2(e): scores in base 2, so exp2 can be used
+    BLOCK_SIZE: tl.constexpr,  # B, tokens per KV block
+    TILE: tl.constexpr,  # tokens per step
+    EVEN_D: tl.constexpr,  # head_dim is a power of two: no mask along it (keeps 16-byte loads)
+    MASKED: tl.constexpr,  # True only for the last, partial tile
+    UPCAST: tl.constexpr,  # interpreter: compute in fp32 (bf16 is wrong there)
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (exact), "tf32" otherwise (ignored for 16-bit)
+):
+    """Load one tile (:func:`_load_tile`) and fold it into the online softmax (:func:`_attend_kv`)."""
+    k, v = _load_tile(
+        tile,
+        seq_len,
+        bt_row_ptr,
+        k_head_ptr,
+        v_head_ptr,
+        stride_k_block,
+        stride_k_tok,
+        stride_v_block,
+        stride_v_tok,
+        offs_t,
+        offs_d,
+        d_mask,
+        BLOCK_SIZE,
+        TILE,
+        EVEN_D,
+        MASKED,
+        UPCAST,
+    )
+    return _attend_kv(q, m_i, l_i, acc, k, v, tile, seq_len, offs_t, qk_scale, TILE, MASKED, DOT_PRECISION)
 
 
 # The table width and the split count change from one eager (mixed prefill/decode) step to the next;
@@ -234,8 +318,10 @@ def _paged_decode_kernel(
     FUSED_STORE: tl.constexpr,  # q arrives unrotated; rotate it, and store the new token's k, v first
     BY_HAND: tl.constexpr,  # FUSED_STORE: round_to rounds by hand (the interpreter, bf16)
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent (paged_edu.kernels.pdl)
+    PRELOAD: tl.constexpr,  # FUSED_STORE only: the first tile loaded before the wait ("Before the wait")
 ):
-    wait_for_previous_kernel(USE_PDL)  # q (and the new key, value) are the previous kernel's output
+    if not PRELOAD:
+        wait_for_previous_kernel(USE_PDL)  # q (and the new key, value) are the previous kernel's output
     # The KV heads of one sequence are neighbours in the launch order: the programs running side
     # by side then read neighbouring rows of the same blocks (a token's row holds all KV heads).
     if HEADS_FASTEST:
@@ -264,6 +350,9 @@ def _paged_decode_kernel(
     # The G queries that share this KV head, padded with zero rows: (GROUP_PAD, HEAD_DIM_PAD).
     q_ptrs = q_ptr + seq * stride_q_seq + q_heads[:, None] * stride_q_head  # (GROUP_PAD, 1) row starts
     q_mask = g_mask[:, None] & d_mask[None, :]
+    bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+    k_head_ptr = k_cache_ptr + kv_head * stride_k_head
+    v_head_ptr = v_cache_ptr + kv_head * stride_v_head
     if FUSED_STORE:
         # Every program rotates its group's queries itself (the same rope as triton_store's kernel, so
         # the same bits); the program whose split holds the new token, position seq_len - 1, rotates
@@ -271,13 +360,38 @@ def _paged_decode_kernel(
         dtype = q_ptr.dtype.element_ty
         table_row = tl.load(positions_ptr + seq).to(tl.int64) * stride_table
         c, s = rotary_cos_sin(cos_ptr, sin_ptr, table_row, offs_d, HEAD_DIM, dtype, BY_HAND)  # (HEAD_DIM_PAD,)
-        q = rotate_rows(q_ptrs, offs_d[None, :], q_mask, c, s, HEAD_DIM, dtype, BY_HAND)  # fp32, rounded
-        if not UPCAST:
-            q = q.to(dtype)  # exact: already rounded to dtype
         slot = tl.load(slot_mapping_ptr + seq).to(tl.int64)
         holder = (num_tiles - 1) // tiles_per_split  # the split whose tiles hold position seq_len - 1
         # (HEAD_DIM_PAD,); the scalar tests broadcast as tensors (the interpreter refuses a scalar bool).
         store = d_mask & ((offs_d * 0 + slot) >= 0) & ((offs_d * 0 + split) == holder)
+    if PRELOAD:
+        # Nothing above reads an earlier kernel's output, nor does the first tile: the cache rows of the
+        # past were written by earlier steps. Its loads overlap the previous kernel. The new token's row,
+        # which this kernel itself stores below, is read stale here and replaced in registers.
+        k_first, v_first = _load_tile(
+            tile_lo,
+            seq_len,
+            bt_row_ptr,
+            k_head_ptr,
+            v_head_ptr,
+            stride_k_block,
+            stride_k_tok,
+            stride_v_block,
+            stride_v_tok,
+            offs_t,
+            offs_d,
+            d_mask,
+            BLOCK_SIZE,
+            TILE,
+            HEAD_DIM == HEAD_DIM_PAD,
+            True,
+            UPCAST,
+        )  # (TILE, HEAD_DIM_PAD) each
+        wait_for_previous_kernel(USE_PDL)  # q and the new key, value are the previous kernel's output
+    if FUSED_STORE:
+        q = rotate_rows(q_ptrs, offs_d[None, :], q_mask, c, s, HEAD_DIM, dtype, BY_HAND)  # fp32, rounded
+        if not UPCAST:
+            q = q.to(dtype)  # exact: already rounded to dtype
         k_new = rotate_rows(
             key_ptr + seq * stride_key_seq + kv_head * stride_key_head, offs_d, store, c, s, HEAD_DIM, dtype, BY_HAND
         )
@@ -306,13 +420,21 @@ def _paged_decode_kernel(
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)  # running normaliser
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)  # unnormalised output
 
-    bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
-    k_head_ptr = k_cache_ptr + kv_head * stride_k_head
-    v_head_ptr = v_cache_ptr + kv_head * stride_v_head
+    first = tile_lo  # the loops' first tile
+    if PRELOAD:
+        if tile_lo < tile_hi:  # a split past the sequence's end has no first tile
+            # The new token's row, where this program stored it: the values just stored, not the stale ones.
+            new_row = ((tile_lo * TILE + offs_t) == seq_len - 1)[:, None] & store[None, :]  # (TILE, HEAD_DIM_PAD)
+            k_first = tl.where(new_row, k_new.to(k_first.dtype)[None, :], k_first)
+            v_first = tl.where(new_row, v_new.to(v_first.dtype)[None, :], v_first)
+            m_i, l_i, acc = _attend_kv(
+                q, m_i, l_i, acc, k_first, v_first, tile_lo, seq_len, offs_t, qk_scale, TILE, True, DOT_PRECISION
+            )
+        first = tile_lo + 1
 
     # Full tiles, no masks: the hot loop. Triton software-pipelines it (num_stages), prefetching
     # the block ids and then the K/V rows of the next tiles while this one is computed.
-    for tile in range(tile_lo, num_full):
+    for tile in range(first, num_full):
         m_i, l_i, acc = _attend_tile(
             q,
             m_i,
@@ -339,7 +461,7 @@ def _paged_decode_kernel(
             DOT_PRECISION,
         )
     # At most one partial tile: the sequence's last, and only in the last non-empty split.
-    for tile in range(tl.maximum(num_full, tile_lo), tile_hi):
+    for tile in range(tl.maximum(num_full, first), tile_hi):
         m_i, l_i, acc = _attend_tile(
             q,
             m_i,
@@ -637,6 +759,9 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, conf
         stride_table=cos_table.stride(0),
         FUSED_STORE=fused,
         BY_HAND=fused and by_hand(q.dtype),
+        # The first tile before the wait: where the kernel is launched as a programmatic dependent (module
+        # docstring, "Before the wait"); a config may force it either way (tests, sweeps).
+        PRELOAD=fused and cfg.get("PRELOAD", launch["USE_PDL"]),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         # The rotation rounds each product before the sum, as PyTorch does: no a * b + c contracted into

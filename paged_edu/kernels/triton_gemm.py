@@ -130,6 +130,34 @@ runs 244 kernels instead of 274 (cuBLAS's GEMMs and the SiLU kernel gone) and th
 H200 1,090 against 1,108 us a step at 48 rows, 1,175 against 1,175 at 64 (``python benchmarks/bench_layer.py --batches
 1,16,32,33,48,64,256 --reps 20``, ``figures/h200/layer_bench_rows64.json``; ``docs/benchmarks.md``). Past 64 rows cuBLAS
 runs the projections (the skinny GEMM was not measured there).
+
+The weight before the wait (``PRELOAD``)
+---------------------------------------
+Inside a chain of programmatic launches the kernel's first loads still wait: ``x`` is the previous
+kernel's output, and the loop asks for ``w`` and ``x`` together. But ``w`` is no kernel's output. With
+``PRELOAD`` a program loads its *whole* weight slice -- ``BLOCK_N`` rows by the slice's ``K`` columns,
+padded to a power of two for ``tl.arange`` and masked there -- before ``gdc_wait``, so that round trip
+to HBM overlaps the previous kernel; after the wait only ``x`` (just written, in L2) is loaded, and one
+``tl.dot`` over the slice replaces the loop. On the H200 its logits equal the loop's bit for bit (the
+tensor-core steps run in the same order). An earlier try that only asked for the weight's lines to come
+into L2 (``prefetch.global.L2``, :mod:`~paged_edu.kernels.pdl`) was slower; registers are the
+difference. Measured (script ``figures/h200/preload_ab_script.txt``, log ``figures/h200/preload_ab_sweep_log.txt``:
+a whole SmolLM2 decode step in a CUDA graph, context 512, L2 flushed, three interleaved rounds, us):
+
+========  =====  ========================  ==========================
+rows      loop   PRELOAD (qkv, o, down)    PRELOAD + the SwiGLU GEMM
+========  =====  ========================  ==========================
+1         708    **672**                   702
+16        801    **775**                   810
+32        914    932                       975
+48        1,077  1,100                     1,208
+64        1,163  1,164                     1,244
+========  =====  ========================  ==========================
+
+It pays up to 16 rows (one ``x`` tile of 16) and loses from 32, where the whole ``x`` slice of 32-64 rows
+arrives in one unpipelined load after the wait; the SwiGLU GEMM's unsplit slice (two 16 x 1,024 tiles)
+loses at every size. So :func:`skinny_config` sets it for at most 16 rows and slices of at most 8,192
+elements, never with ``swiglu``.
 """
 
 from __future__ import annotations
@@ -146,6 +174,12 @@ from paged_edu.kernels.triton_fused import by_hand, round_to, silu_and_mul
 __all__ = ["MAX_ROWS", "skinny_config", "skinny_matmul"]
 
 MAX_ROWS = SKINNY_MAX_ROWS  # the largest M: one tile of x^T, at most 64 rows, rides along with every weight tile
+
+# PRELOAD where it was measured to pay (the module docstring, "The weight before the wait"): x's tile of
+# at most 16 rows, a weight slice of at most 16 KB in bf16 (SmolLM2's qkv, o and down; not the LM head's
+# 64 x 1,024 tiles, which would not fit in registers).
+PRELOAD_MAX_ROWS = 16
+PRELOAD_MAX_ELEMENTS = 8192
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,6 +232,8 @@ def _skinny_matmul_kernel(
     IEEE: tl.constexpr,  # fp32 inputs: full-precision products, not TF32
     BY_HAND: tl.constexpr,  # the SWIGLU epilogue's round_to rounds by hand (the interpreter, bf16)
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent (paged_edu.kernels.pdl)
+    PRELOAD: tl.constexpr,  # the whole K slice's weight tile loaded before the wait, one tl.dot after it
+    K_SLICE_PAD: tl.constexpr,  # PRELOAD: K_STEPS * BLOCK_K rounded up to a power of two (tl.arange)
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -209,27 +245,49 @@ def _skinny_matmul_kernel(
     w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk  # (BLOCK_N, BLOCK_K)
     up_ptrs = w_ptrs + N * stride_wn  # (BLOCK_N, BLOCK_K): SWIGLU's up rows, n + N
     x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk  # (BLOCK_M, BLOCK_K)
-    wait_for_previous_kernel(USE_PDL)  # x is the previous kernel's output
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # a tile of y^T (SWIGLU: of the gate's)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWIGLU: the up tile's (else unused)
-    for _ in range(K_STEPS):  # a constant trip count: the pipeliner keeps num_stages - 1 loads ahead
-        mask_k = rk < K  # the tail of K, and whole steps past it when SPLIT_K does not divide
-        w_mask = mask_n[:, None] & mask_k[None, :]
-        w = tl.load(w_ptrs, mask=w_mask, other=0.0)  # (BLOCK_N, BLOCK_K)
-        x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
+    if PRELOAD:
+        # The weight is no kernel's output: its whole slice is requested before the wait, so its
+        # round trip to HBM overlaps the previous kernel; after the wait only x (in L2) is loaded.
+        ks = pid_k * (K_STEPS * BLOCK_K) + tl.arange(0, K_SLICE_PAD)  # (K_SLICE_PAD,) this slice's columns
+        mask_ks = (ks < (pid_k + 1) * (K_STEPS * BLOCK_K)) & (ks < K)  # not the next slice's, not past K
+        w_mask = mask_n[:, None] & mask_ks[None, :]
+        w_all = w_ptr + rn[:, None] * stride_wn + ks[None, :] * stride_wk  # (BLOCK_N, K_SLICE_PAD)
+        w = tl.load(w_all, mask=w_mask, other=0.0)  # (BLOCK_N, K_SLICE_PAD)
+        if SWIGLU:
+            w_up = tl.load(w_all + N * stride_wn, mask=w_mask, other=0.0)  # the up rows, n + N
+        wait_for_previous_kernel(USE_PDL)  # x is the previous kernel's output
+        x_all = x_ptr + rm[:, None] * stride_xm + ks[None, :] * stride_xk  # (BLOCK_M, K_SLICE_PAD)
+        x = tl.load(x_all, mask=mask_m[:, None] & mask_ks[None, :], other=0.0)
         if UPCAST:
             w = w.to(tl.float32)
             x = x.to(tl.float32)
         acc = _mma(w, x, acc, IEEE)  # (BLOCK_N, BLOCK_M)
-        if SWIGLU:  # the same x tile, the up rows' weights
-            w_up = tl.load(up_ptrs, mask=w_mask, other=0.0)  # (BLOCK_N, BLOCK_K)
+        if SWIGLU:
             if UPCAST:
                 w_up = w_up.to(tl.float32)
-            acc_up = _mma(w_up, x, acc_up, IEEE)  # (BLOCK_N, BLOCK_M)
-            up_ptrs += BLOCK_K * stride_wk
-        rk += BLOCK_K
-        w_ptrs += BLOCK_K * stride_wk
-        x_ptrs += BLOCK_K * stride_xk
+            acc_up = _mma(w_up, x, acc_up, IEEE)
+    else:
+        wait_for_previous_kernel(USE_PDL)  # x is the previous kernel's output
+        for _ in range(K_STEPS):  # a constant trip count: the pipeliner keeps num_stages - 1 loads ahead
+            mask_k = rk < K  # the tail of K, and whole steps past it when SPLIT_K does not divide
+            w_mask = mask_n[:, None] & mask_k[None, :]
+            w = tl.load(w_ptrs, mask=w_mask, other=0.0)  # (BLOCK_N, BLOCK_K)
+            x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
+            if UPCAST:
+                w = w.to(tl.float32)
+                x = x.to(tl.float32)
+            acc = _mma(w, x, acc, IEEE)  # (BLOCK_N, BLOCK_M)
+            if SWIGLU:  # the same x tile, the up rows' weights
+                w_up = tl.load(up_ptrs, mask=w_mask, other=0.0)  # (BLOCK_N, BLOCK_K)
+                if UPCAST:
+                    w_up = w_up.to(tl.float32)
+                acc_up = _mma(w_up, x, acc_up, IEEE)  # (BLOCK_N, BLOCK_M)
+                up_ptrs += BLOCK_K * stride_wk
+            rk += BLOCK_K
+            w_ptrs += BLOCK_K * stride_wk
+            x_ptrs += BLOCK_K * stride_xk
     y_ptrs = y_ptr + rm[None, :] * stride_ym + rn[:, None] * stride_yn  # (BLOCK_N, BLOCK_M): y^T's tile
     y_mask = mask_n[:, None] & mask_m[None, :]
     dtype = y_ptr.dtype.element_ty
@@ -276,8 +334,11 @@ def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = 
     * ``num_stages = 4``: three weight tiles in flight while one is multiplied -- a split-K program's
       whole slice (3 steps) is requested at once, the latency paid about once; ``num_warps = 4``.
 
-    ``M`` does not change the choice today (the weight read is the same for 1 or 32 rows); it is
-    an argument so that a measured rule can use it.
+    * ``PRELOAD``: at most 16 rows and a weight slice of at most 8,192 elements (``BLOCK_N`` times the
+      slice's ``K`` columns rounded up to a power of two): the slice is loaded whole before the PDL wait
+      and multiplied in one ``tl.dot`` (the module docstring, "The weight before the wait").
+
+    ``M`` changes only ``PRELOAD``: the weight read is the same for 1 or 64 rows.
 
     The SwiGLU GEMM (``swiglu=True``: ``N`` counts its output features, ``I``, and each program reads
     ``2 * BLOCK_N`` weight rows, gate and up) never splits ``K`` and keeps five stages in flight: at
@@ -293,13 +354,15 @@ def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = 
         block_n //= 2
     block_k = 128 if K % 128 == 0 else 64
     if swiglu:
-        return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=1, num_warps=4, num_stages=5)
+        return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=1, num_warps=4, num_stages=5, PRELOAD=False)
     tiles, k_blocks = triton.cdiv(N, block_n), triton.cdiv(K, block_k)
     split_k = 1
     if tiles < 0.75 * num_sms:
         divisors = [s for s in range(1, min(8, k_blocks) + 1) if k_blocks % s == 0]
         split_k = next((s for s in divisors if tiles * s >= 0.75 * num_sms), divisors[-1])
-    return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=4)
+    k_slice = triton.next_power_of_2(triton.cdiv(k_blocks, split_k) * block_k)  # the slice's padded width
+    preload = M <= PRELOAD_MAX_ROWS and block_n * k_slice <= PRELOAD_MAX_ELEMENTS
+    return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=4, PRELOAD=preload)
 
 
 _counters: dict[torch.device, torch.Tensor] = {}  # per device: int32, zero between launches
@@ -376,6 +439,7 @@ def skinny_matmul(
         counters = _tile_counters(x.device, n_tiles)
     else:
         partial = counters = out  # unused
+    k_steps = triton.cdiv(triton.cdiv(K, cfg["BLOCK_K"]), split_k)
     _skinny_matmul_kernel[(n_tiles, split_k)](
         x,
         weight,
@@ -394,12 +458,14 @@ def skinny_matmul(
         BLOCK_M=block_m,
         BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"],
-        K_STEPS=triton.cdiv(triton.cdiv(K, cfg["BLOCK_K"]), split_k),
+        K_STEPS=k_steps,
         SPLIT_K=split_k,
         SWIGLU=swiglu,
         UPCAST=INTERPRETING and x.dtype != torch.float32,
         IEEE=x.dtype == torch.float32,
         BY_HAND=swiglu and by_hand(x.dtype),
+        PRELOAD=cfg.get("PRELOAD", False),
+        K_SLICE_PAD=triton.next_power_of_2(k_steps * cfg["BLOCK_K"]),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **launch_options(pdl, x.device),
