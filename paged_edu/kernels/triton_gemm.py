@@ -321,6 +321,14 @@ def _skinny_matmul_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
+def _k_slice(K: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """One program's share of ``K``: its loop steps of ``block_k`` columns (``K_STEPS``), and those
+    ``K_STEPS * block_k`` columns rounded up to a power of two (``K_SLICE_PAD``, the width of
+    ``PRELOAD``'s tile)."""
+    steps = triton.cdiv(triton.cdiv(K, block_k), split_k)
+    return steps, triton.next_power_of_2(steps * block_k)
+
+
 def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = False) -> dict:
     """Block sizes, split-K, warps and pipeline depth for ``(M, N, K)`` (no autotuning: a decode
     GEMM is captured in a CUDA graph and must launch the same way every time).
@@ -360,8 +368,8 @@ def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = 
     if tiles < 0.75 * num_sms:
         divisors = [s for s in range(1, min(8, k_blocks) + 1) if k_blocks % s == 0]
         split_k = next((s for s in divisors if tiles * s >= 0.75 * num_sms), divisors[-1])
-    k_slice = triton.next_power_of_2(triton.cdiv(k_blocks, split_k) * block_k)  # the slice's padded width
-    preload = M <= PRELOAD_MAX_ROWS and block_n * k_slice <= PRELOAD_MAX_ELEMENTS
+    _, slice_pad = _k_slice(K, block_k, split_k)
+    preload = M <= PRELOAD_MAX_ROWS and block_n * slice_pad <= PRELOAD_MAX_ELEMENTS
     return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=4, PRELOAD=preload)
 
 
@@ -439,7 +447,7 @@ def skinny_matmul(
         counters = _tile_counters(x.device, n_tiles)
     else:
         partial = counters = out  # unused
-    k_steps = triton.cdiv(triton.cdiv(K, cfg["BLOCK_K"]), split_k)
+    k_steps, slice_pad = _k_slice(K, cfg["BLOCK_K"], split_k)
     _skinny_matmul_kernel[(n_tiles, split_k)](
         x,
         weight,
@@ -464,8 +472,8 @@ def skinny_matmul(
         UPCAST=INTERPRETING and x.dtype != torch.float32,
         IEEE=x.dtype == torch.float32,
         BY_HAND=swiglu and by_hand(x.dtype),
-        PRELOAD=cfg.get("PRELOAD", False),
-        K_SLICE_PAD=triton.next_power_of_2(k_steps * cfg["BLOCK_K"]),
+        PRELOAD=cfg["PRELOAD"],
+        K_SLICE_PAD=slice_pad,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **launch_options(pdl, x.device),
