@@ -239,19 +239,16 @@ def _skinny_matmul_kernel(
     pid_k = tl.program_id(1)
     rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) rows of W, columns of y
     rm = tl.arange(0, BLOCK_M)  # (BLOCK_M,) rows of x and y
-    rk = pid_k * (K_STEPS * BLOCK_K) + tl.arange(0, BLOCK_K)  # (BLOCK_K,) this slice's first columns
+    k_start = pid_k * (K_STEPS * BLOCK_K)  # this program's first column of K
     mask_n = rn < N
     mask_m = rm < M
-    w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk  # (BLOCK_N, BLOCK_K)
-    up_ptrs = w_ptrs + N * stride_wn  # (BLOCK_N, BLOCK_K): SWIGLU's up rows, n + N
-    x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk  # (BLOCK_M, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # a tile of y^T (SWIGLU: of the gate's)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWIGLU: the up tile's (else unused)
     if PRELOAD:
         # The weight is no kernel's output: its whole slice is requested before the wait, so its
         # round trip to HBM overlaps the previous kernel; after the wait only x (in L2) is loaded.
-        ks = pid_k * (K_STEPS * BLOCK_K) + tl.arange(0, K_SLICE_PAD)  # (K_SLICE_PAD,) this slice's columns
-        mask_ks = (ks < (pid_k + 1) * (K_STEPS * BLOCK_K)) & (ks < K)  # not the next slice's, not past K
+        ks = k_start + tl.arange(0, K_SLICE_PAD)  # (K_SLICE_PAD,) this slice's columns
+        mask_ks = (ks < k_start + K_STEPS * BLOCK_K) & (ks < K)  # not the next slice's, not past K
         w_mask = mask_n[:, None] & mask_ks[None, :]
         w_all = w_ptr + rn[:, None] * stride_wn + ks[None, :] * stride_wk  # (BLOCK_N, K_SLICE_PAD)
         w = tl.load(w_all, mask=w_mask, other=0.0)  # (BLOCK_N, K_SLICE_PAD)
@@ -269,6 +266,10 @@ def _skinny_matmul_kernel(
                 w_up = w_up.to(tl.float32)
             acc_up = _mma(w_up, x, acc_up, IEEE)
     else:
+        rk = k_start + tl.arange(0, BLOCK_K)  # (BLOCK_K,) the step's columns
+        w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk  # (BLOCK_N, BLOCK_K)
+        up_ptrs = w_ptrs + N * stride_wn  # (BLOCK_N, BLOCK_K): SWIGLU's up rows, n + N
+        x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk  # (BLOCK_M, BLOCK_K)
         wait_for_previous_kernel(USE_PDL)  # x is the previous kernel's output
         for _ in range(K_STEPS):  # a constant trip count: the pipeliner keeps num_stages - 1 loads ahead
             mask_k = rk < K  # the tail of K, and whole steps past it when SPLIT_K does not divide
