@@ -1,6 +1,6 @@
 """paged_edu: PagedAttention you can see, poke and measure.
 
-The package is built in layers, each importing only the ones before it (``tests/test_layers.py``
+The package is built in layers, each importing only the ones before it (``tests/project/test_layers.py``
 keeps it so); the first three are plain Python, no torch:
 
 * :mod:`paged_edu.core` -- what a token costs, the model and GPU tables, the contiguous baseline,

@@ -2,10 +2,10 @@
 
     .venv/bin/python scripts/store_checked_outputs.py [notebooks/02_*.ipynb ...]
 
-Every cell tagged ``keep_output`` (the ``# NBVAL_CHECK_OUTPUT`` cells) keeps what it printed and
+Every cell tagged ``keep_output`` (the cells tagged ``nbval-check-output``) keeps what it printed and
 its execution count (nbval needs one); every other output and count, and any widget state, are
 stripped with nbstripout's own rules, so the result passes ``nbstripout --keep-count --verify``
-and ``tests/test_notebooks_clean.py``. Run it after a
+and ``tests/lessons/test_notebooks_clean.py``. Run it after a
 change that alters a checked number, then review the diff: it is the numbers nbval will enforce.
 """
 

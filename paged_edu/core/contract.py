@@ -18,7 +18,7 @@ structures:
 :class:`ContractModel` is that oracle, one allocator and one dict from slot to prefix; its
 operations check as they go and :meth:`ContractModel.check` checks the invariants, raising
 :class:`ContractViolation` (an ``AssertionError``) that says what differs. Two drivers use it:
-``tests/test_allocator_stateful.py`` (hypothesis' stateful testing, which also shrinks a failure
+``tests/core/test_allocator_stateful.py`` (hypothesis' stateful testing, which also shrinks a failure
 to a short example) and :func:`check_contract` here (seeded random operations, plain Python, so a
 lesson can check a learner's allocator without hypothesis installed).
 

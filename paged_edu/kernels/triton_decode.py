@@ -74,7 +74,7 @@ keep that rounding on the H200 (``python benchmarks/probe_fp_fusion.py``: 2,119 
 moved 4.0e-2 (relative) where the two-launch path stays within 2e-3. Launched with
 ``enable_fp_fusion=False`` -- as the store kernel always was -- no key differs, and the outputs of the
 one- and two-launch paths differ in 13 of 36,864 values, by at most 2**-8 (the two kernels are
-different code). ``tests/test_fused.py`` holds both on the GPU; under the interpreter the paths agree
+different code). ``tests/kernels/test_fused.py`` holds both on the GPU; under the interpreter the paths agree
 bit for bit either way (numpy never contracts ``a * b + c``).
 
 Measured on the H200 (``python benchmarks/bench_layer.py --batches 1,16,256 --swiglu-gemm``,

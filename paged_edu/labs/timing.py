@@ -169,7 +169,7 @@ def random_decode_step(
     v ``(num_seqs, H_kv, D)``, a pool of random "stale" values ``(num_seqs * 40, B, H_kv, D)``, lengths in
     ``[1, max_len)``, each sequence ``width`` distinct random blocks (``width * B >= max_len``), the new
     token at ``s - 1`` and its slot through the table. The case of ``benchmarks/probe_fp_fusion.py`` and
-    of the GPU test that holds its finding (``tests/test_fused.py``)."""
+    of the GPU test that holds its finding (``tests/kernels/test_fused.py``)."""
     g = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape, scale=1.0):

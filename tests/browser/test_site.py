@@ -23,7 +23,7 @@ import pytest
 from browser_helpers import HAS_CHROMIUM, SKIP_REASON, browser, free_port, new_page  # noqa: F401 (a fixture)
 from hang_guard import HANG_GUARD_S
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "build" / "site"
 SHOTS = ROOT / "build" / "site-shots"
 LESSONS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -16,7 +16,7 @@ from hang_guard import HANG_GUARD_S
 
 from paged_edu.lessons import setup as S
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import run_lessons  # noqa: E402
 

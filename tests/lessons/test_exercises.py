@@ -136,7 +136,7 @@ def test_compare_handles_non_finite_values_and_stub_functions():
 # What each exercise asks for, written here independently of the exercise modules.
 FUNCTIONS = {"2.1", "3.1", "4.1", "4.2", "4.3", "5.1"}
 CLASSES = {"5.3"}
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("0[1-9]_*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("0[1-9]_*.ipynb"))
 
 
 class Thing:

@@ -317,7 +317,7 @@ def test_every_piece_of_the_kernel_the_lesson_shows_is_still_in_its_source():
     from paged_edu.labs import kernel_ladder as ladder
 
     nb = json.loads(
-        (Path(__file__).resolve().parents[1] / "notebooks" / "04_online_softmax_and_the_kernel.ipynb").read_text()
+        (Path(__file__).resolve().parents[2] / "notebooks" / "04_online_softmax_and_the_kernel.ipynb").read_text()
     )
     calls = [
         m

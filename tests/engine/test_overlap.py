@@ -388,7 +388,7 @@ def test_a_failed_async_step_is_undone_and_the_run_is_token_identical(model, pro
 
 def test_benchmarks_record_which_mode_ran(tmp_path):
     """``bench_host --async-scheduling`` and ``bench_engine --workload nanovllm --async-scheduling both``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import bench_engine
     import bench_host
 

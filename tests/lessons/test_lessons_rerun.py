@@ -17,7 +17,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 
 from paged_edu.viz.widgets import BlockTableWidget, KVMemoryCalculator, PrefixSharingWidget
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LESSONS = [
     ROOT / "notebooks" / n
     for n in ("01_kv_cache_memory.ipynb", "02_paged_virtual_memory.ipynb", "03_prefix_sharing_and_cow.ipynb")

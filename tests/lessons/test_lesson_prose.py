@@ -25,7 +25,7 @@ import pytest
 
 from paged_edu.lessons.prose import Prose, fmt, say
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
 
 _NUM = r"(?<![\w.,/#=-])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"

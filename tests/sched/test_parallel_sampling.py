@@ -18,7 +18,7 @@ import pytest
 from paged_edu.sched.parallel_sampling import ParallelSamples
 from paged_edu.sched.sequence import Sequence, SequenceStatus
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STATUSES = (SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # The one statement of the layer order (paste-ready for the README). `paged_edu` itself (the package's
 # __init__, the names it re-exports) sits above every layer; nothing in the package imports it.
@@ -214,7 +214,7 @@ def test_the_checker_fails_on_torch_in_a_torch_free_layer_and_on_an_unknown_laye
 
 def test_the_readme_states_the_layer_order_this_test_holds():
     """The README's one line of layers is :data:`LAYERS`, in order: change one, change both."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     lines = [ln for ln in readme.splitlines() if ln.startswith("`data` < ")]
     assert len(lines) == 1, "the README states the layer order once, on a line starting with `data` <"
     assert [part.strip().strip("`") for part in lines[0].split("<")] == LAYERS

@@ -4,7 +4,8 @@ Policy (``scripts/store_checked_outputs.py`` produces exactly this):
 
 * a notebook equals what ``nbstripout --keep-count`` makes of it (outputs stripped except in cells
   tagged ``keep_output``, widget state and volatile metadata gone, cell ids ``"0", "1", ...``);
-* the cells that keep outputs are exactly the ``# NBVAL_CHECK_OUTPUT`` cells; each has an execution
+* the cells that keep outputs are exactly the cells tagged ``nbval-check-output`` (nbval's tag: no
+  harness comment in the code a learner reads); each has an execution
   count (nbval needs one) and small plain-text outputs; every other cell has neither;
 * every lesson has a ``parameters`` cell with ``device = "auto"`` and ``seed``, a Colab cell that
   never installs torch, an Open-in-Colab badge for its own file, and "Your turn" checks.
@@ -23,9 +24,9 @@ from nbstripout import strip_output
 
 from paged_edu.lessons.setup import PARAMETERS, REPO_URL, colab_badge, colab_cell_source
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-CHECK = "# NBVAL_CHECK_OUTPUT"
+CHECK = "nbval-check-output"  # the cell tag that makes nbval compare a cell's output
 EXTRA_KEYS = [
     "metadata.signature",
     "metadata.widgets",
@@ -52,9 +53,11 @@ def problems(nb: nbformat.NotebookNode, name: str) -> list[str]:
         if cell.cell_type != "code":
             continue
         tags = cell.metadata.get("tags", [])
-        checked = cell.source.startswith(CHECK)
+        checked = CHECK in tags
+        if "NBVAL_" in cell.source:
+            found.append(f"cell {k}: a '# NBVAL_...' comment in the code; use nbval's cell tags instead")
         if checked != ("keep_output" in tags):
-            found.append(f"cell {k}: '{CHECK}' and the keep_output tag must go together")
+            found.append(f"cell {k}: the tags '{CHECK}' and 'keep_output' must go together")
         if not checked:
             if cell.outputs:
                 found.append(f"cell {k}: stored outputs in a cell that is not checked")
@@ -171,19 +174,21 @@ def test_notebook_has_parameters_colab_cell_and_exercises(path):
             assert "torch" not in line and ("--no-deps" in line or "paged_edu" not in line)
     assert f"notebooks/{path.name})" in nb.cells[0].source and "colab-badge.svg" in nb.cells[0].source
     assert sum("ex.check(" in c.source for c in code) >= 3
-    assert sum(c.source.startswith(CHECK) for c in code) >= 3
+    assert sum(CHECK in c.metadata.get("tags", []) for c in code) >= 3
 
 
 def test_the_policy_catches_a_dirty_notebook():
     nb = nbformat.read(LESSONS[0], as_version=4)
     dirty = copy.deepcopy(nb)
-    plain = next(c for c in dirty.cells if c.cell_type == "code" and not c.source.startswith(CHECK))
+    plain = next(c for c in dirty.cells if c.cell_type == "code" and not CHECK in c.metadata.get("tags", []))
     plain.execution_count = 3
     plain.outputs = [nbformat.v4.new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {}})]
     dirty.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    plain.source = "# NBVAL_IGNORE_OUTPUT\n" + plain.source
     found = problems(dirty, "dirty")
     assert any("not checked" in p for p in found) and any("widget state" in p for p in found)
+    assert any("'# NBVAL_...' comment" in p for p in found)
     unchecked = copy.deepcopy(nb)
-    checked = next(c for c in unchecked.cells if c.cell_type == "code" and c.source.startswith(CHECK))
+    checked = next(c for c in unchecked.cells if c.cell_type == "code" and CHECK in c.metadata.get("tags", []))
     checked.outputs = []
     assert any("needs its stored output" in p for p in problems(unchecked, "unchecked"))

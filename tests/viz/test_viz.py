@@ -349,7 +349,7 @@ def test_figure_colours_come_from_the_palette():
     import re
     from pathlib import Path
 
-    viz = Path(__file__).resolve().parents[1] / "paged_edu" / "viz"
+    viz = Path(__file__).resolve().parents[2] / "paged_edu" / "viz"
     stray = {
         f"{p.name}: {c}"
         for p in viz.rglob("*.py")
