@@ -194,7 +194,8 @@ def main(argv=None) -> dict:
     p.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes and reps")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    from paged_edu.kernels.triton_decode import INTERPRETING, _num_sms
+    from paged_edu.kernels.support import num_sms as _num_sms
+    from paged_edu.kernels.triton_fused import INTERPRETING
 
     if args.smoke:
         if not INTERPRETING:
