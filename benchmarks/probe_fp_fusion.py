@@ -60,7 +60,7 @@ def main(argv=None) -> int:
         return 1
     store = triton_store._store_kv_kernel = ForcedFusion(triton_store._store_kv_kernel)
     decode = tutorial.paged_decode_kernel = ForcedFusion(tutorial.paged_decode_kernel)  # the two-launch path's
-    fused = fast.decode_store_kernel = ForcedFusion(fast.decode_store_kernel)  # the one-launch path's
+    fused = fast.rotary_store_decode_kernel = ForcedFusion(fast.rotary_store_decode_kernel)  # the one-launch path's
     c = smollm2_config()
     rot = random_llama(replace(c, num_layers=1), seed=0, dtype=torch.bfloat16, device="cuda").rotary
     q, k, v, pool, tables, lens, pos, slots = random_decode_step(c.num_heads, c.num_kv_heads, c.head_dim)

@@ -13,6 +13,8 @@ exp2(x * c)``), and the state ``(m, l, o)`` starting at ``(-inf, 0, 0)``:
 
 * :func:`tile_range` -- which tiles: the sequence's ``ceil(s / TILE)`` tiles cut into ``num_splits``
   equal ranges; the tiles below ``num_full`` are whole, the one after may be partial;
+* :func:`group_offsets` -- GQA packing: the ``G`` query heads that share a KV head are the rows of one
+  ``(GROUP_PAD, HEAD_DIM_PAD)`` query tile, so every K/V byte is loaded once for all of them;
 * :func:`load_tile` -- a tile's keys and values, gathered through the block table: token ``t`` lives
   in physical block ``B(t // B)`` at offset ``t % B``;
 * :func:`online_softmax_update` -- the seed's update for one tile::
@@ -46,6 +48,7 @@ __all__ = [
     "UPCAST",
     "attend_tile",
     "attend_tiles",
+    "group_offsets",
     "load_tile",
     "merge_splits",
     "online_softmax_update",
@@ -66,6 +69,27 @@ def tile_range(seq_len, split, num_splits, TILE: tl.constexpr):
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)  # a split past the end has tile_lo >= tile_hi
     num_full = tl.minimum(tile_hi, seq_len // TILE)
     return tile_lo, tile_hi, num_full
+
+
+@triton.jit
+def group_offsets(
+    kv_head,  # this program's KV head h
+    GROUP: tl.constexpr,  # G, query heads per KV head
+    GROUP_PAD: tl.constexpr,  # G rounded up to a power of two (>= 16 on a GPU, for tl.dot)
+    HEAD_DIM: tl.constexpr,  # D
+    HEAD_DIM_PAD: tl.constexpr,  # D rounded up to a power of two
+    TILE: tl.constexpr,  # tokens per tile
+):  # fmt: skip
+    """The group's query heads ``h*G .. h*G+G-1`` as the rows of one tile, padded with masked rows to
+    ``GROUP_PAD``: ``(q_heads, g_mask)`` ``(GROUP_PAD,)``, the columns ``(offs_d, d_mask)`` ``(HEAD_DIM_PAD,)``,
+    and a tile's token offsets ``offs_t`` ``(TILE,)``."""
+    offs_g = tl.arange(0, GROUP_PAD)  # (GROUP_PAD,) query heads of the group
+    offs_d = tl.arange(0, HEAD_DIM_PAD)  # (HEAD_DIM_PAD,)
+    offs_t = tl.arange(0, TILE)  # (TILE,)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    q_heads = kv_head * GROUP + offs_g  # (GROUP_PAD,)
+    return q_heads, g_mask, offs_d, d_mask, offs_t
 
 
 @triton.jit
@@ -93,7 +117,8 @@ def load_tile(
     row_v = block_ids.to(tl.int64) * stride_v_block + (pos % BLOCK_SIZE) * stride_v_tok  # (TILE,)
     k_ptrs = k_head_ptr + row_k[:, None] + offs_d[None, :]  # (TILE, HEAD_DIM_PAD)
     v_ptrs = v_head_ptr + row_v[:, None] + offs_d[None, :]  # (TILE, HEAD_DIM_PAD)
-    # Masks only where needed: a mask that varies along head_dim would split the 16-byte loads.
+    # Masks only where needed: a mask that varies along head_dim would split the 16-byte loads (how much
+    # that costs was not measured on its own; the whole kernel's figures are in the tutorial's docstring).
     if MASKED:
         if EVEN_D:
             k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
@@ -179,7 +204,8 @@ def attend_tiles(
 ):  # fmt: skip
     """The online softmax over tiles ``first .. tile_hi - 1`` (:func:`attend_tile` each): the updated ``(m, l, o)``."""
     # Whole tiles, no masks: the hot loop. Triton software-pipelines it (num_stages), prefetching
-    # the block ids and then the K/V rows of the next tiles while this one is computed.
+    # the block ids and then the K/V rows of the next tiles while this one is computed (what the
+    # pipeline depth buys, measured: decode_config, split_plan).
     for tile in range(first, num_full):
         m_i, l_i, acc = attend_tile(
             q, m_i, l_i, acc, tile, seq_len, bt_row_ptr,

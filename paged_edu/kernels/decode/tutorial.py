@@ -76,7 +76,14 @@ import triton
 import triton.language as tl
 
 from paged_edu.core.validation import integer
-from paged_edu.kernels.decode.pieces import UPCAST, attend_tiles, merge_splits, tile_range, write_result
+from paged_edu.kernels.decode.pieces import (
+    UPCAST,
+    attend_tiles,
+    group_offsets,
+    merge_splits,
+    tile_range,
+    write_result,
+)
 from paged_edu.kernels.decode.tuning import decode_config, split_plan
 from paged_edu.kernels.pdl import wait_for_previous_kernel
 from paged_edu.kernels.triton_fused import INTERPRETING
@@ -91,7 +98,8 @@ __all__ = ["launch_inputs", "merge_splits_kernel", "paged_attention_triton", "pa
 
 # The table width and the split count change from one eager (mixed prefill/decode) step to the next;
 # Triton would compile a variant for every value class of an int argument (== 1, divisible by 16,
-# other), a compile in the middle of a step. They only index memory here, so no specialisation.
+# other), a compile in the middle of a step (an early engine run on the H200 took 430 ms per mixed step
+# while it did: docs/benchmarks.md). They only index memory here, so no specialisation.
 @triton.jit(do_not_specialize=["num_splits", "stride_bt_seq"])
 def paged_decode_kernel(
     q_ptr,  # (num_seqs, H, D): one query token per sequence
@@ -117,8 +125,16 @@ def paged_decode_kernel(
     TILE: tl.constexpr,  # tokens per loop step: several blocks, gathered through the table
     SPLIT: tl.constexpr,  # num_splits > 1: write partial results for merge_splits_kernel
 ):  # fmt: skip
-    """Attention of each sequence's query over its paged K/V: ``o = softmax(q K^T * scale) V``,
-    computed tile by tile with the online softmax ``(m, l, o)`` (:mod:`~paged_edu.kernels.decode.pieces`)."""
+    """Attention of each sequence's one query over its paged K/V: ``o = softmax(q K^T * scale) V``.
+
+    For the G query heads of KV head h of sequence n, over this split's tiles ``t`` (TILE tokens each,
+    gathered through the block table), from ``(m, l, o) = (-inf, 0, 0)`` and in log2 units::
+
+        S = q K_t^T * scale * log2(e)      m' = max(m, rowmax(S))      P = 2^(S - m')
+        l' = l * 2^(m - m') + rowsum(P)    o' = o * 2^(m - m') + P V_t
+
+    then ``o / l`` -- or, with ``SPLIT``, ``o_j / l_j`` and ``lse_j = m_j + log2(l_j)`` for the merge.
+    """
     # Who: KV head h of sequence n, split j. The KV heads of one sequence are neighbours in the launch
     # order, so programs running side by side read neighbouring columns of the same token rows
     # (H200, best of each sweep: 31.2 against 31.6 us at 8 x 2048, equal at 1 x 8192;
@@ -129,13 +145,9 @@ def paged_decode_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)  # s
     tile_lo, tile_hi, num_full = tile_range(seq_len, split, num_splits, TILE)  # this split's tiles
 
-    # GQA packing: the G query heads that share this KV head, padded with zero rows to GROUP_PAD.
-    offs_g = tl.arange(0, GROUP_PAD)  # (GROUP_PAD,) query heads of the group
-    offs_d = tl.arange(0, HEAD_DIM_PAD)  # (HEAD_DIM_PAD,)
-    offs_t = tl.arange(0, TILE)  # (TILE,)
-    g_mask = offs_g < GROUP
-    d_mask = offs_d < HEAD_DIM
-    q_heads = kv_head * GROUP + offs_g  # (GROUP_PAD,)
+    # GQA packing: the G query heads that share this KV head, padded with zero rows to GROUP_PAD -- every
+    # K/V byte is loaded once for all G of them (a program per query head would load it G times).
+    q_heads, g_mask, offs_d, d_mask, offs_t = group_offsets(kv_head, GROUP, GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, TILE)
     q_ptrs = q_ptr + seq * stride_q_seq + q_heads[:, None] * stride_q_head  # (GROUP_PAD, 1) row starts
     q_mask = g_mask[:, None] & d_mask[None, :]
     bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq  # this sequence's row of the table
