@@ -232,7 +232,7 @@ def test_the_engines_decode_kernel_calls_every_piece_the_lessons_kernel_calls():
     from paged_edu.labs.kernel_ladder import kernel_outline
 
     lesson, engine = kernel_outline(tutorial.paged_decode_kernel), kernel_outline(fast.rotary_store_decode_kernel)
-    assert lesson["helpers"] == ["pieces.tile_range", "pieces.attend_tiles", "pieces.write_result"]
+    assert lesson["helpers"] == [f"pieces.{p}" for p in ("tile_range", "group_offsets", "attend_tiles", "write_result")]
     assert set(lesson["helpers"]) < set(engine["helpers"]) and "fast.store_new_token" in engine["helpers"]
     assert lesson["lines"] <= 80 and max(lesson["parameters"], engine["parameters"]) <= 30
     assert 0 < lesson["compile_time"] < lesson["parameters"]
