@@ -343,7 +343,7 @@ class BlockAllocator(SequenceLookup):
             seq = self._seqs[seq_id]
         except (KeyError, TypeError):
             seq = self._seq(seq_id)  # raises UnknownSequenceError
-        if num_tokens != 1:
+        if type(num_tokens) is not int or num_tokens != 1:  # 1.0 and True equal 1: not an int, refused
             return self._append_many(seq_id, seq, integer("num_tokens", num_tokens, low=0))
         B = self.block_size
         n = seq.num_tokens

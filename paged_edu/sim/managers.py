@@ -233,6 +233,8 @@ class ContiguousManager:
 
     def append_slots(self, seq_id, num_tokens: int = 1) -> list[int]:
         slot = self._slot(seq_id)
+        if type(num_tokens) is not int:  # 1.0 and True are refused, as by the paged allocator
+            num_tokens = integer("num_tokens", num_tokens, low=0)
         if slot.num_tokens + num_tokens > slot.cap:
             raise OutOfBlocksError(f"sequence {seq_id!r} is full: its reservation holds {slot.cap} tokens")
         slot.num_tokens += num_tokens
