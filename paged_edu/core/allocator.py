@@ -39,11 +39,12 @@ from dataclasses import dataclass
 from paged_edu.core.block_hash import ROOT_HASH, prefix_root
 from paged_edu.core.block_events import BlockEvent, Subscribers
 from paged_edu.core.block_pool import BlockPool, OutOfBlocksError, PrefixCacheStats
+from paged_edu.core.host_memory import check_host_fits
 from paged_edu.core.prefix_index import HashChainIndex, PrefixMatch
 from paged_edu.core.seq_lookup import SequenceLookup
 from paged_edu.core.validation import MAX_NUM_BLOCKS, cache_key, flag, integer, new_id, token_array
 
-__all__ = ["BlockAllocator"]
+__all__ = ["BlockAllocator", "pool_size"]
 
 SeqId = Hashable
 
@@ -69,6 +70,16 @@ class _SeqBlocks:
     table_version: int = 0  # changes when a block of the table is replaced (see block_table_versions)
 
 
+def pool_size(num_blocks: int, block_size: int) -> tuple[int, int]:
+    """``(num_blocks, block_size)`` checked before anything is built from them: integers, at most
+    ``MAX_NUM_BLOCKS`` blocks (block ids travel in int32 block tables), and an allocator the host's
+    memory can hold (:func:`~paged_edu.core.host_memory.check_host_fits`)."""
+    num_blocks = integer("num_blocks", num_blocks, low=1, high=MAX_NUM_BLOCKS)
+    block_size = integer("block_size", block_size, low=1)
+    check_host_fits("num_blocks", num_blocks, block_size)
+    return num_blocks, block_size
+
+
 class BlockAllocator(SequenceLookup):
     """A pool of ``num_blocks`` KV blocks of ``block_size`` slots, with prefix caching and CoW.
 
@@ -86,8 +97,7 @@ class BlockAllocator(SequenceLookup):
         enable_prefix_caching: bool = True,
         cache_when_computed: bool = False,
     ) -> None:
-        self.num_blocks = integer("num_blocks", num_blocks, low=1, high=MAX_NUM_BLOCKS)
-        self.block_size = integer("block_size", block_size, low=1)
+        self.num_blocks, self.block_size = pool_size(num_blocks, block_size)
         prefix_caching = flag("enable_prefix_caching", enable_prefix_caching)
         self._init_blocks(
             HashChainIndex(self.num_blocks, self.block_size, prefix_caching), prefix_caching, cache_when_computed
