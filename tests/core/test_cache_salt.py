@@ -425,6 +425,84 @@ def test_store_and_clear_go_to_cache_subscribers_only():
         assert sorted(cache[1].block_ids) == sorted(cache[0].block_ids)
 
 
+class Mutator:
+    """A subscriber that changes the allocator from inside its callback (issue 44 item 6): on some
+    events it admits a prompt of its own, frees one, or empties the cache -- at most ``budget`` times."""
+
+    def __init__(self, a, rng: random.Random, budget: int = 60) -> None:
+        self.a, self.rng, self.budget = a, rng, budget
+        self.live: list[str] = []
+        self.count = 0
+        self.num_changes = 0  # operations it ran from inside a callback
+
+    def __call__(self, event) -> None:
+        if self.budget <= 0 or self.rng.random() < 0.5:
+            return
+        self.budget -= 1
+        self.num_changes += 1
+        op = self.rng.random()
+        try:
+            if op < 0.5 or not self.live:
+                self.count += 1
+                name = f"mutator-{self.count}"
+                self.a.allocate(name, [self.rng.randrange(3) for _ in range(self.rng.randrange(1, 3 * B))])
+                self.live.append(name)
+            elif op < 0.9:
+                self.a.free(self.live.pop(self.rng.randrange(len(self.live))))
+            else:
+                self.a.reset_prefix_cache()
+        except MemoryError:
+            pass
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: BlockAllocator(12, B),
+        lambda: BlockAllocator(12, B, cache_when_computed=True),
+        lambda: RadixAllocator(12, B),
+    ],
+    ids=["hash-full", "hash-computed", "radix-full"],
+)
+@pytest.mark.parametrize("channel", ["subscribe_cache", "subscribe"])
+def test_subscribers_get_events_in_order_whatever_a_callback_does(make, channel):
+    """A subscriber that allocates, frees or resets the cache from inside its callback: every other
+    subscriber -- registered before it or after it -- still gets every event in the order things
+    happened, so the cache replayed from its events is the cache (after every operation), and both
+    see one and the same sequence of events on each channel."""
+    rng = random.Random(11)
+    a = make()
+    first, first_events = Replay(a), []
+    a.subscribe(first_events.append)
+    mutator = Mutator(a, random.Random(12))
+    getattr(a, channel)(mutator)
+    last, last_events = Replay(a), []
+    a.subscribe(last_events.append)
+    live, next_id = [], 0
+    for _ in range(300):
+        op = rng.random()
+        try:
+            if op < 0.4 or not live:
+                a.allocate(next_id, [rng.randrange(3) for _ in range(rng.randrange(1, 3 * B))])
+                live.append(next_id)
+                next_id += 1
+            elif op < 0.7:
+                append_token(a, rng.choice(live), rng.randrange(3))
+            elif op < 0.8:
+                a.fork(rng.choice(live), next_id)
+                live.append(next_id)
+                next_id += 1
+            else:
+                a.free(live.pop(rng.randrange(len(live))))
+        except MemoryError:
+            pass
+        assert first.cached == cached_blocks(a) == last.cached
+    assert mutator.num_changes >= 30  # it did change the allocator from inside its callbacks
+    assert first.kinds == last.kinds and [(e.kind, e.block_ids) for e in first_events] == [
+        (e.kind, e.block_ids) for e in last_events
+    ]
+
+
 def test_a_cache_subscriber_that_raises_loses_nothing():
     a = BlockAllocator(8, B)
 
