@@ -6,7 +6,7 @@ requests in at most 0.5 s, so that a widget can re-run the simulation on every s
 the beam mode rescanned every request still to fork at every step (8k took 107 s, 10k did not finish
 in 600 s).
 
-    python benchmarks/bench_simulator.py                 # prints a table, writes figures/simulator_bench.json
+    python benchmarks/bench_simulator.py                 # prints a table, writes benchmarks/records/<card>/simulator_bench.json
     python benchmarks/bench_simulator.py --quick --repeat 1 --json /tmp/sim.json
     python benchmarks/bench_simulator.py --only beam --repeat 1 --json benchmarks/records/cpu/simulator_beam.json
 
@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from paged_edu.sim import workloads  # noqa: E402
 from paged_edu.sim.results import SimConfig  # noqa: E402
 from paged_edu.sim.simulator import simulate  # noqa: E402
-from record import provenance  # noqa: E402
+from record import provenance, record_path  # noqa: E402
 
 CASES = [
     # (name, workload, num_requests, rate, manager, block_size, target seconds)
@@ -47,9 +47,8 @@ CASES = [
 
 
 def make_requests(workload: str, num: int, rate: float, seed: int):
-    if (
-        workload == "beam"
-    ):  # every request a beam tree of 4 branches (paged-edu simulate --workload parallel --fork beam)
+    # beam: every request a beam tree of 4 branches (paged-edu simulate --workload parallel --fork beam)
+    if workload == "beam":
         return workloads.parallel(num, rate, seed, n=4, fork="beam")
     return workloads.sharegpt(num, rate, seed)
 
@@ -59,14 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs per case (best and median reported)")
     parser.add_argument(
         "--json",
-        default="figures/simulator_bench.json",
-        help="the record: the table's rows, the command, the commit, the machine",
+        help="the record: the table's rows, the command, the commit, the machine "
+        "(default: benchmarks/records/<card>/simulator_bench.json)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-pin", action="store_true", help="do not pin the process to one core")
     parser.add_argument("--quick", action="store_true", help="skip the 10k cases")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this (e.g. beam)")
     args = parser.parse_args(argv)
+    args.json = args.json or str(record_path("simulator_bench.json"))
 
     if not args.no_pin and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})

@@ -413,7 +413,7 @@ class BlockAllocator(SequenceLookup):
                 self._subscribers.post(event)
             blocks = sorted({slot // B for slot in slots}, key=seq.block_table.index)
             self._subscribers.post(BlockEvent("append", seq_id, blocks, num_tokens, slots[-1]))
-        self._flush_events()  # issue 23: evict / store events for cache subscribers
+        self._flush_events()  # evict / store events for cache subscribers
         return slots
 
     def _take_last_block(self, seq_id: SeqId, seq: _SeqBlocks, offset: int) -> tuple[int, list[BlockEvent]]:

@@ -17,7 +17,7 @@ block's extra keys only, ``vllm/v1/core/kv_cache_utils.py``: every later hash ch
 
 ``H`` is SHA-256 over the parent's digest and the block's token ids as int64 bytes: stable across
 processes (unlike Python's salted ``hash()``), so a hit means the same thing in every run. Its input
-is *framed* so that no two different things hash the same bytes (issue 44):
+is *framed* so that no two different things hash the same bytes:
 
     root:   SHA-256(b"root"  || len(salt) || salt || len(key) || key ...)
     block:  SHA-256(b"block" || len(h_{i-1}) || h_{i-1} || tokens of block i)
