@@ -13,7 +13,7 @@ Storing the new token on the way in
 A decode step of a small model is bound by the *number* of kernels: SmolLM2-135M's 30 layers run
 about 300 launches per step even with the per-token ops fused (:mod:`~paged_edu.kernels.triton_fused`),
 each a few microseconds of mostly fixed cost. On an H200 at batch 1 the step took 940 us against a
-roofline of 53 us of weight reads (``figures/h200/layer_bench_8ecf92c.json``): the launches are the
+roofline of 53 us of weight reads (``benchmarks/records/h200/layer_bench_8ecf92c.json``): the launches are the
 floor. Per layer the new token's rotary embedding and K/V store
 (:func:`~paged_edu.kernels.triton_store.rotary_store_kv_triton`) is its own launch, only to hand
 the rotated q and the stored k to the attention kernel. So in a pure-decode step this kernel does it:
@@ -37,7 +37,7 @@ different code). ``tests/kernels/test_fused.py`` holds both on the GPU; under th
 bit for bit either way (numpy never contracts ``a * b + c``).
 
 Measured on the H200 (``python benchmarks/bench_layer.py --batches 1,16,256 --swiglu-gemm``,
-``figures/h200/layer_bench_store_swiglu.json``): at batch 256 a decode step of 244 kernels (274 with the
+``benchmarks/records/h200/layer_bench_store_swiglu.json``): at batch 256 a decode step of 244 kernels (274 with the
 separate store) in 1,732 us (1,812), its logits 9.4e-3 from the PyTorch path's.
 
 Before the wait (``PRELOAD``)
@@ -53,7 +53,7 @@ by the values the program stores (``tl.where`` on that row), the same bits the s
 reads. Later tiles are loaded in the loop, after the barrier, as before. ``PRELOAD`` follows ``USE_PDL``
 unless a config says otherwise (tests run both under the interpreter, where there is no wait).
 
-Measured on the H200 (script ``figures/h200/preload2_ab_script.txt``, log ``figures/h200/preload2_ab_log.txt``: a whole
+Measured on the H200 (script ``benchmarks/records/h200/preload2_ab_script.txt``, log ``benchmarks/records/h200/preload2_ab_log.txt``: a whole
 SmolLM2 decode step in a CUDA graph, context 512, L2 flushed, three interleaved rounds, us), with the
 skinny GEMM's own ``PRELOAD`` (:mod:`~paged_edu.kernels.triton_gemm`, "The weight before the wait") on
 in both columns: 671 -> **627** at batch 1, 779 -> 753 at 16, 921 -> 896 at 32, 1,089 -> 1,060 at 48,

@@ -46,7 +46,7 @@ an atomic after writing its part, and the one that reads back ``num_splits - 1``
 :mod:`~paged_edu.kernels.triton_gemm`'s split-K does. That saves 30 launches of a SmolLM2 decode
 step. On the H200 it lost (``benchmarks/bench_layer.py --batches 1,16,64,256``, context 512,
 64 splits at batch 1): attention per step at batch 1 took 173 us with the second kernel
-(``figures/h200/layer_bench_merge_two_launches.json``), 753 us with a merge reading one split
+(``benchmarks/records/h200/layer_bench_merge_two_launches.json``), 753 us with a merge reading one split
 after another (``..._in_kernel_serial.json``: one memory latency per split, on the critical path
 of the last program) and 254 us reading 16 splits at once (``..._in_kernel_chunked.json``); the
 whole step 883 / 1,449 / 954 us. Inside a CUDA graph the second launch costs about 1.4 us; the
@@ -138,7 +138,7 @@ def paged_decode_kernel(
     # Who: KV head h of sequence n, split j. The KV heads of one sequence are neighbours in the launch
     # order, so programs running side by side read neighbouring columns of the same token rows
     # (H200, best of each sweep: 31.2 against 31.6 us at 8 x 2048, equal at 1 x 8192;
-    # figures/h200/decode_sweep_small.json).
+    # benchmarks/records/h200/decode_sweep_small.json).
     kv_head = tl.program_id(0)
     seq = tl.program_id(1)
     split = tl.program_id(2)
