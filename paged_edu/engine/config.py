@@ -165,7 +165,7 @@ class EngineConfig:
     fed to it on the device (vLLM's option of that name; :mod:`~paged_edu.engine.overlap` says how,
     and which steps stay synchronous). A call of ``step()`` then returns the requests that finished in
     the step launched by the call before. Off by default: on the H200 it serves nano-vllm's benchmark
-    1.24x faster (``figures/h200/engine_bench_nanovllm.json``), but the lessons step the engine one
+    1.24x faster (``benchmarks/records/h200/engine_bench_nanovllm.json``), but the lessons step the engine one
     call at a time and read its state after each, which running ahead changes.
 
     ``kernels`` -- the kernels and their launches (:class:`KernelConfig`).
