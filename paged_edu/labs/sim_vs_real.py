@@ -74,12 +74,12 @@ def sim_vs_real(
 
     def serve(requests):
         prompts, params = [p for p, _ in requests], [SamplingParams(max_tokens=n) for _, n in requests]
-        engine = new_engine()
-        steps: list[StepMetrics] = []
-        finished: list[RequestMetrics] = []
-        engine.subscribe(lambda e: (steps if isinstance(e, StepMetrics) else finished).append(e))
-        engine.run(prompts, params)
-        return steps, finished
+        with new_engine() as engine:
+            steps: list[StepMetrics] = []
+            finished: list[RequestMetrics] = []
+            engine.subscribe(lambda e: (steps if isinstance(e, StepMetrics) else finished).append(e))
+            engine.run(prompts, params)
+            return steps, finished
 
     fit_requests, requests = trace(fit_seed), trace(seed)
     if model.device.type != "cpu":

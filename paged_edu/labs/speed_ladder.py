@@ -131,6 +131,7 @@ def run_rung(
     most ``max_points``, evenly spaced) its kind, duration and roofline; ``window``: ``window`` consecutive
     steps' host and device intervals from the middle of the run (the timeline figure)."""
     run = timed_run(model, prompts, max_tokens, dict(engine_kwargs, **rung_kwargs), record_timeline=True)
+    run.engine.close()  # its pool back before the next rung's engines are built (its records stay)
     records: list[StepRecord] = run.engine.timeline
     cost = roofline_model(model.config.geometry(dtype_name(model.dtype)), gpu)
     roof, dur, decode = roofline_s(run.steps, cost), run.durations, run.decode
