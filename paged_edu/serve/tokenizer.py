@@ -37,6 +37,7 @@ class ByteTokenizer:
             raise ValueError(f"a byte tokenizer needs a vocabulary of at least 259 ids, got {vocab_size}")
         self.vocab_size = vocab_size
         self.special_ids = {name: 256 + i for i, name in enumerate(self.SPECIAL)}
+        self._names = {v: k.encode("utf-8") for k, v in self.special_ids.items()}
         self.eos_token_id = self.special_ids["<|im_end|>"]  # as SmolLM2-Instruct's: the end of a turn
         self.name_or_path = "bytes"
 
@@ -57,13 +58,14 @@ class ByteTokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """The bytes of ids 0-255 as UTF-8 (an incomplete or invalid sequence shows as U+FFFD)."""
+        if skip_special_tokens:
+            return bytes(t for t in ids if 0 <= t < 256).decode("utf-8", errors="replace")
         out = bytearray()
-        names = {v: k for k, v in self.special_ids.items()}
         for t in ids:
             if 0 <= t < 256:
                 out.append(t)
-            elif t in names and not skip_special_tokens:
-                out += names[t].encode("utf-8")
+            elif t in self._names:
+                out += self._names[t]
         return out.decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = False):

@@ -4,15 +4,14 @@ stopped by the test that started them; every wait is bounded by the hang guard."
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 from hang_guard import HANG_GUARD_S
+
+from paged_edu.serve.process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,43 +54,10 @@ class ThreadServer:
         self.sock.close()
 
 
-class ProcessServer:
-    """``python -m paged_edu.cli serve ARGV --port 0`` in a subprocess; ``base_url`` once it says it is ready."""
+class ProcessServer(ServerProcess):
+    """``paged-edu serve ARGV`` as a subprocess (:class:`paged_edu.serve.process.ServerProcess`), started."""
 
-    def __init__(self, argv: list[str], tmp_path: Path) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.log = tmp_path / "server.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "paged_edu.cli", "serve", "--port", "0", *argv],
-            stdout=subprocess.PIPE,
-            stderr=open(self.log, "w"),
-            text=True,
-            env=env,
-            cwd=ROOT,
-        )
-        self.lines: list[str] = []
-        ready = threading.Event()
-
-        def read() -> None:
-            for line in self.proc.stdout:
-                self.lines.append(line.rstrip("\n"))
-                if "ready on " in line:
-                    ready.set()
-            ready.set()  # the process ended
-
-        threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(HANG_GUARD_S) or self.proc.poll() is not None:
-            self.stop()
-            raise RuntimeError(f"paged-edu serve did not start: {self.lines} {self.log.read_text()[-2000:]}")
-        self.base_url = next(line.split("ready on ", 1)[1] for line in self.lines if "ready on " in line)
-
-    def stop(self) -> int:
-        """End the process (SIGTERM, then SIGKILL if it does not stop); its exit status."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(HANG_GUARD_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(HANG_GUARD_S)
-        return self.proc.returncode
+    def __init__(self, argv: list[str]) -> None:
+        super().__init__(argv, timeout=HANG_GUARD_S)
+        self.start()
+        self.base_url = self.url
