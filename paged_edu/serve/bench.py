@@ -327,7 +327,7 @@ def run_bench(args, log=print) -> dict:
         if args.num_warmups:
             warm = [Send(0.0, [(97 * i + k) % vocab for i in range(16)], 4) for k in range(args.num_warmups)]
             wargs = _Plain(max_concurrency=None, timeout=args.timeout, ignore_eos=True)
-            w, _ = asyncio.run(_drive(base_url, model, warm, wargs, headers, None))
+            w, _ = _run(_drive(base_url, model, warm, wargs, headers, None))
             failed = [o.error for o in w if not o.ok]
             if failed:
                 raise RuntimeError(f"the warm-up request failed: {failed[0]}")
@@ -338,7 +338,7 @@ def run_bench(args, log=print) -> dict:
 
             bar = tqdm(total=len(sends), desc="requests", unit="req", file=sys.stderr)
         try:
-            outcomes, duration = asyncio.run(_drive(base_url, model, sends, args, headers, bar))
+            outcomes, duration = _run(_drive(base_url, model, sends, args, headers, bar))
         finally:
             if bar is not None:
                 bar.close()
@@ -360,6 +360,31 @@ def run_bench(args, log=print) -> dict:
         date_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
     return result
+
+
+def _run(coroutine):
+    """Run ``coroutine`` to its end: here, or -- where an event loop already runs in this thread, as in a
+    notebook -- on a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    import threading
+
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = asyncio.run(coroutine)
+        except BaseException as exc:  # noqa: BLE001 -- raised again in the caller's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, name="bench-serve")
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 @dataclass

@@ -300,4 +300,7 @@ def main(args) -> int:
         server.close()
         sock.close()
     print(f"paged-edu serve: stopped{' on ' + signal.Signals(stops[0]).name if stops else ''}", flush=True)
-    return 0
+    sys.stderr.flush()
+    # Everything the server opened is closed: skip the interpreter's teardown of torch and friends,
+    # which took 5 s of a loaded 2-core CPU after the server had stopped in 0.3 s (a lesson stops three).
+    os._exit(0)

@@ -9,11 +9,18 @@ starts, talks to over HTTP, and stops -- also when something fails in between.
 The port is the kernel's choice (``--port 0``): the server prints ``ready on http://127.0.0.1:PORT``
 once it accepts requests, and that line is the only thing waited for. The child's output is kept
 (:attr:`ServerProcess.lines`); a server that fails to start raises with its last lines.
+
+A child must not outlive whoever started it: besides :meth:`ServerProcess.stop` (and the ``with``
+block), it is stopped when this process exits (``atexit``: a notebook's kernel shut down after a
+failed cell), and on Linux the kernel sends it SIGTERM if this process dies without exiting
+(``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -47,7 +54,9 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             text=True,
             env=self.env,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
+        atexit.register(self.stop)
         ready = threading.Event()
 
         def read() -> None:
@@ -70,6 +79,7 @@ class ServerProcess:
         """SIGTERM, then SIGKILL if it has not stopped within ``timeout``; the exit status."""
         if self.proc is None:
             return None
+        atexit.unregister(self.stop)
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -81,8 +91,27 @@ class ServerProcess:
             self._reader.join(self.timeout)  # every line it printed, its last one included
         return self.proc.returncode
 
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        """Where the server publishes its KV events (``--kv-events-endpoint``, the port it bound), if it does."""
+        for line in self.lines:
+            if "KV events on " in line:
+                return line.split("KV events on ", 1)[1].strip()
+        return None
+
     def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: SIGTERM when the parent dies (Linux's ``PR_SET_PDEATHSIG``)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # no glibc: the atexit stop still holds
+        pass
