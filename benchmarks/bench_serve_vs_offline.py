@@ -8,7 +8,7 @@ Three measurements, one after the other on the same GPU:
 
 1. **offline** -- the 512 ShareGPT-like requests of ``bench-serve --workload sharegpt`` (the very
    token ids it sends) served by ``Engine.run`` on the server's own engine settings
-   (:func:`paged_edu.serve.launch.engine_settings` on the same flags) and weights (the server's
+   (:func:`paged_edu.serve.launch.engine_config` on the same flags) and weights (the server's
    ``--load-format dummy``: seeded random weights of SmolLM2-135M's geometry), through
    :func:`paged_edu.labs.timed_run.timed_run` (an untimed warm-up run, then the timed one);
    every request generates exactly its output length (no stop token: ``--ignore-eos``);
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+from dataclasses import asdict
 import math
 import sys
 from pathlib import Path
@@ -85,18 +86,18 @@ def offline(args, sends) -> dict:
 
     from paged_edu.cli import _build_parser
     from paged_edu.labs.timed_run import timed_run
-    from paged_edu.serve.launch import engine_settings, load_model
+    from paged_edu.serve.launch import engine_config, load_model
 
     flags = _build_parser().parse_args(["serve", *serve_argv(args)])
     device = torch.device("cpu" if args.smoke else "cuda")
     from paged_edu.kernels.support import default_dtype
 
     model, _, name = load_model(flags.model, flags.load_format, device, default_dtype(device), flags.seed)
-    kwargs = engine_settings(flags, model)
-    run = timed_run(model, [s.prompt for s in sends], [s.max_tokens for s in sends], kwargs)
+    config = engine_config(flags, model)
+    run = timed_run(model, [s.prompt for s in sends], [s.max_tokens for s in sends], {"config": config})
     out = {
         "model": name,
-        "engine_settings": {k: v for k, v in kwargs.items() if k != "allocator"},
+        "engine_config": asdict(config),
         "seconds": run.seconds,
         "output_tokens": run.useful_tokens,
         "output_throughput": run.tokens_per_s,

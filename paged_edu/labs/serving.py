@@ -250,16 +250,16 @@ def bench(url: str, workload: str, num_prompts: int, *, rate=math.inf, concurren
     return run_bench(_build_parser().parse_args(argv), log=lambda _: None)
 
 
-def fitted_cost_model(model, settings: dict, sends: list[Send]):
+def fitted_cost_model(model, config, sends: list[Send]):
     """The cost model of :mod:`paged_edu.sim` fitted to ``model``'s engine steps on this machine
-    (``Engine(model, **settings)`` serving ``sends``' prompts at once; :func:`~paged_edu.labs.sim_vs_real.fit_engine_steps`)."""
+    (``Engine(model, config)`` serving ``sends``' prompts at once; :func:`~paged_edu.labs.sim_vs_real.fit_engine_steps`)."""
     from paged_edu.cache.sizing import dtype_name
     from paged_edu.core.hardware import GPUS
     from paged_edu.engine import Engine, SamplingParams, StepMetrics
     from paged_edu.labs.sim_vs_real import fit_engine_steps
     from paged_edu.sim.costmodel import CostModel
 
-    engine = Engine(model, **settings)
+    engine = Engine(model, config)
     steps: list[StepMetrics] = []
     engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
     engine.run([s.prompt for s in sends], [SamplingParams(max_tokens=s.max_tokens) for s in sends], use_tqdm=False)
@@ -267,22 +267,22 @@ def fitted_cost_model(model, settings: dict, sends: list[Send]):
     return fit_engine_steps(base, steps)
 
 
-def simulated(sends: list[Send], cost, settings: dict) -> dict:
-    """The simulator serving the same requests at the same times, the server's pool and limits: its
-    TTFT p50 and output tokens per second."""
+def simulated(sends: list[Send], cost, config) -> dict:
+    """The simulator serving the same requests at the same times, the server's pool and limits (its
+    :class:`~paged_edu.engine.config.EngineConfig`): its TTFT p50 and output tokens per second."""
     from paged_edu.sim.request import Request
     from paged_edu.sim.results import SimConfig
     from paged_edu.sim.simulator import simulate
 
     trace = [Request(s.at, len(s.prompt), s.max_tokens, prompt=list(s.prompt)) for s in sends]
-    config = SimConfig(
+    sim = SimConfig(
         manager="paged",
-        block_size=settings["block_size"],
-        num_kv_slots=settings["num_blocks"] * settings["block_size"],
-        max_num_seqs=settings["max_num_seqs"],
-        max_num_batched_tokens=settings["max_num_batched_tokens"],
+        block_size=config.block_size,
+        num_kv_slots=config.num_blocks * config.block_size,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
     )
-    rec = simulate(trace, config, cost).record()
+    rec = simulate(trace, sim, cost).record()
     return {"ttft_p50_ms": 1e3 * rec["ttft_p50_s"], "output_throughput": rec["throughput_tokens_per_s"]}
 
 

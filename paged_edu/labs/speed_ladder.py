@@ -27,14 +27,12 @@ stored H200 ladder (:func:`load_stored_ladder`) and runs that rung live to show 
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import torch
 
 from paged_edu import data
 from paged_edu.cache.sizing import dtype_name
-from paged_edu.engine import Engine
+from paged_edu.engine.config import setting_names
 from paged_edu.engine.timeline import StepRecord, summarize_timeline
 from paged_edu.labs.timed_run import roofline_model, roofline_s, step_speed, timed_run
 from paged_edu.sim.costmodel import ROOFLINE_NAME
@@ -94,7 +92,7 @@ def ladder_setup(device: torch.device | str, num_requests: int, seed: int = 0) -
 
 def rung_blocker(engine_kwargs: dict, device: torch.device | str) -> str | None:
     """Why a rung's ``Engine`` options cannot run here (None when they can)."""
-    unknown = sorted(set(engine_kwargs) - set(inspect.signature(Engine).parameters))
+    unknown = sorted(set(engine_kwargs) - set(setting_names()))
     if unknown:
         return f"this Engine has no option {', '.join(unknown)} yet"
     if torch.device(device).type != "cuda":

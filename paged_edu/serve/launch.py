@@ -149,15 +149,17 @@ def pool_blocks(args, model) -> tuple[int, int]:
     return max(1, min(wanted, CPU_POOL_BYTES // block_bytes)), num_cpu_blocks
 
 
-def engine_settings(args, model) -> dict:
-    """The :class:`~paged_edu.engine.Engine` keywords the flags ask for."""
+def engine_config(args, model):
+    """The :class:`~paged_edu.engine.config.EngineConfig` the flags ask for (the pool sized for ``model``)."""
+    from paged_edu.engine.config import EngineConfig, KernelConfig
+
     num_blocks, num_cpu_blocks = pool_blocks(args, model)
     if args.prefix_cache == "radix" and not args.enable_prefix_caching:
         raise ValueError("--prefix-cache radix is a prefix cache: it cannot run with --no-enable-prefix-caching")
     mode = args.preemption_mode or ("swap" if num_cpu_blocks else "recompute")
     if mode == "swap" and not num_cpu_blocks:
         raise ValueError("--preemption-mode swap needs --swap-space > 0 (GiB of CPU memory for the swapped blocks)")
-    settings = dict(
+    return EngineConfig(
         num_blocks=num_blocks,
         block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching,
@@ -168,14 +170,18 @@ def engine_settings(args, model) -> dict:
         max_model_len=args.max_model_len,
         seed=args.seed,
         async_scheduling=args.async_scheduling,
+        kernels=KernelConfig(cuda_graphs=False) if args.enforce_eager else KernelConfig(),
     )
-    if args.enforce_eager:
-        settings["cuda_graphs"] = False
-    if args.prefix_cache == "radix":
-        from paged_edu.core.radix_cache import RadixAllocator
 
-        settings["allocator"] = RadixAllocator(num_blocks, args.block_size, cache_when_computed=True)
-    return settings
+
+def new_allocator(args, config):
+    """The memory manager ``--prefix-cache`` names: ``None`` for the engine's own (vLLM's hash chain), or
+    SGLang's radix tree over the same pool."""
+    if args.prefix_cache != "radix":
+        return None
+    from paged_edu.core.radix_cache import RadixAllocator
+
+    return RadixAllocator(config.num_blocks, config.block_size, cache_when_computed=True)
 
 
 def warm_up(engine) -> None:
@@ -204,7 +210,8 @@ def build_server(args) -> Server:
     from paged_edu.serve.metrics import ServerMetrics
 
     model, tokenizer, default_name = load_model(args.model, args.load_format, device, dtype, args.seed)
-    engine = Engine(model, **engine_settings(args, model))
+    config = engine_config(args, model)
+    engine = Engine(model, config, allocator=new_allocator(args, config))
     warm_up(engine)
     name = args.served_model_name or default_name
     metrics = ServerMetrics(name, engine)

@@ -154,13 +154,20 @@ class EngineLoop:
             elif kind == "abort":
                 self._abort(item[1], item[2])
             else:
-                _, fn, future = item
-                try:
-                    future.set_result(fn(self.engine))
-                except BaseException as exc:  # noqa: BLE001 -- the caller gets it
-                    future.set_exception(exc)
-        if self.kv_events is not None:  # e.g. the events of a reset_prefix_cache call
-            self.kv_events.publish()
+                self._call(*item[1:])
+
+    def _call(self, fn, future: Future) -> None:
+        """``fn(engine)``; the KV events it caused (a ``reset_prefix_cache``) are sent before its result
+        is handed back, so whoever waits for the result can wait for the events too."""
+        try:
+            result = fn(self.engine)
+        except BaseException as exc:  # noqa: BLE001 -- the caller gets it
+            future.set_exception(exc)
+            return
+        finally:
+            if self.kv_events is not None:
+                self.kv_events.publish()
+        future.set_result(result)
 
     def _add(self, prompt, params, cache_salt, arrival, stream, future: Future) -> None:
         try:

@@ -3,7 +3,7 @@ decoding vLLM's format with plain msgpack (positional arrays, or maps with ``--k
 and ends with exactly the blocks the server's prefix cache holds. A small pool makes the server evict
 (``BlockRemoved``) and preempt (``vllm:num_preemptions_total`` against the scheduler's own count);
 ``/reset_prefix_cache`` ends in ``AllBlocksCleared``. Every hash is checked against SHA-256 over
-the parent's digest and the block's int64 token ids, recomputed here.
+the parent's digest and the block's int64 token ids (framed as the allocator frames them), recomputed here.
 """
 
 from __future__ import annotations
@@ -100,10 +100,12 @@ class Subscriber:
 
 
 def chain(tokens: list[int]) -> list[int]:
-    """The unsalted chain recomputed here: SHA-256(parent digest + int64 token bytes), low 64 bits."""
+    """The unsalted chain recomputed here, framed as paged_edu.core.block_hash frames it:
+    SHA-256(b"block" + the parent's length in one byte + the parent's digest + int64 token bytes),
+    from the empty root; sent as the low 64 bits."""
     h, out = b"", []
     for i in range(len(tokens) // B):
-        h = hashlib.sha256(h + array("q", tokens[i * B : (i + 1) * B]).tobytes()).digest()
+        h = hashlib.sha256(b"block" + bytes([len(h)]) + h + array("q", tokens[i * B : (i + 1) * B]).tobytes()).digest()
         out.append(int.from_bytes(h[-8:], "big"))
     return out
 
@@ -169,7 +171,7 @@ def test_a_subscriber_replays_the_cache_contents(cache, fmt):
                 sent[h] = full[i * B : (i + 1) * B]
         unsalted = {h: t for h, t in sub.cached.items() if h in sent}
         assert all(sent[h] == t for h, t in unsalted.items())
-        salted = [h for h in sub.cached if h not in sent]  # the salted request's blocks: same tokens, other hashes
+        salted = [h for h in sub.cached if h not in sent]
         assert salted and all(sub.cached[h] in [system[i * B : (i + 1) * B] for i in range(3)] + [[9] * B]
                               for h in salted)  # fmt: skip
         assert any(sub.parents[h] is None for h in salted)  # its first block: no parent, the salt is in the hash
