@@ -73,10 +73,10 @@ def serve_argv(args) -> list[str]:
 
 
 def bench(url: str, argv: list[str]) -> dict:
-    from paged_edu.cli import _build_parser
     from paged_edu.serve.bench import run_bench
+    from paged_edu.serve.flags import parse_bench_args
 
-    args = _build_parser().parse_args(["bench-serve", "--base-url", url, "--no-progress", *argv])
+    args = parse_bench_args(["--base-url", url, "--no-progress", *argv])
     return run_bench(args, log=lambda m: print(m, flush=True))
 
 
@@ -84,11 +84,11 @@ def offline(args, sends) -> dict:
     """``Engine.run`` on the requests, the server's weights and settings (timed_run: warm-up, then timed)."""
     import torch
 
-    from paged_edu.cli import _build_parser
     from paged_edu.labs.timed_run import timed_run
+    from paged_edu.serve.flags import parse_serve_args
     from paged_edu.serve.launch import engine_config, load_model
 
-    flags = _build_parser().parse_args(["serve", *serve_argv(args)])
+    flags = parse_serve_args(serve_argv(args))
     device = torch.device("cpu" if args.smoke else "cuda")
     from paged_edu.kernels.support import default_dtype
 

@@ -237,17 +237,17 @@ def load_run(url: str, clients: int, seed: int = 0, scale: float = 0.2) -> dict:
 
 def bench(url: str, workload: str, num_prompts: int, *, rate=math.inf, concurrency=None, seed=0, scale=1.0, **flags):
     """``paged-edu bench-serve`` against ``url`` as a call; its result dict (``vllm bench serve``'s keys)."""
-    from paged_edu.cli import _build_parser
     from paged_edu.serve.bench import run_bench
+    from paged_edu.serve.flags import parse_bench_args
 
-    argv = ["bench-serve", "--base-url", url, "--workload", workload, "--num-prompts", str(num_prompts),
+    argv = ["--base-url", url, "--workload", workload, "--num-prompts", str(num_prompts),
             "--request-rate", str(rate), "--seed", str(seed), "--length-scale", str(scale), "--no-progress",
             "--ignore-eos", "--num-warmups", "0"]  # fmt: skip
     if concurrency is not None:
         argv += ["--max-concurrency", str(concurrency)]
     for key, value in flags.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
-    return run_bench(_build_parser().parse_args(argv), log=lambda _: None)
+    return run_bench(parse_bench_args(argv), log=lambda _: None)
 
 
 def fitted_cost_model(model, config, sends: list[Send]):
@@ -295,9 +295,9 @@ def vllm_serve_line(argv: list[str]) -> tuple[str, list[str]]:
     """The ``vllm serve`` command for a ``paged-edu serve`` command line ``argv``, and notes on the
     flags that do not carry over (vLLM v1 has no ``--swap-space`` or ``--preemption-mode``: it
     recomputes preempted requests; it has no radix cache)."""
-    from paged_edu.cli import _build_parser
+    from paged_edu.serve.flags import parse_serve_args
 
-    a = _build_parser().parse_args(["serve", *argv])
+    a = parse_serve_args(argv)
     out = ["vllm serve HuggingFaceTB/SmolLM2-135M-Instruct"]
     notes = []
     if a.model == "tiny-random" or a.load_format == "dummy":

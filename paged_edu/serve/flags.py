@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["MODELS", "WORKLOADS", "add_bench_args", "add_serve_args"]
+__all__ = ["MODELS", "WORKLOADS", "add_bench_args", "add_serve_args", "parse_bench_args", "parse_serve_args"]
 
 MODELS = ("smollm2", "tiny-random")
 WORKLOADS = ("sharegpt", "alpaca", "chat", "multiturn", "fewshot", "agents", "probe")
@@ -154,3 +154,18 @@ def add_bench_args(p: argparse.ArgumentParser, positive, rate, seed) -> None:
     p.add_argument("--json", dest="json_path", default=None, help="write the result here (the folder must exist)")
     p.add_argument("--label", default=None, help="a name for this run in the JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def parse_serve_args(argv: list[str]) -> argparse.Namespace:
+    """``paged-edu serve``'s flags parsed for a caller in Python (a lesson, a benchmark): the same
+    names and defaults as the command line, whose own parser also checks the ranges."""
+    p = argparse.ArgumentParser(prog="paged-edu serve")
+    add_serve_args(p, int, float)
+    return p.parse_args(argv)
+
+
+def parse_bench_args(argv: list[str]) -> argparse.Namespace:
+    """``paged-edu bench-serve``'s flags parsed for a caller in Python (see :func:`parse_serve_args`)."""
+    p = argparse.ArgumentParser(prog="paged-edu bench-serve")
+    add_bench_args(p, int, float, int)
+    return p.parse_args(argv)
