@@ -11,8 +11,8 @@ The models (``--model``, ``--load-format``)
   random weights (vLLM's name for random weights), for a GPU box without the weights package --
   with SmolLM2's tokenizer where it can be found, else :class:`~paged_edu.serve.tokenizer.ByteTokenizer`;
 * ``tiny-random``: 2 layers, hidden 64, 4 query / 2 KV heads of 16, 2,048 positions, random weights
-  drawn wide (std 0.25, as ``labs.engine_lab.tiny_model``: peaked distributions, so greedy choices
-  are far from ties) over the byte tokenizer's 259 ids. A step takes milliseconds on a CPU.
+  drawn wide (``models.loaders.tiny_llama``: peaked distributions, so greedy choices are far from
+  ties) over the byte tokenizer's 259 ids. A step takes milliseconds on a CPU.
 
 The KV pool
 -----------
@@ -85,26 +85,13 @@ def _device_dtype(device: str, dtype: str):
 
 
 def tiny_random_model(device, dtype, seed: int = 0):
-    """``--model tiny-random``: the 2-layer Llama over the byte tokenizer's vocabulary, and the tokenizer."""
-    from paged_edu.models.config import LlamaConfig
-    from paged_edu.models.llama import PagedLlama
-    from paged_edu.models.loaders import random_hf_llama
+    """``--model tiny-random``: the 2-layer Llama of :func:`~paged_edu.models.loaders.tiny_llama` over the
+    byte tokenizer's vocabulary, and the tokenizer."""
+    from paged_edu.models.loaders import tiny_llama
     from paged_edu.serve.tokenizer import ByteTokenizer
 
     tokenizer = ByteTokenizer()
-    config = LlamaConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-    )
-    hf = random_hf_llama(config, seed=seed, initializer_range=0.25)
-    return PagedLlama.from_hf(hf, dtype=dtype, device=device), tokenizer
+    return tiny_llama(device, dtype, seed=seed, vocab_size=tokenizer.vocab_size), tokenizer
 
 
 def load_model(name: str, load_format: str, device, dtype, seed: int = 0):
