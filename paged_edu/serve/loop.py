@@ -28,6 +28,7 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from paged_edu.serve.metrics import Tally
 from paged_edu.serve.protocol import RequestError
 
 __all__ = ["EngineLoop", "RequestStream", "Update"]
@@ -186,7 +187,9 @@ class EngineLoop:
         except ValueError:  # that sample (or the request) ended meanwhile
             return
         if output is not None:
-            self._deliver([self._finish(output)])
+            tally = Tally()
+            self._deliver([self._finish(output, tally)])
+            self._record(tally)
 
     def _abort_all(self, reason: str) -> None:
         updates = []
@@ -233,7 +236,8 @@ class EngineLoop:
 
     def _after_step(self, outputs) -> None:
         """Hand out the step's tokens and endings; the metrics and the KV events follow the engine."""
-        scheduler, metrics = self.engine.scheduler, self.metrics
+        scheduler = self.engine.scheduler
+        tally = Tally()
         touched: dict[int, Update] = {}
         for seq in scheduler.running:
             live = self._live.get(seq.request_id)
@@ -241,37 +245,41 @@ class EngineLoop:
                 continue
             i = seq.sample_index
             live.seqs[i] = seq
-            new = self._new_tokens(live, i, seq)
+            new = self._new_tokens(live, i, seq, tally)
             if new:
                 touched.setdefault(live.request_id, Update()).tokens.append((i, new))
         ended = {o.request_id for o in outputs if o.request_id in self._live}
         updates = [(self._live[rid].stream, u) for rid, u in touched.items() if rid not in ended]
-        updates += [self._finish(o, touched.get(o.request_id)) for o in outputs if o.request_id in ended]
-        if metrics is not None:
-            running = {s.request_id for s in scheduler.running}
-            waiting = {s.request_id for s in scheduler.waiting} | {s.request_id for s in scheduler.swapped}
-            metrics.after_step(self.engine, len(running), len(waiting - running))
+        updates += [self._finish(o, tally, touched.get(o.request_id)) for o in outputs if o.request_id in ended]
+        running = {s.request_id for s in scheduler.running}
+        waiting = {s.request_id for s in scheduler.waiting} | {s.request_id for s in scheduler.swapped}
+        self._record(tally, len(running), len(waiting - running))
         if self.kv_events is not None:
             self.kv_events.publish()
         self._deliver(updates)
 
-    def _new_tokens(self, live: _Live, i: int, seq) -> list[int]:
-        """Sample ``i``'s tokens not handed out yet (and their TTFT / inter-token gaps, counted)."""
+    def _record(self, tally: Tally, num_running: int | None = None, num_waiting: int | None = None) -> None:
+        if self.metrics is not None:
+            self.metrics.record(self.engine, tally, num_running, num_waiting)
+
+    @staticmethod
+    def _new_tokens(live: _Live, i: int, seq, tally: Tally) -> list[int]:
+        """Sample ``i``'s tokens not handed out yet; their TTFT and inter-token gaps go to ``tally``."""
         ids = seq.output_token_ids
         sent = live.sent[i]
         if len(ids) <= sent:
             return []
         live.sent[i] = len(ids)
-        if self.metrics is not None:
-            times = seq.token_times
-            if not live.first_token and times:
-                live.first_token = True
-                self.metrics.first_token(live.num_prompt_tokens, times[0] - live.arrival)
-            start = max(sent, 1)
-            self.metrics.token_gaps(len(ids) - sent, [times[k] - times[k - 1] for k in range(start, len(times))])
+        times = seq.token_times
+        if not live.first_token and times:
+            live.first_token = True
+            tally.prompt_tokens += live.num_prompt_tokens
+            tally.ttft.append(times[0] - live.arrival)
+        tally.generated += len(ids) - sent
+        tally.itl += [times[k] - times[k - 1] for k in range(max(sent, 1), len(times))]
         return ids[sent:]
 
-    def _finish(self, output, update: Update | None = None):
+    def _finish(self, output, tally: Tally, update: Update | None = None):
         """``(stream, Update)`` for a request that ended: the tokens not handed out, why each sample ended."""
         live = self._live.pop(output.request_id)
         if update is None:
@@ -279,21 +287,21 @@ class EngineLoop:
         for i, ids in enumerate(output.outputs):
             seq = live.seqs.get(i)
             if seq is not None:
-                new = self._new_tokens(live, i, seq)
+                new = self._new_tokens(live, i, seq, tally)
             else:  # ended before a step saw it running (e.g. one token): counted from the output
                 new = ids[live.sent[i] :]
                 live.sent[i] = len(ids)
-                if self.metrics is not None and new:
-                    if not live.first_token and output.metrics.first_token_time is not None:
-                        live.first_token = True
-                        self.metrics.first_token(live.num_prompt_tokens, output.metrics.first_token_time - live.arrival)
-                    self.metrics.token_gaps(len(new), [])
+                if new and not live.first_token and output.metrics.first_token_time is not None:
+                    live.first_token = True
+                    tally.prompt_tokens += live.num_prompt_tokens
+                    tally.ttft.append(output.metrics.first_token_time - live.arrival)
+                tally.generated += len(new)
             if new:
                 update.tokens.append((i, new))
         update.finish_reasons = list(output.finish_reasons)
         update.num_cached_tokens = output.metrics.num_cached_tokens
-        if self.metrics is not None and output.metrics.finish_time is not None:
-            self.metrics.finished(output.metrics.finish_time - live.arrival)
+        if output.metrics.finish_time is not None:
+            tally.e2e.append(output.metrics.finish_time - live.arrival)
         return live.stream, update
 
     @staticmethod
