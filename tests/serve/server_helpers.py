@@ -25,7 +25,7 @@ class ThreadServer:
         from paged_edu.cli import _build_parser
         from paged_edu.serve.launch import asgi, build_server
 
-        self.args = _build_parser().parse_args(["serve", *argv])
+        self.args = _build_parser().parse_args(["serve", "--device", "cpu", *argv])  # the CPU suite, on any machine
         self.server = build_server(self.args)
         self.engine = self.server.engine
         self.sock = socket.socket()
@@ -58,6 +58,6 @@ class ProcessServer(ServerProcess):
     """``paged-edu serve ARGV`` as a subprocess (:class:`paged_edu.serve.process.ServerProcess`), started."""
 
     def __init__(self, argv: list[str]) -> None:
-        super().__init__(argv, timeout=HANG_GUARD_S)
+        super().__init__(["--device", "cpu", *argv], timeout=HANG_GUARD_S)
         self.start()
         self.base_url = self.url
