@@ -285,6 +285,10 @@ def main(args) -> int:
         timeout_graceful_shutdown=args.timeout_graceful_shutdown,
         lifespan="on",
     )
+    if args.switch_interval_ms is not None:
+        # The engine's thread and uvicorn's share one interpreter lock: a thread that wants it back
+        # (the engine, after waiting for the GPU) waits up to this long for the other to let go.
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     stops: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):  # where uvicorn's re-raised signal lands (see the docstring)
         signal.signal(sig, lambda signum, frame: stops.append(signum))
