@@ -9,6 +9,8 @@
 * :mod:`~paged_edu.serve.app` -- the routes (FastAPI);
 * :mod:`~paged_edu.serve.launch` -- ``paged-edu serve``: model, engine, loop, app, uvicorn;
 * :mod:`~paged_edu.serve.bench` -- ``paged-edu bench-serve``: a client that measures any such server;
+* :mod:`~paged_edu.serve.traffic` -- the course's workloads as the requests the client sends;
+* :mod:`~paged_edu.serve.process` -- ``paged-edu serve`` as a child process on a free port, stopped with its parent;
 * :mod:`~paged_edu.serve.flags` -- both commands' flags (argparse only).
 
 Below: the engine, the models and the core. Above: the lessons' labs that start a server and read it.

@@ -124,7 +124,7 @@ def add_serve_args(p: argparse.ArgumentParser, positive, fraction) -> None:
         "--kv-events-format",
         choices=("array", "map"),
         default="array",
-        help="array: positional events (vLLM before PR #42892); map: events keyed by field name (after it)",
+        help="array: positional events (vLLM before vllm-project/vllm#42892); map: events keyed by field name (after it)",
     )
 
 

@@ -22,9 +22,9 @@ format -- with ``omit_defaults=True`` dropping trailing fields left at their def
 
 The tag first is msgspec's ``tag=True`` in an array. ``medium`` is ``"GPU"`` (vLLM's ``MEDIUM_GPU``:
 the device pool, whatever the device), ``lora_id`` and ``lora_name`` None (no adapters here).
-vLLM PR #42892 (merged 2026-06-09) switched the *events* to msgpack maps keyed by field name
+vLLM's PR vllm-project/vllm#42892 (merged 2026-06-09) switched the *events* to msgpack maps keyed by field name
 (``{"type": "BlockStored", "block_hashes": ...}``), the batch staying an array; routers updated for
-it (llm-d-kv-cache #661, SGLang's router #40684) read both. ``--kv-events-format map`` sends that form.
+it (llm-d/llm-d-kv-cache#661, sgl-project/sglang#40684) read both. ``--kv-events-format map`` sends that form.
 
 A block hash is the allocator's chained SHA-256 (:mod:`paged_edu.core.block_hash`), sent as vLLM
 sends its own by default: the digest's low 64 bits as an unsigned int (``maybe_convert_block_hash``,

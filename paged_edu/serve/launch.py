@@ -190,7 +190,7 @@ def build_server(args) -> Server:
     import torch
 
     if device.type == "cpu":
-        torch.set_num_threads(1)  # leave the other cores to the HTTP side (and see lessons.setup: issue 21)
+        torch.set_num_threads(1)  # leave the other cores to the HTTP side (lessons.setup says why one thread)
     from paged_edu.engine import Engine
     from paged_edu.serve.app import ServerState, build_app
     from paged_edu.serve.loop import EngineLoop
