@@ -12,7 +12,8 @@ examples, an agent's context) and its output length. :func:`build_traffic` turns
 * the prompt is sent as token ids to ``/v1/completions`` -- an OpenAI API form that vLLM and SGLang
   accept too -- so a request has exactly its workload length, with no tokenizer on the client;
 * a multi-turn conversation's next turn is sent after the reply it carries has come back, and
-  carries the reply the *server* generated (asked for with vLLM's ``return_token_ids``; where a
+  carries the reply the *server* generated (asked for with vLLM's ``return_token_ids``,
+  vllm-project/vllm#22587: each choice's ``token_ids``; where a
   server does not return ids, the workload's own reply stands in), so the prefix cache is tested on
   blocks of generated tokens too, as a chat client tests it;
 * ``probe`` is lesson 3's side channel as traffic: ``victim`` sends a secret document plus a
