@@ -152,6 +152,12 @@ PARAMETERS: dict[str, IntParameter | TextParameter] = {
     "ladder_requests": IntParameter(
         1, 4096, "lesson 9: requests of the live speed ladder (a GPU runs every rung, a CPU the eager one)"
     ),
+    "chat_model": TextParameter(
+        "lesson 11: the chat server's model ('auto': SmolLM2 where its weights are installed)",
+        ("auto", "smollm2", "tiny-random"),
+    ),
+    "bench_requests": IntParameter(3, 5000, "lesson 11: requests per rate of the served benchmark table"),
+    "load_clients": IntParameter(2, 1024, "lesson 11: streams sent at once in the load run of troubleshooting 3"),
 }
 
 

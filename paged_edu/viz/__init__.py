@@ -11,7 +11,9 @@
 * the explorers of lessons 4-9: :mod:`~paged_edu.viz.softmax_stepper`, :mod:`~paged_edu.viz.engine_dashboard`,
   :mod:`~paged_edu.viz.preemption_explorer`, :mod:`~paged_edu.viz.sim_explorer`,
   :mod:`~paged_edu.viz.flags_explorer`, :mod:`~paged_edu.viz.cache_contents`,
-  :mod:`~paged_edu.viz.overlap_explorer`.
+  :mod:`~paged_edu.viz.overlap_explorer`;
+* lesson 11's views of a live server: :mod:`~paged_edu.viz.serving_views` (the router's view of its
+  prefix cache, the inter-token-latency histogram).
 
 Everything below (core, sched, sim, kernels, cache, models, engine, labs) is used here; nothing
 below imports viz, and viz imports nothing from :mod:`paged_edu.lessons`.

@@ -188,6 +188,7 @@ INTERACTIONS = {
     "07_": _select("contiguous-max"),  # the simulator explorer's manager: both plots redraw
     "08_": _select("Llama-2-7B"),  # the flags explorer's model: the memory bar and the TTFT plot redraw
     "09_": _select("H200, synchronous: the split of exercise 9.1"),  # the overlap explorer: both schedules redraw
+    "11_": _select("chat B: the system prompt"),  # the router's view of the cache: the grid redraws
 }
 
 

@@ -299,6 +299,21 @@ def _lesson9(tiny):
     }
 
 
+def _lesson11(tiny):
+    from types import SimpleNamespace
+
+    from paged_edu.viz.serving_views import RouterView, itl_histogram_figure
+
+    index = SimpleNamespace(snapshots=[("chat A", {1: "chat A", 2: "chat A"}), ("chat B", {1: "chat A", 3: "chat B"})])
+    view = RouterView(index, cols=4)
+    view.show(0)
+    window = [(0.001, 0), (0.005, 3), (0.01, 9), (float("inf"), 10)]
+    return {
+        "RouterView.fig": view.fig,
+        "itl_histogram_figure": itl_histogram_figure({"light": window, "heavy": window}, "ITL"),
+    }
+
+
 LESSONS = {
     "01": _lesson1,
     "02": _lesson2,
@@ -309,6 +324,7 @@ LESSONS = {
     "07": _lesson7,
     "08": _lesson8,
     "09": _lesson9,
+    "11": _lesson11,
 }
 
 
