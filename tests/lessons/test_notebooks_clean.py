@@ -180,7 +180,7 @@ def test_notebook_has_parameters_colab_cell_and_exercises(path):
 def test_the_policy_catches_a_dirty_notebook():
     nb = nbformat.read(LESSONS[0], as_version=4)
     dirty = copy.deepcopy(nb)
-    plain = next(c for c in dirty.cells if c.cell_type == "code" and not CHECK in c.metadata.get("tags", []))
+    plain = next(c for c in dirty.cells if c.cell_type == "code" and CHECK not in c.metadata.get("tags", []))
     plain.execution_count = 3
     plain.outputs = [nbformat.v4.new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {}})]
     dirty.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
