@@ -319,7 +319,8 @@ def costs_for_rung(record: dict, rung: dict, num_layers: int = 30) -> StepCosts:
     * ``host_fixed_us`` / ``host_per_seq_us``: a line through the probes' schedule + prepare + update;
     * ``launch_us``: the eager launch phase per kernel launched (the eager rung's probes);
     * ``graph_launch_us``: the launch phase of a step that replays a graph;
-    * ``kernel_gap_us``: (device span - busy) per kernel, in a graph.
+    * ``kernel_gap_us``: (device span - busy) per kernel, in a graph (a synchronous step's span less its
+      launch phase: its start mark precedes the replay call).
     A record without probes is priced by :func:`legacy_costs`.
     """
     if "profile" not in rung:
@@ -333,8 +334,16 @@ def costs_for_rung(record: dict, rung: dict, num_layers: int = 30) -> StepCosts:
     fixed, per_seq = _fit_line(bs, [a + c for a, c in zip(pre, post)])
     launch = [1e3 * probes[b]["host_ms"]["forward"] for b in bs]
     eager = _eager_launch_us(record)
+    # A synchronous step's span starts before its graph is launched (the mark precedes the replay call): take
+    # the launch out of it; with the host a step ahead the step is queued before the device reaches the mark.
+    overlap = bool(rung["engine_kwargs"].get("async_scheduling"))
     gaps = [
-        (1e3 * probes[b]["device_span_ms"] - probes[b]["gpu_busy_us"]) / max(1.0, probes[b]["kernels_per_step"] - 1)
+        (
+            1e3 * probes[b]["device_span_ms"]
+            - (0.0 if overlap else 1e3 * probes[b]["host_ms"]["forward"])
+            - probes[b]["gpu_busy_us"]
+        )
+        / max(1.0, probes[b]["kernels_per_step"] - 1)
         for b in bs
     ]
     return StepCosts(

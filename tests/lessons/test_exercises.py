@@ -9,6 +9,7 @@ from the exercise modules' hint tables.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -59,7 +60,13 @@ WRONG = {
             lambda tokens, B: [
                 hash_block(b"", array("q", tokens[i : i + B]).tobytes()) for i in range(0, len(tokens) - B + 1, B)
             ],
-            "cases match; first differences",
+            "the seed's per-block hash",
+        ),
+        (
+            lambda tokens, B: [
+                hashlib.sha256(str(tokens[i : i + B]).encode()).hexdigest() for i in range(0, len(tokens) - B + 1, B)
+            ],
+            "the seed's per-block hash",
         ),
         (lambda tokens, B: [], "cases match"),
         (lambda tokens, B: [hash_block(b"", array("q", tokens).tobytes())], "cases match"),
@@ -330,3 +337,13 @@ def test_5_1_states_the_subtle_definition():
     k = next(i for i, c in enumerate(cells) if 'ex.check("5.1"' in "".join(c["source"]))
     statement = "".join(cells[k - 1]["source"])
     assert "## Your turn" in statement and "no slot yet" in statement
+
+
+def test_7_1_names_the_s_minus_1_count():
+    from paged_edu.lessons.exercises.lesson7 import lengths
+
+    s = lengths()
+    wrong = sum(x - 1 for x in s) / (len(s) * 2048)
+    for answer in (wrong, float(f"{wrong:.4g}")):
+        verdict = ex.check("7.1", answer)
+        assert not verdict and "s - 1 tokens" in str(verdict), str(verdict)
