@@ -3,7 +3,7 @@
 Targets (issue 5, item 6): 10,000 ShareGPT-like requests in at most 10 s on one CPU core, and 500
 requests in at most 0.5 s, so that a widget can re-run the simulation on every slider change.
 
-    python benchmarks/bench_simulator.py                 # prints a table, writes figures/simulator_bench.json
+    python benchmarks/bench_simulator.py                 # prints a table, writes benchmarks/records/<card>/simulator_bench.json
     python benchmarks/bench_simulator.py --quick --repeat 1 --json /tmp/sim.json
 
 Each case is timed end to end (workload generation excluded) in this process, pinned to one core
@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from paged_edu.sim import workloads  # noqa: E402
 from paged_edu.sim.results import SimConfig  # noqa: E402
 from paged_edu.sim.simulator import simulate  # noqa: E402
-from record import provenance  # noqa: E402
+from record import provenance, record_path  # noqa: E402
 
 CASES = [
     # (name, num_requests, rate, manager, block_size, target seconds)
@@ -45,13 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs per case (best and median reported)")
     parser.add_argument(
         "--json",
-        default="figures/simulator_bench.json",
-        help="the record: the table's rows, the command, the commit, the machine",
+        help="the record: the table's rows, the command, the commit, the machine "
+        "(default: benchmarks/records/<card>/simulator_bench.json)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-pin", action="store_true", help="do not pin the process to one core")
     parser.add_argument("--quick", action="store_true", help="skip the 10k case")
     args = parser.parse_args(argv)
+    args.json = args.json or str(record_path("simulator_bench.json"))
 
     if not args.no_pin and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})

@@ -1,6 +1,6 @@
 """Does the compiler keep the rounding a kernel writes? RoPE in the decode kernel, with and without FMA contraction.
 
-    python benchmarks/probe_fp_fusion.py        # on a GPU; writes figures/h200/fp_fusion_probe.json
+    python benchmarks/probe_fp_fusion.py        # on a GPU; writes benchmarks/records/<card>/fp_fusion_probe.json
 
 ``triton_store.rope`` rounds each product to the model's dtype before the sum, exactly as PyTorch's
 ``k * cos + rotate_half(k) * sin`` does in bf16. Triton compiles with ``enable_fp_fusion=True`` by
@@ -30,7 +30,7 @@ from paged_edu.labs.timing import random_decode_step  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.llama import _rotate_half  # noqa: E402
 from paged_edu.models.loaders import random_llama  # noqa: E402
-from record import provenance  # noqa: E402
+from record import provenance, record_path  # noqa: E402
 
 
 class ForcedFusion:
@@ -52,8 +52,9 @@ class ForcedFusion:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="figures/h200/fp_fusion_probe.json")
+    ap.add_argument("--out", help="the JSON record (default: benchmarks/records/<card>/fp_fusion_probe.json)")
     args = ap.parse_args(argv)
+    args.out = args.out or str(record_path("fp_fusion_probe.json"))
     if not torch.cuda.is_available():
         print("probe_fp_fusion needs a CUDA GPU (the interpreter never contracts: numpy rounds every op)")
         return 1

@@ -183,7 +183,8 @@ def _check_output_paths(args) -> None:
     """Every output goes into a folder that exists (a typo must not scatter new folders): checked
     before anything runs. ``--out`` itself may be new, its parent may not."""
     paths = [
-        (flag, getattr(args, dest, None)) for flag, dest in (("--json", "json_path"), ("--save-trace", "save_trace"))
+        (flag, getattr(args, dest, None))
+        for flag, dest in (("--json", "json_path"), ("--save-trace", "save_trace"), ("--data", "data_path"))
     ]
     for flag, path in paths:
         if path is not None:
@@ -288,6 +289,11 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES["figures-sim"],
     )
     fig.add_argument("--out", default="figures", help="output folder (created if its parent exists)")
+    fig.add_argument(
+        "--data",
+        dest="data_path",
+        help="the JSON of the runs behind the figures (default: sim_figures_data.json in --out)",
+    )
     fig.add_argument("--num-requests", type=NUM_REQUESTS, default=1000, help="requests per simulation")
     fig.add_argument("--seed", type=SEED, default=0, help="random seed of the workloads")
     fig.add_argument(
@@ -315,7 +321,8 @@ EXAMPLES = {
   paged-edu simulate --model llama-3-8b --gpu h200 --gpu-memory-utilization 0.9""",
     "figures-sim": """examples:
   paged-edu figures-sim --out figures
-  paged-edu figures-sim --out figs --format html --num-requests 300""",
+  paged-edu figures-sim --out figs --format html --num-requests 300
+  paged-edu figures-sim --out figures --data benchmarks/records/cpu/sim_figures_data.json""",
 }
 
 
@@ -486,6 +493,7 @@ def cmd_figures(args, cost) -> int:
         written = sim_figures.write_all(
             args.out,
             cost,
+            data_path=args.data_path,
             num_requests=args.num_requests,
             seed=args.seed,
             fmt=args.format,

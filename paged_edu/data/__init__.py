@@ -7,7 +7,9 @@ Colab, whose install cell is one) runs every lesson: H200 runs that a CPU shows 
 * ``kernel_bench.json`` -- ``benchmarks/bench_kernels.py`` (lessons 4 and 7);
 * ``kernel_sweep.json`` -- ``benchmarks/bench_kernels.py --sweep`` (lessons 4 and 7);
 * ``engine_bench.json`` -- ``benchmarks/bench_engine.py`` (lessons 5 and 7);
-* ``engine_bench_before_issue14.json`` -- the same benchmark before issue 14's engine work (lesson 5);
+* ``engine_bench_before_fused_kernels.json`` -- the same benchmark before the runner's speed work (the batch
+  built by numpy in one pinned buffer, sampling on the device, fused Triton kernels for the per-token ops;
+  lesson 5; its log is ``benchmarks/records/h200/engine_bench_before_fused_kernels_log.txt``);
 * ``oom_child.json`` -- lesson 6's ``cuda_oom_child`` runs on the H200 (lesson 6).
 * ``layer_bench.json`` -- ``benchmarks/bench_layer.py --sweep-decode`` on the H200 (lessons 5 and 9).
 * ``speed_ladder_h200.json`` -- ``benchmarks/bench_ladder.py`` on the H200 (lesson 9; until it is

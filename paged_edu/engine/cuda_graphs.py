@@ -33,7 +33,7 @@ its full graphs for mixed batches need a backend that declares ``AttentionCGSupp
 Triton backend does (``TritonAttentionMetadataBuilder`` in ``vllm/v1/attention/backends/triton_attn.py``,
 over the unified attention kernel's flat grid). On the H200 a piecewise version of ours spent 11.4 ms
 a mixed step, mostly launching the eager attention kernels from Python, the full graph 5.5 ms
-(``figures/h200/engine_bench_piecewise_probe.json``, ``figures/h200/profile_engine_mixed_graphs.txt``).
+(``benchmarks/records/h200/engine_bench_piecewise_probe.json``, ``benchmarks/records/h200/profile_engine_mixed_graphs.txt``).
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ class Engine:
         fed to it on the device (vLLM's option of that name; :mod:`~paged_edu.engine.overlap` says
         how, and which steps stay synchronous). A call of :meth:`step` then returns the requests
         that finished in the step launched by the call before. Default off: on the H200 it serves
-        nano-vllm's benchmark 1.24x faster (``figures/h200/engine_bench_nanovllm.json``), but the lessons
+        nano-vllm's benchmark 1.24x faster (``benchmarks/records/h200/engine_bench_nanovllm.json``), but the lessons
         step the engine one call at a time and read its state after each, which running ahead changes.
     record_timeline: keep a :class:`~paged_edu.engine.timeline.StepRecord` of host and device
         intervals per launched step, read with :attr:`timeline` (:mod:`~paged_edu.engine.timeline`).

@@ -4,7 +4,7 @@ What you will learn
 -------------------
 A synchronous step is ``schedule -> prepare -> forward -> sample -> wait for the tokens -> update``:
 while the host schedules, prepares and updates, the GPU idles (1.14 ms of a ~5.8 ms step on the
-H200 for nano-vllm's workload, ``figures/h200/engine_bench_nanovllm.json``). With the host one step
+H200 for nano-vllm's workload, ``benchmarks/records/h200/engine_bench_nanovllm.json``). With the host one step
 ahead, a step costs ``max(host, GPU)`` instead of their sum. One call of :meth:`AsyncScheduling.step`:
 
 1. **placeholders** -- step N is in flight: every sequence that samples in it gets a placeholder

@@ -43,7 +43,7 @@ an atomic after writing its part, and the one that reads back ``num_splits - 1``
 :mod:`~paged_edu.kernels.triton_gemm`'s split-K does. That saves 30 launches of a SmolLM2 decode
 step. On the H200 it lost (``benchmarks/bench_layer.py --batches 1,16,64,256``, context 512,
 64 splits at batch 1): attention per step at batch 1 took 173 us with the second kernel
-(``figures/h200/layer_bench_merge_two_launches.json``), 753 us with a merge reading one split
+(``benchmarks/records/h200/layer_bench_merge_two_launches.json``), 753 us with a merge reading one split
 after another (``..._in_kernel_serial.json``: one memory latency per split, on the critical path
 of the last program) and 254 us reading 16 splits at once (``..._in_kernel_chunked.json``); the
 whole step 883 / 1,449 / 954 us. Inside a CUDA graph the second launch costs about 1.4 us; the
@@ -54,7 +54,7 @@ Storing the new token on the way in (``FUSED_STORE``)
 A decode step of a small model is bound by the *number* of kernels: SmolLM2-135M's 30 layers run
 about 300 launches per step even with the per-token ops fused (:mod:`~paged_edu.kernels.triton_fused`),
 each a few microseconds of mostly fixed cost. On an H200 at batch 1 the step took 940 us against a
-roofline of 53 us of weight reads (``figures/h200/layer_bench_8ecf92c.json``): the launches are the
+roofline of 53 us of weight reads (``benchmarks/records/h200/layer_bench_8ecf92c.json``): the launches are the
 floor. Per layer the new token's rotary embedding and K/V store
 (:func:`~paged_edu.kernels.triton_store.rotary_store_kv_triton`) is its own launch, only to hand
 the rotated q and the stored k to this kernel. So in a pure-decode step this kernel does it:
@@ -78,7 +78,7 @@ different code). ``tests/kernels/test_fused.py`` holds both on the GPU; under th
 bit for bit either way (numpy never contracts ``a * b + c``).
 
 Measured on the H200 (``python benchmarks/bench_layer.py --batches 1,16,256 --swiglu-gemm``,
-``figures/h200/layer_bench_store_swiglu.json``): at batch 256 a decode step of 244 kernels (274 with the
+``benchmarks/records/h200/layer_bench_store_swiglu.json``): at batch 256 a decode step of 244 kernels (274 with the
 separate store) in 1,732 us (1,812), its logits 9.4e-3 from the PyTorch path's.
 
 Before the wait (``PRELOAD``)
@@ -94,7 +94,7 @@ by the values the program stores (``tl.where`` on that row), the same bits the s
 reads. Later tiles are loaded in the loop, after the barrier, as before. ``PRELOAD`` follows ``USE_PDL``
 unless a config says otherwise (tests run both under the interpreter, where there is no wait).
 
-Measured on the H200 (script ``figures/h200/preload2_ab_script.txt``, log ``figures/h200/preload2_ab_log.txt``: a whole
+Measured on the H200 (script ``benchmarks/records/h200/preload2_ab_script.txt``, log ``benchmarks/records/h200/preload2_ab_log.txt``: a whole
 SmolLM2 decode step in a CUDA graph, context 512, L2 flushed, three interleaved rounds, us), with the
 skinny GEMM's own ``PRELOAD`` (:mod:`~paged_edu.kernels.triton_gemm`, "The weight before the wait") on
 in both columns: 671 -> **627** at batch 1, 779 -> 753 at 16, 921 -> 896 at 32, 1,089 -> 1,060 at 48,

@@ -68,7 +68,7 @@ seqs x new over cached  this kernel  best fused SDPA, contiguous        FlexAtte
 ======================  ===========  =================================  ===================
 
 SDPA's fastest kernel (cuDNN) takes only a top-left causal mask, so for the cached-prefix cases the
-fastest correct fused SDPA is FA2; ``figures/prefill_bench.json`` has every formulation.
+fastest correct fused SDPA is FA2; ``benchmarks/records/h200/prefill_bench.json`` has every formulation.
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def prefill_config(head_dim: int, group: int, on_gpu: bool) -> dict:
     ``ROWS`` query rows (``BLOCK_Q = ROWS // GROUP_PAD`` tokens times the group's heads) against
     ``TILE`` keys per step. On the GPU: 256 rows x 64 keys (64 tokens x 4 heads at 32/8 heads), 8
     warps, 3 stages: the best or within 4% of the best of a sweep on an H200 in every benchmark case
-    (``benchmarks/bench_prefill.py --sweep``, ``figures/h200/prefill_sweep.json``). 256 rows make
+    (``benchmarks/bench_prefill.py --sweep``, ``benchmarks/records/h200/prefill_sweep.json``). 256 rows make
     each gathered K/V tile serve twice as many queries as 128 did (1x8192: 1,320 us against 1,441
     for 128 x 128 and 1,647 for 128 x 64). head_dim 256 uses 64 x 32 to fit shared memory. In the
     interpreter: small tiles, so that tests with a few dozen tokens still run full tiles, diagonal

@@ -1,6 +1,6 @@
 """The soak probe (benchmarks/soak_engine.py) on a few hundred requests: no leak, and a leak is seen.
 
-The same code as the 100,000-request run whose record is ``figures/soak_engine.json``: four engines
+The same code as the 100,000-request run whose record is ``benchmarks/records/cpu/soak_engine.json``: four engines
 (hash / radix cache x recompute / swap) under aborts, salts, preemptions and injected faults,
 drained and measured at ten checkpoints each. Then engines made to leak on purpose -- a request
 state kept, one block never released, random streams never dropped, cache events lost -- must each

@@ -8,7 +8,7 @@ exercise numbers left out) and fails on
 * a **typed figure the lesson computes**: a number with thousands separators, with decimals or
   with a size unit (``GiB`` ...), whose value also appears -- at the precision it was typed --
   among the lesson's stored outputs (the checked cells) or in a stored record the lesson loads
-  (``figures/*.json`` named in its code); plain integers are left alone (block sizes, counts and
+  (``benchmarks/records/**.json`` named in its code); plain integers are left alone (block sizes, counts and
   other inputs);
 * a **measured figure** at all: a time, a rate, a percentage or a speed-up typed in the prose,
   unless :data:`ALLOWED` names it with the reason it may be typed (an input the lesson sets, a
@@ -124,7 +124,7 @@ def _computed_numbers(nb: dict) -> set[float]:
             text = "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
             text += "".join(o.get("data", {}).get("text/markdown", ""))
             out |= _numbers(text)
-    for name in set(re.findall(r"figures/[\w/]+\.json", code)):
+    for name in set(re.findall(r"benchmarks/records/[\w/]+\.json", code)):
         path = ROOT / name
         if path.exists():
             out |= _numbers(path.read_text())

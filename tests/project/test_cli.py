@@ -230,6 +230,7 @@ def test_figures_sim_does_not_blame_a_flag_it_does_not_have(monkeypatch, tmp_pat
 FIGURES_BAD_FLAGS = [
     # (argv, flag the one-line error must name): every figures-sim flag that takes a value
     (["--out", "/proc/no/such/dir/figs"], "--out"),
+    (["--data", "/proc/no/such/dir/data.json"], "--data"),
     (["--num-requests", "0"], "--num-requests"),
     (["--seed", "-1"], "--seed"),
     (["--format", "gif"], "--format"),

@@ -218,7 +218,7 @@ def _lesson5(tiny):
         "timeline_figure": EF.timeline_figure(static, cont),
         "phase_figure": EF.phase_figure(prof),
         "h200_step_figure": EF.h200_step_figure(
-            h200_engine_summary(), h200_engine_summary("engine_bench_before_issue14.json")
+            h200_engine_summary(), h200_engine_summary("engine_bench_before_fused_kernels.json")
         ),
         "EngineDashboard.grid": dash.grid,
         "EngineDashboard.table": dash.table,
