@@ -188,6 +188,7 @@ INTERACTIONS = {
     "07_": _select("contiguous-max"),  # the simulator explorer's manager: both plots redraw
     "08_": _select("Llama-2-7B"),  # the flags explorer's model: the memory bar and the TTFT plot redraw
     "09_": _select("+ CUDA graphs"),  # the step-timeline explorer: the eager step redraws as one graph replay
+    "10_": _select("16"),  # the prefill tile plan: tiles of 16 keys instead of 8
 }
 
 

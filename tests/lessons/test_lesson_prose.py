@@ -26,7 +26,7 @@ import pytest
 from paged_edu.lessons.prose import Prose, fmt, say
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 _NUM = r"(?<![\w.,/#=-])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"
 # units of a measurement: times, rates, shares, speed-ups (sizes count only when the lesson computes them)

@@ -305,6 +305,19 @@ def _lesson9(tiny):
     }
 
 
+def _lesson10(tiny):
+    from paged_edu.labs.tile_plan import tile_plan
+    from paged_edu.viz import kernel_maps as KM
+
+    explorer = KM.TilePlanExplorer(ctx=8, q_len=8, block_q=4, tile=4)
+    explorer.tile.value = 8
+    return {
+        "store_map_figure": KM.store_map_figure([4, 10, -1], 3, 4),
+        "tile_plan_figure": KM.tile_plan_figure(tile_plan(5, 6, 2, 4)),
+        "TilePlanExplorer.fig": explorer.fig,
+    }
+
+
 LESSONS = {
     "01": _lesson1,
     "02": _lesson2,
@@ -315,6 +328,7 @@ LESSONS = {
     "07": _lesson7,
     "08": _lesson8,
     "09": _lesson9,
+    "10": _lesson10,
 }
 
 

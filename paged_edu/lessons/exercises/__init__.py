@@ -41,6 +41,7 @@ from paged_edu.lessons.exercises import (  # noqa: E402,F401
     lesson7,
     lesson8,
     lesson9,
+    lesson10,
 )
 
 __all__ = [
