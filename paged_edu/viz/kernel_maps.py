@@ -121,8 +121,9 @@ class TilePlanExplorer:
 
     def __init__(self, ctx: int = 20, q_len: int = 24, block_q: int = 8, tile: int = 8) -> None:
         style = {"description_width": "170px"}
-        self.ctx = W.IntSlider(value=ctx, min=0, max=96, description="cached tokens (ctx)", style=style)
-        self.q_len = W.IntSlider(value=q_len, min=1, max=64, description="new tokens (q_len)", style=style)
+        wide = W.Layout(width="420px")
+        self.ctx = W.IntSlider(value=ctx, min=0, max=96, description="cached tokens (ctx)", style=style, layout=wide)
+        self.q_len = W.IntSlider(value=q_len, min=1, max=64, description="new tokens (q_len)", style=style, layout=wide)
         self.block_q = W.Dropdown(options=[1, 4, 8, 16], value=block_q, description="tokens a program", style=style)
         self.tile = W.Dropdown(options=[4, 8, 16, 32], value=tile, description="keys a tile (TILE)", style=style)
         self.plan = tile_plan(ctx, q_len, block_q, tile)

@@ -302,7 +302,8 @@ def _check_10_2(fn) -> Verdict:
 def time_kernels(my_store=None, my_prefill=None, dtype=torch.bfloat16) -> dict:
     """Median microseconds (``triton.testing.do_bench``) on a GPU of the learner's and the library's store (a
     decode step's 256 tokens of 8 KV heads x 128, B = 16) and prefill (4 sequences of 256 new tokens over 256
-    cached, 32 query / 8 KV heads of 128), each output checked against the library's first."""
+    cached, 32 query / 8 KV heads of 128), each output checked against the library's first; an answer that still
+    raises ``NotImplementedError`` gets ``note: "not written yet"`` and the library is timed alone."""
     from triton.testing import do_bench
 
     dev = torch.device("cuda")
@@ -318,7 +319,11 @@ def time_kernels(my_store=None, my_prefill=None, dtype=torch.bfloat16) -> dict:
         row = {}
         for name, f in (("yours", my_store), ("library", store_kv)):
             kk, vv = kc.clone(), vc.clone()
-            f(key, value, kk, vv, slots)
+            try:
+                f(key, value, kk, vv, slots)
+            except NotImplementedError:
+                row[name] = dict(us=None, exact=None, note="not written yet")
+                continue
             row[name] = dict(
                 us=1e3 * do_bench(lambda f=f: f(key, value, kc, vc, slots)),
                 exact=bool(torch.equal(kk, ref_k) and torch.equal(vv, ref_v)),
@@ -336,12 +341,15 @@ def time_kernels(my_store=None, my_prefill=None, dtype=torch.bfloat16) -> dict:
         args = (q, kc, vc, tables, lens, cu, dim**-0.5)
         ref = paged_prefill(*args).float()
         row = {}
-        for name, f in (("yours", my_prefill), ("library", paged_prefill)):
-            err = float((f(*args).float() - ref).abs().max())
-            row[name] = dict(us=1e3 * do_bench(lambda f=f: f(*args)), max_abs_diff=err)
         flops = 4 * seqs * heads * dim * sum(cached + j + 1 for j in range(new))  # QK^T and PV over the keys seen
-        for r in row.values():
-            r["TFLOP_s"] = flops / r["us"] / 1e6
+        for name, f in (("yours", my_prefill), ("library", paged_prefill)):
+            try:
+                err = float((f(*args).float() - ref).abs().max())
+            except NotImplementedError:
+                row[name] = dict(us=None, max_abs_diff=None, TFLOP_s=None, note="not written yet")
+                continue
+            us = 1e3 * do_bench(lambda f=f: f(*args))
+            row[name] = dict(us=us, max_abs_diff=err, TFLOP_s=flops / us / 1e6)
         out["prefill"] = row
     return out
 

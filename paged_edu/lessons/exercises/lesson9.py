@@ -544,7 +544,11 @@ def time_norms(fn, rows: int = 256, width: int = 576, dtype=None) -> dict:
     truth = _plain(x.float(), r.float(), w.float(), eps)
     out = {}
     for name, f in (("yours", fn), ("library", add_rms_norm), ("two kernels", two_kernels)):
-        y, s = f(x, r, w, eps)
+        try:
+            y, s = f(x, r, w, eps)
+        except NotImplementedError:
+            out[name] = dict(us=None, max_abs_err=None, note="not written yet")
+            continue
         err = float((y.float() - truth[0]).abs().max())
         out[name] = dict(us=1e3 * do_bench(lambda f=f: f(x, r, w, eps)), max_abs_err=err)
     return out
