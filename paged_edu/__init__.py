@@ -1,8 +1,9 @@
 """paged_edu: PagedAttention you can see, poke and measure.
 
 The package is built in layers, each importing only the ones before it (``tests/project/test_layers.py``
-keeps it so); the first three are plain Python, no torch:
+keeps it so); the first four are plain Python, no torch:
 
+* :mod:`paged_edu.data` -- the stored H200 measurements the lessons show on a CPU (package data);
 * :mod:`paged_edu.core` -- what a token costs, the model and GPU tables, the contiguous baseline,
   the paged block allocator and the radix cache, the allocator contract (lessons 1-3, 8);
 * :mod:`paged_edu.sched` -- the scheduler, shared by the engine and the simulator (lessons 5-6);

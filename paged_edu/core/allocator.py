@@ -391,7 +391,7 @@ class BlockAllocator(SequenceLookup):
                 self._subscribers.deliver(event)
             blocks = sorted({slot // B for slot in slots}, key=seq.block_table.index)
             self._subscribers.deliver(BlockEvent("append", seq_id, blocks, num_tokens, slots[-1]))
-        self._deliver_cache_events()  # issue 23: evict / store events for cache subscribers
+        self._deliver_cache_events()  # evict / store events for cache subscribers
         return slots
 
     def _take_last_block(self, seq_id: SeqId, seq: _SeqBlocks, offset: int) -> tuple[int, list[BlockEvent]]:

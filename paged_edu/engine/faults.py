@@ -1,12 +1,12 @@
 """Faults injected into an engine's step: the fault tests and the soak make a phase raise on purpose.
 
-A step has six places that can fail half-way (issue 23, item 4): the three kinds of block copy
+A step has six places that can fail half-way: the three kinds of block copy
 (swap-out, copy-on-write, swap-in: half of the batch is copied, then the copy dies, as a copy that
 runs out of memory part-way), ``prepare``, the forward pass (the last layer raises after the first
 has written its K/V) and sampling. :func:`inject_fault` wraps the one that ``phase`` names on this
 engine's objects (instance attributes, nothing global) so that it raises :class:`InjectedFault`
 whenever ``armed()`` says so; the engine must undo the step and raise
-:class:`~paged_edu.engine.engine.StepFailed` naming :data:`PHASES` ``[phase]``.
+:class:`~paged_edu.engine.step.StepFailed` naming :data:`PHASES` ``[phase]``.
 """
 
 from __future__ import annotations

@@ -210,7 +210,7 @@ def h200_engine_summary(name: str = "engine_bench.json") -> dict:
         "block_size": bench["kv_budget"]["block_size"],
         "num_requests": bench["workload"]["num_requests"],
     }
-    # Runs since issue 14 also split the decode step (host work / waiting for the GPU), give its
+    # Later runs also split the decode step (host work / waiting for the GPU), give its
     # roofline, and ran transformers' continuous batching beside the engine.
     for key in (
         "roofline_decode_step_ms",

@@ -34,14 +34,13 @@ rung live to show the mechanism.
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import torch
 
 from paged_edu import data
 from paged_edu.cache.sizing import dtype_name
-from paged_edu.engine import Engine, SamplingParams, StepMetrics
+from paged_edu.engine import SamplingParams, StepMetrics
+from paged_edu.engine.config import setting_names
 from paged_edu.engine.timeline import StepRecord, summarize_timeline
 from paged_edu.labs.timed_run import roofline_model, roofline_s, step_speed, timed_run
 from paged_edu.sim.costmodel import ROOFLINE_NAME
@@ -123,28 +122,9 @@ def ladder_setup(device: torch.device | str, num_requests: int, seed: int = 0, s
     return dict(model=model, prompts=prompts, outputs=outputs, engine_kwargs=engine_kwargs, label=label, scale=scale)
 
 
-def _engine_options() -> set[str]:
-    """The names ``Engine`` takes as options: its signature's, or its config's fields when it takes ``**``."""
-    params = inspect.signature(Engine).parameters
-    names = {n for n, p in params.items() if p.kind is not p.VAR_KEYWORD}
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        try:
-            from dataclasses import fields
-
-            from paged_edu.engine import config as engine_config
-
-            for cls in vars(engine_config).values():
-                if isinstance(cls, type) and hasattr(cls, "__dataclass_fields__"):
-                    names |= {f.name for f in fields(cls)}
-        except ImportError:
-            return set()  # no config to read: every option passes here, the engine itself names a bad one
-    return names
-
-
 def rung_blocker(engine_kwargs: dict, device: torch.device | str) -> str | None:
     """Why a rung's ``Engine`` options cannot run here (None when they can)."""
-    options = _engine_options()
-    unknown = sorted(set(engine_kwargs) - options) if options else []
+    unknown = sorted(set(engine_kwargs) - set(setting_names()))
     if unknown:
         return f"this Engine has no option {', '.join(unknown)} yet"
     if torch.device(device).type != "cuda":

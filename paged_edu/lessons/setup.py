@@ -238,7 +238,7 @@ def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False, **params)
 
     On a CPU torch also runs on one thread: a lesson's tensors are small, and several OpenMP threads
     spin-waiting for each other on shared cores made one of lesson 6's pressured runs take 28.5 s
-    with two threads against 1.7 s with one (issue 21).
+    with two threads against 1.7 s with one.
     """
     seed = check_parameters(seed=seed, **params)["seed"]
     resolved = check_device(device)

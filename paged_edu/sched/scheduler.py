@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Sequence as Seq
+from collections.abc import Iterable
 from paged_edu.core.block_pool import OutOfBlocksError
 from paged_edu.core.validation import FieldValueError, choice, flag, integer
 from paged_edu.sched.admission import check_fits
@@ -111,7 +111,7 @@ class Scheduler:
     def new_seq_id(self) -> int:
         return next(self._ids)
 
-    def make_sequence(self, prompt_token_ids: Seq[int], max_new_tokens: int, **kwargs) -> Sequence:
+    def make_sequence(self, prompt_token_ids: Iterable[int], max_new_tokens: int, **kwargs) -> Sequence:
         """A :class:`Sequence` with a fresh id, added to the waiting queue."""
         seq = Sequence(self.new_seq_id(), list(prompt_token_ids), max_new_tokens, **kwargs)
         self.add(seq)

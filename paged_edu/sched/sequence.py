@@ -52,7 +52,7 @@ class Sequence:
     finish_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None  # "length" | "stop" | "abort"
-    cache_salt: str | None = None  # its prefix-cache namespace (issue 23): hits only its own salt's blocks
+    cache_salt: str | None = None  # its prefix-cache namespace: hits only its own salt's blocks
     num_tokens: int = field(init=False, default=0)  # prompt + output tokens, kept by append_token (as nano-vllm)
     samples: ParallelSamples = field(init=False, repr=False)  # its request's samples, shared by every one of them
 

@@ -35,13 +35,13 @@ def test_the_soak_finds_no_leak_and_exercises_every_path():
 
 def keep_finished_requests(engine):
     engine.kept = []
-    real = engine._finish
+    real = engine.phases.finish_request
 
     def finish(request):
         engine.kept.append(request)
         return real(request)
 
-    engine._finish = finish
+    engine.phases.finish_request = finish
 
 
 def lose_one_block(engine):

@@ -11,7 +11,8 @@ reference alike, with verdicts that say what matched and by how much.
 Each lesson's exercises live in their own module (:mod:`.lesson1`, :mod:`.lesson2`, ...), written
 as plain Python: the reference is a function or value in the library, never a string run with
 ``exec``. A learner's stub raises ``NotImplementedError("Exercise 3.1: ...")``; ``check`` turns that
-(and any other exception in a learner's function) into a verdict, not a crash.
+(and any other exception in a learner's function) into a verdict, not a crash. :mod:`.framework`
+holds what they share: the registry, ``check`` and the verdicts.
 """
 
 from __future__ import annotations
