@@ -303,7 +303,7 @@ def probe_decode_steps(
     Returns ``{"context", "batches": {b: {...}}}``; per batch: ``step_ms``, ``host_ms`` (per phase of
     :data:`PHASES`), ``host_busy_ms``, ``device_span_ms``, and on CUDA ``kernels_per_step``,
     ``gpu_busy_us``, ``launches_per_step``, ``graph_launches_per_step``, ``by_kind``, ``top``.
-    The requests run to their end before the next batch (the pool is the engine's own)."""
+    The requests are aborted once measured, before the next batch (the pool is the engine's own)."""
     rng = np.random.default_rng(seed)
     vocab = engine.model.config.vocab_size
     seen: list[StepMetrics] = []
@@ -311,12 +311,17 @@ def probe_decode_steps(
     out: dict = {"context": context, "steps": steps, "profile_steps": profile_steps, "batches": {}}
     try:
         for b in batches:
-            budget = steps + profile_steps + 8
-            for _ in range(b):
-                engine.add_request(rng.integers(3, vocab, size=context).tolist(), SamplingParams(max_tokens=budget))
+            # Enough tokens that no request ends while the others' prompts are still being computed; the
+            # requests are aborted once measured.
+            params = SamplingParams(max_tokens=steps + profile_steps + 8 + b * context // 64)
+            ids = [engine.add_request(rng.integers(3, vocab, size=context).tolist(), params) for _ in range(b)]
             seen.clear()
-            while not (seen and seen[-1].num_prefill_tokens == 0 and seen[-1].num_decode_seqs == b):
+            for _ in range(10_000):
+                if seen and seen[-1].num_prefill_tokens == 0 and seen[-1].num_decode_seqs == b:
+                    break
                 engine.step()
+            else:
+                raise RuntimeError(f"probe: {b} sequences of {context} tokens never decoded together (the pool?)")
             engine.step()  # one more: an async engine's step in flight is a decode too
             seen.clear()
             for _ in range(steps):
@@ -330,11 +335,16 @@ def probe_decode_steps(
             )
             records = _timeline_or_none(engine)
             if records is not None:
-                ids = {m.step for m in timed}
-                spans = [r.device_end_s - r.device_start_s for r in records if r.step in ids]
+                stepped = {m.step for m in timed}
+                spans = [r.device_end_s - r.device_start_s for r in records if r.step in stepped]
                 row["device_span_ms"] = _ms(float(np.mean(spans))) if spans else None
             if engine.device.type == "cuda":
                 row.update(_profile_steps(engine.step, profile_steps))
+            for rid in ids:  # (a request that has just ended is no longer live)
+                try:
+                    engine.abort_request(rid)
+                except ValueError:
+                    pass
             while engine.has_unfinished():
                 engine.step()
             out["batches"][str(b)] = row
