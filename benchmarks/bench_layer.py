@@ -237,7 +237,8 @@ def measure_step(
 
 
 def sweep_decode(batch, context, width, flush, reps=30) -> dict:
-    from paged_edu.kernels.triton_decode import _num_sms, choose_num_splits, decode_config, paged_attention_triton
+    from paged_edu.kernels.support import num_sms
+    from paged_edu.kernels.triton_decode import choose_num_splits, decode_config, paged_attention_triton
     from paged_edu.labs.triton_decode_packed import paged_attention_packed
 
     c = smollm2_config()
@@ -258,7 +259,7 @@ def sweep_decode(batch, context, width, flush, reps=30) -> dict:
     default_us, default_err = run()  # what the model runs: one program per KV head, decode_config
     per_head_us, per_head_err = run(packed=False)  # the same (kept apart: it was not always the default)
     cfg = decode_config(c.head_dim, c.num_heads // c.num_kv_heads, on_gpu=True)
-    per_head_splits = choose_num_splits(batch, c.num_kv_heads, width * BLOCK, cfg["TILE"], _num_sms(0))
+    per_head_splits = choose_num_splits(batch, c.num_kv_heads, width * BLOCK, cfg["TILE"], num_sms(0))
     results = []
     for tile, warps, stages, splits in itertools.product((16, 32, 64), (2, 4), (1, 2, 3), (1, 2, 4, 8)):
         try:  # the packed kernel's grid

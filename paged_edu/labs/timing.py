@@ -220,7 +220,8 @@ def compiled_variant_counter():
 
     fns = []
     for name in (
-        "kernels.triton_decode",
+        "kernels.decode.tutorial",
+        "kernels.decode.fast",
         "kernels.triton_prefill",
         "kernels.triton_store",
         "kernels.triton_fused",

@@ -246,7 +246,7 @@ def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False, **params)
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
-    if resolved == "cpu" and "paged_edu.kernels.triton_decode" in sys.modules:
+    if resolved == "cpu" and "paged_edu.kernels.triton_fused" in sys.modules:
         from paged_edu.kernels import triton_available, triton_interpreting
 
         if triton_available() and not triton_interpreting():
