@@ -270,3 +270,64 @@ def test_the_kernel_maps_and_the_explorer():
         np.array_equal(np.array(e.fig.data[0].z), e.plan.cells)
         and f"{e.plan.tiles_read} tiles read" in e.fig.layout.title.text
     )
+
+
+# -- 10.3: the split plan, its reference against what the kernel does ----------------------------------
+
+
+def test_the_split_plan_reference_is_what_the_decode_kernel_does(monkeypatch):
+    """Run the tutorial decode kernel (interpreter) with a forced split count and read its partial results: the
+    empty splits write lse = -inf, the holder is the last split with a token."""
+    from paged_edu.kernels.decode import tutorial
+    from paged_edu.kernels.decode.tuning import decode_config
+
+    seen = {}
+    real_merge = tutorial.merge
+
+    def spy(part_o, part_lse, out, num_splits, cfg, launch):
+        seen["lse"] = part_lse.clone()
+        return real_merge(part_o, part_lse, out, num_splits, cfg, launch)
+
+    monkeypatch.setattr(tutorial, "merge", spy)
+    tile = decode_config(16, 2, on_gpu=False)["TILE"]
+    g = torch.Generator().manual_seed(3)
+    for seq_len, splits in ((300, 4), (5 * tile, 3), (2 * tile + 1, 5)):
+        blocks = -(-seq_len // 16)
+        k, v = torch.randn(blocks, 16, 2, 16, generator=g), torch.randn(blocks, 16, 2, 16, generator=g)
+        q = torch.randn(1, 4, 16, generator=g)
+        tables = torch.randperm(blocks, generator=g).to(torch.int32)[None]
+        tutorial.paged_attention_triton(
+            q, k, v, tables, torch.tensor([seq_len], dtype=torch.int32), scale=0.25, num_splits=splits
+        )
+        lse = seen["lse"][0, 0]  # (splits,) of the first query head
+        finite = [j for j in range(splits) if torch.isfinite(lse[j])]
+        num_tiles = -(-seq_len // tile)
+        per_split = -(-num_tiles // splits)
+        assert finite == list(range(len(finite)))  # the empty splits are the last ones
+        holder = (num_tiles - 1) // per_split
+        assert finite[-1] == holder and splits - len(finite) == sum(j * per_split >= num_tiles for j in range(splits))
+    ref = ex10.split_plan_reference()
+    assert ref["holder"] < ref["splits"] and ref["empty"] == ref["splits"] - ref["holder"] - 1
+
+
+@pytest.mark.parametrize(
+    "answer, words",
+    [
+        ({"splits": 39, "holder": 26, "empty": 12}, "sequence's length"),
+        ({"splits": 132, "holder": 39, "empty": 26}, "one split per SM"),
+        ({"splits": 66, "holder": 40, "empty": 26}, "counted from 1"),
+        ({"splits": 66, "holder": 65, "empty": 0}, "last split is not the holder"),
+        ({"splits": 66, "holder": 39, "empty": 0}, "empty splits"),
+        ({"splits": 66, "holder": None, "empty": 26}, "not answered yet"),
+        ({"splits": "66", "holder": 39, "empty": 26}, "whole number"),
+        ({"splits": 66}, "keys"),
+    ],
+)
+def test_10_3_names_the_misreading(answer, words):
+    verdict = ex.check("10.3", answer)
+    assert not verdict and words in str(verdict), str(verdict)
+
+
+def test_10_3_reference_passes():
+    assert ex.check("10.3", {"splits": 66, "holder": 39, "empty": 26})
+    assert ex.check("10.3", ex.reference("10.3"))

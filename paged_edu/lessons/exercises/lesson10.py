@@ -373,3 +373,136 @@ def peer_prefill_figures() -> list[str]:
         for case, row in table["cases"].items():
             lines.append(f"  {case}: " + ", ".join(f"{k} {v:,} us" for k, v in row.items()))
     return lines
+
+
+# ----------------------------------------------------------------------------------------------
+# 10.3: reading the decode kernel -- its split plan
+# ----------------------------------------------------------------------------------------------
+
+# 10.3's launch: one sequence of SEQ_LEN tokens whose block table is TABLE_BLOCKS blocks of BLOCK wide, 8 KV
+# heads, tiles of 64 keys (decode_config at head_dim 128), on a GPU of 132 SMs (an H100 or an H200).
+SPLIT_CASE = dict(num_seqs=1, num_kv_heads=8, seq_len=5000, table_blocks=1024, block_size=16, tile=64, num_sms=132)
+
+
+def split_plan_of(num_seqs, num_kv_heads, seq_len, table_blocks, block_size, tile, num_sms) -> dict:
+    """The decode kernel's split plan for one launch: ``splits`` (:func:`~paged_edu.kernels.decode.tuning.choose_num_splits`
+    from the host-side table width), ``holder`` (the split whose tiles hold the last token, position
+    ``seq_len - 1``: the one that stores the new token in ``rotary_store_decode_kernel``) and ``empty`` (splits
+    whose tile range is empty, ``tile_lo >= tile_hi`` in :func:`~paged_edu.kernels.decode.pieces.tile_range`)."""
+    from paged_edu.kernels.decode.tuning import choose_num_splits
+
+    splits = choose_num_splits(num_seqs, num_kv_heads, table_blocks * block_size, tile, num_sms)
+    num_tiles = -(-seq_len // tile)
+    per_split = -(-num_tiles // splits)
+    holder = (num_tiles - 1) // per_split
+    return dict(splits=splits, holder=holder, empty=sum(1 for j in range(splits) if j * per_split >= num_tiles))
+
+
+def split_plan_reference() -> dict:
+    """10.3's reference: :func:`split_plan_of` on :data:`SPLIT_CASE`."""
+    return split_plan_of(**SPLIT_CASE)
+
+
+@register(
+    "10.3",
+    "One sequence of 5,000 tokens, its block table 1,024 blocks of 16 wide, 8 KV heads, tiles of 64 keys, a GPU "
+    "of 132 SMs: into how many splits does the decode kernel cut the sequence, which split stores the new token, "
+    "and how many splits get no tile? Answer {'splits': n, 'holder': j, 'empty': k}.",
+    split_plan_reference,
+)
+def _check_10_3(answer) -> Verdict:
+    right = split_plan_reference()
+    if not isinstance(answer, dict) or set(answer) != set(right):
+        return Verdict(False, [f"[ ] 10.3: give a dict with the keys {sorted(right)}, got {describe(answer)}"])
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in answer.values()):
+        return Verdict(False, [f"[ ] 10.3: each value is a whole number, got {describe(answer)}"])
+    if answer == right:
+        return Verdict(
+            True,
+            [
+                f"[x] 10.3: {right['splits']} splits of the sequence; split {right['holder']} holds "
+                f"its last token and stores the new one; {right['empty']} splits see no tile and write "
+                "lse = -inf, weight 0 in the merge"
+            ],
+        )
+    c = SPLIT_CASE
+    from_len = split_plan_of(**{**c, "table_blocks": -(-c["seq_len"] // c["block_size"])})
+    lines = [f"[ ] 10.3: got {answer}, expected {right}"]
+    if answer["splits"] == from_len["splits"] and from_len["splits"] != right["splits"]:
+        lines.append(
+            "    -- the split count from the sequence's length: choose_num_splits sees only host-side numbers, "
+            "max_len = the table's width x B, so the launch needs no device sync and can be captured in a "
+            "CUDA graph"
+        )
+    elif answer["splits"] == c["num_sms"]:
+        lines.append("    -- one split per SM: about four programs fit on an SM, and there are 8 KV heads a sequence")
+    elif answer["splits"] != right["splits"]:
+        lines.append("    -- the splits: read choose_num_splits in paged_edu/kernels/decode/tuning.py")
+    elif answer["holder"] == right["holder"] + 1:
+        lines.append("    -- the holder counted from 1: splits are numbered from 0")
+    elif answer["holder"] == right["splits"] - 1 and right["holder"] != right["splits"] - 1:
+        lines.append(
+            "    -- the last split is not the holder: the tiles are cut into equal ranges of ceil(tiles / splits), "
+            "and the splits past the sequence's last tile hold nothing"
+        )
+    elif answer["holder"] != right["holder"]:
+        lines.append(
+            "    -- the holder: read tile_range in paged_edu/kernels/decode/pieces.py and the `holder` line of "
+            "rotary_store_decode_kernel"
+        )
+    else:
+        lines.append(
+            "    -- the empty splits: those whose tile_lo = split * ceil(tiles / splits) is past the last tile"
+        )
+    return Verdict(False, lines)
+
+
+def piece_source(name: str) -> str:
+    """The source of a decode piece or tuning rule (:mod:`paged_edu.kernels.decode`), to read."""
+    import inspect
+
+    from paged_edu.kernels.decode import fast, pieces, tuning
+
+    for module in (pieces, tuning, fast):
+        obj = getattr(module, name, None)
+        if obj is not None:
+            return inspect.getsource(getattr(obj, "fn", obj))
+    raise KeyError(f"no decode piece {name!r}")
+
+
+def time_decode_against_peers(card: str, reps: int = 100) -> list[dict] | None:
+    """On a GPU: the library's decode kernel timed now (``triton.testing.do_bench``, L2 cleared between runs)
+    on the stored side-by-side cases of ``card`` (32 query / 8 KV heads of 128, bf16, B = 16), beside the stored
+    figures of that card: ours then, the best vLLM / SGLang kernel, the copy ceiling. None without a table."""
+    from triton.testing import do_bench
+
+    from paged_edu.kernels.decode.tutorial import paged_attention_triton
+    from paged_edu.labs.timing import random_paged_case
+
+    table = peer_figures(card)
+    if table is None:
+        return None
+    g = table["geometry"]
+    rows = []
+    for case, stored in table["cases"].items():
+        n, s = (int(x) for x in case.split("x"))
+        q, k, v, tables, lens = random_paged_case(
+            n, s, g["num_q_heads"], g["num_kv_heads"], g["head_dim"], g["block_size"], dtype=torch.bfloat16,
+            device="cuda", seed=n,
+        )  # fmt: skip
+        us = 1e3 * do_bench(
+            lambda: paged_attention_triton(q, k, v, tables, lens, scale=g["head_dim"] ** -0.5), rep=reps
+        )
+        peers = {k: v for k, v in stored.items() if k not in ("copy ceiling", "paged_edu Triton")}
+        best = min(peers, key=peers.get)
+        rows.append(
+            dict(
+                case=case,
+                ours_now_us=us,
+                ours_stored_us=stored["paged_edu Triton"],
+                best_peer=best,
+                best_peer_us=peers[best],
+                copy_ceiling_us=stored["copy ceiling"],
+            )
+        )
+    return rows
