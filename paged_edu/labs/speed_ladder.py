@@ -43,6 +43,7 @@ from paged_edu.engine import SamplingParams, StepMetrics
 from paged_edu.engine.config import setting_names
 from paged_edu.engine.timeline import StepRecord, summarize_timeline
 from paged_edu.labs.timed_run import roofline_model, roofline_s, step_speed, timed_run
+from paged_edu.labs.timing import kernel_table
 from paged_edu.sim.costmodel import ROOFLINE_NAME
 
 __all__ = [
@@ -52,7 +53,6 @@ __all__ = [
     "STORED_LADDER",
     "STORED_LADDERS",
     "card_of",
-    "kernel_kind",
     "ladder_setup",
     "load_stored_ladder",
     "overlap_gap",
@@ -234,20 +234,6 @@ def run_rung(
     return out
 
 
-def kernel_kind(name: str) -> str:
-    """A kernel's kind from its name: ``"attention"`` (the paged decode kernel and its split merge),
-    ``"fused"`` (our Triton per-token ops), ``"gemm"`` (cuBLAS / the skinny GEMM) or ``"other"`` (PyTorch's
-    elementwise, reduction and copy kernels): :data:`paged_edu.labs.step_timeline.KINDS`."""
-    n = name.lower()
-    if "_decode_kernel" in n or "merge_splits" in n or "attention" in n:
-        return "attention"
-    if any(w in n for w in ("add_rms_norm", "silu_and_mul", "store_kv", "rotary")):
-        return "fused"
-    if any(w in n for w in ("gemm", "gemv", "cutlass", "nvjet", "sm90", "cublas", "splitk", "skinny_matmul")):
-        return "gemm"
-    return "other"
-
-
 def _profile_steps(step, n: int) -> dict:
     """``torch.profiler`` over ``n`` calls of ``step``: per call the kernels on the device (by kind, and
     the longest names), their device us, and the host's launch calls (kernel launches, graph launches)."""
@@ -263,25 +249,11 @@ def _profile_steps(step, n: int) -> dict:
         for e in events
         if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
     ]
-    us = lambda e: getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0)  # noqa: E731
-    by_kind: dict[str, list] = {}
-    by_name: dict[str, list] = {}
-    for e in kernels:
-        for table, key in ((by_kind, kernel_kind(e.name)), (by_name, e.name[:60])):
-            entry = table.setdefault(key, [0, 0.0])
-            entry[0] += 1
-            entry[1] += us(e)
-    per = lambda d: {
-        k: {"kernels": c / n, "us": round(t / n, 3)} for k, (c, t) in sorted(d.items(), key=lambda kv: -kv[1][1])
-    }  # noqa: E731
     host = [e for e in events if e.device_type != torch.autograd.DeviceType.CUDA]
     return dict(
-        kernels_per_step=len(kernels) / n,
-        gpu_busy_us=round(sum(us(e) for e in kernels) / n, 3),
+        kernel_table(kernels, n, top=8),
         launches_per_step=sum("LaunchKernel" in e.name for e in host) / n,
         graph_launches_per_step=sum("GraphLaunch" in e.name for e in host) / n,
-        by_kind=per(by_kind),
-        top=dict(list(per(by_name).items())[:8]),
     )
 
 

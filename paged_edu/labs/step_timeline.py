@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 TOLERANCE = 0.25  # the model's stated accuracy: every rung of every stored ladder within 25 % (held by a test)
-KINDS = ("gemm", "attention", "fused", "other")  # a kernel's kind, as bench_layer books it (kind_of)
+KINDS = ("gemm", "attention", "fused", "other")  # a kernel's kind (paged_edu.labs.timing.kernel_kind)
 SMALL_KINDS = ("fused", "other")  # the per-token ops between the matmuls: what fusing removes
 
 

@@ -503,3 +503,26 @@ def test_9_6_refuses_the_launches_alone_and_microseconds():
     assert "n - 1 launches" in str(ex.check("9.6", float(f"{(n - 1) * each / 1e3:.4g}")))
     if graph:  # a record with probes: the replay call is not free
         assert "subtract it" in str(ex.check("9.6", float(f"{n * each / 1e3:.4g}")))
+
+
+def test_kernels_are_booked_by_kind_as_the_model_reads_them():
+    from types import SimpleNamespace
+
+    from paged_edu.labs.timing import kernel_kind, kernel_table
+
+    names = {
+        "paged_decode_kernel": "attention",
+        "rotary_store_decode_kernel": "attention",
+        "merge_splits_kernel": "attention",
+        "_paged_prefill_kernel": "attention",
+        "_add_rms_norm_kernel": "fused",
+        "_store_kv_kernel": "fused",
+        "_skinny_matmul_kernel": "gemm",
+        "nvjet_sm90_tst_24x64_64x16_4x2_h_bz_TNN": "gemm",
+        "void at::native::vectorized_elementwise_kernel<4, at::native": "other",
+    }
+    assert {n: kernel_kind(n) for n in names} == names and set(names.values()) == set(st.KINDS)
+    events = [SimpleNamespace(name=n, device_time=2.0) for n in names] * 2  # two steps
+    table = kernel_table(events, n=2)
+    assert table["kernels_per_step"] == len(names) and table["gpu_busy_us"] == 2.0 * len(names)
+    assert table["by_kind"]["gemm"] == {"kernels": 2.0, "us": 4.0}
