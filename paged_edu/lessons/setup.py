@@ -152,6 +152,7 @@ PARAMETERS: dict[str, IntParameter | TextParameter] = {
     "ladder_requests": IntParameter(
         1, 4096, "lesson 9: requests of the live speed ladder (a GPU runs every rung, a CPU the eager one)"
     ),
+    "ladder_scale_pct": IntParameter(1, 100, "lesson 9: the live ladder's request lengths, in % of bench_ladder's"),
     "chat_model": TextParameter(
         "lesson 11: the chat server's model ('auto': SmolLM2 where its weights are installed)",
         ("auto", "smollm2", "tiny-random"),
