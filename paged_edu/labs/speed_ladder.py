@@ -176,7 +176,6 @@ def run_rung(
     ``window`` consecutive steps' host and device intervals (and phases) from the middle of the run;
     ``profile``: :func:`probe_decode_steps` on the timed engine at ``probe_batches`` (after its run)."""
     run = timed_run(model, prompts, max_tokens, dict(engine_kwargs, **rung_kwargs), record_timeline=True)
-    run.engine.close()  # its pool back before the next rung's engines are built (its records stay)
     records: list[StepRecord] = run.engine.timeline
     if gpu is None:
         gpu = (card_of(torch.cuda.get_device_name(model.device)) if model.device.type == "cuda" else None) or "h200"
@@ -230,8 +229,9 @@ def run_rung(
             for r in records[mid : mid + window]
         ],
     )
-    if probe_batches:
+    if probe_batches:  # on the timed engine, before it is closed
         out["profile"] = probe_decode_steps(run.engine, probe_batches, probe_context)
+    run.engine.close()  # its pool back before the next rung's engines are built (its records stay)
     return out
 
 
