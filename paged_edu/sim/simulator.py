@@ -397,13 +397,14 @@ class _BeamForks:
     The child shares every block of sample 0 (prompt and output so far) and replaces the token
     sample 0 has just sampled with its own, so the two diverge from here (copy-on-write).
 
-    A parent reaches its next fork point only in a step that runs it (its output grows then, and
-    nothing else can make it due), so each step looks at the parents among the step's scheduled
-    sequences -- not at every beam still to fork: ``_due`` is touched only when a beam is added and
+    A parent reaches its next fork point only in a step in which it samples a token (its output grows
+    then, and nothing else can make it due), so each step looks at the parents among the sequences
+    that sampled -- not at every beam still to fork: ``_due`` is touched only when a beam is added and
     when it forks. Looking at all of them every step cost O(beams waiting) a step, quadratic when
     they arrive at once: 8,000 beam requests (n = 4, ShareGPT-like) took 107 s of CPU on this
-    project's 2-core CPU, now 19.5 s, with the same results (``tests/sim/test_beam_forks.py``;
-    ``benchmarks/bench_simulator.py --only beam`` times 10,000).
+    project's 2-core CPU, then 19.5 s, with the same results (``tests/sim/test_beam_forks.py``).
+    ``benchmarks/bench_simulator.py --only beam`` times 10,000: 16.6 s
+    (``benchmarks/records/cpu/simulator_beam.json``).
     """
 
     def __init__(self) -> None:
