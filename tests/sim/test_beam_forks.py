@@ -2,7 +2,7 @@
 
 The simulator's beam mode used to look at every beam request still to fork, at every step -- quadratic
 at an infinite rate (8k requests: 107 s; 10k: not done in 600 s). Now a step looks only at the parents
-it ran. The oracle is the old scan itself, kept here: :class:`ScanEveryStep` checks every parent every
+that sampled a token in it. The oracle is the old scan itself, kept here: :class:`ScanEveryStep` checks every parent every
 step, so any parent the new lookup misses, or forks in another order, changes a result below.
 """
 
