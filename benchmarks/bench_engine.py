@@ -215,6 +215,7 @@ def run_engine(
             for r in speed["decode_by_concurrency"]
         )
     )
+    engine.close()  # its pool back before the next engine is built (its counters stay readable)
     recorded = None
     if record_timeline:
         recorded = timeline_run(model, prompts, outputs, engine_kwargs, useful / dt, temperature=temperature)

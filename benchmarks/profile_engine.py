@@ -83,10 +83,9 @@ def main(argv=None):
     spec = config.geometry(dtype_name(dtype)) if args.tiny else MODELS["smollm2-135m"]
     roofline = CostModel(model=spec, gpu=GPUS["h200"]).roofline()
 
-    warm = engine_on(model, prompts, outputs, args)
-    for _ in range(args.steps):
-        warm.step()
-    del warm
+    with engine_on(model, prompts, outputs, args) as warm:  # closed before the profiled engine's pool is made
+        for _ in range(args.steps):
+            warm.step()
     engine = engine_on(model, prompts, outputs, args)
     steps: list[StepMetrics] = []
     engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
