@@ -13,7 +13,8 @@ every rung warmed up on the same requests outside its timed window -- and writes
 
 Prints one row per rung: useful tokens/s, the mean decode step, its host / device split, the GPU's idle
 gap between decode steps, the mixed step, and the roofline of the decode steps
-(``roofline (full efficiency, per-chunk shapes, LM head included)`` on the H200).
+(``roofline (full efficiency, per-chunk shapes, LM head included)`` on the card it runs on:
+:func:`paged_edu.labs.card.this_card`, the H200's row on a CPU; the record says which).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from paged_edu.labs.speed_ladder import STORED_LADDER, ladder_setup, run_ladder, rung_table  # noqa: E402
+from paged_edu.labs.card import this_card  # noqa: E402
 from record import provenance  # noqa: E402
 
 
@@ -58,13 +60,16 @@ def main(argv=None) -> dict:
     def log(msg):
         print(msg, flush=True)
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    log(f"speed ladder on {name}: {label}; {len(prompts)} requests, {sum(outputs):,} output tokens")
+    card = this_card(device)  # the rungs' roofline: this card's row of the GPU table (the H200's on a CPU)
+    name = card.device_name
+    log(
+        f"speed ladder on {name} (roofline on the {card.label}): {label}; {len(prompts)} requests, {sum(outputs):,} output tokens"
+    )
     t0 = time.perf_counter()
     rungs = run_ladder(model, prompts, outputs, engine_kwargs, log=log)
     result = dict(
         **provenance("bench_ladder.py", argv),
-        device_name=name,
+        **card.record(),  # device_name, and the GPU spec that priced the rungs' roofline
         dtype=str(model.dtype).replace("torch.", ""),
         model=label,
         workload=dict(

@@ -34,6 +34,7 @@ from paged_edu import data
 from paged_edu.cache.sizing import dtype_name
 from paged_edu.engine.config import setting_names
 from paged_edu.engine.timeline import StepRecord, summarize_timeline
+from paged_edu.labs.card import roofline_card
 from paged_edu.labs.timed_run import roofline_model, roofline_s, step_speed, timed_run
 from paged_edu.sim.costmodel import ROOFLINE_NAME
 
@@ -120,19 +121,21 @@ def run_rung(
     rung_kwargs: dict,
     engine_kwargs: dict,
     *,
-    gpu: str = "h200",
+    gpu: str | None = None,
     window: int = 40,
     max_points: int = 400,
 ) -> dict:
     """Serve the requests twice on ``Engine(model, **engine_kwargs, **rung_kwargs)``: a warm-up run, then
     the timed run with the timeline recording (:func:`~paged_edu.labs.timed_run.timed_run`). Returns the
     rung's record (times in ms unless named _s): useful tokens/s, the mean decode and mixed step, host /
-    device ms per step, the idle gaps, the roofline of the same steps on ``gpu``; ``steps``: per step (at
+    device ms per step, the idle gaps, the roofline of the same steps on ``gpu`` (None: the card the model runs on,
+    :func:`~paged_edu.labs.card.this_card`; the H200's on a CPU); ``steps``: per step (at
     most ``max_points``, evenly spaced) its kind, duration and roofline; ``window``: ``window`` consecutive
     steps' host and device intervals from the middle of the run (the timeline figure)."""
     run = timed_run(model, prompts, max_tokens, dict(engine_kwargs, **rung_kwargs), record_timeline=True)
     records: list[StepRecord] = run.engine.timeline
-    cost = roofline_model(model.config.geometry(dtype_name(model.dtype)), gpu)
+    run.release()  # the next rung builds its own engine: one pool at a time
+    cost = roofline_model(model.config.geometry(dtype_name(model.dtype)), gpu, model.device)
     roof, dur, decode = roofline_s(run.steps, cost), run.durations, run.decode
     speed, split = step_speed(run, cost), summarize_timeline(records)
     picks = np.unique(np.linspace(0, len(run.steps) - 1, min(max_points, len(run.steps))).astype(int))
@@ -147,6 +150,7 @@ def run_rung(
         **{k: split[k] for k in _SPLIT_KEYS},
         roofline=ROOFLINE_NAME,
         roofline_gpu=cost.gpu.name,
+        roofline_spec=roofline_card(gpu, model.device).spec,  # "table": the card's own row; "assumed" on a CPU
         roofline_run_s=float(roof.sum()),  # (not rounded: a CPU rung's roofline is a few ms)
         roofline_tokens_per_s=run.useful_tokens / float(roof.sum()),
         roofline_decode_step_ms=speed["roofline_decode_step_ms"],
