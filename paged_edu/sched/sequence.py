@@ -65,6 +65,7 @@ class Sequence:
             self.max_new_tokens = integer("max_new_tokens", self.max_new_tokens, low=1)
             self.num_samples = integer("num_samples", self.num_samples, low=1)
             self.num_pending_forks = integer("num_pending_forks", self.num_pending_forks, low=0)
+            integer("sample_index", self.sample_index, low=0)  # checked only: the samples' record numbers them
         except (FieldTypeError, FieldValueError) as exc:
             raise type(exc)(exc.field, f"sequence {self.seq_id}: {exc}") from None
         if self.request_id is None:
