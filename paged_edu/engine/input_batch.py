@@ -1,57 +1,60 @@
-"""The persistent input batch: the decode batch kept from one step to the next, written where it changes.
+"""The persistent input batch: each sequence's decode state kept in rows across steps, written where it changes.
 
 What you will learn
 -------------------
 :func:`~paged_edu.engine.batch.pack_chunks` builds any step's :class:`~paged_edu.engine.batch.StepBatch`
 from the scheduler's chunks -- reading every sequence's new token, position and block table through
-Python. Yet from one decode step to the next almost nothing changes: the same sequences decode again,
-each one position further on, with the token the last step drew, and a table gains a block every
-``B`` tokens. So the runner keeps its decode batch across steps, as vLLM's worker does: its
-``InputBatch`` (``vllm/v1/worker/gpu_input_batch.py``) holds a row per request -- tokens, computed
-count, sampling parameters, block table -- in preallocated arrays, and each step writes only what the
-scheduler says changed (``CachedRequestData.new_block_ids``, ``vllm/v1/core/sched/output.py``,
-appended by ``BlockTable.append_row``).
+Python. Yet from one decode step to the next almost nothing changes: most sequences decode again, each
+one position further on, with the token the last step drew for it, and a table gains a block every
+``B`` tokens. So the runner keeps the sequences' state across steps, as vLLM's worker does: its
+``InputBatch`` (``vllm/v1/worker/gpu_input_batch.py``) holds a row per request -- tokens, computed count,
+sampling parameters, block table -- in preallocated arrays, and each step writes only what the
+scheduler says changed (``CachedRequestData.new_block_ids``, ``vllm/v1/core/sched/output.py``, appended
+by ``BlockTable.append_row``).
 
-:class:`InputBatch` keeps
+:class:`InputBatch` keeps one **row** per sequence (``row_of[seq_id]``), and in it
 
-* one **row** per decoding sequence (``row_of[seq_id]``): its block table ``table[r, :length[r]]``
-  (zeros after) and the allocator's version number it was copied at, ``version[r]``
-  (:meth:`~paged_edu.core.seq_lookup.SequenceLookup.block_table_versions`: it changes when a table is
-  edited other than by growing -- a copy-on-write, a block swapped for the prefix cache's copy);
-* the **last committed decode step**: its sequences in batch order, their rows and positions.
+* ``table[r, :length[r]]`` -- its block table (zeros after), copied at the allocator's version number
+  ``version[r]`` (:meth:`~paged_edu.core.seq_lookup.SequenceLookup.block_table_versions`: it changes when
+  a table is edited other than by growing -- a copy-on-write, a block swapped for the prefix cache's copy);
+* ``drawn[r]`` -- which token of the last committed step's draw is the sequence's (``-1``: it drew none),
+  and ``next_position[r]`` -- the position that token takes.
 
-A decode step of the same sequences in the same order -- the steady state -- is built from these
-alone (:meth:`InputBatch._next_decode`). In the worked examples ``B = 4`` and the last step decoded
-``A`` at position 5 and ``C`` at 9 from rows ``[0, 2]``:
+A decode step is then built row-wise (:meth:`InputBatch._decode`). In the worked examples ``B = 4``;
+the last step drew ``[t0, t1, t2]`` for ``A``, ``C`` and ``D`` (rows ``[0, 2, 3]``, their tokens
+taking positions ``[6, 10, 4]``); ``D`` finished, and a new sequence ``E`` decodes its prompt's last
+token (at 7, row 1):
 
-* ``positions = last + 1``: ``[6, 10]``;
-* ``input_ids = -1 - arange(C)``: ``[-1, -2]``, placeholders for "token ``i`` the last step drew",
-  still on the device, where the runner gathers them (one copy: async scheduling's placeholders, the
-  same mechanism, :mod:`~paged_edu.engine.overlap`);
-* a row grows only where its sequence needs a block it lacks (``positions // B + 1 > length``: about
-  one sequence in ``B`` a step), read from the allocator for that row alone; rows are rewritten only
-  where a version changed, looked at only when the allocator's ``latest_table_version`` moved;
+* ``rows = row_of[seq_ids]``: ``[0, 2, 1]`` (``A``, ``C``, ``E``); ``j = drawn[rows]``: ``[0, 1, -1]``;
+* a row that drew (``j >= 0``) continues: ``position = next_position[r]``, its token ``t_j`` -- read
+  on the host once the step's tokens are back (the synchronous engine), else the placeholder
+  ``-1 - j``, gathered on the device by the runner (async scheduling's placeholders, the same
+  mechanism: :mod:`~paged_edu.engine.overlap`): positions ``[6, 10, .]``, ids ``[t0, t1, .]``;
+* a row that did not (``E``) is read from its chunk and sequence: the only per-sequence Python,
+  one sequence per change: positions ``[6, 10, 7]``;
+* a table gains only the blocks its sequence lacks (``position // B + 1 > length``: ``C`` at 10 needs
+  a third block; about one sequence in ``B`` a step), rows are rewritten only where a version changed,
+  looked at only when the allocator's ``latest_table_version`` moved;
 * the table matrix is ``table[rows, :W]`` and the slots ``table[i, pos // B] * B + pos % B``: numpy
   over ``C`` numbers.
 
-Any other step -- a sequence finished, joined or was preempted; a prompt chunk -- is packed from its
-chunks (:meth:`InputBatch._pack`, the readable base), its decode rows kept the same way, and starts
-the next steady state. A step's record becomes "the last committed step" only once the step commits
-(:meth:`InputBatch.commit`: not undone, its tokens drawn); :meth:`InputBatch.rollback` forgets a step
-that failed, so its retry is packed afresh.
+A step with prompt chunks is packed from its chunks (the readable base, :func:`pack_chunks`); its
+draws are recorded all the same, so the decode step after it continues from it. A step's draws count
+as "the last committed step" only once the step commits (:meth:`InputBatch.commit`: not undone);
+:meth:`InputBatch.rollback` forgets them, so a retried step reads its sequences afresh.
 
-What it buys, measured (``benchmarks/bench_host.py`` on this repository's 2-core CPU, medians of
-runs interleaved with the commit before it): see the ``InputBatch`` entry of ``docs/benchmarks.md``.
+What it buys, measured: ``docs/benchmarks.md``'s host section and its "How it got there" line (A/B
+of ``bench_host`` against the commit before, interleaved, medians).
 
-Invariants (what ``tests/engine/test_input_batch.py`` checks against :func:`pack_chunks` of the
-sequences after random steps): a row holds its sequence's table up to its length and zeros after it;
-every batch equals the one packed afresh, its placeholders read as the last step's tokens.
+Invariants (what ``tests/engine/test_input_batch.py`` checks against the per-token definition of the
+batch after random steps of a real scheduler): a row holds its sequence's table up to its length and
+zeros after it; every batch equals the one defined from the sequences, its placeholders read as the
+last committed step's tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -60,18 +63,18 @@ from paged_edu.engine.batch import StepBatch, pack_chunks, pack_decodes, token_s
 __all__ = ["InputBatch"]
 
 
-@dataclass(slots=True)
-class _DecodeStep:
-    """A pure-decode step as the batch built it: who, in which rows, at which positions."""
-
-    seqs: list  # (C,) the scheduler's Sequence objects, in batch order
-    rows: np.ndarray  # (C,) int64: each one's row of the kept tables
-    positions: np.ndarray  # (C,) int64: the position each one computed
+def _token(item) -> int:
+    """The token a one-token chunk computes: the sequence's token at ``start`` (a placeholder
+    ``-1 - j`` where async scheduling holds the step in flight's)."""
+    seq, s = item.seq, item.start
+    p = len(seq.prompt_token_ids)
+    return seq.output_token_ids[s - p] if s >= p else seq.prompt_token_ids[s]
 
 
 class InputBatch:
-    """The runner's decode batch, kept across steps (module docstring). Each step: :meth:`prepare`, then
-    :meth:`launched` with the tokens drawn, then :meth:`commit` -- or :meth:`rollback` if it failed.
+    """The runner's sequences' state, kept across steps (module docstring). Each step: :meth:`prepare`;
+    :meth:`launched` with the tokens drawn (and :meth:`read` once they are on the host); then
+    :meth:`commit` -- or :meth:`rollback` if the step failed.
 
     ``block_tables(seq_ids)`` / ``versions(seq_ids)`` / ``latest_version()`` read the memory manager
     (:mod:`paged_edu.sched.memory_manager`'s readers). Without version numbers (a manager with the
@@ -93,88 +96,133 @@ class InputBatch:
         self._free_rows: list[int] = []
         self.table = np.zeros((0, 0), dtype=np.int32)  # (rows, width): each row a zero-padded block table
         self._length = np.zeros(0, dtype=np.int64)  # (rows,) blocks copied into each row
-        self._version = np.zeros(0, dtype=np.int64)  # (rows,) the version each row was copied at
-        self._checked_version = -1  # the allocator's latest version when the last step's rows were checked
-        self._launched: _DecodeStep | None = None  # the step prepared last, until it commits
-        self._committed: _DecodeStep | None = None  # the last decode step that committed
-        self.tokens = None  # (N,) the last committed step's tokens, on the device: what placeholders -1 - i read
-        self._launched_tokens = None
+        self._version = np.zeros(0, dtype=np.int64)  # (rows,) the version each row was copied at (-1: none)
+        self._checked = np.zeros(0, dtype=np.int64)  # (rows,) the allocator's latest version when it was checked
+        self._drawn = np.zeros(0, dtype=np.int64)  # (rows,) its token's index in the last committed draw, or -1
+        self._next_position = np.zeros(0, dtype=np.int64)  # (rows,) the position that token takes
+        self._drawn_rows = np.zeros(0, dtype=np.int64)  # the rows whose drawn[r] is set (the last commit's)
+        self._last: tuple[list, np.ndarray] | None = None  # the last decode step's (sequences, rows)
+        self._launched: tuple[np.ndarray, np.ndarray] | None = None  # the prepared step's (rows, positions) drawn
+        self._launched_tokens = self._launched_host = None
+        self.tokens = None  # (N,) the last committed step's draw, on the device: what placeholders -1 - j read
+        self.host_tokens: np.ndarray | None = None  # the same on the host, once read (None until then)
         self.num_rows_written = 0  # rows rewritten or grown, over all steps (what keeping saves is the rest)
-        self.num_steady_steps = 0  # decode steps built from the kept arrays alone
+        self.num_decode_steps = 0  # steps built row-wise (the others packed from their chunks)
+        self.num_rows_read = 0  # rows of those read from their chunk: the sequences that did not continue
 
     # -- one step ---------------------------------------------------------------------------------
-    def prepare(self, scheduled: Sequence, samples_one_each: bool) -> StepBatch:
-        """The step's :class:`StepBatch` from the scheduler's ``ScheduledSeq`` s. ``samples_one_each``:
-        every chunk draws exactly one token, in order (the sampling plan says so) -- a pure-decode step
-        that the next one can continue from."""
+    def prepare(self, scheduled: Sequence, drawn: Sequence[int] | None) -> StepBatch:
+        """The step's :class:`StepBatch` from the scheduler's ``ScheduledSeq`` s. ``drawn``: the chunk of
+        each token the step will draw (the sampling plan's ``chunks``), or None when its tokens do not
+        map one to a chunk (a parallel-sampling fork): the next step then continues from none."""
         seqs = [item.seq for item in scheduled]  # the one pass over the step's sequences
-        last = self._committed
-        if last is not None and seqs == last.seqs and self._continues(scheduled, last):
-            batch, rows = self._next_decode(last), last.rows
-            self.num_steady_steps += 1
-        else:
+        batch, rows = (None, None) if self._versions is None else self._decode(scheduled, seqs)
+        if batch is None:
             batch, rows = self._pack(scheduled, seqs)
-        keep = rows is not None and samples_one_each
-        self._launched = _DecodeStep(seqs, rows, batch.positions) if keep else None
-        self._launched_tokens = None
+        self._launched = None
+        if rows is not None and drawn is not None and len(drawn):
+            ends = batch.positions[batch.logits_rows] + 1  # (C,) where each chunk's next token goes
+            if len(drawn) == len(scheduled):  # one token a chunk, in order (without forks: the usual step)
+                self._launched = (rows, ends)
+            else:  # E.g. a prompt chunk in the middle of its prompt draws none: drawn [0, 2]
+                chunks = np.asarray(drawn, dtype=np.int64)  # (N,)
+                self._launched = (rows[chunks], ends[chunks])
+        self._launched_tokens = self._launched_host = None
         return batch
 
     def launched(self, tokens) -> None:
         """The prepared step's tokens were drawn (``(N,)`` on the device, or None if it drew none)."""
         self._launched_tokens = tokens
 
+    def read(self, tokens, host: np.ndarray) -> None:
+        """A step's ``tokens`` reached the host as ``host``: the prepared step's, or the last committed
+        one's (async scheduling reads a step after it launched the next), are then resolved on the host."""
+        if tokens is None:
+            return
+        if tokens is self._launched_tokens:
+            self._launched_host = host.copy()
+        elif tokens is self.tokens:
+            self.host_tokens = host.copy()
+
     def commit(self) -> None:
-        """The prepared step was not undone: the next step continues from it."""
-        self._committed, self._launched = self._launched, None
-        self.tokens, self._launched_tokens = self._launched_tokens, None
+        """The prepared step was not undone: its draws are the ones the next step continues from."""
+        self._drawn[self._drawn_rows] = -1
+        self._drawn_rows = np.zeros(0, dtype=np.int64)
+        if self._launched is not None:
+            rows, positions = self._launched  # E.g. rows [0, 2, 3] drew tokens 0, 1, 2 for positions [6, 10, 4]
+            self._drawn[rows] = np.arange(len(rows))
+            self._next_position[rows] = positions
+            self._drawn_rows = rows
+        self._launched = None
+        self.tokens, self.host_tokens = self._launched_tokens, self._launched_host
+        self._launched_tokens = self._launched_host = None
 
     def rollback(self) -> None:
-        """The prepared step was undone: forget it (and the last committed one: its tokens on the device
-        may have been overwritten by the failed step's; the retry is packed afresh)."""
-        self._launched = self._committed = None
-        self._launched_tokens = None
+        """The prepared step was undone: forget its draws and the last committed step's (their tokens on
+        the device may have been overwritten by the failed step's): the retry reads every sequence."""
+        self._drawn[self._drawn_rows] = -1
+        self._drawn_rows = np.zeros(0, dtype=np.int64)
+        self._launched = self._last = None
+        self.host_tokens = self._launched_tokens = self._launched_host = None
+        # (self.tokens stays: async scheduling's step in flight holds placeholders that read it)
 
-    # -- the steady state: the last step's sequences again --------------------------------------------
-    @staticmethod
-    def _continues(scheduled: Sequence, last: _DecodeStep) -> bool:
-        """The same sequences, each one token further: true whenever the last step committed (each of
-        them then has exactly its drawn token left to compute); checked on both ends for the price of two."""
-        return (
-            scheduled[0].start == last.positions[0] + 1
-            and scheduled[-1].start == last.positions[-1] + 1
-            and scheduled[0].num_new_tokens == scheduled[-1].num_new_tokens == 1
-        )
-
-    def _next_decode(self, last: _DecodeStep) -> StepBatch:
-        """The step after ``last`` over the same rows (module docstring's example in the comments)."""
-        rows, B = last.rows, self.block_size  # E.g. [0, 2]
-        positions = last.positions + 1  # (C,) E.g. [5, 9] -> [6, 10]
-        self._refresh(last.seqs, rows, positions // B + 1)  # E.g. need [2, 3] blocks
+    # -- a decode step, row-wise ------------------------------------------------------------------------
+    def _decode(self, scheduled: Sequence, seqs: list) -> tuple[StepBatch | None, np.ndarray | None]:
+        """The step built from the rows (module docstring's example in the comments), or ``(None, None)``
+        when it has a prompt chunk (it is packed)."""
+        B = self.block_size
+        if self._last is not None and seqs == self._last[0]:  # the same sequences in the same order
+            rows = self._last[1]
+        else:
+            rows = self._rows([seq.seq_id for seq in seqs])  # E.g. [0, 2, 1]
+        j = self._drawn[rows]  # (C,) E.g. [0, 1, -1]
+        positions = self._next_position[rows]  # (C,) E.g. [6, 10, x]: right where j >= 0
+        new = np.flatnonzero(j < 0).tolist()  # E.g. [2]: E, read from its chunk
+        items = [scheduled[k] for k in new]
+        if any(item.num_new_tokens != 1 for item in items):
+            return None, None  # a prompt chunk: packed
+        if new:
+            positions[new] = [item.start for item in items]  # E.g. [6, 10, 7]
+        ends = (0, -1) if len(new) < len(rows) else ()  # the first and last rows, if they continue
+        if any(j[k] >= 0 and positions[k] != scheduled[k].start for k in ends):
+            return None, None  # (never, when the last step committed: a check for two attribute reads)
+        host = self.host_tokens
+        ids = host[j] if host is not None else -1 - j  # (C,) E.g. [t0, t1, .]; or placeholders [-1, -2, .]
+        if new:
+            ids[new] = [_token(item) for item in items]
+        self._refresh(seqs, rows, positions // B + 1)  # E.g. need [2, 3, 2] blocks
         W = int(self._length[rows].max())
-        # E.g. ids [-1, -2]: token 0 and token 1 of the last step's draw
-        placeholders = np.arange(-1, -1 - len(rows), -1, dtype=np.int64)
-        return pack_decodes(placeholders, positions, self.table[rows, :W], B)
+        self._last = (seqs, rows)
+        self.num_decode_steps += 1
+        self.num_rows_read += len(new)
+        return pack_decodes(ids, positions, self.table[rows, :W], B), rows
 
     def _refresh(self, seqs: list, rows: np.ndarray, need: np.ndarray) -> None:
-        """Bring the step's rows up to date: rewrite the edited ones (looked for only when the allocator
-        handed out a version since they were last checked), then append to those that need more blocks."""
-        latest = self._latest_version() if self._latest_version is not None else None
-        if latest is None or latest != self._checked_version:  # a table was made or edited: find which of ours
-            seq_ids = [seq.seq_id for seq in seqs]
-            versions = np.fromiter(self._versions(seq_ids), dtype=np.int64, count=len(seq_ids))  # (C,)
-            edited = np.flatnonzero(self._version[rows] != versions).tolist()
+        """Bring the step's rows up to date: rewrite the edited and the new ones -- looked for only among
+        the rows checked before the allocator handed out its latest version number (none, while it
+        stands still) -- then give the rows that lack blocks their new block ids."""
+        if self._latest_version is None:  # a manager that numbers its tables but not its edits: every row
+            latest, stale = -1, np.arange(len(rows))
+        else:
+            latest = self._latest_version()
+            stale = np.flatnonzero(self._checked[rows] != latest)  # (S,) rows a table edit may have missed
+        if stale.size:
+            r = rows[stale]
+            seq_ids = [seqs[k].seq_id for k in stale.tolist()]
+            versions = np.fromiter(self._versions(seq_ids), dtype=np.int64, count=len(seq_ids))  # (S,)
+            edited = np.flatnonzero(self._version[r] != versions).tolist()
             for k, table in zip(edited, self._block_tables([seq_ids[k] for k in edited])):
-                self._write(rows[k], table, 0)
-            self._version[rows] = versions
-            self._checked_version = latest
-        short = np.flatnonzero(self._length[rows] < need)  # E.g. C at position 12 needs a 4th block: [1]
+                self._write(r[k], table, 0)
+            self._version[r] = versions
+            self._checked[r] = latest
+        short = np.flatnonzero(self._length[rows] < need)  # E.g. C at 10 needs a third block: [1]
         if not short.size:
             return
         tables = self._block_tables([seqs[k].seq_id for k in short.tolist()])
-        r, copied = rows[short], self._length[rows[short]]  # E.g. row [2], 3 blocks copied
-        lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))  # E.g. [4]
+        r, copied = rows[short], self._length[rows[short]]  # E.g. row [2], 2 blocks copied
+        lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))  # E.g. [3]
         if (lens == copied + 1).all() and lens.max() <= self.table.shape[1]:  # one new block each (the usual)
-            self.table[r, copied] = [t[-1] for t in tables]  # E.g. table[2, 3] = C's new block: its new_block_ids
+            self.table[r, copied] = [t[-1] for t in tables]  # E.g. table[2, 2] = C's new block: its new_block_ids
             self._length[r] = lens
             self.num_rows_written += len(tables)
             return
@@ -183,43 +231,21 @@ class InputBatch:
 
     # -- any other step: packed from the chunks ---------------------------------------------------------
     def _pack(self, scheduled: Sequence, seqs: list) -> tuple[StepBatch, np.ndarray | None]:
-        """:func:`pack_chunks` of the chunks; a pure-decode step's tables from the kept rows. Returns the
-        batch and, for a pure-decode step with kept rows, its rows."""
+        """:func:`pack_chunks` of the chunks, from the sequences and the manager's lists. Returns the batch
+        and its sequences' rows (None without version numbers: nothing is kept)."""
         token_ids: list[int] = []
         for item in scheduled:  # each chunk's new tokens (placeholders -1 - j where async scheduling holds them)
-            seq, s, n = item.seq, item.start, item.num_new_tokens
-            p = len(seq.prompt_token_ids)
+            n = item.num_new_tokens
             if n == 1:
-                token_ids.append(seq.output_token_ids[s - p] if s >= p else seq.prompt_token_ids[s])
+                token_ids.append(_token(item))
             else:
-                token_ids += token_slice(seq, s, s + n)
+                token_ids += token_slice(item.seq, item.start, item.start + n)
         seq_ids = [seq.seq_id for seq in seqs]
-        counts = [item.num_new_tokens for item in scheduled]
-        starts = [item.start for item in scheduled]
         tables = self._block_tables(seq_ids)
-        if self._versions is None or max(counts) > 1:  # nothing kept, or a step with prompt chunks
-            return pack_chunks(token_ids, starts, counts, tables, self.block_size), None
-        rows = self._rows(seq_ids)
-        matrix = lambda tables, lens: self._matrix(seq_ids, rows, tables, lens)  # noqa: E731
-        return pack_chunks(token_ids, starts, counts, tables, self.block_size, matrix), rows
-
-    def _matrix(self, seq_ids: list, rows: np.ndarray, tables: Sequence[Sequence[int]], lens: np.ndarray) -> np.ndarray:
-        """The zero-padded ``(C, max(lens))`` int32 tables of ``seq_ids`` from their kept rows (a new
-        array: the rows may change next step): every row checked against its version, rewritten if
-        edited (or new), grown if its table grew. ``tables`` are the manager's lists, ``lens`` their lengths."""
-        # (read before the versions: an edit after this read moves the number again, and is caught next step)
-        self._checked_version = self._latest_version() if self._latest_version is not None else None
-        C = len(seq_ids)
-        versions = np.fromiter(self._versions(seq_ids), dtype=np.int64, count=C)  # (C,)
-        copied = self._length[rows]  # (C,)
-        edited = (self._version[rows] != versions) | (copied > lens)  # (C,) rewrite these whole
-        grown = ~edited & (copied < lens)  # (C,) append to these
-        for k in np.flatnonzero(edited).tolist():
-            self._write(rows[k], tables[k], 0)
-        for k in np.flatnonzero(grown).tolist():
-            self._write(rows[k], tables[k], int(copied[k]))
-        self._version[rows] = versions
-        return self.table[rows, : int(lens.max())]  # (C, W)
+        batch = pack_chunks(
+            token_ids, [it.start for it in scheduled], [it.num_new_tokens for it in scheduled], tables, self.block_size
+        )
+        return batch, (None if self._versions is None else self._rows(seq_ids))
 
     # -- rows -------------------------------------------------------------------------------------------
     def _write(self, row: int, table: Sequence[int], start: int) -> None:
@@ -233,8 +259,8 @@ class InputBatch:
         self.num_rows_written += 1
 
     def _rows(self, seq_ids: list) -> np.ndarray:
-        """Each sequence's row, ``(C,)``; a sequence new to the decode steps gets one (version -1: written
-        on first use)."""
+        """Each sequence's row, ``(C,)``; a sequence new here gets one (version -1: written on first use,
+        drawn -1: read from its chunk)."""
         row_of = self._row_of
         try:
             return np.fromiter(map(row_of.__getitem__, seq_ids), dtype=np.int64, count=len(seq_ids))
@@ -250,20 +276,26 @@ class InputBatch:
             self._grow(max(rows + len(new) - len(self._free_rows), 2 * rows, 16), width)
         for i in new:
             row = row_of[i] = self._free_rows.pop()
-            self._version[row] = -1
+            self._version[row] = self._drawn[row] = self._checked[row] = -1
         return np.fromiter(map(row_of.__getitem__, seq_ids), dtype=np.int64, count=len(seq_ids))
 
     def _release(self, seq_id: Hashable) -> None:
         row = self._row_of.pop(seq_id)
         self.table[row, : self._length[row]] = 0  # rows are zero past their length
         self._length[row] = 0
+        self._drawn[row] = -1
         self._free_rows.append(row)
+        self._last = None  # its rows may be another sequence's from now on
 
     def _grow(self, rows: int, width: int) -> None:
         old_rows, old_width = self.table.shape
         table = np.zeros((rows, width), dtype=np.int32)
         table[:old_rows, :old_width] = self.table
         self.table = table
-        self._length = np.concatenate([self._length, np.zeros(rows - old_rows, dtype=np.int64)])
-        self._version = np.concatenate([self._version, np.full(rows - old_rows, -1, dtype=np.int64)])
+        more = rows - old_rows
+        self._length = np.concatenate([self._length, np.zeros(more, dtype=np.int64)])
+        self._version = np.concatenate([self._version, np.full(more, -1, dtype=np.int64)])
+        self._checked = np.concatenate([self._checked, np.full(more, -1, dtype=np.int64)])
+        self._drawn = np.concatenate([self._drawn, np.full(more, -1, dtype=np.int64)])
+        self._next_position = np.concatenate([self._next_position, np.zeros(more, dtype=np.int64)])
         self._free_rows.extend(range(rows - 1, old_rows - 1, -1))  # popped lowest first

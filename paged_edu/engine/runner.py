@@ -180,14 +180,14 @@ class ModelRunner:
     def prepare(self, scheduled, inputs: InputBatch, plan: SamplingPlan) -> StagedBatch:
         """The step's inputs on the device, from the scheduler's ``ScheduledSeq`` s.
 
-        ``inputs`` builds the step's :class:`StepBatch` (the decode batch kept across steps, or packed
-        from the chunks); ``plan`` says which rows sample and how
+        ``inputs`` builds the step's :class:`StepBatch` (row-wise from the sequences' kept state, or
+        packed from the chunks); ``plan`` says which rows sample and how
         (:func:`~paged_edu.engine.sampling.plan_sampling`). Token ids still on the device -- the
-        placeholders ``-1 - j``, "token ``j`` of the last step's draw", of a decode step that continues
-        the last one, or of async scheduling's step in flight -- are gathered there from ``inputs.tokens``.
+        placeholders ``-1 - j``, "token ``j`` of the last step's draw", of async scheduling's step in
+        flight -- are gathered there from ``inputs.tokens``.
         """
         one_each = len(plan.chunks) == len(scheduled) and not plan.forks  # every chunk draws one token, in order
-        host = inputs.prepare(scheduled, one_each)
+        host = inputs.prepare(scheduled, None if plan.forks else plan.chunks)
         batch = self._stage(host, plan, one_each)
         batch.host = host
         if inputs.tokens is not None:

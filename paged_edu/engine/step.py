@@ -147,8 +147,9 @@ class StepPhases:
 
     ``requests`` is the engine's table of live requests (by id), shared: the ``prepare`` phase reads
     their sampling params, the ``update`` phase removes the requests it completes. ``input_batch``
-    (:class:`~paged_edu.engine.input_batch.InputBatch`) builds each step's batch, keeping the decode
-    batch across steps: it learns of each step's tokens, and whether the step committed.
+    (:class:`~paged_edu.engine.input_batch.InputBatch`) builds each step's batch, keeping the
+    sequences' state across steps: it learns of each step's tokens (drawn, then on the host), and whether the
+    step committed.
     ``subscribers`` is the engine's list of callbacks: a step's :class:`StepMetrics` is made only if
     someone listens. Holds no reference to the engine (an engine dropped is freed at once).
     """
@@ -255,7 +256,9 @@ class StepPhases:
                 self.device_wait_s += time.perf_counter() - t0
             if step.host is None:
                 return {}
-            return tokens_by_sequence(step.plan, step.host.numpy().tolist())
+            host = step.host.numpy()
+            self.input_batch.read(step.tokens, host)  # the next step's batch takes them from the host
+            return tokens_by_sequence(step.plan, host.tolist())
 
     def update(self, step: LaunchedStep, sampled: dict) -> tuple[list[RequestOutput], int]:
         """Phase 6: append the tokens, publish the blocks they complete, finish sequences; returns the

@@ -42,8 +42,10 @@ def make(kind: str, num_blocks: int = 64):
     return RadixAllocator(num_blocks, B, cache_when_computed=True)
 
 
-def input_batch(a) -> InputBatch:
-    return InputBatch(B, block_tables_reader(a), block_table_versions_reader(a), latest_table_version_reader(a))
+def input_batch(a, watermark: bool = True) -> InputBatch:
+    """``watermark=False``: version numbers but no latest number (every row's version read each step)."""
+    latest = latest_table_version_reader(a) if watermark else None
+    return InputBatch(B, block_tables_reader(a), block_table_versions_reader(a), latest)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -75,16 +77,18 @@ def assert_batch_is_the_definition(batch, scheduled, allocator, tokens):
         np.testing.assert_array_equal(batch.prefill_block_tables, fresh_pack([c.block_table for c in pre]))
 
 
-@pytest.mark.parametrize("kind", ["hash", "radix"])
+@pytest.mark.parametrize("kind", ["hash", "radix", "radix, no watermark"])
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
 @pytest.mark.parametrize("seed", range(4))
 def test_every_batch_equals_the_definition_after_random_steps(kind, preemption, seed):
     """A real scheduler on a small pool (it preempts), random admissions (shared prompts: cache hits,
     the radix index swapping blocks for its copies), parallel sampling, aborts and failed steps; each
-    step's batch from the kept arrays or packed afresh equals the definition -- and most decode steps
-    are the steady state (the test would pass vacuously otherwise)."""
+    step's batch -- built row-wise or packed from its chunks, its continuing sequences' tokens from
+    the host (as the synchronous engine reads them) or as placeholders (as async scheduling leaves
+    them) -- equals the definition; and most decode rows continue (the test would pass vacuously
+    otherwise)."""
     rng = random.Random(seed)
-    a = make(kind, num_blocks=48)
+    a = make(kind.split(",")[0], num_blocks=48)
     s = Scheduler(
         a,
         max_num_seqs=8,
@@ -92,10 +96,10 @@ def test_every_batch_equals_the_definition_after_random_steps(kind, preemption, 
         preemption_mode=preemption,
         num_cpu_blocks=64 if preemption == "swap" else 0,
     )
-    ib, sampler, requests = input_batch(a), Sampler(seed), {}
+    ib, sampler, requests = input_batch(a, watermark="no watermark" not in kind), Sampler(seed), {}
     prompts = [[rng.randrange(5) for _ in range(rng.randrange(1, 3 * B))] for _ in range(3)]
     tokens = None  # the last committed step's draw
-    decode_steps = checked = failed = 0
+    decode_rows = checked = failed = 0
     for step in range(300):
         if (
             rng.random() < 0.25 and len(s.running) + len(s.waiting) + len(s.swapped) < 8
@@ -119,26 +123,26 @@ def test_every_batch_equals_the_definition_after_random_steps(kind, preemption, 
         if sched.is_empty:
             continue
         plan = plan_sampling(sched.scheduled, sampler, requests)
-        one_each = len(plan.chunks) == len(sched.scheduled) and not plan.forks
-        batch = ib.prepare(sched.scheduled, one_each)
+        batch = ib.prepare(sched.scheduled, None if plan.forks else plan.chunks)
         assert_batch_is_the_definition(batch, sched.scheduled, a, tokens)
         checked += 1
-        decode_steps += batch.is_pure_decode
-        drawn = [rng.randrange(5) for _ in plan.chunks]
+        decode_rows += batch.num_decodes if batch.is_pure_decode else 0
+        drawn = np.array([rng.randrange(5) for _ in plan.chunks])
+        ib.launched(drawn if len(drawn) else None)
         if rng.random() < 0.08:  # the step fails after its draw: undone, retried next step
-            ib.launched(np.array(drawn))
             ib.rollback()
             sampler.rollback()
             failed += 1
             continue
-        ib.launched(np.array(drawn) if drawn else None)
+        if rng.random() < 0.5:  # the tokens reach the host before the commit (the synchronous engine)
+            ib.read(drawn if len(drawn) else None, drawn)
         ib.commit()
         sampler.commit()
-        tokens = np.array(drawn) if drawn else None
-        for seq in s.update(sched.scheduled, tokens_by_sequence(plan, drawn) if drawn else {}):
+        tokens = drawn if len(drawn) else None
+        for seq in s.update(sched.scheduled, tokens_by_sequence(plan, drawn.tolist()) if len(drawn) else {}):
             sampler.remove(seq.request_id, seq.sample_index)
-    assert checked > 150 and failed > 5
-    assert ib.num_steady_steps > decode_steps // 3 > 10
+    assert checked > 150 and failed > 5 and ib.num_decode_steps > 50
+    assert ib.num_rows_read < decode_rows // 3  # the rest continued
 
 
 # ----------------------------------------------------------------------------------------------
@@ -197,16 +201,19 @@ def test_kept_rows_match_a_fresh_pack_after_random_operations(kind, seed):
         step = rng.sample(live, rng.randrange(1, len(live) + 1))
         lists = a.block_tables(step)
         lens = np.array([len(t) for t in lists], dtype=np.int64)
-        got = tables._matrix(step, tables._rows(step), lists, lens)
-        np.testing.assert_array_equal(got, fresh_pack(lists))
+        rows = tables._rows(step)  # the rows a step of these sequences would use, brought up to date
+        tables._refresh([SimpleNamespace(seq_id=i) for i in step], rows, lens)
+        np.testing.assert_array_equal(tables.table[rows, : lens.max()], fresh_pack(lists))
+        assert not tables.table[rows, lens.max() :].any()  # zeros past each row's length
         checked += 1
     assert checked > 200
 
 
-def test_the_steady_state_writes_only_the_rows_that_changed():
-    """What it saves: a decode step of the last step's sequences writes only the rows whose table
-    changed since the last step -- a new block (one write each), or a copy-on-write (a new version) --
-    and no others; a different set of sequences is packed afresh."""
+def test_a_decode_step_writes_only_the_rows_that_changed():
+    """What it saves: a decode step whose sequences continue the last step reads none of them from its
+    chunk, and writes only the rows whose table changed since -- a new block (one write each), a
+    copy-on-write (a new version) -- and no others; a sequence that finished leaves the others'
+    rows as they were."""
     from paged_edu.sched.scheduler_output import ScheduledSeq
 
     a = BlockAllocator(64, B, cache_when_computed=True)
@@ -223,51 +230,60 @@ def test_the_steady_state_writes_only_the_rows_that_changed():
         scheduled = [ScheduledSeq(q, 1, q.num_computed_tokens, True) for q in group]
         changed = sum(seen.get(q.seq_id) != a.block_table(q.seq_id) for q in group)  # the oracle
         seen.update({q.seq_id: a.block_table(q.seq_id) for q in group})
-        before = ib.num_rows_written
-        batch = ib.prepare(scheduled, True)
+        before = ib.num_rows_written, ib.num_rows_read
+        batch = ib.prepare(scheduled, range(len(group)))
         assert_batch_is_the_definition(batch, scheduled, a, ib.tokens)
-        drawn = np.arange(len(group)) + 10
+        drawn = np.arange(len(group)) + 10 * len(seen)
         ib.launched(drawn)
         ib.commit()
         for q, t in zip(group, drawn):  # as the scheduler's update and its next schedule do
             q.append_token(int(t))
             q.num_computed_tokens += 1
             a.append_slots(q.seq_id)
-        return ib.num_rows_written - before, changed
+        return ib.num_rows_written - before[0], changed, ib.num_rows_read - before[1]
 
     writes = [step(seqs) for _ in range(6)]
-    assert writes[0] == (3, 3) and ib.num_steady_steps == 5  # first sight: packed, every row written
-    assert all(w == c for w, c in writes) and sum(w for w, _ in writes[1:]) == 3  # each took one block
-    assert 0 in [w for w, _ in writes[1:]]  # a step inside every sequence's last block writes nothing
+    assert writes[0] == (3, 3, 3)  # first sight: every row read from its chunk and written
+    assert all(w == c and read == 0 for w, c, read in writes[1:])  # then: continued, only changes written
+    assert sum(w for w, _, _ in writes[1:]) == 3 and 0 in [w for w, _, _ in writes[1:]]  # one block each
     a.fork(0, 7)  # the child shares sequence 0's partly filled last block ...
     writes = [step(seqs) for _ in range(2)]  # ... so sequence 0's next slot copies it: a new version
-    assert all(w == c for w, c in writes) and writes[1][0] >= 1 and ib.num_steady_steps == 7
-    w, c = step(seqs[:2])  # one finished: packed afresh, its rows kept (only changed ones written)
-    assert ib.num_steady_steps == 7 and w == c < 2
+    assert all(w == c and read == 0 for w, c, read in writes) and writes[1][0] >= 1
+    w, c, read = step(seqs[:2])  # the third finished: the others continue
+    assert w == c < 2 and read == 0
+    assert ib.num_decode_steps == 9
 
 
 def test_a_failed_step_is_not_continued_from():
-    """rollback(): the step that failed and the last committed one are forgotten; the retry is packed."""
+    """rollback(): the step that failed and the last committed one are forgotten: the retry reads its
+    sequences from their chunks (the real token, no placeholder)."""
+    from paged_edu.sched.scheduler_output import ScheduledSeq
+
     a = BlockAllocator(16, B, cache_when_computed=True)
     seq = Sequence(0, [1, 2, 3], 10)
     a.allocate(0, seq.prompt_token_ids)
     seq.num_computed_tokens = 2
     ib = input_batch(a)
-    from paged_edu.sched.scheduler_output import ScheduledSeq
-
-    ib.prepare([ScheduledSeq(seq, 1, 2, True)], True)
+    ib.prepare([ScheduledSeq(seq, 1, 2, True)], [0])
     ib.launched(np.array([9]))
-    ib.commit()
+    ib.commit()  # its tokens never reached the host (async scheduling): the next step holds a placeholder
     seq.append_token(9)
     seq.num_computed_tokens = 3
     a.append_slots(0)
-    ib.prepare([ScheduledSeq(seq, 1, 3, True)], True)
-    assert ib.num_steady_steps == 1
+    batch = ib.prepare([ScheduledSeq(seq, 1, 3, True)], [0])
+    assert batch.input_ids.tolist() == [-1] and ib.num_rows_read == 1  # continued: token 0 of the last draw
     ib.launched(np.array([4]))
     ib.rollback()  # undone: the sequence stays at position 3
-    batch = ib.prepare([ScheduledSeq(seq, 1, 3, True)], True)
-    assert ib.num_steady_steps == 1 and batch.input_ids.tolist() == [9]  # packed: the real token, no placeholder
+    batch = ib.prepare([ScheduledSeq(seq, 1, 3, True)], [0])
+    assert batch.input_ids.tolist() == [9] and ib.num_rows_read == 2  # read from the sequence
     assert ib.tokens.tolist() == [9]  # the last committed draw stays (async scheduling's placeholders read it)
+    ib.launched(tokens := np.array([5]))
+    ib.read(tokens, np.array([5]))  # on the host before the commit (the synchronous engine)
+    ib.commit()
+    seq.append_token(5)
+    seq.num_computed_tokens = 4
+    a.append_slots(0)
+    assert ib.prepare([ScheduledSeq(seq, 1, 4, True)], [0]).input_ids.tolist() == [5]  # from the host
 
 
 # ----------------------------------------------------------------------------------------------
