@@ -258,16 +258,21 @@ def fill_placeholders(input_ids: torch.Tensor, tokens: torch.Tensor, host_ids: n
     """``input_ids[i] = tokens[-1 - input_ids[i]]`` where ``input_ids[i] < 0``, on the device.
 
     ``host_ids`` are the same ids on the host, so the host knows where the placeholders are without
-    asking the device. Usually (a decode step that continues the last one; async scheduling's step
-    where every sequence of the step in flight decodes again, in the same order) they are rows
-    ``0 .. k-1`` pointing at tokens ``0 .. k-1``: then the fill is one copy; otherwise five small
-    kernels compute it. On the H200's host each launch costs ~10 us of a decode step's ~1 ms."""
+    asking the device. Usually (async scheduling's step where every sequence of the step in flight
+    decodes again, in the same order) they are rows ``0 .. k-1`` pointing at tokens ``0 .. k-1``: then
+    the fill is one copy; a decode step whose every row is a placeholder (some sequence finished: gaps)
+    is one gather (two kernels); otherwise six small kernels compute it. On the H200's host each
+    launch costs ~10 us of a decode step's ~1 ms."""
     num = int(np.count_nonzero(host_ids < 0))
     if num == 0:
         return
     # E.g. host_ids [-1, -2, -3, 7]: num 3, the first three are [-1, -2, -3] -> tokens[:3] in one copy
     if num <= tokens.shape[0] and np.array_equal(host_ids[:num], np.arange(-1, -1 - num, -1)):
         input_ids[:num].copy_(tokens[:num])
+        return
+    if num == len(host_ids):  # E.g. [-1, -3, -4]: every row a placeholder -> tokens[[0, 2, 3]] in place
+        ids = input_ids[:num]
+        torch.index_select(tokens, 0, -1 - ids, out=ids)
         return
     # E.g. input_ids [-1, -4, 7], 8 tokens: rows [0, 3, 0] (-8 clamped to 0) -> [tokens[0], tokens[3], 7]
     rows = (-1 - input_ids).clamp_(0, tokens.shape[0] - 1)  # (rows,) index into the last step's tokens

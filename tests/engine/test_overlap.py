@@ -183,10 +183,10 @@ def test_input_ids_come_from_the_device_not_the_host(model, prompts, params, mon
     assert sum(filled) > 0
 
 
-@pytest.mark.parametrize("layout", ["in order", "shuffled", "gaps", "none"])
+@pytest.mark.parametrize("layout", ["in order", "shuffled", "gaps", "all placeholders", "none"])
 def test_fill_placeholders_matches_a_gather_by_hand(layout):
-    """Both ways of filling (one copy when rows 0..k-1 point at tokens 0..k-1; the general gather)
-    against ``tokens[-1 - id]`` row by row."""
+    """Each way of filling (one copy when rows 0..k-1 point at tokens 0..k-1; one gather when every
+    row is a placeholder; the general gather) against ``tokens[-1 - id]`` row by row."""
     rng = np.random.default_rng(0)
     tokens = torch.tensor(rng.integers(100, 200, size=8))  # (8,) step N's tokens
     k = 6
@@ -196,6 +196,8 @@ def test_fill_placeholders_matches_a_gather_by_hand(layout):
         ids = (-1 - rng.permutation(k)).tolist() + [5, 7]
     elif layout == "gaps":  # a sequence of step N finished: its row is skipped
         ids = [-1, -2, -4, -5, 9, -8]
+    elif layout == "all placeholders":  # every row continues, one finished (the one gather)
+        ids = [-1, -3, -4, -6]
     else:
         ids = [3, 4, 5]
     host = np.array(ids, dtype=np.int64)
