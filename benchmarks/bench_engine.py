@@ -158,17 +158,7 @@ def run_engine(
     )
     run = timed_run(model, prompts, outputs, engine_kwargs, temperature=temperature, count_compiles_per_step=True)
     log(f"  engine warm-up on the same {len(prompts)} requests: {run.warmup_seconds:.1f} s")
-    steps, outs, dt, useful = run.steps, run.outputs, run.seconds, run.useful_tokens
-    e = run.engine  # what the record needs of the timed engine; then its memory goes back (timeline_run builds another)
-    counts = dict(
-        num_preemptions=e.scheduler.num_preemptions,
-        cuda_graph_steps=e.num_graph_steps,
-        mixed_graph_steps=e.num_mixed_graph_steps,
-        cuda_graph_error=e.graph_error,
-        num_sync_steps=e.overlap.num_sync_steps if e.overlap else len(steps),  # steps not run ahead
-    )
-    del e
-    run.release()
+    engine, steps, outs, dt, useful = run.engine, run.steps, run.outputs, run.seconds, run.useful_tokens
     window = dict(
         triton_variants_compiled_in_window=run.triton_variants_compiled_in_window,
         graph_captures_in_window=run.graph_captures_in_window,
@@ -199,9 +189,9 @@ def run_engine(
     log(
         f"  engine{' (async scheduling)' if async_scheduling else ''}: {len(prompts)} requests, {len(steps)} steps, "
         f"{dt:.1f} s, {useful / dt:,.0f} tok/s, "
-        f"peak {running.max()} running, {counts['num_preemptions']} preemptions, "
-        f"{counts['cuda_graph_steps']} graph steps, {counts['mixed_graph_steps']} mixed-step graphs"
-        + (f" (graphs failed: {counts['cuda_graph_error']})" if counts["cuda_graph_error"] else "")
+        f"peak {running.max()} running, {engine.scheduler.num_preemptions} preemptions, "
+        f"{engine.num_graph_steps} graph steps, {engine.num_mixed_graph_steps} mixed-step graphs"
+        + (f" (graphs failed: {engine.graph_error})" if engine.graph_error else "")
     )
     log("  mean step phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in phase_ms.items()))
     log(
@@ -226,6 +216,7 @@ def run_engine(
             for r in speed["decode_by_concurrency"]
         )
     )
+    engine.close()  # its pool back before the next engine is built (its counters stay readable)
     recorded = None
     if record_timeline:
         recorded = timeline_run(model, prompts, outputs, engine_kwargs, useful / dt, temperature=temperature)
@@ -249,14 +240,18 @@ def run_engine(
         num_requests=len(prompts),
         async_scheduling=async_scheduling,
         mixed_graphs=mixed_graphs,
-        **counts,
+        mixed_graph_steps=engine.num_mixed_graph_steps,
+        num_sync_steps=engine.overlap.num_sync_steps if engine.overlap else len(steps),  # steps not run ahead
         num_steps=len(steps),
         peak_concurrency=int(running.max()),
         mean_concurrency=float((running * w).sum()),
+        num_preemptions=engine.scheduler.num_preemptions,
+        cuda_graph_steps=engine.num_graph_steps,
+        cuda_graph_error=engine.graph_error,
         kv_use_vs_allocated=float((in_cache / np.maximum(slots_used, 1) * w).sum()),
         kv_use_vs_pool=float((in_cache / (num_blocks * block_size) * w).sum()),
         peak_kv_usage=float(max(s.kv_usage for s in steps)),
-        share_of_steps_with_graph=counts["cuda_graph_steps"] / len(steps),
+        share_of_steps_with_graph=engine.num_graph_steps / len(steps),
         mean_phase_ms=phase_ms,
         mean_decode_phase_ms=decode_phase_ms,
         ttft_p50=float(np.median(ttft)),
@@ -362,7 +357,7 @@ def run_engine_with_graphs(model, prompts, outputs, common, graphs, kw, log):
 
 def fits_or_exit(model, num_blocks: int, block_size: int, log) -> None:
     """Before anything runs: stop with the pool this run needs (blocks and bytes) if the device cannot
-    hold it now (:func:`~paged_edu.labs.timed_run.check_pool_fits`; every engine of the run is freed
+    hold it now (:func:`~paged_edu.labs.timed_run.check_pool_fits`; every engine of the run is closed
     before the next is built, so one pool at a time must fit)."""
     try:
         need = check_pool_fits(model, num_blocks, block_size)

@@ -195,7 +195,8 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     args.out = args.out or str(record_path("gemm_bench.json"))
     t0 = time.perf_counter()
-    from paged_edu.kernels.triton_decode import INTERPRETING, _num_sms
+    from paged_edu.kernels.support import num_sms as _num_sms
+    from paged_edu.kernels.triton_fused import INTERPRETING
 
     if args.smoke:
         if not INTERPRETING:

@@ -85,10 +85,9 @@ def main(argv=None):
     card = this_card(device)  # the roofline's spec: this card's row of the GPU table (the H200's on a CPU)
     roofline = CostModel(model=spec, gpu=card.gpu).roofline()
 
-    warm = engine_on(model, prompts, outputs, args)
-    for _ in range(args.steps):
-        warm.step()
-    del warm
+    with engine_on(model, prompts, outputs, args) as warm:  # closed before the profiled engine's pool is made
+        for _ in range(args.steps):
+            warm.step()
     engine = engine_on(model, prompts, outputs, args)
     steps: list[StepMetrics] = []
     engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)

@@ -67,7 +67,7 @@ RSS_SLACK_MB = 32.0
 EMPTY_AT_REST = {
     "engine": ("_requests", "_deferred_aborts", "_aborted_outputs"),
     "scheduler": ("waiting", "running", "swapped", "_live", "_forking"),
-    "runner": ("_unapplied",),
+    "runner": ("_pending",),
     "sampler": ("_generators", "_drawn", "_taken"),
     "allocator": ("_seqs", "_copies", "_cache_events"),
 }
@@ -218,6 +218,7 @@ def soak_one(model, config: str, num_requests: int, checkpoints: int, work: Work
     finally:
         for u in undo:
             u()
+        engine.close()  # its pool back before the next configuration's engine is built
     return dict(config=config, samples=samples, counts=dict(counts), seconds=time.perf_counter() - t0)
 
 

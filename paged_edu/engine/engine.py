@@ -33,7 +33,13 @@ A request is checked in full before it is queued (:meth:`Engine.add_request`);
 :meth:`Engine.abort_request` stops a request, or one of its samples, at any point (from a callback
 inside a step it runs when the step ends). A step whose block copies, forward pass or sampling
 raise (a CUDA OOM, a bad kernel input) is undone and raises :class:`StepFailed`: nothing is lost,
-and the next step retries the work.
+and the next step retries the work; aborting the requests it names drops their queued block copies
+too, and :meth:`Engine.reset` empties an engine whose failure belongs to no request.
+
+An engine holds a KV pool (most of a GPU, in serving) and CUDA graphs: nothing in it points back at
+it, so dropping the last reference frees them at once, and :meth:`Engine.close` -- or
+``with Engine(...) as engine:`` -- frees them at a known point (a notebook cell that builds a new
+engine finds the memory, as :func:`~paged_edu.cache.sizing.check_blocks_fit` counts it).
 
 The fixed contract::
 
@@ -175,6 +181,7 @@ class Engine:
         self._deferred_aborts: list[tuple[int, int | None]] = []  # (request_id, sample_index) asked for meanwhile
         self._aborted_outputs: list[RequestOutput] = []  # completed by abort_request, reported by the next step
         self._subscribers: list[Callable] = []
+        self._closed = False
         self._next_request_id = 0
         self._t0 = time.perf_counter()
         self._timeline = Timeline(self.device, self._t0) if config.record_timeline else None
@@ -265,6 +272,7 @@ class Engine:
         return self._queue(prompt, params, cache_salt)
 
     def _refuse_if_busy(self, call: str) -> None:
+        self._refuse_if_closed(call)
         if self._busy:
             raise RuntimeError(
                 f"{call} was called from inside a step or an abort (from a subscriber?); "
@@ -272,8 +280,15 @@ class Engine:
             )
 
     def _queue(self, prompt: list[int], params: SamplingParams, cache_salt: str | None) -> int:
-        """Queue a request whose inputs are checked; the scheduler checks that it fits (and raises
-        before queueing if it does not); returns its id."""
+        """Queue a request whose inputs are checked; the scheduler checks that it fits -- before its
+        sequence (and its ``n`` samples' record) is built -- and raises if it does not; returns its id."""
+        try:
+            self.scheduler.check_fits(len(prompt), params.max_tokens, params.n)
+        except FieldValueError as exc:
+            if exc.field != "max_model_len":
+                raise
+            positions = self.model.config.max_position_embeddings
+            raise FieldValueError(exc.field, f"{exc} (the model has {positions} positions)") from None
         request_id = self._next_request_id
         seq = SchedSequence(
             self.scheduler.new_seq_id(),
@@ -285,13 +300,7 @@ class Engine:
             num_samples=params.n,
             cache_salt=cache_salt,
         )
-        try:
-            self.scheduler.add(seq)
-        except FieldValueError as exc:
-            if exc.field != "max_model_len":
-                raise
-            positions = self.model.config.max_position_embeddings
-            raise FieldValueError(exc.field, f"{exc} (the model has {positions} positions)") from None
+        self.scheduler.add(seq, validate=False)  # (checked above)
         self._next_request_id += 1
         self._requests[request_id] = RequestState(request_id, prompt, params, seq.arrival_time, seq.samples)
         self.sampler.add(request_id, params)  # cannot fail: SamplingParams checked the seed's range
@@ -362,6 +371,7 @@ class Engine:
         it is checked now and runs when that step or abort ends (returning ``None``; a later step
         reports the request): the scheduler is never changed under its own feet.
         """
+        self._refuse_if_closed("abort_request")
         request = self._live_request(request_id)
         if self._busy:
             sample_index = request.samples.check_index(sample_index)
@@ -376,6 +386,8 @@ class Engine:
         for seq in request.samples.abort(i):  # none for a sample not forked yet
             self.scheduler.abort(seq)  # frees its blocks (or CPU blocks); finish_reason = "abort"
             seq.finish_time = now
+        if self.runner.num_unapplied_block_ops:  # copies a failed step queued for it go with it
+            self.phases.drop_dead_block_ops()
         if i is not None:  # (every stream of a request that ends is dropped by finish_request)
             self.sampler.remove(request.request_id, i)
         if not request.done:
@@ -401,6 +413,68 @@ class Engine:
                 if request is not None and not request.samples.has_ended(sample_index):
                     with self._critical():
                         self._abort(request, sample_index)
+
+    def reset(self) -> list[RequestOutput]:
+        """Back to an empty engine that serves: every live request aborted, the block copies still
+        queued dropped, the step in flight (async scheduling) discarded, the prefix cache emptied
+        (after a device fault its blocks' K/V may not be what their hashes say). Returns the requests
+        it ended (``finish_reason="abort"``, as :meth:`abort_request` gives them), and those finished
+        but not yet reported. The recovery from a :class:`StepFailed` that names no request."""
+        self._refuse_if_busy("reset()")
+        unreported = self.overlap.discard() if self.overlap is not None else []
+        with self._critical():
+            for request in list(self._requests.values()):
+                self._abort(request, None)
+            self.runner.keep_block_ops(lambda kind, src, dst: False)
+            reset_prefix_cache = getattr(self.allocator, "reset_prefix_cache", None)
+            if reset_prefix_cache is not None:
+                reset_prefix_cache()
+        if self._timeline is not None:
+            self._timeline.discard()
+        return unreported + self._take_aborted()
+
+    # -- giving the memory back ------------------------------------------------------------------
+    def close(self) -> None:
+        """Give the engine's memory back now: the KV cache, the CUDA graphs and their pools, the pinned
+        staging buffers. Live requests are aborted (their blocks freed on the allocator, which may be a
+        learner's); counters, :meth:`stats` and the timeline stay readable; every call that would run
+        the engine raises. ``with Engine(...) as engine:`` closes it at the end of the block. Closing
+        twice does nothing.
+
+        An engine dropped without ``close()`` frees the same memory as soon as its last reference goes
+        (nothing in it points back at it: no ``gc.collect()`` needed); ``close()`` does it at a known
+        point, whoever still holds the engine. The memory returns to torch's caching allocator, where
+        the next engine's pool finds it (:func:`~paged_edu.cache.sizing.check_blocks_fit` counts it)."""
+        if self._closed:
+            return
+        self._refuse_if_busy("close()")
+        if self.overlap is not None:
+            self.overlap.discard()
+        with self._critical():
+            for request in list(self._requests.values()):
+                self._abort(request, None)
+        self._aborted_outputs.clear()
+        self._subscribers.clear()  # a callback that holds the engine would keep it alive (a cycle)
+        self._closed = True
+        self.runner.release()
+        self.phases.release()
+        self.kv_cache = None
+
+    def __enter__(self) -> Engine:
+        self._refuse_if_closed("with Engine(...)")
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close()
+        return False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _refuse_if_closed(self, call: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{call}: this engine is closed (Engine.close() gave its memory back); build a new one")
 
     def _take_aborted(self) -> list[RequestOutput]:
         taken, self._aborted_outputs = self._aborted_outputs, []

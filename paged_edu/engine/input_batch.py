@@ -89,7 +89,7 @@ class InputBatch:
         latest_version: Callable[[], int] | None = None,
     ) -> None:
         self.block_size = block_size
-        self._block_tables = block_tables
+        self.block_tables = block_tables  # the manager's reader: seq_ids -> their tables (its own lists)
         self._versions = versions
         self._latest_version = latest_version
         self._row_of: dict[Hashable, int] = {}  # seq_id -> its row
@@ -166,6 +166,12 @@ class InputBatch:
         self.host_tokens = self._launched_tokens = self._launched_host = None
         # (self.tokens stays: async scheduling's step in flight holds placeholders that read it)
 
+    def release(self) -> None:
+        """Forget every device tensor (``Engine.close``): the draws' tokens may be views of a captured
+        graph's output, which would keep the graph's memory pool alive."""
+        self.rollback()
+        self.tokens = None
+
     # -- a decode step, row-wise ------------------------------------------------------------------------
     def _decode(self, scheduled: Sequence, seqs: list) -> tuple[StepBatch | None, np.ndarray | None]:
         """The step built from the rows (module docstring's example in the comments), or ``(None, None)``
@@ -211,14 +217,14 @@ class InputBatch:
             seq_ids = [seqs[k].seq_id for k in stale.tolist()]
             versions = np.fromiter(self._versions(seq_ids), dtype=np.int64, count=len(seq_ids))  # (S,)
             edited = np.flatnonzero(self._version[r] != versions).tolist()
-            for k, table in zip(edited, self._block_tables([seq_ids[k] for k in edited])):
+            for k, table in zip(edited, self.block_tables([seq_ids[k] for k in edited])):
                 self._write(r[k], table, 0)
             self._version[r] = versions
             self._checked[r] = latest
         short = np.flatnonzero(self._length[rows] < need)  # E.g. C at 10 needs a third block: [1]
         if not short.size:
             return
-        tables = self._block_tables([seqs[k].seq_id for k in short.tolist()])
+        tables = self.block_tables([seqs[k].seq_id for k in short.tolist()])
         r, copied = rows[short], self._length[rows[short]]  # E.g. row [2], 2 blocks copied
         lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))  # E.g. [3]
         if (lens == copied + 1).all() and lens.max() <= self.table.shape[1]:  # one new block each (the usual)
@@ -241,7 +247,7 @@ class InputBatch:
             else:
                 token_ids += token_slice(item.seq, item.start, item.start + n)
         seq_ids = [seq.seq_id for seq in seqs]
-        tables = self._block_tables(seq_ids)
+        tables = self.block_tables(seq_ids)
         batch = pack_chunks(
             token_ids, [it.start for it in scheduled], [it.num_new_tokens for it in scheduled], tables, self.block_size
         )

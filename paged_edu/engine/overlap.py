@@ -177,6 +177,14 @@ class AsyncScheduling:
         self._num_finished += num_finished
         return outputs
 
+    def discard(self) -> list[RequestOutput]:
+        """Forget the step in flight (:meth:`Engine.reset`): its tokens are never read. Returns the
+        outputs read before a failed launch and not reported yet."""
+        self._release()
+        self.in_flight = None
+        outputs, self._unreported = self._unreported, []
+        return outputs
+
     def _close(self, sched: SchedulerOutput) -> StepMetrics | None:
         """The call's :class:`StepMetrics`: ``sched`` is the step it launched, ``num_finished`` the
         sequences its reads finished; the wait for step N's tokens is booked under ``"sample"``."""

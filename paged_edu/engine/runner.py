@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from itertools import groupby
+from operator import itemgetter
 
 import numpy as np
 import torch
@@ -39,7 +41,10 @@ from paged_edu.engine.input_batch import InputBatch
 from paged_edu.engine.sampling import SamplingBatch, SamplingPlan, draw
 from paged_edu.models.llama import ForwardBatch, PagedLlama
 
-__all__ = ["ModelRunner", "StagedBatch", "fill_placeholders"]
+__all__ = ["BLOCK_SPACES", "ModelRunner", "StagedBatch", "fill_placeholders"]
+
+# A block op's kind -> (where its sources are, where its destinations are)
+BLOCK_SPACES = {"swap_out": ("gpu", "cpu"), "copy": ("gpu", "gpu"), "swap_in": ("cpu", "gpu")}
 
 
 class StagedBatch:
@@ -124,7 +129,8 @@ class ModelRunner:
         self.num_mixed_graph_steps = 0  # forward passes served by a mixed-step CUDA-graph replay
         self.timeline = None  # the engine's Timeline when it records one: begin() / end() around the device work
         self.num_blocks = {"swap_out": 0, "copy": 0, "swap_in": 0}  # blocks copied by apply_block_ops, ever
-        self._unapplied: deque[list[tuple[str, int, int]]] = deque()  # per step: ops a raising copy left
+        self._pending: deque[tuple[str, list[tuple[int, int]]]] = deque()  # runs a raising copy left, in order
+        self.failed_run: tuple[str, list[tuple[int, int]]] | None = None  # the last run whose copy raised
         max_blocks_per_seq = -(-max_model_len // self.block_size)
         try:
             if config.cuda_graphs:
@@ -137,32 +143,48 @@ class ModelRunner:
             self.graph_error = f"{type(exc).__name__}: {exc}"
             warnings.warn(f"CUDA-graph capture failed, those steps run eagerly: {self.graph_error}")
 
-    def apply_block_ops(self, block_ops: Sequence[tuple[str, int, int]]) -> dict[str, int]:
+    def release(self) -> None:
+        """Drop every device buffer this runner holds -- its view of the KV cache, the CUDA graphs and
+        their memory pools, the staging buffers -- so that they are freed (``Engine.close``)."""
+        self.graphs = self.mixed_graphs = None
+        self.kv_cache, self.kv_pairs = None, []
+        self.staging = None
+        self._pending.clear()
+
+    def apply_block_ops(self, block_ops: Sequence[tuple[str, int, int]]) -> None:
         """Apply the scheduler's ``block_ops`` to the cache in order -- ``("swap_out", gpu, cpu)``,
         ``("copy", src, dst)``, ``("swap_in", cpu, gpu)`` -- each run of one kind as one batched
-        copy per layer. Returns the number of blocks of each kind.
+        copy per layer.
 
         The scheduler has already moved the blocks in its books, so a copy that raises (a CUDA OOM,
-        an injected fault) must still happen: the ops from the failed run on are kept, and the next
-        call applies them first, before its own. Re-applying a run is safe: a run's sources are not
-        written before the step's forward pass, which never runs while ops are pending.
+        an injected fault) must still happen: the run that raised and those after it stay queued
+        (:attr:`pending_block_ops`), and the next call applies them first, before its own -- the
+        failed run one pair at a time, so that a copy that fails again names its one pair
+        (:attr:`failed_run`). Re-applying a copy is safe: a run's sources are not written before the
+        step's forward pass, which never runs while copies are pending. A copy no live sequence
+        needs any more (its owner was aborted or preempted) is dropped with :meth:`keep_block_ops`.
         """
-        counts = {"swap_out": 0, "copy": 0, "swap_in": 0}  # this call's
-        bad = next((op[0] for op in block_ops if op[0] not in counts), None)
-        if bad is not None:
-            raise ValueError(f"unknown block op {bad!r}")
-        self._unapplied.append(list(block_ops))
-        while self._unapplied:  # one step's ops at a time: copy_blocks reads all sources first
-            ops = self._unapplied[0]
-            while ops:
-                kind = ops[0][0]
-                j = next((j for j, op in enumerate(ops) if op[0] != kind), len(ops))
-                self._apply_run(kind, [(a, b) for _, a, b in ops[:j]])  # may raise: ops stay queued
-                del ops[:j]
-                counts[kind] += j
-                self.num_blocks[kind] += j
-            self._unapplied.popleft()
-        return counts
+        if block_ops:
+            bad = next((op[0] for op in block_ops if op[0] not in BLOCK_SPACES), None)
+            if bad is not None:
+                raise ValueError(f"unknown block op {bad!r}")
+            # runs of one kind, in order (never merged across steps). E.g. [("swap_out", 1, 7),
+            # ("swap_out", 2, 8), ("copy", 3, 4)] -> [("swap_out", [(1, 7), (2, 8)]), ("copy", [(3, 4)])]
+            for kind, ops in groupby(block_ops, key=itemgetter(0)):
+                self._pending.append((kind, [(a, b) for _, a, b in ops]))
+        pending = self._pending
+        while pending:
+            kind, pairs = pending[0]
+            try:
+                self._apply_run(kind, pairs)
+            except BaseException:
+                self.failed_run = (kind, pairs)
+                if len(pairs) > 1:  # retried pair by pair
+                    pending.popleft()
+                    pending.extendleft((kind, [pair]) for pair in reversed(pairs))
+                raise
+            pending.popleft()
+            self.num_blocks[kind] += len(pairs)
 
     def _apply_run(self, kind: str, pairs: list[tuple[int, int]]) -> None:
         if kind == "swap_out":
@@ -173,9 +195,21 @@ class ModelRunner:
             self.kv_cache.swap_in(pairs)
 
     @property
+    def pending_block_ops(self) -> list[tuple[str, list[tuple[int, int]]]]:
+        """The runs of block copies not applied yet (after one raised), in order: ``(kind, pairs)``."""
+        return list(self._pending)
+
+    @property
     def num_unapplied_block_ops(self) -> int:
         """Block copies the scheduler asked for that have not reached the cache (after one raised)."""
-        return sum(map(len, self._unapplied))
+        return sum(len(pairs) for _, pairs in self._pending)
+
+    def keep_block_ops(self, keep: Callable[[str, int, int], bool]) -> int:
+        """Keep only the pending copies ``keep(kind, src, dst)`` wants; returns how many were dropped."""
+        before = self.num_unapplied_block_ops
+        runs = ((kind, [(a, b) for a, b in pairs if keep(kind, a, b)]) for kind, pairs in self._pending)
+        self._pending = deque((kind, pairs) for kind, pairs in runs if pairs)
+        return before - self.num_unapplied_block_ops
 
     def prepare(self, scheduled, inputs: InputBatch, plan: SamplingPlan) -> StagedBatch:
         """The step's inputs on the device, from the scheduler's ``ScheduledSeq`` s.

@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paged_edu.core.validation import SEED_LIMIT, as_int, fraction, integer, real
+from paged_edu.core.validation import SEED_LIMIT, FieldTypeError, FieldValueError, as_int, fraction, integer, real
 from paged_edu.core.validation import seed as check_seed
 
 __all__ = [
     "GREEDY_BELOW",
+    "MAX_SAMPLES",
     "SamplingBatch",
     "SamplingParams",
     "SamplingPlan",
@@ -54,6 +55,12 @@ __all__ = [
 ]
 
 
+# The most samples one request may ask for (``n``). Every sample is a sequence of the batch from its
+# request's admission (it counts against ``max_num_seqs``) with a random stream of its own, and the
+# engine refuses an ``n`` above its ``max_num_seqs`` before it builds anything; this bound refuses an
+# absurd ``n`` (2**31) where no engine is known yet, before a list of its samples is made.
+MAX_SAMPLES = 1024
+
 # A temperature below this is greedy, as in vLLM (``_SAMPLING_EPS = 1e-5`` in vllm/sampling_params.py and
 # vllm/v1/sample/sampler.py): dividing fp32 logits by ~1e-38 overflows to inf, the softmax gives NaN,
 # and the inverse CDF then always lands on the last token of the vocabulary.
@@ -65,8 +72,10 @@ class SamplingParams:
     """How one request is decoded; every field is checked here, once, and cannot change after.
 
     ``temperature = 0`` is greedy, and so is any temperature below :data:`GREEDY_BELOW` (it is stored as
-    0: the limit of sampling as ``T -> 0`` is the argmax, which fp32 cannot compute by division). ``n > 1`` asks for ``n`` samples of the same prompt: they share
-    the prompt's blocks (fork) and diverge by copy-on-write. ``seed`` makes sampling reproducible;
+    0: the limit of sampling as ``T -> 0`` is the argmax, which fp32 cannot compute by division). ``n > 1``
+    asks for ``n`` samples of the same prompt, at most :data:`MAX_SAMPLES` (and an engine's
+    ``max_num_seqs``): they share the prompt's blocks (fork) and diverge by copy-on-write. Integer
+    fields take integers only (a float or a bool is refused, naming the field). ``seed`` makes sampling reproducible;
     sample ``i`` of a request draws from ``torch.Generator().manual_seed(seed + i)``, so
     ``seed + n - 1`` must be a valid generator seed (``< 2**64``).
     """
@@ -80,28 +89,33 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         max_tokens = integer("max_tokens", self.max_tokens, low=1)
-        n = integer("n", self.n, low=1)
+        n = integer("n", self.n, low=1, high=MAX_SAMPLES)
         temperature = real("temperature", self.temperature)
         if not math.isfinite(temperature) or temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+            raise FieldValueError("temperature", f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if temperature < GREEDY_BELOW:
             temperature = 0.0
         top_p = fraction("top_p", self.top_p)
         seed = self.seed
         if seed is not None:
-            seed = as_int(seed, "seed must be an int or None")
+            seed = integer("seed", seed)
             if not 0 <= seed <= SEED_LIMIT - n:
-                raise ValueError(
-                    f"seed must be in [0, 2**64 - n] = [0, {SEED_LIMIT - n}] (sample i uses seed + i), got {seed}"
+                raise FieldValueError(
+                    "seed",
+                    f"seed must be in [0, 2**64 - n] = [0, {SEED_LIMIT - n}] (sample i uses seed + i), got {seed}",
                 )
         if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable):
-            raise TypeError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}")
+            raise FieldTypeError(
+                "stop_token_ids", f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}"
+            )
         try:  # integers only (numpy and torch ones too): int() would turn 1.5 or "7" into a token id
             stop = tuple(as_int(t, "stop token ids must be ints") for t in self.stop_token_ids)
         except (TypeError, ValueError):
-            raise TypeError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}") from None
+            raise FieldTypeError(
+                "stop_token_ids", f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}"
+            ) from None
         if any(t < 0 for t in stop):
-            raise ValueError(f"stop_token_ids must be token ids >= 0, got {stop!r}")
+            raise FieldValueError("stop_token_ids", f"stop_token_ids must be token ids >= 0, got {stop!r}")
         if n > 1 and temperature == 0:
             raise ValueError(
                 f"n > 1 with temperature {self.temperature!r} (greedy: below {GREEDY_BELOW}) would give "

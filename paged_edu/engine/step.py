@@ -42,11 +42,12 @@ from dataclasses import dataclass
 import torch
 
 from paged_edu.engine.outputs import RequestOutput, RequestState, StepMetrics, step_metrics
-from paged_edu.engine.runner import ModelRunner
+from paged_edu.engine.runner import BLOCK_SPACES, ModelRunner
 from paged_edu.engine.sampling import Sampler, SamplingPlan, plan_sampling, tokens_by_sequence
 from paged_edu.sched.parallel_sampling import ParallelSamples
 from paged_edu.sched.scheduler import Scheduler
 from paged_edu.sched.scheduler_output import SchedulerOutput
+from paged_edu.sched.sequence import Sequence
 
 __all__ = ["PHASES", "LaunchedStep", "StepFailed", "StepPhases"]
 
@@ -59,19 +60,25 @@ class StepFailed(RuntimeError):
     will draw the same numbers again, and block copies the scheduler asked for are applied before
     the next forward pass. The scheduler's memory decisions stand (admissions, preemptions, swaps):
     they are a state the next step continues from. Calling :meth:`Engine.step` again retries the
-    work; a request that fails every time can be ended with :meth:`Engine.abort_request`.
+    work; a request that fails every time can be ended with :meth:`Engine.abort_request`, which also
+    drops the block copies queued for it.
 
     Attributes: ``step`` (its number), ``phase`` (``"block copies"``, ``"prepare"``, ``"forward"`` or
-    ``"sample"``), ``request_ids`` (the requests it computed for), and ``__cause__`` (the error).
+    ``"sample"``), ``request_ids`` -- the requests the failing phase was working on: for a block copy
+    the requests whose blocks it writes, else every request of the step (the phase cannot tell
+    which) -- and ``__cause__`` (the error). No request id means the failing copy belongs to no live
+    request (a fault of the device, or a copy nobody needs): :meth:`Engine.reset` empties the engine.
     """
 
-    def __init__(self, step: int, phase: str, sched: SchedulerOutput, cause: BaseException) -> None:
-        self.step, self.phase = step, phase
-        self.request_ids = sorted({item.seq.request_id for item in sched.scheduled})
+    def __init__(self, step: int, phase: str, request_ids: list[int], cause: BaseException) -> None:
+        self.step, self.phase, self.request_ids = step, phase, request_ids
+        if request_ids:
+            advice = f"call step() again to retry requests {request_ids}, or abort_request() one that fails every time"
+        else:
+            advice = "no live request owns the failing work (the device?): Engine.reset() empties the engine"
         super().__init__(
             f"engine step {step} failed in {phase} ({type(cause).__name__}: {cause}); the step was "
-            f"undone and nothing is lost: call step() again to retry requests {self.request_ids}, "
-            "or abort_request() one that fails every time"
+            f"undone and nothing is lost: {advice}"
         )
 
 
@@ -87,40 +94,15 @@ class LaunchedStep:
     event: torch.cuda.Event | None  # recorded after the copy (None on a CPU)
 
 
-class _Phase:
-    """``with phases.phase(name):``: a reused context manager (a generator-based one costs ~1 us
-    more per phase, six times a step)."""
-
-    __slots__ = ("owner", "book")
-
-    def __init__(self, owner: StepPhases) -> None:
-        self.owner = owner
-        self.book = ""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        """Book the time since the last phase ended (synchronised first under ``sync_timing``)."""
-        if exc_type is None:
-            p = self.owner
-            if p.sync:
-                torch.cuda.synchronize(p.runner.device)
-            now = time.perf_counter() - p.t0
-            p.phase_times[self.book] = p.phase_times.get(self.book, 0.0) + (now - p.mark)
-            p.mark = now
-        return False
-
-
 class _Undo:
     """``with phases.undone_on_failure(sched):``: commit the step's draws if the body returns; undo the
-    step and raise :class:`StepFailed` naming the phase if it raises."""
+    step and raise :class:`StepFailed` naming the phase if it raises. (Made per step and never kept:
+    an object the phases keep must not point back at them, or a dropped engine waits for ``gc``.)"""
 
     __slots__ = ("owner", "sched")
 
-    def __init__(self, owner: StepPhases) -> None:
-        self.owner = owner
-        self.sched: SchedulerOutput | None = None
+    def __init__(self, owner: StepPhases, sched: SchedulerOutput) -> None:
+        self.owner, self.sched = owner, sched
 
     def __enter__(self) -> None:
         return None
@@ -138,7 +120,11 @@ class _Undo:
         p.num_failed_steps += 1
         if not issubclass(exc_type, Exception):
             return False  # KeyboardInterrupt in a notebook: undone all the same, and raised as is
-        raise StepFailed(p.step_count, p.current, self.sched, exc) from exc
+        if p.current == "block copies":  # the requests whose blocks the failing copy writes
+            request_ids = p.block_copy_owners(*p.runner.failed_run)
+        else:  # the phase worked on every chunk of the step
+            request_ids = sorted({item.seq.request_id for item in self.sched.scheduled})
+        raise StepFailed(p.step_count, p.current, request_ids, exc) from exc
 
 
 class StepPhases:
@@ -170,6 +156,7 @@ class StepPhases:
         self.scheduler, self.runner, self.sampler = scheduler, runner, sampler
         self.requests, self.subscribers = requests, subscribers
         self.input_batch = input_batch
+        self.block_tables = input_batch.block_tables  # the manager's tables (the block copies' owners)
         self.timeline = timeline
         self.t0 = t0
         self.sync = sync_timing and runner.device.type == "cuda"
@@ -179,13 +166,19 @@ class StepPhases:
         self.device_wait_s = 0.0  # how long this call waited for the device's tokens
         self.phase_times: dict[str, float] = {}
         self.current = ""  # the phase running now (the one a failure names)
+        self._book = ""  # the phase_times key it is timed under
         self.t_start = self.mark = 0.0  # when this call began; when its last phase ended
-        self._phase, self._undo = _Phase(self), _Undo(self)
         on_gpu = runner.device.type == "cuda"
         # The tokens' way back: two pinned buffers, used in turn (two launched steps may be unread).
         self._pinned = [torch.empty(1024, dtype=torch.long, pin_memory=on_gpu) for _ in range(2)]
         self._copied = [torch.cuda.Event() for _ in range(2)] if on_gpu else None  # marks each buffer's copy
         self._turn = 0
+
+    def release(self) -> None:
+        """Drop the pinned buffers the tokens come back through, and the input batch's tokens on the
+        device (a view of a captured graph's output: it would keep the graph's pool) (``Engine.close``)."""
+        self._pinned, self._copied = [], None
+        self.input_batch.release()
 
     # -- naming, timing and undoing -------------------------------------------------------------
     def begin(self) -> None:
@@ -194,18 +187,31 @@ class StepPhases:
         self.device_wait_s = 0.0
         self.t_start = self.mark = time.perf_counter() - self.t0
 
-    def phase(self, name: str, book: str | None = None) -> _Phase:
+    def phase(self, name: str, book: str | None = None) -> StepPhases:
         """``with self.phase(name):`` -- the body is phase ``name``: a failure inside
         :meth:`undone_on_failure` names it, and its time (since the last phase ended) is booked to
-        ``phase_times[book or name]``."""
+        ``phase_times[book or name]``. (The phases are their own context manager: a generator-based
+        one costs ~1 us more per phase, six times a step.)"""
         self.current = name
-        self._phase.book = book or name
-        return self._phase
+        self._book = book or name
+        return self
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        """A phase ended: book the time since the last one ended (synchronised first under ``sync_timing``)."""
+        if exc_type is None:
+            if self.sync:
+                torch.cuda.synchronize(self.runner.device)
+            now = time.perf_counter() - self.t0
+            self.phase_times[self._book] = self.phase_times.get(self._book, 0.0) + (now - self.mark)
+            self.mark = now
+        return False
 
     def undone_on_failure(self, sched: SchedulerOutput) -> _Undo:
         """``with self.undone_on_failure(sched):`` around the phases that may fail half-way."""
-        self._undo.sched = sched
-        return self._undo
+        return _Undo(self, sched)
 
     # -- the phases -----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -218,6 +224,8 @@ class StepPhases:
         returns without waiting for the device."""
         runner = self.runner
         with self.phase("block copies", book="prepare"):
+            if runner.num_unapplied_block_ops:  # copies a failed step left: those still needed go first
+                self.drop_dead_block_ops(sched.block_ops)
             runner.apply_block_ops(sched.block_ops)  # swap-outs, copy-on-write copies, swap-ins
         with self.phase("prepare"):
             plan = plan_sampling(sched.scheduled, self.sampler, self.requests)  # who samples, and how
@@ -298,6 +306,39 @@ class StepPhases:
             )
         self.step_count += 1
         return metrics
+
+    # -- block copies left by a failed step ----------------------------------------------------
+    def _block_owners(self, then=()) -> dict[str, dict[int, Sequence]]:
+        """``{"gpu": {block: sequence}, "cpu": {block: sequence}}``: the live sequence that needs each
+        block a pending copy writes -- one holding it (a GPU block in its table, a CPU block of its
+        swap copy), or, for a block a later copy reads (a swap-out's CPU block that a swap-in queued
+        after it, or asked for in ``then``, this step's ops, brings back), the owner of that later
+        copy's destination."""
+        s = self.scheduler
+        running = s.running
+        gpu = {b: q for q, table in zip(running, self.block_tables([q.seq_id for q in running])) for b in table}
+        cpu = {b: q for q in s.swapped for b in s.swap_space.blocks_of(q.seq_id)}
+        owners = {"gpu": gpu, "cpu": cpu}
+        later = [(kind, a, b) for kind, pairs in self.runner.pending_block_ops for a, b in pairs] + list(then)
+        for kind, a, b in reversed(later):
+            src, dst = BLOCK_SPACES[kind]
+            q = owners[dst].get(b)
+            if q is not None:
+                owners[src].setdefault(a, q)
+        return owners
+
+    def block_copy_owners(self, kind: str, pairs: list[tuple[int, int]]) -> list[int]:
+        """The requests whose blocks the copies ``pairs`` of ``kind`` write (none: no live request needs them)."""
+        owners = self._block_owners()[BLOCK_SPACES[kind][1]]
+        return sorted({owners[b].request_id for _, b in pairs if b in owners})
+
+    def drop_dead_block_ops(self, then=()) -> int:
+        """Drop the pending copies no live sequence needs any more (their owner was aborted, finished or
+        preempted by recompute), ``then`` (``(kind, src, dst)`` ops to queue after them) considered: a
+        copy that fails forever for a request that is gone must not hold up the others. Returns how
+        many were dropped."""
+        owners = self._block_owners(then)
+        return self.runner.keep_block_ops(lambda kind, a, b: b in owners[BLOCK_SPACES[kind][1]])
 
     def stalled(self) -> RuntimeError:
         """The error when requests wait but nothing could be scheduled."""

@@ -117,7 +117,7 @@ default config; the best of the sweep per shape (4.19, 4.01, 4.34, 4.89, 15.9 us
 954 at batch 16. Both kernels sit at the same floor, ~4 us a GEMM for 0.7-3.5 MB that the memory
 streams in under 1 us: the time is latency (a launch inside the graph, the first loads' round
 trips, the tail), which a different tiling does not remove -- fewer kernels do (the decode
-kernel's own K/V store, :mod:`~paged_edu.kernels.triton_decode`; the SwiGLU epilogue above) -- or
+kernel's own K/V store, :mod:`~paged_edu.kernels.decode.fast`; the SwiGLU epilogue above) -- or
 kernels that start before the previous one ends. That is what this kernel can do and cuBLAS's cannot
 here: launched as a programmatic dependent (``pdl=True``, :mod:`~paged_edu.kernels.pdl`) it waits for
 ``x`` only after its programs are placed and their pointers computed. With every kernel of a decode
@@ -167,9 +167,8 @@ import triton
 import triton.language as tl
 
 from paged_edu.kernels.pdl import launch_options, wait_for_previous_kernel
-from paged_edu.kernels.support import SKINNY_MAX_ROWS
-from paged_edu.kernels.triton_decode import INTERPRETING, _num_sms
-from paged_edu.kernels.triton_fused import by_hand, round_to, silu_and_mul
+from paged_edu.kernels.support import SKINNY_MAX_ROWS, num_sms
+from paged_edu.kernels.triton_fused import INTERPRETING, by_hand, round_to, silu_and_mul
 
 __all__ = ["MAX_ROWS", "skinny_config", "skinny_matmul"]
 
@@ -435,10 +434,8 @@ def skinny_matmul(
         return out
     if K == 0:
         return out.zero_()  # swiglu too: silu(0) * 0
-    num_sms = (
-        _num_sms(x.device.index if x.device.index is not None else torch.cuda.current_device()) if x.is_cuda else 132
-    )
-    cfg = skinny_config(M, n_out, K, num_sms, swiglu=swiglu)  # swiglu: tiles of I outputs, 2 * BLOCK_N weight rows each
+    sms = num_sms(x.device.index if x.device.index is not None else torch.cuda.current_device()) if x.is_cuda else 132
+    cfg = skinny_config(M, n_out, K, sms, swiglu=swiglu)  # swiglu: tiles of I outputs, 2 * BLOCK_N weight rows each
     cfg.update(config or {})
     block_m = max(16, triton.next_power_of_2(M))  # 16, 32 or 64
     n_tiles = triton.cdiv(n_out, cfg["BLOCK_N"])

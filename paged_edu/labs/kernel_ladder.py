@@ -10,12 +10,16 @@
 * :func:`stored_gpu_figures` -- the stored H200 figures (``paged_edu/data/kernel_bench.json``, ``docs/benchmarks.md``), to show
   beside a CPU run.
 * :func:`source_between` -- lines of a function's source, for reading the kernel in the lesson.
+* :func:`kernel_outline` -- a ``@triton.jit`` kernel's size and the ``@triton.jit`` helpers it calls,
+  read from its source: what lesson 4 shows of the two decode kernels built from the same pieces.
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
+import textwrap
 from pathlib import Path
 
 import torch
@@ -26,7 +30,7 @@ from paged_edu.kernels.reference import paged_attention_loop, paged_attention_to
 from paged_edu.labs.seed_kernel import paged_attention_decode_step_fixed
 from paged_edu.labs.timing import Timer, copy_ceiling_us, decode_bytes, random_paged_case, rel_err, wall_us
 
-__all__ = ["cpu_ladder", "gpu_ladder", "source_between", "split_sweep", "stored_gpu_figures"]
+__all__ = ["cpu_ladder", "gpu_ladder", "kernel_outline", "source_between", "split_sweep", "stored_gpu_figures"]
 
 
 def _impl_fn(impl: str, case, scale: float):
@@ -101,8 +105,9 @@ def split_sweep(
     warmup=10,
 ) -> dict:
     """The Triton kernel with ``num_splits`` forced to each value of ``splits``; µs and % of ceiling each,
-    and the split count the kernel picks by itself (:func:`~paged_edu.kernels.triton_decode.choose_num_splits`)."""
-    from paged_edu.kernels.triton_decode import _num_sms, choose_num_splits, decode_config, paged_attention_triton
+    and the split count the kernel picks by itself (:func:`~paged_edu.kernels.decode.tuning.choose_num_splits`)."""
+    from paged_edu.kernels.decode import choose_num_splits, decode_config, paged_attention_triton
+    from paged_edu.kernels.support import num_sms
 
     timer = Timer(reps, warmup)
     case, io_bytes, ceil_us, ceil_gbs, scale, ref = _measured_case(
@@ -110,7 +115,7 @@ def split_sweep(
     )
     q = case[0]
     cfg = decode_config(head_dim, num_q_heads // num_kv_heads, on_gpu=True)
-    chosen = choose_num_splits(num_seqs, num_kv_heads, seq_len, cfg["TILE"], _num_sms(q.device.index or 0))
+    chosen = choose_num_splits(num_seqs, num_kv_heads, seq_len, cfg["TILE"], num_sms(q.device.index or 0))
     points = []
     for n in sorted(set(splits) | {chosen}):  # the kernel's own choice is always measured too
         us, _, out = timer.graph(lambda: paged_attention_triton(*case, scale=scale, num_splits=n))
@@ -180,3 +185,32 @@ def source_between(fn, start: str, stop: str | None = None) -> str:
         raise ValueError(f"{start!r} is not in the source of {fn.__name__}") from None
     j = len(lines) if stop is None else next((k for k in range(i + 1, len(lines)) if stop in lines[k]), len(lines))
     return "\n".join(lines[i:j])
+
+
+def kernel_outline(kernel) -> dict:
+    """A ``@triton.jit`` function read from its source: its ``name``, ``lines`` (the ``def`` line to the
+    last), ``parameters`` (of which ``compile_time``: the ``tl.constexpr`` ones), and the ``@triton.jit``
+    functions it calls, in the order they first appear -- ``helpers``, each as ``"module.name"`` with the
+    module's last part (``"pieces.attend_tile"``)."""
+    fn = getattr(kernel, "fn", kernel)
+    node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    params = inspect.signature(fn).parameters.values()
+    calls = sorted(
+        (n.lineno, n.col_offset, n.func.id)
+        for n in ast.walk(node)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    )
+    helpers = []
+    for _, _, name in calls:
+        target = fn.__globals__.get(name)
+        if hasattr(target, "fn"):  # a JITFunction (or the interpreter's stand-in): it wraps the Python function
+            label = f"{target.fn.__module__.rsplit('.', 1)[-1]}.{name}"
+            if label not in helpers:
+                helpers.append(label)
+    return {
+        "name": fn.__name__,
+        "lines": node.end_lineno - node.lineno + 1,
+        "parameters": len(params),
+        "compile_time": sum("constexpr" in str(p.annotation) for p in params),
+        "helpers": helpers,
+    }

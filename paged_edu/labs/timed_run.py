@@ -27,15 +27,13 @@ against the roofline. ``benchmarks/bench_engine.py`` and the speed ladder of les
    the run it times) or :func:`timeline_run` serves the requests once more with it, outside the
    window (``bench_engine``: its timed run stays free of the recording's events).
 
-One engine at a time: each run gives its engine's memory back before the next engine is built
-(:func:`release_engine`), and :func:`check_pool_fits` refuses, before anything starts, a pool the
-device cannot hold -- nano-vllm's workload needs a 30 GiB pool, and two of them (a warm-up engine
-not yet collected and the timed one) do not fit an 80 GB card.
+One engine at a time: each run closes its engine before the next is built (``Engine.close()``), and
+:func:`check_pool_fits` refuses, before anything starts, a pool the device cannot hold --
+nano-vllm's workload needs a 30 GiB pool, and two of them do not fit an 80 GB card.
 """
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass, replace
 
@@ -55,10 +53,8 @@ __all__ = [
     "TimedRun",
     "by_concurrency",
     "check_pool_fits",
-    "free_device_memory",
     "mean_ms",
     "near_running",
-    "release_engine",
     "roofline_model",
     "roofline_s",
     "step_speed",
@@ -71,7 +67,7 @@ __all__ = [
 class TimedRun:
     """The timed run of :func:`timed_run`: its engine, outputs, steps and wall time."""
 
-    engine: Engine | None  # the timed run's engine (its timeline, when it recorded one); None once released
+    engine: Engine  # the timed run's engine (its timeline, when it recorded one)
     outputs: list[RequestOutput]
     steps: list[StepMetrics]  # every step that scheduled tokens, in order
     seconds: float  # the timed run's wall time, between two device syncs
@@ -80,15 +76,6 @@ class TimedRun:
     graph_captures_in_window: int  # (paged_edu captures its graphs when the engine is built: before the window)
     # (steps,) bool: the step compiled a Triton variant not seen before; None unless count_compiles_per_step
     compiled: np.ndarray | None
-
-    def release(self) -> None:
-        """Give the timed engine's memory back (:func:`release_engine`); read what you need of it first."""
-        engine, self.engine = self.engine, None
-        if engine is not None:
-            device = engine.model.device
-            release_engine(engine)
-            del engine
-            free_device_memory(device)
 
     @property
     def useful_tokens(self) -> int:
@@ -120,34 +107,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def release_engine(engine: Engine) -> None:
-    """Free ``engine``'s memory now, before the next engine is built: ``engine.close()`` where the engine
-    has one. Then drop your references and call :func:`free_device_memory` -- what frees an engine
-    without ``close()``."""
-    close = getattr(engine, "close", None)
-    if callable(close):
-        close()
-
-
-def free_device_memory(device: torch.device) -> None:
-    """Collect dropped engines and hand torch's cached blocks back to the device.
-
-    An engine is a graph of objects with reference cycles (callbacks, captured graphs, async
-    scheduling's state), freed by ``gc`` rather than when its last name goes -- an
-    ``async_scheduling=True`` engine kept 14 GiB after ``del`` until ``gc.collect()`` (issue 45) -- and
-    ``empty_cache`` returns the freed blocks to the device, where the next engine's memory check
-    (``cudaMemGetInfo``) sees them."""
-    gc.collect()
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def check_pool_fits(model, num_blocks: int, block_size: int) -> int:
     """Refuse, before a run starts, a KV pool the device cannot hold now: a ``ValueError`` naming the
     pool it needs (blocks, bytes a block, GiB) and what the device has free. Returns the pool's bytes.
 
-    One pool at a time: :func:`timed_run` and :func:`timeline_run` free each engine before the next
-    (:func:`release_engine`), so a run fits when one pool does, beside the weights already loaded."""
+    One pool at a time: :func:`timed_run` and :func:`timeline_run` close each engine before the next,
+    so a run fits when one pool does, beside the weights already loaded."""
     c = model.config
     block_bytes = bytes_per_block(c.num_layers, block_size, c.num_kv_heads, c.head_dim, model.dtype)
     try:
@@ -187,13 +152,10 @@ def timed_run(
     device = model.device
     _sync(device)
     t = time.perf_counter()
-    warm = Engine(model, **engine_kwargs)
-    warm.run(prompts, _params(max_tokens, temperature), use_tqdm=False)
+    with Engine(model, **engine_kwargs) as warm:  # closed before the timed engine's pool is made
+        warm.run(prompts, _params(max_tokens, temperature), use_tqdm=False)
     _sync(device)
     warmup_seconds = time.perf_counter() - t
-    release_engine(warm)  # before the timed engine is built: two pools need not fit at once
-    del warm
-    free_device_memory(device)
 
     engine = Engine(model, **engine_kwargs, record_timeline=record_timeline)
     steps: list[StepMetrics] = []
@@ -243,9 +205,8 @@ def timeline_run(
     per-step split (host busy ms and device ms per decode step, the median GPU idle gap between
     consecutive decode steps), and this run's tok/s beside the timed run's
     (``tokens_per_s_vs_timed_run``: what recording costs)."""
-    engine = Engine(model, **engine_kwargs, record_timeline=True)
     params = _params(max_tokens, temperature)
-    with frozen_heap():
+    with Engine(model, **engine_kwargs, record_timeline=True) as engine, frozen_heap():
         _sync(model.device)
         t0 = time.perf_counter()
         outs = engine.run(prompts, params, use_tqdm=False)
@@ -254,9 +215,6 @@ def timeline_run(
     out = summarize_timeline(engine.timeline)
     out["tokens_per_s"] = sum(len(o.outputs[0]) for o in outs) / dt
     out["tokens_per_s_vs_timed_run"] = out["tokens_per_s"] / timed_tokens_per_s
-    release_engine(engine)
-    del engine
-    free_device_memory(model.device)
     return out
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import inspect
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from paged_edu.core.validation import FieldTypeError, FieldValueError
@@ -194,3 +195,19 @@ def test_the_phases_are_named_in_one_module():
                 where.setdefault(path.name, []).append(node.args[0].value)
     assert set(where) == {"step.py"}
     assert set(where["step.py"]) == {"schedule", "block copies", "prepare", "forward", "sample", "update"}
+
+
+@pytest.mark.parametrize("bad", [8.0, True, np.float64(8.0)])
+@pytest.mark.parametrize(
+    "field",
+    ["num_blocks", "block_size", "num_cpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "seed"],
+)
+def test_integer_settings_refuse_floats_and_bools_alike(model, field, bad):
+    settings = {"num_blocks": 8, field: bad}
+    with pytest.raises(FieldTypeError) as err:
+        EngineConfig(**settings)
+    assert err.value.field == field
+    with pytest.raises(FieldTypeError):
+        Engine(model, **settings)
+    value = getattr(EngineConfig(**{**settings, field: np.int64(8)}), field)
+    assert value == 8 and type(value) is int  # an integer type is one, kept as a plain int

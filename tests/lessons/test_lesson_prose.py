@@ -26,7 +26,7 @@ import pytest
 from paged_edu.lessons.prose import Prose, fmt, say
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 _NUM = r"(?<![\w.,/#=-])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"
 # units of a measurement: times, rates, shares, speed-ups (sizes count only when the lesson computes them)
@@ -65,6 +65,12 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("08", "28 %"): "the seed's claim, quoted to be checked",
     ("08", "0.9"): "gpu_memory_utilization, an input",
     ("08", "5 %"): "exercise 8.3's margin for 'LPM wins' (WIN_FACTOR 0.95), an input of the question",
+    ("11", "0 %"): "the seed's troubleshooting 2 symptom (a hit rate of 0 %), quoted",
+    ("11", "0.0 %"): "the seed's troubleshooting 2 symptom as the seed writes it, quoted",
+    ("11", "20 ms"): "the seed's troubleshooting 3 symptom (20 -> 400 ms), quoted",
+    ("11", "400 ms"): "the seed's troubleshooting 3 symptom (20 -> 400 ms), quoted",
+    ("11", "0.0"): "exercise 11.1's value for an empty window, part of the question",
+    ("11", "90 %"): "what p90 means (exercise 11.2's question), a definition",
 }
 
 # Numbers that are never figures: exercise numbers (**4.1**, exercise 6.2), model sizes (135M),

@@ -116,7 +116,7 @@ def test_every_example_in_the_help_parses():
             if line.endswith("--help"):
                 continue
             args = parser.parse_args(shlex.split(line)[1:])
-            assert args.command in ("simulate", "figures-sim"), line
+            assert args.command in ("simulate", "figures-sim", "serve", "bench-serve"), line
 
 
 def test_version_prints_the_installed_version(capsys):
