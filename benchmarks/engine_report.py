@@ -63,7 +63,7 @@ def report(result, args, log):
     eng = result["engine"]
     fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
     log("")
-    spec = result.get("roofline_spec", "table")  # records before issue 45 priced every run on the H200's row
+    spec = result.get("roofline_spec", "table")  # older records: every run priced on the H200
     how = {"table": "", "measured": ", measured on this card", "assumed": ", assumed: no GPU in this run"}
     log(
         f"roofline: {eng['roofline']} on the {eng['roofline_gpu']}{how.get(spec, f', {spec}')} "

@@ -4,8 +4,8 @@ What you will learn
 -------------------
 A speed figure read as "x % of the roofline" is a share of one card's ceilings: priced on the
 H200's 4.24 TB/s, an H100 run of nano-vllm's workload read 55 %, "not met", where on the H100's own
-3.0 TB/s it was about 69 % (issue 45). So every benchmark and lesson prices a run on the card it
-ran on, found by :func:`this_card`:
+3.0 TB/s it was about 69 % (2026-12-06, main at 0c49c28). So every benchmark and lesson prices a run
+on the card it ran on, found by :func:`this_card`:
 
 * a card of :data:`~paged_edu.core.hardware.GPUS` (matched by the exact name CUDA reports,
   :func:`~paged_edu.core.hardware.gpu_of_device`): its row -- ``spec = "table"``;

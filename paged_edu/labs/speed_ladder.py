@@ -178,7 +178,6 @@ def run_rung(
     ``window`` consecutive steps' host and device intervals (and phases) from the middle of the run;
     ``profile``: :func:`probe_decode_steps` on the timed engine at ``probe_batches`` (after its run)."""
     run = timed_run(model, prompts, max_tokens, dict(engine_kwargs, **rung_kwargs), record_timeline=True)
-    run.engine.close()  # its pool back before the next rung's engines are built (its records stay)
     records: list[StepRecord] = run.engine.timeline
     cost = roofline_model(model.config.geometry(dtype_name(model.dtype)), gpu, model.device)
     roof, dur, decode = roofline_s(run.steps, cost), run.durations, run.decode
@@ -233,6 +232,7 @@ def run_rung(
     )
     if probe_batches:
         out["profile"] = probe_decode_steps(run.engine, probe_batches, probe_context)
+    run.engine.close()  # its pool back before the next rung's engines are built (its records stay)
     return out
 
 
