@@ -44,6 +44,7 @@ from paged_edu.labs.speed_ladder import (  # noqa: E402
     run_ladder,
     rung_table,
 )
+from paged_edu.labs.card import this_card  # noqa: E402
 from paged_edu.labs.step_timeline import predict_ladder  # noqa: E402
 from record import provenance  # noqa: E402
 
@@ -79,21 +80,25 @@ def main(argv=None) -> dict:
     probes = tuple(int(b) for b in args.probe_batches.split(",") if b.strip())
     setup = ladder_setup(device, args.num_requests, args.seed)
     model, prompts, outputs, engine_kwargs = (setup[k] for k in ("model", "prompts", "outputs", "engine_kwargs"))
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    card = this_card(device)  # the rungs' roofline: this card's row of the GPU table (the H200's on a CPU)
+    name = card.device_name
     out = Path(args.out).with_suffix(".json") if args.out else default_out(device, name)
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def log(msg):
         print(msg, flush=True)
 
-    log(f"speed ladder on {name}: {setup['label']}; {len(prompts)} requests, {sum(outputs):,} output tokens")
+    log(
+        f"speed ladder on {name} (roofline on the {card.label}): {setup['label']}; {len(prompts)} requests, "
+        f"{sum(outputs):,} output tokens"
+    )
     t0 = time.perf_counter()
     rungs = run_ladder(
         model, prompts, outputs, engine_kwargs, log=log, probe_batches=probes, probe_context=args.probe_context
     )
     result = dict(
         **provenance("bench_ladder.py", argv),
-        device_name=name,
+        **card.record(),  # device_name, and the GPU spec that priced the rungs' roofline
         card=card_of(name) if device.type == "cuda" else "cpu",
         dtype=str(model.dtype).replace("torch.", ""),
         model=setup["label"],

@@ -50,7 +50,8 @@ from paged_edu.labs.timing import kernel_table, random_paged_case, rel_err  # no
 from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.llama import ForwardBatch, Kernels  # noqa: E402
 from paged_edu.models.loaders import random_llama  # noqa: E402
-from paged_edu.core.hardware import GPUS, MODELS  # noqa: E402
+from paged_edu.core.hardware import MODELS  # noqa: E402
+from paged_edu.labs.card import this_card  # noqa: E402
 from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel  # noqa: E402
 
 BATCHES = (1, 16, 64, 256)
@@ -429,8 +430,9 @@ def main(argv=None) -> int:
     # The oracle: the same weights and pool in fp32, stepped by plain PyTorch (measure_step)
     fp32 = (copy.deepcopy(model).float(), [(k.float(), v.float()) for k, v in kv_pairs])
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
-    spec, gpu = MODELS["smollm2-135m"], GPUS["h200"]
-    cost = CostModel(model=spec, gpu=gpu)
+    card = this_card("cuda")  # the roofline's spec: this card's row of the GPU table
+    spec = MODELS["smollm2-135m"]
+    cost = CostModel(model=spec, gpu=card.gpu)
     roofline = cost.roofline()
     rows = []
     for b in batches:
@@ -464,6 +466,7 @@ def main(argv=None) -> int:
     result = {
         "command": " ".join(["python benchmarks/bench_layer.py", *(argv if argv is not None else sys.argv[1:])]),
         "device": torch.cuda.get_device_name(),
+        **card.record(),  # and the GPU spec that priced roofline_us
         "torch": torch.__version__,
         "model": "SmolLM2-135M geometry, random bf16 weights",
         "fuse_decode_store": args.fuse_decode_store,
@@ -475,6 +478,7 @@ def main(argv=None) -> int:
         "pdl": args.pdl,  # the fused side's Kernels(pdl=...)
         "rows": rows,
     }
+    print(f"roofline priced on the {card.label}")
     print(markdown(rows))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 

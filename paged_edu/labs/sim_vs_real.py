@@ -19,7 +19,7 @@ import numpy as np
 from paged_edu import data
 from paged_edu.engine import Engine, RequestMetrics, SamplingParams, StepMetrics
 from paged_edu.cache.sizing import dtype_name
-from paged_edu.core.hardware import GPUS
+from paged_edu.labs.card import roofline_card
 from paged_edu.labs.batching import make_requests
 from paged_edu.sim.costmodel import CostModel, StepShape
 from paged_edu.sim.request import Request
@@ -43,7 +43,7 @@ def sim_vs_real(
     max_num_batched_tokens: int = 256,
     seed: int = 0,
     fit_seed: int | None = None,
-    gpu: str = "h200",
+    gpu: str | None = None,
 ) -> dict:
     """Fit the cost model on one trace, then compare engine and simulator on another (all at t = 0).
 
@@ -52,7 +52,7 @@ def sim_vs_real(
     CostModel, ...}`` for the test trace; each side has ``tokens_per_s``, ``ttft_p50_s``,
     ``ttft_p99_s``, ``preemptions``, ``num_steps``, ``seconds``; ``step_rel_error_p50`` is the fit's
     median per-step error on the test trace's steps. ``gpu`` only names the roofline whose FLOP term
-    is fitted (:func:`describe_fit` states the fit without it).
+    is fitted (None: the card the model runs on, :func:`~paged_edu.labs.card.this_card`; the H200's on a CPU) (:func:`describe_fit` states the fit without it).
     """
     fit_seed = seed + 1 if fit_seed is None else fit_seed
     if fit_seed == seed:
@@ -89,7 +89,7 @@ def sim_vs_real(
         serve(fit_requests)
         serve(requests)
     fit_steps, _ = serve(fit_requests)
-    base = CostModel(model=model.config.geometry(dtype_name(model.dtype)), gpu=GPUS[gpu])
+    base = CostModel(model=model.config.geometry(dtype_name(model.dtype)), gpu=roofline_card(gpu, model.device).gpu)
     cost = fit_engine_steps(base, fit_steps)
 
     steps, finished = serve(requests)

@@ -39,9 +39,11 @@ import torch
 
 from paged_edu import data
 from paged_edu.cache.sizing import dtype_name
+from paged_edu.core.hardware import gpu_of_device
 from paged_edu.engine import SamplingParams, StepMetrics
 from paged_edu.engine.config import setting_names
 from paged_edu.engine.timeline import StepRecord, summarize_timeline
+from paged_edu.labs.card import roofline_card
 from paged_edu.labs.timed_run import roofline_model, roofline_s, step_speed, timed_run
 from paged_edu.labs.timing import kernel_table
 from paged_edu.sim.costmodel import ROOFLINE_NAME
@@ -85,12 +87,11 @@ PROBE_BATCHES = (1, 8, 32, 128, 256)  # bench_ladder's probes: decode steps of t
 
 def card_of(device_name: str) -> str | None:
     """The key of :data:`STORED_LADDERS` (and :data:`~paged_edu.core.hardware.GPUS`) for a CUDA device
-    name (``torch.cuda.get_device_name``): ``"h200"``, ``"h100"``, or None for any other card."""
-    name = device_name.upper()
-    for key in STORED_LADDERS:
-        if key.upper() in name:
-            return key
-    return None
+    name (``torch.cuda.get_device_name``): ``"h200"``, ``"h100"``, or None for any other card -- the
+    GPU table's exact name (:func:`~paged_edu.core.hardware.gpu_of_device`, as the roofline's card:
+    an H100 PCIe is not the H100 SXM whose ladder is stored)."""
+    gpu = gpu_of_device(device_name)
+    return gpu.key if gpu is not None and gpu.key in STORED_LADDERS else None
 
 
 def ladder_setup(device: torch.device | str, num_requests: int, seed: int = 0, scale: float | None = None) -> dict:
@@ -170,16 +171,15 @@ def run_rung(
     the timed run with the timeline recording (:func:`~paged_edu.labs.timed_run.timed_run`). Returns the
     rung's record (times in ms unless named _s): useful tokens/s, the mean decode and mixed step, host /
     device ms per step, the idle gaps, the roofline of the same steps on ``gpu`` (a key of
-    :data:`~paged_edu.core.hardware.GPUS`; default: the card this runs on, else the H200);
+    :data:`~paged_edu.core.hardware.GPUS`; default: the card the model runs on,
+    :func:`~paged_edu.labs.card.this_card`, the H200's on a CPU);
     ``decode_batches``: decode steps per batch size; ``steps``: per step (at most ``max_points``, evenly
     spaced) its kind, batch, duration, roofline, host phases, host busy time and device span; ``window``:
     ``window`` consecutive steps' host and device intervals (and phases) from the middle of the run;
     ``profile``: :func:`probe_decode_steps` on the timed engine at ``probe_batches`` (after its run)."""
     run = timed_run(model, prompts, max_tokens, dict(engine_kwargs, **rung_kwargs), record_timeline=True)
     records: list[StepRecord] = run.engine.timeline
-    if gpu is None:
-        gpu = (card_of(torch.cuda.get_device_name(model.device)) if model.device.type == "cuda" else None) or "h200"
-    cost = roofline_model(model.config.geometry(dtype_name(model.dtype)), gpu)
+    cost = roofline_model(model.config.geometry(dtype_name(model.dtype)), gpu, model.device)
     roof, dur, decode = roofline_s(run.steps, cost), run.durations, run.decode
     speed, split = step_speed(run, cost), summarize_timeline(records)
     picks = np.unique(np.linspace(0, len(run.steps) - 1, min(max_points, len(run.steps))).astype(int))
@@ -200,6 +200,7 @@ def run_rung(
         **{k: split[k] for k in _SPLIT_KEYS},
         roofline=ROOFLINE_NAME,
         roofline_gpu=cost.gpu.name,
+        roofline_spec=roofline_card(gpu, model.device).spec,  # "table": the card's own row; "assumed" on a CPU
         roofline_bandwidth=cost.gpu.hbm_bandwidth,
         roofline_run_s=float(roof.sum()),  # (not rounded: a CPU rung's roofline is a few ms)
         roofline_tokens_per_s=run.useful_tokens / float(roof.sum()),
