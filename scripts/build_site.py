@@ -16,8 +16,8 @@
    ``ex.solution``) folded in a ``<details>``, and a header links to Colab (from
    ``paged_edu.lessons.setup.REPO_URL``) and to the clean notebook, and says which device ran it.
    The test harness stays out of the pages (:func:`course_cells`): papermill's injected-parameters
-   cell is dropped, nbval's ``# NBVAL_...`` marker lines are taken out of the code, and the Colab
-   install cell is folded; progress-bar widgets are left out.
+   cell is dropped, the harness's cell tags (nbval's, papermill's, the stored-output policy's) are
+   taken off the cells, and the Colab install cell is folded; progress-bar widgets are left out.
 3. **Render** with Sphinx + MyST-NB (furo theme, MathJax and plotly.js inside the site) into
    ``build/site/``; serve it with any file server, e.g. ``python -m http.server -d build/site``.
 
@@ -54,7 +54,10 @@ from lesson_outputs import site_outputs  # noqa: E402
 WIDGET_STATE_MIME = run_lessons.WIDGET_STATE_MIME
 COLAB_BADGE = re.compile(r"\[!\[Open [Ii]n Colab\]\([^)]*\)\]\([^)]*\)\s*")
 EXERCISE = re.compile(r"""ex\.check\(\s*["']([^"']+)["']""")
-HARNESS_MARKER = re.compile(r"^[ \t]*# ?NBVAL_[A-Z_]+[ \t]*\n?", re.M)  # nbval's cell markers, whole lines
+# The cell tags of the test and run harness (nbval's ``nbval-*``, papermill's ``parameters`` and
+# ``raises-exception``, nbclient's ``skip-execution``, the stored-output policy's ``keep_output``):
+# MyST-NB would write each into the page as a ``tag_...`` class; a reader needs none of them.
+HARNESS_TAG = re.compile(r"^(nbval-[a-z-]+|parameters|raises-exception|skip-execution|keep_output)$")
 COLAB_CELL = '"google.colab" in sys.modules'  # the install cell's test, in every lesson's first code cell
 
 
@@ -150,14 +153,18 @@ def _markdown_cell(cell_id: str, source: str) -> dict:
 
 def course_cells(cells: list[dict]) -> list[dict]:
     """The cells a reader of the course sees: papermill's injected-parameters cell dropped (the
-    lesson's own ``parameters`` cell stays), nbval's ``# NBVAL_...`` marker lines taken out of the
-    code, and the Colab install cell folded into a ``<details>`` (it does nothing off Colab)."""
+    lesson's own ``parameters`` cell stays), the harness's tags (:data:`HARNESS_TAG`) taken off every
+    cell, and the Colab install cell folded into a ``<details>`` (it does nothing off Colab)."""
     shown = []
     for cell in cells:
         tags = cell.get("metadata", {}).get("tags", [])
         if "injected-parameters" in tags:
             continue
         cell = copy.deepcopy(cell)
+        if tags:
+            cell["metadata"]["tags"] = [t for t in tags if not HARNESS_TAG.match(t)]
+            if not cell["metadata"]["tags"]:
+                del cell["metadata"]["tags"]
         source = "".join(cell["source"])
         if cell["cell_type"] == "code" and COLAB_CELL in source:
             shown.append(
@@ -168,8 +175,6 @@ def course_cells(cells: list[dict]) -> list[dict]:
                 )
             )
             continue
-        if cell["cell_type"] == "code":
-            cell["source"] = HARNESS_MARKER.sub("", source)
         shown.append(cell)
     return shown
 

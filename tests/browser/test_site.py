@@ -146,7 +146,7 @@ def test_a_progress_bar_widget_is_left_out_of_the_page():
     assert len(shown) == 1 and "<b>kept</b>" in shown[0]["data"]["text/html"]
 
 
-def test_the_page_drops_harness_markers_the_injected_cell_and_folds_the_colab_cell():
+def test_the_page_drops_harness_tags_the_injected_cell_and_folds_the_colab_cell():
     nbformat = pytest.importorskip("nbformat")
     code, md = nbformat.v4.new_code_cell, nbformat.v4.new_markdown_cell
     cells = [
@@ -154,16 +154,17 @@ def test_the_page_drops_harness_markers_the_injected_cell_and_folds_the_colab_ce
         code('import sys\nif "google.colab" in sys.modules:\n    %pip install -q paged_edu'),
         code('device = "auto"', metadata={"tags": ["parameters"]}),
         code('# Parameters\ndevice = "cpu"\n', metadata={"tags": ["injected-parameters"]}),
-        code("# NBVAL_CHECK_OUTPUT\nprint(1)  # one\n", metadata={"tags": ["keep_output"]}),
-        code("x = 2\n    # NBVAL_IGNORE_OUTPUT\nx"),
+        code("print(1)  # one\n", metadata={"tags": ["nbval-check-output", "keep_output"]}),
+        code("x = 2\nx", metadata={"tags": ["nbval-ignore-output", "hide-input", "raises-exception"]}),
     ]
     shown = build_site.course_cells([dict(c) for c in cells])
     sources = ["".join(c["source"]) for c in shown]
-    assert len(shown) == 5 and not any("# Parameters" in t or "NBVAL_" in t for t in sources)
+    assert len(shown) == 5 and not any("# Parameters" in t for t in sources)
     assert sources[2] == 'device = "auto"' and sources[3] == "print(1)  # one\n" and sources[4] == "x = 2\nx"
+    assert [c["metadata"].get("tags") for c in shown[2:]] == [None, None, ["hide-input"]]  # MyST-NB's own tag stays
     assert shown[1]["cell_type"] == "markdown" and sources[1].startswith('<details class="colab-install">')
     assert "%pip install -q paged_edu" in sources[1] and sources[1].rstrip().endswith("</details>")
-    assert "NBVAL_CHECK_OUTPUT" in "".join(cells[4]["source"])  # the executed copy is not touched
+    assert cells[4]["metadata"]["tags"] == ["nbval-check-output", "keep_output"]  # the executed copy is not touched
 
 
 def test_the_site_reuses_what_the_lessons_run_executed_and_only_that(tmp_path, monkeypatch, capfd):
@@ -405,8 +406,8 @@ _OVERFLOW = """() => {
 @pytest.mark.parametrize("width, height", [(1366, 768), (800, 900)])
 def test_lesson_pages_fit_the_column_and_show_no_test_harness(site, url, browser, width, height):
     """At a laptop's 1366 x 768 and at 800 px wide: no figure or image wider than the article's
-    column, no code block scrolling sideways, no ``# NBVAL_...`` marker, no papermill
-    injected-parameters cell, and the Colab install cell folded once."""
+    column, no code block scrolling sideways, no test-harness tag on a cell (``nbval-check-output`` ...),
+    no papermill injected-parameters cell, and the Colab install cell folded once."""
     for lesson in LESSONS:
         page, problems = _open(browser, url, f"lessons/{lesson}.html")
         try:
@@ -419,6 +420,10 @@ def test_lesson_pages_fit_the_column_and_show_no_test_harness(site, url, browser
             text = page.inner_text("article")
             assert "NBVAL_" not in text and "# Parameters" not in text, lesson
             assert page.locator(".tag_injected-parameters").count() == 0, lesson
+            harness = page.eval_on_selector_all(
+                "[class*='tag_']", "els => els.flatMap(e => [...e.classList].filter(c => c.startsWith('tag_')))"
+            )
+            assert not [c for c in harness if build_site.HARNESS_TAG.match(c.removeprefix("tag_"))], (lesson, harness)
             assert page.locator("details.colab-install").count() == 1, lesson
             assert page.locator("details.colab-install").get_attribute("open") is None
             if width == 800 and lesson == LESSONS[min(1, len(LESSONS) - 1)]:
