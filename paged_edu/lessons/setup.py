@@ -14,6 +14,11 @@ The Colab install cell cannot call the library (it installs it), so its text is 
 :data:`REPO_URL`, the one place the repository's address is written, and so is each lesson's "Open in
 Colab" badge (:func:`colab_badge`); the notebook-cleanliness test checks that every lesson carries
 exactly these, and ``scripts/sync_colab.py`` rewrites them after :data:`REPO_URL` changes (a fork).
+
+Where Triton is not installed (it has wheels for Linux only: macOS, Windows, or a Linux venv without
+the ``kernels`` extra) every lesson still runs: the kernels' ``impl="auto"`` picks the PyTorch
+reference, :func:`setup` says so in one line, and a cell that needs Triton itself asks
+:func:`needs_triton`, which says what it skips.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ __all__ = [
     "colab_badge",
     "colab_cell_source",
     "colab_url",
+    "needs_triton",
     "pick_device",
     "setup",
 ]
@@ -225,6 +231,25 @@ def pick_device(device: str = "auto"):
     return device, default_dtype(device)
 
 
+# What a machine without Triton misses, said once: by setup() and by every cell that needs_triton().
+_NO_TRITON = (
+    "Triton is not installed here (its wheels are Linux-only); on Linux the Triton kernels run in Triton's "
+    "interpreter on the CPU, on an NVIDIA GPU compiled"
+)
+
+
+def needs_triton(what: str) -> bool:
+    """True where the Triton kernels import; elsewhere print one line -- ``what`` is skipped, and what a
+    Linux or GPU machine adds -- and return False. A lesson cell that needs Triton starts with
+    ``if needs_triton("the split-KV kernel"):``."""
+    from paged_edu.kernels import triton_available
+
+    if triton_available():
+        return True
+    print(f"{what}: skipped. {_NO_TRITON}.")
+    return False
+
+
 def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False, **params):
     """Everything a lesson's first cell did by hand, in one call; returns ``(device, dtype)``.
 
@@ -259,4 +284,8 @@ def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False, **params)
     torch.manual_seed(seed)
     if not quiet:
         print(f"device: {dev}, dtype: {dtype}")
+        from paged_edu.kernels import triton_available
+
+        if not triton_available():
+            print(f"note: the kernel cells run the PyTorch reference here. {_NO_TRITON}.")
     return dev, dtype
