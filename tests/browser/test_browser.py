@@ -250,7 +250,6 @@ def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
         o
         for c in saved["cells"]
         if c["cell_type"] == "code"
-        and "raises-exception" not in c.get("metadata", {}).get("tags", [])  # meant to fail (lesson 4)
         for o in c.get("outputs", [])
         if o.get("output_type") == "error"
     ]
