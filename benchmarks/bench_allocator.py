@@ -6,7 +6,7 @@ block size 16. The same trace as ``shared/guides/cpu-anchors.md`` describes, so 
 with its anchors (nano-vllm's BlockManager: 0.91 M appends/s, 10.7 k admissions/s).
 
     python benchmarks/bench_allocator.py [--requests 10000] [--repeat 3] [--clock wall|cpu]
-                                         [--json figures/allocator_bench.json]
+                                         [--json benchmarks/records/<card>/allocator_bench.json]
 
 An *append* is one decode token placed as the scheduler places it (:mod:`paged_edu.sched.scheduler`):
 ``append_slots(seq_id)`` reserves its slot by count, and each time a block fills, one
@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from paged_edu import BlockAllocator  # noqa: E402
 from paged_edu.labs.seed_allocator import SeedAllocator  # noqa: E402
 from paged_edu.core.radix_cache import RadixAllocator  # noqa: E402
-from record import provenance  # noqa: E402
+from record import provenance, record_path  # noqa: E402
 
 
 class SeedHarness:
@@ -155,10 +155,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument(
         "--json",
-        default="figures/allocator_bench.json",
-        help="the record: the table's rows, the command, the commit, the machine",
+        help="the record: the table's rows, the command, the commit, the machine "
+        "(default: benchmarks/records/<card>/allocator_bench.json)",
     )
     args = parser.parse_args(argv)
+    args.json = args.json or str(record_path("allocator_bench.json"))
     trace = make_trace(args.requests)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     rows = []

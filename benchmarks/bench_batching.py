@@ -1,6 +1,6 @@
 """Lesson 5's static-vs-continuous measurement, as a benchmark with a record.
 
-    python benchmarks/bench_batching.py --device cuda --out figures/h200/batching_bench.json   # lesson 5's H200 run
+    python benchmarks/bench_batching.py --device cuda   # lesson 5's H200 run -> benchmarks/records/<card>/
     python benchmarks/bench_batching.py --tiny --num-requests 8 --max-output-len 8 --static-batch 2 --out /tmp/b.json
 
 Section 3 of ``notebooks/05_continuous_batching.ipynb`` with its H200 parameters (``-p device cuda -p
@@ -28,7 +28,7 @@ from paged_edu.kernels.support import default_dtype  # noqa: E402
 from paged_edu.labs.batching import compare_batching, make_requests  # noqa: E402
 from paged_edu.labs.engine_lab import lesson_model, tiny_model  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
-from record import provenance  # noqa: E402
+from record import provenance, record_path  # noqa: E402
 
 
 def main(argv=None):
@@ -39,7 +39,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="the 2-layer random Llama (a CPU check)")
-    ap.add_argument("--out", default="figures/h200/batching_bench.json")
+    ap.add_argument("--out", help="the JSON record (default: benchmarks/records/<card>/batching_bench.json)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     dtype = default_dtype(device)
@@ -84,7 +84,7 @@ def main(argv=None):
             f"computed tokens wasted, KV slots holding a token {r['kv_holding_token']:.0%}"
         )
     print(f"continuous / static: {record['continuous_over_static']:.2f}x")
-    out = Path(args.out)
+    out = Path(args.out) if args.out else record_path("batching_bench.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))
     print(f"wrote {out}")

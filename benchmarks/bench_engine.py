@@ -13,7 +13,7 @@
 random-weight model of Qwen3-0.6B's geometry (28 layers, 16 query / 8 KV heads of 128, hidden 1024,
 tied head; Qwen3's qk-norm left out, its cost printed), the engine alone with CUDA graphs, a pool
 that holds every sequence to its end (no preemption), and the share of the roofline of its own
-steps it reaches, written to ``figures/engine_bench_nanovllm.json``. For comparison, on an A800
+steps it reaches, written to ``benchmarks/records/<card>/engine_bench_nanovllm.json``. For comparison, on an A800
 (cosmoliu2002/nano-vllm-triton#1, vLLM 0.10.2): vLLM 8,588 tok/s (15.60 s), nano-vllm-triton 10,009
 tok/s (13.38 s); the record prices the same steps on that GPU's twin in our table (A100 80GB) to
 give each its share of the roofline beside ours.
@@ -89,7 +89,7 @@ from paged_edu.models.llama import Kernels, PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.sim.arrivals import L_MAX  # noqa: E402
 from engine_report import plot, report  # noqa: E402
-from record import provenance  # noqa: E402
+from record import provenance, record_path  # noqa: E402
 from hf_peers import FIRST_COMPARED, common_prefix, run_hf, run_hf_cb  # noqa: E402
 
 
@@ -215,6 +215,7 @@ def run_engine(
             for r in speed["decode_by_concurrency"]
         )
     )
+    engine.close()  # its pool back before the next engine is built (its counters stay readable)
     recorded = None
     if record_timeline:
         recorded = timeline_run(model, prompts, outputs, engine_kwargs, useful / dt, temperature=temperature)
@@ -411,9 +412,7 @@ def main_nanovllm(args, argv, log):
     )
     out = Path(
         args.out
-        or (
-            ROOT / "build" / "engine_bench_nanovllm_smoke" if args.smoke else ROOT / "figures" / "engine_bench_nanovllm"
-        )
+        or (ROOT / "build" / "engine_bench_nanovllm_smoke" if args.smoke else record_path("engine_bench_nanovllm"))
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     result = dict(
@@ -573,7 +572,8 @@ def main(argv=None):
     ap.add_argument(
         "--out",
         help="the JSON record, without .json (default: paged_edu/data/engine_bench, the package "
-        "data lessons 5 and 7 read; build/engine_bench_smoke with --smoke)",
+        "data lessons 5 and 7 read; benchmarks/records/<card>/engine_bench_nanovllm with --workload nanovllm; "
+        "build/engine_bench_smoke with --smoke)",
     )
     ap.add_argument("--figure", help="the PNG figure (default: figures/engine_bench.png; beside --out with --smoke)")
     ap.add_argument("--smoke", action="store_true", help="a tiny model and workload on the CPU")

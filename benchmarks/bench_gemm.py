@@ -1,6 +1,6 @@
 """The skinny GEMM against cuBLAS at SmolLM2-135M's decode shapes, inside CUDA graphs.
 
-    python benchmarks/bench_gemm.py --out figures/h200/gemm_bench.json   # table + sweep + JSON (~90 s)
+    python benchmarks/bench_gemm.py   # table + sweep + benchmarks/records/<card>/gemm_bench.json (~90 s)
     python benchmarks/bench_gemm.py --smoke --out /tmp/gemm_smoke.json   # CPU, interpreter, tiny
 
 For each of SmolLM2's five projections (qkv, o_proj, gate_up, down, the tied LM head) and each
@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_layer import capture, time_replays  # noqa: E402
-from record import provenance  # noqa: E402
+from record import provenance, record_path  # noqa: E402
 
 from paged_edu.core.hardware import GPUS  # noqa: E402
 from paged_edu.kernels.support import SKINNY_MAX_ROWS  # noqa: E402
@@ -179,7 +179,7 @@ def step_times(timer, batches, device, dtype, tiny: bool) -> list[dict]:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="figures/h200/gemm_bench.json")
+    p.add_argument("--out", help="the JSON record (default: benchmarks/records/<card>/gemm_bench.json)")
     p.add_argument(
         "--ms",
         default=",".join(map(str, MS)),
@@ -193,8 +193,10 @@ def main(argv=None) -> dict:
     p.add_argument("--budget-s", type=float, default=75.0, help="the sweep stops after this many seconds")
     p.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes and reps")
     args = p.parse_args(argv)
+    args.out = args.out or str(record_path("gemm_bench.json"))
     t0 = time.perf_counter()
-    from paged_edu.kernels.triton_decode import INTERPRETING, _num_sms
+    from paged_edu.kernels.support import num_sms as _num_sms
+    from paged_edu.kernels.triton_fused import INTERPRETING
 
     if args.smoke:
         if not INTERPRETING:

@@ -8,7 +8,7 @@ around a stub model that returns at once.
 
 The pool holds every sequence to its last token (``pool_blocks``), so no timed step preempts at
 any ``--running``. Writes its record (the command, the commit, the machine) to
-``figures/host_bench.json`` unless ``--out`` says otherwise.
+``benchmarks/records/<card>/host_bench.json`` unless ``--out`` says otherwise.
 
 Every step of :meth:`Engine.step` except the model's kernels runs as in serving: scheduling,
 block-table appends, batch preparation, sampling bookkeeping, ``update``. The stub's forward
@@ -43,7 +43,7 @@ from paged_edu.labs.timing import frozen_heap  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.config import LlamaConfig  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
-from record import provenance  # noqa: E402
+from record import provenance, record_path  # noqa: E402
 
 
 def stub_model(device: str = "cpu", vocab: int = 16) -> PagedLlama:
@@ -264,19 +264,19 @@ def main(argv=None):
     ap.add_argument(
         "--out",
         default=None,
-        help="write the record as JSON here ('' for none; default figures/host_bench.json, "
-        "figures/host_bench_sharegpt.json with --workload sharegpt)",
+        help="write the record as JSON here ('' for none; default benchmarks/records/<card>/host_bench.json, "
+        "host_bench_sharegpt.json with --workload sharegpt)",
     )
     args = ap.parse_args(argv)
     modes = dict(device=args.device, profile=args.profile, graph_path=args.graph_path)
     if args.workload == "sharegpt":
         res = measure_sharegpt(**modes, async_scheduling=args.async_scheduling)
-        note, out = "the CPU may be shared with other work", "figures/host_bench_sharegpt.json"
+        note, out = "the CPU may be shared with other work", str(record_path("host_bench_sharegpt.json"))
     else:
         res = measure(
             args.running, args.steps, temperature=args.temperature, **modes, async_scheduling=args.async_scheduling
         )
-        note, out = "medians; the CPU may be shared with other work", "figures/host_bench.json"
+        note, out = "medians; the CPU may be shared with other work", str(record_path("host_bench.json"))
     res = {**provenance("bench_host.py", argv, note=note), **res}
     if args.workload == "sharegpt":
         print(

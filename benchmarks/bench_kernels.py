@@ -193,7 +193,7 @@ def sweep_configs(case):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     grid = [(tile, 4, stages) for tile in (32, 64, 128) for stages in (1, 2, 3)] + [(64, 2, 2), (64, 8, 2)]
     for tile, warps, stages in grid:
-        cfg = dict(TILE=tile, num_warps=warps, num_stages=stages, HEADS_FASTEST=True)
+        cfg = dict(TILE=tile, num_warps=warps, num_stages=stages)
         base = num_seqs * H_KV
         num_tiles = -(-seq_len // tile)
         options = {choose_num_splits(num_seqs, H_KV, seq_len, tile, sms)}

@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from paged_edu.kernels import paged_attention_decode  # noqa: E402
 from paged_edu.kernels.support import SKINNY_MAX_ROWS  # noqa: E402
-from paged_edu.labs.timing import random_paged_case, rel_err  # noqa: E402
+from paged_edu.labs.timing import kernel_table, random_paged_case, rel_err  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.llama import ForwardBatch, Kernels  # noqa: E402
 from paged_edu.models.loaders import random_llama  # noqa: E402
@@ -92,17 +92,6 @@ def time_replays(graph, reps: int, flush: torch.Tensor) -> float:
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
 
-def kind_of(kernel: str) -> str:
-    name = kernel.lower()
-    if "_decode_kernel" in name or "merge_splits" in name:
-        return "attention"
-    if any(w in name for w in ("add_rms_norm", "silu_and_mul", "store_kv")):
-        return "fused"
-    if any(w in name for w in ("gemm", "gemv", "cutlass", "nvjet", "sm90", "cublas", "splitk", "skinny_matmul")):
-        return "gemm"
-    return "other"
-
-
 def profile_replays(graph, fn, n: int = 10) -> dict:
     """Kernels per replay and their GPU microseconds per replay, by kind and the top names.
 
@@ -125,22 +114,7 @@ def profile_replays(graph, fn, n: int = 10) -> dict:
     kernels = kernels_of(graph.replay)
     if not kernels:
         source, kernels = "eager", kernels_of(fn)
-    us = lambda e: getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0)  # noqa: E731
-    by_kind: dict[str, list] = {}
-    by_name: dict[str, list] = {}
-    for e in kernels:
-        for table, key in ((by_kind, kind_of(e.name)), (by_name, e.name[:60])):
-            entry = table.setdefault(key, [0, 0.0])
-            entry[0] += 1
-            entry[1] += us(e)
-    per = lambda d: {k: {"kernels": c / n, "us": t / n} for k, (c, t) in sorted(d.items(), key=lambda kv: -kv[1][1])}  # noqa: E731
-    return {
-        "source": source,
-        "kernels_per_step": len(kernels) / n,
-        "gpu_busy_us": sum(us(e) for e in kernels) / n,
-        "by_kind": per(by_kind),
-        "top": dict(list(per(by_name).items())[:12]),
-    }
+    return {"source": source, **kernel_table(kernels, n)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -237,7 +211,8 @@ def measure_step(
 
 
 def sweep_decode(batch, context, width, flush, reps=30) -> dict:
-    from paged_edu.kernels.triton_decode import _num_sms, choose_num_splits, decode_config, paged_attention_triton
+    from paged_edu.kernels.support import num_sms
+    from paged_edu.kernels.triton_decode import choose_num_splits, decode_config, paged_attention_triton
     from paged_edu.labs.triton_decode_packed import paged_attention_packed
 
     c = smollm2_config()
@@ -258,7 +233,7 @@ def sweep_decode(batch, context, width, flush, reps=30) -> dict:
     default_us, default_err = run()  # what the model runs: one program per KV head, decode_config
     per_head_us, per_head_err = run(packed=False)  # the same (kept apart: it was not always the default)
     cfg = decode_config(c.head_dim, c.num_heads // c.num_kv_heads, on_gpu=True)
-    per_head_splits = choose_num_splits(batch, c.num_kv_heads, width * BLOCK, cfg["TILE"], _num_sms(0))
+    per_head_splits = choose_num_splits(batch, c.num_kv_heads, width * BLOCK, cfg["TILE"], num_sms(0))
     results = []
     for tile, warps, stages, splits in itertools.product((16, 32, 64), (2, 4), (1, 2, 3), (1, 2, 4, 8)):
         try:  # the packed kernel's grid

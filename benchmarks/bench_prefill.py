@@ -1,6 +1,6 @@
 """Paged prefill on a GPU: our Triton kernel against SDPA's flash path and FlexAttention's paged path.
 
-    python benchmarks/bench_prefill.py            # the four cases: table + figures/prefill_bench.json
+    python benchmarks/bench_prefill.py            # the four cases: table + benchmarks/records/<card>/prefill_bench.json
     python benchmarks/bench_prefill.py --sweep    # also time a grid of kernel configurations per case
 
 The cases are chunks with and without cached prefixes (``seqs x new over cached``): 8 x 1,024 over
@@ -48,6 +48,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from paged_edu.labs.timing import Timer, rel_err  # noqa: E402
+from record import record_path  # noqa: E402
 
 from paged_edu.kernels.reference import gather_kv, paged_prefill_reference  # noqa: E402
 
@@ -359,7 +360,7 @@ def markdown(rows):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=os.path.join(ROOT, "figures"))
+    p.add_argument("--out", help="folder of prefill_bench.json (default: benchmarks/records/<card>/)")
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--sweep", action="store_true", help="also time a grid of kernel configurations per case")
@@ -406,8 +407,9 @@ def main(argv=None):
         "targets": "faster than FlexAttention's paged path in every case; >= 0.8x SDPA's contiguous flash path",
         "cases": rows,
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "prefill_bench.json"), "w") as f:
+    out = os.path.join(args.out, "prefill_bench.json") if args.out else str(record_path("prefill_bench.json"))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
         json.dump(result, f, indent=1)
     print()
     print(markdown(rows))

@@ -1,7 +1,7 @@
 """The figure and the markdown table of ``bench_engine.py``, from its result dict; and, over several of its
 records, where their time went:
 
-    python benchmarks/engine_report.py figures/h200/engine_bench_0298cf0.json figures/h200/engine_bench_0298cf0_2.json
+    python benchmarks/engine_report.py benchmarks/records/h200/engine_bench_0298cf0.json benchmarks/records/h200/engine_bench_0298cf0_2.json
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Does the compiler keep the rounding a kernel writes? RoPE in the decode kernel, with and without FMA contraction.
 
-    python benchmarks/probe_fp_fusion.py        # on a GPU; writes figures/h200/fp_fusion_probe.json
+    python benchmarks/probe_fp_fusion.py        # on a GPU; writes benchmarks/records/<card>/fp_fusion_probe.json
 
 ``triton_store.rope`` rounds each product to the model's dtype before the sum, exactly as PyTorch's
 ``k * cos + rotate_half(k) * sin`` does in bf16. Triton compiles with ``enable_fp_fusion=True`` by
@@ -26,11 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from paged_edu.kernels import triton_decode, triton_store  # noqa: E402
+from paged_edu.kernels.decode import fast, tutorial  # noqa: E402
 from paged_edu.labs.timing import random_decode_step  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.llama import _rotate_half  # noqa: E402
 from paged_edu.models.loaders import random_llama  # noqa: E402
-from record import provenance  # noqa: E402
+from record import provenance, record_path  # noqa: E402
 
 
 class ForcedFusion:
@@ -52,13 +53,15 @@ class ForcedFusion:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="figures/h200/fp_fusion_probe.json")
+    ap.add_argument("--out", help="the JSON record (default: benchmarks/records/<card>/fp_fusion_probe.json)")
     args = ap.parse_args(argv)
+    args.out = args.out or str(record_path("fp_fusion_probe.json"))
     if not torch.cuda.is_available():
         print("probe_fp_fusion needs a CUDA GPU (the interpreter never contracts: numpy rounds every op)")
         return 1
     store = triton_store._store_kv_kernel = ForcedFusion(triton_store._store_kv_kernel)
-    decode = triton_decode._paged_decode_kernel = ForcedFusion(triton_decode._paged_decode_kernel)
+    decode = tutorial.paged_decode_kernel = ForcedFusion(tutorial.paged_decode_kernel)  # the two-launch path's
+    fused = fast.rotary_store_decode_kernel = ForcedFusion(fast.rotary_store_decode_kernel)  # the one-launch path's
     c = smollm2_config()
     rot = random_llama(replace(c, num_layers=1), seed=0, dtype=torch.bfloat16, device="cuda").rotary
     q, k, v, pool, tables, lens, pos, slots = random_decode_step(c.num_heads, c.num_kv_heads, c.head_dim)
@@ -69,7 +72,7 @@ def main(argv=None) -> int:
     k_ref.view(-1, H_kv, D)[slots] = k * cos + _rotate_half(k) * sin  # PyTorch's rotation, stored
     rows = []
     for fusion in (True, False):
-        store.value = decode.value = fusion
+        store.value = decode.value = fused.value = fusion
         k_two, v_two = pool.clone(), -pool  # the V cache differs from the K cache, as in a model
         q_rot = triton_store.rotary_store_kv_triton(q, k, v, k_two, v_two, slots, pos, *tabs)
         out_two = triton_decode.paged_attention_triton(q_rot, k_two, v_two, tables, lens, scale=scale)

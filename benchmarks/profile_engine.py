@@ -1,7 +1,7 @@
 """torch.profiler over the first steps of the engine benchmark's workload: where a step's time goes.
 
-    python benchmarks/profile_engine.py --device cuda --out figures/h200/profile_engine   # on the H200
-    python benchmarks/profile_engine.py --device cuda --mixed-graphs --out figures/h200/profile_engine_mixed_graphs
+    python benchmarks/profile_engine.py --device cuda   # benchmarks/records/<card>/profile_engine.{txt,json}
+    python benchmarks/profile_engine.py --device cuda --mixed-graphs --out benchmarks/records/h200/profile_engine_mixed_graphs
     python benchmarks/profile_engine.py --tiny --steps 3 --num-requests 8 --out /tmp/p   # a CPU check
 
 The workload, model and pool of ``bench_engine.py`` (512 ShareGPT-like requests, SmolLM2-135M
@@ -41,7 +41,7 @@ from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
 from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel  # noqa: E402
-from record import provenance  # noqa: E402
+from record import provenance, record_path  # noqa: E402
 
 
 def engine_on(model, prompts, outputs, args):
@@ -71,7 +71,7 @@ def main(argv=None):
     ap.add_argument(
         "--mixed-graphs", action="store_true", help="the engine's mixed_graphs: the mixed steps in CUDA graphs"
     )
-    ap.add_argument("--out", default="figures/h200/profile_engine", help="writes <out>.txt and <out>.json")
+    ap.add_argument("--out", help="writes <out>.txt and <out>.json (default: benchmarks/records/<card>/profile_engine)")
     args = ap.parse_args(argv)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -83,10 +83,9 @@ def main(argv=None):
     spec = config.geometry(dtype_name(dtype)) if args.tiny else MODELS["smollm2-135m"]
     roofline = CostModel(model=spec, gpu=GPUS["h200"]).roofline()
 
-    warm = engine_on(model, prompts, outputs, args)
-    for _ in range(args.steps):
-        warm.step()
-    del warm
+    with engine_on(model, prompts, outputs, args) as warm:  # closed before the profiled engine's pool is made
+        for _ in range(args.steps):
+            warm.step()
     engine = engine_on(model, prompts, outputs, args)
     steps: list[StepMetrics] = []
     engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
@@ -150,7 +149,7 @@ def main(argv=None):
         ]
     text = "\n".join(lines)
     print(text)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else record_path("profile_engine")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".txt").write_text(text + "\n")
     record = dict(

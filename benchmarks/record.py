@@ -1,19 +1,25 @@
-"""Where a benchmark ran, for the JSON it writes: the command line, the commit, the machine.
+"""Where a benchmark ran, for the JSON it writes: the command line, the commit, the machine; and where
+its record goes.
 
 Every speed figure the README quotes comes from a committed JSON that says how to re-make it:
-``provenance()`` is the block each benchmark puts at the top of its record.
+``provenance()`` is the block each benchmark puts at the top of its record, and ``record_path(name)``
+the file it lands in by default, ``benchmarks/records/<card>/<name>``: ``h100``, ``h200`` ... for the
+GPU the run could see, ``cpu`` without one. ``benchmarks/records/README.md`` indexes them
+(``python benchmarks/records_index.py`` rewrites it).
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RECORDS = ROOT / "benchmarks" / "records"
 
 
 def _git(*args: str) -> str | None:
@@ -32,6 +38,29 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _gpu_name() -> str | None:
+    """The GPU the run could see, as ``provenance()`` records it: only where the benchmark imported torch."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return None
+
+
+def card(gpu_name: str | None) -> str:
+    """The records folder of a machine: the GPU's model number, lower case, or ``cpu`` without one.
+    E.g. ``"NVIDIA H100 80GB HBM3"`` -> ``h100``, ``"NVIDIA H200"`` -> ``h200``, ``None`` -> ``cpu``."""
+    if not gpu_name:
+        return "cpu"
+    model = re.search(r"[A-Za-z]*\d+[A-Za-z]*", gpu_name.removeprefix("NVIDIA"))
+    return re.sub(r"[^a-z0-9]+", "-", (model.group(0) if model else gpu_name).lower()).strip("-")
+
+
+def record_path(name: str) -> Path:
+    """Where a benchmark's record ``name`` goes by default: ``benchmarks/records/<card>/<name>``, the card
+    being the GPU this process sees (import torch before calling this) or ``cpu``."""
+    return RECORDS / card(_gpu_name()) / name
 
 
 def provenance(script: str, argv: list[str] | None = None, note: str = "") -> dict:
@@ -53,8 +82,8 @@ def provenance(script: str, argv: list[str] | None = None, note: str = "") -> di
     torch = sys.modules.get("torch")
     if torch is not None:
         machine["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            machine["gpu"] = torch.cuda.get_device_name(0)
+        if (gpu := _gpu_name()) is not None:
+            machine["gpu"] = gpu
     out = {
         "command": " ".join(["python", f"benchmarks/{script}", *args]),
         "commit": commit,

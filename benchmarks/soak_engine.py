@@ -30,7 +30,7 @@ measured at rest:
 A leak is an "empty at rest" item left at a checkpoint; a container (or type) that grows -- larger
 at every checkpoint than at the one before, or at the end larger than anywhere in the first half by
 more than the pool's block count (what a structure bounded by the pool can move by); or RSS growth
-past ``RSS_SLACK_MB`` from the first checkpoint to the last. Prints a table; writes ``figures/soak_engine.json`` unless ``--out``.
+past ``RSS_SLACK_MB`` from the first checkpoint to the last. Prints a table; writes ``benchmarks/records/<card>/soak_engine.json`` unless ``--out``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from paged_edu.engine.faults import PHASES, inject_fault  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.labs.cache_contents import CacheContents  # noqa: E402
 from paged_edu.labs.engine_lab import tiny_model  # noqa: E402
-from record import provenance  # noqa: E402
+from record import provenance, record_path  # noqa: E402
 
 VOCAB = 64
 NUM_BLOCKS, BLOCK_SIZE, NUM_CPU_BLOCKS = 40, 4, 64
@@ -67,7 +67,7 @@ RSS_SLACK_MB = 32.0
 EMPTY_AT_REST = {
     "engine": ("_requests", "_deferred_aborts", "_aborted_outputs"),
     "scheduler": ("waiting", "running", "swapped", "_live", "_forking"),
-    "runner": ("_unapplied",),
+    "runner": ("_pending",),
     "sampler": ("_generators", "_drawn", "_taken"),
     "allocator": ("_seqs", "_copies", "_cache_events"),
 }
@@ -218,6 +218,7 @@ def soak_one(model, config: str, num_requests: int, checkpoints: int, work: Work
     finally:
         for u in undo:
             u()
+        engine.close()  # its pool back before the next configuration's engine is built
     return dict(config=config, samples=samples, counts=dict(counts), seconds=time.perf_counter() - t0)
 
 
@@ -370,12 +371,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fault-rate", type=float, default=0.01, help="chance each step phase raises")
     ap.add_argument("--abort-rate", type=float, default=0.05, help="chance of an abort before each step")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "figures" / "soak_engine.json"))
+    ap.add_argument("--out", help="the JSON record (default: benchmarks/records/<card>/soak_engine.json)")
     args = ap.parse_args(argv)
     head = provenance("soak_engine.py", argv)
     rec = soak(args.num_requests, args.checkpoints, args.seed, args.fault_rate, args.abort_rate)
     print(table(rec))
-    out = Path(args.out)
+    out = Path(args.out) if args.out else record_path("soak_engine.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**head, **rec}, indent=1) + "\n")
     print(f"wrote {out}")

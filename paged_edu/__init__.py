@@ -1,8 +1,9 @@
 """paged_edu: PagedAttention you can see, poke and measure.
 
 The package is built in layers, each importing only the ones before it (``tests/project/test_layers.py``
-keeps it so); the first three are plain Python, no torch:
+keeps it so); the first four are plain Python, no torch:
 
+* :mod:`paged_edu.data` -- the stored H200 measurements the lessons show on a CPU (package data);
 * :mod:`paged_edu.core` -- what a token costs, the model and GPU tables, the contiguous baseline,
   the paged block allocator and the radix cache, the allocator contract (lessons 1-3, 8);
 * :mod:`paged_edu.sched` -- the scheduler, shared by the engine and the simulator (lessons 5-6);
@@ -11,10 +12,12 @@ keeps it so); the first three are plain Python, no torch:
 * :mod:`paged_edu.cache` -- the paged KV cache on real tensors (lessons 2-3);
 * :mod:`paged_edu.models` and :mod:`paged_edu.engine` -- a Llama-family model on the paged cache and
   continuous batching (lessons 5-6);
+* :mod:`paged_edu.serve` -- the engine behind OpenAI's API over HTTP, vLLM's metrics and KV events,
+  and a client that measures any such server (lesson 11);
 * :mod:`paged_edu.labs` -- the experiments and widget models the lessons and views run (lessons 1-9);
 * :mod:`paged_edu.viz` -- figures and widgets, views only;
 * :mod:`paged_edu.lessons` -- notebook glue: set-up, exercises, lesson 8's tables;
-* :mod:`paged_edu.cli` -- ``paged-edu simulate`` and ``paged-edu figures-sim``.
+* :mod:`paged_edu.cli` -- ``paged-edu simulate``, ``figures-sim``, ``serve`` and ``bench-serve``.
 """
 
 from paged_edu.core.allocator import BlockAllocator

@@ -3,6 +3,10 @@
 ``paged-edu simulate``     serve a workload with every memory manager; print the table, write JSON.
 ``paged-edu figures-sim``  the simulator's figures (memory breakdown, latency vs rate, ...) under figures/
                            (needs plotly: ``pip install "paged_edu[figures]"``).
+``paged-edu serve``        an OpenAI-compatible server on the engine, with vLLM's metrics and KV events
+                           (needs the server stack: ``pip install "paged_edu[serve]"``; :mod:`paged_edu.serve`).
+``paged-edu bench-serve``  measure any OpenAI-compatible server on the course's workloads, like
+                           ``vllm bench serve``.
 
 Examples::
 
@@ -11,6 +15,8 @@ Examples::
     paged-edu simulate --trace my_trace.jsonl --managers paged,contiguous-max
     paged-edu simulate --workload multiturn --managers paged-prefix,paged-radix --policy lpm
     paged-edu figures-sim --out figures
+    paged-edu serve --model tiny-random --port 8000
+    paged-edu bench-serve --base-url http://127.0.0.1:8000 --workload sharegpt --num-prompts 100 --request-rate 4
 """
 
 from __future__ import annotations
@@ -183,7 +189,8 @@ def _check_output_paths(args) -> None:
     """Every output goes into a folder that exists (a typo must not scatter new folders): checked
     before anything runs. ``--out`` itself may be new, its parent may not."""
     paths = [
-        (flag, getattr(args, dest, None)) for flag, dest in (("--json", "json_path"), ("--save-trace", "save_trace"))
+        (flag, getattr(args, dest, None))
+        for flag, dest in (("--json", "json_path"), ("--save-trace", "save_trace"), ("--data", "data_path"))
     ]
     for flag, path in paths:
         if path is not None:
@@ -288,6 +295,11 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES["figures-sim"],
     )
     fig.add_argument("--out", default="figures", help="output folder (created if its parent exists)")
+    fig.add_argument(
+        "--data",
+        dest="data_path",
+        help="the JSON of the runs behind the figures (default: sim_figures_data.json in --out)",
+    )
     fig.add_argument("--num-requests", type=NUM_REQUESTS, default=1000, help="requests per simulation")
     fig.add_argument("--seed", type=SEED, default=0, help="random seed of the workloads")
     fig.add_argument(
@@ -298,10 +310,30 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     fig.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_server_args(fig)
+
+    from paged_edu.serve.flags import add_bench_args, add_serve_args
+
+    serve = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible server on the engine (needs paged_edu[serve])",
+        description=f"Serve a model over HTTP with OpenAI's API, vLLM's /metrics and KV events. {NEEDS_SERVE}",
+        formatter_class=_HelpFormatter,
+        epilog=EXAMPLES["serve"],
+    )
+    add_serve_args(serve, POSITIVE, _float(0.0, 1.0))
+    bench = sub.add_parser(
+        "bench-serve",
+        help="measure an OpenAI-compatible server on the course's workloads (needs paged_edu[serve])",
+        description=f"Send a workload to a server and report TTFT, TPOT, ITL, latency and throughput. {NEEDS_SERVE}",
+        formatter_class=_HelpFormatter,
+        epilog=EXAMPLES["bench-serve"],
+    )
+    add_bench_args(bench, POSITIVE, _float(0.0, math.inf), SEED)
     return parser
 
 
 NEEDS_PLOTLY = 'It needs plotly (and kaleido for PNG): pip install "paged_edu[figures]".'
+NEEDS_SERVE = 'It needs the server stack (FastAPI, uvicorn, prometheus_client, ...): pip install "paged_edu[serve]".'
 EXAMPLES = {
     "paged-edu": """examples:
   paged-edu simulate --workload sharegpt --num-requests 1000 --rate 10 --json sim.json
@@ -315,7 +347,16 @@ EXAMPLES = {
   paged-edu simulate --model llama-3-8b --gpu h200 --gpu-memory-utilization 0.9""",
     "figures-sim": """examples:
   paged-edu figures-sim --out figures
-  paged-edu figures-sim --out figs --format html --num-requests 300""",
+  paged-edu figures-sim --out figs --format html --num-requests 300
+  paged-edu figures-sim --out figures --data benchmarks/records/cpu/sim_figures_data.json""",
+    "serve": """examples:
+  paged-edu serve --model tiny-random --port 8000
+  paged-edu serve --model smollm2 --max-num-seqs 64 --swap-space 1 --kv-events-endpoint tcp://127.0.0.1:5557
+  paged-edu serve --model smollm2 --load-format dummy --num-gpu-blocks-override 8192""",
+    "bench-serve": """examples:
+  paged-edu bench-serve --base-url http://127.0.0.1:8000 --num-prompts 200 --request-rate 4
+  paged-edu bench-serve --base-url http://127.0.0.1:8000 --workload multiturn --max-concurrency 16 --json run.json
+  paged-edu bench-serve --base-url http://127.0.0.1:8000 --workload sharegpt --length-scale 0.05 --ignore-eos""",
 }
 
 
@@ -486,6 +527,7 @@ def cmd_figures(args, cost) -> int:
         written = sim_figures.write_all(
             args.out,
             cost,
+            data_path=args.data_path,
             num_requests=args.num_requests,
             seed=args.seed,
             fmt=args.format,
@@ -502,6 +544,8 @@ def cmd_figures(args, cost) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
+    if args.command in ("serve", "bench-serve"):
+        return _serving(args)
     try:
         _check_output_paths(args)
         cost = _cost_model(args)
@@ -515,6 +559,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     parser.error(f"unknown command {args.command}")
     return 2
+
+
+def _serving(args) -> int:
+    """``serve`` and ``bench-serve``: their bodies live in :mod:`paged_edu.serve`."""
+    try:
+        if args.command == "serve":
+            from paged_edu.serve.launch import main as serve_main
+
+            return serve_main(args)
+        from paged_edu.serve.bench import main as bench_main
+
+        return bench_main(args)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in SERVE_PACKAGES:
+            raise
+        print(f"paged-edu {args.command}: error: no module {exc.name!r}. {NEEDS_SERVE}", file=sys.stderr)
+        return 2
+
+
+SERVE_PACKAGES = ("fastapi", "starlette", "uvicorn", "prometheus_client", "zmq", "msgpack", "httpx", "pydantic")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Plain arithmetic over the geometry (``num_layers``, ``block_size``, ``num_kv_hea
 
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
@@ -74,24 +75,42 @@ def available_kv_cache_memory(total_bytes: int, gpu_memory_utilization: float, n
     return budget
 
 
-def available_bytes(device: torch.device) -> int | None:
-    """Free memory on ``device`` now (a GPU's free memory, or the host's available RAM); None if unknown."""
+def available_bytes(device: torch.device) -> tuple[int, str] | None:
+    """What a new pool can take on ``device`` now, and which figure that is; None if unknown.
+
+    On a GPU: the driver's free memory (``torch.cuda.mem_get_info``) *plus* what torch's caching
+    allocator holds reserved but unused (``memory_reserved - memory_allocated``: the tensors of a
+    dropped or closed engine, say), which it hands out again before it asks the driver for more --
+    and frees back to the driver, then retries, when a request does not fit its cached segments. On
+    the host: the available RAM."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        free = torch.cuda.mem_get_info(device)[0]
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return free + cached, (
+            f"{format_gib(free)} free on the device + {format_gib(cached)} reserved by torch's caching "
+            "allocator for reuse"
+        )
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "available RAM"
     except (ValueError, OSError, AttributeError):  # not on this OS
         return None
 
 
 def check_blocks_fit(field: str, num_blocks: int, block_bytes: int, device: torch.device) -> None:
     """Refuse a pool of ``num_blocks`` blocks that the memory of ``device`` cannot hold now -- a clear
-    error naming ``field`` instead of a bare ``MemoryError`` (or the OS killing the process)."""
-    free = available_bytes(device)
+    error naming ``field`` and the figure it used (:func:`available_bytes`) instead of a bare
+    ``MemoryError`` (or the OS killing the process)."""
+    available = available_bytes(device)
     need = num_blocks * block_bytes
-    if free is not None and need > free:
+    if available is not None and need > available[0]:
+        # An engine dropped inside a reference cycle -- one a view's callback closes, say -- holds its
+        # pool until the collector runs: run it before refusing.
+        gc.collect()
+        available = available_bytes(device)
+    if available is not None and need > available[0]:
+        free, figure = available
         raise FieldValueError(
             field,
-            f"{field}={num_blocks} blocks of {block_bytes} bytes need {format_gib(need)}, "
-            f"but {device} has {format_gib(free)} free; at most {free // block_bytes} fit now",
+            f"{field}={num_blocks} blocks of {block_bytes} bytes need {format_gib(need)}, but {device} has "
+            f"{format_gib(free)} ({figure}); at most {free // block_bytes} fit now",
         )

@@ -18,7 +18,9 @@
   :mod:`~paged_edu.core.seq_lookup` holds what the allocator answers about its sequences;
 * :mod:`~paged_edu.core.contract` -- the allocator contract, checked against a brute-force model of
   the KV memory: the oracle of the allocator tests and of exercise 5.3 (lesson 5);
-* :mod:`~paged_edu.core.validation` -- the one set of input checks (integers, token lists, seeds).
+* :mod:`~paged_edu.core.validation` -- the one set of input checks (integers, token lists, seeds);
+  :mod:`~paged_edu.core.host_memory` -- the host memory an allocator of ``num_blocks`` blocks takes,
+  checked before it is built.
 
 The lowest layer: nothing here imports the rest of the package, so ``pip install paged_edu``
 without extras runs it. The seed's defective allocator is lesson material, in :mod:`paged_edu.labs`.

@@ -37,13 +37,14 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from paged_edu.core.block_hash import ROOT_HASH, prefix_root
-from paged_edu.core.block_events import BlockEvent, Subscribers
+from paged_edu.core.block_events import BlockEvent, EventQueue, Subscribers
 from paged_edu.core.block_pool import BlockPool, OutOfBlocksError, PrefixCacheStats
+from paged_edu.core.host_memory import check_host_fits
 from paged_edu.core.prefix_index import HashChainIndex, PrefixMatch
 from paged_edu.core.seq_lookup import SequenceLookup
 from paged_edu.core.validation import MAX_NUM_BLOCKS, cache_key, flag, integer, new_id, token_array
 
-__all__ = ["BlockAllocator"]
+__all__ = ["BlockAllocator", "pool_size"]
 
 SeqId = Hashable
 
@@ -69,6 +70,16 @@ class _SeqBlocks:
     table_version: int = 0  # changes when a block of the table is replaced (see block_table_versions)
 
 
+def pool_size(num_blocks: int, block_size: int) -> tuple[int, int]:
+    """``(num_blocks, block_size)`` checked before anything is built from them: integers, at most
+    ``MAX_NUM_BLOCKS`` blocks (block ids travel in int32 block tables), and an allocator the host's
+    memory can hold (:func:`~paged_edu.core.host_memory.check_host_fits`)."""
+    num_blocks = integer("num_blocks", num_blocks, low=1, high=MAX_NUM_BLOCKS)
+    block_size = integer("block_size", block_size, low=1)
+    check_host_fits("num_blocks", num_blocks, block_size)
+    return num_blocks, block_size
+
+
 class BlockAllocator(SequenceLookup):
     """A pool of ``num_blocks`` KV blocks of ``block_size`` slots, with prefix caching and CoW.
 
@@ -86,8 +97,7 @@ class BlockAllocator(SequenceLookup):
         enable_prefix_caching: bool = True,
         cache_when_computed: bool = False,
     ) -> None:
-        self.num_blocks = integer("num_blocks", num_blocks, low=1, high=MAX_NUM_BLOCKS)
-        self.block_size = integer("block_size", block_size, low=1)
+        self.num_blocks, self.block_size = pool_size(num_blocks, block_size)
         prefix_caching = flag("enable_prefix_caching", enable_prefix_caching)
         self._init_blocks(
             HashChainIndex(self.num_blocks, self.block_size, prefix_caching), prefix_caching, cache_when_computed
@@ -102,8 +112,9 @@ class BlockAllocator(SequenceLookup):
         self._seqs: dict[SeqId, _SeqBlocks] = {}
         self._copies: list[tuple[int, int]] = []
         self._table_versions = itertools.count(1)  # a fresh number for every table made or edited in place
-        self._subscribers = Subscribers("allocator")
-        self._cache_subscribers = Subscribers("prefix cache")
+        self._events = EventQueue()  # both channels' events, delivered in the order things happened
+        self._subscribers = Subscribers("allocator", self._events)
+        self._cache_subscribers = Subscribers("prefix cache", self._events)
         self._cache_events: list[BlockEvent] = []  # for cache subscribers, once the operation is done
         self.stats = PrefixCacheStats()
 
@@ -113,7 +124,9 @@ class BlockAllocator(SequenceLookup):
 
         Events are delivered after the operation has committed, so a callback sees the new state.
         An exception in a callback does not reach the allocator's caller: it is reported with
-        ``warnings.warn`` (a ``RuntimeWarning``) and the other subscribers still get the event.
+        ``warnings.warn`` (a ``RuntimeWarning``) and the other subscribers still get the event. A
+        callback may change the allocator: the events of what it does reach every subscriber after
+        the event it was called with (and the rest of its operation's), in the order things happened.
         """
         return self._subscribers.add(callback)
 
@@ -128,11 +141,19 @@ class BlockAllocator(SequenceLookup):
         return self._cache_subscribers.add(callback)
 
     def _deliver_cache_events(self) -> None:
-        """Hand the cache events of the operation just committed to the cache subscribers."""
+        """Hand the cache events of the operation just committed to the queue, after its
+        :meth:`subscribe` events (posted already)."""
         if self._cache_events:
             events, self._cache_events = self._cache_events, []
             for event in events:
-                self._cache_subscribers.deliver(event)
+                self._cache_subscribers.post(event)
+
+    def _flush_events(self) -> None:
+        """The operation just committed: deliver its events, and every event posted before them, in
+        order (:mod:`~paged_edu.core.block_events`: what a callback does meanwhile is delivered after
+        this operation's events, to every subscriber)."""
+        self._deliver_cache_events()
+        self._events.flush()
 
     # -- queries -------------------------------------------------------------------------------
     def num_tokens(self, seq_id: SeqId) -> int:
@@ -319,15 +340,15 @@ class BlockAllocator(SequenceLookup):
 
         if self._subscribers.callbacks:
             for block_id in evicted:
-                self._subscribers.deliver(BlockEvent("evict", None, [block_id]))
+                self._subscribers.post(BlockEvent("evict", None, [block_id]))
             if hits:
-                self._subscribers.deliver(BlockEvent("cache_hit", seq_id, list(hits), num_cached))
-            self._subscribers.deliver(BlockEvent("allocate", seq_id, list(table), n))
+                self._subscribers.post(BlockEvent("cache_hit", seq_id, list(hits), num_cached))
+            self._subscribers.post(BlockEvent("allocate", seq_id, list(table), n))
             for event in published:
-                self._subscribers.deliver(event)
+                self._subscribers.post(event)
         if self._cache_subscribers.callbacks:
             self._cache_events[:0] = [BlockEvent("evict", None, [b]) for b in evicted]  # before the stores
-            self._deliver_cache_events()
+        self._flush_events()
         return list(seq.block_table)
 
     def append_slots(self, seq_id: SeqId, num_tokens: int = 1) -> list[int]:
@@ -343,7 +364,7 @@ class BlockAllocator(SequenceLookup):
             seq = self._seqs[seq_id]
         except (KeyError, TypeError):
             seq = self._seq(seq_id)  # raises UnknownSequenceError
-        if num_tokens != 1:
+        if type(num_tokens) is not int or num_tokens != 1:  # 1.0 and True equal 1: not an int, refused
             return self._append_many(seq_id, seq, integer("num_tokens", num_tokens, low=0))
         B = self.block_size
         n = seq.num_tokens
@@ -358,10 +379,11 @@ class BlockAllocator(SequenceLookup):
         subscribers = self._subscribers
         if subscribers.callbacks:
             for event in events:  # evict, copy_on_write: when a block was taken
-                subscribers.deliver(event)
-            subscribers.deliver(BlockEvent("append", seq_id, [block_id], 1, slot))
-        if self._cache_events:  # a block taken from the cache: tell the cache subscribers
-            self._deliver_cache_events()
+                subscribers.post(event)
+            subscribers.post(BlockEvent("append", seq_id, [block_id], 1, slot))
+            self._flush_events()
+        elif self._cache_events:  # a block taken from the cache: tell the cache subscribers
+            self._flush_events()
         return [slot]
 
     def _append_many(self, seq_id: SeqId, seq: _SeqBlocks, num_tokens: int) -> list[int]:
@@ -388,10 +410,10 @@ class BlockAllocator(SequenceLookup):
         slots = self.slot_mapping(seq_id, start)
         if self._subscribers.callbacks:
             for event in events:
-                self._subscribers.deliver(event)
+                self._subscribers.post(event)
             blocks = sorted({slot // B for slot in slots}, key=seq.block_table.index)
-            self._subscribers.deliver(BlockEvent("append", seq_id, blocks, num_tokens, slots[-1]))
-        self._deliver_cache_events()  # issue 23: evict / store events for cache subscribers
+            self._subscribers.post(BlockEvent("append", seq_id, blocks, num_tokens, slots[-1]))
+        self._flush_events()  # evict / store events for cache subscribers
         return slots
 
     def _take_last_block(self, seq_id: SeqId, seq: _SeqBlocks, offset: int) -> tuple[int, list[BlockEvent]]:
@@ -470,8 +492,8 @@ class BlockAllocator(SequenceLookup):
         else:
             return
         for event in events:
-            self._subscribers.deliver(event)
-        self._deliver_cache_events()
+            self._subscribers.post(event)
+        self._flush_events()
 
     def fork(self, parent_id: SeqId, child_id: SeqId) -> list[int]:
         """A child that shares every block of its parent (parallel sampling, beam search)."""
@@ -489,7 +511,8 @@ class BlockAllocator(SequenceLookup):
             next(self._table_versions),
         )
         if self._subscribers.callbacks:
-            self._subscribers.deliver(BlockEvent("fork", child_id, list(parent.block_table), parent.num_tokens))
+            self._subscribers.post(BlockEvent("fork", child_id, list(parent.block_table), parent.num_tokens))
+            self._flush_events()
         return list(parent.block_table)
 
     def free(self, seq_id: SeqId) -> None:
@@ -499,7 +522,8 @@ class BlockAllocator(SequenceLookup):
         self.index.unlock(seq.key)
         self.pool.release(reversed(seq.block_table))
         if self._subscribers.callbacks:
-            self._subscribers.deliver(BlockEvent("free", seq_id, list(seq.block_table), seq.num_tokens))
+            self._subscribers.post(BlockEvent("free", seq_id, list(seq.block_table), seq.num_tokens))
+            self._flush_events()
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block that no live sequence holds (vLLM's ``reset_prefix_cache``, e.g.
@@ -511,13 +535,13 @@ class BlockAllocator(SequenceLookup):
         left = self.index.num_cached_blocks
         if self._subscribers.callbacks:
             for block_id in dropped:
-                self._subscribers.deliver(BlockEvent("evict", None, [block_id]))
+                self._subscribers.post(BlockEvent("evict", None, [block_id]))
         if self._cache_subscribers.callbacks and dropped:
             if left == 0:
                 self._cache_events.append(BlockEvent("clear", None, dropped))
             else:
                 self._cache_events += [BlockEvent("evict", None, [b]) for b in dropped]
-            self._deliver_cache_events()
+        self._flush_events()
         return left
 
     def __repr__(self) -> str:

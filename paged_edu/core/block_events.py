@@ -8,15 +8,24 @@ A subscriber that raises must not break the allocator's caller half-way through 
 scheduler step, a widget callback): :meth:`Subscribers.deliver` catches the exception, reports it
 with ``warnings.warn`` (a ``RuntimeWarning`` naming the callback, the event and the error) and goes
 on with the other subscribers. The allocator's state is already complete when that happens.
+
+A subscriber may also *change* the allocator from inside its callback (free a sequence, admit one).
+That operation happens after the one being reported, so its events must reach every subscriber after
+that one's -- also the subscribers that have not been called yet. The publisher's channels therefore
+share one :class:`EventQueue`: an operation posts all its events (:meth:`Subscribers.post`), then
+flushes; a flush called from inside a callback returns at once, and the flush already running delivers
+the new events when it reaches them. Every subscriber gets every event in the order things happened, and a
+callback sees the state after the event (and after whatever earlier callbacks changed).
 """
 
 from __future__ import annotations
 
 import warnings
+from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-__all__ = ["BlockEvent", "Subscribers"]
+__all__ = ["BlockEvent", "EventQueue", "Subscribers"]
 
 
 @dataclass(slots=True)
@@ -43,13 +52,39 @@ class BlockEvent:
     slot: int = -1  # the physical slot written (append)
 
 
-class Subscribers:
-    """The callbacks listening to one publisher. ``callbacks`` is a tuple, empty when nobody listens
-    (test it before building an event), replaced on every change, so (un)subscribing from inside a
-    callback is safe."""
+class EventQueue:
+    """The events a publisher has posted and not delivered yet, in the order they happened, for all of
+    its channels (:class:`Subscribers`). Only the outermost :meth:`flush` delivers."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self) -> None:
+        self._pending: deque[tuple[Subscribers, object]] = deque()
+        self._flushing = False
+
+    def post(self, subscribers: Subscribers, event: object) -> None:
+        self._pending.append((subscribers, event))
+
+    def flush(self) -> None:
+        """Deliver every posted event, first posted first -- those posted by callbacks meanwhile too.
+        From inside a callback: nothing (the running flush gets to them after the current event)."""
+        if self._flushing:
+            return
+        self._flushing = True
+        try:
+            while self._pending:
+                subscribers, event = self._pending.popleft()
+                subscribers.call_each(event)
+        finally:  # only a BaseException (KeyboardInterrupt) gets here early: what is left waits
+            self._flushing = False
+
+
+class Subscribers:
+    """The callbacks listening to one channel of a publisher. ``callbacks`` is a tuple, empty when
+    nobody listens (test it before building an event), replaced on every change, so (un)subscribing
+    from inside a callback is safe. Channels given the same ``queue`` are delivered in one order."""
+
+    def __init__(self, source: str, queue: EventQueue | None = None) -> None:
         self.source = source  # who publishes, for the warning: "allocator"
+        self.queue = EventQueue() if queue is None else queue
         self.callbacks: tuple[Callable, ...] = ()
 
     def add(self, callback: Callable) -> Callable[[], None]:
@@ -63,7 +98,17 @@ class Subscribers:
 
         return unsubscribe
 
+    def post(self, event: object) -> None:
+        """Queue ``event`` for every callback; the publisher flushes the queue when its operation is done."""
+        self.queue.post(self, event)
+
     def deliver(self, event: object) -> None:
+        """:meth:`post` ``event`` and flush the queue (from inside a callback, the flush already
+        running delivers it in its turn)."""
+        self.queue.post(self, event)
+        self.queue.flush()
+
+    def call_each(self, event: object) -> None:
         """Call every callback with ``event``; one that raises is reported, not propagated."""
         for callback in self.callbacks:
             try:

@@ -82,7 +82,7 @@ class PrefixCacheStats:
     @property
     def hit_rate_counting_readmissions(self) -> float:
         """First admissions and re-admissions pooled: what a counter reports that takes a recomputed
-        sequence's re-admission for a new prompt (paged_edu's before issue 21)."""
+        sequence's re-admission for a new prompt (as paged_edu's counter once did)."""
         queried = self.queried_tokens + self.preempted_queries
         return (self.hit_tokens + self.preempted_hits) / queried if queried else 0.0
 

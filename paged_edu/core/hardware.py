@@ -107,7 +107,7 @@ class ModelGeometry:
 
     def block_bytes(self, block_size: int) -> int:
         """Bytes of one block of ``B`` tokens across all layers (K and V)."""
-        return self.kv_bytes_per_token * block_size
+        return self.kv_bytes_per_token * integer("block_size", block_size, low=1)
 
     def per_gpu(
         self, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1, kv_cache_dtype: str | None = None

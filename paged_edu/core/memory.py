@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from paged_edu.core.hardware import MODELS, ModelGeometry
-from paged_edu.core.validation import FieldValueError, integer
+from paged_edu.core.validation import integer
 
 __all__ = [
     "eta_naive",
@@ -35,9 +35,7 @@ __all__ = [
 
 def kv_bytes(model: ModelGeometry, num_tokens: int) -> int:
     """``M_KV(s)`` in bytes."""
-    if num_tokens < 0:
-        raise FieldValueError("num_tokens", f"num_tokens must be >= 0, got {num_tokens}")
-    return model.kv_bytes_per_token * num_tokens
+    return model.kv_bytes_per_token * integer("num_tokens", num_tokens, low=0)
 
 
 def format_bytes(num_bytes: float) -> str:
@@ -98,8 +96,7 @@ def eta_paged_bound(s: int, block_size: int) -> float:
 def max_requests_contiguous(budget_bytes: int, model: ModelGeometry, max_seq_len: int) -> int:
     """Requests that fit when each reserves ``L_max`` slots up front."""
     _check_len("max_seq_len", max_seq_len)
-    if budget_bytes < 0:
-        raise ValueError("budget_bytes must be >= 0")
+    budget_bytes = integer("budget_bytes", budget_bytes, low=0)
     return budget_bytes // kv_bytes(model, max_seq_len)
 
 
@@ -107,8 +104,7 @@ def max_requests_paged(budget_bytes: int, model: ModelGeometry, s: int, block_si
     """Requests of ``s`` tokens that fit when each takes ``ceil(s/B)`` blocks."""
     _check_len("s", s)
     _check_len("block_size", block_size)
-    if budget_bytes < 0:
-        raise ValueError("budget_bytes must be >= 0")
+    budget_bytes = integer("budget_bytes", budget_bytes, low=0)
     num_blocks = budget_bytes // model.block_bytes(block_size)
     return num_blocks // math.ceil(s / block_size)
 

@@ -26,11 +26,10 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from paged_edu.core.allocator import BlockAllocator
+from paged_edu.core.allocator import BlockAllocator, pool_size
 from paged_edu.core.block_hash import ROOT_HASH
 from paged_edu.core.prefix_index import PrefixMatch
 from paged_edu.core.radix_tree import RadixNode, RadixTree
-from paged_edu.core.validation import integer
 
 __all__ = ["RadixAllocator", "RadixIndex"]
 
@@ -151,8 +150,7 @@ class RadixAllocator(BlockAllocator):
     """A pool of ``num_blocks`` KV blocks of ``block_size`` slots with a radix-tree prefix cache."""
 
     def __init__(self, num_blocks: int, block_size: int = 16, cache_when_computed: bool = False) -> None:
-        self.num_blocks = integer("num_blocks", num_blocks, low=1)
-        self.block_size = integer("block_size", block_size, low=1)
+        self.num_blocks, self.block_size = pool_size(num_blocks, block_size)
         self._init_blocks(RadixIndex(self.num_blocks, self.block_size), True, cache_when_computed)
 
     @property

@@ -1,5 +1,4 @@
-"""Batch preparation: from a step's chunks to the model's flat :class:`ForwardBatch`, without a
-Python loop over tokens.
+"""Batch preparation: from a step's chunks to the model's flat batch, without a Python loop over tokens.
 
 What you will learn
 -------------------
@@ -15,13 +14,20 @@ block tables padded into one ``(C, W)`` matrix -- so it is built with numpy, not
 * its slot is ``BT_i[pos // B] * B + pos % B`` -- a gather from the table matrix;
 * the row of each chunk's last token (``logits_rows``, in input order) is ``cumsum(n)_i - 1``.
 
+The result is a :class:`StepBatch`: the fields of the model's
+:class:`~paged_edu.models.llama.ForwardBatch` as numpy arrays on the host -- what one step hands
+from the scheduler's output to the model. The worked example beside each array line is one step of
+three chunks, block size ``B = 4``: ``A`` decodes at position 5, ``B`` computes a prompt chunk of 3
+tokens from position 0, ``C`` decodes at position 9 (``n = [1, 3, 1]``, ``c = [5, 0, 9]``).
+
 All fields then travel in **one** host-to-device copy: :class:`BatchStaging` packs them into one
 preallocated byte buffer (page-locked on CUDA, so the copy is a DMA that does not block the host)
 and hands out typed views of its device twin. vLLM v1's ``InputBatch``
 (``vllm/v1/worker/gpu_input_batch.py``) keeps its batch the same way: CPU torch tensors, pinned where
-they travel to the GPU, written through their numpy views. The alternative, ``torch.tensor(list,
-device="cuda")`` per field (ten of them), costs a conversion, a launch and a pageable copy that
-blocks the host, each.
+they travel to the GPU, written through their numpy views; its ``GPUModelRunner._prepare_inputs``
+(``vllm/v1/worker/gpu_model_runner.py``) builds the index arrays with numpy and a worked example per
+line, as here. The alternative, ``torch.tensor(list, device="cuda")`` per field (ten of them), costs
+a conversion, a launch and a pageable copy that blocks the host, each.
 """
 
 from __future__ import annotations
@@ -38,8 +44,8 @@ from paged_edu.models.llama import ForwardBatch
 __all__ = [
     "BatchChunk",
     "BatchStaging",
-    "SamplingBatch",
     "StaticStaging",
+    "StepBatch",
     "pack_chunks",
     "padded_tables",
     "prepare_batch",
@@ -61,16 +67,58 @@ class BatchChunk:
 
 
 @dataclass(slots=True)
-class SamplingBatch:
-    """The rows a step samples, on the device: ``rows`` index the hidden states (one per sampled
-    token; a parallel-sampling prompt has ``n``); ``temperatures``/``top_ps``/``uniforms`` are
-    ``None`` when every row is greedy (then sampling is one ``argmax``)."""
+class StepBatch:
+    """One step's flat batch on the host: the fields of a
+    :class:`~paged_edu.models.llama.ForwardBatch` as numpy arrays, rows in *row order* (the ``D``
+    one-token chunks first, then the prompt chunks). :func:`pack_chunks` builds it; the runner
+    stages it on the device (:class:`BatchStaging`, or a CUDA graph's static buffers)."""
 
-    rows: torch.Tensor  # (N,) int64: row of the hidden states
-    temperatures: torch.Tensor | None  # (N,) fp32, 0 = greedy
-    top_ps: torch.Tensor | None  # (N,) fp32
-    uniforms: torch.Tensor | None  # (N,) fp32 in [0, 1)
-    in_order: bool = False  # rows are 0 .. N-1: a graph's greedy tokens are then a view, no gather
+    input_ids: np.ndarray  # (T,) int64
+    positions: np.ndarray  # (T,) int64
+    slot_mapping: np.ndarray  # (T,) int64: where each new token's K/V goes in the pool
+    logits_rows: np.ndarray  # (C,) int64: the row of each chunk's last token, in *input* order
+    num_decodes: int  # D: rows 0 .. D-1 are one-token chunks
+    decode_block_tables: np.ndarray | None  # (D, Wd) int32, zero-padded
+    decode_seq_lens: np.ndarray | None  # (D,) int32: start + 1
+    prefill_block_tables: np.ndarray | None  # (P, Wp) int32, zero-padded
+    prefill_seq_lens: np.ndarray | None  # (P,) int32: cached prefix + chunk
+    prefill_cu_seqlens_q: np.ndarray | None  # (P + 1,) int32: chunk i owns rows cu[i]:cu[i+1] (cu[0] = D)
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return self.num_decodes == self.input_ids.shape[0]
+
+    def arrays(self) -> dict[str, np.ndarray | None]:
+        """Every array field by name (what :meth:`BatchStaging.upload` copies)."""
+        return {name: getattr(self, name) for name in _ARRAYS}
+
+    def on_device(self, tensors: dict[str, torch.Tensor | None]) -> ForwardBatch:
+        """The :class:`ForwardBatch` over ``tensors``, this batch's arrays staged on the device by name."""
+        return ForwardBatch(
+            input_ids=tensors["input_ids"],
+            positions=tensors["positions"],
+            slot_mapping=tensors["slot_mapping"],
+            num_decodes=self.num_decodes,
+            decode_block_tables=tensors["decode_block_tables"],
+            decode_seq_lens=tensors["decode_seq_lens"],
+            prefill_block_tables=tensors["prefill_block_tables"],
+            prefill_seq_lens=tensors["prefill_seq_lens"],
+            prefill_cu_seqlens_q=tensors["prefill_cu_seqlens_q"],
+            logits_rows=tensors["logits_rows"],
+        )
+
+
+_ARRAYS = (
+    "input_ids",
+    "positions",
+    "slot_mapping",
+    "logits_rows",
+    "decode_block_tables",
+    "decode_seq_lens",
+    "prefill_block_tables",
+    "prefill_seq_lens",
+    "prefill_cu_seqlens_q",
+)
 
 
 def token_slice(seq, start: int, end: int) -> list[int]:
@@ -90,8 +138,8 @@ def pack_chunks(
     tables: Sequence[Sequence[int]],
     block_size: int,
     table_matrix: Callable[[Sequence[Sequence[int]], np.ndarray], np.ndarray] | None = None,
-) -> dict[str, np.ndarray | int]:
-    """The fields of a :class:`ForwardBatch` as numpy arrays (see the module docstring).
+) -> StepBatch:
+    """The step's :class:`StepBatch` (see the module docstring, whose example the comments follow).
 
     ``token_ids`` holds every chunk's tokens back to back in input order; chunk ``i`` has
     ``counts[i]`` of them starting at position ``starts[i]``, over ``tables[i]``. In a pure-decode
@@ -102,48 +150,55 @@ def pack_chunks(
     C = len(counts)
     if C == 0:
         raise ValueError("a batch needs at least one chunk")
-    n = np.asarray(counts, dtype=np.int64)  # (C,)
-    c = np.asarray(starts, dtype=np.int64)  # (C,)
+    n = np.asarray(counts, dtype=np.int64)  # (C,) E.g. [1, 3, 1]
+    c = np.asarray(starts, dtype=np.int64)  # (C,) E.g. [5, 0, 9]
     if (n < 1).any():
         raise ValueError(f"chunk {int(np.argmax(n < 1))} has no tokens")
     B = block_size
-    lens = np.fromiter(map(len, tables), dtype=np.int64, count=C)  # (C,) blocks per table
-    end = c + n  # (C,)
+    lens = np.fromiter(map(len, tables), dtype=np.int64, count=C)  # (C,) blocks per table, E.g. [2, 1, 3]
+    end = c + n  # (C,) E.g. [6, 3, 10]
     short = lens * B < end
     if short.any():
         i = int(np.argmax(short))
         raise ValueError(f"chunk {i}: block table of {int(lens[i])} blocks cannot hold {int(end[i])} tokens")
-    D = int((n == 1).sum())
+    D = int((n == 1).sum())  # E.g. 2
     if D == C:  # a pure-decode step (most steps): one row per chunk, in input order
         return _pack_decodes(token_ids, c, (table_matrix or padded_tables)(tables, lens), B)
+    # E.g. n != 1 = [F, T, F] -> order [0, 2, 1]: A, C, then B
     order = np.argsort(n != 1, kind="stable")  # (C,) decodes first, otherwise input order
+    # E.g. n_o [1, 1, 3], c_o [5, 9, 0], end_o [6, 10, 3], lens_o [2, 3, 1]
     n_o, c_o, end_o, lens_o = n[order], c[order], end[order], lens[order]
-    T = int(n.sum())
+    T = int(n.sum())  # E.g. 5
     table = padded_tables([tables[i] for i in order.tolist()], lens_o)  # (C, W): in row order
-    last_row = np.cumsum(n_o) - 1  # (C,) in row order
-    first_row = last_row + 1 - n_o
-    chunk_of_row = np.repeat(np.arange(C), n_o)  # (T,)
+    last_row = np.cumsum(n_o) - 1  # (C,) in row order, E.g. [1, 2, 5] - 1 -> [0, 1, 4]
+    first_row = last_row + 1 - n_o  # (C,) E.g. [0, 1, 2]
+    chunk_of_row = np.repeat(np.arange(C), n_o)  # (T,) E.g. [0, 1, 2, 2, 2]
+    # E.g. [0, 1, 2, 3, 4] - repeat([0-5, 1-9, 2-0], [1, 1, 3]) = [0, 1, 2, 3, 4] - [-5, -8, 2, 2, 2] -> [5, 9, 0, 1, 2]
     positions = np.arange(T) - np.repeat(first_row - c_o, n_o)  # (T,)
+    # E.g. blocks table[[0, 1, 2, 2, 2], [1, 2, 0, 0, 0]] * 4 + [1, 1, 0, 1, 2]
     slots = table[chunk_of_row, positions // B].astype(np.int64) * B + positions % B  # (T,)
-    ids_in = np.asarray(token_ids, dtype=np.int64)  # (T,) input order
+    ids_in = np.asarray(token_ids, dtype=np.int64)  # (T,) input order: A's, B's three, C's
     if ids_in.shape[0] != T:
         raise ValueError(f"{ids_in.shape[0]} token ids for chunks of {T} tokens")
-    in_first = np.cumsum(n) - n  # (C,) where each chunk's tokens start in token_ids
+    in_first = np.cumsum(n) - n  # (C,) where each chunk's tokens start in token_ids, E.g. [0, 1, 4]
+    # E.g. in_first[order] - first_row = [0, 4, 1] - [0, 1, 2] = [0, 3, -1]; [0, 1, 2, 3, 4] + [0, 3, -1, -1, -1]
+    # -> token_ids[[0, 4, 1, 2, 3]]: A's token, C's, then B's three
     input_ids = ids_in[np.arange(T) + np.repeat(in_first[order] - first_row, n_o)]  # (T,) row order
     logits_rows = np.empty(C, dtype=np.int64)
-    logits_rows[order] = last_row  # input order
-    Wd = int(lens_o[:D].max()) if D else 0
-    Wp = int(lens_o[D:].max()) if D < C else 0
-    return dict(
+    logits_rows[order] = last_row  # (C,) input order, E.g. [0, 4, 1]: A's row 0, B's row 4, C's row 1
+    Wd = int(lens_o[:D].max()) if D else 0  # E.g. 3
+    Wp = int(lens_o[D:].max()) if D < C else 0  # E.g. 1
+    return StepBatch(
         input_ids=input_ids,
         positions=positions,
         slot_mapping=slots,
         logits_rows=logits_rows,
         num_decodes=D,
         decode_block_tables=table[:D, :Wd] if D else None,
-        decode_seq_lens=end_o[:D].astype(np.int32) if D else None,
+        decode_seq_lens=end_o[:D].astype(np.int32) if D else None,  # E.g. [6, 10]
         prefill_block_tables=table[D:, :Wp] if D < C else None,
-        prefill_seq_lens=end_o[D:].astype(np.int32) if D < C else None,
+        prefill_seq_lens=end_o[D:].astype(np.int32) if D < C else None,  # E.g. [3]
+        # E.g. [2] + (2 + cumsum([3])) -> [2, 5]: B owns rows 2:5
         prefill_cu_seqlens_q=np.concatenate([[D], D + np.cumsum(n_o[D:])]).astype(np.int32) if D < C else None,
     )
 
@@ -152,33 +207,33 @@ def padded_tables(tables: Sequence[Sequence[int]], lens: np.ndarray) -> np.ndarr
     """``tables`` (of lengths ``lens``) as one zero-padded ``(C, max(lens))`` int32 matrix."""
     C, W = len(lens), int(lens.max())
     table = np.zeros((C, W), dtype=np.int32)  # (C, W)
+    # E.g. tables [[7, 2], [5]], lens [2, 1]: mask [[T, T], [T, F]] takes 7, 2, 5 -> [[7, 2], [5, 0]]
     table[np.arange(W)[None, :] < lens[:, None]] = np.fromiter(
         chain.from_iterable(tables), dtype=np.int32, count=int(lens.sum())
     )
     return table
 
 
-def _pack_decodes(token_ids, c: np.ndarray, table: np.ndarray, B: int) -> dict:
+def _pack_decodes(token_ids, c: np.ndarray, table: np.ndarray, B: int) -> StepBatch:
     """:func:`pack_chunks` when every chunk is one token, over its ``(C, W)`` table matrix:
     ``positions = c``, no reordering."""
     C = len(c)
+    # E.g. c [5, 9], B = 4: table[[0, 1], [1, 2]] * 4 + [1, 1]
     slots = table[np.arange(C), c // B].astype(np.int64) * B + c % B  # (C,)
-    return dict(
+    return StepBatch(
         input_ids=np.asarray(token_ids, dtype=np.int64),
         positions=c,
         slot_mapping=slots,
-        logits_rows=np.arange(C, dtype=np.int64),
+        logits_rows=np.arange(C, dtype=np.int64),  # (C,) E.g. [0, 1]: row i is chunk i's last (only) token
         num_decodes=C,
         decode_block_tables=table,
-        decode_seq_lens=(c + 1).astype(np.int32),
+        decode_seq_lens=(c + 1).astype(np.int32),  # (C,) E.g. [6, 10]
         prefill_block_tables=None,
         prefill_seq_lens=None,
         prefill_cu_seqlens_q=None,
     )
 
 
-_INT64 = ("input_ids", "positions", "slot_mapping", "logits_rows")
-_INT32 = ("decode_block_tables", "decode_seq_lens", "prefill_block_tables", "prefill_seq_lens", "prefill_cu_seqlens_q")
 _DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32, np.dtype(np.float32): torch.float32}
 
 
@@ -286,21 +341,6 @@ def _wait(staging) -> None:
         staging.copy_pending = False
 
 
-def to_forward_batch(fields: dict, tensors: dict[str, torch.Tensor | None]) -> ForwardBatch:
-    return ForwardBatch(
-        input_ids=tensors["input_ids"],
-        positions=tensors["positions"],
-        slot_mapping=tensors["slot_mapping"],
-        num_decodes=fields["num_decodes"],
-        decode_block_tables=tensors["decode_block_tables"],
-        decode_seq_lens=tensors["decode_seq_lens"],
-        prefill_block_tables=tensors["prefill_block_tables"],
-        prefill_seq_lens=tensors["prefill_seq_lens"],
-        prefill_cu_seqlens_q=tensors["prefill_cu_seqlens_q"],
-        logits_rows=tensors["logits_rows"],
-    )
-
-
 def prepare_batch(chunks: Sequence[BatchChunk], block_size: int, device: torch.device | str = "cpu") -> ForwardBatch:
     """Pack the chunks of one step into a :class:`ForwardBatch` (one host-to-device copy in all).
 
@@ -310,15 +350,15 @@ def prepare_batch(chunks: Sequence[BatchChunk], block_size: int, device: torch.d
     """
     if not chunks:
         raise ValueError("a batch needs at least one chunk")
-    fields = pack_chunks(
+    batch = pack_chunks(
         list(chain.from_iterable(c.token_ids for c in chunks)),
         [c.start for c in chunks],
         [len(c.token_ids) for c in chunks],
         [c.block_table for c in chunks],
         block_size,
     )
-    arrays = {k: fields[k] for k in (*_INT64, *_INT32)}
+    arrays = batch.arrays()
     staging = BatchStaging(
         torch.device(device), sum(a.nbytes + BatchStaging.ALIGN for a in arrays.values() if a is not None)
     )
-    return to_forward_batch(fields, staging.upload(arrays))
+    return batch.on_device(staging.upload(arrays))

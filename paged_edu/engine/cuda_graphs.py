@@ -33,7 +33,7 @@ its full graphs for mixed batches need a backend that declares ``AttentionCGSupp
 Triton backend does (``TritonAttentionMetadataBuilder`` in ``vllm/v1/attention/backends/triton_attn.py``,
 over the unified attention kernel's flat grid). On the H200 a piecewise version of ours spent 11.4 ms
 a mixed step, mostly launching the eager attention kernels from Python, the full graph 5.5 ms
-(``figures/h200/engine_bench_piecewise_probe.json``, ``figures/h200/profile_engine_mixed_graphs.txt``).
+(``benchmarks/records/h200/engine_bench_piecewise_probe.json``, ``benchmarks/records/h200/profile_engine_mixed_graphs.txt``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from functools import partial
 import numpy as np
 import torch
 
-from paged_edu.engine.batch import SamplingBatch, StaticStaging
+from paged_edu.engine.batch import StaticStaging, StepBatch
+from paged_edu.engine.sampling import SamplingBatch
 from paged_edu.models.llama import ForwardBatch, Kernels, PagedLlama
 
 __all__ = ["DecodeCudaGraphs", "MixedCudaGraphs", "capture"]
@@ -172,30 +173,31 @@ class DecodeCudaGraphs:
             return None
         return smallest_size(self.sizes, num_decodes)
 
-    def stage(self, fields: dict, bs: int, sample_rows: np.ndarray, sampling) -> SamplingBatch:
-        """Write a pure-decode batch (``pack_chunks``' fields) and its sampled rows into the graph's
-        inputs, padded to ``bs`` rows, in one copy; returns the sampled rows as device views."""
+    def stage(self, batch: StepBatch, bs: int, sample_rows: np.ndarray, params) -> SamplingBatch:
+        """Write a pure-decode batch and its sampled rows (``params``: the plan's ``(temperatures,
+        top_ps, uniforms)`` or None) into the graph's inputs, padded to ``bs`` rows, in one copy;
+        returns the sampled rows as device views."""
         self.staging.wait()
         h, v = self.staging.np, self.staging.views
-        D, N = len(fields["input_ids"]), len(sample_rows)
-        tables = fields["decode_block_tables"]
-        for name, key, pad in (
-            ("input_ids", "input_ids", 0),
-            ("positions", "positions", 0),
-            ("slot_mapping", "slot_mapping", -1),
-            ("seq_lens", "decode_seq_lens", 1),
+        D, N = batch.input_ids.shape[0], len(sample_rows)
+        tables = batch.decode_block_tables
+        for name, values, pad in (
+            ("input_ids", batch.input_ids, 0),
+            ("positions", batch.positions, 0),
+            ("slot_mapping", batch.slot_mapping, -1),
+            ("seq_lens", batch.decode_seq_lens, 1),
         ):
-            h[name][:D] = fields[key]
+            h[name][:D] = values
             h[name][D:bs] = pad
         h["block_tables"][:D, : tables.shape[1]] = tables  # columns past the width: stale, unread
         h["block_tables"][D:bs, 0] = 0
         h["sample_rows"][:N] = sample_rows
-        if sampling is not None:
-            for name, values in zip(("temperatures", "top_ps", "uniforms"), sampling):
+        if params is not None:
+            for name, values in zip(("temperatures", "top_ps", "uniforms"), params):
                 h[name][:N] = values
         self.staging.upload(bs)
         in_order = np.array_equal(sample_rows, np.arange(N))  # every row samples, in order: the usual decode step
-        if sampling is None:
+        if params is None:
             return SamplingBatch(v["sample_rows"][:N], None, None, None, in_order)
         return SamplingBatch(v["sample_rows"][:N], v["temperatures"][:N], v["top_ps"][:N], v["uniforms"][:N], in_order)
 
@@ -283,36 +285,39 @@ class MixedCudaGraphs:
             logits_rows=v["input_ids"][:0],  # unused: the runner samples
         )
 
-    def size_for(self, fields: dict) -> int | None:
-        """The token bucket that runs this step (``pack_chunks``' fields), or None (eager)."""
-        T = len(fields["input_ids"])
-        tables = [t for t in (fields["decode_block_tables"], fields["prefill_block_tables"]) if t is not None]
-        if len(fields["logits_rows"]) > self.max_num_seqs or max(t.shape[1] for t in tables) > self.max_blocks_per_seq:
+    def size_for(self, batch: StepBatch) -> int | None:
+        """The token bucket that runs this step, or None (eager)."""
+        tables = [t for t in (batch.decode_block_tables, batch.prefill_block_tables) if t is not None]
+        if len(batch.logits_rows) > self.max_num_seqs or max(t.shape[1] for t in tables) > self.max_blocks_per_seq:
             return None
-        return smallest_size(self.sizes, T)
+        return smallest_size(self.sizes, batch.input_ids.shape[0])
 
-    def stage(self, fields: dict, Tb: int) -> None:
+    def stage(self, batch: StepBatch, Tb: int) -> None:
         """Write the step into the graph's inputs, padded as the class says, in one copy."""
         self.staging.wait()
         h = self.staging.np
-        T, D = len(fields["input_ids"]), fields["num_decodes"]
-        for name, pad in (("input_ids", 0), ("positions", 0), ("slot_mapping", -1)):
-            h[name][:T] = fields[name]
+        T, D = batch.input_ids.shape[0], batch.num_decodes
+        for name, values, pad in (
+            ("input_ids", batch.input_ids, 0),
+            ("positions", batch.positions, 0),
+            ("slot_mapping", batch.slot_mapping, -1),
+        ):
+            h[name][:T] = values
             h[name][T:Tb] = pad
         Dcap = min(self.max_num_seqs, Tb)
         if D:
-            h["decode_seq_lens"][:D] = fields["decode_seq_lens"]
-            tables = fields["decode_block_tables"]
+            h["decode_seq_lens"][:D] = batch.decode_seq_lens
+            tables = batch.decode_block_tables
             h["decode_block_tables"][:D, : tables.shape[1]] = tables  # columns past the width: stale, unread
         h["decode_seq_lens"][D:Dcap] = 1
         h["decode_block_tables"][D:Dcap, 0] = 0
-        cu = fields["prefill_cu_seqlens_q"]  # (P + 1,) from D to T, or None (decodes only)
+        cu = batch.prefill_cu_seqlens_q  # (P + 1,) from D to T, or None (decodes only)
         P = 0 if cu is None else len(cu) - 1
         if P:
-            h["prefill_seq_lens"][:P] = fields["prefill_seq_lens"]
-            tables = fields["prefill_block_tables"]
+            h["prefill_seq_lens"][:P] = batch.prefill_seq_lens
+            tables = batch.prefill_block_tables
             h["prefill_block_tables"][:P, : tables.shape[1]] = tables
-            h["cu_seqlens_q"][:P] = cu[:-1]
+            h["cu_seqlens_q"][:P] = cu[:-1]  # E.g. cu [2, 5, 9] (P = 2), T = 9, S = 4 -> [2, 5, 9, 9, 9]
         h["prefill_seq_lens"][P:] = 0
         h["cu_seqlens_q"][P:] = T  # the last chunk's end, and every padding chunk's (length 0)
         self.staging.upload(max(P, 1))

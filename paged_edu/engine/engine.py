@@ -19,11 +19,13 @@ One call of :meth:`Engine.step` is one *iteration* of iteration-level scheduling
 A prefix-cache hit needs no special case: the scheduler starts the prompt's first chunk after the
 ``num_cached_tokens`` the allocator reports at admission, so their K/V is never computed again.
 
-The speed machinery (packing the flat batch with numpy into one pinned buffer, CUDA-graph replays,
-sampling on the device with one copy back) lives in the
-:class:`~paged_edu.engine.runner.ModelRunner`, so that :meth:`Engine.step` reads as the five steps above.
-``Engine(..., async_scheduling=True)`` runs the same five steps with the host one step ahead: step
-N+1 is scheduled and launched before step N's tokens are read (:mod:`~paged_edu.engine.overlap`).
+The phases are named once, in :mod:`~paged_edu.engine.step`; the speed machinery (packing the flat
+batch with numpy into one pinned buffer, CUDA-graph replays, sampling on the device with one copy
+back) lives in the :class:`~paged_edu.engine.runner.ModelRunner`, so that :meth:`Engine.step` reads
+as the five steps above. ``Engine(..., async_scheduling=True)`` runs the same phases with the host one
+step ahead: step N+1 is scheduled and launched before step N's tokens are read
+(:mod:`~paged_edu.engine.overlap`). Every setting is a field of one
+:class:`~paged_edu.engine.config.EngineConfig`, documented there.
 Every step emits a :class:`StepMetrics` (``phase_times``: where its time went) and every finished
 request a :class:`RequestMetrics` to the callbacks of :meth:`Engine.subscribe` -- the stream the
 lesson widgets draw live -- after the step's state is committed; a callback that raises is isolated.
@@ -31,13 +33,21 @@ A request is checked in full before it is queued (:meth:`Engine.add_request`);
 :meth:`Engine.abort_request` stops a request, or one of its samples, at any point (from a callback
 inside a step it runs when the step ends). A step whose block copies, forward pass or sampling
 raise (a CUDA OOM, a bad kernel input) is undone and raises :class:`StepFailed`: nothing is lost,
-and the next step retries the work.
+and the next step retries the work; aborting the requests it names drops their queued block copies
+too, and :meth:`Engine.reset` empties an engine whose failure belongs to no request.
+
+An engine holds a KV pool (most of a GPU, in serving) and CUDA graphs: nothing in it points back at
+it, so dropping the last reference frees them at once, and :meth:`Engine.close` -- or
+``with Engine(...) as engine:`` -- frees them at a known point (a notebook cell that builds a new
+engine finds the memory, as :func:`~paged_edu.cache.sizing.check_blocks_fit` counts it).
 
 The fixed contract::
 
     engine = Engine(PagedLlama.from_hf(hf_model), num_blocks=..., block_size=16,
                     enable_prefix_caching=True, preemption_mode="recompute")  # or "swap"
     outputs = engine.generate(prompts, max_new_tokens=32)  # greedy; new tokens only
+
+    Engine(model, config: EngineConfig | None = None, *, allocator=None, **settings)
 """
 
 from __future__ import annotations
@@ -51,162 +61,78 @@ from contextlib import contextmanager
 import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
-from paged_edu.core.allocator import BlockAllocator
 from paged_edu.cache.sizing import bytes_per_block, check_blocks_fit
-from paged_edu.core import validation as check
+from paged_edu.core.allocator import BlockAllocator
 from paged_edu.core.validation import FieldTypeError, FieldValueError, as_int, cache_key
+from paged_edu.engine.config import EngineConfig, make_config
 from paged_edu.engine.decode_tables import DecodeTables
+from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics
 from paged_edu.engine.overlap import AsyncScheduling
-from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics, step_metrics
-from paged_edu.engine.requests import check_inputs, check_max_model_len
+from paged_edu.engine.requests import check_inputs
 from paged_edu.engine.runner import ModelRunner
-from paged_edu.engine.timeline import StepRecord, Timeline
-from paged_edu.sched.memory_manager import MemoryManager, block_table_versions_reader, block_tables_reader, is_empty
-from paged_edu.sched.parallel_sampling import ParallelSamples
 from paged_edu.engine.sampling import Sampler, SamplingParams
+from paged_edu.engine.step import StepFailed, StepPhases
+from paged_edu.engine.timeline import StepRecord, Timeline
 from paged_edu.models.llama import PagedLlama
+from paged_edu.sched.memory_manager import MemoryManager, block_table_versions_reader, block_tables_reader, is_empty
 from paged_edu.sched.scheduler import Scheduler
-from paged_edu.sched.sequence import Sequence as Seq
+from paged_edu.sched.sequence import Sequence as SchedSequence
 
 __all__ = ["Engine", "StepFailed"]
-
-
-class StepFailed(RuntimeError):
-    """:meth:`Engine.step` raised half-way -- in its block copies, ``prepare``, the forward pass or
-    sampling -- and was undone: no sequence advanced, no token was sampled, every seeded stream
-    will draw the same numbers again, and block copies the scheduler asked for are applied before
-    the next forward pass. The scheduler's memory decisions stand (admissions, preemptions, swaps):
-    they are a state the next step continues from. Calling :meth:`Engine.step` again retries the
-    work; a request that fails every time can be ended with :meth:`Engine.abort_request`.
-
-    Attributes: ``step`` (its number), ``phase`` (``"block copies"``, ``"prepare"``, ``"forward"`` or
-    ``"sample"``), ``request_ids`` (the requests it computed for), and ``__cause__`` (the error).
-    """
-
-    def __init__(self, step: int, phase: str, sched, cause: BaseException) -> None:
-        self.step, self.phase = step, phase
-        self.request_ids = sorted({item.seq.request_id for item in sched.scheduled})
-        super().__init__(
-            f"engine step {step} failed in {phase} ({type(cause).__name__}: {cause}); the step was "
-            f"undone and nothing is lost: call step() again to retry requests {self.request_ids}, "
-            "or abort_request() one that fails every time"
-        )
 
 
 class Engine:
     """Continuous batching of a :class:`PagedLlama` over a block allocator and a paged KV cache.
 
-    Parameters
-    ----------
-    model: the decoder; its dtype and device are the cache's.
-    num_blocks, block_size: the GPU pool (``num_blocks * block_size`` token slots per layer).
-    enable_prefix_caching: reuse full blocks of identical prompt prefixes.
-    preemption_mode: ``"recompute"`` (free and requeue), ``"swap"`` (copy to CPU blocks and back), or
-        ``"auto"``: vLLM's rule -- recompute a lone sequence, swap parallel samples that share blocks.
-    num_cpu_blocks: the swap space (default: as many as the GPU pool in swap or auto mode, else 0).
-    max_num_seqs, max_num_batched_tokens, enable_chunked_prefill: the scheduler's limits.
-    attn_impl, prefill_impl: kernels for decode and prefill rows (default: ``"auto"`` on CUDA, the
-        PyTorch reference on a CPU; see :class:`~paged_edu.engine.runner.ModelRunner`).
-    fused_impl: the per-token ops (``"auto"``, ``"triton"`` or ``"torch"``; see
-        :class:`~paged_edu.models.llama.Kernels`). The choice is this engine's: another engine on the
-        same model keeps its own.
-    gemm_impl: the projections and LM head of steps of at most 64 rows (``"torch"``: cuBLAS;
-        ``"triton"``: :mod:`~paged_edu.kernels.triton_gemm`'s skinny GEMM; ``"auto"``, the default: the
-        skinny GEMM where ``pdl`` is on, else cuBLAS -- alone they tie on the H200). Validated like ``fused_impl``.
-    fuse_decode_store: a pure-decode step's rotary embedding and K/V store inside the Triton decode
-        kernel (:func:`~paged_edu.kernels.triton_decode.rotary_store_decode_triton`; with the fused ops and
-        the Triton decode kernel). On by default; False keeps the separate rotary + store kernel.
-    swiglu_gemm: the MLP's gate_up projection and SiLU-and-mul in one skinny GEMM for steps of at most
-        64 rows (:func:`~paged_edu.kernels.triton_gemm.skinny_matmul` with ``swiglu=True``; with the fused
-        ops). On by default (faster on the H200, :class:`~paged_edu.models.llama.Kernels`); False keeps the
-        cuBLAS GEMM and the SiLU kernel.
-    pdl: a pure-decode step of at most 64 rows launches its Triton kernels as programmatic dependents,
-        each launched while the previous one ends (:mod:`~paged_edu.kernels.pdl`). On by default; it
-        applies only where the decode chain is all Triton on a GPU that has it (Hopper and later), and
-        there ``gemm_impl="auto"`` is the skinny Triton GEMM. False: every kernel waits for the last.
-    cuda_graphs: replay captured CUDA graphs for pure-decode steps (default: on for CUDA).
-    mixed_graphs: replay captured CUDA graphs for steps with prompt chunks too, one per token bucket
-        up to ``max_num_batched_tokens`` (:mod:`~paged_edu.engine.cuda_graphs`; needs CUDA; off by
-        default: capturing them takes a few seconds when the engine is built).
-    max_model_len: the longest sequence (prompt + output) accepted: at most the model's positions
-        (more is refused); default: those positions, capped by what the pool holds.
-    sync_timing: synchronise the device at every phase boundary so that ``StepMetrics.phase_times``
-        attributes GPU time to the phase that launched it (slower; for measuring, not serving).
-    allocator: a memory manager of ``num_blocks`` x ``block_size`` to run on instead of a new
-        :class:`BlockAllocator` (lesson 5 runs a learner's); it must hold no sequence yet.
-    async_scheduling: schedule and prepare step N+1 while the device runs step N, the sampled ids
-        fed to it on the device (vLLM's option of that name; :mod:`~paged_edu.engine.overlap` says
-        how, and which steps stay synchronous). A call of :meth:`step` then returns the requests
-        that finished in the step launched by the call before. Default off: on the H200 it serves
-        nano-vllm's benchmark 1.24x faster (``figures/h200/engine_bench_nanovllm.json``), but the lessons
-        step the engine one call at a time and read its state after each, which running ahead changes.
-    record_timeline: keep a :class:`~paged_edu.engine.timeline.StepRecord` of host and device
-        intervals per launched step, read with :attr:`timeline` (:mod:`~paged_edu.engine.timeline`).
+    ``Engine(model, config=None, *, allocator=None, **settings)``:
+
+    * ``model`` -- the decoder; its dtype and device are the cache's;
+    * ``config`` -- an :class:`~paged_edu.engine.config.EngineConfig`, every other setting, each
+      documented there; ``settings`` -- fields of it (or of its ``kernels``, a
+      :class:`~paged_edu.engine.config.KernelConfig`) by name, over ``config``:
+      ``Engine(model, num_blocks=64, block_size=16)``. An unknown name is refused, naming it;
+    * ``allocator`` -- a memory manager of ``num_blocks`` x ``block_size`` to run on instead of a new
+      :class:`BlockAllocator` (lesson 5 runs a learner's); it must hold no sequence yet.
+
+    ``engine.config`` is the config in force: the one given, every ``None`` default decided for
+    this model and device (:meth:`~paged_edu.engine.config.EngineConfig.in_force`).
     """
 
     def __init__(
         self,
         model: PagedLlama,
-        num_blocks: int,
-        block_size: int = 16,
-        enable_prefix_caching: bool = True,
-        preemption_mode: str = "recompute",
+        config: EngineConfig | None = None,
         *,
-        num_cpu_blocks: int | None = None,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 2048,
-        enable_chunked_prefill: bool = True,
-        attn_impl: str | None = None,
-        prefill_impl: str | None = None,
-        fused_impl: str = "auto",
-        gemm_impl: str = "auto",
-        fuse_decode_store: bool = True,
-        swiglu_gemm: bool = True,
-        pdl: bool = True,
-        cuda_graphs: bool | None = None,
-        mixed_graphs: bool = False,
-        max_model_len: int | None = None,
-        seed: int = 0,
-        sync_timing: bool = False,
         allocator: MemoryManager | None = None,
-        async_scheduling: bool = False,
-        record_timeline: bool = False,
+        **overrides,
     ) -> None:
         if not isinstance(model, PagedLlama):
             raise FieldTypeError(
                 "model", f"model must be a PagedLlama (use PagedLlama.from_hf), got {type(model).__name__}"
             )
-        # The scheduler's settings (preemption_mode, max_num_seqs, ...) are checked by Scheduler(...).
-        num_blocks = check.integer("num_blocks", num_blocks, low=1, high=check.MAX_NUM_BLOCKS)
-        block_size = check.integer("block_size", block_size, low=1)
-        enable_prefix_caching = check.flag("enable_prefix_caching", enable_prefix_caching)
-        async_scheduling = check.flag("async_scheduling", async_scheduling)
-        record_timeline = check.flag("record_timeline", record_timeline)
-        if num_cpu_blocks is None:
-            num_cpu_blocks = num_blocks if preemption_mode in ("swap", "auto") else 0
-        num_cpu_blocks = check.integer("num_cpu_blocks", num_cpu_blocks, low=0, high=check.MAX_NUM_BLOCKS)
         if allocator is not None and not isinstance(allocator, MemoryManager):
             raise FieldTypeError(
                 "allocator",
                 "allocator must be a memory manager (a BlockAllocator, a RadixAllocator, "
                 f"or anything with the MemoryManager protocol), got {type(allocator).__name__}",
             )
-        block_bytes = bytes_per_block(
-            model.config.num_layers, block_size, model.config.num_kv_heads, model.config.head_dim, model.dtype
-        )
+        c = model.config
+        config = make_config(config, overrides).in_force(c.max_position_embeddings, model.device)
+        num_blocks, block_size = config.num_blocks, config.block_size
+        block_bytes = bytes_per_block(c.num_layers, block_size, c.num_kv_heads, c.head_dim, model.dtype)
         check_blocks_fit("num_blocks", num_blocks, block_bytes, model.device)
-        check_blocks_fit("num_cpu_blocks", num_cpu_blocks, block_bytes, torch.device("cpu"))
+        check_blocks_fit("num_cpu_blocks", config.num_cpu_blocks, block_bytes, torch.device("cpu"))
+        self.config = config
         self.model = model
-        self.config = c = model.config
         self.device = model.device
-        on_gpu = self.device.type == "cuda"
-        self.max_model_len = check_max_model_len(max_model_len, c.max_position_embeddings, num_blocks, block_size)
+        self.max_model_len = config.max_model_len
+        self.block_size = block_size
         # A prompt computed over several steps must not be hit in the prefix cache before its K/V
         # exists: the allocator publishes a block when the scheduler marks it computed.
         a = self.allocator = (
             allocator
             if allocator is not None
-            else BlockAllocator(num_blocks, block_size, enable_prefix_caching, cache_when_computed=True)
+            else BlockAllocator(num_blocks, block_size, config.enable_prefix_caching, cache_when_computed=True)
         )
         if (a.num_blocks, a.block_size, a.num_free_blocks) != (num_blocks, block_size, num_blocks):
             raise ValueError(f"allocator must be an empty pool of num_blocks={num_blocks} x block_size={block_size}")
@@ -215,16 +141,13 @@ class Engine:
                 f"allocator still caches {a.num_cached_blocks} blocks whose K/V is in another engine's "
                 f"KV cache, not this one's: pass a new allocator, or call its reset_prefix_cache() first"
             )
-        self._block_tables = block_tables_reader(a)  # every scheduled sequence's table, each step
-        versions = block_table_versions_reader(a)  # kept across decode steps where the manager numbers its edits
-        self._decode_tables = DecodeTables(versions) if versions is not None else None
         self.scheduler = Scheduler(
-            self.allocator,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_chunked_prefill=enable_chunked_prefill,
-            preemption_mode=preemption_mode,
-            num_cpu_blocks=num_cpu_blocks,
+            a,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            preemption_mode=config.preemption_mode,
+            num_cpu_blocks=config.num_cpu_blocks,
             max_model_len=self.max_model_len,
         )
         self.kv_cache = PagedKVCache(
@@ -235,40 +158,42 @@ class Engine:
             c.head_dim,
             dtype=model.dtype,
             device=self.device,
-            num_cpu_blocks=num_cpu_blocks,
+            num_cpu_blocks=config.num_cpu_blocks,
         )
-        self.block_size = block_size
         self.runner = ModelRunner(
             model,
             self.kv_cache,
-            attn_impl=attn_impl,
-            prefill_impl=prefill_impl,
-            fused_impl=fused_impl,
-            gemm_impl=gemm_impl,
-            fuse_decode_store=fuse_decode_store,
-            swiglu_gemm=swiglu_gemm,
-            pdl=pdl,
-            cuda_graphs=on_gpu if cuda_graphs is None else cuda_graphs,
-            mixed_graphs=mixed_graphs,
-            max_num_seqs=self.scheduler.max_num_seqs,
+            config.kernels,
+            max_num_seqs=config.max_num_seqs,
             max_model_len=min(self.max_model_len, num_blocks * block_size),
-            max_num_batched_tokens=self.scheduler.max_num_batched_tokens,
+            max_num_batched_tokens=config.max_num_batched_tokens,
         )
-        self.sampler = Sampler(seed)
-        self.sync_timing = check.flag("sync_timing", sync_timing)
-        self.overlap = AsyncScheduling(self) if async_scheduling else None
+        self.sampler = Sampler(config.seed)
         self.subscriber_errors: list[tuple[Callable, Exception]] = []  # callbacks that raised, isolated
         self._requests: dict[int, RequestState] = {}  # live requests by id
         self._busy = False  # inside a step or an abort: calls back into the engine are deferred
         self._deferred_aborts: list[tuple[int, int | None]] = []  # (request_id, sample_index) asked for meanwhile
         self._aborted_outputs: list[RequestOutput] = []  # completed by abort_request, reported by the next step
         self._subscribers: list[Callable] = []
+        self._closed = False
         self._next_request_id = 0
         self._t0 = time.perf_counter()
-        self._timeline = self.runner.timeline = Timeline(self.device, self._t0) if record_timeline else None
-        self.step_count = 0
-        self.num_failed_steps = 0  # steps that raised StepFailed (each undone)
-        self.num_generated_tokens = 0
+        self._timeline = Timeline(self.device, self._t0) if config.record_timeline else None
+        self.runner.timeline = self._timeline
+        versions = block_table_versions_reader(a)  # kept across decode steps where the manager numbers its edits
+        self.phases = StepPhases(
+            self.scheduler,
+            self.runner,
+            self.sampler,
+            self._requests,
+            self._subscribers,
+            block_tables=block_tables_reader(a),  # every scheduled sequence's table, each step
+            decode_tables=DecodeTables(versions) if versions is not None else None,
+            timeline=self._timeline,
+            t0=self._t0,
+            sync_timing=config.sync_timing,
+        )
+        self.overlap = AsyncScheduling(self.phases) if config.async_scheduling else None
 
     # The runner's counters and CUDA-graph state, read by tests, stats() and the benchmark.
     num_blocks_swapped_out = property(lambda self: self.runner.num_blocks["swap_out"])
@@ -313,13 +238,15 @@ class Engine:
     def now(self) -> float:
         return time.perf_counter() - self._t0
 
-    def _lap(self, phase_times: dict[str, float], phase: str, since: float) -> float:
-        """Book the time since ``since`` to ``phase``; returns now (synchronised if ``sync_timing``)."""
-        if self.sync_timing and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        now = self.now()
-        phase_times[phase] = phase_times.get(phase, 0.0) + (now - since)
-        return now
+    # The step's counters (kept by its phases).
+    step_count = property(lambda self: self.phases.step_count)
+    num_failed_steps = property(lambda self: self.phases.num_failed_steps)  # steps that raised StepFailed
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Tokens generated so far and kept, every request's samples together (a token async
+        scheduling drew for a sequence that had already stopped is not one)."""
+        return self.phases.num_finished_tokens + self.phases.live_output_tokens()
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(
@@ -333,11 +260,12 @@ class Engine:
         cached by requests with the same salt, so one tenant cannot time another's prompts."""
         self._refuse_if_busy("add_request")
         params = SamplingParams() if params is None else params
-        prompt = check_inputs(prompt_token_ids, params, self.config.vocab_size)
+        prompt = check_inputs(prompt_token_ids, params, self.model.config.vocab_size)
         self._check_cache_salt("cache_salt", cache_salt)
         return self._queue(prompt, params, cache_salt)
 
     def _refuse_if_busy(self, call: str) -> None:
+        self._refuse_if_closed(call)
         if self._busy:
             raise RuntimeError(
                 f"{call} was called from inside a step or an abort (from a subscriber?); "
@@ -345,10 +273,17 @@ class Engine:
             )
 
     def _queue(self, prompt: list[int], params: SamplingParams, cache_salt: str | None) -> int:
-        """Queue a request whose inputs are checked; the scheduler checks that it fits (and raises
-        before queueing if it does not); returns its id."""
+        """Queue a request whose inputs are checked; the scheduler checks that it fits -- before its
+        sequence (and its ``n`` samples' record) is built -- and raises if it does not; returns its id."""
+        try:
+            self.scheduler.check_fits(len(prompt), params.max_tokens, params.n)
+        except FieldValueError as exc:
+            if exc.field != "max_model_len":
+                raise
+            positions = self.model.config.max_position_embeddings
+            raise FieldValueError(exc.field, f"{exc} (the model has {positions} positions)") from None
         request_id = self._next_request_id
-        seq = Seq(
+        seq = SchedSequence(
             self.scheduler.new_seq_id(),
             prompt,
             params.max_tokens,
@@ -358,13 +293,7 @@ class Engine:
             num_samples=params.n,
             cache_salt=cache_salt,
         )
-        try:
-            self.scheduler.add(seq)
-        except FieldValueError as exc:
-            if exc.field != "max_model_len":
-                raise
-            positions = self.config.max_position_embeddings
-            raise FieldValueError(exc.field, f"{exc} (the model has {positions} positions)") from None
+        self.scheduler.add(seq, validate=False)  # (checked above)
         self._next_request_id += 1
         self._requests[request_id] = RequestState(request_id, prompt, params, seq.arrival_time, seq.samples)
         self.sampler.add(request_id, params)  # cannot fail: SamplingParams checked the seed's range
@@ -404,7 +333,7 @@ class Engine:
             )
         checked = []
         for i, (p, sp, salt) in enumerate(zip(prompts, params, cache_salts, strict=True)):
-            checked.append(check_inputs(p, sp, self.config.vocab_size))
+            checked.append(check_inputs(p, sp, self.model.config.vocab_size))
             self._check_cache_salt(f"cache_salts[{i}]", salt)
         ids: list[int] = []
         try:
@@ -435,6 +364,7 @@ class Engine:
         it is checked now and runs when that step or abort ends (returning ``None``; a later step
         reports the request): the scheduler is never changed under its own feet.
         """
+        self._refuse_if_closed("abort_request")
         request = self._live_request(request_id)
         if self._busy:
             sample_index = request.samples.check_index(sample_index)
@@ -449,11 +379,13 @@ class Engine:
         for seq in request.samples.abort(i):  # none for a sample not forked yet
             self.scheduler.abort(seq)  # frees its blocks (or CPU blocks); finish_reason = "abort"
             seq.finish_time = now
-        if i is not None:  # (every stream of a request that ends is dropped by _finish)
+        if self.runner.num_unapplied_block_ops:  # copies a failed step queued for it go with it
+            self.phases.drop_dead_block_ops()
+        if i is not None:  # (every stream of a request that ends is dropped by finish_request)
             self.sampler.remove(request.request_id, i)
         if not request.done:
             return None
-        output = self._finish(request)
+        output = self.phases.finish_request(request)
         self._aborted_outputs.append(output)
         if self._subscribers:
             self._emit(output.metrics)
@@ -474,6 +406,68 @@ class Engine:
                 if request is not None and not request.samples.has_ended(sample_index):
                     with self._critical():
                         self._abort(request, sample_index)
+
+    def reset(self) -> list[RequestOutput]:
+        """Back to an empty engine that serves: every live request aborted, the block copies still
+        queued dropped, the step in flight (async scheduling) discarded, the prefix cache emptied
+        (after a device fault its blocks' K/V may not be what their hashes say). Returns the requests
+        it ended (``finish_reason="abort"``, as :meth:`abort_request` gives them), and those finished
+        but not yet reported. The recovery from a :class:`StepFailed` that names no request."""
+        self._refuse_if_busy("reset()")
+        unreported = self.overlap.discard() if self.overlap is not None else []
+        with self._critical():
+            for request in list(self._requests.values()):
+                self._abort(request, None)
+            self.runner.keep_block_ops(lambda kind, src, dst: False)
+            reset_prefix_cache = getattr(self.allocator, "reset_prefix_cache", None)
+            if reset_prefix_cache is not None:
+                reset_prefix_cache()
+        if self._timeline is not None:
+            self._timeline.discard()
+        return unreported + self._take_aborted()
+
+    # -- giving the memory back ------------------------------------------------------------------
+    def close(self) -> None:
+        """Give the engine's memory back now: the KV cache, the CUDA graphs and their pools, the pinned
+        staging buffers. Live requests are aborted (their blocks freed on the allocator, which may be a
+        learner's); counters, :meth:`stats` and the timeline stay readable; every call that would run
+        the engine raises. ``with Engine(...) as engine:`` closes it at the end of the block. Closing
+        twice does nothing.
+
+        An engine dropped without ``close()`` frees the same memory as soon as its last reference goes
+        (nothing in it points back at it: no ``gc.collect()`` needed); ``close()`` does it at a known
+        point, whoever still holds the engine. The memory returns to torch's caching allocator, where
+        the next engine's pool finds it (:func:`~paged_edu.cache.sizing.check_blocks_fit` counts it)."""
+        if self._closed:
+            return
+        self._refuse_if_busy("close()")
+        if self.overlap is not None:
+            self.overlap.discard()
+        with self._critical():
+            for request in list(self._requests.values()):
+                self._abort(request, None)
+        self._aborted_outputs.clear()
+        self._subscribers.clear()  # a callback that holds the engine would keep it alive (a cycle)
+        self._closed = True
+        self.runner.release()
+        self.phases.release()
+        self.kv_cache = None
+
+    def __enter__(self) -> Engine:
+        self._refuse_if_closed("with Engine(...)")
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close()
+        return False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _refuse_if_closed(self, call: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{call}: this engine is closed (Engine.close() gave its memory back); build a new one")
 
     def _take_aborted(self) -> list[RequestOutput]:
         taken, self._aborted_outputs = self._aborted_outputs, []
@@ -502,131 +496,23 @@ class Engine:
 
     @torch.inference_mode()
     def _step(self) -> tuple[list[RequestOutput], StepMetrics | None]:
+        """One call's work: the phases of :mod:`~paged_edu.engine.step` in order (or one step ahead,
+        :meth:`AsyncScheduling.step`); outputs aborted meanwhile first."""
         if self.overlap is not None:
-            return self.overlap.step()
-        phases: dict[str, float] = {}
-        t_start = self.now()
-        sched = self.scheduler.schedule()  # 1. what runs this step
-        t = self._lap(phases, "schedule", t_start)
+            outputs, metrics = self.overlap.step()
+            return self._take_aborted() + outputs, metrics
+        p = self.phases
+        p.begin()
+        sched = p.schedule()  # 1. what runs this step
         if sched.is_empty:
             if self.scheduler.has_unfinished():
-                raise self._stalled()
+                raise p.stalled()
             return self._take_aborted(), None
-        phase = "block copies"  # what runs now, for the error if it raises
-        try:
-            self.runner.apply_block_ops(sched.block_ops)  # 2. swap-outs, copy-on-write copies, swap-ins
-            phase = "prepare"
-            emitting, sampling = self._rows_to_sample(sched.scheduled)  # who samples, and how
-            batch = self.runner.prepare(sched.scheduled, self._block_tables, *sampling, self._decode_tables)
-            t = self._lap(phases, "prepare", t)
-            phase = "forward"
-            self.runner.forward(batch)  # 3. one forward pass over the flat batch
-            t = self._lap(phases, "forward", t)
-            phase = "sample"
-            sampled = self._sample(batch, emitting)  # 4. the next token of every emitting row
-            t = self._lap(phases, "sample", t)
-        except BaseException as exc:  # nothing computed counts: the next step schedules the same work again
-            self.sampler.rollback()
-            if self._timeline is not None:
-                self._timeline.discard()
-            self.num_failed_steps += 1
-            if not isinstance(exc, Exception):
-                raise  # KeyboardInterrupt in a notebook: undone all the same
-            raise self._step_failed(phase, sched, exc) from exc
-        self.sampler.commit()
-
-        finished_seqs = self.scheduler.update(sched.scheduled, sampled, t)  # 5. append, finish, free
-        outputs = self._take_aborted() + self._collect(finished_seqs)
-        now = self._lap(phases, "update", t)  # the step's duration is its phases' sum
-        return outputs, self._close_step(sched, t_start, now, len(finished_seqs), phases)
-
-    def _close_step(
-        self, sched, t_start: float, now: float, num_finished: int, phases: dict[str, float]
-    ) -> StepMetrics | None:
-        """Count the step (started at ``t_start``, ended ``now``); its :class:`StepMetrics` when someone
-        subscribed (None otherwise)."""
-        metrics = None
-        if self._timeline is not None and sched.scheduled:  # (async scheduling's last call launches nothing)
-            self._timeline.close(self.step_count, sched, t_start, now - t_start - self.runner.device_wait_s)
-        if self._subscribers:
-            metrics = step_metrics(
-                self.step_count,
-                sched,
-                self.scheduler,
-                now,
-                now - t_start,
-                num_finished,
-                phases,
-                self.runner.device_wait_s,
-            )
-        self.step_count += 1
-        return metrics
-
-    def _step_failed(self, phase: str, sched, cause: BaseException) -> StepFailed:
-        """The error of a step undone in ``phase`` (the async steps of :mod:`.overlap` raise it too)."""
-        return StepFailed(self.step_count, phase, sched, cause)
-
-    def _stalled(self) -> RuntimeError:
-        return RuntimeError(
-            "the scheduler could schedule nothing although requests wait: the pool "
-            f"({self.allocator.num_blocks} blocks, {self.allocator.num_free_blocks} free) or "
-            f"max_num_seqs={self.scheduler.max_num_seqs} is too small for the next request"
-        )
-
-    def _sample(self, batch, emitting) -> dict[int, int | list[int]]:
-        """One token per emitting sequence (``n`` for a parallel-sampling prompt that just ended)."""
-        if not emitting:
-            self.runner.end_launch()
-            return {}
-        tokens = self.runner.sample(batch)  # drawn on the device, one copy back
-        sampled = self._tokens_by_sequence(tokens, emitting)
-        self.num_generated_tokens += len(tokens)
-        return sampled
-
-    def _rows_to_sample(self, scheduled) -> tuple[list, tuple]:
-        """What a step samples: the chunks that emit a token -- ``(index, seq, tokens to draw)``, ``n``
-        for a parallel-sampling prompt that just ended -- and, per token drawn, its chunk index and
-        ``(temperatures, top_ps, uniforms)``, or None when no live request samples (all greedy: then
-        every ``n`` is 1 and there is nothing to draw)."""
-        if not len(self.sampler):
-            emitting = [(i, item.seq, 1) for i, item in enumerate(scheduled) if item.emits_token]
-            return emitting, ([i for i, _, _ in emitting], None)
-        emitting = [
-            (i, item.seq, item.seq.samples.num_tokens_to_sample) for i, item in enumerate(scheduled) if item.emits_token
-        ]
-        rows, temps, top_ps, uniforms = [], [], [], []
-        for i, seq, _ in emitting:
-            params = self._requests[seq.request_id].params
-            for k in seq.samples.sample_indices(seq):  # one stream per sample it stands for
-                rows.append(i)
-                temps.append(params.temperature)
-                top_ps.append(params.top_p)
-                uniforms.append(self.sampler.uniform(seq.request_id, k))
-        return emitting, (rows, (temps, top_ps, uniforms))
-
-    @staticmethod
-    def _tokens_by_sequence(tokens: list[int], emitting) -> dict[int, int | list[int]]:
-        """The drawn tokens, in :meth:`_rows_to_sample`'s order, by sequence id (a list of ``n`` for a
-        parallel-sampling prompt: the scheduler forks the others from it)."""
-        if len(tokens) == len(emitting):  # one each (no parallel-sampling prompt ended)
-            return {seq.seq_id: tok for (_, seq, _), tok in zip(emitting, tokens)}
-        sampled: dict[int, int | list[int]] = {}
-        pos = 0
-        for _, seq, n in emitting:
-            sampled[seq.seq_id] = tokens[pos] if n == 1 else tokens[pos : pos + n]
-            pos += n
-        return sampled
-
-    def _finish(self, request: RequestState) -> RequestOutput:
-        """The finished request's output; it leaves the engine (and the sampler) for good."""
-        del self._requests[request.request_id]
-        self.sampler.remove_request(request.request_id, request.params.n)
-        return request.output()
-
-    def _collect(self, finished_seqs: list[Seq]) -> list[RequestOutput]:
-        for seq in finished_seqs:
-            self.sampler.remove(seq.request_id, seq.sample_index)
-        return [self._finish(self._requests[s.request_id]) for s in ParallelSamples.completed(finished_seqs)]
+        with p.undone_on_failure(sched):  # a raise from here: the step is undone, StepFailed names the phase
+            step = p.launch(sched)  # 2.-4. block copies, prepare, the forward pass, the draw on the device
+            sampled = p.wait(step)  # 4. the tokens on the host: the one wait for the device
+        outputs, num_finished = p.update(step, sampled)  # 5. append, finish, free
+        return self._take_aborted() + outputs, p.close(sched, num_finished)
 
     # -- offline batches: vLLM's LLM.generate / LLM.chat, over add_requests and step ------------
     def run(

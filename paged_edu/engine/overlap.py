@@ -4,7 +4,7 @@ What you will learn
 -------------------
 A synchronous step is ``schedule -> prepare -> forward -> sample -> wait for the tokens -> update``:
 while the host schedules, prepares and updates, the GPU idles (1.14 ms of a ~5.8 ms step on the
-H200 for nano-vllm's workload, ``figures/h200/engine_bench_nanovllm.json``). With the host one step
+H200 for nano-vllm's workload, ``benchmarks/records/h200/engine_bench_nanovllm.json``). With the host one step
 ahead, a step costs ``max(host, GPU)`` instead of their sum. One call of :meth:`AsyncScheduling.step`:
 
 1. **placeholders** -- step N is in flight: every sequence that samples in it gets a placeholder
@@ -61,135 +61,96 @@ request with the tokens read so far (those of the step in flight are discarded w
 which is what a synchronous engine gives when the same abort follows the same tokens.
 
 A step whose launch raises is undone as in the synchronous engine
-(:class:`~paged_edu.engine.engine.StepFailed`); the step in flight stays in flight and is read by
+(:class:`~paged_edu.engine.step.StepFailed`); the step in flight stays in flight and is read by
 the next call, and outputs read before the failure are returned then.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 
 from paged_edu.engine.outputs import RequestOutput, StepMetrics
+from paged_edu.engine.step import LaunchedStep, StepPhases
 from paged_edu.sched.scheduler_output import SchedulerOutput
 from paged_edu.sched.sequence import Sequence, SequenceStatus
 
-__all__ = ["AsyncScheduling", "InFlight"]
-
-
-@dataclass(slots=True)
-class InFlight:
-    """A launched step whose tokens the host has not read: what its placeholders point into."""
-
-    sched: SchedulerOutput
-    emitting: list  # Engine._rows_to_sample's (chunk index, seq, tokens drawn), in the order of `tokens`
-    tokens: torch.Tensor | None  # (N,) int64 on the device: the next step's inputs gather from it
-    host: torch.Tensor | None  # (N,) its copy in pinned memory (the tensor itself on a CPU)
-    event: torch.cuda.Event | None  # recorded after the copy (None on a CPU)
-    held: list[tuple[Sequence, int, bool]] = field(default_factory=list)  # (seq, chunk start, placeholder?)
-    forks: dict[int, tuple[int, ...]] = field(default_factory=dict)  # seq id -> the samples drawn for its fork
+__all__ = ["AsyncScheduling"]
 
 
 class AsyncScheduling:
-    """The steps of an ``Engine(..., async_scheduling=True)``: one step in flight between calls."""
+    """The steps of an ``Engine(..., async_scheduling=True)``: the phases of
+    :class:`~paged_edu.engine.step.StepPhases` one step ahead, one step in flight between calls.
+    What is here is only their order and the placeholder bookkeeping."""
 
-    def __init__(self, engine) -> None:
-        self.engine = engine
-        self.in_flight: InFlight | None = None
+    def __init__(self, phases: StepPhases) -> None:
+        self.phases = phases
+        self.in_flight: LaunchedStep | None = None
         self.num_sync_steps = 0  # calls that read the step in flight before scheduling (see the module)
+        self._held: list[tuple[Sequence, int, bool]] = []  # (seq, chunk start, placeholder?) of the step held
         self._unreported: list[RequestOutput] = []  # read before a launch failed: returned next call
         self._num_finished = 0  # sequences finished by the reads of this call (for its StepMetrics)
-        on_gpu = engine.device.type == "cuda"
-        self._pinned = [torch.empty(1024, dtype=torch.long, pin_memory=on_gpu) for _ in range(2)]
-        self._copied = [torch.cuda.Event() for _ in range(2)] if on_gpu else None  # marks each buffer's copy
-        self._turn = 0  # which pinned buffer (and event) the next launch uses (two steps may be unread)
 
     # -- one call --------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> tuple[list[RequestOutput], StepMetrics | None]:
-        e = self.engine
-        phases: dict[str, float] = {}
-        t_start = e.now()
+        p = self.phases
+        p.begin()
         outputs, self._unreported = self._unreported, []
         prev = self.in_flight
         if prev is not None and not self._can_run_ahead(prev):
             self.num_sync_steps += 1
-            outputs += self._read(prev, phases)
+            outputs += self._read(prev)
             prev = None
-        t = e.now()
         if prev is not None:
             self._hold(prev)  # 1. placeholders
-        sched = e.scheduler.schedule()  # 2. step N+1
-        t = e._lap(phases, "schedule", t)
+        sched = p.schedule()  # 2. step N+1
         if sched.is_empty:
             if prev is None:
-                if e.scheduler.has_unfinished():
-                    raise e._stalled()
-                return e._take_aborted() + outputs, None
-            outputs += self._read(prev, phases)  # the last step
-            return e._take_aborted() + outputs, self._metrics(sched, t_start, phases)
+                if p.scheduler.has_unfinished():
+                    raise p.stalled()
+                return outputs, None
+            outputs += self._read(prev)  # the last step
+            return outputs, self._close(sched)
         if prev is not None and (sched.preempted or sched.blocks_to_swap_in):
             raise RuntimeError("async scheduling ran ahead into a preemption or a swap-in (a bug: see _can_run_ahead)")
-        phase = "block copies"
+        fill = None
+        if prev is not None and prev.tokens is not None:
+            runner, tokens = p.runner, prev.tokens
+            fill = lambda batch: self._fill_placeholders(runner.input_ids(batch), tokens, batch.host.input_ids)  # noqa: E731
         try:  # 3. launch step N+1
-            e.runner.apply_block_ops(sched.block_ops)
-            phase = "prepare"
-            emitting, sampling = e._rows_to_sample(sched.scheduled)
-            batch = e.runner.prepare(sched.scheduled, e._block_tables, *sampling, e._decode_tables)
-            if prev is not None and prev.tokens is not None:
-                self._fill_placeholders(e.runner.input_ids(batch), prev.tokens, batch.host_input_ids)
-            t = e._lap(phases, "prepare", t)
-            phase = "forward"
-            e.runner.forward(batch)
-            t = e._lap(phases, "forward", t)
-            phase = "sample"
-            if emitting:
-                tokens = e.runner.draw(batch)
-            else:  # nothing to draw: the launch ends with the forward pass
-                tokens = None
-                e.runner.end_launch()
-            current = self._launch_copy(sched, emitting, tokens)
-            t = e._lap(phases, "sample", t)
-        except BaseException as exc:  # undone; the step in flight stays in flight
-            e.sampler.rollback()
-            if e._timeline is not None:
-                e._timeline.discard()
-            e.num_failed_steps += 1
+            with p.undone_on_failure(sched):
+                current = p.launch(sched, fill)
+        except BaseException:  # undone; the step in flight stays in flight
             if prev is not None:
-                self._release(prev)
+                self._release()
             self._unreported = outputs
-            if not isinstance(exc, Exception):
-                raise
-            raise e._step_failed(phase, sched, exc) from exc
-        e.sampler.commit()
+            raise
         if prev is not None:  # 4. step N's tokens
-            outputs += self._read(prev, phases)
+            outputs += self._read(prev)
         if any(item.seq.status is SequenceStatus.RUNNING for item in sched.scheduled):
             self.in_flight = current
         # else every sequence of the step ended at step N: nothing in it is read (its rows are discarded)
-        return e._take_aborted() + outputs, self._metrics(sched, t_start, phases)
+        return outputs, self._close(sched)
 
     # -- the pieces ------------------------------------------------------------------------------
-    def _can_run_ahead(self, prev: InFlight) -> bool:
+    def _can_run_ahead(self, prev: LaunchedStep) -> bool:
         """May step N+1 be scheduled before step N's tokens are read? (The module lists why not.)"""
-        s, a = self.engine.scheduler, self.engine.allocator
-        if s.swapped or prev.forks:
+        s = self.phases.scheduler
+        a = s.allocator
+        if s.swapped or prev.plan.forks:
             return False
         free = a.num_free_blocks
         if len(s.running) <= free:  # each running sequence takes at most one block for one slot
             return True
-        pending = {seq.seq_id for _, seq, _ in prev.emitting}
+        pending = {seq.seq_id for _, seq, _ in prev.plan.emitting}
         need = sum(a.num_tokens(q.seq_id) < q.num_tokens + (q.seq_id in pending) for q in s.running)
         return need <= free
 
-    @staticmethod
-    def _hold(prev: InFlight) -> None:
+    def _hold(self, prev: LaunchedStep) -> None:
         """Step N as if done: computed counts to the chunks' ends, a placeholder per sampled token."""
-        running = SequenceStatus.RUNNING
-        j = -1  # the row of step N's tokens: prev.emitting lists the emitting chunks in this order
+        running, held = SequenceStatus.RUNNING, self._held
+        j = -1  # the row of step N's tokens: the plan lists the emitting chunks in this order
         for item in prev.sched.scheduled:
             j += item.emits_token
             seq = item.seq
@@ -197,18 +158,17 @@ class AsyncScheduling:
                 continue
             if item.emits_token:
                 seq.append_token(-1 - j)  # "row j of step N's tokens"
-            prev.held.append((seq, item.start, item.emits_token))
+            held.append((seq, item.start, item.emits_token))
             seq.num_computed_tokens = item.start + item.num_new_tokens
 
-    @staticmethod
-    def _release(prev: InFlight) -> None:
+    def _release(self) -> None:
         """Take the placeholders back: the sequences are as step N left them, before its update."""
-        for seq, start, placeholder in prev.held:
+        for seq, start, placeholder in self._held:
             if placeholder:
                 seq.output_token_ids.pop()
                 seq.num_tokens -= 1
             seq.num_computed_tokens = start
-        prev.held.clear()
+        self._held.clear()
 
     @staticmethod
     def _fill_placeholders(input_ids: torch.Tensor, tokens: torch.Tensor, host_ids: np.ndarray) -> None:
@@ -222,60 +182,36 @@ class AsyncScheduling:
         num = int(np.count_nonzero(host_ids < 0))
         if num == 0:
             return
+        # E.g. host_ids [-1, -2, -3, 7]: num 3, the first three are [-1, -2, -3] -> tokens[:3] in one copy
         if num <= tokens.shape[0] and np.array_equal(host_ids[:num], np.arange(-1, -1 - num, -1)):
             input_ids[:num].copy_(tokens[:num])
             return
+        # E.g. input_ids [-1, -4, 7], 8 tokens: rows [0, 3, 0] (-8 clamped to 0) -> [tokens[0], tokens[3], 7]
         rows = (-1 - input_ids).clamp_(0, tokens.shape[0] - 1)  # (rows,) index into step N's tokens
         input_ids.copy_(torch.where(input_ids < 0, tokens[rows], input_ids))
 
-    def _launch_copy(self, sched: SchedulerOutput, emitting: list, tokens: torch.Tensor | None) -> InFlight:
-        """Start copying the step's tokens to the host, without waiting for them."""
-        forks = {seq.seq_id: seq.samples.sample_indices(seq) for _, seq, n in emitting if n > 1}
-        if tokens is None or tokens.device.type != "cuda":
-            return InFlight(sched, emitting, tokens, tokens, None, forks=forks)
-        n = tokens.shape[0]
-        if n > self._pinned[self._turn].numel():
-            self._pinned[self._turn] = torch.empty(2 * n, dtype=torch.long, pin_memory=True)
-        host, event = self._pinned[self._turn][:n], self._copied[self._turn]
-        self._turn ^= 1
-        host.copy_(tokens, non_blocking=True)
-        event.record()
-        return InFlight(sched, emitting, tokens, host, event, forks=forks)
-
-    def _read(self, step: InFlight, phases: dict[str, float]) -> list[RequestOutput]:
+    def _read(self, step: LaunchedStep) -> list[RequestOutput]:
         """Wait for a step's tokens, take its placeholders back, then ``update``: append the ids, publish
         the blocks they complete, finish sequences; returns the requests that finished."""
-        e = self.engine
-        t = e.now()
-        if step.event is not None:
-            t0 = time.perf_counter()
-            step.event.synchronize()
-            e.runner.device_wait_s = time.perf_counter() - t0
-        self.in_flight = None  # (after the wait: an interrupt there leaves the step to read again)
-        self._release(step)  # its placeholders, if the step was held while the next was scheduled
-        sampled = {}
-        if step.host is not None:
-            tokens = step.host.tolist()
-            sampled = e._tokens_by_sequence(tokens, step.emitting)
-            for seq_id, drawn in step.forks.items():  # a sample aborted since the launch drops its token
-                seq = next(q for _, q, _ in step.emitting if q.seq_id == seq_id)
-                by_sample = dict(zip(drawn, sampled[seq_id]))
-                sampled[seq_id] = [by_sample[i] for i in seq.samples.sample_indices(seq)]
-            running = SequenceStatus.RUNNING
-            e.num_generated_tokens += sum(
-                len(sampled[q.seq_id]) if n > 1 else 1 for _, q, n in step.emitting if q.status is running
-            )
-        t = e._lap(phases, "sample", t)  # the wait for the device: where the synchronous engine books it
-        finished = e.scheduler.update(step.sched.scheduled, sampled, t)
-        self._num_finished += len(finished)
-        outputs = e._collect(finished)
-        e._lap(phases, "update", t)
+        p = self.phases
+        sampled = p.wait(step)  # (an interrupt in the wait leaves the step in flight, to read again)
+        self.in_flight = None
+        self._release()  # its placeholders, if the step was held while the next was scheduled
+        outputs, num_finished = p.update(step, sampled)
+        self._num_finished += num_finished
         return outputs
 
-    def _metrics(self, sched: SchedulerOutput, t_start: float, phases) -> StepMetrics | None:
+    def discard(self) -> list[RequestOutput]:
+        """Forget the step in flight (:meth:`Engine.reset`): its tokens are never read. Returns the
+        outputs read before a failed launch and not reported yet."""
+        self._release()
+        self.in_flight = None
+        outputs, self._unreported = self._unreported, []
+        return outputs
+
+    def _close(self, sched: SchedulerOutput) -> StepMetrics | None:
         """The call's :class:`StepMetrics`: ``sched`` is the step it launched, ``num_finished`` the
         sequences its reads finished; the wait for step N's tokens is booked under ``"sample"``."""
-        e = self.engine
-        metrics = e._close_step(sched, t_start, e.now(), self._num_finished, phases)
+        metrics = self.phases.close(sched, self._num_finished)
         self._num_finished = 0
         return metrics

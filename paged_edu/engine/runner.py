@@ -3,16 +3,18 @@
 The engine's :meth:`~paged_edu.engine.engine.Engine.step` says *what* runs in a step (which tokens
 of which sequences); the runner makes it run. Per step the host does three things and waits once:
 
-1. :meth:`ModelRunner.prepare` -- the flat :class:`~paged_edu.models.llama.ForwardBatch` built with
+1. :meth:`ModelRunner.prepare` -- the step's :class:`~paged_edu.engine.batch.StepBatch` built with
    numpy from the chunks and their block tables (:mod:`paged_edu.engine.batch`), plus the rows to
-   sample, in **one** host-to-device copy from a reused, pinned buffer;
+   sample (:class:`~paged_edu.engine.sampling.SamplingPlan`), in **one** host-to-device copy from a
+   reused, pinned buffer: a :class:`StagedBatch`;
 2. :meth:`ModelRunner.forward` -- launches the forward pass: one CUDA-graph replay for a pure-decode
    step (:class:`~paged_edu.engine.cuda_graphs.DecodeCudaGraphs`; the graph also computes the greedy
    tokens), one replay of :class:`~paged_edu.engine.cuda_graphs.MixedCudaGraphs` for a step with
    prompt chunks (``mixed_graphs=True``), else the eager model;
-3. :meth:`ModelRunner.sample` -- sampling on the device (argmax, or the seeded inverse CDF of
-   :func:`~paged_edu.engine.sampling.sample_on_device`) and **one** device-to-host copy of the
-   tokens; the only point where the host waits for the GPU (timed: ``device_wait_s``).
+3. :meth:`ModelRunner.draw` -- sampling on the device (:func:`~paged_edu.engine.sampling.draw`:
+   argmax, or the seeded inverse CDF of :func:`~paged_edu.engine.sampling.sample_on_device`), the
+   tokens left there; the step (:mod:`~paged_edu.engine.step`) copies them back once, the only
+   point where the host waits for the GPU.
 
 The runner imports the model, never the reverse: the model only knows its input record and the
 cache's one store call (:func:`paged_edu.cache.kv_cache.store_kv`).
@@ -20,32 +22,36 @@ cache's one store call (:func:`paged_edu.cache.kv_cache.store_kv`).
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
+from itertools import groupby
+from operator import itemgetter
 
 import numpy as np
 import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
-from paged_edu.core.validation import flag
-from paged_edu.engine.batch import BatchStaging, SamplingBatch, pack_chunks, to_forward_batch, token_slice
+from paged_edu.engine.batch import BatchStaging, StepBatch, pack_chunks, token_slice
+from paged_edu.engine.config import KernelConfig
 from paged_edu.engine.cuda_graphs import DecodeCudaGraphs, MixedCudaGraphs
 from paged_edu.engine.decode_tables import DecodeTables
-from paged_edu.engine.sampling import sample_on_device
-from paged_edu.kernels import kernel_support
-from paged_edu.models.llama import ForwardBatch, Kernels, PagedLlama
+from paged_edu.engine.sampling import SamplingBatch, SamplingPlan, draw
+from paged_edu.models.llama import ForwardBatch, PagedLlama
 
-__all__ = ["ModelRunner", "StepBatch"]
+__all__ = ["BLOCK_SPACES", "ModelRunner", "StagedBatch"]
+
+# A block op's kind -> (where its sources are, where its destinations are)
+BLOCK_SPACES = {"swap_out": ("gpu", "cpu"), "copy": ("gpu", "gpu"), "swap_in": ("cpu", "gpu")}
 
 
-class StepBatch:
-    """What :meth:`ModelRunner.prepare` hands to ``forward`` and ``sample``: the model's inputs, the
-    rows to sample, and (after ``forward``) where the results are."""
+class StagedBatch:
+    """What :meth:`ModelRunner.prepare` hands to ``forward`` and ``draw``: the step's batch on the
+    device (or in a captured graph's buffers), the rows to sample, and (after ``forward``) where the
+    results are."""
 
-    __slots__ = ("forward", "sampling", "num_rows", "graph_size", "mixed_size", "hidden", "greedy", "host_input_ids")
+    __slots__ = ("forward", "sampling", "num_rows", "graph_size", "mixed_size", "hidden", "greedy", "host")
 
     def __init__(
         self,
@@ -62,7 +68,7 @@ class StepBatch:
         self.mixed_size = mixed_size  # the token bucket whose mixed-step graph runs it, or None
         self.hidden: torch.Tensor | None = None  # (rows, hidden), set by forward
         self.greedy: torch.Tensor | None = None  # (rows,) argmax tokens, when the graph computed them
-        self.host_input_ids = None  # (num_rows,) int64 numpy: the ids as staged, placeholders (< 0) included
+        self.host: StepBatch | None = None  # the batch as packed on the host (placeholders < 0 in its ids)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -71,7 +77,7 @@ class StepBatch:
 
 
 class ModelRunner:
-    """One model over one paged KV cache: ``apply_block_ops``, ``prepare``, ``forward``, ``sample``,
+    """One model over one paged KV cache: ``apply_block_ops``, ``prepare``, ``forward``, ``draw``,
     in that order each step. Each piece exists for speed, and says why:
 
     * :meth:`apply_block_ops` -- a run of same-kind block copies is one ``index_copy_`` per layer
@@ -79,131 +85,103 @@ class ModelRunner:
     * :meth:`prepare` -- the batch built by numpy array expressions, not a Python loop per token,
       into a reused pinned buffer that reaches the device in one copy (:mod:`~paged_edu.engine.batch`;
       at 256 running sequences this took the host's preparation from 0.84 to about 0.2 ms a step);
-    * ``cuda_graphs=True`` -- :class:`~paged_edu.engine.cuda_graphs.DecodeCudaGraphs` for batches of
+    * ``kernels.cuda_graphs`` -- :class:`~paged_edu.engine.cuda_graphs.DecodeCudaGraphs` for batches of
       up to ``max_num_seqs`` decodes with block tables up to ``max_model_len`` tokens wide: a decode
       step of small kernels is bound by their launches, which a replay removes;
-      ``mixed_graphs=True`` -- :class:`~paged_edu.engine.cuda_graphs.MixedCudaGraphs` for the
+      ``kernels.mixed_graphs`` -- :class:`~paged_edu.engine.cuda_graphs.MixedCudaGraphs` for the
       other steps of up to ``max_num_batched_tokens`` tokens (on the H200 an eager step with prompt
       chunks spent ~17 ms launching ~600 kernels from Python). Capture is an optimisation: if it
       fails the runner warns, records why in ``graph_error`` and runs those steps eagerly;
-    * :meth:`sample` -- the LM head only for the rows that sample (one per sequence), not for every
+    * :meth:`draw` -- the LM head only for the rows that sample (one per sequence), not for every
       token of a prompt chunk (a 49,152-wide matmul per row); the tokens drawn on the device (the
-      uniforms come from the host with the batch) and copied back once, into pinned memory.
+      uniforms come from the host with the batch).
 
-    Overlapping the host's work for step N+1 with the GPU's step N (vLLM's async scheduling,
-    SGLang's overlap scheduler) is :mod:`~paged_edu.engine.overlap`'s: it uses :meth:`draw` (the
-    tokens left on the device) and :meth:`input_ids` (where the next step's ids are filled in from
-    them); :meth:`sample` is the synchronous path, whose copy back is the step's only wait.
+    ``kernels`` is the engine's :class:`~paged_edu.engine.config.KernelConfig`, turned here, once, into
+    the model's :class:`~paged_edu.models.llama.Kernels` (``self.kernels``), which every forward pass
+    gets -- never set on the model, so two runners sharing one model each keep their own.
     """
 
     def __init__(
         self,
         model: PagedLlama,
         kv_cache: PagedKVCache,
+        kernels: KernelConfig = KernelConfig(),
         *,
-        attn_impl: str | None = None,
-        prefill_impl: str | None = None,
-        fused_impl: str = "auto",
-        gemm_impl: str = "auto",
-        fuse_decode_store: bool = True,
-        swiglu_gemm: bool = True,
-        pdl: bool = True,
-        cuda_graphs: bool = False,
-        mixed_graphs: bool = False,
         max_num_seqs: int = 256,
         max_model_len: int = 2048,
         max_num_batched_tokens: int = 2048,
     ) -> None:
-        on_gpu = model.device.type == "cuda"
-        # The kernels, checked now rather than at the first forward pass, and passed to the model
-        # with every batch (two runners sharing one model each keep their own). Default: "auto" on
-        # CUDA (Triton where kernel_support says it runs), PyTorch on a CPU, where the Triton
-        # interpreter is exact but far too slow for a whole model.
-        decode = _check_impl(
-            "attn_impl",
-            attn_impl or ("auto" if on_gpu else "torch"),
-            "decode",
-            ("auto", "triton", "torch", "loop"),
-            model.device,
-        )
-        prefill = _check_impl(
-            "prefill_impl",
-            prefill_impl or ("auto" if on_gpu else "torch"),
-            "prefill",
-            ("auto", "triton", "torch"),
-            model.device,
-        )
-        fuse_decode_store = flag("fuse_decode_store", fuse_decode_store)
-        swiglu_gemm = flag("swiglu_gemm", swiglu_gemm)
-        pdl = flag("pdl", pdl)
-        self.kernels = Kernels(decode, prefill, fused_impl, gemm_impl, fuse_decode_store, swiglu_gemm, pdl).resolve(
-            model.device
-        )
-        cuda_graphs = flag("cuda_graphs", cuda_graphs)
-        mixed_graphs = flag("mixed_graphs", mixed_graphs)
+        config = kernels.for_device(model.device)  # None defaults decided, what cannot run here refused
+        self.kernels = config.model_kernels().resolve(model.device)
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.device = model.device
         self.kv_pairs = list(zip(kv_cache.k_caches, kv_cache.v_caches))  # (k_cache, v_cache) per layer
         self.staging = BatchStaging(self.device)  # the step's inputs: one pinned buffer, one copy
-        self._tokens_host = torch.empty(1024, dtype=torch.long, pin_memory=on_gpu)  # the step's tokens come back here
         self.graphs: DecodeCudaGraphs | None = None
         self.mixed_graphs: MixedCudaGraphs | None = None
         self.graph_error: str | None = None
         self.num_graph_steps = 0  # forward passes served by a decode CUDA-graph replay
         self.num_mixed_graph_steps = 0  # forward passes served by a mixed-step CUDA-graph replay
         self.timeline = None  # the engine's Timeline when it records one: begin() / end() around the device work
-        self.device_wait_s = 0.0  # how long the last sample() waited for the device
         self.num_blocks = {"swap_out": 0, "copy": 0, "swap_in": 0}  # blocks copied by apply_block_ops, ever
-        self._unapplied: deque[list[tuple[str, int, int]]] = deque()  # per step: ops a raising copy left
-        for name, wanted in (("cuda_graphs", cuda_graphs), ("mixed_graphs", mixed_graphs)):
-            if wanted and self.device.type != "cuda":
-                raise ValueError(f"{name}=True needs the model on a CUDA device")
+        self._pending: deque[tuple[str, list[tuple[int, int]]]] = deque()  # runs a raising copy left, in order
+        self.failed_run: tuple[str, list[tuple[int, int]]] | None = None  # the last run whose copy raised
+        max_blocks_per_seq = -(-max_model_len // self.block_size)
         try:
-            if cuda_graphs:
-                self.graphs = DecodeCudaGraphs(
-                    model, self.kv_pairs, max_num_seqs, -(-max_model_len // self.block_size), self.kernels
-                )
-            if mixed_graphs:
+            if config.cuda_graphs:
+                self.graphs = DecodeCudaGraphs(model, self.kv_pairs, max_num_seqs, max_blocks_per_seq, self.kernels)
+            if config.mixed_graphs:
                 self.mixed_graphs = MixedCudaGraphs(
-                    model,
-                    self.kv_pairs,
-                    max_num_batched_tokens,
-                    max_num_seqs,
-                    -(-max_model_len // self.block_size),
-                    self.kernels,
+                    model, self.kv_pairs, max_num_batched_tokens, max_num_seqs, max_blocks_per_seq, self.kernels
                 )
         except Exception as exc:  # fall back to eager steps, and say why
             self.graph_error = f"{type(exc).__name__}: {exc}"
             warnings.warn(f"CUDA-graph capture failed, those steps run eagerly: {self.graph_error}")
 
-    def apply_block_ops(self, block_ops: Sequence[tuple[str, int, int]]) -> dict[str, int]:
+    def release(self) -> None:
+        """Drop every device buffer this runner holds -- its view of the KV cache, the CUDA graphs and
+        their memory pools, the staging buffers -- so that they are freed (``Engine.close``)."""
+        self.graphs = self.mixed_graphs = None
+        self.kv_cache, self.kv_pairs = None, []
+        self.staging = None
+        self._pending.clear()
+
+    def apply_block_ops(self, block_ops: Sequence[tuple[str, int, int]]) -> None:
         """Apply the scheduler's ``block_ops`` to the cache in order -- ``("swap_out", gpu, cpu)``,
         ``("copy", src, dst)``, ``("swap_in", cpu, gpu)`` -- each run of one kind as one batched
-        copy per layer. Returns the number of blocks of each kind.
+        copy per layer.
 
         The scheduler has already moved the blocks in its books, so a copy that raises (a CUDA OOM,
-        an injected fault) must still happen: the ops from the failed run on are kept, and the next
-        call applies them first, before its own. Re-applying a run is safe: a run's sources are not
-        written before the step's forward pass, which never runs while ops are pending.
+        an injected fault) must still happen: the run that raised and those after it stay queued
+        (:attr:`pending_block_ops`), and the next call applies them first, before its own -- the
+        failed run one pair at a time, so that a copy that fails again names its one pair
+        (:attr:`failed_run`). Re-applying a copy is safe: a run's sources are not written before the
+        step's forward pass, which never runs while copies are pending. A copy no live sequence
+        needs any more (its owner was aborted or preempted) is dropped with :meth:`keep_block_ops`.
         """
-        counts = {"swap_out": 0, "copy": 0, "swap_in": 0}  # this call's
-        bad = next((op[0] for op in block_ops if op[0] not in counts), None)
-        if bad is not None:
-            raise ValueError(f"unknown block op {bad!r}")
-        self._unapplied.append(list(block_ops))
-        while self._unapplied:  # one step's ops at a time: copy_blocks reads all sources first
-            ops = self._unapplied[0]
-            while ops:
-                kind = ops[0][0]
-                j = next((j for j, op in enumerate(ops) if op[0] != kind), len(ops))
-                self._apply_run(kind, [(a, b) for _, a, b in ops[:j]])  # may raise: ops stay queued
-                del ops[:j]
-                counts[kind] += j
-                self.num_blocks[kind] += j
-            self._unapplied.popleft()
-        return counts
+        if block_ops:
+            bad = next((op[0] for op in block_ops if op[0] not in BLOCK_SPACES), None)
+            if bad is not None:
+                raise ValueError(f"unknown block op {bad!r}")
+            # runs of one kind, in order (never merged across steps). E.g. [("swap_out", 1, 7),
+            # ("swap_out", 2, 8), ("copy", 3, 4)] -> [("swap_out", [(1, 7), (2, 8)]), ("copy", [(3, 4)])]
+            for kind, ops in groupby(block_ops, key=itemgetter(0)):
+                self._pending.append((kind, [(a, b) for _, a, b in ops]))
+        pending = self._pending
+        while pending:
+            kind, pairs = pending[0]
+            try:
+                self._apply_run(kind, pairs)
+            except BaseException:
+                self.failed_run = (kind, pairs)
+                if len(pairs) > 1:  # retried pair by pair
+                    pending.popleft()
+                    pending.extendleft((kind, [pair]) for pair in reversed(pairs))
+                raise
+            pending.popleft()
+            self.num_blocks[kind] += len(pairs)
 
     def _apply_run(self, kind: str, pairs: list[tuple[int, int]]) -> None:
         if kind == "swap_out":
@@ -214,27 +192,32 @@ class ModelRunner:
             self.kv_cache.swap_in(pairs)
 
     @property
+    def pending_block_ops(self) -> list[tuple[str, list[tuple[int, int]]]]:
+        """The runs of block copies not applied yet (after one raised), in order: ``(kind, pairs)``."""
+        return list(self._pending)
+
+    @property
     def num_unapplied_block_ops(self) -> int:
         """Block copies the scheduler asked for that have not reached the cache (after one raised)."""
-        return sum(map(len, self._unapplied))
+        return sum(len(pairs) for _, pairs in self._pending)
+
+    def keep_block_ops(self, keep: Callable[[str, int, int], bool]) -> int:
+        """Keep only the pending copies ``keep(kind, src, dst)`` wants; returns how many were dropped."""
+        before = self.num_unapplied_block_ops
+        runs = ((kind, [(a, b) for a, b in pairs if keep(kind, a, b)]) for kind, pairs in self._pending)
+        self._pending = deque((kind, pairs) for kind, pairs in runs if pairs)
+        return before - self.num_unapplied_block_ops
 
     def prepare(
-        self,
-        scheduled,
-        block_tables,
-        sample_chunks: Sequence[int],
-        sampling: tuple[Sequence[float], Sequence[float], Sequence[float]] | None = None,
-        decode_tables: DecodeTables | None = None,
-    ) -> StepBatch:
+        self, scheduled, block_tables, plan: SamplingPlan, decode_tables: DecodeTables | None = None
+    ) -> StagedBatch:
         """The step's inputs on the device, from the scheduler's ``ScheduledSeq`` s.
 
         ``block_tables(seq_ids)`` gives the sequences' blocks (the allocator's:
-        :func:`~paged_edu.sched.memory_manager.block_tables_reader`); ``sample_chunks``
-        lists, per token to sample, the index of its chunk; ``sampling`` is ``(temperatures,
-        top_ps, uniforms)`` per sampled row, or None when every row is greedy. ``decode_tables``
-        keeps a pure-decode step's table matrix across steps (None: packed from the lists).
+        :func:`~paged_edu.sched.memory_manager.block_tables_reader`); ``plan`` says which rows sample
+        and how (:func:`~paged_edu.engine.sampling.plan_sampling`). ``decode_tables`` keeps a
+        pure-decode step's table matrix across steps (None: packed from the lists).
         """
-        self.device_wait_s = 0.0
         token_ids: list[int] = []
         for item in scheduled:  # the only loop over sequences: their new tokens
             seq, s, n = item.seq, item.start, item.num_new_tokens
@@ -244,7 +227,7 @@ class ModelRunner:
             else:
                 token_ids += token_slice(seq, s, s + n)
         seq_ids = [it.seq.seq_id for it in scheduled]
-        fields = pack_chunks(
+        host = pack_chunks(
             token_ids,
             [it.start for it in scheduled],
             [it.num_new_tokens for it in scheduled],
@@ -252,50 +235,35 @@ class ModelRunner:
             self.block_size,
             None if decode_tables is None else partial(decode_tables.matrix, seq_ids),
         )
-        batch = self._stage(fields, sample_chunks, sampling)
-        batch.host_input_ids = fields["input_ids"]
+        batch = self._stage(host, plan)
+        batch.host = host
         return batch
 
-    def _stage(self, fields: dict, sample_chunks, sampling) -> StepBatch:
-        """``pack_chunks``' fields on the device: into a captured graph's buffers, or the staging buffer."""
-        rows = len(fields["input_ids"])
-        sample_rows = fields["logits_rows"][np.asarray(sample_chunks, dtype=np.int64)]  # (N,) rows of the hidden states
-        if self.graphs is not None and fields["num_decodes"] == rows:
-            bs = self.graphs.size_for(rows, fields["decode_block_tables"].shape[1])
+    def _stage(self, host: StepBatch, plan: SamplingPlan) -> StagedBatch:
+        """The batch on the device: into a captured graph's buffers, or the staging buffer."""
+        rows = host.input_ids.shape[0]
+        # (N,) the hidden-state row of each token drawn: its chunk's last row. E.g. logits_rows [0, 4, 1],
+        # chunk 1 a prompt that ends drawing n = 3: plan.chunks [0, 1, 1, 1, 2] -> [0, 4, 4, 4, 1]
+        sample_rows = host.logits_rows[np.asarray(plan.chunks, dtype=np.int64)]
+        if self.graphs is not None and host.is_pure_decode:
+            bs = self.graphs.size_for(rows, host.decode_block_tables.shape[1])
             if bs is not None:  # straight into the captured graph's inputs
-                return StepBatch(None, self.graphs.stage(fields, bs, sample_rows, sampling), rows, bs)
-        Tb = self.mixed_graphs.size_for(fields) if self.mixed_graphs is not None else None
+                return StagedBatch(None, self.graphs.stage(host, bs, sample_rows, plan.params), rows, bs)
+        Tb = self.mixed_graphs.size_for(host) if self.mixed_graphs is not None else None
         if Tb is not None:  # into the mixed-step graph's inputs; only the rows to sample travel below
-            self.mixed_graphs.stage(fields, Tb)
-        arrays = (
-            {}
-            if Tb is not None
-            else {
-                k: fields[k]
-                for k in (
-                    "input_ids",
-                    "positions",
-                    "slot_mapping",
-                    "logits_rows",
-                    "decode_block_tables",
-                    "decode_seq_lens",
-                    "prefill_block_tables",
-                    "prefill_seq_lens",
-                    "prefill_cu_seqlens_q",
-                )
-            }
-        )
+            self.mixed_graphs.stage(host, Tb)
+        arrays = {} if Tb is not None else host.arrays()
         arrays["sample_rows"] = sample_rows
-        if sampling is not None:
-            for name, values in zip(("temperatures", "top_ps", "uniforms"), sampling):
+        if plan.params is not None:
+            for name, values in zip(("temperatures", "top_ps", "uniforms"), plan.params):
                 arrays[name] = np.asarray(values, dtype=np.float32)
         t = self.staging.upload(arrays)
-        sampling_batch = SamplingBatch(t["sample_rows"], t.get("temperatures"), t.get("top_ps"), t.get("uniforms"))
+        sampling = SamplingBatch(t["sample_rows"], t.get("temperatures"), t.get("top_ps"), t.get("uniforms"))
         if Tb is not None:
-            return StepBatch(None, sampling_batch, rows, None, Tb)
-        return StepBatch(to_forward_batch(fields, t), sampling_batch, rows, None)
+            return StagedBatch(None, sampling, rows, None, Tb)
+        return StagedBatch(host.on_device(t), sampling, rows, None)
 
-    def forward(self, batch: StepBatch) -> None:
+    def forward(self, batch: StagedBatch) -> None:
         """Launch the forward pass; the new tokens' K/V land in the cache, the hidden states in ``batch``."""
         if self.timeline is not None:
             self.timeline.begin(batch)
@@ -308,7 +276,7 @@ class ModelRunner:
         else:
             batch.hidden = self.model(batch.forward, self.kv_pairs, self.kernels)  # (T, hidden)
 
-    def input_ids(self, batch: StepBatch) -> torch.Tensor:
+    def input_ids(self, batch: StagedBatch) -> torch.Tensor:
         """The step's token ids on the device, ``(rows,)`` (padded to a captured graph's size): what
         async scheduling fills in for tokens still on the device (:mod:`~paged_edu.engine.overlap`)."""
         if batch.graph_size is not None:
@@ -317,19 +285,9 @@ class ModelRunner:
             return self.mixed_graphs.input_ids(batch.mixed_size)
         return batch.forward.input_ids
 
-    def draw(self, batch: StepBatch) -> torch.Tensor:
+    def draw(self, batch: StagedBatch) -> torch.Tensor:
         """One token per sampled row, ``(N,)`` int64, left on the device (no wait)."""
-        s = batch.sampling
-        if s.temperatures is None and batch.greedy is not None:
-            tokens = batch.greedy[: s.rows.shape[0]] if s.in_order else batch.greedy[s.rows]  # (N,) from the graph
-        else:
-            logits = self.model.compute_logits(batch.hidden[s.rows], self.kernels)  # (N, vocab) fp32
-            greedy = batch.greedy[s.rows] if batch.greedy is not None else logits.argmax(dim=-1)  # (N,)
-            tokens = (
-                greedy
-                if s.temperatures is None
-                else sample_on_device(logits, s.temperatures, s.top_ps, s.uniforms, greedy_tokens=greedy)
-            )
+        tokens = draw(self.model, self.kernels, batch.hidden, batch.greedy, batch.sampling)
         self.end_launch()
         return tokens
 
@@ -338,30 +296,3 @@ class ModelRunner:
         it draws none): the timeline's end mark."""
         if self.timeline is not None:
             self.timeline.end()
-
-    def sample(self, batch: StepBatch) -> list[int]:
-        """One token per sampled row, drawn on the device, copied back in one go (the step's only wait)."""
-        N = batch.sampling.rows.shape[0]
-        if N == 0:
-            return []
-        tokens = self.draw(batch)
-        if N > self._tokens_host.numel():
-            self._tokens_host = torch.empty(2 * N, dtype=torch.long, pin_memory=self.device.type == "cuda")
-        host = self._tokens_host[:N]
-        host.copy_(tokens, non_blocking=True)  # the one device-to-host copy
-        t0 = time.perf_counter()
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        self.device_wait_s = time.perf_counter() - t0
-        return host.numpy().tolist()
-
-
-def _check_impl(name: str, impl, kernel: str, allowed: tuple[str, ...], device: torch.device) -> str:
-    if not isinstance(impl, str) or impl not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {impl!r}")
-    if impl == "triton" and not getattr(kernel_support(device), kernel):
-        raise ValueError(
-            f"{name}='triton', but the Triton {kernel} kernel cannot run on {device} here "
-            "(see paged_edu.kernels.kernel_support); use 'auto' or 'torch'"
-        )
-    return impl

@@ -1,4 +1,5 @@
-"""Turning logits into tokens: greedy, temperature, top-p (nucleus), reproducible by seed.
+"""Turning logits into tokens: greedy, temperature, top-p (nucleus), reproducible by seed -- and a
+step's sampling, decided, drawn and handed back in one place.
 
 What you will learn
 -------------------
@@ -14,27 +15,51 @@ What you will learn
 All rows of a step are sampled together: one sort and one cumulative sum for the whole batch. The
 inverse CDF runs in token-id order (see :func:`sample`), so a rounding-level change of the logits
 between batch compositions cannot reorder it.
+
+A step's sampling, in the order it happens:
+
+1. :func:`plan_sampling` -- before the batch is staged: which chunks emit a token, how many tokens
+   each draws (``n`` for a parallel-sampling prompt that ends, then 1), and per token drawn its
+   stream's ``(temperature, top_p, uniform)`` -- the :class:`SamplingPlan`;
+2. the runner stages the plan's rows (the hidden-state row of each token drawn) and parameters with
+   the batch, as a :class:`SamplingBatch` on the device;
+3. :func:`draw` -- after the forward pass: the LM head over the sampled rows only, then
+   :func:`sample_on_device` (or the argmax a CUDA graph already computed), the tokens left on the device;
+4. :func:`tokens_by_sequence` -- once the tokens are on the host: each sequence's token, or the ``n``
+   of a parallel-sampling prompt, from which the scheduler forks the other samples in ``update``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from paged_edu.core.validation import SEED_LIMIT, as_int, fraction, integer, real
+from paged_edu.core.validation import SEED_LIMIT, FieldTypeError, FieldValueError, as_int, fraction, integer, real
 from paged_edu.core.validation import seed as check_seed
 
 __all__ = [
     "GREEDY_BELOW",
+    "MAX_SAMPLES",
+    "SamplingBatch",
     "SamplingParams",
+    "SamplingPlan",
     "Sampler",
+    "draw",
+    "plan_sampling",
     "sample",
     "sample_on_device",
+    "tokens_by_sequence",
 ]
 
+
+# The most samples one request may ask for (``n``). Every sample is a sequence of the batch from its
+# request's admission (it counts against ``max_num_seqs``) with a random stream of its own, and the
+# engine refuses an ``n`` above its ``max_num_seqs`` before it builds anything; this bound refuses an
+# absurd ``n`` (2**31) where no engine is known yet, before a list of its samples is made.
+MAX_SAMPLES = 1024
 
 # A temperature below this is greedy, as in vLLM (``_SAMPLING_EPS = 1e-5`` in vllm/sampling_params.py and
 # vllm/v1/sample/sampler.py): dividing fp32 logits by ~1e-38 overflows to inf, the softmax gives NaN,
@@ -47,8 +72,10 @@ class SamplingParams:
     """How one request is decoded; every field is checked here, once, and cannot change after.
 
     ``temperature = 0`` is greedy, and so is any temperature below :data:`GREEDY_BELOW` (it is stored as
-    0: the limit of sampling as ``T -> 0`` is the argmax, which fp32 cannot compute by division). ``n > 1`` asks for ``n`` samples of the same prompt: they share
-    the prompt's blocks (fork) and diverge by copy-on-write. ``seed`` makes sampling reproducible;
+    0: the limit of sampling as ``T -> 0`` is the argmax, which fp32 cannot compute by division). ``n > 1``
+    asks for ``n`` samples of the same prompt, at most :data:`MAX_SAMPLES` (and an engine's
+    ``max_num_seqs``): they share the prompt's blocks (fork) and diverge by copy-on-write. Integer
+    fields take integers only (a float or a bool is refused, naming the field). ``seed`` makes sampling reproducible;
     sample ``i`` of a request draws from ``torch.Generator().manual_seed(seed + i)``, so
     ``seed + n - 1`` must be a valid generator seed (``< 2**64``).
     """
@@ -62,28 +89,33 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         max_tokens = integer("max_tokens", self.max_tokens, low=1)
-        n = integer("n", self.n, low=1)
+        n = integer("n", self.n, low=1, high=MAX_SAMPLES)
         temperature = real("temperature", self.temperature)
         if not math.isfinite(temperature) or temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+            raise FieldValueError("temperature", f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if temperature < GREEDY_BELOW:
             temperature = 0.0
         top_p = fraction("top_p", self.top_p)
         seed = self.seed
         if seed is not None:
-            seed = as_int(seed, "seed must be an int or None")
+            seed = integer("seed", seed)
             if not 0 <= seed <= SEED_LIMIT - n:
-                raise ValueError(
-                    f"seed must be in [0, 2**64 - n] = [0, {SEED_LIMIT - n}] (sample i uses seed + i), got {seed}"
+                raise FieldValueError(
+                    "seed",
+                    f"seed must be in [0, 2**64 - n] = [0, {SEED_LIMIT - n}] (sample i uses seed + i), got {seed}",
                 )
         if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable):
-            raise TypeError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}")
+            raise FieldTypeError(
+                "stop_token_ids", f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}"
+            )
         try:  # integers only (numpy and torch ones too): int() would turn 1.5 or "7" into a token id
             stop = tuple(as_int(t, "stop token ids must be ints") for t in self.stop_token_ids)
         except (TypeError, ValueError):
-            raise TypeError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}") from None
+            raise FieldTypeError(
+                "stop_token_ids", f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}"
+            ) from None
         if any(t < 0 for t in stop):
-            raise ValueError(f"stop_token_ids must be token ids >= 0, got {stop!r}")
+            raise FieldValueError("stop_token_ids", f"stop_token_ids must be token ids >= 0, got {stop!r}")
         if n > 1 and temperature == 0:
             raise ValueError(
                 f"n > 1 with temperature {self.temperature!r} (greedy: below {GREEDY_BELOW}) would give "
@@ -222,3 +254,94 @@ class Sampler:
             if key in self._generators:  # a stream dropped since (an abort) takes nothing back
                 self._drawn.setdefault(key, []).append(u)
         self._taken.clear()
+
+
+# ----------------------------------------------------------------------------------------------
+# A step's sampling: planned before the batch is staged, drawn after the forward pass
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SamplingPlan:
+    """Who samples in a step and how, decided before its batch is staged (:func:`plan_sampling`).
+
+    ``emitting`` lists every chunk that emits, in the scheduler's order, as ``(chunk index, sequence,
+    tokens it draws)``; ``chunks`` has one entry per token drawn: its chunk's index (``N`` in all).
+    ``params`` is ``(temperatures, top_ps, uniforms)``, one of each per token drawn, or ``None`` when
+    no live request samples (all greedy: every chunk draws one token, by argmax). ``forks`` maps a
+    parallel-sampling sequence whose prompt ends to the sample indices of the tokens it draws.
+    """
+
+    emitting: list[tuple[int, object, int]]  # (chunk index, Sequence, tokens drawn)
+    chunks: list[int]  # (N,) the chunk of each token drawn
+    params: tuple[list[float], list[float], list[float]] | None  # (temperatures, top_ps, uniforms), (N,) each
+    forks: dict[int, tuple[int, ...]] = field(default_factory=dict)  # seq id -> sample indices drawn
+
+
+def plan_sampling(scheduled, sampler: Sampler, requests: Mapping) -> SamplingPlan:
+    """The :class:`SamplingPlan` of a step that computes ``scheduled`` (the scheduler's
+    ``ScheduledSeq`` s); ``requests`` maps a request id to its state (its ``params``), ``sampler``
+    holds the streams. Draws the uniforms, which :meth:`Sampler.rollback` gives back if the step fails."""
+    if not len(sampler):  # all greedy: one token per emitting chunk, nothing to draw
+        emitting = [(i, item.seq, 1) for i, item in enumerate(scheduled) if item.emits_token]
+        return SamplingPlan(emitting, [i for i, _, _ in emitting], None)
+    emitting = [
+        (i, item.seq, item.seq.samples.num_tokens_to_sample) for i, item in enumerate(scheduled) if item.emits_token
+    ]
+    chunks, temps, top_ps, uniforms, forks = [], [], [], [], {}
+    for i, seq, n in emitting:
+        params = requests[seq.request_id].params
+        indices = seq.samples.sample_indices(seq)  # one stream per sample it stands for: its own first
+        if n > 1:
+            forks[seq.seq_id] = indices
+        for k in indices:
+            chunks.append(i)
+            temps.append(params.temperature)
+            top_ps.append(params.top_p)
+            uniforms.append(sampler.uniform(seq.request_id, k))
+    return SamplingPlan(emitting, chunks, (temps, top_ps, uniforms), forks)
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """A plan's rows on the device: ``rows`` index the hidden states (one per token drawn);
+    ``temperatures``/``top_ps``/``uniforms`` are ``None`` when every row is greedy (then sampling
+    is one ``argmax``)."""
+
+    rows: torch.Tensor  # (N,) int64: row of the hidden states
+    temperatures: torch.Tensor | None  # (N,) fp32, 0 = greedy
+    top_ps: torch.Tensor | None  # (N,) fp32
+    uniforms: torch.Tensor | None  # (N,) fp32 in [0, 1)
+    in_order: bool = False  # rows are 0 .. N-1: a graph's greedy tokens are then a view, no gather
+
+
+def draw(model, kernels, hidden: torch.Tensor, greedy: torch.Tensor | None, s: SamplingBatch) -> torch.Tensor:
+    """One token per sampled row, ``(N,)`` int64, left on the device (no wait). ``hidden`` ``(rows,
+    hidden)`` are the step's hidden states; ``greedy`` ``(rows,)`` the argmax a CUDA graph computed
+    (or None). The LM head runs over the sampled rows only, by ``kernels`` (the model's ``Kernels``)."""
+    if s.temperatures is None and greedy is not None:
+        return greedy[: s.rows.shape[0]] if s.in_order else greedy[s.rows]  # (N,) from the graph
+    logits = model.compute_logits(hidden[s.rows], kernels)  # (N, vocab) fp32
+    argmax = greedy[s.rows] if greedy is not None else logits.argmax(dim=-1)  # (N,)
+    if s.temperatures is None:
+        return argmax
+    return sample_on_device(logits, s.temperatures, s.top_ps, s.uniforms, greedy_tokens=argmax)
+
+
+def tokens_by_sequence(plan: SamplingPlan, tokens: list[int]) -> dict[int, int | list[int]]:
+    """The drawn ``tokens`` (in the plan's order) by sequence id: one each, or a list for a
+    parallel-sampling prompt that ended (the scheduler forks the others from it). A sample aborted
+    since the plan was made (async scheduling reads the tokens a step later) drops its token."""
+    if len(tokens) == len(plan.emitting):  # one each (no parallel-sampling prompt ended)
+        return {seq.seq_id: tok for (_, seq, _), tok in zip(plan.emitting, tokens)}
+    sampled: dict[int, int | list[int]] = {}
+    pos = 0
+    for _, seq, n in plan.emitting:
+        sampled[seq.seq_id] = tokens[pos] if n == 1 else tokens[pos : pos + n]
+        pos += n
+    for _, seq, _ in plan.emitting:
+        drawn = plan.forks.get(seq.seq_id)
+        if drawn is not None:
+            by_sample = dict(zip(drawn, sampled[seq.seq_id]))
+            sampled[seq.seq_id] = [by_sample[i] for i in seq.samples.sample_indices(seq)]
+    return sampled

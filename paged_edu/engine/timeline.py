@@ -65,7 +65,7 @@ class StepRecord:
 
 
 def forward_mode(batch) -> str:
-    """How a :class:`~paged_edu.engine.runner.StepBatch` runs its forward pass: ``"graph"`` (one
+    """How a :class:`~paged_edu.engine.runner.StagedBatch` runs its forward pass: ``"graph"`` (one
     decode-graph replay), ``"mixed graph"`` (one replay of a mixed-step graph) or ``"eager"``."""
     if batch.graph_size is not None:
         return "graph"
@@ -125,7 +125,7 @@ class Timeline:
             self._records.append(record)
 
     def discard(self) -> None:
-        """The step was undone (:class:`~paged_edu.engine.engine.StepFailed`): forget its marks."""
+        """The step was undone (:class:`~paged_edu.engine.step.StepFailed`): forget its marks."""
         self._open = [None, None, None, ""]
 
     def _resolve(self, wait: bool) -> None:

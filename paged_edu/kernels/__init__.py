@@ -6,12 +6,14 @@
 * :mod:`~paged_edu.kernels.checks` -- the entry points' input checks;
 * :mod:`~paged_edu.kernels.reference` -- the seed's loop, corrected, and the vectorised PyTorch oracle;
 * :mod:`~paged_edu.kernels.online_softmax` -- the seed's online softmax and the merge of partial states;
-* the Triton kernels: :mod:`~paged_edu.kernels.triton_decode` (split-KV flash-decoding; in a
-  pure-decode step it also rotates and stores the new token),
+* the Triton kernels: :mod:`~paged_edu.kernels.decode` (split-KV flash-decoding: the kernel lesson 4
+  reads and, built from the same pieces, the engine's pure-decode kernel that also rotates and stores
+  the new token; its entry points also at :mod:`~paged_edu.kernels.triton_decode`),
   :mod:`~paged_edu.kernels.triton_prefill` (varlen causal prefill), :mod:`~paged_edu.kernels.triton_store`
   (the K/V store by slot mapping), :mod:`~paged_edu.kernels.triton_fused` (a Llama layer's
-  per-token ops) and :mod:`~paged_edu.kernels.triton_gemm` (the skinny GEMM: a decode batch's
-  projections, ``gemm_impl="triton"``).
+  per-token ops), :mod:`~paged_edu.kernels.triton_gemm` (the skinny GEMM: a decode batch's
+  projections, ``gemm_impl="triton"``) and :mod:`~paged_edu.kernels.pdl` (programmatic dependent
+  launch: a kernel starts before the previous one ends).
 
 The seed's kernel as written, the timing helpers and the whole-row decode experiment are lesson
 material, in :mod:`paged_edu.labs`. This package's ``__init__`` only re-exports.

@@ -31,7 +31,7 @@ MQA are the ratios 1 and ``num_q_heads``). fp32, fp16 and bf16; softmax and accu
   ``RuntimeError`` on bf16/fp16 inputs, because it multiplies its fp32 softmax weights by bf16 V.
 * ``"torch"`` -- vectorised gather + masked softmax, the oracle every other one is tested against
   (:func:`paged_edu.kernels.reference.paged_attention_torch`).
-* ``"triton"`` -- the kernel in :mod:`paged_edu.kernels.triton_decode` (split-KV flash-decoding).
+* ``"triton"`` -- the kernel in :mod:`paged_edu.kernels.decode.tutorial` (split-KV flash-decoding).
 * ``"auto"`` -- Triton on CUDA tensors, or on CPU tensors when the Triton interpreter is on
   (``TRITON_INTERPRET=1`` before the first import); ``"torch"`` everywhere else.
 
@@ -136,9 +136,7 @@ def paged_attention_decode(
         return paged_attention_loop(q, k_cache, v_cache, block_tables, seq_lens, scale=scale)
     if impl == "torch":
         return paged_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, scale=scale)
-    return _triton_module("triton_decode").paged_attention_triton(
-        q, k_cache, v_cache, block_tables, seq_lens, scale=scale
-    )
+    return _triton_module("decode").paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale=scale)
 
 
 def paged_attention_prefill(

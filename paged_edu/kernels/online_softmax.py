@@ -14,7 +14,7 @@ attention output over ``T`` is ``o / l``. The empty state is ``(m, l, o) = (-inf
   (flash-decoding) does with the partial results of its splits:
   ``m = max(m1, m2)``, ``l = l1 exp(m1 - m) + l2 exp(m2 - m)``, ``o = o1 exp(m1 - m) + o2 exp(m2 - m)``.
   The Triton kernel stores each split as ``(o_j / l_j, lse_j = m_j + log l_j)``, the same thing in
-  another coordinate system (:mod:`paged_edu.kernels.triton_decode`).
+  another coordinate system (:mod:`paged_edu.kernels.decode.pieces`).
 
 Both work in float32 and keep the seed's notation; shapes per call: ``H`` query heads, ``B`` slots
 of a block, ``D`` head_dim. Both are lesson 4's exercises (4.3 and 4.1); the lesson's stepper

@@ -30,7 +30,7 @@ In a CUDA graph, stream capture turns the launch attribute into programmatic edg
 graph's kernel nodes.
 
 Measured on the H200 (``python benchmarks/bench_layer.py --batches 1,16,32,64,256 --reps 20``, a
-whole SmolLM2-135M decode step in a CUDA graph, L2 flushed; ``figures/h200/pdl_probe/``): the step
+whole SmolLM2-135M decode step in a CUDA graph, L2 flushed; ``benchmarks/records/h200/pdl_probe/``): the step
 pays only when *every* kernel of the chain takes part, which at <= 32 rows means the skinny Triton
 GEMM in place of cuBLAS (:mod:`~paged_edu.kernels.triton_gemm`): 711 / 815 / 923 us at batch
 1 / 16 / 32 against 864 / 935 / 990 for cuBLAS without PDL, and 878 / 965 / 1,032 for the skinny GEMM
@@ -39,7 +39,7 @@ without PDL. With cuBLAS's GEMMs left in the chain, PDL on the Triton kernels al
 where every projection was cuBLAS's. So the model turns it on only for pure-decode steps the skinny GEMM takes
 (:meth:`~paged_edu.models.llama.Kernels.for_step`): <= 32 rows then, <= 64 since commit 2cf683e, which moved the
 skinny GEMM's limit (1,090 against 1,108 us a step at 48 rows, 1,175 against 1,175 at 64, 244 kernels instead of 274;
-``figures/h200/layer_bench_rows64.json``). Also measured and dropped: the GEMM asking for
+``benchmarks/records/h200/layer_bench_rows64.json``). Also measured and dropped: the GEMM asking for
 its weight's lines before the wait (``prefetch.global.L2``, one per 128-byte line: they are no
 kernel's output), 757 / 870 / 982 us -- slower than the wait alone. Loading the weight's slice into
 *registers* before the wait does pay, at <= 16 rows (:mod:`~paged_edu.kernels.triton_gemm`, "The weight

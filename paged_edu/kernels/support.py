@@ -1,4 +1,4 @@
-"""Which kernels can run here: the one probe of "is Triton usable", and a device's default dtype.
+"""Which kernels can run here: the one probe of "is Triton usable"; a device's default dtype and SM count.
 
 :func:`kernel_support(device) <kernel_support>` says which of the decode, prefill, store, fused and
 skinny-GEMM Triton kernels run on that device, and whether interpreted. Every ``"auto"`` -- the dispatch in
@@ -20,6 +20,7 @@ __all__ = [
     "KernelSupport",
     "default_dtype",
     "kernel_support",
+    "num_sms",
     "triton_available",
     "triton_interpreting",
 ]
@@ -41,14 +42,14 @@ def _importable(name: str) -> bool:
 
 def triton_available() -> bool:
     """True when the Triton kernels imported (Linux with the ``triton`` package)."""
-    return _importable("triton_decode")
+    return _importable("decode")
 
 
 def triton_interpreting() -> bool:
     """True when the Triton kernels were decorated under the interpreter (``TRITON_INTERPRET=1``)."""
     if not triton_available():
         return False
-    from paged_edu.kernels.triton_decode import INTERPRETING
+    from paged_edu.kernels.triton_fused import INTERPRETING
 
     return INTERPRETING
 
@@ -58,7 +59,7 @@ class KernelSupport:
     """Which Triton kernels can run on tensors of one device type (see :func:`kernel_support`)."""
 
     device_type: str
-    decode: bool  # paged_edu.kernels.triton_decode
+    decode: bool  # paged_edu.kernels.decode
     prefill: bool  # paged_edu.kernels.triton_prefill
     store: bool  # paged_edu.kernels.triton_store
     fused: bool  # paged_edu.kernels.triton_fused + the rotary store: a Llama layer's per-token ops
@@ -93,13 +94,20 @@ def _support(device_type: str) -> KernelSupport:
     runs_here = (device_type == "cuda" and not interpreting) or (device_type == "cpu" and interpreting)
     return KernelSupport(
         device_type=device_type,
-        decode=runs_here and _importable("triton_decode"),
+        decode=runs_here and _importable("decode"),
         prefill=runs_here and _importable("triton_prefill"),
         store=runs_here and _importable("triton_store"),
         fused=runs_here and _importable("triton_fused") and _importable("triton_store"),
         gemm=runs_here and _importable("triton_gemm"),
         interpreted=runs_here and interpreting,
     )
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device_index: int) -> int:
+    """The number of streaming multiprocessors of CUDA device ``device_index`` (the split counts and
+    the skinny GEMM's tiling are planned from it)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def default_dtype(device) -> torch.dtype:

@@ -69,7 +69,7 @@ def round_to(x, dtype: tl.constexpr, BY_HAND: tl.constexpr):
 
 
 # The kernels were decorated under the interpreter (TRITON_INTERPRET=1 before this import)? Asked
-# here, in the Triton module every other one imports; triton_decode passes it on under the same name.
+# here, in the Triton module every other one imports (triton_decode re-exports it under the same name).
 INTERPRETING = type(round_to).__name__ == "InterpretedFunction"
 
 

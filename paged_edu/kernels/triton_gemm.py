@@ -66,10 +66,10 @@ epilogue rounds by hand to nearest (:func:`~paged_edu.kernels.triton_fused.round
 truncated store above does not apply to it. Its tiling is its own (:func:`skinny_config` with
 ``swiglu=True``): no split of ``K``, five stages. With the plain rule's tiling (``SPLIT_K = 3``, 288
 programs) it had removed the 30 launches but not the time (5.6 us against cuBLAS's gate_up GEMM plus
-the SiLU kernel). A sweep on the H200 (``figures/h200/mlp_sweep.json``: 30 MLPs in one CUDA graph, L2
+the SiLU kernel). A sweep on the H200 (``benchmarks/records/h200/mlp_sweep.json``: 30 MLPs in one CUDA graph, L2
 flushed) put the unsplit tiling at 4.9-5.1 us a layer at 1-32 rows, against 4.5 + 1.8-2.0 us for the
 two kernels it replaces. A whole decode step (``python benchmarks/bench_layer.py --batches 1,16,32,64,256
---reps 20``, with and without ``--no-swiglu-gemm`` in one call; ``figures/h200/layer_bench_swiglu_default.json``
+--reps 20``, with and without ``--no-swiglu-gemm`` in one call; ``benchmarks/records/h200/layer_bench_swiglu_default.json``
 and ``layer_bench_swiglu_off.json``): 863 against 890 us at batch 1, 936 / 971 at 16, 989 / 1,034 at 32,
 244 kernels instead of 274; batches of more than 32 rows were unchanged (cuBLAS and the SiLU kernel; since 2cf683e the
 skinny GEMM takes up to 64 rows, below). Its
@@ -86,7 +86,7 @@ The *previous* op in the prologue was measured too, and not kept: the residual a
 feeds qkv and gate_up (two of a layer's eight kernels at <= 64 rows), as ``add_rms_norm_matmul``. A norm
 needs its row's ``sum(r'^2)`` before any normalised value exists. Two ways, both tested in the
 interpreter against an fp64 oracle and the two-kernel path, both slower on the H200 (commits d7136fc and
-8ba8c78, reverted; records ``figures/h200/norm_sweep_{prepass,fold}.json``, 30 layers in one CUDA graph, L2
+8ba8c78, reverted; records ``benchmarks/records/h200/norm_sweep_{prepass,fold}.json``, 30 layers in one CUDA graph, L2
 flushed, us a layer at 1 / 16 / 32 rows):
 
 * a first pass over the row in every program, then the GEMM on normalised tiles (the norm kernel's
@@ -99,7 +99,7 @@ flushed, us a layer at 1 / 16 / 32 rows):
 A whole decode step (``bench_layer.py --batches 1,16,32,64,256 --reps 20``, with and without the option in
 one call): 911 against 854 us at batch 1, 1,027 / 930 at 16, 1,165 / 987 at 32 for the first way; 1,013 /
 857, 1,093 / 931, 1,139 / 988 for the second -- with 184 kernels instead of 244
-(``figures/h200/layer_bench_norm_{prepass,fold}_{on,off}.json``). What each program adds -- the row's
+(``benchmarks/records/h200/layer_bench_norm_{prepass,fold}_{on,off}.json``). What each program adds -- the row's
 reductions, the h, r and norm-weight loads beside every weight tile -- cost more than the ~2 us launch it
 saved; which of them costs most was not measured.
 
@@ -109,7 +109,7 @@ launch leaves zeroed again (so two split-K launches must not run *concurrently* 
 
 Measured: a tie with cuBLAS alone, a win in a chain of programmatic launches
 ----------------------------------------------------------------------------
-``python benchmarks/bench_gemm.py`` on the H200 (record ``figures/h200/gemm_bench.json``; a graph of
+``python benchmarks/bench_gemm.py`` on the H200 (record ``benchmarks/records/h200/gemm_bench.json``; a graph of
 30 GEMMs on distinct weights, L2 flushed, per call at M = 1): qkv 4.54 us against cuBLAS's 4.15,
 o_proj 4.22 / 3.76, gate_up 4.63 / 4.42, down 5.19 / 5.23, the LM head 18.1 / 16.6 with the
 default config; the best of the sweep per shape (4.19, 4.01, 4.34, 4.89, 15.9 us) sums to within
@@ -117,7 +117,7 @@ default config; the best of the sweep per shape (4.19, 4.01, 4.34, 4.89, 15.9 us
 954 at batch 16. Both kernels sit at the same floor, ~4 us a GEMM for 0.7-3.5 MB that the memory
 streams in under 1 us: the time is latency (a launch inside the graph, the first loads' round
 trips, the tail), which a different tiling does not remove -- fewer kernels do (the decode
-kernel's own K/V store, :mod:`~paged_edu.kernels.triton_decode`; the SwiGLU epilogue above) -- or
+kernel's own K/V store, :mod:`~paged_edu.kernels.decode.fast`; the SwiGLU epilogue above) -- or
 kernels that start before the previous one ends. That is what this kernel can do and cuBLAS's cannot
 here: launched as a programmatic dependent (``pdl=True``, :mod:`~paged_edu.kernels.pdl`) it waits for
 ``x`` only after its programs are placed and their pointers computed. With every kernel of a decode
@@ -128,7 +128,7 @@ and later, a pure-decode chain of Triton kernels) and ``"torch"`` elsewhere.
 Up to 32 rows first, then 64 (``MAX_ROWS``, commit 2cf683e): with ``BLOCK_M = 64`` a decode step of 33-64 sequences
 runs 244 kernels instead of 274 (cuBLAS's GEMMs and the SiLU kernel gone) and the whole chain launches early -- on the
 H200 1,090 against 1,108 us a step at 48 rows, 1,175 against 1,175 at 64 (``python benchmarks/bench_layer.py --batches
-1,16,32,33,48,64,256 --reps 20``, ``figures/h200/layer_bench_rows64.json``; ``docs/benchmarks.md``). Past 64 rows cuBLAS
+1,16,32,33,48,64,256 --reps 20``, ``benchmarks/records/h200/layer_bench_rows64.json``; ``docs/benchmarks.md``). Past 64 rows cuBLAS
 runs the projections (the skinny GEMM was not measured there).
 
 The weight before the wait (``PRELOAD``)
@@ -141,7 +141,7 @@ to HBM overlaps the previous kernel; after the wait only ``x`` (just written, in
 ``tl.dot`` over the slice replaces the loop. On the H200 its logits equal the loop's bit for bit (the
 tensor-core steps run in the same order). An earlier try that only asked for the weight's lines to come
 into L2 (``prefetch.global.L2``, :mod:`~paged_edu.kernels.pdl`) was slower; registers are the
-difference. Measured (script ``figures/h200/preload_ab_script.txt``, log ``figures/h200/preload_ab_sweep_log.txt``:
+difference. Measured (script ``benchmarks/records/h200/preload_ab_script.txt``, log ``benchmarks/records/h200/preload_ab_sweep_log.txt``:
 a whole SmolLM2 decode step in a CUDA graph, context 512, L2 flushed, three interleaved rounds, us):
 
 ========  =====  ========================  ==========================
@@ -167,9 +167,8 @@ import triton
 import triton.language as tl
 
 from paged_edu.kernels.pdl import launch_options, wait_for_previous_kernel
-from paged_edu.kernels.support import SKINNY_MAX_ROWS
-from paged_edu.kernels.triton_decode import INTERPRETING, _num_sms
-from paged_edu.kernels.triton_fused import by_hand, round_to, silu_and_mul
+from paged_edu.kernels.support import SKINNY_MAX_ROWS, num_sms
+from paged_edu.kernels.triton_fused import INTERPRETING, by_hand, round_to, silu_and_mul
 
 __all__ = ["MAX_ROWS", "skinny_config", "skinny_matmul"]
 
@@ -352,7 +351,7 @@ def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = 
     The SwiGLU GEMM (``swiglu=True``: ``N`` counts its output features, ``I``, and each program reads
     ``2 * BLOCK_N`` weight rows, gate and up) never splits ``K`` and keeps five stages in flight: at
     SmolLM2's MLP (``I = 1536``, ``K = 576``) 96 programs of 2 x 16 rows by 576 columns. Measured on the
-    H200 (a sweep of 108 tilings at one row, the best four at 16 and 32; ``figures/h200/mlp_sweep.json``):
+    H200 (a sweep of 108 tilings at one row, the best four at 16 and 32; ``benchmarks/records/h200/mlp_sweep.json``):
     4.9-5.1 us a call at 1-32 rows, against ~6.2 us for the plain rule's ``SPLIT_K = 3`` (288 programs;
     5.6 us in an earlier session) and 6.2-6.6 us for cuBLAS's ``gate_up`` plus the SiLU kernel. What a
     split adds here: fp32 partials of *two* tiles per program and the last program's pass over them;
@@ -435,10 +434,8 @@ def skinny_matmul(
         return out
     if K == 0:
         return out.zero_()  # swiglu too: silu(0) * 0
-    num_sms = (
-        _num_sms(x.device.index if x.device.index is not None else torch.cuda.current_device()) if x.is_cuda else 132
-    )
-    cfg = skinny_config(M, n_out, K, num_sms, swiglu=swiglu)  # swiglu: tiles of I outputs, 2 * BLOCK_N weight rows each
+    sms = num_sms(x.device.index if x.device.index is not None else torch.cuda.current_device()) if x.is_cuda else 132
+    cfg = skinny_config(M, n_out, K, sms, swiglu=swiglu)  # swiglu: tiles of I outputs, 2 * BLOCK_N weight rows each
     cfg.update(config or {})
     block_m = max(16, triton.next_power_of_2(M))  # 16, 32 or 64
     n_tiles = triton.cdiv(n_out, cfg["BLOCK_N"])

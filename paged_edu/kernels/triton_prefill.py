@@ -68,7 +68,7 @@ seqs x new over cached  this kernel  best fused SDPA, contiguous        FlexAtte
 ======================  ===========  =================================  ===================
 
 SDPA's fastest kernel (cuDNN) takes only a top-left causal mask, so for the cached-prefix cases the
-fastest correct fused SDPA is FA2; ``figures/prefill_bench.json`` has every formulation.
+fastest correct fused SDPA is FA2; ``benchmarks/records/h200/prefill_bench.json`` has every formulation.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paged_edu.kernels.triton_decode import INTERPRETING
+from paged_edu.kernels.triton_fused import INTERPRETING
 
 __all__ = ["paged_prefill_triton", "prefill_config"]
 
@@ -87,30 +87,23 @@ __all__ = ["paged_prefill_triton", "prefill_config"]
 @triton.jit
 def _attend_tile(
     q,  # (ROWS, HEAD_DIM_PAD) this program's queries
-    m_i,
-    l_i,
-    acc,  # running max (ROWS,) [log2 units], normaliser (ROWS,), output (ROWS, HEAD_DIM_PAD)
+    m_i, l_i, acc,  # running max (ROWS,) [log2 units], normaliser (ROWS,), output (ROWS, HEAD_DIM_PAD)
     tile,  # which tile of TILE keys (positions tile*TILE ...)
     key_end,  # keys 0 .. key_end - 1 exist for this program (diagonal tiles mask past it)
     q_pos,  # (ROWS,) position of each row's token in its sequence
     bt_row_ptr,  # this sequence's row of the block table
-    k_head_ptr,
-    v_head_ptr,  # k_cache / v_cache advanced to this KV head
-    stride_k_block,
-    stride_k_tok,
-    stride_v_block,
-    stride_v_tok,
-    offs_t,
-    offs_d,
-    d_mask,  # (TILE,), (HEAD_DIM_PAD,), (HEAD_DIM_PAD,)
+    k_head_ptr, v_head_ptr,  # k_cache / v_cache advanced to this KV head
+    stride_k_block, stride_k_tok, stride_v_block, stride_v_tok,  # the caches' block and token strides
+    offs_t, offs_d, d_mask,  # (TILE,), (HEAD_DIM_PAD,), (HEAD_DIM_PAD,)
     qk_scale,  # scale * log2(e)
-    BLOCK_SIZE: tl.constexpr,
-    TILE: tl.constexpr,
-    EVEN_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # B, tokens per KV block
+    TILE: tl.constexpr,  # keys per tile
+    EVEN_D: tl.constexpr,  # head_dim is a power of two: no mask along it
     DIAGONAL: tl.constexpr,  # True: the causal mask (and the sequence end) apply to this tile
-    UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    UPCAST: tl.constexpr,  # interpreter: fp32 right after every load
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, "tf32" otherwise
+):  # fmt: skip
+    """One tile of keys gathered through the block table and folded into the online softmax (module docstring)."""
     pos = tile * TILE + offs_t  # (TILE,) key positions
     # Gather: key at position t lives in block B(t // B), slot t % B.
     if DIAGONAL:
@@ -161,28 +154,21 @@ def _find_seq(cu_seqlens_q_ptr, b, num_seqs, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit(do_not_specialize=["stride_bt_seq", "num_seqs"])  # both change every step (see triton_decode)
+@triton.jit(do_not_specialize=["stride_bt_seq", "num_seqs"])  # both change every step (see decode.tutorial)
 def _paged_prefill_kernel(
-    q_ptr,  # (num_q_tokens, num_q_heads, head_dim)
-    k_cache_ptr,  # (num_blocks, B, num_kv_heads, head_dim)
-    v_cache_ptr,  # (num_blocks, B, num_kv_heads, head_dim)
+    q_ptr,  # (num_q_tokens, H, D)
+    k_cache_ptr, v_cache_ptr,  # (num_blocks, B, H_kv, D) each
     block_tables_ptr,  # int32 (num_seqs, max_blocks)
     seq_lens_ptr,  # int32 (num_seqs,): cached prefix + new tokens
-    cu_seqlens_q_ptr,  # int32 (num_seqs + 1,)
-    out_ptr,  # (num_q_tokens, num_q_heads, head_dim)
+    cu_seqlens_q_ptr,  # int32 (num_seqs + 1,): sequence i's new tokens are rows cu[i] .. cu[i + 1] - 1
+    out_ptr,  # (num_q_tokens, H, D)
     qk_scale,  # softmax scale * log2(e)
-    num_seqs,
-    stride_q_tok,
-    stride_q_head,  # q strides (head_dim stride is 1)
-    stride_k_block,
-    stride_k_tok,
-    stride_k_head,  # k_cache strides
-    stride_v_block,
-    stride_v_tok,
-    stride_v_head,  # v_cache strides
-    stride_bt_seq,  # block_tables row stride
-    stride_o_tok,
-    stride_o_head,  # out strides
+    num_seqs,  # sequences in the step
+    stride_q_tok, stride_q_head,  # q's strides (its head_dim stride is 1, as for every tensor here)
+    stride_k_block, stride_k_tok, stride_k_head,  # k_cache's strides
+    stride_v_block, stride_v_tok, stride_v_head,  # v_cache's strides
+    stride_bt_seq,  # block_tables' row stride
+    stride_o_tok, stride_o_head,  # out's strides
     GROUP: tl.constexpr,  # G = num_q_heads // num_kv_heads
     GROUP_PAD: tl.constexpr,  # G rounded up to a power of two
     HEAD_DIM: tl.constexpr,  # D
@@ -192,7 +178,7 @@ def _paged_prefill_kernel(
     TILE: tl.constexpr,  # keys per loop step
     UPCAST: tl.constexpr,  # interpreter: fp32 right after every load
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, "tf32" otherwise
-):
+):  # fmt: skip
     kv_head = tl.program_id(0)
     b = tl.num_programs(1) - 1 - tl.program_id(1)  # this program's block of the flat list, longest work first
     seq = _find_seq(cu_seqlens_q_ptr, b, num_seqs, BLOCK_Q)
@@ -241,59 +227,17 @@ def _paged_prefill_kernel(
     # Below the diagonal: no masks, the hot loop (software-pipelined, num_stages).
     for tile in range(0, num_full):
         m_i, l_i, acc = _attend_tile(
-            q,
-            m_i,
-            l_i,
-            acc,
-            tile,
-            key_end,
-            q_pos,
-            bt_row_ptr,
-            k_head_ptr,
-            v_head_ptr,
-            stride_k_block,
-            stride_k_tok,
-            stride_v_block,
-            stride_v_tok,
-            offs_t,
-            offs_d,
-            d_mask,
-            qk_scale,
-            BLOCK_SIZE,
-            TILE,
-            HEAD_DIM == HEAD_DIM_PAD,
-            False,
-            UPCAST,
-            DOT_PRECISION,
-        )
+            q, m_i, l_i, acc, tile, key_end, q_pos, bt_row_ptr, k_head_ptr, v_head_ptr,
+            stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_d, d_mask, qk_scale,
+            BLOCK_SIZE, TILE, HEAD_DIM == HEAD_DIM_PAD, False, UPCAST, DOT_PRECISION,
+        )  # fmt: skip
     # On the diagonal: ceil((BLOCK_Q + TILE - 1) / TILE) tiles at most, masked.
     for tile in range(num_full, num_tiles):
         m_i, l_i, acc = _attend_tile(
-            q,
-            m_i,
-            l_i,
-            acc,
-            tile,
-            key_end,
-            q_pos,
-            bt_row_ptr,
-            k_head_ptr,
-            v_head_ptr,
-            stride_k_block,
-            stride_k_tok,
-            stride_v_block,
-            stride_v_tok,
-            offs_t,
-            offs_d,
-            d_mask,
-            qk_scale,
-            BLOCK_SIZE,
-            TILE,
-            HEAD_DIM == HEAD_DIM_PAD,
-            True,
-            UPCAST,
-            DOT_PRECISION,
-        )
+            q, m_i, l_i, acc, tile, key_end, q_pos, bt_row_ptr, k_head_ptr, v_head_ptr,
+            stride_k_block, stride_k_tok, stride_v_block, stride_v_tok, offs_t, offs_d, d_mask, qk_scale,
+            BLOCK_SIZE, TILE, HEAD_DIM == HEAD_DIM_PAD, True, UPCAST, DOT_PRECISION,
+        )  # fmt: skip
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a guard: every row sees key 0, so l > 0
     tl.store(
@@ -309,7 +253,7 @@ def prefill_config(head_dim: int, group: int, on_gpu: bool) -> dict:
     ``ROWS`` query rows (``BLOCK_Q = ROWS // GROUP_PAD`` tokens times the group's heads) against
     ``TILE`` keys per step. On the GPU: 256 rows x 64 keys (64 tokens x 4 heads at 32/8 heads), 8
     warps, 3 stages: the best or within 4% of the best of a sweep on an H200 in every benchmark case
-    (``benchmarks/bench_prefill.py --sweep``, ``figures/h200/prefill_sweep.json``). 256 rows make
+    (``benchmarks/bench_prefill.py --sweep``, ``benchmarks/records/h200/prefill_sweep.json``). 256 rows make
     each gathered K/V tile serve twice as many queries as 128 did (1x8192: 1,320 us against 1,441
     for 128 x 128 and 1,647 for 128 x 64). head_dim 256 uses 64 x 32 to fit shared memory. In the
     interpreter: small tiles, so that tests with a few dozen tokens still run full tiles, diagonal
@@ -359,36 +303,16 @@ def paged_prefill_triton(
     block_q = max(1, cfg["ROWS"] // cfg["GROUP_PAD"])
     grid = (num_kv_heads, num_q_tokens // block_q + num_seqs)
     _paged_prefill_kernel[grid](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        cu_seqlens_q,
-        out,
-        scale * math.log2(math.e),
-        num_seqs,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out,
+        scale * math.log2(math.e), num_seqs,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
-        GROUP=group,
-        GROUP_PAD=cfg["GROUP_PAD"],
-        HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
-        BLOCK_SIZE=block_size,
-        BLOCK_Q=block_q,
-        TILE=cfg["TILE"],
-        UPCAST=INTERPRETING,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
-    )
+        out.stride(0), out.stride(1),
+        GROUP=group, GROUP_PAD=cfg["GROUP_PAD"], HEAD_DIM=head_dim, HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
+        BLOCK_SIZE=block_size, BLOCK_Q=block_q, TILE=cfg["TILE"],
+        UPCAST=INTERPRETING, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
     return out

@@ -1,6 +1,6 @@
 """
-Writing new tokens into the paged KV cache: a 20-line Triton kernel (and its rotary variant)
-============================================================================================
+Writing new tokens into the paged KV cache: a scatter by slot (and its rotary variant)
+======================================================================================
 
 Every forward pass produces K and V for its new tokens, packed as ``(num_tokens, num_kv_heads,
 head_dim)``. The allocator has already said where each token goes: its *slot*
@@ -9,7 +9,9 @@ head_dim)``. The allocator has already said where each token goes: its *slot*
 ``num_kv_heads * head_dim`` values of K and of V; slot ``-1`` means "padding, store nothing" (as in
 vLLM), which lets a CUDA graph captured for a fixed batch carry unused rows.
 
-No arithmetic happens, so bf16 is safe even in the interpreter (raw bits are copied).
+No arithmetic happens, so bf16 is safe even in the interpreter (raw bits are copied). Without
+``ROTARY`` the kernel runs twelve lines of its body: the slot and the masks, then a load and a store
+for K and for V.
 
 Rotary embedding on the way in (``ROTARY=True``)
 ------------------------------------------------
@@ -28,7 +30,7 @@ too) and its k (stored rotated). One kernel, one store mechanism: :func:`store_k
 same kernel with ``ROTARY=False``.
 
 A pure-decode step goes one launch further (``Kernels.fuse_decode_store``, on by default): the decode
-attention kernel rotates and stores the step's one token per sequence itself (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`),
+attention kernel rotates and stores the step's one token per sequence itself (:func:`paged_edu.kernels.decode.fast.rotary_store_decode_triton`),
 with :func:`rotary_cos_sin` and :func:`rotate_rows` from here -- the same :func:`rope`, so the same bits,
 provided neither kernel lets the compiler contract a product into the sum (``enable_fp_fusion=False``).
 """
@@ -54,7 +56,7 @@ def rope(x, pair, c, s, dtype: tl.constexpr, BY_HAND: tl.constexpr):
     docstring's subtraction bit for bit), the second half ``s`` itself. All in fp32; ``c, s``
     already rounded to ``dtype``. A kernel that calls it must launch with ``enable_fp_fusion=False``:
     with contraction on, the compiled code did not keep the product's rounding on the H200
-    (:mod:`~paged_edu.kernels.triton_decode`, "Storing the new token on the way in")."""
+    (:mod:`~paged_edu.kernels.decode.fast`, "Storing the new token on the way in")."""
     return round_to(round_to(x * c, dtype, BY_HAND) + round_to(pair * s, dtype, BY_HAND), dtype, BY_HAND)
 
 
@@ -93,28 +95,18 @@ def rotate_rows(row_ptrs, offs_d, mask, c, s, HEAD_DIM: tl.constexpr, dtype: tl.
 
 @triton.jit
 def _store_kv_kernel(
-    key_ptr,  # (num_tokens, num_kv_heads, head_dim) new keys (before rotation when ROTARY)
-    value_ptr,  # (num_tokens, num_kv_heads, head_dim) new values
-    k_cache_ptr,  # (num_blocks, B, num_kv_heads, head_dim)
-    v_cache_ptr,  # (num_blocks, B, num_kv_heads, head_dim)
+    key_ptr,  # (num_tokens, H_kv, D) new keys (before rotation when ROTARY)
+    value_ptr,  # (num_tokens, H_kv, D) new values
+    k_cache_ptr, v_cache_ptr,  # (num_blocks, B, H_kv, D) each
     slot_mapping_ptr,  # int32/int64 (num_tokens,): destination slot, -1 = skip
-    q_ptr,  # ROTARY: (num_tokens, num_q_heads, head_dim) queries to rotate
-    q_out_ptr,  # ROTARY: (num_tokens, num_q_heads, head_dim) out, contiguous
+    q_ptr,  # ROTARY: (num_tokens, H, D) queries to rotate
+    q_out_ptr,  # ROTARY: (num_tokens, H, D) out, contiguous
     positions_ptr,  # ROTARY: int64 (num_tokens,) each token's position p
-    cos_ptr,
-    sin_ptr,  # ROTARY: (max_positions, head_dim) tables, fp32 (or the model's dtype after .to)
-    stride_key_tok,
-    stride_key_head,  # key strides (head_dim stride is 1)
-    stride_value_tok,
-    stride_value_head,  # value strides
-    stride_k_block,
-    stride_k_tok,
-    stride_k_head,  # k_cache strides
-    stride_v_block,
-    stride_v_tok,
-    stride_v_head,  # v_cache strides
-    stride_q_tok,
-    stride_q_head,  # q strides (ROTARY)
+    cos_ptr, sin_ptr,  # ROTARY: (max_positions, D) tables, fp32 (or the model's dtype after .to)
+    stride_key_tok, stride_key_head,  # key's strides (its head_dim stride is 1, as for every tensor here)
+    stride_value_tok, stride_value_head,  # value's strides
+    stride_k, stride_v,  # k_cache's and v_cache's strides (block, token, head): a tuple each
+    stride_q_tok, stride_q_head,  # q's strides (ROTARY)
     stride_table,  # cos/sin row stride (ROTARY)
     NUM_KV_HEADS: tl.constexpr,  # H_kv
     HEAD_DIM: tl.constexpr,  # D
@@ -126,7 +118,9 @@ def _store_kv_kernel(
     Q_HEADS_PAD: tl.constexpr,  # H rounded up to a power of two (ROTARY)
     HALF_PAD: tl.constexpr,  # D / 2 rounded up to a power of two (ROTARY)
     BY_HAND: tl.constexpr,  # round_to rounds by hand (the interpreter, bf16)
-):
+):  # fmt: skip
+    stride_k_block, stride_k_tok, stride_k_head = stride_k
+    stride_v_block, stride_v_tok, stride_v_head = stride_v
     tok = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + tok).to(tl.int64)
     block = slot // BLOCK_SIZE  # physical block B(t // B)
@@ -192,29 +186,10 @@ def _launch(key, value, k_cache, v_cache, slot_mapping, q=None, q_out=None, posi
     num_q_heads = q.shape[1]
     width = (num_q_heads + 2 * num_kv_heads if rotary else 2 * num_kv_heads) * head_dim  # values per token
     _store_kv_kernel[(num_tokens,)](
-        key,
-        value,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        q,
-        q_out,
-        positions,
-        cos,
-        sin,
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        q.stride(0),
-        q.stride(1),
-        cos.stride(0),
+        key, value, k_cache, v_cache, slot_mapping, q, q_out, positions, cos, sin,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        k_cache.stride()[:3], v_cache.stride()[:3],
+        q.stride(0), q.stride(1), cos.stride(0),
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         HEADS_PAD=triton.next_power_of_2(num_kv_heads),
@@ -227,7 +202,7 @@ def _launch(key, value, k_cache, v_cache, slot_mapping, q=None, q_out=None, posi
         BY_HAND=by_hand(key.dtype),
         num_warps=4 if width >= 2048 else (2 if width >= 512 else 1),
         enable_fp_fusion=False,  # no a * b + c contracted into one FMA: PyTorch rounds the product first
-    )
+    )  # fmt: skip
 
 
 def store_kv_triton(

@@ -130,37 +130,37 @@ def run_continuous(
     model, requests, *, kv_slots: int, block_size: int = 16, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048
 ) -> BatchingRun:
     """All requests into one engine at once; it admits whatever the pool and ``max_num_seqs`` allow."""
-    engine = _engine(model, kv_slots, block_size, max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
-    steps: list[StepMetrics] = []
-    engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
-    ids = [engine.add_request(p, SamplingParams(max_tokens=n)) for p, n in requests]
-    row = {rid: k for k, rid in enumerate(ids)}
-    timeline: list[list[int]] = [[] for _ in ids]
-    outputs: dict[int, list[int]] = {}
-    _sync(model.device)
-    t0 = time.perf_counter()
-    while engine.has_unfinished():
-        finished = engine.step()
-        in_batch = {s.request_id for s in engine.scheduler.running} | {o.request_id for o in finished}
-        for o in finished:
-            outputs[o.request_id] = o.outputs[0]
-        for rid, k in row.items():
-            timeline[k].append(USEFUL if rid in in_batch else DONE if rid in outputs else WAITING)
-    _sync(model.device)
-    seconds = time.perf_counter() - t0
-    useful = sum(n for _, n in requests)
-    return BatchingRun(
-        "continuous",
-        len(steps),
-        useful,
-        useful,
-        seconds,
-        kv_slots,
-        [s.num_decode_seqs + (s.num_prefill_tokens > 0) for s in steps],
-        [s.num_tokens_in_cache for s in steps],
-        timeline,
-        [outputs[i] for i in ids],
-    )
+    with _engine(model, kv_slots, block_size, max_num_seqs, max_num_batched_tokens=max_num_batched_tokens) as engine:
+        steps: list[StepMetrics] = []
+        engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
+        ids = [engine.add_request(p, SamplingParams(max_tokens=n)) for p, n in requests]
+        row = {rid: k for k, rid in enumerate(ids)}
+        timeline: list[list[int]] = [[] for _ in ids]
+        outputs: dict[int, list[int]] = {}
+        _sync(model.device)
+        t0 = time.perf_counter()
+        while engine.has_unfinished():
+            finished = engine.step()
+            in_batch = {s.request_id for s in engine.scheduler.running} | {o.request_id for o in finished}
+            for o in finished:
+                outputs[o.request_id] = o.outputs[0]
+            for rid, k in row.items():
+                timeline[k].append(USEFUL if rid in in_batch else DONE if rid in outputs else WAITING)
+        _sync(model.device)
+        seconds = time.perf_counter() - t0
+        useful = sum(n for _, n in requests)
+        return BatchingRun(
+            "continuous",
+            len(steps),
+            useful,
+            useful,
+            seconds,
+            kv_slots,
+            [s.num_decode_seqs + (s.num_prefill_tokens > 0) for s in steps],
+            [s.num_tokens_in_cache for s in steps],
+            timeline,
+            [outputs[i] for i in ids],
+        )
 
 
 def run_static(
@@ -185,42 +185,51 @@ def run_static(
     b = kv_slots // max_seq_len
     if b < 1:
         raise ValueError(f"kv_slots={kv_slots} cannot hold even one sequence of L_max={max_seq_len} tokens")
-    engine = _engine(
+    with _engine(
         model,
         b * -(-max_seq_len // block_size) * block_size,
         block_size,
         b,
         max_num_batched_tokens=max_num_batched_tokens,
-    )
-    timeline: list[list[int]] = [[] for _ in requests]
-    outputs: list[list[int]] = [[] for _ in requests]
-    batch_size, live, computed = [], [], 0
-    _sync(model.device)
-    t0 = time.perf_counter()
-    for start in range(0, len(requests), b):
-        members = list(range(start, min(start + b, len(requests))))
-        longest = max(requests[k][1] for k in members)
-        for k in members:
-            engine.add_request(requests[k][0], SamplingParams(max_tokens=longest))
-        for t in range(longest):  # step t samples token t + 1 of every member
-            for out in engine.step():
-                k = out.request_id  # added in workload order: request k has id k
-                outputs[k] = out.outputs[0][: requests[k][1]]
-            batch_size.append(len(members))
-            live.append(sum(len(requests[k][0]) + min(t, requests[k][1]) for k in members))
-            for k in range(len(requests)):
-                own = requests[k][1]
-                code = (USEFUL if t < own else WASTED) if k in members else (DONE if k < start else WAITING)
-                timeline[k].append(code)
-        computed += longest * len(members)
-        if engine.has_unfinished():
-            raise RuntimeError("a static batch did not finish in its longest output's number of steps")
-    _sync(model.device)
-    seconds = time.perf_counter() - t0
-    useful = sum(n for _, n in requests)
-    return BatchingRun(
-        f"static (b = {b})", len(batch_size), useful, computed, seconds, kv_slots, batch_size, live, timeline, outputs
-    )
+    ) as engine:
+        timeline: list[list[int]] = [[] for _ in requests]
+        outputs: list[list[int]] = [[] for _ in requests]
+        batch_size, live, computed = [], [], 0
+        _sync(model.device)
+        t0 = time.perf_counter()
+        for start in range(0, len(requests), b):
+            members = list(range(start, min(start + b, len(requests))))
+            longest = max(requests[k][1] for k in members)
+            for k in members:
+                engine.add_request(requests[k][0], SamplingParams(max_tokens=longest))
+            for t in range(longest):  # step t samples token t + 1 of every member
+                for out in engine.step():
+                    k = out.request_id  # added in workload order: request k has id k
+                    outputs[k] = out.outputs[0][: requests[k][1]]
+                batch_size.append(len(members))
+                live.append(sum(len(requests[k][0]) + min(t, requests[k][1]) for k in members))
+                for k in range(len(requests)):
+                    own = requests[k][1]
+                    code = (USEFUL if t < own else WASTED) if k in members else (DONE if k < start else WAITING)
+                    timeline[k].append(code)
+            computed += longest * len(members)
+            if engine.has_unfinished():
+                raise RuntimeError("a static batch did not finish in its longest output's number of steps")
+        _sync(model.device)
+        seconds = time.perf_counter() - t0
+        useful = sum(n for _, n in requests)
+        return BatchingRun(
+            f"static (b = {b})",
+            len(batch_size),
+            useful,
+            computed,
+            seconds,
+            kv_slots,
+            batch_size,
+            live,
+            timeline,
+            outputs,
+        )
 
 
 def compare_batching(
@@ -265,35 +274,35 @@ def chunked_prefill_trace(
     prompt computed so far).
     """
     vocab = model.config.vocab_size
-    engine = Engine(
+    with Engine(
         model,
         num_blocks=64 + 2 * (long_prompt_len // block_size),
         block_size=block_size,
         enable_prefix_caching=False,
         max_num_batched_tokens=max_num_batched_tokens,
-    )
-    steps: list[StepMetrics] = []
-    engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
-    for i in range(num_decodes):
-        engine.add_request([3 + (5 * i + t) % (vocab - 3) for t in range(6)], SamplingParams(max_tokens=decode_len))
-    long_id, long_seq, done = None, None, []
-    while engine.has_unfinished():
-        if engine.step_count == arrive_at_step and long_id is None:
-            long_id = engine.add_request(
-                [3 + (11 * t) % (vocab - 3) for t in range(long_prompt_len)], SamplingParams(max_tokens=2)
-            )
-        engine.step()
-        if long_id is not None:
-            long_seq = next((s for s in engine.scheduler.running if s.request_id == long_id), long_seq)
-        done.append(min(long_prompt_len, long_seq.num_computed_tokens) if long_seq is not None else 0)
-    return {
-        "step": [s.step for s in steps],
-        "decode_tokens": [s.num_decode_seqs for s in steps],
-        "prefill_tokens": [s.num_prefill_tokens for s in steps],
-        "long_done": done,
-        "long_prompt_len": long_prompt_len,
-        "budget": max_num_batched_tokens,
-    }
+    ) as engine:
+        steps: list[StepMetrics] = []
+        engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
+        for i in range(num_decodes):
+            engine.add_request([3 + (5 * i + t) % (vocab - 3) for t in range(6)], SamplingParams(max_tokens=decode_len))
+        long_id, long_seq, done = None, None, []
+        while engine.has_unfinished():
+            if engine.step_count == arrive_at_step and long_id is None:
+                long_id = engine.add_request(
+                    [3 + (11 * t) % (vocab - 3) for t in range(long_prompt_len)], SamplingParams(max_tokens=2)
+                )
+            engine.step()
+            if long_id is not None:
+                long_seq = next((s for s in engine.scheduler.running if s.request_id == long_id), long_seq)
+            done.append(min(long_prompt_len, long_seq.num_computed_tokens) if long_seq is not None else 0)
+        return {
+            "step": [s.step for s in steps],
+            "decode_tokens": [s.num_decode_seqs for s in steps],
+            "prefill_tokens": [s.num_prefill_tokens for s in steps],
+            "long_done": done,
+            "long_prompt_len": long_prompt_len,
+            "budget": max_num_batched_tokens,
+        }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -321,7 +330,7 @@ def phase_profile(
     could reach there.
     """
     on_gpu = model.device.type == "cuda"
-    engine = Engine(
+    with Engine(
         model,
         num_blocks=num_blocks,
         block_size=block_size,
@@ -329,19 +338,19 @@ def phase_profile(
         max_num_batched_tokens=max_num_batched_tokens,
         sync_timing=on_gpu,
         **engine_kwargs,
-    )
-    steps: list[StepMetrics] = []
-    engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
-    engine.run([p for p, _ in requests], [SamplingParams(max_tokens=n) for _, n in requests])
-    roofline = CostModel(model=model.config.geometry(dtype_name(model.dtype)), gpu=GPUS[gpu]).roofline()
-    out = {phase: [s.phase_times.get(phase, 0.0) for s in steps] for phase in PHASES}
-    out.update(
-        step=[s.step for s in steps],
-        duration=[s.duration for s in steps],
-        batched_tokens=[s.num_batched_tokens for s in steps],
-        num_decode_seqs=[s.num_decode_seqs for s in steps],
-        roofline=[roofline.step_time(s.shape) for s in steps],
-        gpu=roofline.gpu.name,
-        cuda_graph_steps=engine.num_graph_steps,
-    )
-    return out
+    ) as engine:
+        steps: list[StepMetrics] = []
+        engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
+        engine.run([p for p, _ in requests], [SamplingParams(max_tokens=n) for _, n in requests])
+        roofline = CostModel(model=model.config.geometry(dtype_name(model.dtype)), gpu=GPUS[gpu]).roofline()
+        out = {phase: [s.phase_times.get(phase, 0.0) for s in steps] for phase in PHASES}
+        out.update(
+            step=[s.step for s in steps],
+            duration=[s.duration for s in steps],
+            batched_tokens=[s.num_batched_tokens for s in steps],
+            num_decode_seqs=[s.num_decode_seqs for s in steps],
+            roofline=[roofline.step_time(s.shape) for s in steps],
+            gpu=roofline.gpu.name,
+            cuda_graph_steps=engine.num_graph_steps,
+        )
+        return out

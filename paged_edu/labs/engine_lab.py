@@ -19,8 +19,8 @@ import torch
 
 from paged_edu.engine import Engine
 
-from paged_edu.models.config import LlamaConfig, smollm2_config
-from paged_edu.models.loaders import load_smollm2_hf, random_hf_llama
+from paged_edu.models.config import smollm2_config
+from paged_edu.models.loaders import load_smollm2_hf, random_hf_llama, tiny_llama
 from paged_edu.models.llama import PagedLlama
 
 __all__ = ["LessonModel", "chat_prompt", "engine_on", "hf_greedy", "lesson_model", "tiny_model"]
@@ -58,27 +58,8 @@ def lesson_model(device="cpu", dtype=torch.float32, *, seed: int = 0) -> LessonM
     return LessonModel(PagedLlama.from_hf(hf, dtype=dtype, device=device), hf, tokenizer, real, label)
 
 
-def tiny_model(
-    device="cpu", dtype=torch.float32, *, seed: int = 0, vocab_size: int = 512, max_position_embeddings: int = 2048
-) -> PagedLlama:
-    """A 2-layer random Llama (hidden 64, 4 query / 2 KV heads of 16): a step takes milliseconds.
-
-    Initialised wide (std 0.25), so its next-token distributions are peaked and depend on the
-    context: a wrong K/V read changes the tokens, which is what the allocator checks need.
-    """
-    cfg = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=False,
-    )
-    hf = random_hf_llama(cfg, seed=seed, initializer_range=0.25)
-    return PagedLlama.from_hf(hf, dtype=dtype, device=device)
+# The two-layer random Llama lives with the other loaders (the server's --model tiny-random is it too).
+tiny_model = tiny_llama
 
 
 def chat_prompt(tokenizer, user: str, system: str | None = None) -> list[int]:

@@ -11,6 +11,8 @@
   beside a CPU run.
 * :func:`source_between` -- lines of a function's source, for reading the kernel in the lesson;
   :func:`source_of` -- a kernel module to read it from, Triton installed or not.
+* :func:`kernel_outline` -- a ``@triton.jit`` kernel's size and the ``@triton.jit`` helpers it calls,
+  read from its source: what lesson 4 shows of the two decode kernels built from the same pieces.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import textwrap
 from types import SimpleNamespace
 from pathlib import Path
 
@@ -31,7 +34,15 @@ from paged_edu.kernels.reference import paged_attention_loop, paged_attention_to
 from paged_edu.labs.seed_kernel import paged_attention_decode_step_fixed
 from paged_edu.labs.timing import Timer, copy_ceiling_us, decode_bytes, random_paged_case, rel_err, wall_us
 
-__all__ = ["cpu_ladder", "gpu_ladder", "source_between", "source_of", "split_sweep", "stored_gpu_figures"]
+__all__ = [
+    "cpu_ladder",
+    "gpu_ladder",
+    "kernel_outline",
+    "source_between",
+    "source_of",
+    "split_sweep",
+    "stored_gpu_figures",
+]
 
 
 def _impl_fn(impl: str, case, scale: float):
@@ -106,8 +117,9 @@ def split_sweep(
     warmup=10,
 ) -> dict:
     """The Triton kernel with ``num_splits`` forced to each value of ``splits``; µs and % of ceiling each,
-    and the split count the kernel picks by itself (:func:`~paged_edu.kernels.triton_decode.choose_num_splits`)."""
-    from paged_edu.kernels.triton_decode import _num_sms, choose_num_splits, decode_config, paged_attention_triton
+    and the split count the kernel picks by itself (:func:`~paged_edu.kernels.decode.tuning.choose_num_splits`)."""
+    from paged_edu.kernels.decode import choose_num_splits, decode_config, paged_attention_triton
+    from paged_edu.kernels.support import num_sms
 
     timer = Timer(reps, warmup)
     case, io_bytes, ceil_us, ceil_gbs, scale, ref = _measured_case(
@@ -115,7 +127,7 @@ def split_sweep(
     )
     q = case[0]
     cfg = decode_config(head_dim, num_q_heads // num_kv_heads, on_gpu=True)
-    chosen = choose_num_splits(num_seqs, num_kv_heads, seq_len, cfg["TILE"], _num_sms(q.device.index or 0))
+    chosen = choose_num_splits(num_seqs, num_kv_heads, seq_len, cfg["TILE"], num_sms(q.device.index or 0))
     points = []
     for n in sorted(set(splits) | {chosen}):  # the kernel's own choice is always measured too
         us, _, out = timer.graph(lambda: paged_attention_triton(*case, scale=scale, num_splits=n))
@@ -193,13 +205,24 @@ def source_between(fn, start: str, stop: str | None = None) -> str:
 def source_of(module: str):
     """The module named ``module``, to read its functions with :func:`source_between`: the module itself
     where it imports; where it cannot because Triton is not installed (macOS, Windows), a namespace of its
-    top-level functions and classes, each as its source text (decorators included), read from the file."""
+    top-level functions and classes -- and of what it imports from paged_edu -- each as its source text
+    (decorators included), read from the files."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         if exc.name != "triton":
             raise
-    path = importlib.util.find_spec(module).origin
+    # The file, found without importing the module or its package (whose __init__ may import Triton too):
+    # the nearest package above it that imports, then the rest of the name as folders and a .py file.
+    parts = module.split(".")
+    for k in range(len(parts) - 1, 0, -1):
+        try:
+            spec = importlib.util.find_spec(".".join(parts[:k]))
+            break
+        except ImportError:
+            continue
+    folder = Path(next(iter(spec.submodule_search_locations))).joinpath(*parts[k:-1])
+    path = folder / f"{parts[-1]}.py" if (folder / f"{parts[-1]}.py").exists() else folder / parts[-1] / "__init__.py"
     text = Path(path).read_text()
     lines = text.splitlines()
     defs = {}
@@ -207,4 +230,36 @@ def source_of(module: str):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             defs[node.name] = "\n".join(lines[first - 1 : node.end_lineno])
-    return SimpleNamespace(__name__=module, __file__=path, **defs)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("paged_edu."):
+            source = source_of(node.module)  # a name the module re-exports, read where it is defined
+            defs.update({a.asname or a.name: getattr(source, a.name) for a in node.names if hasattr(source, a.name)})
+    return SimpleNamespace(__name__=module, __file__=str(path), **defs)
+
+
+def kernel_outline(kernel) -> dict:
+    """A ``@triton.jit`` function read from its source: its ``name``, ``lines`` (the ``def`` line to the
+    last), ``parameters`` (of which ``compile_time``: the ``tl.constexpr`` ones), and the ``@triton.jit``
+    functions it calls, in the order they first appear -- ``helpers``, each as ``"module.name"`` with the
+    module's last part (``"pieces.attend_tile"``)."""
+    fn = getattr(kernel, "fn", kernel)
+    node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    params = inspect.signature(fn).parameters.values()
+    calls = sorted(
+        (n.lineno, n.col_offset, n.func.id)
+        for n in ast.walk(node)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    )
+    helpers = []
+    for _, _, name in calls:
+        target = fn.__globals__.get(name)
+        if hasattr(target, "fn"):  # a JITFunction (or the interpreter's stand-in): it wraps the Python function
+            label = f"{target.fn.__module__.rsplit('.', 1)[-1]}.{name}"
+            if label not in helpers:
+                helpers.append(label)
+    return {
+        "name": fn.__name__,
+        "lines": node.end_lineno - node.lineno + 1,
+        "parameters": len(params),
+        "compile_time": sum("constexpr" in str(p.annotation) for p in params),
+        "helpers": helpers,
+    }

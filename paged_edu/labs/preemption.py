@@ -151,7 +151,7 @@ def run_under_pressure(
         "max_num_batched_tokens": max_num_batched_tokens,
         "max_new_tokens": max_new_tokens,
     }
-    engine = Engine(
+    with Engine(
         model,
         num_blocks=num_blocks,
         block_size=block_size,
@@ -160,47 +160,47 @@ def run_under_pressure(
         num_cpu_blocks=num_cpu_blocks,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
-    )
-    steps: list[StepMetrics] = []
-    requests: dict[int, RequestMetrics] = {}
-    finished_at: dict[int, int] = {}
+    ) as engine:
+        steps: list[StepMetrics] = []
+        requests: dict[int, RequestMetrics] = {}
+        finished_at: dict[int, int] = {}
 
-    def on_event(event) -> None:
-        if isinstance(event, StepMetrics):
-            steps.append(event)
-        else:
-            requests[event.request_id] = event
-            finished_at[event.request_id] = steps[-1].step if steps else 0
+        def on_event(event) -> None:
+            if isinstance(event, StepMetrics):
+                steps.append(event)
+            else:
+                requests[event.request_id] = event
+                finished_at[event.request_id] = steps[-1].step if steps else 0
 
-    engine.subscribe(on_event)
-    engine.add_requests(prompts, [SamplingParams(max_tokens=max_new_tokens) for _ in prompts])
-    outputs: dict[int, list[int]] = {}
-    token_times: dict[int, list[float]] = {}
-    t0 = time.perf_counter()
-    while engine.has_unfinished():
-        for out in engine.step():
-            outputs[out.request_id] = out.outputs[0]
-    wall = time.perf_counter() - t0
-    for rid, m in requests.items():  # token times from the first token and the gaps after it
-        times = [m.first_token_time]
-        for gap in m.inter_token_latencies:
-            times.append(times[-1] + gap)
-        token_times[rid] = times
-    return PressureRun(
-        mode,
-        num_blocks,
-        block_size,
-        settings,
-        outputs,
-        steps,
-        requests,
-        finished_at,
-        wall,
-        engine.kv_cache.block_bytes,
-        engine.num_blocks_swapped_out,
-        engine.num_blocks_swapped_in,
-        token_times,
-    )
+        engine.subscribe(on_event)
+        engine.add_requests(prompts, [SamplingParams(max_tokens=max_new_tokens) for _ in prompts])
+        outputs: dict[int, list[int]] = {}
+        token_times: dict[int, list[float]] = {}
+        t0 = time.perf_counter()
+        while engine.has_unfinished():
+            for out in engine.step():
+                outputs[out.request_id] = out.outputs[0]
+        wall = time.perf_counter() - t0
+        for rid, m in requests.items():  # token times from the first token and the gaps after it
+            times = [m.first_token_time]
+            for gap in m.inter_token_latencies:
+                times.append(times[-1] + gap)
+            token_times[rid] = times
+        return PressureRun(
+            mode,
+            num_blocks,
+            block_size,
+            settings,
+            outputs,
+            steps,
+            requests,
+            finished_at,
+            wall,
+            engine.kv_cache.block_bytes,
+            engine.num_blocks_swapped_out,
+            engine.num_blocks_swapped_in,
+            token_times,
+        )
 
 
 def output_mismatches(run: PressureRun, reference: PressureRun) -> list[int]:

@@ -80,28 +80,28 @@ def probe_ttft(
     per step) and priced with ``cost_model`` (default: the simulator's OPT-13B on an H200), step by
     step; the wall clock is the engine's own ``RequestMetrics.ttft``."""
     cost = cost_model or CostModel()
-    engine = _engine(model, block_size, chunk)
-    if victim:
-        _run(engine, list(secret) + [0], victim_salt)
-    steps: list[StepMetrics] = []
-    unsubscribe = engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
-    prompt = list(secret) + list(probe_tail)
-    engine.add_request(prompt, SamplingParams(max_tokens=1), cache_salt=probe_salt)
-    outputs = []
-    while engine.has_unfinished():
-        outputs += engine.step()
-    unsubscribe()
-    [out] = outputs
-    cached = out.metrics.num_cached_tokens
-    start, modeled = cached, 0.0
-    for m in steps:  # the probe runs alone: each step is one chunk of its prompt
-        shape = StepShape()
-        shape.add(start, m.num_batched_tokens, start + m.num_batched_tokens == len(prompt))
-        start += m.num_batched_tokens
-        modeled += cost.step_time(shape)
-    return ProbeTTFT(
-        case, len(prompt), cached, sum(m.num_batched_tokens for m in steps), len(steps), modeled, out.metrics.ttft
-    )
+    with _engine(model, block_size, chunk) as engine:
+        if victim:
+            _run(engine, list(secret) + [0], victim_salt)
+        steps: list[StepMetrics] = []
+        unsubscribe = engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
+        prompt = list(secret) + list(probe_tail)
+        engine.add_request(prompt, SamplingParams(max_tokens=1), cache_salt=probe_salt)
+        outputs = []
+        while engine.has_unfinished():
+            outputs += engine.step()
+        unsubscribe()
+        [out] = outputs
+        cached = out.metrics.num_cached_tokens
+        start, modeled = cached, 0.0
+        for m in steps:  # the probe runs alone: each step is one chunk of its prompt
+            shape = StepShape()
+            shape.add(start, m.num_batched_tokens, start + m.num_batched_tokens == len(prompt))
+            start += m.num_batched_tokens
+            modeled += cost.step_time(shape)
+        return ProbeTTFT(
+            case, len(prompt), cached, sum(m.num_batched_tokens for m in steps), len(steps), modeled, out.metrics.ttft
+        )
 
 
 def side_channel(model, secret: list[int], probe_tail: list[int], **kwargs) -> list[ProbeTTFT]:
@@ -136,10 +136,10 @@ def tenant_hit_rates(
     plus its own two tokens, one at a time) without salts and with a salt per tenant."""
     rates = {}
     for salted in (False, True):
-        engine = _engine(model, block_size, chunk)
-        for r in range(requests_per_tenant):
-            for t in range(num_tenants):
-                own = [1 + (2 * (r * num_tenants + t)) % (model.config.vocab_size - 2), 1 + r]
-                _run(engine, list(system_prompt) + own, f"tenant-{t}" if salted else None)
-        rates["salted per tenant" if salted else "no salts"] = engine.allocator.stats.hit_rate
+        with _engine(model, block_size, chunk) as engine:
+            for r in range(requests_per_tenant):
+                for t in range(num_tenants):
+                    own = [1 + (2 * (r * num_tenants + t)) % (model.config.vocab_size - 2), 1 + r]
+                    _run(engine, list(system_prompt) + own, f"tenant-{t}" if salted else None)
+            rates["salted per tenant" if salted else "no salts"] = engine.allocator.stats.hit_rate
     return rates

@@ -74,12 +74,12 @@ def sim_vs_real(
 
     def serve(requests):
         prompts, params = [p for p, _ in requests], [SamplingParams(max_tokens=n) for _, n in requests]
-        engine = new_engine()
-        steps: list[StepMetrics] = []
-        finished: list[RequestMetrics] = []
-        engine.subscribe(lambda e: (steps if isinstance(e, StepMetrics) else finished).append(e))
-        engine.run(prompts, params)
-        return steps, finished
+        with new_engine() as engine:
+            steps: list[StepMetrics] = []
+            finished: list[RequestMetrics] = []
+            engine.subscribe(lambda e: (steps if isinstance(e, StepMetrics) else finished).append(e))
+            engine.run(prompts, params)
+            return steps, finished
 
     fit_requests, requests = trace(fit_seed), trace(seed)
     if model.device.type != "cpu":
@@ -190,11 +190,16 @@ def error_table(result: dict) -> str:
 
 def h200_engine_summary(name: str = "engine_bench.json") -> dict:
     """What a stored H200 engine benchmark (:mod:`paged_edu.data` ``name``) measured (SmolLM2-135M geometry,
-    512 ShareGPT-like requests)."""
+    512 ShareGPT-like requests), with where it ran: the card, the commit, the date and the command."""
     bench = data.load_json(name)
     e = bench["engine"]
     out = {
         "device": bench["device_name"],
+        "commit": bench.get("commit"),  # (None: a record written before benchmarks named their commit)
+        "date_utc": bench.get("date_utc"),
+        "command": bench.get("command"),
+        "async_scheduling": bool(e.get("async_scheduling")),
+        "mixed_graphs": bool(e.get("mixed_graphs")),
         "tokens_per_s": e["tokens_per_s"],
         "num_steps": e["num_steps"],
         "mean_decode_step_ms": e["mean_decode_step_ms"],
@@ -205,7 +210,7 @@ def h200_engine_summary(name: str = "engine_bench.json") -> dict:
         "block_size": bench["kv_budget"]["block_size"],
         "num_requests": bench["workload"]["num_requests"],
     }
-    # Runs since issue 14 also split the decode step (host work / waiting for the GPU), give its
+    # Later runs also split the decode step (host work / waiting for the GPU), give its
     # roofline, and ran transformers' continuous batching beside the engine.
     for key in (
         "roofline_decode_step_ms",

@@ -126,7 +126,8 @@ def timed_run(
     device = model.device
     _sync(device)
     t = time.perf_counter()
-    Engine(model, **engine_kwargs).run(prompts, _params(max_tokens, temperature), use_tqdm=False)
+    with Engine(model, **engine_kwargs) as warm:  # closed before the timed engine's pool is made
+        warm.run(prompts, _params(max_tokens, temperature), use_tqdm=False)
     _sync(device)
     warmup_seconds = time.perf_counter() - t
 
@@ -178,9 +179,8 @@ def timeline_run(
     per-step split (host busy ms and device ms per decode step, the median GPU idle gap between
     consecutive decode steps), and this run's tok/s beside the timed run's
     (``tokens_per_s_vs_timed_run``: what recording costs)."""
-    engine = Engine(model, **engine_kwargs, record_timeline=True)
     params = _params(max_tokens, temperature)
-    with frozen_heap():
+    with Engine(model, **engine_kwargs, record_timeline=True) as engine, frozen_heap():
         _sync(model.device)
         t0 = time.perf_counter()
         outs = engine.run(prompts, params, use_tqdm=False)

@@ -4,7 +4,7 @@ Paged decode for small heads: one program reads whole token rows
 
 What you will learn
 -------------------
-* why the per-KV-head programs of :mod:`paged_edu.kernels.triton_decode` waste a GPU on a small
+* why the per-KV-head programs of :mod:`paged_edu.kernels.decode` waste a GPU on a small
   model: SmolLM2 has 3 KV heads of 64, so a token's row in the pool is 384 bytes and a program
   reads a 128-byte third of it; at 256 sequences x 512 tokens each of the 768 programs streams
   only 128 KiB, and their fixed costs (the first loads, the pipeline's fill, the tail) rather than
@@ -20,7 +20,7 @@ What you will learn
   output in its own columns (the other columns are mixed but never stored). The tensor cores do
   ``H_kv`` times the useful FLOPs -- free, decode is bound by bytes -- and the loads are whole,
   contiguous token rows;
-* that nothing else changes: the tile step is :func:`triton_decode._attend_tile` itself (a
+* that nothing else changes: the tile loops are :func:`~paged_edu.kernels.decode.pieces.attend_tiles` themselves (a
   "head" of ``H_kv * D`` columns), the split-KV merge is the same second kernel.
 
 Grid: one program per (sequence, split), for small contiguous token rows (:func:`packs`).
@@ -45,32 +45,26 @@ import torch
 import triton
 import triton.language as tl
 
-from paged_edu.kernels.triton_decode import INTERPRETING, _attend_tile, _merge_splits_kernel, launch_inputs, split_plan
+from paged_edu.kernels.decode.pieces import UPCAST, attend_tiles, tile_range
+from paged_edu.kernels.decode.tuning import split_plan
+from paged_edu.kernels.decode.tutorial import launch_inputs, merge
+from paged_edu.kernels.triton_fused import INTERPRETING
 
 __all__ = ["packed_config", "packs", "paged_attention_packed"]
 
 
 @triton.jit
 def _packed_decode_kernel(
-    q_ptr,  # (num_seqs, num_q_heads, head_dim)
-    k_cache_ptr,  # (num_blocks, B, num_kv_heads, head_dim), each token's row contiguous
-    v_cache_ptr,  # (num_blocks, B, num_kv_heads, head_dim), each token's row contiguous
-    block_tables_ptr,  # int32 (num_seqs, max_blocks)
+    q_ptr, stride_q_seq, stride_q_head,  # (num_seqs, num_q_heads, head_dim)
+    k_cache_ptr, stride_k_block, stride_k_tok,  # (num_blocks, B, num_kv_heads, head_dim), each token's row contiguous
+    v_cache_ptr, stride_v_block, stride_v_tok,  # (num_blocks, B, num_kv_heads, head_dim), each token's row contiguous
+    block_tables_ptr, stride_bt_seq,  # int32 (num_seqs, max_blocks)
     seq_lens_ptr,  # int32 (num_seqs,)
-    out_ptr,  # (num_seqs, num_q_heads, head_dim): written when SPLIT is False
+    out_ptr, stride_o_seq, stride_o_head,  # (num_seqs, num_q_heads, head_dim): written when SPLIT is False
     part_o_ptr,  # fp32 (num_seqs, num_q_heads, num_splits, PART_D): split outputs
     part_lse_ptr,  # fp32 (num_seqs, num_q_heads, num_splits): split log2-sum-exp
-    qk_scale,  # softmax scale * log2(e)
     num_splits,  # splits per sequence
-    stride_q_seq,
-    stride_q_head,  # q strides (head_dim stride is 1)
-    stride_k_block,
-    stride_k_tok,
-    stride_v_block,
-    stride_v_tok,  # cache strides (heads packed in a row)
-    stride_bt_seq,  # block_tables row stride
-    stride_o_seq,
-    stride_o_head,  # out strides
+    qk_scale,  # softmax scale * log2(e)
     NUM_Q_HEADS: tl.constexpr,  # H
     GROUP: tl.constexpr,  # G = H // H_kv
     HEADS_PAD: tl.constexpr,  # H rounded up to a power of two (>= 16 on a GPU, for tl.dot)
@@ -81,17 +75,11 @@ def _packed_decode_kernel(
     BLOCK_SIZE: tl.constexpr,  # B, tokens per KV block
     TILE: tl.constexpr,  # tokens per loop step
     SPLIT: tl.constexpr,  # False: write the output directly (num_splits == 1)
-    UPCAST: tl.constexpr,  # interpreter: fp32 right after every load
-    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, "tf32" otherwise
-):
+):  # fmt: skip
     seq = tl.program_id(0)
     split = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
-    num_tiles = tl.cdiv(seq_len, TILE)
-    tiles_per_split = tl.cdiv(num_tiles, num_splits)
-    tile_lo = split * tiles_per_split
-    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
-    num_full = tl.minimum(tile_hi, seq_len // TILE)
+    tile_lo, tile_hi, num_full = tile_range(seq_len, split, num_splits, TILE)
 
     offs_h = tl.arange(0, HEADS_PAD)  # (HEADS_PAD,) query heads
     offs_c = tl.arange(0, ROW_PAD)  # (ROW_PAD,) columns of a token's row: KV head c // D, dim c % D
@@ -108,63 +96,17 @@ def _packed_decode_kernel(
     q = tl.load(q_ptr + seq * stride_q_seq + offs_h[:, None] * stride_q_head + c_dim[None, :], mask=own, other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    DOT_PRECISION: tl.constexpr = "ieee" if q_ptr.dtype.element_ty == tl.float32 else "tf32"
 
     m_i = tl.full([HEADS_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([HEADS_PAD], dtype=tl.float32)
     acc = tl.zeros([HEADS_PAD, ROW_PAD], dtype=tl.float32)  # row h: its output in its own columns
     bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
-    for tile in range(tile_lo, num_full):  # full tiles: no token mask
-        m_i, l_i, acc = _attend_tile(
-            q,
-            m_i,
-            l_i,
-            acc,
-            tile,
-            seq_len,
-            bt_row_ptr,
-            k_cache_ptr,
-            v_cache_ptr,
-            stride_k_block,
-            stride_k_tok,
-            stride_v_block,
-            stride_v_tok,
-            offs_t,
-            offs_c,
-            c_mask,
-            qk_scale,
-            BLOCK_SIZE,
-            TILE,
-            ROW == ROW_PAD,
-            False,
-            UPCAST,
-            DOT_PRECISION,
-        )
-    for tile in range(tl.maximum(num_full, tile_lo), tile_hi):  # the last, partial tile
-        m_i, l_i, acc = _attend_tile(
-            q,
-            m_i,
-            l_i,
-            acc,
-            tile,
-            seq_len,
-            bt_row_ptr,
-            k_cache_ptr,
-            v_cache_ptr,
-            stride_k_block,
-            stride_k_tok,
-            stride_v_block,
-            stride_v_tok,
-            offs_t,
-            offs_c,
-            c_mask,
-            qk_scale,
-            BLOCK_SIZE,
-            TILE,
-            ROW == ROW_PAD,
-            True,
-            UPCAST,
-            DOT_PRECISION,
-        )
+    m_i, l_i, acc = attend_tiles(  # the per-head kernel's loops, over "heads" of ROW columns
+        q, m_i, l_i, acc, tile_lo, num_full, tile_hi, seq_len, bt_row_ptr,
+        k_cache_ptr, stride_k_block, stride_k_tok, v_cache_ptr, stride_v_block, stride_v_tok,
+        offs_t, offs_c, c_mask, qk_scale, BLOCK_SIZE, TILE, ROW == ROW_PAD, DOT_PRECISION,
+    )  # fmt: skip
 
     if SPLIT:
         empty = l_i == 0.0  # a split past the sequence's end: weight 0 in the merge
@@ -231,52 +173,17 @@ def paged_attention_packed(
     else:
         part_o = part_lse = out  # unused
     _packed_decode_kernel[(num_seqs, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        out,
-        part_o,
-        part_lse,
+        q, q.stride(0), q.stride(1),
+        k_cache, k_cache.stride(0), k_cache.stride(1),
+        v_cache, v_cache.stride(0), v_cache.stride(1),
+        block_tables, block_tables.stride(0), seq_lens,
+        out, out.stride(0), out.stride(1), part_o, part_lse, num_splits,
         scale * math.log2(math.e),
-        num_splits,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
-        NUM_Q_HEADS=num_q_heads,
-        GROUP=num_q_heads // num_kv_heads,
-        HEADS_PAD=cfg["HEADS_PAD"],
-        HEAD_DIM=head_dim,
-        ROW=row,
-        ROW_PAD=cfg["ROW_PAD"],
-        PART_D=part_d,
-        BLOCK_SIZE=block_size,
-        TILE=cfg["TILE"],
-        SPLIT=split,
-        UPCAST=INTERPRETING,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
-    )
-    if split:
-        _merge_splits_kernel[(num_seqs, num_q_heads)](
-            part_o,
-            part_lse,
-            out,
-            num_splits,
-            out.stride(0),
-            out.stride(1),
-            HEAD_DIM=head_dim,
-            HEAD_DIM_PAD=part_d,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
-            USE_PDL=False,  # launched after the packed kernel in the usual way
-            num_warps=4,
-        )
+        NUM_Q_HEADS=num_q_heads, GROUP=num_q_heads // num_kv_heads, HEADS_PAD=cfg["HEADS_PAD"],
+        HEAD_DIM=head_dim, ROW=row, ROW_PAD=cfg["ROW_PAD"], PART_D=part_d,
+        BLOCK_SIZE=block_size, TILE=cfg["TILE"], SPLIT=split,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    # The same second kernel as the per-head one's (its rows are PART_D = HEAD_DIM_PAD wide), launched in the usual way.
+    merge(part_o, part_lse, out, num_splits, dict(cfg, HEAD_DIM_PAD=part_d), {"USE_PDL": False})
     return out

@@ -158,6 +158,13 @@ PARAMETERS: dict[str, IntParameter | TextParameter] = {
     "ladder_requests": IntParameter(
         1, 4096, "lesson 9: requests of the live speed ladder (a GPU runs every rung, a CPU the eager one)"
     ),
+    "ladder_scale_pct": IntParameter(1, 100, "lesson 9: the live ladder's request lengths, in % of bench_ladder's"),
+    "chat_model": TextParameter(
+        "lesson 11: the chat server's model ('auto': SmolLM2 where its weights are installed)",
+        ("auto", "smollm2", "tiny-random"),
+    ),
+    "bench_requests": IntParameter(3, 5000, "lesson 11: requests per rate of the served benchmark table"),
+    "load_clients": IntParameter(2, 1024, "lesson 11: streams sent at once in the load run of troubleshooting 3"),
 }
 
 
@@ -262,7 +269,7 @@ def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False, **params)
 
     On a CPU torch also runs on one thread: a lesson's tensors are small, and several OpenMP threads
     spin-waiting for each other on shared cores made one of lesson 6's pressured runs take 28.5 s
-    with two threads against 1.7 s with one (issue 21).
+    with two threads against 1.7 s with one.
     """
     seed = check_parameters(seed=seed, **params)["seed"]
     resolved = check_device(device)
@@ -270,7 +277,7 @@ def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False, **params)
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
-    if resolved == "cpu" and "paged_edu.kernels.triton_decode" in sys.modules:
+    if resolved == "cpu" and "paged_edu.kernels.triton_fused" in sys.modules:
         from paged_edu.kernels import triton_available, triton_interpreting
 
         if triton_available() and not triton_interpreting():

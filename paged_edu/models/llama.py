@@ -84,28 +84,21 @@ def _pdl_supported(device: torch.device) -> bool:
 class Kernels:
     """Which implementation each op of a forward pass runs: the caller's choice, passed to
     :meth:`PagedLlama.forward` with every batch -- never set on the model, so two engines that share
-    one model each run their own kernels."""
+    one model each run their own kernels.
+
+    The fields are the engine's kernel settings named by the op they pick; each is documented once,
+    with what it buys, in :class:`~paged_edu.engine.config.KernelConfig` (``attn_impl`` -> ``decode``,
+    ``prefill_impl`` -> ``prefill``, ``fused_impl`` -> ``fused``, ``gemm_impl`` -> ``gemm``; the flags
+    keep their names), whose ``model_kernels()`` makes this record.
+    """
 
     decode: str = "auto"  # paged_attention_decode's impl: "auto", "triton", "torch" or "loop"
     prefill: str = "auto"  # paged_attention_prefill's impl: "auto", "triton" or "torch"
     fused: str = "auto"  # the per-token ops (norm, rotary + store, SiLU-and-mul): "auto", "triton" or "torch"
-    # The projections and the LM head of a batch of <= 64 rows: "torch" (cuBLAS), "triton" (the skinny
-    # GEMM, paged_edu.kernels.triton_gemm) or "auto": "triton" where ``pdl`` is on (below), else "torch" --
-    # alone the two tie on the H200, but only Triton's kernels take part in a programmatic launch chain.
-    gemm: str = "auto"
-    # A pure-decode step's rotary embedding and K/V store inside the Triton decode kernel (one launch
-    # fewer per layer; needs fused="triton" and decode="triton"; kernels/triton_decode.py, "Storing the
-    # new token on the way in"). False: the separate rotary + store kernel, as in a step with prompts.
-    fuse_decode_store: bool = True
-    # gate_up and silu*mul in one skinny GEMM at <= 64 rows (skinny_matmul(..., swiglu=True): one launch
-    # fewer per layer; with fused="triton", whatever ``gemm`` says). On by default: on the H200 its tuned
-    # tiling beats cuBLAS + the SiLU kernel (kernels/triton_gemm.py, "The SwiGLU epilogue"). False: the two.
-    swiglu_gemm: bool = True
-    # A pure-decode step of <= 64 rows launches its Triton kernels as programmatic dependents
-    # (kernels/pdl.py: each is launched while the previous one ends; 864 -> 711 us a step at batch 1 on
-    # the H200). Only where the whole decode chain is Triton (fused ops, the decode kernel with its own
-    # store) on a GPU that has it (Hopper and later); :meth:`resolve` turns it off elsewhere.
-    pdl: bool = True
+    gemm: str = "auto"  # the projections and LM head at <= 64 rows: "auto", "triton" (skinny GEMM) or "torch"
+    fuse_decode_store: bool = True  # a pure-decode step's rotary + K/V store inside the Triton decode kernel
+    swiglu_gemm: bool = True  # gate_up and SiLU-and-mul in one skinny GEMM at <= 64 rows
+    pdl: bool = True  # programmatic dependent launches in a pure-decode step of <= 64 rows (see resolve)
 
     def resolve(self, device: torch.device) -> Kernels:
         """The same choice with every ``"auto"`` made concrete: ``fused`` ``"triton"`` where the fused

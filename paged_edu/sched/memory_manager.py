@@ -10,7 +10,7 @@ block before its K/V exists (``BlockAllocator(..., cache_when_computed=False)``)
 scheduler that computes prompts over several steps, and :class:`~paged_edu.sched.scheduler.Scheduler`
 refuses it (see :func:`publishes_before_computed`).
 
-A request with a cache salt (issue 23) is admitted with ``allocate(..., cache_salt=salt)`` and
+A request with a cache salt is admitted with ``allocate(..., cache_salt=salt)`` and
 ordered with ``num_cached_tokens_for(..., cache_salt=salt)``: the keywords :func:`cache_keys` gives,
 none for an unsalted request, so a manager that knows nothing of salts still serves those.
 
@@ -29,7 +29,7 @@ request holds -- through ``BlockPool.cache_full_blocks`` (``vllm/v1/core/block_p
 
 **Why: a slot for a token still being sampled.** The synchronous scheduler reserves, at step
 ``k + 1``, the slot of the token step ``k`` sampled, and passes its id with the ``mark_computed``
-after the step that fills its block (a block's ids go together, one call per block). An overlapping scheduler (issue 22) schedules step ``k + 1`` while step ``k`` still
+after the step that fills its block (a block's ids go together, one call per block). An overlapping scheduler (async scheduling) schedules step ``k + 1`` while step ``k`` still
 runs on the GPU: it calls ``append_slots`` for a token that does not exist yet (a *placeholder*;
 the runner feeds the sampled id from the device into step ``k + 1``'s input), and passes the id at
 the ``mark_computed`` after step ``k + 1``, by which time step ``k``'s output has reached the host.

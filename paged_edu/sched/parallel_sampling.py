@@ -63,6 +63,7 @@ class Sequence(Protocol):
     request_id: int | None
     sample_index: int
     finish_reason: str | None
+    output_token_ids: list[int]
     samples: ParallelSamples
 
     @property
@@ -174,6 +175,10 @@ class ParallelSamples:
     def done(self) -> bool:
         """Has every sample finished or been aborted?"""
         return len(self._finished_samples) + len(self._aborted_samples) >= self.n
+
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far by every sample's sequence, live or finished."""
+        return sum(len(s.output_token_ids) for s in (*self._live_samples.values(), *self._finished_samples.values()))
 
     def in_order(self) -> list[Sequence | None]:
         """Every sample's sequence by sample index (None: aborted before its fork)."""

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Sequence as Seq
+from collections.abc import Iterable
 from paged_edu.core.block_pool import OutOfBlocksError
-from paged_edu.core.validation import FieldValueError, choice, flag, integer
+from paged_edu.core.validation import FieldValueError, as_int, choice, flag, integer
 from paged_edu.sched.admission import check_fits
 from paged_edu.sched.memory_manager import MemoryManager, PrefixLookup, cache_keys, publishes_before_computed
 from paged_edu.sched.policy import POLICIES, LongestPrefixFirst
@@ -111,7 +111,7 @@ class Scheduler:
     def new_seq_id(self) -> int:
         return next(self._ids)
 
-    def make_sequence(self, prompt_token_ids: Seq[int], max_new_tokens: int, **kwargs) -> Sequence:
+    def make_sequence(self, prompt_token_ids: Iterable[int], max_new_tokens: int, **kwargs) -> Sequence:
         """A :class:`Sequence` with a fresh id, added to the waiting queue."""
         seq = Sequence(self.new_seq_id(), list(prompt_token_ids), max_new_tokens, **kwargs)
         self.add(seq)
@@ -383,7 +383,7 @@ class Scheduler:
                 if isinstance(token, (list, tuple)):
                     token, forks = seq.samples.take_forks(seq, token)
                     children = [self._fork_child(seq, i, t) for i, t in forks]
-                token = int(token)
+                token = as_int(token, f"the sampled token of sequence {seq.seq_id} must be an integer")
             seq.append_token(token)
             self._after_token(seq, now, finished)
             for child in children:
@@ -402,7 +402,7 @@ class Scheduler:
             cache_salt=parent.cache_salt,
         )
         self.fork(parent, child)
-        child.append_token(int(token))
+        child.append_token(as_int(token, f"the sampled token of sample {sample_index} must be an integer"))
         return child
 
     def fork(self, parent: Sequence, child: Sequence) -> None:

@@ -52,7 +52,7 @@ class Sequence:
     finish_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None  # "length" | "stop" | "abort"
-    cache_salt: str | None = None  # its prefix-cache namespace (issue 23): hits only its own salt's blocks
+    cache_salt: str | None = None  # its prefix-cache namespace: hits only its own salt's blocks
     num_tokens: int = field(init=False, default=0)  # prompt + output tokens, kept by append_token (as nano-vllm)
     samples: ParallelSamples = field(init=False, repr=False)  # its request's samples, shared by every one of them
 
@@ -65,6 +65,7 @@ class Sequence:
             self.max_new_tokens = integer("max_new_tokens", self.max_new_tokens, low=1)
             self.num_samples = integer("num_samples", self.num_samples, low=1)
             self.num_pending_forks = integer("num_pending_forks", self.num_pending_forks, low=0)
+            integer("sample_index", self.sample_index, low=0)  # checked only: the samples' record numbers them
         except (FieldTypeError, FieldValueError) as exc:
             raise type(exc)(exc.field, f"sequence {self.seq_id}: {exc}") from None
         if self.request_id is None:

@@ -69,6 +69,10 @@ class SwapSpace:
         cpu_blocks = self._take(seq_id)
         return [(cpu_blocks[i], gpu_blocks[i]) for i in range(first, len(cpu_blocks))]
 
+    def blocks_of(self, seq_id: Hashable) -> tuple[int, ...]:
+        """The CPU blocks ``seq_id`` holds while swapped out, in block-table order (none when it is not)."""
+        return tuple(self._held.get(seq_id, ()))
+
     def num_blocks_held(self, seq_id: Hashable) -> int:
         """CPU blocks ``seq_id`` holds while swapped out (0 when it is not)."""
         return len(self._held.get(seq_id, ()))

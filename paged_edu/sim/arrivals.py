@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from paged_edu.core.validation import integer, real
+from paged_edu.core.validation import integer, real, seed
 
 L_MAX = 2048  # OPT's context length, the paper's L_max for its contiguous baselines.
 
@@ -35,3 +35,9 @@ def poisson_arrivals(num: int, rate: float, rng: np.random.Generator) -> np.ndar
 def check_num_requests(num_requests: int) -> None:
     """Refuse a workload size that is not an int >= 1 (``True`` included)."""
     integer("num_requests", num_requests, low=1)
+
+
+def workload_rng(seed_value: int) -> np.random.Generator:
+    """The random generator a workload builder draws from: ``seed_value`` checked as a seed (an
+    integer in ``[0, 2**64)``, never ``True`` or ``1.0``), named ``seed`` in the error."""
+    return np.random.default_rng(seed("seed", seed_value))

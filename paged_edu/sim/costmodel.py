@@ -48,7 +48,7 @@ import numpy as np
 
 from paged_edu.core.hardware import GPU, GPUS, MODELS, ModelGeometry
 from paged_edu.core.memory import vllm_kv_budget
-from paged_edu.core.validation import FieldValueError, fraction
+from paged_edu.core.validation import FieldValueError, fraction, integer
 
 __all__ = ["ROOFLINE_NAME", "CostModel", "StepShape"]
 
@@ -107,6 +107,8 @@ class StepShape:
 
     def add(self, start: int, num_new_tokens: int, emits: bool) -> None:
         """One more chunk: ``num_new_tokens`` new tokens on top of ``start`` cached ones."""
+        start = integer("start", start, low=0)
+        num_new_tokens = integer("num_new_tokens", num_new_tokens, low=0)
         self.num_seqs += 1
         self.num_new_tokens += num_new_tokens
         self.num_context_tokens += start
@@ -140,6 +142,7 @@ class CostModel:
             )
         for name in ("compute_efficiency", "memory_efficiency"):
             fraction(name, getattr(self, name))
+        self.block_size = integer("block_size", self.block_size, low=1)
         for name in ("step_overhead_s", "per_seq_overhead_s", "per_block_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -191,7 +194,7 @@ class CostModel:
     def decode_step_time(self, batch: int, context: int) -> float:
         """A pure decode step: ``batch`` sequences, each with ``context`` cached tokens."""
         s = StepShape()
-        for _ in range(batch):
+        for _ in range(integer("batch", batch, low=0)):
             s.add(context, 1, True)
         return self.step_time(s)
 

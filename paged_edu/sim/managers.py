@@ -26,6 +26,7 @@ from paged_edu.core.block_pool import OutOfBlocksError, PrefixCacheStats
 from paged_edu.core.seq_lookup import UnknownSequenceError
 from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.core.contiguous import ContiguousAllocator, FragmentationError
+from paged_edu.core.host_memory import check_host_fits
 from paged_edu.core.validation import FieldValueError, choice, integer
 from paged_edu.sched.sequence import Sequence
 from paged_edu.sim.arrivals import L_MAX
@@ -233,6 +234,8 @@ class ContiguousManager:
 
     def append_slots(self, seq_id, num_tokens: int = 1) -> list[int]:
         slot = self._slot(seq_id)
+        if type(num_tokens) is not int:  # 1.0 and True are refused, as by the paged allocator
+            num_tokens = integer("num_tokens", num_tokens, low=0)
         if slot.num_tokens + num_tokens > slot.cap:
             raise OutOfBlocksError(f"sequence {seq_id!r} is full: its reservation holds {slot.cap} tokens")
         slot.num_tokens += num_tokens
@@ -345,9 +348,14 @@ def make_manager(name: str, num_kv_slots: int, block_size: int = 16, max_seq_len
 
 
 def check_holds_a_block(name: str, num_kv_slots: int, block_size: int) -> None:
-    """A paged pool must hold at least one block (a contiguous one has no blocks)."""
-    if not name.startswith("contiguous") and num_kv_slots < block_size:
+    """A paged pool must hold at least one block, and the host its allocator (a contiguous one has no
+    blocks, and keeps a list of gaps whatever its size)."""
+    if name.startswith("contiguous"):
+        return
+    if num_kv_slots < block_size:
         raise FieldValueError("num_kv_slots", f"num_kv_slots={num_kv_slots} holds not even one block of {block_size}")
+    num_blocks = num_kv_slots // block_size
+    check_host_fits("num_kv_slots", num_blocks, block_size, given=f"num_kv_slots={num_kv_slots:,}")
 
 
 def build_manager(name: str, num_kv_slots: int, block_size: int = 16, max_seq_len: int = L_MAX):

@@ -25,7 +25,7 @@ from itertools import count
 
 import numpy as np
 
-from paged_edu.sim.arrivals import L_MAX, check_num_requests, poisson_arrivals
+from paged_edu.sim.arrivals import L_MAX, check_num_requests, poisson_arrivals, workload_rng
 from paged_edu.core.validation import integer
 from paged_edu.sim.request import Request
 
@@ -63,7 +63,7 @@ def multiturn(
     num_turns, user_len, reply_len = (
         _positive(n, v) for n, v in (("num_turns", num_turns), ("user_len", user_len), ("reply_len", reply_len))
     )
-    rng = np.random.default_rng(seed)
+    rng = workload_rng(seed)
     times = poisson_arrivals(num_requests, rate, rng).tolist()
     num_convs = -(-num_requests // num_turns)
     ids = _Ids()
@@ -103,7 +103,7 @@ def fewshot(
         _positive(name, value)
     if shots > num_examples:
         raise ValueError(f"shots={shots} cannot exceed num_examples={num_examples}")
-    rng = np.random.default_rng(seed)
+    rng = workload_rng(seed)
     times = poisson_arrivals(num_requests, rate, rng).tolist()
     ids = _Ids()
     instruction = ids.take(instruction_len)
@@ -139,7 +139,7 @@ def agents(
         ("call_len", call_len),
     ):
         _positive(name, value)
-    rng = np.random.default_rng(seed)
+    rng = workload_rng(seed)
     times = poisson_arrivals(num_requests, rate, rng).tolist()
     ids = _Ids()
     roots = [ids.take(root_len) for _ in range(num_tasks)]

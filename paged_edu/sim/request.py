@@ -14,7 +14,7 @@ sample: a later prompt that quotes the reply then hits the reply's cached blocks
 ``cache_salt`` (the request's prefix-cache salt: it hits only blocks cached under the same salt)
 are optional.
 
-Plain Python and numpy, no torch.
+Plain Python, no torch.
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ import math
 import os
 from dataclasses import dataclass
 
-import numpy as np
-
-from paged_edu.core.validation import FieldValueError, cache_key, choice, integer, real
+from paged_edu.core.validation import FieldValueError, cache_key, choice, integer, real, token_list
 
 __all__ = ["FORK_MODES", "Request", "TraceKeyError", "load_trace", "prompt_token_ids", "save_trace"]
 
@@ -85,22 +83,14 @@ class Request:
         return record
 
 
-def _is_token_list(value: object) -> bool:
-    return isinstance(value, (list, tuple)) and all(
-        isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0 for t in value
-    )
-
-
 def check_fields(r: Request) -> None:
     """Clear errors for a request's impossible fields (a trace record's, a workload's); normalises
     numpy scalars to Python ones. Whether a server can serve it is ``sim.simulator.prepare``'s check."""
     r.arrival_time = real("arrival_time", r.arrival_time)
     if not math.isfinite(r.arrival_time) or r.arrival_time < 0:
         raise ValueError(f"arrival_time must be finite and >= 0, got {r.arrival_time}")
-    if r.prompt is not None:
-        if not _is_token_list(r.prompt):
-            raise ValueError("prompt must be a list of non-negative integer token ids")
-        r.prompt = [int(t) for t in r.prompt]
+    if r.prompt is not None:  # token ids are hashed as int64: each in [0, 2**63), the bad one named
+        r.prompt = token_list("prompt", r.prompt)
         if r.prompt_len != len(r.prompt):
             raise ValueError(f"prompt_len {r.prompt_len} disagrees with the {len(r.prompt)} prompt tokens")
     r.prompt_len = integer("prompt_len", r.prompt_len, low=1)
@@ -110,9 +100,7 @@ def check_fields(r: Request) -> None:
     if r.n < 1:
         raise FieldValueError("n", f"n (samples per request) must be >= 1, got {r.n}")
     if r.output is not None:
-        if not _is_token_list(r.output):
-            raise ValueError("output must be a list of non-negative integer token ids")
-        r.output = [int(t) for t in r.output]
+        r.output = token_list("output", r.output)
         if r.output_len != len(r.output):
             raise ValueError(f"output_len {r.output_len} disagrees with the {len(r.output)} output tokens")
         if r.n != 1:

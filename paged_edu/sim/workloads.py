@@ -44,7 +44,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from paged_edu.sim.arrivals import L_MAX, check_num_requests, poisson_arrivals
+from paged_edu.sim.arrivals import L_MAX, check_num_requests, poisson_arrivals, workload_rng
 from paged_edu.sim.prefix_workloads import agents, fewshot, multiturn
 from paged_edu.core.validation import choice, integer
 from paged_edu.sim.request import Request, check_fields
@@ -172,7 +172,7 @@ def alpaca(num_requests: int, rate: float = math.inf, seed: int = 0) -> list[Req
 
 def _dataset(dist: LengthDistribution, num_requests: int, rate: float, seed: int) -> list[Request]:
     check_num_requests(num_requests)
-    rng = np.random.default_rng(seed)
+    rng = workload_rng(seed)
     times = poisson_arrivals(num_requests, rate, rng)
     prompt, output = dist.sample(num_requests, rng)
     return _from_arrays(times, prompt, output)
@@ -194,7 +194,7 @@ def chat(
     check_num_requests(num_requests)
     integer("system_prompt_len", system_prompt_len, low=1, high=L_MAX - 2)
     integer("num_groups", num_groups, low=1)
-    rng = np.random.default_rng(seed)
+    rng = workload_rng(seed)
     times = poisson_arrivals(num_requests, rate, rng)
     user, output = SHAREGPT.sample(num_requests, rng)
     user = np.minimum(user, L_MAX - 1 - system_prompt_len)

@@ -123,7 +123,7 @@ class EngineDashboard:
     # -- helpers -----------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:  # random weights: the text's bytes stand in for token ids
-            vocab = self.engine.config.vocab_size
+            vocab = self.engine.model.config.vocab_size
             return [3 + b % (vocab - 3) for b in text.encode()]
         messages = [{"role": "user", "content": text}]
         chat = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

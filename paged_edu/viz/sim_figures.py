@@ -259,9 +259,11 @@ def write_all(
     fmt: str = "both",
     server: dict | None = None,
     progress: bool = True,
+    data_path: str | None = None,
 ) -> list[str]:
     """Run the simulations behind every figure (:func:`paged_edu.labs.paper_figures.paper_figure_runs`)
-    and save the figures under ``out_dir``, with the data behind them as JSON; return the paths."""
+    and save the figures under ``out_dir``, with the data behind them as JSON (``data_path``, by default
+    ``sim_figures_data.json`` in ``out_dir``); return the paths."""
     runs = paper_figure_runs(cost, num_requests, seed, server, progress)
     os.makedirs(out_dir, exist_ok=True)
     written: list[str] = []
@@ -271,7 +273,7 @@ def write_all(
     _save(latency_rate_figure(runs["latency_vs_rate"]), os.path.join(out_dir, "sim_latency_vs_rate"), fmt, written)
     _save(sharing_figure(runs["sharing"]), os.path.join(out_dir, "sim_sharing"), fmt, written)
 
-    path = os.path.join(out_dir, "sim_figures_data.json")
+    path = data_path or os.path.join(out_dir, "sim_figures_data.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(runs["data"], f, indent=1, default=str)
     written.append(path)

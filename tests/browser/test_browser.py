@@ -207,7 +207,9 @@ INTERACTIONS = {
     "06_": _toggle("swap"),  # the preemption mode: the timeline is rerun in swap mode
     "07_": _select("contiguous-max"),  # the simulator explorer's manager: both plots redraw
     "08_": _select("Llama-2-7B"),  # the flags explorer's model: the memory bar and the TTFT plot redraw
-    "09_": _select("H200, synchronous: the split of exercise 9.1"),  # the overlap explorer: both schedules redraw
+    "09_": _select("+ CUDA graphs"),  # the step-timeline explorer: the eager step redraws as one graph replay
+    "10_": _select("16"),  # the prefill tile plan: tiles of 16 keys instead of 8
+    "11_": _select("chat B: the system prompt"),  # the router's view of the cache: the grid redraws
 }
 
 

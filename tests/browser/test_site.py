@@ -443,7 +443,7 @@ def test_lesson_pages_fit_the_column_and_show_no_test_harness(site, url, browser
         page, problems = _open(browser, url, f"lessons/{lesson}.html")
         try:
             page.set_viewport_size({"width": width, "height": height})
-            page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+            page.wait_for_selector(".js-plotly-plot .main-svg", timeout=HANG_GUARD_S * 1000)
             page.wait_for_timeout(300)  # plotly's responsive resize runs on the window's resize event
             overflow = page.evaluate(_OVERFLOW)
             assert not overflow["wide"], (lesson, overflow)
@@ -473,7 +473,7 @@ def test_landing_page_search_and_next_previous(site, url, browser):
         assert page.locator("img").count() >= 2  # the README's figures
         assert page.locator("table").count() >= 2  # its lesson and benchmark tables
         icon = page.locator("link[rel~='icon']").first.get_attribute("href")  # no 404 for /favicon.ico
-        with urllib.request.urlopen(urllib.parse.urljoin(f"{url}/index.html", icon), timeout=10) as response:
+        with urllib.request.urlopen(urllib.parse.urljoin(f"{url}/index.html", icon), timeout=HANG_GUARD_S) as response:
             assert response.status == 200 and b"<svg" in response.read()
         nxt = page.locator("a.next-page").first
         assert LESSONS[0] in nxt.get_attribute("href")

@@ -63,11 +63,13 @@ def test_prompt_gets_ceil_n_over_b_distinct_blocks(n):
     assert a.block_table("s") == table
 
 
-def test_hash_is_chained_sha256_over_token_bytes():
+def test_hash_is_chained_sha256_over_framed_token_bytes():
+    """h_i = SHA-256(b"block" || len(h_{i-1}) as one byte || h_{i-1} || int64 bytes of block i), h_{-1} = b""."""
     tokens = list(range(10))
     expected, parent = [], b""
     for i in range(2):
-        parent = hashlib.sha256(parent + array("q", tokens[i * B : (i + 1) * B]).tobytes()).digest()
+        framed = b"block" + bytes([len(parent)]) + parent + array("q", tokens[i * B : (i + 1) * B]).tobytes()
+        parent = hashlib.sha256(framed).digest()
         expected.append(parent)
     assert chained_block_hashes(tokens, B) == expected
 

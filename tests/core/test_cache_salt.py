@@ -9,13 +9,17 @@ clear must give exactly the blocks ``is_cached`` reports, after every operation 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+from array import array
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given, settings
 
 from paged_edu.core.allocator import BlockAllocator
-from paged_edu.core.block_hash import ROOT_HASH, prefix_root
+from paged_edu.core.block_hash import BLOCK_TAG, ROOT_HASH, ROOT_TAG, chained_block_hashes, hash_block, prefix_root
 from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.core.validation import MAX_CACHE_SALT_LEN
 from allocator_helpers import append_token
@@ -83,9 +87,185 @@ def test_no_salt_is_the_unsalted_chain():
     assert prefix_root("ab", ("c",)) != prefix_root("a", ("bc",))  # length-prefixed parts
     a = BlockAllocator(8, B)
     a.allocate("s", PROMPT)
-    from paged_edu.core.block_hash import chained_block_hashes
-
     assert [a.block_hash(b) for b in a.block_table("s")[:4]] == chained_block_hashes(PROMPT, B)
+
+
+# -- salted and unsalted chains in separate hash domains (issue 44 item 5) ---------------------------
+#
+# The salted root was SHA-256(tag || len || salt) and a salted chain's first block SHA-256(root || tokens),
+# exactly as an unsalted block at depth >= 1: an unsalted prompt whose first block's int64 bytes spell the
+# root's input had h_0 == the salted root, so its next blocks hashed as the tenant's and hit them. The
+# oracle below is the block tables (a shared physical block is a shared block) and the hashes themselves.
+
+OLD_ROOT_TAG = b"paged_edu prefix root"  # the root's tag before issue 44 (the issue's repro spells it)
+
+
+def spell(data: bytes) -> list[int] | None:
+    """The token ids whose int64 bytes are ``data`` (a multiple of 8 bytes), or None if some 8 bytes
+    are no token id (a negative int64: token ids are < 2**63)."""
+    tokens = list(array("q", data))
+    return tokens if all(t >= 0 for t in tokens) else None
+
+
+def root_input(tag: bytes, salt: str) -> bytes:
+    """What the salted root hashed under ``tag``: the tag, then the salt's length and UTF-8."""
+    data = salt.encode("utf-8")
+    return tag + len(data).to_bytes(4, "little") + data
+
+
+def crafted_salts(block_size: int) -> list[tuple[bytes, str]]:
+    """``(tag, salt)`` whose root input fills whole blocks of ``block_size`` tokens: the attacker
+    can spell it as an unsalted prompt's first block(s)."""
+    out = []
+    for tag in (OLD_ROOT_TAG, ROOT_TAG, BLOCK_TAG):
+        for num_blocks in (1, 2):
+            salt_len = 8 * block_size * num_blocks - len(tag) - 4
+            if 1 <= salt_len <= MAX_CACHE_SALT_LEN:
+                out.append((tag, "s" * salt_len))
+    return out
+
+
+def probe(a, tenant_prompt: list[int], salt: str, attacker: list[int]) -> tuple[set[int], int]:
+    """The tenant caches ``tenant_prompt`` under ``salt``; the attacker, unsalted, sends ``attacker``
+    twice (the first primes its own blocks, as in the issue's 3-record trace). Returns the tenant's
+    blocks in the attacker's tables and the second attacker's cached tokens."""
+    a.allocate("tenant", tenant_prompt, cache_salt=salt)
+    a.allocate("attacker-1", attacker)
+    a.allocate("attacker-2", attacker)
+    tenant = set(a.block_table("tenant"))
+    crossed = tenant & (set(a.block_table("attacker-1")) | set(a.block_table("attacker-2")))
+    return crossed, a.num_cached_tokens("attacker-2")
+
+
+SECRET = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 1]
+
+
+CRAFTED = [(B, tag, salt) for B in (2, 4, 8, 16) for tag, salt in crafted_salts(B)]
+
+
+@pytest.mark.parametrize(
+    "block_size, tag, salt", CRAFTED, ids=[f"B{B}-{tag.decode()}-{len(salt)}" for B, tag, salt in CRAFTED]
+)
+def test_an_unsalted_prompt_spelling_the_salted_root_hits_nothing_of_the_tenant(block_size, tag, salt):
+    """The issue's repro (B = 4, a 7-character salt, 12 tokens hit) and its siblings: every block size,
+    a root input of one or two blocks, under the old tag and under the tags in use now."""
+    head = spell(root_input(tag, salt))
+    assert head is not None and len(head) % block_size == 0
+    secret = SECRET[: 2 * block_size + 1]
+    a = BlockAllocator(64, block_size)
+    crossed, cached = probe(a, secret, salt, head + secret)
+    assert crossed == set()
+    # what the attacker may hit: its own first request's blocks, every full block before its last token
+    assert cached == (len(head) + len(secret) - 1) // block_size * block_size
+    unsalted = chained_block_hashes(head + secret, block_size)
+    salted = chained_block_hashes(secret, block_size, prefix_root(salt))
+    assert not set(unsalted) & {prefix_root(salt), *salted}
+
+
+def test_the_crafted_cases_include_the_issues_repro():
+    assert (4, OLD_ROOT_TAG, "s" * 7) in CRAFTED and len(CRAFTED) == 23
+
+
+def test_the_salted_root_input_of_the_issue_spells_twelve_tokens_that_hit_before_the_fix():
+    """The repro itself, checked to be one: under the layout before issue 44 (recomputed here by hand)
+    the attacker's second block hashes exactly as the tenant's first -- so the test above tests it."""
+    salt = "x" * 7
+    head = spell(root_input(OLD_ROOT_TAG, salt))
+    old_root = hashlib.sha256(root_input(OLD_ROOT_TAG, salt)).digest()
+    old_h0 = hashlib.sha256(array("q", head).tobytes()).digest()  # the unsalted first block, old layout
+    assert len(head) == 4 and old_h0 == old_root
+    tokens = array("q", SECRET[:4]).tobytes()
+    assert hashlib.sha256(old_h0 + tokens).digest() == hashlib.sha256(old_root + tokens).digest()
+
+
+def _words(draw_bytes: bytes) -> list[int]:
+    return [t & (2**63 - 1) for t in array("q", draw_bytes)]  # any 8 bytes, top bit cleared: a token id
+
+
+@st.composite
+def attacks(draw):
+    """A salt and an unsalted prompt made of pieces an attacker would try: the salted root's input
+    under each tag (spelled, or its bytes shifted by a few), the salted root itself, the tenant's
+    tokens, and random token ids of any value."""
+    B = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    if draw(st.booleans()):  # a salt whose root input fills whole blocks under some tag: spellable
+        tag = draw(st.sampled_from([OLD_ROOT_TAG, ROOT_TAG, BLOCK_TAG]))
+        num_bytes = 8 * B * draw(st.integers(1, 4)) - len(tag) - 4
+        salt = "s" * num_bytes if 1 <= num_bytes <= MAX_CACHE_SALT_LEN else "s"
+    else:
+        salt = draw(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40))
+    secret = draw(st.lists(st.integers(0, 2**63 - 1), min_size=B, max_size=4 * B))
+    pieces = []
+    for _ in range(draw(st.integers(1, 5))):
+        kind = draw(st.sampled_from(["root input", "root", "block input", "secret", "random"]))
+        if kind == "root input":
+            data = root_input(draw(st.sampled_from([OLD_ROOT_TAG, ROOT_TAG, BLOCK_TAG])), salt)
+            data = draw(st.binary(max_size=7)) + data  # shifted, so any alignment is tried
+        elif kind == "root":
+            data = prefix_root(salt)
+        elif kind == "block input":  # the salted first block's input under the framing in use now
+            data = BLOCK_TAG + bytes([32]) + prefix_root(salt) + array("q", secret[:B]).tobytes()
+        elif kind == "secret":
+            data = array("q", secret).tobytes()
+        else:
+            data = array("q", draw(st.lists(st.integers(0, 2**63 - 1), max_size=2 * B))).tobytes()
+        pieces.append(data)
+    data = b"".join(pieces)
+    data += bytes(-len(data) % 8)
+    attacker = _words(data) + secret + draw(st.lists(st.integers(0, 2**63 - 1), max_size=B))
+    return B, salt, secret, attacker or [0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(attacks())
+def test_no_unsalted_token_sequence_produces_a_salted_hash(case):
+    """Property: whatever an unsalted prompt holds -- crafted root inputs at any alignment, the root
+    itself, the salted block's own input, the tenant's tokens, random ids -- none of its block hashes
+    is the salted root or a salted block's hash, and sent twice it shares no block with the tenant."""
+    B, salt, secret, attacker = case
+    salted = chained_block_hashes(secret, B, prefix_root(salt))
+    unsalted = chained_block_hashes(attacker, B)
+    assert not set(unsalted) & {prefix_root(salt), *salted}
+    num_blocks = 4 * (len(attacker) + len(secret)) // B + 8
+    for a in (BlockAllocator(num_blocks, B), RadixAllocator(num_blocks, B)):
+        crossed, _ = probe(a, secret, salt, attacker)
+        assert crossed == set()
+
+
+def test_a_block_parent_is_framed_by_its_length():
+    """A parent of any other length than 0 (the unsalted root) or 32 (a digest) is no parent."""
+    with pytest.raises(ValueError, match="parent_hash must be ROOT_HASH"):
+        hash_block(b"\x00" * 31, b"x" * 8)
+    assert BLOCK_TAG[:1] != ROOT_TAG[:1]  # no root's input is a block's
+
+
+def test_the_simulator_keeps_a_salted_tenant_out_of_an_unsalted_trace(tmp_path):
+    """The issue's 3-record trace, in the simulator: an unsalted request caches the crafted block, the
+    tenant sends its secret under the salt, the unsalted probe follows. Oracle: the unsalted requests hit
+    exactly what they hit when the tenant's request is left out of the trace."""
+    from paged_edu.sim.request import load_trace, save_trace
+    from paged_edu.sim.request import Request
+    from paged_edu.sim.results import SimConfig
+    from paged_edu.sim.simulator import simulate
+
+    salt = "x" * 7
+    head = spell(root_input(OLD_ROOT_TAG, salt))
+    secret = SECRET[:9]
+    trace = [
+        Request(0.0, len(head) + 1, 1, prompt=head + [99]),
+        Request(1.0, len(secret), 1, prompt=secret, cache_salt=salt),
+        Request(2.0, len(head) + len(secret), 1, prompt=head + secret),
+    ]
+    path = tmp_path / "probe.jsonl"
+    save_trace(trace, path)
+    for manager in ("paged-prefix", "paged-radix"):
+        config = SimConfig(manager=manager, block_size=4, num_kv_slots=256)
+        with_tenant = simulate(load_trace(path), config)
+        without = simulate([trace[0], trace[2]], config)
+        assert with_tenant.prefix_hit_rate_per_salt[salt] == 0.0
+        assert with_tenant.record()["prefix_hit_rate"] == pytest.approx(
+            without.prefix_hit_rate * (len(head) + 1 + len(head) + len(secret)) / sum(r.prompt_len for r in trace)
+        )
 
 
 @pytest.mark.parametrize(
@@ -243,6 +423,84 @@ def test_store_and_clear_go_to_cache_subscribers_only():
         assert [e.kind for e in cache] == ["store", "clear"]
         assert cache[0].seq_id == "s" and len(cache[0].block_ids) == 4
         assert sorted(cache[1].block_ids) == sorted(cache[0].block_ids)
+
+
+class Mutator:
+    """A subscriber that changes the allocator from inside its callback (issue 44 item 6): on some
+    events it admits a prompt of its own, frees one, or empties the cache -- at most ``budget`` times."""
+
+    def __init__(self, a, rng: random.Random, budget: int = 60) -> None:
+        self.a, self.rng, self.budget = a, rng, budget
+        self.live: list[str] = []
+        self.count = 0
+        self.num_changes = 0  # operations it ran from inside a callback
+
+    def __call__(self, event) -> None:
+        if self.budget <= 0 or self.rng.random() < 0.5:
+            return
+        self.budget -= 1
+        self.num_changes += 1
+        op = self.rng.random()
+        try:
+            if op < 0.5 or not self.live:
+                self.count += 1
+                name = f"mutator-{self.count}"
+                self.a.allocate(name, [self.rng.randrange(3) for _ in range(self.rng.randrange(1, 3 * B))])
+                self.live.append(name)
+            elif op < 0.9:
+                self.a.free(self.live.pop(self.rng.randrange(len(self.live))))
+            else:
+                self.a.reset_prefix_cache()
+        except MemoryError:
+            pass
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: BlockAllocator(12, B),
+        lambda: BlockAllocator(12, B, cache_when_computed=True),
+        lambda: RadixAllocator(12, B),
+    ],
+    ids=["hash-full", "hash-computed", "radix-full"],
+)
+@pytest.mark.parametrize("channel", ["subscribe_cache", "subscribe"])
+def test_subscribers_get_events_in_order_whatever_a_callback_does(make, channel):
+    """A subscriber that allocates, frees or resets the cache from inside its callback: every other
+    subscriber -- registered before it or after it -- still gets every event in the order things
+    happened, so the cache replayed from its events is the cache (after every operation), and both
+    see one and the same sequence of events on each channel."""
+    rng = random.Random(11)
+    a = make()
+    first, first_events = Replay(a), []
+    a.subscribe(first_events.append)
+    mutator = Mutator(a, random.Random(12))
+    getattr(a, channel)(mutator)
+    last, last_events = Replay(a), []
+    a.subscribe(last_events.append)
+    live, next_id = [], 0
+    for _ in range(300):
+        op = rng.random()
+        try:
+            if op < 0.4 or not live:
+                a.allocate(next_id, [rng.randrange(3) for _ in range(rng.randrange(1, 3 * B))])
+                live.append(next_id)
+                next_id += 1
+            elif op < 0.7:
+                append_token(a, rng.choice(live), rng.randrange(3))
+            elif op < 0.8:
+                a.fork(rng.choice(live), next_id)
+                live.append(next_id)
+                next_id += 1
+            else:
+                a.free(live.pop(rng.randrange(len(live))))
+        except MemoryError:
+            pass
+        assert first.cached == cached_blocks(a) == last.cached
+    assert mutator.num_changes >= 30  # it did change the allocator from inside its callbacks
+    assert first.kinds == last.kinds and [(e.kind, e.block_ids) for e in first_events] == [
+        (e.kind, e.block_ids) for e in last_events
+    ]
 
 
 def test_a_cache_subscriber_that_raises_loses_nothing():

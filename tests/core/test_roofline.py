@@ -70,7 +70,7 @@ def test_roofline_is_a_copy_at_full_efficiency_and_the_default_model_is_unchange
 
 
 def test_the_h200_runs_schedule_gives_the_issues_recomputed_roofline():
-    """figures/engine_bench.json's run (512 ShareGPT-like requests, seed 0, 8,192 blocks of 16, 512
+    """paged_edu/data/engine_bench.json's run (512 ShareGPT-like requests, seed 0, 8,192 blocks of 16, 512
     running, 4,096 batch tokens) replayed through the real scheduler: 1,978 steps, 1,957 decode and
     20 mixed; the issue recomputed 0.259 ms per decode step, 0.944 ms per mixed step, 0.526 s in all."""
     import paged_edu.sim.simulator as S

@@ -293,3 +293,67 @@ def test_settings_are_refused_with_their_field(index):
 
 def test_the_case_list_is_what_the_test_runs():
     assert len(_settings_cases()) == 22
+
+
+# -- integer fields refuse floats and bools alike, wherever they are read (issue 44 item 8) ---------
+
+
+def _integer_field_cases():
+    """``(what, call(value), the field its message names)``: each call takes ``value`` where an
+    integer belongs; 1 would be accepted there."""
+    from paged_edu.core.allocator import BlockAllocator
+    from paged_edu.core.hardware import MODELS
+    from paged_edu.core.memory import kv_bytes, max_requests_contiguous, max_requests_paged
+    from paged_edu.sched.scheduler import Scheduler
+    from paged_edu.sched.sequence import Sequence
+    from paged_edu.sim import prefix_workloads, workloads
+    from paged_edu.sim.costmodel import CostModel, StepShape
+    from paged_edu.sim.managers import ContiguousManager
+
+    model = MODELS["llama-3-8b"]
+
+    def allocator():
+        a = BlockAllocator(8, 4)
+        a.allocate("s", [1, 2, 3])
+        return a
+
+    def contiguous():
+        m = ContiguousManager(100, "max", 10)
+        m.allocate("s", [1, 2])
+        return m
+
+    def sampled(token):
+        scheduler = Scheduler(BlockAllocator(8, 4, cache_when_computed=True))
+        seq = scheduler.make_sequence([1, 2], 3)
+        scheduler.update(scheduler.schedule().scheduled, {seq.seq_id: token})
+
+    return [
+        ("BlockAllocator.append_slots", lambda v: allocator().append_slots("s", v), "num_tokens"),
+        ("ContiguousManager.append_slots", lambda v: contiguous().append_slots("s", v), "num_tokens"),
+        ("kv_bytes", lambda v: kv_bytes(model, v), "num_tokens"),
+        ("max_requests_contiguous", lambda v: max_requests_contiguous(v, model, 100), "budget_bytes"),
+        ("max_requests_paged", lambda v: max_requests_paged(v, model, 100), "budget_bytes"),
+        ("ModelGeometry.block_bytes", lambda v: model.block_bytes(v), "block_size"),
+        ("Sequence sample_index", lambda v: Sequence(0, [1], 2, sample_index=v), "sample_index"),
+        ("Scheduler.update, a sampled token", sampled, "token"),
+        ("CostModel block_size", lambda v: CostModel(block_size=v), "block_size"),
+        ("CostModel.decode_step_time batch", lambda v: CostModel().decode_step_time(v, 100), "batch"),
+        ("StepShape.add", lambda v: StepShape().add(v, 1, True), "start"),
+        ("workloads.sharegpt seed", lambda v: workloads.sharegpt(3, seed=v), "seed"),
+        ("prefix_workloads.multiturn seed", lambda v: prefix_workloads.multiturn(3, seed=v), "seed"),
+    ]
+
+
+@pytest.mark.parametrize("value", [1.0, True, np.float64(1.0), np.True_], ids=["1.0", "True", "np1.0", "npTrue"])
+@pytest.mark.parametrize("index", range(13))
+def test_integer_fields_refuse_floats_and_bools_alike(index, value):
+    """``append_slots(seq, 1.0)`` and ``append_slots(seq, True)`` were taken as 1 (2.0 was refused):
+    every integer field goes through ``validation.integer``, which refuses both."""
+    what, call, field = _integer_field_cases()[index]
+    with pytest.raises(TypeError, match=field) as info:
+        call(value)
+    assert "integer" in str(info.value), what
+
+
+def test_the_integer_field_cases_are_what_the_test_runs():
+    assert len(_integer_field_cases()) == 13

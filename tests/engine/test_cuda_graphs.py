@@ -56,16 +56,16 @@ def graphs_for(model, kv, kernels, capture: bool, max_num_tokens=64, max_num_seq
 
 def run_step(graphs: MixedCudaGraphs, chunks):
     """Stage a step as the runner does and replay it: ``(hidden[:T], bucket)``."""
-    fields = pack_chunks(
+    batch = pack_chunks(
         [t for c in chunks for t in c.token_ids],
         [c.start for c in chunks],
         [len(c.token_ids) for c in chunks],
         [c.block_table for c in chunks],
         B,
     )
-    Tb = graphs.size_for(fields)
-    graphs.stage(fields, Tb)
-    T = len(fields["input_ids"])
+    Tb = graphs.size_for(batch)
+    graphs.stage(batch, Tb)
+    T = batch.input_ids.shape[0]
     return graphs.replay(Tb)[:T], Tb
 
 
@@ -97,8 +97,8 @@ def test_buckets_cover_every_step_up_to_the_token_budget():
     for T in range(1, 2049):
         Tb = next(t for t in graphs.sizes if t >= T)
         assert Tb == 16 or graphs.sizes[graphs.sizes.index(Tb) - 1] < T
-    fields = pack_chunks(list(range(9)), [0], [9], [[1, 2, 3]], B)
-    assert graphs.size_for(fields) == 16
+    batch = pack_chunks(list(range(9)), [0], [9], [[1, 2, 3]], B)
+    assert graphs.size_for(batch) == 16
     too_wide = pack_chunks(list(range(9)), [0], [9], [list(range(NUM_BLOCKS + 1))], B)
     assert graphs.size_for(too_wide) is None  # a table wider than the graph's: eager
     many = pack_chunks(list(range(9)), list(range(9)), [1] * 9, [[i] * 3 for i in range(9)], B)

@@ -271,3 +271,111 @@ def test_a_subscriber_that_aborts_from_inside_a_step_drops_nothing(model, prompt
     assert outputs == {i: v for i, v in expected.items() if i != ids[1]}
     assert not engine.subscriber_errors  # (a failed pytest.raises in an allocator callback is not isolated)
     assert_nothing_leaked(engine)
+
+
+# ----------------------------------------------------------------------------------------------
+# A block copy that fails forever: the error names its owner, an abort unwedges the engine
+# ----------------------------------------------------------------------------------------------
+
+
+def owners_of(engine: Engine, kind: str, pairs) -> set[int]:
+    """The requests whose blocks ``pairs`` write, read off the allocator's tables and the swap space
+    (a copy or swap-in writes a GPU block of a running sequence; a swap-out a CPU block of a swapped one)."""
+    s = engine.scheduler
+    if kind == "swap_out":
+        holders = [(q, s.swap_space.blocks_of(q.seq_id)) for q in s.swapped]
+    else:
+        holders = [(q, engine.allocator.block_table(q.seq_id)) for q in s.running]
+    return {q.request_id for _, dst in pairs for q, blocks in holders if dst in blocks}
+
+
+PERSISTENT = {  # the copy kind -> a configuration and requests that make it
+    "copy": ("roomy", SAMPLED),  # n > 1: the fork's copy-on-write copies
+    "swap_out": ("swap", GREEDY),
+    "swap_in": ("swap", GREEDY),
+}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("kind", list(PERSISTENT))
+def test_a_copy_that_always_fails_names_its_owner_and_an_abort_unwedges_the_engine(
+    model, prompts, kind, async_scheduling
+):
+    """One pair fails every time it is copied. StepFailed names the requests whose blocks the failing
+    copy writes (the retry goes pair by pair: then exactly the pair's owner), not every request of
+    the step; aborting them drops their queued copies: the others finish as without the fault, a new
+    request is served token for token as by a fault-free engine, and nothing is left behind."""
+    from paged_edu.engine.faults import inject_persistent_copy_fault
+
+    config, params = PERSISTENT[kind]
+    expected = reference(model, prompts, config, "greedy" if params is GREEDY else "sampled")
+    engine = Engine(model, **CONFIGS[config], async_scheduling=async_scheduling)
+    state, remove = inject_persistent_copy_fault(engine, kind)
+    try:
+        ids = engine.add_requests(prompts, params)
+        outputs, aborted, failures = {}, set(), []
+        while engine.has_unfinished():
+            try:
+                outputs.update({o.request_id: (o.outputs, o.finish_reasons) for o in engine.step()})
+            except StepFailed as exc:
+                failures.append(exc)
+                assert exc.phase == "block copies" and isinstance(exc.__cause__, InjectedFault)
+                assert set(exc.request_ids) == owners_of(engine, kind, state["batches"][-1]) != set()
+                if len(state["batches"][-1]) == 1:  # retried alone: the pair's owner, and only it
+                    assert len(exc.request_ids) == 1
+                if len(failures) == 1:
+                    continue  # a fault may pass: retry once first
+                for rid in exc.request_ids:
+                    if rid not in aborted:
+                        aborted.add(rid)
+                        out = engine.abort_request(rid)
+                        if out is not None:
+                            outputs[rid] = (out.outputs, out.finish_reasons)
+                assert len(failures) < 20, "the engine stays wedged"
+        for out in engine.step():  # (aborted requests are reported by the next step too)
+            outputs[out.request_id] = (out.outputs, out.finish_reasons)
+        assert failures and aborted and len(aborted) < len(ids)  # not every request of the step
+        assert sorted(outputs) == ids
+        assert {i: v for i, v in outputs.items() if i not in aborted} == {
+            i: v for i, v in expected.items() if i not in aborted
+        }
+        assert_nothing_leaked(engine)
+        new = [5, 6, 7, 8, 9, 10, 11]
+        want = Engine(model, **CONFIGS[config]).generate([new], max_new_tokens=6)
+        assert engine.generate([new], max_new_tokens=6) == want  # served, with the fault still there
+        assert_nothing_leaked(engine)
+    finally:
+        remove()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_reset_empties_an_engine_mid_run_and_it_serves_again(model, prompts, async_scheduling):
+    """``Engine.reset()``: every live request ended as an abort (returned), no queued copy, no step in
+    flight, no cached block; the next requests get a fresh engine's tokens."""
+    from paged_edu.engine.faults import inject_persistent_copy_fault
+
+    engine = Engine(model, **CONFIGS["roomy"], async_scheduling=async_scheduling)
+    state, remove = inject_persistent_copy_fault(engine, "copy")
+    ids = engine.add_requests(prompts, SAMPLED)
+    with pytest.raises(StepFailed):
+        for _ in range(100):  # the fork's copy-on-write copy comes within a few steps
+            engine.step()
+    assert engine.runner.num_unapplied_block_ops > 0
+    remove()
+    ended = engine.reset()
+    assert sorted(o.request_id for o in ended) == ids
+    assert all(r == "abort" for o in ended for r in o.finish_reasons)
+    assert engine.overlap is None or engine.overlap.in_flight is None
+    assert engine.allocator.num_cached_blocks == 0 and engine.step() == []
+    assert_nothing_leaked(engine)
+    fresh = Engine(model, **CONFIGS["roomy"])
+    assert [o.outputs for o in engine.run(prompts, SAMPLED)] == [o.outputs for o in fresh.run(prompts, SAMPLED)]
+    assert_nothing_leaked(engine)
+
+
+def test_a_failure_no_request_owns_says_so():
+    from paged_edu.engine import StepFailed as Failed
+
+    err = Failed(7, "block copies", [], RuntimeError("device lost"))
+    assert err.request_ids == [] and "reset()" in str(err) and "no live request" in str(err)
+    assert "abort_request" in str(Failed(7, "forward", [3], RuntimeError("x")))

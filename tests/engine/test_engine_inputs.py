@@ -104,3 +104,48 @@ def test_jointly_impossible_lesson_parameters_name_the_one_to_change():
     with pytest.raises(ValueError, match="pool_blocks=1 is too small.*needs 7 blocks"):
         check_parameters(pool_blocks=1, pressure_prompt_len=24, max_new_tokens=32)
     assert check_parameters(pool_blocks=7, pressure_prompt_len=24, max_new_tokens=32)["pool_blocks"] == 7
+
+
+# ----------------------------------------------------------------------------------------------
+# Sizes: n bounded and checked before anything is built from it; integers are integers
+# ----------------------------------------------------------------------------------------------
+
+
+def test_n_has_a_stated_bound():
+    """``SamplingParams(n=2**31)`` was accepted, and an engine then built ``list(range(n))``."""
+    from paged_edu.engine.sampling import MAX_SAMPLES
+
+    for n in (MAX_SAMPLES + 1, 2**31):
+        with pytest.raises(FieldValueError, match=rf"n must be in \[1, {MAX_SAMPLES}\]") as err:
+            SamplingParams(temperature=1.0, n=n)
+        assert err.value.field == "n"
+    assert SamplingParams(temperature=1.0, n=MAX_SAMPLES).n == MAX_SAMPLES
+
+
+MAX_N_OVER = 1000  # within SamplingParams' bound, above the engine's max_num_seqs
+
+
+def test_an_n_above_max_num_seqs_is_refused_before_its_samples_are_built(model, monkeypatch):
+    from paged_edu.sched.parallel_sampling import ParallelSamples
+
+    engine = Engine(model, num_blocks=64, block_size=4, max_num_seqs=4)
+    built, real = [], ParallelSamples.__init__
+
+    def spy(self, seq, num_samples, *args):
+        built.append(num_samples)
+        real(self, seq, num_samples, *args)
+
+    monkeypatch.setattr(ParallelSamples, "__init__", spy)
+    with pytest.raises(FieldValueError, match="max_num_seqs=4") as err:
+        engine.add_request([1, 2, 3], SamplingParams(temperature=1.0, n=MAX_N_OVER))
+    assert err.value.field == "max_num_seqs" and built == []  # refused before a record of n samples exists
+    assert not engine.has_unfinished() and engine.generate([[1, 2, 3]], max_new_tokens=2)
+    assert built == [1]
+
+
+@pytest.mark.parametrize("bad", [2.0, True])
+@pytest.mark.parametrize("field", ["max_tokens", "n", "seed"])
+def test_sampling_params_integers_refuse_floats_and_bools_alike(field, bad):
+    with pytest.raises(FieldTypeError) as err:
+        SamplingParams(**{"temperature": 1.0, field: bad})
+    assert err.value.field == field

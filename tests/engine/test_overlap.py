@@ -258,7 +258,7 @@ def test_a_sample_aborted_while_its_fork_is_in_flight_ends_empty(model, prompts,
         while engine.has_unfinished():
             results.update({o.request_id: o.outputs for o in engine.step()})
             flight = async_scheduling and engine.overlap.in_flight
-            if flight and flight.forks and not engine._requests[ids[0]].samples.has_ended(sample):
+            if flight and flight.plan.forks and not engine._requests[ids[0]].samples.has_ended(sample):
                 engine.abort_request(ids[0], sample)
         assert_no_leaks(engine)
         return results
@@ -297,7 +297,14 @@ def test_random_configurations_match_sync(model, seed):
 
     def run(async_scheduling: bool) -> dict:
         a = allocator(kind, num_blocks, block_size)
-        engine = Engine(model, num_blocks, block_size, allocator=a, async_scheduling=async_scheduling, **kwargs)
+        engine = Engine(
+            model,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            allocator=a,
+            async_scheduling=async_scheduling,
+            **kwargs,
+        )
         engine.add_requests(prompts, params)
         results, aborted = {}, set()
         while engine.has_unfinished():

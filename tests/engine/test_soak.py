@@ -1,6 +1,6 @@
 """The soak probe (benchmarks/soak_engine.py) on a few hundred requests: no leak, and a leak is seen.
 
-The same code as the 100,000-request run whose record is ``figures/soak_engine.json``: four engines
+The same code as the 100,000-request run whose record is ``benchmarks/records/cpu/soak_engine.json``: four engines
 (hash / radix cache x recompute / swap) under aborts, salts, preemptions and injected faults,
 drained and measured at ten checkpoints each. Then engines made to leak on purpose -- a request
 state kept, one block never released, random streams never dropped, cache events lost -- must each
@@ -35,13 +35,13 @@ def test_the_soak_finds_no_leak_and_exercises_every_path():
 
 def keep_finished_requests(engine):
     engine.kept = []
-    real = engine._finish
+    real = engine.phases.finish_request
 
     def finish(request):
         engine.kept.append(request)
         return real(request)
 
-    engine._finish = finish
+    engine.phases.finish_request = finish
 
 
 def lose_one_block(engine):

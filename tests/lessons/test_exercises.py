@@ -9,6 +9,7 @@ from the exercise modules' hint tables.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -59,7 +60,13 @@ WRONG = {
             lambda tokens, B: [
                 hash_block(b"", array("q", tokens[i : i + B]).tobytes()) for i in range(0, len(tokens) - B + 1, B)
             ],
-            "cases match; first differences",
+            "the seed's per-block hash",
+        ),
+        (
+            lambda tokens, B: [
+                hashlib.sha256(str(tokens[i : i + B]).encode()).hexdigest() for i in range(0, len(tokens) - B + 1, B)
+            ],
+            "the seed's per-block hash",
         ),
         (lambda tokens, B: [], "cases match"),
         (lambda tokens, B: [hash_block(b"", array("q", tokens).tobytes())], "cases match"),
@@ -134,9 +141,9 @@ def test_compare_handles_non_finite_values_and_stub_functions():
 
 # -- every exercise, any answer: a verdict, never an exception; only the reference passes --------
 # What each exercise asks for, written here independently of the exercise modules.
-FUNCTIONS = {"2.1", "3.1", "4.1", "4.2", "4.3", "5.1"}
+FUNCTIONS = {"2.1", "3.1", "4.1", "4.2", "4.3", "5.1", "9.4", "9.5", "10.1", "10.2", "11.1"}
 CLASSES = {"5.3"}
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("0[1-9]_*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 class Thing:
@@ -212,7 +219,7 @@ def _answer(name, label):
 
 
 def test_every_exercise_is_fed_the_whole_list():
-    assert len(ex.EXERCISES) == 28 and set(ex.EXERCISES) >= FUNCTIONS | CLASSES
+    assert len(ex.EXERCISES) == 37 and set(ex.EXERCISES) >= FUNCTIONS | CLASSES
     assert all(len(_labels(n)) >= 10 for n in ex.EXERCISES)
 
 
@@ -272,7 +279,13 @@ NAMED_WRONG = [
     ("7.2", {"paged": None, "contiguous-max": None}, "not answered yet"),
     ("7.2", {"paged": 1.0, "contiguous-max": None}, "not answered yet"),
     ("8.2", {"hash B=16": None, "radix B=16": None, "radix B=1": None}, "not answered yet"),
+    ("11.1", lambda b, a: a[Q11] and a[H11] / a[Q11], "since the server started"),
+    ("11.2", 25.0, "upper bound"),
+    ("11.2", 0.0458333, "seconds"),
+    ("11.3", {"front": 0, "end": 120}, "whole blocks"),
+    ("11.3", {"front": 100, "end": 112}, "timestamp"),
 ]
+Q11, H11 = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 
 
 @pytest.mark.parametrize("name, wrong, words", NAMED_WRONG, ids=lambda x: x if isinstance(x, str) else "")
@@ -310,7 +323,7 @@ def test_every_exercise_cell_is_asked_and_unanswered(path):
     seen = []
     for k, cell in enumerate(cells):
         src = "".join(cell["source"])
-        names = re.findall(r'ex\.check\("(\d\.\d)"', src)
+        names = re.findall(r'ex\.check\("(\d+\.\d+)"', src)
         if cell["cell_type"] != "code" or not names:
             continue
         seen += names
@@ -321,8 +334,9 @@ def test_every_exercise_cell_is_asked_and_unanswered(path):
         statement = next("".join(c["source"]) for c in reversed(cells[:k]) if c["cell_type"] == "markdown")
         for name in names:
             assert f"**{name}" in statement, f"cell {k}: no statement of {name} in the markdown cell above it"
-    assert seen and all(n.startswith(path.name[1]) for n in seen)
-    assert sorted(seen) == sorted(n for n in ex.EXERCISES if n.startswith(path.name[1]))
+    lesson = str(int(path.name[:2]))
+    assert seen and all(n.split(".")[0] == lesson for n in seen)
+    assert sorted(seen) == sorted(n for n in ex.EXERCISES if n.split(".")[0] == lesson)
 
 
 def test_5_1_states_the_subtle_definition():
@@ -330,3 +344,13 @@ def test_5_1_states_the_subtle_definition():
     k = next(i for i, c in enumerate(cells) if 'ex.check("5.1"' in "".join(c["source"]))
     statement = "".join(cells[k - 1]["source"])
     assert "## Your turn" in statement and "no slot yet" in statement
+
+
+def test_7_1_names_the_s_minus_1_count():
+    from paged_edu.lessons.exercises.lesson7 import lengths
+
+    s = lengths()
+    wrong = sum(x - 1 for x in s) / (len(s) * 2048)
+    for answer in (wrong, float(f"{wrong:.4g}")):
+        verdict = ex.check("7.1", answer)
+        assert not verdict and "s - 1 tokens" in str(verdict), str(verdict)

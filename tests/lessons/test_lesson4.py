@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_edu.kernels import paged_attention_decode, triton_interpreting
+from paged_edu.kernels import paged_attention_decode, triton_available, triton_interpreting
 from paged_edu.kernels.online_softmax import block_update, empty_state, merge_states
 from paged_edu.kernels.reference import paged_attention_torch
 from paged_edu.labs.seed_kernel import paged_attention_decode_step, paged_attention_decode_step_fixed
@@ -215,12 +215,28 @@ def test_stored_figures_and_kernel_source():
     )
     assert stored_split_points({"cases": []}, "1x8192") is None
     assert len(split_figure([sweep], "t").data) == 3 and len(ladder_figure(figures["cases"], "t").data) == 4
-    from paged_edu.kernels import triton_decode
+    from paged_edu.kernels.decode import tuning, tutorial
 
-    text = source_between(triton_decode._paged_decode_kernel, "tl.program_id", "seq_len = ")
+    text = source_between(tutorial.paged_decode_kernel, "tl.program_id", "seq_len = ")
     assert "program_id" in text and "seq_len = " not in text
     with pytest.raises(ValueError, match="not in the source"):
-        source_between(triton_decode.choose_num_splits, "no such line")
+        source_between(tuning.choose_num_splits, "no such line")
+
+
+@pytest.mark.skipif(not triton_available(), reason="reads the Triton kernels' sources")
+def test_the_engines_decode_kernel_calls_every_piece_the_lessons_kernel_calls():
+    """Section 6's claim, read from the sources: the engine's pure-decode kernel is assembled from the
+    pieces of the kernel the lesson reads (and more); both stay within 30 parameters, the lesson's
+    within 80 lines."""
+    from paged_edu.kernels.decode import fast, tutorial
+    from paged_edu.labs.kernel_ladder import kernel_outline
+
+    lesson, engine = kernel_outline(tutorial.paged_decode_kernel), kernel_outline(fast.rotary_store_decode_kernel)
+    assert lesson["helpers"] == [f"pieces.{p}" for p in ("tile_range", "group_offsets", "attend_tiles", "write_result")]
+    assert set(lesson["helpers"]) < set(engine["helpers"]) and "fast.store_new_token" in engine["helpers"]
+    assert lesson["lines"] <= 80 and max(lesson["parameters"], engine["parameters"]) <= 30
+    assert 0 < lesson["compile_time"] < lesson["parameters"]
+    assert kernel_outline(kernel_outline)["helpers"] == []  # a plain function: no Triton helpers
 
 
 # ----------------------------------------------------------------------------------------------
@@ -307,13 +323,13 @@ def test_stepper_traces_refuse_a_bad_head():
 
 
 def test_every_piece_of_the_kernel_the_lesson_shows_is_still_in_its_source():
-    """Lesson 4 prints pieces of triton_decode.py between marker lines: a kernel edit that removes a
-    marker must fail here, not in the middle of the lesson."""
+    """Lesson 4 prints pieces of the decode kernels (paged_edu/kernels/decode/) between marker lines: a
+    kernel edit that removes a marker must fail here, not in the middle of the lesson."""
     import json
     import re
     from pathlib import Path
 
-    from paged_edu.kernels import triton_decode as td
+    from paged_edu.kernels.decode import fast, pieces, tutorial
     from paged_edu.labs import kernel_ladder as ladder
 
     nb = json.loads(
@@ -327,7 +343,7 @@ def test_every_piece_of_the_kernel_the_lesson_shows_is_still_in_its_source():
     ]
     assert len(calls) >= 5
     for call in calls:
-        assert eval(call, {"ladder": ladder, "td": td}).strip(), call  # noqa: S307 -- our own notebook
+        assert eval(call, {"ladder": ladder, "tutorial": tutorial, "pieces": pieces, "fast": fast}).strip(), call  # noqa: S307
 
 
 @pytest.mark.gpu

@@ -197,7 +197,7 @@ def test_sim_vs_real_on_a_gpu_fits_warm_steps():
     r = sim_vs_real(tiny_model("cuda", torch.bfloat16), num_requests=24)
     assert r["measured"]["num_steps"] == r["simulated"]["num_steps"]
     # Bounds a busy host's noise does not cross, which a cold fit misses many times over. On the H200
-    # (figures/h200/sim_vs_real_probe_0298cf0.txt): warm, the fitted overhead was 0.3-0.6 of the median
+    # (benchmarks/records/h200/sim_vs_real_probe_0298cf0.txt): warm, the fitted overhead was 0.3-0.6 of the median
     # step, the median step error 0.25-0.58 (0.62 in a whole GPU suite run, which failed the bound of 0.5
     # this test had), the throughput ratio 0.86-1.10 -- and 6.2 in the first run on an empty Triton cache,
     # whose measured trace was not warmed then (sim_vs_real warms both traces now); with the warm-up

@@ -8,7 +8,7 @@ exercise numbers left out) and fails on
 * a **typed figure the lesson computes**: a number with thousands separators, with decimals or
   with a size unit (``GiB`` ...), whose value also appears -- at the precision it was typed --
   among the lesson's stored outputs (the checked cells) or in a stored record the lesson loads
-  (``figures/*.json`` named in its code); plain integers are left alone (block sizes, counts and
+  (``benchmarks/records/**.json`` named in its code); plain integers are left alone (block sizes, counts and
   other inputs);
 * a **measured figure** at all: a time, a rate, a percentage or a speed-up typed in the prose,
   unless :data:`ALLOWED` names it with the reason it may be typed (an input the lesson sets, a
@@ -26,7 +26,7 @@ import pytest
 from paged_edu.lessons.prose import Prose, fmt, say
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 _NUM = r"(?<![\w.,/#=-])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"
 # units of a measurement: times, rates, shares, speed-ups (sizes count only when the lesson computes them)
@@ -65,6 +65,12 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("08", "28 %"): "the seed's claim, quoted to be checked",
     ("08", "0.9"): "gpu_memory_utilization, an input",
     ("08", "5 %"): "exercise 8.3's margin for 'LPM wins' (WIN_FACTOR 0.95), an input of the question",
+    ("11", "0 %"): "the seed's troubleshooting 2 symptom (a hit rate of 0 %), quoted",
+    ("11", "0.0 %"): "the seed's troubleshooting 2 symptom as the seed writes it, quoted",
+    ("11", "20 ms"): "the seed's troubleshooting 3 symptom (20 -> 400 ms), quoted",
+    ("11", "400 ms"): "the seed's troubleshooting 3 symptom (20 -> 400 ms), quoted",
+    ("11", "0.0"): "exercise 11.1's value for an empty window, part of the question",
+    ("11", "90 %"): "what p90 means (exercise 11.2's question), a definition",
 }
 
 # Numbers that are never figures: exercise numbers (**4.1**, exercise 6.2), model sizes (135M),
@@ -124,7 +130,7 @@ def _computed_numbers(nb: dict) -> set[float]:
             text = "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
             text += "".join(o.get("data", {}).get("text/markdown", ""))
             out |= _numbers(text)
-    for name in set(re.findall(r"figures/[\w/]+\.json", code)):
+    for name in set(re.findall(r"benchmarks/records/[\w/]+\.json", code)):
         path = ROOT / name
         if path.exists():
             out |= _numbers(path.read_text())

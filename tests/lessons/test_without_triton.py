@@ -26,7 +26,8 @@ from paged_edu.labs.kernel_ladder import source_between, source_of
 from paged_edu.lessons.setup import needs_triton, setup
 from paged_edu.lessons.where_it_lives import CONCEPTS, resolve
 
-td = source_of("paged_edu.kernels.triton_decode")
+tutorial = source_of("paged_edu.kernels.decode.tutorial")
+pieces = source_of("paged_edu.kernels.decode.pieces")
 try:
     resolve("paged_edu.kernels.triton_decode:no_such_kernel")
     wrong = "resolved"
@@ -36,8 +37,8 @@ setup("cpu")
 print(json.dumps({
     "available": triton_available(),
     "needs": needs_triton("the split-KV kernel"),
-    "excerpt": source_between(td._paged_decode_kernel, "if HEADS_FASTEST:", "offs_g = "),
-    "merge": td._merge_splits_kernel,
+    "excerpt": source_between(tutorial.paged_decode_kernel, "q_ptrs = ", "bt_row_ptr = "),
+    "merge": pieces.merge_splits,
     "resolved": [type(resolve(p)).__name__ for c in CONCEPTS for p in c.paged_edu],
     "wrong": wrong,
 }))
@@ -58,13 +59,13 @@ def without_triton():
 def test_kernel_source_is_read_from_the_file_as_the_lesson_shows_it(without_triton):
     import inspect
 
-    from paged_edu.kernels import triton_decode as td
+    from paged_edu.kernels.decode import pieces, tutorial
     from paged_edu.labs.kernel_ladder import source_between
 
     _, got = without_triton
     assert not got["available"]
-    assert got["excerpt"] == source_between(td._paged_decode_kernel, "if HEADS_FASTEST:", "offs_g = ")
-    assert got["merge"] == inspect.getsource(td._merge_splits_kernel.fn).rstrip("\n")  # decorator included
+    assert got["excerpt"] == source_between(tutorial.paged_decode_kernel, "q_ptrs = ", "bt_row_ptr = ")
+    assert got["merge"] == inspect.getsource(pieces.merge_splits.fn).rstrip("\n")  # decorator included
     assert got["merge"].startswith("@triton.jit")
 
 

@@ -157,11 +157,11 @@ def test_bench_gemm_smoke_times_both_paths_checks_them_and_sweeps(tmp_path):
 
 
 H200_ENGINE_RUNS = [
-    "figures/h200/engine_bench_decode_tables.json",
-    "figures/h200/engine_bench_decode_tables_2.json",
-    "figures/h200/engine_bench_decode_tables_3.json",
-    "figures/h200/engine_bench_0298cf0.json",
-    "figures/h200/engine_bench_0298cf0_2.json",
+    "benchmarks/records/h200/engine_bench_decode_tables.json",
+    "benchmarks/records/h200/engine_bench_decode_tables_2.json",
+    "benchmarks/records/h200/engine_bench_decode_tables_3.json",
+    "benchmarks/records/h200/engine_bench_0298cf0.json",
+    "benchmarks/records/h200/engine_bench_0298cf0_2.json",
 ]
 
 

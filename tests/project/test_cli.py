@@ -116,7 +116,7 @@ def test_every_example_in_the_help_parses():
             if line.endswith("--help"):
                 continue
             args = parser.parse_args(shlex.split(line)[1:])
-            assert args.command in ("simulate", "figures-sim"), line
+            assert args.command in ("simulate", "figures-sim", "serve", "bench-serve"), line
 
 
 def test_version_prints_the_installed_version(capsys):
@@ -230,6 +230,7 @@ def test_figures_sim_does_not_blame_a_flag_it_does_not_have(monkeypatch, tmp_pat
 FIGURES_BAD_FLAGS = [
     # (argv, flag the one-line error must name): every figures-sim flag that takes a value
     (["--out", "/proc/no/such/dir/figs"], "--out"),
+    (["--data", "/proc/no/such/dir/data.json"], "--data"),
     (["--num-requests", "0"], "--num-requests"),
     (["--seed", "-1"], "--seed"),
     (["--format", "gif"], "--format"),

@@ -19,7 +19,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # The one statement of the layer order (paste-ready for the README). `paged_edu` itself (the package's
 # __init__, the names it re-exports) sits above every layer; nothing in the package imports it.
-LAYERS = ["data", "core", "sched", "sim", "kernels", "cache", "models", "engine", "labs", "viz", "lessons", "cli"]
+LAYERS = [
+    "data",
+    "core",
+    "sched",
+    "sim",
+    "kernels",
+    "cache",
+    "models",
+    "engine",
+    "serve",
+    "labs",
+    "viz",
+    "lessons",
+    "cli",
+]
 TORCH_FREE = LAYERS[: LAYERS.index("kernels")]
 HEAVY = ("torch", "triton", "plotly", "ipywidgets", "anywidget", "transformers")
 TOP = "paged_edu"

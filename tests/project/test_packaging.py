@@ -344,7 +344,7 @@ def test_the_stored_records_load_by_name():
         "kernel_bench.json",
         "kernel_sweep.json",
         "engine_bench.json",
-        "engine_bench_before_issue14.json",
+        "engine_bench_before_fused_kernels.json",
         "oom_child.json",
     } <= set(data.names())
     assert data.load_json("kernel_bench.json")["command"].startswith("python benchmarks/bench_kernels.py")

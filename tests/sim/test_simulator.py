@@ -404,6 +404,22 @@ def test_cli_reports_bad_input(tmp_path, capsys):
         main(["simulate", "--workload", "nope"])
 
 
+@pytest.mark.parametrize("token", [2**63, 2**64 - 1, 2**63 + 12345])
+def test_cli_refuses_a_trace_token_past_int64_naming_the_line(tmp_path, capsys, token):
+    """Issue 44 item 7: a trace token >= 2**63 passed load_trace and crashed the run with a traceback
+    when its request was admitted (exit 1). It is refused when the trace is read: exit 2, one line
+    naming the file, the line, the field and the element."""
+    trace = tmp_path / "big.jsonl"
+    trace.write_text(
+        '{"arrival_time": 0, "prompt": [1, 2, 3], "output_len": 2}\n'
+        f'{{"arrival_time": 0.5, "prompt": [4, 5, {token}], "output_len": 3}}\n'
+    )
+    assert main(["simulate", "--trace", str(trace), "--managers", "paged", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "big.jsonl:2" in err and "prompt" in err and f"element 2 is int {token}"[:40] in err
+
+
 def test_format_table_has_a_row_per_config():
     res = compare(
         TINY,

@@ -103,7 +103,17 @@ def test_trace_round_trip(tmp_path):
         ('{"arrival_time": 0, "prompt_len": 0, "output_len": 2}', ValueError, "prompt_len must be >= 1"),
         ('{"arrival_time": 0, "prompt_len": 5, "output_len": 2.5}', TypeError, "output_len must be an int"),
         ('{"arrival_time": 0, "prompt_len": true, "output_len": 2}', TypeError, "prompt_len must be an int"),
-        ('{"arrival_time": 0, "prompt": [1, -2], "output_len": 2}', ValueError, "non-negative integer token ids"),
+        ('{"arrival_time": 0, "prompt": [1, -2], "output_len": 2}', ValueError, "prompt .*non-negative.*element 1"),
+        # issue 44 item 7: token ids are hashed as int64; 2**63 passed and crashed the run when admitted
+        ('{"arrival_time": 0, "prompt": [1, 9223372036854775808], "output_len": 2}', ValueError, "prompt .*element 1"),
+        ('{"arrival_time": 0, "prompt": [2, 3, 18446744073709551615], "output_len": 1}', ValueError, "< 2\\*\\*63"),
+        ('{"arrival_time": 0, "prompt": [1], "output_len": 1, "output": [9223372036854775808]}', ValueError, "output"),
+        ('{"arrival_time": 0, "prompt": [1, 2.0], "output_len": 2}', TypeError, "prompt .*element 1 is float"),
+        (
+            '{"arrival_time": 0, "prompt": [1], "output_len": 1, "output": [true]}',
+            TypeError,
+            "output .*element 0 is bool",
+        ),
         ('{"arrival_time": 0, "prompt_len": 5, "output_len": 2, "colour": 1}', ValueError, "unknown field"),
         (
             '{"arrival_time": 0, "prompt_len": 5, "output_len": 2, "prefix_len": 3}',

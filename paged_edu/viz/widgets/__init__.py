@@ -10,7 +10,8 @@ notebooks can drive a widget headless; ``widget.ui`` is what a notebook displays
 * :class:`BlockTableWidget` (:mod:`.block_table`, lesson 2) -- requests come and go; blocks, tables, addresses.
 * :class:`PrefixSharingWidget` (:mod:`.prefix_sharing`, lesson 3) -- shared system prompts; fork; CoW; evict.
 
-:mod:`.base` holds what they share (``_AllocatorView``, ``_figure_widget``, ``_update_heatmap``).
+:mod:`.base` holds what they share (``_AllocatorView``, ``_figure_widget``, ``_update_heatmap``);
+:mod:`.figure` the ``FigureWidget`` every widget draws into, made safe to load on a slow page.
 """
 
 from paged_edu.viz.widgets.base import _AllocatorView, _figure_widget, _update_heatmap  # noqa: F401

@@ -6,7 +6,7 @@ plotly's ``FigureWidget`` is an anywidget whose front-end module is plotly.js it
 rejects the model's ready promise, and every later message from the kernel to that model is
 dropped for good (console: ``[anywidget] Failed to initialize model.``). plotly sends a figure's
 traces in such a message (the model opens with ``_widget_data = []``), so on a busy machine a
-figure stays empty and stops following its widget -- the lesson 2 failure of issue 25.
+figure stays empty and stops following its widget -- a failure seen in lesson 2.
 
 :class:`FigureWidget` changes two things and keeps plotly's own front end:
 

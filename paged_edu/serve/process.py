@@ -1,0 +1,117 @@
+"""``paged-edu serve`` as a child process on a free local port: what a notebook, a test or a benchmark
+starts, talks to over HTTP, and stops -- also when something fails in between.
+
+    with ServerProcess(["--model", "tiny-random"]) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+        ...
+    # stopped here: SIGTERM (in-flight requests finish or are aborted), then SIGKILL if it hangs
+
+The port is the kernel's choice (``--port 0``): the server prints ``ready on http://127.0.0.1:PORT``
+once it accepts requests, and that line is the only thing waited for. The child's output is kept
+(:attr:`ServerProcess.lines`); a server that fails to start raises with its last lines.
+
+A child must not outlive whoever started it: besides :meth:`ServerProcess.stop` (and the ``with``
+block), it is stopped when this process exits (``atexit``: a notebook's kernel shut down after a
+failed cell), and on Linux the kernel sends it SIGTERM if this process dies without exiting
+(``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from pathlib import Path
+
+__all__ = ["ServerProcess"]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ServerProcess:
+    """A ``paged-edu serve ARGV`` child; :attr:`url` once it is ready. ``timeout``: seconds to wait
+    for it to start (loading a model) and to stop."""
+
+    def __init__(self, argv: list[str], *, host: str = "127.0.0.1", timeout: float = 600.0, env=None) -> None:
+        self.argv = ["--host", host, "--port", "0", *argv]
+        self.timeout = timeout
+        self.env = dict(os.environ if env is None else env)
+        # The child imports the same paged_edu as this process (a checkout that is not installed too).
+        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), self.env.get("PYTHONPATH")) if p)
+        self.lines: deque[str] = deque(maxlen=2000)
+        self.proc: subprocess.Popen | None = None
+        self.url: str | None = None
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> ServerProcess:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "paged_edu.cli", "serve", *self.argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        atexit.register(self.stop)
+        ready = threading.Event()
+
+        def read() -> None:
+            for line in self.proc.stdout:
+                self.lines.append(line.rstrip("\n"))
+                if "ready on " in line and self.url is None:
+                    self.url = line.split("ready on ", 1)[1].strip()
+                    ready.set()
+            ready.set()  # the child ended
+
+        self._reader = threading.Thread(target=read, name="paged-edu-serve-output", daemon=True)
+        self._reader.start()
+        if not ready.wait(self.timeout) or self.url is None:
+            status = self.stop()
+            tail = "\n".join(list(self.lines)[-30:])
+            raise RuntimeError(f"paged-edu serve did not start (exit status {status}); its last lines:\n{tail}")
+        return self
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL if it has not stopped within ``timeout``; the exit status."""
+        if self.proc is None:
+            return None
+        atexit.unregister(self.stop)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(self.timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(self.timeout)
+        if self._reader is not None:
+            self._reader.join(self.timeout)  # every line it printed, its last one included
+        return self.proc.returncode
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        """Where the server publishes its KV events (``--kv-events-endpoint``, the port it bound), if it does."""
+        for line in self.lines:
+            if "KV events on " in line:
+                return line.split("KV events on ", 1)[1].strip()
+        return None
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: SIGTERM when the parent dies (Linux's ``PR_SET_PDEATHSIG``)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # no glibc: the atexit stop still holds
+        pass

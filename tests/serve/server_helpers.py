@@ -1,0 +1,63 @@
+"""A real server for a test, on 127.0.0.1 and a free port: in a thread of the test's process (the test
+can read its engine), or as a ``paged-edu serve`` subprocess (the command line itself). Both are
+stopped by the test that started them; every wait is bounded by the hang guard."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+from hang_guard import HANG_GUARD_S
+
+from paged_edu.serve.process import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ThreadServer:
+    """``paged-edu serve ARGV`` built in this process and run by uvicorn in a thread."""
+
+    def __init__(self, argv: list[str]) -> None:
+        import uvicorn
+
+        from paged_edu.cli import _build_parser
+        from paged_edu.serve.launch import asgi, build_server
+
+        self.args = _build_parser().parse_args(["serve", "--device", "cpu", *argv])  # the CPU suite, on any machine
+        self.server = build_server(self.args)
+        self.engine = self.server.engine
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        app = asgi(self.server, self.args.max_body_bytes)
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+        self.uvicorn = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not self.uvicorn.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the in-thread server did not start")
+            time.sleep(0.02)
+
+    def call(self, fn):
+        """``fn(engine)`` on the engine loop's thread, between two steps."""
+        return self.server.loop.call(fn).result(timeout=HANG_GUARD_S)
+
+    def stop(self) -> None:
+        self.uvicorn.should_exit = True
+        self.thread.join(HANG_GUARD_S)
+        self.server.close()
+        self.sock.close()
+
+
+class ProcessServer(ServerProcess):
+    """``paged-edu serve ARGV`` as a subprocess (:class:`paged_edu.serve.process.ServerProcess`), started."""
+
+    def __init__(self, argv: list[str]) -> None:
+        super().__init__(["--device", "cpu", *argv], timeout=HANG_GUARD_S)
+        self.start()
+        self.base_url = self.url

@@ -1,0 +1,93 @@
+"""The server's text and the client's traffic, without a server: the byte tokenizer, streamed
+detokenization with stop strings (oracle: decoding the whole reply at once, and ``str.find``), and
+the course's workloads turned into requests (the multi-turn links, the side-channel triples)."""
+
+from __future__ import annotations
+
+import pytest
+
+from paged_edu.serve.tokenizer import ByteTokenizer, Detokenizer
+from paged_edu.serve.traffic import build_traffic, map_token
+
+TOK = ByteTokenizer()
+TEXT = "Grüße, 世界! naïve café — ok"
+
+
+def stream(text_ids, stop=(), step=1):
+    d = Detokenizer(TOK, [1, 2, 3], stop)
+    pieces = [d.add(text_ids[i : i + step]) for i in range(0, len(text_ids), step)]
+    pieces.append(d.add([], final=True))
+    return "".join(pieces), d.stopped
+
+
+def test_byte_tokenizer_round_trips_text_and_special_tokens():
+    ids = TOK.encode("<|im_start|>user\n" + TEXT + "<|im_end|>")
+    assert ids[0] == 257 and ids[-1] == 258 and all(t < 256 for t in ids[1:-1])
+    assert TOK.decode(ids) == "user\n" + TEXT
+    assert TOK.decode(ids, skip_special_tokens=False) == "<|im_start|>user\n" + TEXT + "<|im_end|>"
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7])
+def test_streamed_text_is_the_whole_decode_however_the_bytes_are_split(step):
+    ids = TOK.encode(TEXT)
+    text, stopped = stream(ids, step=step)
+    assert text == TEXT and stopped is None
+
+
+@pytest.mark.parametrize("stop", [("世界",), ("café", "Grüße"), ("naïve", "ï"), ("absent",), ("ok",)])
+def test_the_text_ends_before_the_first_stop_string_to_complete(stop):
+    """As vLLM checks them while tokens stream in: the first stop string whose last character arrives
+    wins ("ï" before "naïve", though "naïve" starts first)."""
+    text, stopped = stream(TOK.encode(TEXT), stop)
+    found = [(TEXT.find(s) + len(s), TEXT.find(s), s) for s in stop if s in TEXT]
+    if found:
+        _, at, first = min(found)
+        assert (text, stopped) == (TEXT[:at], first)
+    else:
+        assert (text, stopped) == (TEXT, None)
+
+
+def test_a_possible_stop_string_is_held_back_until_it_cannot_be_one():
+    d = Detokenizer(TOK, [], ("abc",))
+    assert d.add(TOK.encode("xxab")) == "xx"  # "ab" could start "abc"
+    assert d.add(TOK.encode("d")) == "abd"
+    assert d.add(TOK.encode("ab")) == ""
+    assert d.add([], final=True) == "ab"  # the end: nothing is a stop any more
+
+
+def test_a_cut_character_at_the_end_is_flushed_as_a_replacement():
+    ids = TOK.encode("é")[:1]
+    assert stream(ids)[0] == "\ufffd"
+
+
+def test_map_token_is_a_function_into_the_vocabulary():
+    ids = list(range(1, 5000))
+    mapped = [map_token(t, 259) for t in ids]
+    assert all(0 <= t < 259 for t in mapped) and mapped == [map_token(t, 259) for t in ids]
+    assert len(set(mapped)) > 250  # spread over the vocabulary
+
+
+def test_multiturn_traffic_links_each_turn_to_the_one_it_continues():
+    sends = build_traffic("multiturn", 12, float("inf"), 0, 259, scale=0.25)
+    follow = [s for s in sends if s.after is not None]
+    assert follow
+    for s in follow:
+        prev = sends[s.after]
+        assert s.prompt[: s.carries] == prev.prompt + prev.workload_reply
+        assert s.after < sends.index(s)
+
+
+def test_probe_traffic_is_victim_probe_control_triples():
+    sends = build_traffic("probe", 9, 2.0, 0, 1000, scale=0.1, tenants=2)
+    assert [s.role for s in sends] == ["victim", "probe", "control"] * 3
+    for v, p, c in zip(sends[::3], sends[1::3], sends[2::3]):
+        n = len(v.prompt) - 8
+        assert p.prompt[:n] == v.prompt[:n] and c.prompt[:n] != v.prompt[:n] and p.after == sends.index(v)
+        assert (v.cache_salt, p.cache_salt, c.cache_salt) == ("tenant-0", "tenant-1", "tenant-1")
+
+
+def test_lengths_scale_and_fit_the_model():
+    full = build_traffic("sharegpt", 50, float("inf"), 0, 259)
+    small = build_traffic("sharegpt", 50, float("inf"), 0, 259, scale=0.1, max_model_len=128)
+    assert sum(len(s.prompt) for s in small) < sum(len(s.prompt) for s in full) / 5
+    assert all(len(s.prompt) + s.max_tokens <= 128 for s in small)
