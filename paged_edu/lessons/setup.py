@@ -40,6 +40,7 @@ __all__ = [
     "colab_cell_source",
     "colab_url",
     "needs_triton",
+    "triton_modules",
     "pick_device",
     "setup",
 ]
@@ -238,8 +239,9 @@ def pick_device(device: str = "auto"):
     return device, default_dtype(device)
 
 
-# What a machine without Triton misses, said once: by setup() and by every cell that needs_triton().
-_NO_TRITON = (
+# What a machine without Triton misses, said once: by setup(), by every cell that needs_triton(), by a
+# kernel launched under triton_modules()' stand-ins and by an exercise that needs Triton.
+NO_TRITON = (
     "Triton is not installed here (its wheels are Linux-only); on Linux the Triton kernels run in Triton's "
     "interpreter on the CPU, on an NVIDIA GPU compiled"
 )
@@ -253,8 +255,42 @@ def needs_triton(what: str) -> bool:
 
     if triton_available():
         return True
-    print(f"{what}: skipped. {_NO_TRITON}.")
+    print(f"{what}: skipped. {NO_TRITON}.")
     return False
+
+
+def triton_modules():
+    """``(triton, triton.language)`` for a lesson cell that writes a kernel (``@triton.jit``): Triton itself;
+    where it is not installed, stand-ins under which the cell still runs -- the kernel is defined, and
+    launching it raises a ``RuntimeError`` saying that Triton is missing (an exercise that needs Triton
+    says so in its verdict instead: :func:`paged_edu.lessons.exercises.framework.register`)."""
+    from paged_edu.kernels import triton_available
+
+    if triton_available():
+        import triton
+        import triton.language as tl
+
+        return triton, tl
+    return _NoTriton("triton"), _NoTriton("triton.language")
+
+
+class _NoTriton:
+    """``triton``, ``triton.language`` or any name under them, where Triton is not installed: an
+    annotation (``tl.constexpr``) and a decorator (``@triton.jit``) work, a launch raises."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> "_NoTriton":
+        return _NoTriton(f"{self._name}.{attr}")
+
+    def __getitem__(self, grid) -> "_NoTriton":  # kernel[grid]
+        return self
+
+    def __call__(self, *args, **kwargs):
+        if self._name == "triton.jit" and len(args) == 1 and callable(args[0]) and not kwargs:
+            return _NoTriton(f"the kernel {args[0].__name__}")  # @triton.jit on a function
+        raise RuntimeError(f"{self._name}: {NO_TRITON}")
 
 
 def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False, **params):
@@ -294,5 +330,5 @@ def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False, **params)
         from paged_edu.kernels import triton_available
 
         if not triton_available():
-            print(f"note: the kernel cells run the PyTorch reference here. {_NO_TRITON}.")
+            print(f"note: the kernel cells run the PyTorch reference here. {NO_TRITON}.")
     return dev, dtype

@@ -34,7 +34,26 @@ try:
 except ValueError as exc:
     wrong = str(exc)
 setup("cpu")
+from paged_edu.lessons import exercises as ex
+from paged_edu.lessons.setup import triton_modules
+
+triton, tl = triton_modules()
+
+
+@triton.jit
+def kernel(x_ptr, N: tl.constexpr):  # a learner's kernel: defined without Triton
+    tl.store(x_ptr + tl.arange(0, N), 0)
+
+
+try:
+    kernel[(1,)](None, N=4)
+    launched = "ran"
+except RuntimeError as exc:
+    launched = str(exc)
+verdict = ex.check("10.1", lambda *args: None)
 print(json.dumps({
+    "launched": launched,
+    "verdict": verdict.ok,
     "available": triton_available(),
     "needs": needs_triton("the split-KV kernel"),
     "excerpt": source_between(tutorial.paged_decode_kernel, "q_ptrs = ", "bt_row_ptr = "),
@@ -74,8 +93,14 @@ def test_setup_and_a_cell_that_needs_triton_say_so_in_one_line(without_triton):
     assert got["needs"] is False
     assert printed[0] == "device: cpu, dtype: torch.float32"
     assert printed[1].startswith("note: the kernel cells run the PyTorch reference here. Triton is not installed")
-    assert printed[2].startswith("the split-KV kernel: skipped. Triton is not installed")
-    assert len(printed) == 3
+    assert printed[2].startswith("[ ] 10.1 needs Triton to be checked: Triton is not installed here")
+    assert printed[3].startswith("the split-KV kernel: skipped. Triton is not installed")
+    assert len(printed) == 4
+
+
+def test_a_kernel_is_defined_without_triton_and_its_launch_and_its_exercise_say_why_not(without_triton):
+    _, got = without_triton
+    assert got["launched"].startswith("the kernel kernel: Triton is not installed here") and got["verdict"] is False
 
 
 def test_lesson8s_names_resolve_without_triton_and_a_wrong_one_still_fails(without_triton):
