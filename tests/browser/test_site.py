@@ -367,12 +367,14 @@ def test_lesson_page_draws_plotly_typesets_math_and_folds_solutions(site, url, b
     shots = lesson == LESSONS[min(1, len(LESSONS) - 1)]  # screenshots of one lesson page
     try:
         page.wait_for_selector(".js-plotly-plot .main-svg")
-        page.wait_for_selector("mjx-container")
+        has_math = page.locator(".math").count() > 0  # MyST's math spans and blocks, before MathJax
+        if has_math:  # lesson 11 has none
+            page.wait_for_selector("mjx-container")
         assert page.locator(".js-plotly-plot").count() >= 1
         if shots:
             SHOTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SHOTS / f"{lesson}.png"))
-        assert page.locator("mjx-container").count() >= 1
+        assert page.locator("mjx-container").count() >= has_math
         from paged_edu.lessons.setup import REPO_PUBLISHED
 
         if REPO_PUBLISHED:
