@@ -150,11 +150,21 @@ def block_grid_figure(
     )
     fig.update_layout(
         title=title,
-        height=150 + 52 * rows,
-        width=62 * cols + 80,
-        margin={"l": 40, "r": 20, "t": 80, "b": 10},
+        # 50 x 48 px a block (its id, owner and ref count on three lines) and the legend in two columns:
+        # the pool of a lesson's widget fits beside its controls or its block tables in a laptop's
+        # notebook (934 px wide at 1366 x 768)
+        height=130 + 48 * rows,
+        width=50 * cols + 60,
+        margin={"l": 40, "r": 10, "t": 70, "b": 10},
         plot_bgcolor="white",
-        legend={"orientation": "h", "y": -0.02, "yanchor": "top", "font": {"size": 10}},
+        legend={
+            "orientation": "h",
+            "y": -0.02,
+            "yanchor": "top",
+            "font": {"size": 10},
+            "entrywidth": 0.5,
+            "entrywidthmode": "fraction",
+        },
     )
     return fig
 

@@ -99,6 +99,7 @@ _STORE_MISTAKES = (
     "skipping slot -1, and my_store_kv(key, value, k_cache, v_cache, slot_mapping) that launches it (in place).",
     store_kv,
     kind="function",
+    needs_triton=True,
 )
 def _check_10_1(fn) -> Verdict:
     for case in store_cases():
@@ -247,6 +248,7 @@ _PREFILL_MISTAKES = (
     "returns the (num_q_tokens, num_q_heads, head_dim) output.",
     paged_prefill,
     kind="function",
+    needs_triton=True,
 )
 def _check_10_2(fn) -> Verdict:
     worst = 0.0
@@ -409,6 +411,7 @@ def split_plan_reference() -> dict:
     "of 132 SMs: into how many splits does the decode kernel cut the sequence, which split stores the new token, "
     "and how many splits get no tile? Answer {'splits': n, 'holder': j, 'empty': k}.",
     split_plan_reference,
+    needs_triton=True,
 )
 def _check_10_3(answer) -> Verdict:
     right = split_plan_reference()
@@ -461,12 +464,12 @@ def piece_source(name: str) -> str:
     """The source of a decode piece or tuning rule (:mod:`paged_edu.kernels.decode`), to read."""
     import inspect
 
-    from paged_edu.kernels.decode import fast, pieces, tuning
+    from paged_edu.labs.kernel_ladder import source_of  # without Triton: read from the files
 
-    for module in (pieces, tuning, fast):
-        obj = getattr(module, name, None)
+    for module in ("pieces", "tuning", "fast"):
+        obj = getattr(source_of(f"paged_edu.kernels.decode.{module}"), name, None)
         if obj is not None:
-            return inspect.getsource(getattr(obj, "fn", obj))
+            return obj if isinstance(obj, str) else inspect.getsource(getattr(obj, "fn", obj))
     raise KeyError(f"no decode piece {name!r}")
 
 

@@ -389,6 +389,7 @@ def _close(a, b) -> bool:
     "y = weight * r' / sqrt(mean(r'^2) + eps).",
     add_rms_norm,
     kind="function",
+    needs_triton=True,
 )
 def _check_9_5(fn) -> Verdict:
     import torch
