@@ -71,6 +71,18 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
+def _shut_down_kernels(url: str) -> None:
+    """Shut down every kernel the server runs (a lesson's, once its test is over).
+
+    Left running, each lesson's kernel keeps its torch, model and plots in memory: ten of them on a
+    small CI machine left the eleventh lesson's kernel never reaching "Idle"."""
+    with urllib.request.urlopen(f"{url}/api/kernels", timeout=30) as reply:
+        kernels = json.loads(reply.read())
+    for kernel in kernels:
+        request = urllib.request.Request(f"{url}/api/kernels/{kernel['id']}", method="DELETE")
+        urllib.request.urlopen(request, timeout=60).close()
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A JupyterLab server over a copy of notebooks/; yields (base_url, root_dir)."""
@@ -104,6 +116,7 @@ def lab(tmp_path_factory):
             "--LabApp.news_url=None",
             "--allow-root",
             f"--ServerApp.root_dir={root}",
+            "--ServerApp.disable_check_xsrf=True",  # the test's own REST calls (a kernel's shutdown)
         ],
         env=env,
         stdout=log,
@@ -297,9 +310,11 @@ def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
         page.screenshot(path=str(SHOTS / f"{Path(lesson).stem}_failed.png"))
         print("page state:", page.evaluate(STATE, lesson))
         print("page errors:", page_errors)
+        print("JupyterLab's log:", (root.parent / "lab.log").read_text()[-3000:])
         raise
     finally:
         page.close()
+        _shut_down_kernels(url)
     assert (root / "notebooks" / lesson).stat().st_mtime_ns != stored, "the notebook was not saved"
     saved = json.loads((root / "notebooks" / lesson).read_text())
     errors = [
