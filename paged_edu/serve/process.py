@@ -13,7 +13,7 @@ once it accepts requests, and that line is the only thing waited for. The child'
 A child must not outlive whoever started it: besides :meth:`ServerProcess.stop` (and the ``with``
 block), it is stopped when this process exits (``atexit``: a notebook's kernel shut down after a
 failed cell), and on Linux the kernel sends it SIGTERM if this process dies without exiting
-(``PR_SET_PDEATHSIG``).
+(``PR_SET_PDEATHSIG``). The server's engine core, its own child process, dies with it the same way.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
-__all__ = ["ServerProcess"]
+__all__ = ["ServerProcess", "die_with_parent"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,7 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             text=True,
             env=self.env,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
         atexit.register(self.stop)
         ready = threading.Event()
@@ -106,8 +106,11 @@ class ServerProcess:
         self.stop()
 
 
-def _die_with_parent() -> None:
-    """In the child, before it runs: SIGTERM when the parent dies (Linux's ``PR_SET_PDEATHSIG``)."""
+def die_with_parent() -> None:
+    """In a child process: SIGTERM when its parent dies (Linux's ``PR_SET_PDEATHSIG``; elsewhere nothing).
+    The server's own child, the engine core, calls it too."""
+    if sys.platform != "linux":
+        return
     import ctypes
 
     PR_SET_PDEATHSIG = 1
