@@ -259,8 +259,9 @@ def build_server(args) -> Server:
         max_model_len=info["max_model_len"],
         vocab_size=info["vocab_size"],
         metrics=metrics,
+        api_key=args.api_key,
     )
-    app = build_app(state, args.api_key)
+    app = build_app(state)
     description = f"{name} {info['description']}; engine core: process {client.process.pid}" + (
         f", KV events on {info['kv_events_endpoint']}" if info["kv_events_endpoint"] else ""
     )
