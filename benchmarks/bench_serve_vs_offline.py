@@ -115,22 +115,6 @@ def offline(args, sends) -> dict:
     return out
 
 
-def core_report(lines) -> dict | None:
-    """The engine core's last report (``engine core: N steps, ...`` as it stops), as numbers."""
-    import re
-
-    for line in reversed(list(lines)):
-        m = re.search(
-            r"engine core: (\d+) steps; engine\.step ([\d.]+) ms/step \(CPU ([\d.]+)\); "
-            r"the loop's own work ([\d.]+) ms/step \(CPU ([\d.]+)\)",
-            line,
-        )
-        if m:
-            keys = ("step_ms", "step_cpu_ms", "loop_ms", "loop_cpu_ms")
-            return {"steps": int(m[1]), **{k: float(v) for k, v in zip(keys, m.groups()[1:])}}
-    return None
-
-
 def slim(result: dict) -> dict:
     return {k: v for k, v in result.items() if not isinstance(v, list) or k == "errors"}
 
@@ -195,7 +179,7 @@ def main(argv=None) -> int:
             ["--workload", "sharegpt", "--seed", str(args.seed + 1), "--ignore-eos", "--length-scale", str(scale),
              "--num-prompts", str(args.ttft_requests), "--request-rate", "1", "--num-warmups", "0"],
         )  # fmt: skip
-    core = core_report(server.lines)
+    core = server.engine_core_report()
     ratio = served["output_throughput"] / off["output_throughput"]
     steps = rate1["median_ttft_ms"] / rate1["median_itl_ms"] if rate1["median_itl_ms"] else None
     print(f"served / offline throughput {ratio:.3f} (target >= 0.9)", flush=True)

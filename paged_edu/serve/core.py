@@ -25,9 +25,10 @@ streams, and the two processes only exchange messages.
    next step), calls (``/reset_prefix_cache``), stop;
 2. one ``engine.step()`` (async scheduling: the step returns the tokens of the step launched before);
 3. *outputs*: one message for the step -- every sample's new tokens with their times, the requests
-   that ended, the replies to this turn's inputs, and the engine's gauges and counters (the
-   metrics are read from the engine's own state, here, and shipped) -- and the KV events of the
-   step on their own socket (:mod:`~paged_edu.serve.kv_events`).
+   that ended, the replies to this turn's inputs, and (every :data:`STATS_EVERY` seconds, and with
+   every message that ends a request) the engine's gauges and counters: the metrics are read from
+   the engine's own state, here, and shipped -- and the KV events of the step on their own socket
+   (:mod:`~paged_edu.serve.kv_events`).
 
 What the step produced is found in ``scheduler.running`` (after a step, a sequence's
 ``output_token_ids`` hold real tokens only) and in the outputs of the requests that ended; the work
@@ -56,7 +57,7 @@ core -> API server: first ``["ready", info]`` or ``["failed", message]``, then o
     replies: ["added", rid] | ["refused", rid, message, field] | ["result", call id, value]
              | ["raised", call id, message] | ["dead", message]
     stats:   [requests running, requests waiting, KV usage, prefix-cache queried tokens,
-              hit tokens, preemptions]                            # the counters cumulative
+              hit tokens, preemptions] or None                    # the counters cumulative
 
 Times are the engine's clock (``engine.now()``); ``info["clock_offset"]`` turns the API server's
 ``time.perf_counter()`` into it, so a request's arrival and its tokens' times are on one clock.
@@ -74,6 +75,8 @@ __all__ = ["MAX_RETRIES", "UTILITIES", "EngineCore", "run_engine_core"]
 log = logging.getLogger("paged_edu.serve")
 
 MAX_RETRIES = 3  # failed steps in a row before the requests in them are ended
+STATS_EVERY = 0.005  # seconds: the gauges and counters go with a message at most this often (and always
+# with one that ends a request or answers a call); a Prometheus scrape reads them every few seconds
 UTILITIES = ("reset_prefix_cache", "snapshot")  # the methods a "call" may name
 
 
@@ -101,6 +104,7 @@ class EngineCore:
         self._tokens: list = []  # this turn's message, as it fills
         self._ends: list = []
         self._replies: list = []
+        self._stats_time = 0.0  # when the last message carried the stats
         self._stopping = False
         self._failures = 0
         self.num_failed_steps = 0
@@ -171,9 +175,16 @@ class EngineCore:
         """This turn's message, if it has anything to say."""
         if not (self._tokens or self._ends or self._replies):
             return
-        message = [self._tokens, self._ends, self._replies, self._stats()]
+        message = [self._tokens, self._ends, self._replies, self._maybe_stats()]
         self._tokens, self._ends, self._replies = [], [], []
         self.outputs.send(self._pack(message), copy=False)
+
+    def _maybe_stats(self) -> list | None:
+        now = time.perf_counter()
+        if not (self._ends or self._replies) and now - self._stats_time < STATS_EVERY:
+            return None
+        self._stats_time = now
+        return self._stats()
 
     def _stats(self) -> list:
         """The engine's gauges now and its counters so far (the API server turns them into /metrics)."""

@@ -3,9 +3,10 @@
 Every metric is defined in vLLM's ``vllm/v1/metrics/loggers.py`` (``PrometheusStatLogger.__init__``;
 the name, the documentation string and, for histograms, the buckets below are its), and is read
 from what paged_edu's engine already keeps -- no second bookkeeping. The engine runs in the engine
-core's process (:mod:`~paged_edu.serve.core`): after every step the core reads the gauges and the
-counters below and ships them with the step's tokens and their times; the API server's output task
-(:mod:`~paged_edu.serve.client`) hands each message to :meth:`ServerMetrics.record`:
+core's process (:mod:`~paged_edu.serve.core`): the core reads the gauges and the counters below (every
+few milliseconds, and whenever a request ends) and ships them with the steps' tokens and their
+times; the API server's output task (:mod:`~paged_edu.serve.client`) hands each message to
+:meth:`ServerMetrics.record`:
 
 ========================================  =========  ============================================
 metric (counters end in ``_total``)        kind       read from
@@ -152,16 +153,18 @@ class ServerMetrics:
         if stats is not None:
             self._seen = list(stats[3:6])
 
-    def record(self, stats: list, tally: Tally) -> None:
-        """The gauges now, the engine's counters' growth since the last call, and the tally."""
-        num_running, num_waiting, kv_usage, *counts = stats
-        self.running.set(num_running)
-        self.waiting.set(num_waiting)
-        self.kv_usage.set(kv_usage)
-        for k, counter in enumerate((self.prefix_queries, self.prefix_hits, self.preemptions)):
-            if counts[k] > self._seen[k]:
-                counter.inc(counts[k] - self._seen[k])
-            self._seen[k] = counts[k]
+    def record(self, stats: list | None, tally: Tally) -> None:
+        """The gauges now and the engine's counters' growth since they were last read (if the message
+        carried them), and the tally."""
+        if stats is not None:
+            num_running, num_waiting, kv_usage, *counts = stats
+            self.running.set(num_running)
+            self.waiting.set(num_waiting)
+            self.kv_usage.set(kv_usage)
+            for k, counter in enumerate((self.prefix_queries, self.prefix_hits, self.preemptions)):
+                if counts[k] > self._seen[k]:
+                    counter.inc(counts[k] - self._seen[k])
+                self._seen[k] = counts[k]
         if tally.prompt_tokens:
             self.prompt_tokens.inc(tally.prompt_tokens)
         if tally.generated:

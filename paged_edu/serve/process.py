@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,11 @@ from pathlib import Path
 __all__ = ["ServerProcess", "die_with_parent"]
 
 ROOT = Path(__file__).resolve().parents[2]
+# The line the engine core logs as it stops (EngineCore.run)
+_CORE_REPORT = re.compile(
+    r"engine core: (\d+) steps; engine\.step ([\d.]+) ms/step \(CPU ([\d.]+)\); "
+    r"the loop's own work ([\d.]+) ms/step \(CPU ([\d.]+)\)"
+)
 
 
 class ServerProcess:
@@ -97,6 +103,17 @@ class ServerProcess:
         for line in self.lines:
             if "KV events on " in line:
                 return line.split("KV events on ", 1)[1].strip()
+        return None
+
+    def engine_core_report(self) -> dict | None:
+        """What the server's engine core said when it stopped (:mod:`~paged_edu.serve.core`): its steps, and
+        per step the milliseconds in ``engine.step()`` and in its own work around it, wall-clock and CPU
+        (``step_ms``, ``step_cpu_ms``, ``loop_ms``, ``loop_cpu_ms``); None before it has stopped."""
+        for line in reversed(self.lines):
+            m = _CORE_REPORT.search(line)
+            if m:
+                keys = ("step_ms", "step_cpu_ms", "loop_ms", "loop_cpu_ms")
+                return {"steps": int(m[1]), **{k: float(v) for k, v in zip(keys, m.groups()[1:])}}
         return None
 
     def __enter__(self) -> ServerProcess:
