@@ -2,9 +2,9 @@
 
 :class:`EngineClient` starts the engine core (:mod:`~paged_edu.serve.core`) as a child process
 (``python -m paged_edu.serve.core INPUT OUTPUT FLAGS``) and talks to it over two ZeroMQ sockets on
-private ``ipc://`` paths: requests, aborts and calls go out
-on one, the core's messages -- one per engine step -- come back on the other (vLLM's
-``AsyncMPClient``, ``vllm/v1/engine/core_client.py``). In the API server's event loop:
+private ``ipc://`` paths: requests, aborts and calls go out on one, the core's messages -- one per
+engine step -- come back on the other (vLLM's ``AsyncMPClient``, ``vllm/v1/engine/core_client.py``).
+In the API server's event loop:
 
 * a route opens a request with :meth:`EngineClient.add`, which returns its :class:`RequestStream` at
   once; ``await stream.accepted`` says whether the engine took it (a refusal names the field);

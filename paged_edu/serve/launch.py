@@ -125,7 +125,7 @@ def load_tokenizer(name: str, load_format: str, vocab_size: int):
 
     try:
         return load_smollm2_tokenizer()
-    except FileNotFoundError:
+    except (FileNotFoundError, ImportError):  # no weights package, or no transformers (a bare GPU box)
         if load_format == "auto":
             raise
         return ByteTokenizer(vocab_size)  # random weights: their text is noise in any tokenizer
