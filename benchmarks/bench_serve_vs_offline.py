@@ -1,8 +1,9 @@
 """What serving over HTTP costs: ``Engine.run`` offline against ``paged-edu serve`` driven by
 ``paged-edu bench-serve``, on the same requests, engine settings and weights, in one run.
 
-    python benchmarks/bench_serve_vs_offline.py            # on a GPU: SmolLM2-135M geometry (~3 min)
+    python benchmarks/bench_serve_vs_offline.py            # on a GPU: SmolLM2-135M geometry (a few minutes)
     python benchmarks/bench_serve_vs_offline.py --smoke    # the tiny model on a CPU, to check the script
+    python benchmarks/bench_serve_vs_offline.py --smoke --num-prompts 256 --length-scale 0.25  # 256 streams, CPU
 
 Three measurements, one after the other on the same GPU:
 
@@ -43,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
-NEEDED = ("fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client", "httpx", "anyio", "h11")
+NEEDED = ("fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client", "httpx", "anyio", "h11", "zmq", "msgpack")
 
 
 def missing_packages() -> list[str]:

@@ -1,11 +1,11 @@
-"""The HTTP routes: OpenAI's API over the engine loop, ``/metrics``, ``/health``, ``/reset_prefix_cache``.
+"""The HTTP routes: OpenAI's API over the engine core, ``/metrics``, ``/health``, ``/reset_prefix_cache``.
 
 ===========================  ==========================================================================
 ``POST /v1/completions``      a prompt (text or token ids) -> its continuation; ``stream: true`` as
                               server-sent events (``data: {...}`` chunks, ``data: [DONE]`` last)
 ``POST /v1/chat/completions`` messages through the model's chat template -> the assistant's reply
 ``GET /v1/models``            the one model served (``max_model_len`` beside it, as vLLM lists it)
-``GET /health``               200 while the engine loop runs, 503 once it has stopped
+``GET /health``               200 while the engine core runs, 503 once it has stopped
 ``GET /metrics``              Prometheus text: vLLM's names (:mod:`~paged_edu.serve.metrics`)
 ``POST /reset_prefix_cache``  drop every cached block no request holds (vLLM has it in dev mode only)
 ===========================  ==========================================================================
