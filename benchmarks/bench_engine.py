@@ -83,7 +83,8 @@ from paged_edu.cache.sizing import dtype_name  # noqa: E402
 from paged_edu.core.hardware import MODELS  # noqa: E402
 from paged_edu.kernels.support import SKINNY_MAX_ROWS  # noqa: E402
 from paged_edu.labs.batching import sharegpt_requests  # noqa: E402
-from paged_edu.labs.timed_run import roofline_model, step_speed, timed_run, timeline_run  # noqa: E402
+from paged_edu.labs.card import this_card  # noqa: E402
+from paged_edu.labs.timed_run import check_pool_fits, roofline_model, step_speed, timed_run, timeline_run  # noqa: E402
 from paged_edu.models.config import LlamaConfig, smollm2_config  # noqa: E402
 from paged_edu.models.llama import Kernels, PagedLlama  # noqa: E402
 from paged_edu.models.loaders import random_hf_llama  # noqa: E402
@@ -199,7 +200,7 @@ def run_engine(
     )
     # A step that compiled a new Triton variant (a shape, stride or split count not seen before) pays
     # the compiler's time: step_speed counts them, and the mixed steps' mean without them.
-    speed = step_speed(run, roofline_model(spec or MODELS["smollm2-135m"]), roofline_gpus)
+    speed = step_speed(run, roofline_model(spec or MODELS["smollm2-135m"], device=model.device), roofline_gpus)
     log(
         f"  host ms/step (wall - device wait): {speed['host_ms_per_step']:.3f} (decode steps "
         f"{speed['host_ms_per_decode_step']:.3f}, at ~256 running {speed['host_ms_at_256_running']}); "
@@ -354,6 +355,17 @@ def run_engine_with_graphs(model, prompts, outputs, common, graphs, kw, log):
         return run_engine(model, prompts, outputs, *common, cuda_graphs=False, record_timeline=True, **kw), False
 
 
+def fits_or_exit(model, num_blocks: int, block_size: int, log) -> None:
+    """Before anything runs: stop with the pool this run needs (blocks and bytes) if the device cannot
+    hold it now (:func:`~paged_edu.labs.timed_run.check_pool_fits`; every engine of the run is closed
+    before the next is built, so one pool at a time must fit)."""
+    try:
+        need = check_pool_fits(model, num_blocks, block_size)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    log(f"KV pool of one engine: {num_blocks:,} blocks = {need / 2**30:.2f} GiB; it fits (one engine at a time)")
+
+
 def main_nanovllm(args, argv, log):
     """``--workload nanovllm``: nano-vllm's benchmark on Qwen3-0.6B's geometry, the engine alone, against
     the roofline of its own steps (:mod:`nanovllm_workload` holds the sources)."""
@@ -398,9 +410,10 @@ def main_nanovllm(args, argv, log):
     # preempted. (nano-vllm sizes its pool as gpu_memory_utilization = 0.9 of the GPU less the model.)
     B = args.block_size
     num_blocks = sum(-(-(len(p) + o) // B) for p, o in zip(prompts, outputs)) + len(prompts)
-    nanovllm_pool_tokens = CostModel(model=spec).kv_capacity_tokens(nv.GPU_MEMORY_UTILIZATION)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    log(f"device {device} ({name}), {dtype}, torch {torch.__version__}")
+    card = this_card(device)  # the roofline's spec: this card's row of the GPU table (module docstring)
+    nanovllm_pool_tokens = CostModel(model=spec, gpu=card.gpu).kv_capacity_tokens(nv.GPU_MEMORY_UTILIZATION)
+    name = card.device_name
+    log(f"device {device} ({name}), {dtype}, torch {torch.__version__}; roofline priced on the {card.label}")
     log(
         f"workload ({nv.WORKLOAD_SOURCE}): {len(prompts)} requests, {sum(map(len, prompts)):,} prompt / "
         f"{sum(outputs):,} output tokens, max total {max(len(p) + o for p, o in zip(prompts, outputs))}, "
@@ -408,8 +421,10 @@ def main_nanovllm(args, argv, log):
     )
     log(
         f"KV pool: {num_blocks:,} blocks of {B} = {num_blocks * B * bytes_per_token / 2**30:.2f} GiB (every sequence "
-        f"to its end + 1 block each: no preemption; nano-vllm's 0.9 of an H200 would hold ~{nanovllm_pool_tokens:,} tokens)"
+        f"to its end + 1 block each: no preemption; nano-vllm's 0.9 of the {card.gpu.label} would hold "
+        f"~{nanovllm_pool_tokens:,} tokens)"
     )
+    fits_or_exit(model, num_blocks, B, log)
     out = Path(
         args.out
         or (ROOT / "build" / "engine_bench_nanovllm_smoke" if args.smoke else record_path("engine_bench_nanovllm"))
@@ -418,7 +433,7 @@ def main_nanovllm(args, argv, log):
     result = dict(
         **provenance("bench_engine.py", argv),
         complete=False,
-        device_name=name,
+        **card.record(),  # device_name, and the GPU spec that priced the roofline (roofline_spec: how it was chosen)
         torch=torch.__version__,
         dtype=str(dtype).replace("torch.", ""),
         model=dict(
@@ -449,7 +464,7 @@ def main_nanovllm(args, argv, log):
             tokens=num_blocks * B,
             bytes=num_blocks * B * bytes_per_token,
             rule="every sequence's prompt + output in blocks, plus one spare block each: nothing is preempted",
-            nanovllm_default_pool_tokens_h200=nanovllm_pool_tokens,
+            nanovllm_default_pool_tokens=nanovllm_pool_tokens,  # on the roofline's card (roofline_gpu)
         ),
     )
 
@@ -465,7 +480,7 @@ def main_nanovllm(args, argv, log):
         spec=spec,
         max_model_len=max_model_len,
         temperature=args.temperature,
-        roofline_gpus=("h200", nv.PEER_GPU),
+        roofline_gpus=(card.gpu, nv.PEER_GPU),
         mixed_graphs=args.mixed_graphs,
     )
     # --async-scheduling both: "engine" is the synchronous run, "engine_async_scheduling" the other.
@@ -479,11 +494,12 @@ def main_nanovllm(args, argv, log):
     if len(modes) > 1:
         result["engine_async_scheduling"] = runs[True]
     # The yardstick: useful tokens/s over the roofline's tokens/s for the same steps (both from this run).
-    roofline_s = eng["roofline_run_s_by_gpu"]["h200"]
+    own = card.gpu.key  # this card's key in roofline_run_s_by_gpu ("measured" for a card not in the table)
+    roofline_s = eng["roofline_run_s_by_gpu"][own]
     roofline_tps = eng["useful_tokens"] / roofline_s
     share = eng["tokens_per_s"] / roofline_tps
     peers = nv.peer_shares(eng["roofline_run_s_by_gpu"][nv.PEER_GPU])
-    qk = nv.qk_norm_cost(config, sum(map(len, prompts)) + sum(outputs), elem, GPUS["h200"].hbm_bandwidth)
+    qk = nv.qk_norm_cost(config, sum(map(len, prompts)) + sum(outputs), elem, card.gpu.hbm_bandwidth)
     qk["unfused_share_of_roofline"] = qk["unfused_extra_s"] / roofline_s
     qk["note"] = (
         "Qwen3's q/k RMSNorm is omitted (PagedLlama has none): "
@@ -494,7 +510,9 @@ def main_nanovllm(args, argv, log):
     result["model"]["qk_norm"] = qk
     result["yardstick"] = dict(
         roofline=ROOFLINE_NAME,
-        roofline_gpu=GPUS["h200"].name,
+        roofline_gpu=card.gpu.name,
+        roofline_spec=card.spec,
+        peers_roofline_gpu=GPUS[nv.PEER_GPU].name,  # the cited peers' shares are priced on their card, not this one
         useful_tokens=eng["useful_tokens"],
         seconds=eng["seconds"],
         tokens_per_s=eng["tokens_per_s"],
@@ -509,10 +527,10 @@ def main_nanovllm(args, argv, log):
     )
     if len(modes) > 1:  # the same yardstick for the async run (its own steps' roofline)
         a = runs[True]
-        a_share = a["tokens_per_s"] * a["roofline_run_s_by_gpu"]["h200"] / a["useful_tokens"]
+        a_share = a["tokens_per_s"] * a["roofline_run_s_by_gpu"][own] / a["useful_tokens"]
         result["yardstick_async_scheduling"] = dict(
             tokens_per_s=a["tokens_per_s"],
-            roofline_run_s=a["roofline_run_s_by_gpu"]["h200"],
+            roofline_run_s=a["roofline_run_s_by_gpu"][own],
             share_of_roofline=a_share,
             meets_target=bool(a_share >= 0.6 and all(a_share > p["share_of_roofline"] for p in peers)),
             speedup_over_sync=a["tokens_per_s"] / eng["tokens_per_s"],
@@ -520,18 +538,21 @@ def main_nanovllm(args, argv, log):
     result["complete"] = True
     save()
     log(f"\n{qk['note']}")
-    log(f"roofline: {ROOFLINE_NAME} on the {GPUS['h200'].name}; peers priced on the {GPUS[nv.PEER_GPU].name}")
+    log(
+        f"roofline: {ROOFLINE_NAME} on the {card.label}; the cited peers' shares on the "
+        f"{card.names(GPUS[nv.PEER_GPU])}, their A800's twin in the table"
+    )
     log("| system | GPU | useful tokens/s | roofline tokens/s | share of the roofline |")
     log("|---|---|---:|---:|---:|")
     for mode, run in runs.items():
-        run_roofline_tps = run["useful_tokens"] / run["roofline_run_s_by_gpu"]["h200"]
+        run_roofline_tps = run["useful_tokens"] / run["roofline_run_s_by_gpu"][own]
         log(
             f"| paged_edu Engine{', async scheduling' if mode else ''} | {name} | {run['tokens_per_s']:,.0f} | "
             f"{run_roofline_tps:,.0f} | {100 * run['tokens_per_s'] / run_roofline_tps:.1f} % |"
         )
     for p in peers:
         log(
-            f"| {p['system']} (cited) | {p['gpu']} | {p['tokens_per_s']:,.0f} | "
+            f"| {p['system']} (cited; roofline of the {GPUS[nv.PEER_GPU].label}) | {p['gpu']} | {p['tokens_per_s']:,.0f} | "
             f"{p['tokens_per_s'] / p['share_of_roofline']:,.0f} | {100 * p['share_of_roofline']:.1f} % |"
         )
     log(
@@ -673,6 +694,7 @@ def main(argv=None):
         f"KV budget: {args.hf_batch} x L_max {l_max} = {budget_tokens:,} tokens = "
         f"{budget_tokens * bytes_per_token / 2**30:.2f} GiB = {num_blocks} blocks of {args.block_size}"
     )
+    fits_or_exit(model, num_blocks, args.block_size, log)
     import transformers
 
     out = Path(
@@ -686,7 +708,7 @@ def main(argv=None):
     result = dict(
         **provenance("bench_engine.py", argv),
         complete=False,
-        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        **this_card(device).record(),  # device_name, and the GPU spec that priced the roofline
         torch=torch.__version__,
         transformers_version=transformers.__version__,
         dtype=str(dtype).replace("torch.", ""),

@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_layer import capture, time_replays  # noqa: E402
 from record import provenance, record_path  # noqa: E402
 
-from paged_edu.core.hardware import GPUS  # noqa: E402
+from paged_edu.labs.card import this_card  # noqa: E402
 from paged_edu.kernels.support import SKINNY_MAX_ROWS  # noqa: E402
 from paged_edu.labs.timing import rel_err  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
@@ -211,10 +211,12 @@ def main(argv=None) -> dict:
     names = args.shapes.split(",")
     ms = [int(m) for m in args.ms.split(",")]
     timer = Timer(device, args.reps)
-    bandwidth = GPUS["h200"].datasheet_bandwidth
+    card = this_card(device)  # floor_us: the weights at this card's datasheet bandwidth (the H200's in --smoke)
+    bandwidth = card.gpu.datasheet_bandwidth
     result = {
         **provenance("bench_gemm.py", argv if argv is not None else sys.argv[1:]),
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (Triton interpreter)",
+        **card.record(),  # which card's bandwidth prices floor_us
         "num_sms": num_sms,
         "dtype": str(dtype),
         "calls_per_graph": args.calls,

@@ -232,6 +232,9 @@ def measure_sharegpt(
         host_s=round(float(host.sum()), 4),
         host_ms_per_decode_step=mean_ms(host, decode),
         host_ms_at_256_running=mean_ms(host, near),
+        # medians too: on a shared CPU a mean is mostly other processes' stalls (an A/B reads these)
+        host_ms_p50_per_decode_step=median_ms(host, decode),
+        host_ms_p50_at_256_running=median_ms(host, near),
         num_steps_near_256_running=int(near.sum()),
         host_ms_per_mixed_step=mean_ms(host, ~decode),
         host_ms_decode_p50_max=[round(float(np.percentile(host[decode], q)) * 1e3, 4) for q in (50, 100)],
@@ -239,6 +242,11 @@ def measure_sharegpt(
         torch=torch.__version__,
         device=device,
     )
+
+
+def median_ms(seconds: np.ndarray, mask: np.ndarray) -> float | None:
+    """The median of ``seconds[mask]`` in ms, rounded to 0.1 us; None when the mask selects nothing."""
+    return round(float(np.median(seconds[mask]) * 1e3), 4) if mask.any() else None
 
 
 def main(argv=None):
@@ -282,7 +290,8 @@ def main(argv=None):
         print(
             f"{res['workload']}: {res['num_steps']} steps ({res['num_decode_steps']} decode), host {res['host_s']:.3f} s; "
             f"per decode step {res['host_ms_per_decode_step']:.3f} ms, at ~256 running "
-            f"{res['host_ms_at_256_running']:.3f} ms ({res['num_steps_near_256_running']} steps)"
+            f"{res['host_ms_at_256_running']:.3f} ms ({res['num_steps_near_256_running']} steps); medians "
+            f"{res['host_ms_p50_per_decode_step']:.3f} and {res['host_ms_p50_at_256_running']:.3f} ms"
         )
         print(f"{'sequences':>9} {'decode steps':>12} {'host ms':>8}")
         for r in res["decode_by_concurrency"]:

@@ -46,11 +46,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from paged_edu.kernels import paged_attention_decode  # noqa: E402
 from paged_edu.kernels.support import SKINNY_MAX_ROWS  # noqa: E402
-from paged_edu.labs.timing import random_paged_case, rel_err  # noqa: E402
+from paged_edu.labs.timing import kernel_table, random_paged_case, rel_err  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.llama import ForwardBatch, Kernels  # noqa: E402
 from paged_edu.models.loaders import random_llama  # noqa: E402
-from paged_edu.core.hardware import GPUS, MODELS  # noqa: E402
+from paged_edu.core.hardware import MODELS  # noqa: E402
+from paged_edu.labs.card import this_card  # noqa: E402
 from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel  # noqa: E402
 
 BATCHES = (1, 16, 64, 256)
@@ -92,17 +93,6 @@ def time_replays(graph, reps: int, flush: torch.Tensor) -> float:
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
 
-def kind_of(kernel: str) -> str:
-    name = kernel.lower()
-    if "_decode_kernel" in name or "merge_splits" in name:
-        return "attention"
-    if any(w in name for w in ("add_rms_norm", "silu_and_mul", "store_kv")):
-        return "fused"
-    if any(w in name for w in ("gemm", "gemv", "cutlass", "nvjet", "sm90", "cublas", "splitk", "skinny_matmul")):
-        return "gemm"
-    return "other"
-
-
 def profile_replays(graph, fn, n: int = 10) -> dict:
     """Kernels per replay and their GPU microseconds per replay, by kind and the top names.
 
@@ -125,22 +115,7 @@ def profile_replays(graph, fn, n: int = 10) -> dict:
     kernels = kernels_of(graph.replay)
     if not kernels:
         source, kernels = "eager", kernels_of(fn)
-    us = lambda e: getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0)  # noqa: E731
-    by_kind: dict[str, list] = {}
-    by_name: dict[str, list] = {}
-    for e in kernels:
-        for table, key in ((by_kind, kind_of(e.name)), (by_name, e.name[:60])):
-            entry = table.setdefault(key, [0, 0.0])
-            entry[0] += 1
-            entry[1] += us(e)
-    per = lambda d: {k: {"kernels": c / n, "us": t / n} for k, (c, t) in sorted(d.items(), key=lambda kv: -kv[1][1])}  # noqa: E731
-    return {
-        "source": source,
-        "kernels_per_step": len(kernels) / n,
-        "gpu_busy_us": sum(us(e) for e in kernels) / n,
-        "by_kind": per(by_kind),
-        "top": dict(list(per(by_name).items())[:12]),
-    }
+    return {"source": source, **kernel_table(kernels, n)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -455,8 +430,9 @@ def main(argv=None) -> int:
     # The oracle: the same weights and pool in fp32, stepped by plain PyTorch (measure_step)
     fp32 = (copy.deepcopy(model).float(), [(k.float(), v.float()) for k, v in kv_pairs])
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
-    spec, gpu = MODELS["smollm2-135m"], GPUS["h200"]
-    cost = CostModel(model=spec, gpu=gpu)
+    card = this_card("cuda")  # the roofline's spec: this card's row of the GPU table
+    spec = MODELS["smollm2-135m"]
+    cost = CostModel(model=spec, gpu=card.gpu)
     roofline = cost.roofline()
     rows = []
     for b in batches:
@@ -490,6 +466,7 @@ def main(argv=None) -> int:
     result = {
         "command": " ".join(["python benchmarks/bench_layer.py", *(argv if argv is not None else sys.argv[1:])]),
         "device": torch.cuda.get_device_name(),
+        **card.record(),  # and the GPU spec that priced roofline_us
         "torch": torch.__version__,
         "model": "SmolLM2-135M geometry, random bf16 weights",
         "fuse_decode_store": args.fuse_decode_store,
@@ -501,6 +478,7 @@ def main(argv=None) -> int:
         "pdl": args.pdl,  # the fused side's Kernels(pdl=...)
         "rows": rows,
     }
+    print(f"roofline priced on the {card.label}")
     print(markdown(rows))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 

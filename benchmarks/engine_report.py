@@ -63,9 +63,11 @@ def report(result, args, log):
     eng = result["engine"]
     fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
     log("")
+    spec = result.get("roofline_spec", "table")  # older records: every run priced on the H200
+    how = {"table": "", "measured": ", measured on this card", "assumed": ", assumed: no GPU in this run"}
     log(
-        f"roofline: {eng['roofline']} on the {eng['roofline_gpu']} ({eng['roofline_bandwidth'] / 1e12:.2f} TB/s, "
-        f"peak FLOP/s); whole run {eng['roofline_run_s']:.3f} s"
+        f"roofline: {eng['roofline']} on the {eng['roofline_gpu']}{how.get(spec, f', {spec}')} "
+        f"({eng['roofline_bandwidth'] / 1e12:.2f} TB/s, peak FLOP/s); whole run {eng['roofline_run_s']:.3f} s"
     )
     log(
         "| system | useful tokens/s | mean decode step (ms) | roofline (full efficiency, per-chunk shapes, LM head "

@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_engine import TINY  # noqa: E402
 from paged_edu.labs.batching import sharegpt_requests  # noqa: E402
 from paged_edu.cache.sizing import dtype_name  # noqa: E402
-from paged_edu.core.hardware import GPUS, MODELS  # noqa: E402
+from paged_edu.core.hardware import MODELS  # noqa: E402
+from paged_edu.labs.card import this_card  # noqa: E402
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.labs.timing import compiled_variant_counter  # noqa: E402
@@ -81,7 +82,8 @@ def main(argv=None):
     del hf
     prompts, outputs = sharegpt_requests(args.num_requests, 0, config.vocab_size, 0.1 if args.tiny else 1.0)
     spec = config.geometry(dtype_name(dtype)) if args.tiny else MODELS["smollm2-135m"]
-    roofline = CostModel(model=spec, gpu=GPUS["h200"]).roofline()
+    card = this_card(device)  # the roofline's spec: this card's row of the GPU table (the H200's on a CPU)
+    roofline = CostModel(model=spec, gpu=card.gpu).roofline()
 
     with engine_on(model, prompts, outputs, args) as warm:  # closed before the profiled engine's pool is made
         for _ in range(args.steps):
@@ -106,7 +108,7 @@ def main(argv=None):
         f"{args.steps} steps of {'a tiny model' if args.tiny else 'SmolLM2-135M (random weights)'} on {device} "
         f"({str(dtype).replace('torch.', '')}), {args.num_requests} requests, in {wall:.3f} s with the profiler on; "
         f"Triton variants compiled while profiled: {compiled}; mixed_graphs={args.mixed_graphs}",
-        f"roofline: {ROOFLINE_NAME}, on the {roofline.gpu.name}",
+        f"roofline: {ROOFLINE_NAME}, on the {card.label}",
         "",
         "| step | prompt tokens | decodes | wall ms | device wait ms | roofline us | phases (ms) |",
         "|---:|---:|---:|---:|---:|---:|---|",
@@ -155,6 +157,7 @@ def main(argv=None):
     record = dict(
         **provenance("profile_engine.py", argv),
         device=str(device),
+        **card.record(),  # device_name, and the GPU spec that priced the roofline
         dtype=str(dtype).replace("torch.", ""),
         roofline=ROOFLINE_NAME,
         mixed_graphs=args.mixed_graphs,

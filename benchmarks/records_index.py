@@ -203,6 +203,15 @@ def _other(rec: dict) -> str | None:
         return f"the simulator's figures: {rec['num_requests']:,} requests, seed {rec['seed']}"
     if "dev_py_lessons_seconds" in rec:
         return f"dev.py lessons {rec['dev_py_lessons_seconds']} s"
+    if "median_cpu_s" in rec and isinstance(rec["median_cpu_s"], dict):  # an interleaved before/after A/B on the CPU
+        return (
+            "median CPU s, " + ", ".join(f"{k} {v:.2f}" for k, v in rec["median_cpu_s"].items()) + f" ({rec['case']})"
+        )
+    medians = rec.get("medians")
+    if isinstance(medians, dict) and all({"before", "after"} <= set(v) for v in medians.values()):  # host A/B
+        first, m = next(iter(medians.items()))
+        key = "ms_per_step" if "ms_per_step" in m["before"] else next(iter(m["before"]))
+        return f"{first}: host {key} {m['before'][key]:.3f} -> {m['after'][key]:.3f} (medians)"
     if "runs" in rec and isinstance(rec["runs"], dict) and {"on", "off"} <= set(rec["runs"]):
         per_step = {k: ", ".join(f"{r['per_decode_step']:.2f}" for r in v) for k, v in rec["runs"].items()}
         return "host ms per decode step, " + "; ".join(f"{k}: {v}" for k, v in per_step.items())

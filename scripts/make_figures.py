@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 
     made = {
         "paged_mapping": figures.logical_physical_figure(
-            mapping_allocator(), title="PagedAttention: contiguous logical blocks -> scattered physical blocks (B = 4)"
+            mapping_allocator(),
+            title="PagedAttention: contiguous logical blocks -> scattered physical blocks (B = 4)",
+            fixed_width=True,
         ),
         "utilisation": memory_figures.utilisation_figure(utilisation_data(), s_max=512, naive_l_max=512),
     }

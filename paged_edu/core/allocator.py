@@ -31,7 +31,6 @@ Plain Python, no torch, so a learner can read and test it anywhere.
 
 from __future__ import annotations
 
-import itertools
 from array import array
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -111,12 +110,17 @@ class BlockAllocator(SequenceLookup):
         self.pool = BlockPool(self.num_blocks, self.block_size, index)
         self._seqs: dict[SeqId, _SeqBlocks] = {}
         self._copies: list[tuple[int, int]] = []
-        self._table_versions = itertools.count(1)  # a fresh number for every table made or edited in place
+        self.latest_table_version = 0  # the last number handed out (a table made or edited in place takes the next)
         self._events = EventQueue()  # both channels' events, delivered in the order things happened
         self._subscribers = Subscribers("allocator", self._events)
         self._cache_subscribers = Subscribers("prefix cache", self._events)
         self._cache_events: list[BlockEvent] = []  # for cache subscribers, once the operation is done
         self.stats = PrefixCacheStats()
+
+    def _new_table_version(self) -> int:
+        """A number no table had (see :meth:`block_table_versions`); :attr:`latest_table_version` is it."""
+        self.latest_table_version += 1
+        return self.latest_table_version
 
     # -- events --------------------------------------------------------------------------------
     def subscribe(self, callback: Callable[[BlockEvent], None]) -> Callable[[], None]:
@@ -284,7 +288,7 @@ class BlockAllocator(SequenceLookup):
             self.pool.share([cached])
             self.pool.release([own])
             seq.block_table[i] = cached
-            seq.table_version = next(self._table_versions)
+            seq.table_version = self._new_table_version()
             if self._subscribers.callbacks:
                 events.append(BlockEvent("replace", seq_id, [own, cached]))
         return events
@@ -332,7 +336,7 @@ class BlockAllocator(SequenceLookup):
         fresh, evicted = self.pool.take(num_fresh)
         table = hits + fresh
         num_cached = len(hits) * B
-        seq = _SeqBlocks(table, n, n, packed[num_cached:], key, num_cached, len(hits), next(self._table_versions))
+        seq = _SeqBlocks(table, n, n, packed[num_cached:], key, num_cached, len(hits), self._new_table_version())
         self._seqs[seq_id] = seq
         published = self._publish(seq_id, seq, n // B, dedupe=False) if not self._cache_when_computed else ()
         if record_stats:
@@ -431,7 +435,7 @@ class BlockAllocator(SequenceLookup):
         else:  # copy on write: the K/V is copied by the cache; the known tokens are the sequence's own
             self.pool.release([shared])
             seq.block_table[-1] = block_id
-            seq.table_version = next(self._table_versions)
+            seq.table_version = self._new_table_version()
             self._copies.append((shared, block_id))
         if evicted and self._cache_subscribers.callbacks:
             self._cache_events.append(BlockEvent("evict", None, [block_id]))
@@ -508,7 +512,7 @@ class BlockAllocator(SequenceLookup):
             self.index.fork(parent.key),
             parent.num_cached_tokens,
             parent.num_published_blocks,
-            next(self._table_versions),
+            self._new_table_version(),
         )
         if self._subscribers.callbacks:
             self._subscribers.post(BlockEvent("fork", child_id, list(parent.block_table), parent.num_tokens))

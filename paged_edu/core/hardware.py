@@ -35,7 +35,18 @@ from dataclasses import KW_ONLY, dataclass, replace
 
 from paged_edu.core.validation import FieldValueError, choice, integer
 
-__all__ = ["DTYPE_BYTES", "GPUS", "MODELS", "MiB", "GPU", "ModelGeometry", "find_model", "kv_heads_per_rank"]
+__all__ = [
+    "DTYPE_BYTES",
+    "GPUS",
+    "MODELS",
+    "MiB",
+    "GPU",
+    "ModelGeometry",
+    "find_model",
+    "gpu_of_device",
+    "kv_heads_per_rank",
+    "measured_gpu",
+]
 
 MiB = 1 << 20
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}  # bytes of one value
@@ -425,3 +436,33 @@ def find_model(model: str) -> ModelGeometry:
         if model in (g.key, g.name):
             return g
     raise FieldValueError("model", f"unknown model {model!r}; choose one of {sorted(MODELS)}")
+
+
+def gpu_of_device(device_name: str) -> GPU | None:
+    """The row of :data:`GPUS` for a device as CUDA names it (``torch.cuda.get_device_name()``, the
+    name ``nvidia-smi`` prints), or None for a card the table does not hold.
+
+    Only the exact name counts: ``"NVIDIA H100 80GB HBM3"`` is the SXM card of the ``h100`` row,
+    while ``"NVIDIA H100 PCIe"`` (2.0 TB/s, not 3.35) is another card, and pricing it on the SXM's
+    datasheet would flatter nothing and mislead everyone (:func:`measured_gpu` is its row).
+    """
+    return next((g for g in GPUS.values() if g.name == device_name), None)
+
+
+def measured_gpu(device_name: str, memory_bytes: int, copy_bandwidth: float, matmul_flops: float) -> GPU:
+    """A row for a card :data:`GPUS` does not hold, from what was measured on it: its memory as the
+    device reports it, its copy ceiling (bytes/s of an eager device copy, read + write counted) as
+    the roofline's bandwidth, and the FLOP/s of a large bf16 matmul as its peak (a lower bound of
+    the datasheet's). Its ``key`` is ``"measured"``; its ``source`` says so."""
+    return GPU(
+        "measured",
+        device_name,
+        f"{device_name} (measured)",
+        int(memory_bytes),
+        float(matmul_flops),
+        float(copy_bandwidth),
+        float(copy_bandwidth),
+        25e9,
+        f"not in the GPU table: copy ceiling {copy_bandwidth / 1e12:.2f} TB/s and bf16 matmul "
+        f"{matmul_flops / 1e12:.0f} TFLOP/s measured on this card; PCIe assumed 25 GB/s",
+    )

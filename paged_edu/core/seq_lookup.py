@@ -61,9 +61,11 @@ class SequenceLookup:
         swapped for the prefix cache's copy. No two tables ever share a number.
 
         What a reader that keeps copies of the tables needs (the engine's
-        :class:`~paged_edu.engine.decode_tables.DecodeTables`): where the number is the one it copied,
+        :class:`~paged_edu.engine.input_batch.InputBatch`): where the number is the one it copied,
         the copy is still right up to its length, and only blocks added since are new. (vLLM's
-        scheduler tells its workers each step's ``new_block_ids`` for the same purpose.)
+        scheduler tells its workers each step's ``new_block_ids`` for the same purpose.) The numbers
+        come from one counter, ``latest_table_version`` its last: while it stands still, no table was
+        made or edited, and a reader need not look at any version.
         """
         seqs = self._seqs
         try:

@@ -203,10 +203,25 @@ def token_array(name: str, value: object) -> array:
         packed = array("q", value)  # C speed; refuses floats and strings, not bools
     except (TypeError, OverflowError):
         packed = None
-    # Bools are ints to ``array``: look at the element types (one pass at C speed).
-    if packed is None or bool in map(type, value) or (packed and min(packed) < 0):
+    if packed is None or _has_bool_or_negative(value, packed):
         _raise_first_bad(name, value)
     return packed
+
+
+def _has_bool_or_negative(value, packed: array) -> bool:
+    """Does ``value`` (packed as ``packed``) hold a bool (an int to ``array``) or a negative id?"""
+    if type(value) is list:
+        # A bool equals 0 or 1: two scans by == rule most lists out before looking at every element's
+        # type, and the list's own min makes no int objects (the packed array's does). The allocator
+        # checks each block's ids as they arrive (16 at a time, half a million times in the beam
+        # benchmark): 2.3 instead of 2.9 us a call of 16 ids (medians, this project's CPU).
+        if (0 in value or 1 in value) and bool in map(type, value):
+            return True
+        try:
+            return bool(value) and min(value) < 0
+        except TypeError:  # integers only by ``__index__``, without an order: the packed ones have one
+            return min(packed) < 0
+    return bool in map(type, value) or (bool(packed) and min(packed) < 0)
 
 
 def token_list(name: str, value: object) -> list[int]:

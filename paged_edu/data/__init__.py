@@ -12,8 +12,10 @@ Colab, whose install cell is one) runs every lesson: H200 runs that a CPU shows 
   lesson 5; its log is ``benchmarks/records/h200/engine_bench_before_fused_kernels_log.txt``);
 * ``oom_child.json`` -- lesson 6's ``cuda_oom_child`` runs on the H200 (lesson 6).
 * ``layer_bench.json`` -- ``benchmarks/bench_layer.py --sweep-decode`` on the H200 (lessons 5 and 9).
-* ``speed_ladder_h200.json`` -- ``benchmarks/bench_ladder.py`` on the H200 (lesson 9; until it is
-  stored, lesson 9 says so on a CPU and runs the one rung a CPU can).
+* ``speed_ladder_h200.json``, ``speed_ladder_h100.json`` -- ``benchmarks/bench_ladder.py`` on each card
+  (lesson 9 shows the one of the card it runs on, the H200's on a CPU; a card without one is said so).
+* ``peer_kernels.json`` -- vLLM's and SGLang's decode kernels and torch SDPA's prefill measured beside ours
+  on the H200 and an H100, cited from the project's GPU guide (lesson 10).
 
 Files are read through :mod:`importlib.resources`, so they work from a wheel as from a checkout;
 the benchmarks write them into a checkout's ``paged_edu/data/``.

@@ -11,7 +11,8 @@ a :class:`~paged_edu.models.llama.PagedLlama` over the paged KV cache.
   drawn on the device and regrouped by sequence;
 * :mod:`~paged_edu.engine.batch` -- one step's flat ``StepBatch`` from the scheduler's output, and
   its staging in one host-to-device copy;
-* :mod:`~paged_edu.engine.decode_tables` -- the decode steps' block tables, kept across steps;
+* :mod:`~paged_edu.engine.input_batch` -- the persistent input batch: the decode batch kept across steps,
+  written where it changes;
 * :mod:`~paged_edu.engine.runner` -- the model runner: block copies, staging, the forward pass, the draw;
 * :mod:`~paged_edu.engine.cuda_graphs` -- captured CUDA graphs for decode and mixed steps;
 * :mod:`~paged_edu.engine.outputs` -- what the engine hands back: outputs and metrics;

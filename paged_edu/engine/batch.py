@@ -47,6 +47,7 @@ __all__ = [
     "StaticStaging",
     "StepBatch",
     "pack_chunks",
+    "pack_decodes",
     "padded_tables",
     "prepare_batch",
     "token_slice",
@@ -144,8 +145,8 @@ def pack_chunks(
     ``token_ids`` holds every chunk's tokens back to back in input order; chunk ``i`` has
     ``counts[i]`` of them starting at position ``starts[i]``, over ``tables[i]``. In a pure-decode
     step, ``table_matrix(tables, lens)`` supplies the zero-padded ``(C, max(lens))`` table matrix:
-    :func:`padded_tables` by default, or the engine's
-    :class:`~paged_edu.engine.decode_tables.DecodeTables`, which keeps it across steps.
+    :func:`padded_tables` by default, or the runner's
+    :class:`~paged_edu.engine.input_batch.InputBatch`, which keeps the rows across steps.
     """
     C = len(counts)
     if C == 0:
@@ -163,7 +164,7 @@ def pack_chunks(
         raise ValueError(f"chunk {i}: block table of {int(lens[i])} blocks cannot hold {int(end[i])} tokens")
     D = int((n == 1).sum())  # E.g. 2
     if D == C:  # a pure-decode step (most steps): one row per chunk, in input order
-        return _pack_decodes(token_ids, c, (table_matrix or padded_tables)(tables, lens), B)
+        return pack_decodes(token_ids, c, (table_matrix or padded_tables)(tables, lens), B)
     # E.g. n != 1 = [F, T, F] -> order [0, 2, 1]: A, C, then B
     order = np.argsort(n != 1, kind="stable")  # (C,) decodes first, otherwise input order
     # E.g. n_o [1, 1, 3], c_o [5, 9, 0], end_o [6, 10, 3], lens_o [2, 3, 1]
@@ -214,9 +215,9 @@ def padded_tables(tables: Sequence[Sequence[int]], lens: np.ndarray) -> np.ndarr
     return table
 
 
-def _pack_decodes(token_ids, c: np.ndarray, table: np.ndarray, B: int) -> StepBatch:
-    """:func:`pack_chunks` when every chunk is one token, over its ``(C, W)`` table matrix:
-    ``positions = c``, no reordering."""
+def pack_decodes(token_ids, c: np.ndarray, table: np.ndarray, B: int) -> StepBatch:
+    """:func:`pack_chunks` when every chunk is one token (``token_ids``, at positions ``c``), over its
+    ``(C, W)`` table matrix: ``positions = c``, no reordering."""
     C = len(c)
     # E.g. c [5, 9], B = 4: table[[0, 1], [1, 2]] * 4 + [1, 1]
     slots = table[np.arange(C), c // B].astype(np.int64) * B + c % B  # (C,)

@@ -65,7 +65,7 @@ from paged_edu.cache.sizing import bytes_per_block, check_blocks_fit
 from paged_edu.core.allocator import BlockAllocator
 from paged_edu.core.validation import FieldTypeError, FieldValueError, as_int, cache_key
 from paged_edu.engine.config import EngineConfig, make_config
-from paged_edu.engine.decode_tables import DecodeTables
+from paged_edu.engine.input_batch import InputBatch
 from paged_edu.engine.outputs import RequestMetrics, RequestOutput, RequestState, StepMetrics
 from paged_edu.engine.overlap import AsyncScheduling
 from paged_edu.engine.requests import check_inputs
@@ -74,7 +74,13 @@ from paged_edu.engine.sampling import Sampler, SamplingParams
 from paged_edu.engine.step import StepFailed, StepPhases
 from paged_edu.engine.timeline import StepRecord, Timeline
 from paged_edu.models.llama import PagedLlama
-from paged_edu.sched.memory_manager import MemoryManager, block_table_versions_reader, block_tables_reader, is_empty
+from paged_edu.sched.memory_manager import (
+    MemoryManager,
+    block_table_versions_reader,
+    block_tables_reader,
+    is_empty,
+    latest_table_version_reader,
+)
 from paged_edu.sched.scheduler import Scheduler
 from paged_edu.sched.sequence import Sequence as SchedSequence
 
@@ -180,15 +186,16 @@ class Engine:
         self._t0 = time.perf_counter()
         self._timeline = Timeline(self.device, self._t0) if config.record_timeline else None
         self.runner.timeline = self._timeline
-        versions = block_table_versions_reader(a)  # kept across decode steps where the manager numbers its edits
         self.phases = StepPhases(
             self.scheduler,
             self.runner,
             self.sampler,
             self._requests,
             self._subscribers,
-            block_tables=block_tables_reader(a),  # every scheduled sequence's table, each step
-            decode_tables=DecodeTables(versions) if versions is not None else None,
+            # the decode batch kept across steps, where the manager numbers its tables' edits
+            input_batch=InputBatch(
+                block_size, block_tables_reader(a), block_table_versions_reader(a), latest_table_version_reader(a)
+            ),
             timeline=self._timeline,
             t0=self._t0,
             sync_timing=config.sync_timing,

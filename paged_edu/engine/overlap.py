@@ -13,9 +13,10 @@ ahead, a step costs ``max(host, GPU)`` instead of their sum. One call of :meth:`
 2. **schedule step N+1** with the scheduler as it is: a placeholder needs a slot like any token, and
    the memory manager reserves it by count (``append_slots``) -- the id reaches it later, with
    ``mark_computed``, which hashes and publishes a block only once its ids are known;
-3. **launch step N+1**: block copies, ``prepare`` (the placeholders go into the packed input ids),
-   then on the device ``ids = where(ids < 0, tokens_N[-1 - ids], ids)`` -- a gather by row, no host
-   round trip (SGLang resolves its "future" token ids the same way: ``FutureMap`` in
+3. **launch step N+1**: block copies, ``prepare`` (the placeholders go into the packed input ids,
+   and the runner resolves them on the device, ``ids = where(ids < 0, tokens_N[-1 - ids], ids)`` --
+   a gather by row, no host round trip, :func:`~paged_edu.engine.runner.fill_placeholders`; SGLang
+   resolves its "future" token ids the same way: ``FutureMap`` in
    ``sglang/srt/managers/overlap_utils.py``) -- the forward pass and sampling, whose tokens stay on
    the device and start a ``non_blocking`` copy into pinned memory, marked by a CUDA event;
 4. **step N's tokens**: the placeholders are taken back, the host waits on step N's event (the GPU
@@ -67,7 +68,6 @@ the next call, and outputs read before the failure are returned then.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from paged_edu.engine.outputs import RequestOutput, StepMetrics
@@ -114,13 +114,9 @@ class AsyncScheduling:
             return outputs, self._close(sched)
         if prev is not None and (sched.preempted or sched.blocks_to_swap_in):
             raise RuntimeError("async scheduling ran ahead into a preemption or a swap-in (a bug: see _can_run_ahead)")
-        fill = None
-        if prev is not None and prev.tokens is not None:
-            runner, tokens = p.runner, prev.tokens
-            fill = lambda batch: self._fill_placeholders(runner.input_ids(batch), tokens, batch.host.input_ids)  # noqa: E731
-        try:  # 3. launch step N+1
+        try:  # 3. launch step N+1 (its placeholders read step N's tokens: the last step launched)
             with p.undone_on_failure(sched):
-                current = p.launch(sched, fill)
+                current = p.launch(sched)
         except BaseException:  # undone; the step in flight stays in flight
             if prev is not None:
                 self._release()
@@ -169,26 +165,6 @@ class AsyncScheduling:
                 seq.num_tokens -= 1
             seq.num_computed_tokens = start
         self._held.clear()
-
-    @staticmethod
-    def _fill_placeholders(input_ids: torch.Tensor, tokens: torch.Tensor, host_ids: np.ndarray) -> None:
-        """``input_ids[i] = tokens[-1 - input_ids[i]]`` where ``input_ids[i] < 0``, on the device.
-
-        ``host_ids`` are the same ids on the host, so the host knows where the placeholders are
-        without asking the device. Usually (every sequence of step N decodes again, in the same
-        order) they are rows ``0 .. k-1`` pointing at tokens ``0 .. k-1``: then the fill is one
-        copy; otherwise five small kernels compute it. On the H200's host each launch costs
-        ~10 us of a decode step's ~1 ms, and this runs every step."""
-        num = int(np.count_nonzero(host_ids < 0))
-        if num == 0:
-            return
-        # E.g. host_ids [-1, -2, -3, 7]: num 3, the first three are [-1, -2, -3] -> tokens[:3] in one copy
-        if num <= tokens.shape[0] and np.array_equal(host_ids[:num], np.arange(-1, -1 - num, -1)):
-            input_ids[:num].copy_(tokens[:num])
-            return
-        # E.g. input_ids [-1, -4, 7], 8 tokens: rows [0, 3, 0] (-8 clamped to 0) -> [tokens[0], tokens[3], 7]
-        rows = (-1 - input_ids).clamp_(0, tokens.shape[0] - 1)  # (rows,) index into step N's tokens
-        input_ids.copy_(torch.where(input_ids < 0, tokens[rows], input_ids))
 
     def _read(self, step: LaunchedStep) -> list[RequestOutput]:
         """Wait for a step's tokens, take its placeholders back, then ``update``: append the ids, publish

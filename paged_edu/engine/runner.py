@@ -3,10 +3,12 @@
 The engine's :meth:`~paged_edu.engine.engine.Engine.step` says *what* runs in a step (which tokens
 of which sequences); the runner makes it run. Per step the host does three things and waits once:
 
-1. :meth:`ModelRunner.prepare` -- the step's :class:`~paged_edu.engine.batch.StepBatch` built with
+1. :meth:`ModelRunner.prepare` -- the step's :class:`~paged_edu.engine.batch.StepBatch`, from the
+   decode batch kept across steps (:class:`~paged_edu.engine.input_batch.InputBatch`) or built with
    numpy from the chunks and their block tables (:mod:`paged_edu.engine.batch`), plus the rows to
    sample (:class:`~paged_edu.engine.sampling.SamplingPlan`), in **one** host-to-device copy from a
-   reused, pinned buffer: a :class:`StagedBatch`;
+   reused, pinned buffer: a :class:`StagedBatch`; token ids still on the device (placeholders
+   ``-1 - j``) gathered there;
 2. :meth:`ModelRunner.forward` -- launches the forward pass: one CUDA-graph replay for a pure-decode
    step (:class:`~paged_edu.engine.cuda_graphs.DecodeCudaGraphs`; the graph also computes the greedy
    tokens), one replay of :class:`~paged_edu.engine.cuda_graphs.MixedCudaGraphs` for a step with
@@ -25,7 +27,6 @@ from __future__ import annotations
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
-from functools import partial
 from itertools import groupby
 from operator import itemgetter
 
@@ -33,14 +34,14 @@ import numpy as np
 import torch
 
 from paged_edu.cache.kv_cache import PagedKVCache
-from paged_edu.engine.batch import BatchStaging, StepBatch, pack_chunks, token_slice
+from paged_edu.engine.batch import BatchStaging, StepBatch
 from paged_edu.engine.config import KernelConfig
 from paged_edu.engine.cuda_graphs import DecodeCudaGraphs, MixedCudaGraphs
-from paged_edu.engine.decode_tables import DecodeTables
+from paged_edu.engine.input_batch import InputBatch
 from paged_edu.engine.sampling import SamplingBatch, SamplingPlan, draw
 from paged_edu.models.llama import ForwardBatch, PagedLlama
 
-__all__ = ["BLOCK_SPACES", "ModelRunner", "StagedBatch"]
+__all__ = ["BLOCK_SPACES", "ModelRunner", "StagedBatch", "fill_placeholders"]
 
 # A block op's kind -> (where its sources are, where its destinations are)
 BLOCK_SPACES = {"swap_out": ("gpu", "cpu"), "copy": ("gpu", "gpu"), "swap_in": ("cpu", "gpu")}
@@ -84,7 +85,9 @@ class ModelRunner:
       and tensor, not one per block (a preemption can swap hundreds of blocks at once);
     * :meth:`prepare` -- the batch built by numpy array expressions, not a Python loop per token,
       into a reused pinned buffer that reaches the device in one copy (:mod:`~paged_edu.engine.batch`;
-      at 256 running sequences this took the host's preparation from 0.84 to about 0.2 ms a step);
+      at 256 running sequences this took the host's preparation from 0.84 to about 0.2 ms a step); a
+      decode step like the last one from the arrays kept across steps
+      (:mod:`~paged_edu.engine.input_batch`), its token ids gathered on the device;
     * ``kernels.cuda_graphs`` -- :class:`~paged_edu.engine.cuda_graphs.DecodeCudaGraphs` for batches of
       up to ``max_num_seqs`` decodes with block tables up to ``max_model_len`` tokens wide: a decode
       step of small kernels is bound by their launches, which a replay removes;
@@ -208,43 +211,30 @@ class ModelRunner:
         self._pending = deque((kind, pairs) for kind, pairs in runs if pairs)
         return before - self.num_unapplied_block_ops
 
-    def prepare(
-        self, scheduled, block_tables, plan: SamplingPlan, decode_tables: DecodeTables | None = None
-    ) -> StagedBatch:
+    def prepare(self, scheduled, inputs: InputBatch, plan: SamplingPlan) -> StagedBatch:
         """The step's inputs on the device, from the scheduler's ``ScheduledSeq`` s.
 
-        ``block_tables(seq_ids)`` gives the sequences' blocks (the allocator's:
-        :func:`~paged_edu.sched.memory_manager.block_tables_reader`); ``plan`` says which rows sample
-        and how (:func:`~paged_edu.engine.sampling.plan_sampling`). ``decode_tables`` keeps a
-        pure-decode step's table matrix across steps (None: packed from the lists).
+        ``inputs`` builds the step's :class:`StepBatch` (row-wise from the sequences' kept state, or
+        packed from the chunks); ``plan`` says which rows sample and how
+        (:func:`~paged_edu.engine.sampling.plan_sampling`). Token ids still on the device -- the
+        placeholders ``-1 - j``, "token ``j`` of the last step's draw", of async scheduling's step in
+        flight -- are gathered there from ``inputs.tokens``.
         """
-        token_ids: list[int] = []
-        for item in scheduled:  # the only loop over sequences: their new tokens
-            seq, s, n = item.seq, item.start, item.num_new_tokens
-            p = len(seq.prompt_token_ids)
-            if n == 1:
-                token_ids.append(seq.output_token_ids[s - p] if s >= p else seq.prompt_token_ids[s])
-            else:
-                token_ids += token_slice(seq, s, s + n)
-        seq_ids = [it.seq.seq_id for it in scheduled]
-        host = pack_chunks(
-            token_ids,
-            [it.start for it in scheduled],
-            [it.num_new_tokens for it in scheduled],
-            block_tables(seq_ids),
-            self.block_size,
-            None if decode_tables is None else partial(decode_tables.matrix, seq_ids),
-        )
-        batch = self._stage(host, plan)
+        one_each = len(plan.chunks) == len(scheduled) and not plan.forks  # every chunk draws one token, in order
+        host = inputs.prepare(scheduled, None if plan.forks else plan.chunks)
+        batch = self._stage(host, plan, one_each)
         batch.host = host
+        if inputs.tokens is not None:
+            fill_placeholders(self.input_ids(batch), inputs.tokens, host.input_ids)
         return batch
 
-    def _stage(self, host: StepBatch, plan: SamplingPlan) -> StagedBatch:
+    def _stage(self, host: StepBatch, plan: SamplingPlan, one_each: bool = False) -> StagedBatch:
         """The batch on the device: into a captured graph's buffers, or the staging buffer."""
         rows = host.input_ids.shape[0]
         # (N,) the hidden-state row of each token drawn: its chunk's last row. E.g. logits_rows [0, 4, 1],
-        # chunk 1 a prompt that ends drawing n = 3: plan.chunks [0, 1, 1, 1, 2] -> [0, 4, 4, 4, 1]
-        sample_rows = host.logits_rows[np.asarray(plan.chunks, dtype=np.int64)]
+        # chunk 1 a prompt that ends drawing n = 3: plan.chunks [0, 1, 1, 1, 2] -> [0, 4, 4, 4, 1];
+        # one token per chunk, in order (the usual step): the chunks' last rows themselves
+        sample_rows = host.logits_rows if one_each else host.logits_rows[np.asarray(plan.chunks, dtype=np.int64)]
         if self.graphs is not None and host.is_pure_decode:
             bs = self.graphs.size_for(rows, host.decode_block_tables.shape[1])
             if bs is not None:  # straight into the captured graph's inputs
@@ -296,3 +286,28 @@ class ModelRunner:
         it draws none): the timeline's end mark."""
         if self.timeline is not None:
             self.timeline.end()
+
+
+def fill_placeholders(input_ids: torch.Tensor, tokens: torch.Tensor, host_ids: np.ndarray) -> None:
+    """``input_ids[i] = tokens[-1 - input_ids[i]]`` where ``input_ids[i] < 0``, on the device.
+
+    ``host_ids`` are the same ids on the host, so the host knows where the placeholders are without
+    asking the device. Usually (async scheduling's step where every sequence of the step in flight
+    decodes again, in the same order) they are rows ``0 .. k-1`` pointing at tokens ``0 .. k-1``: then
+    the fill is one copy; a decode step whose every row is a placeholder (some sequence finished: gaps)
+    is one gather (two kernels); otherwise six small kernels compute it. On the H200's host each
+    launch costs ~10 us of a decode step's ~1 ms."""
+    num = int(np.count_nonzero(host_ids < 0))
+    if num == 0:
+        return
+    # E.g. host_ids [-1, -2, -3, 7]: num 3, the first three are [-1, -2, -3] -> tokens[:3] in one copy
+    if num <= tokens.shape[0] and np.array_equal(host_ids[:num], np.arange(-1, -1 - num, -1)):
+        input_ids[:num].copy_(tokens[:num])
+        return
+    if num == len(host_ids):  # E.g. [-1, -3, -4]: every row a placeholder -> tokens[[0, 2, 3]] in place
+        ids = input_ids[:num]
+        torch.index_select(tokens, 0, -1 - ids, out=ids)
+        return
+    # E.g. input_ids [-1, -4, 7], 8 tokens: rows [0, 3, 0] (-8 clamped to 0) -> [tokens[0], tokens[3], 7]
+    rows = (-1 - input_ids).clamp_(0, tokens.shape[0] - 1)  # (rows,) index into the last step's tokens
+    input_ids.copy_(torch.where(input_ids < 0, tokens[rows], input_ids))

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from paged_edu.engine.outputs import RequestOutput, RequestState, StepMetrics, step_metrics
-from paged_edu.engine.runner import BLOCK_SPACES, ModelRunner, StagedBatch
+from paged_edu.engine.runner import BLOCK_SPACES, ModelRunner
 from paged_edu.engine.sampling import Sampler, SamplingPlan, plan_sampling, tokens_by_sequence
 from paged_edu.sched.parallel_sampling import ParallelSamples
 from paged_edu.sched.scheduler import Scheduler
@@ -111,8 +111,10 @@ class _Undo:
         p = self.owner
         if exc_type is None:
             p.sampler.commit()
+            p.input_batch.commit()  # the next decode step may continue from this one
             return False
         p.sampler.rollback()  # nothing computed counts: the next step schedules the same work again
+        p.input_batch.rollback()
         if p.timeline is not None:
             p.timeline.discard()
         p.num_failed_steps += 1
@@ -130,7 +132,10 @@ class StepPhases:
     order, :class:`~paged_edu.engine.overlap.AsyncScheduling` one step ahead.
 
     ``requests`` is the engine's table of live requests (by id), shared: the ``prepare`` phase reads
-    their sampling params, the ``update`` phase removes the requests it completes.
+    their sampling params, the ``update`` phase removes the requests it completes. ``input_batch``
+    (:class:`~paged_edu.engine.input_batch.InputBatch`) builds each step's batch, keeping the
+    sequences' state across steps: it learns of each step's tokens (drawn, then on the host), and whether the
+    step committed.
     ``subscribers`` is the engine's list of callbacks: a step's :class:`StepMetrics` is made only if
     someone listens. Holds no reference to the engine (an engine dropped is freed at once).
     """
@@ -143,15 +148,15 @@ class StepPhases:
         requests: dict[int, RequestState],
         subscribers: list[Callable],
         *,
-        block_tables,
-        decode_tables,
+        input_batch,
         timeline,
         t0: float,
         sync_timing: bool,
     ) -> None:
         self.scheduler, self.runner, self.sampler = scheduler, runner, sampler
         self.requests, self.subscribers = requests, subscribers
-        self.block_tables, self.decode_tables = block_tables, decode_tables
+        self.input_batch = input_batch
+        self.block_tables = input_batch.block_tables  # the manager's tables (the block copies' owners)
         self.timeline = timeline
         self.t0 = t0
         self.sync = sync_timing and runner.device.type == "cuda"
@@ -170,8 +175,10 @@ class StepPhases:
         self._turn = 0
 
     def release(self) -> None:
-        """Drop the pinned buffers the tokens come back through (``Engine.close``)."""
+        """Drop the pinned buffers the tokens come back through, and the input batch's tokens on the
+        device (a view of a captured graph's output: it would keep the graph's pool) (``Engine.close``)."""
         self._pinned, self._copied = [], None
+        self.input_batch.release()
 
     # -- naming, timing and undoing -------------------------------------------------------------
     def begin(self) -> None:
@@ -212,10 +219,9 @@ class StepPhases:
         with self.phase("schedule"):
             return self.scheduler.schedule()
 
-    def launch(self, sched: SchedulerOutput, fill: Callable[[StagedBatch], None] | None = None) -> LaunchedStep:
-        """Phases 2-5 up to the tokens' copy: block copies, prepare (``fill(batch)`` then writes into the
-        staged batch: async scheduling's placeholders), the forward pass, and the draw; returns without
-        waiting for the device."""
+    def launch(self, sched: SchedulerOutput) -> LaunchedStep:
+        """Phases 2-5 up to the tokens' copy: block copies, prepare, the forward pass, and the draw;
+        returns without waiting for the device."""
         runner = self.runner
         with self.phase("block copies", book="prepare"):
             if runner.num_unapplied_block_ops:  # copies a failed step left: those still needed go first
@@ -223,9 +229,7 @@ class StepPhases:
             runner.apply_block_ops(sched.block_ops)  # swap-outs, copy-on-write copies, swap-ins
         with self.phase("prepare"):
             plan = plan_sampling(sched.scheduled, self.sampler, self.requests)  # who samples, and how
-            batch = runner.prepare(sched.scheduled, self.block_tables, plan, self.decode_tables)
-            if fill is not None:
-                fill(batch)
+            batch = runner.prepare(sched.scheduled, self.input_batch, plan)
         with self.phase("forward"):
             runner.forward(batch)
         with self.phase("sample"):
@@ -234,6 +238,7 @@ class StepPhases:
             else:  # nothing to draw: the launch ends with the forward pass
                 tokens = None
                 runner.end_launch()
+            self.input_batch.launched(tokens)  # what the next step's placeholders will read
             return self._copy_back(sched, plan, tokens)
 
     def _copy_back(self, sched: SchedulerOutput, plan: SamplingPlan, tokens) -> LaunchedStep:
@@ -259,7 +264,9 @@ class StepPhases:
                 self.device_wait_s += time.perf_counter() - t0
             if step.host is None:
                 return {}
-            return tokens_by_sequence(step.plan, step.host.numpy().tolist())
+            host = step.host.numpy()
+            self.input_batch.read(step.tokens, host)  # the next step's batch takes them from the host
+            return tokens_by_sequence(step.plan, host.tolist())
 
     def update(self, step: LaunchedStep, sampled: dict) -> tuple[list[RequestOutput], int]:
         """Phase 6: append the tokens, publish the blocks they complete, finish sequences; returns the

@@ -26,7 +26,10 @@ or records that a lesson prints and a view draws.
   :mod:`~paged_edu.labs.cache_contents` (the prefix cache rebuilt from its store / evict / clear events);
 * lesson 9: :mod:`~paged_edu.labs.timed_run` (a timed engine run: warm-up, the timed window, the
   roofline of the same steps -- what ``bench_engine`` times with too), :mod:`~paged_edu.labs.speed_ladder`
-  (one engine option per rung);
+  (one engine option per rung), :mod:`~paged_edu.labs.step_timeline` (the step-timeline model that
+  predicts the ladder from its parts), :mod:`~paged_edu.labs.card` (the card a run is on, and the GPU
+  spec that prices its roofline: every benchmark's and lesson's);
+* lesson 10: :mod:`~paged_edu.labs.tile_plan` (which key tiles a paged prefill program reads);
 * lesson 11: :mod:`~paged_edu.labs.serving` (a live server read through its metrics and KV events, the
   simulator beside it).
 

@@ -28,7 +28,7 @@ import torch
 
 from paged_edu.engine import Engine, SamplingParams, StepMetrics
 from paged_edu.cache.sizing import dtype_name
-from paged_edu.core.hardware import GPUS
+from paged_edu.labs.card import roofline_card
 from paged_edu.sim.costmodel import CostModel
 from paged_edu.sim.workloads import sharegpt
 
@@ -318,7 +318,7 @@ def phase_profile(
     block_size: int = 16,
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 2048,
-    gpu: str = "h200",
+    gpu: str | None = None,
     **engine_kwargs,
 ) -> dict[str, list]:
     """Run the requests; per step: the engine's ``phase_times`` and the cost model's roofline time.
@@ -327,7 +327,8 @@ def phase_profile(
     GPU work is booked to the phase that launched it. The roofline is :meth:`CostModel.roofline` on
     each step's exact chunks (``StepShape.of_chunks``): the time the step's FLOPs and bytes need on
     ``gpu`` at full efficiency, no overhead, the tied LM head's read counted -- what a perfect engine
-    could reach there.
+    could reach there. ``gpu`` None: the card the model runs on (:func:`~paged_edu.labs.card.this_card`;
+    the H200's on a CPU), else a key of :data:`~paged_edu.core.hardware.GPUS`.
     """
     on_gpu = model.device.type == "cuda"
     with Engine(
@@ -342,7 +343,8 @@ def phase_profile(
         steps: list[StepMetrics] = []
         engine.subscribe(lambda e: steps.append(e) if isinstance(e, StepMetrics) else None)
         engine.run([p for p, _ in requests], [SamplingParams(max_tokens=n) for _, n in requests])
-        roofline = CostModel(model=model.config.geometry(dtype_name(model.dtype)), gpu=GPUS[gpu]).roofline()
+        card = roofline_card(gpu, model.device)
+        roofline = CostModel(model=model.config.geometry(dtype_name(model.dtype)), gpu=card.gpu).roofline()
         out = {phase: [s.phase_times.get(phase, 0.0) for s in steps] for phase in PHASES}
         out.update(
             step=[s.step for s in steps],
@@ -351,6 +353,7 @@ def phase_profile(
             num_decode_seqs=[s.num_decode_seqs for s in steps],
             roofline=[roofline.step_time(s.shape) for s in steps],
             gpu=roofline.gpu.name,
+            gpu_spec=card.spec,
             cuda_graph_steps=engine.num_graph_steps,
         )
         return out

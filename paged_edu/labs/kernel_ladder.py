@@ -9,7 +9,8 @@
   measure of the GPU kernel's speed).
 * :func:`stored_gpu_figures` -- the stored H200 figures (``paged_edu/data/kernel_bench.json``, ``docs/benchmarks.md``), to show
   beside a CPU run.
-* :func:`source_between` -- lines of a function's source, for reading the kernel in the lesson.
+* :func:`source_between` -- lines of a function's source, for reading the kernel in the lesson;
+  :func:`source_of` -- a kernel module to read it from, Triton installed or not.
 * :func:`kernel_outline` -- a ``@triton.jit`` kernel's size and the ``@triton.jit`` helpers it calls,
   read from its source: what lesson 4 shows of the two decode kernels built from the same pieces.
 """
@@ -17,9 +18,12 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import inspect
 import json
 import textwrap
+from types import SimpleNamespace
 from pathlib import Path
 
 import torch
@@ -30,7 +34,15 @@ from paged_edu.kernels.reference import paged_attention_loop, paged_attention_to
 from paged_edu.labs.seed_kernel import paged_attention_decode_step_fixed
 from paged_edu.labs.timing import Timer, copy_ceiling_us, decode_bytes, random_paged_case, rel_err, wall_us
 
-__all__ = ["cpu_ladder", "gpu_ladder", "kernel_outline", "source_between", "split_sweep", "stored_gpu_figures"]
+__all__ = [
+    "cpu_ladder",
+    "gpu_ladder",
+    "kernel_outline",
+    "source_between",
+    "source_of",
+    "split_sweep",
+    "stored_gpu_figures",
+]
 
 
 def _impl_fn(impl: str, case, scale: float):
@@ -177,14 +189,51 @@ def stored_gpu_figures(name: str = "kernel_bench.json", *, path: Path | None = N
 
 def source_between(fn, start: str, stop: str | None = None) -> str:
     """The lines of ``fn``'s source from the first holding ``start`` up to (not including) the first
-    later one holding ``stop`` (the end when ``stop`` is None). Works for ``@triton.jit`` functions too."""
-    lines = inspect.getsource(getattr(fn, "fn", fn)).splitlines()
+    later one holding ``stop`` (the end when ``stop`` is None). ``fn`` is a function (``@triton.jit``
+    ones too) or its source text (what :func:`source_of` gives where Triton is not installed)."""
+    text = fn if isinstance(fn, str) else inspect.getsource(getattr(fn, "fn", fn))
+    lines = text.splitlines()
     try:
         i = next(k for k, line in enumerate(lines) if start in line)
     except StopIteration:
-        raise ValueError(f"{start!r} is not in the source of {fn.__name__}") from None
+        name = lines[0].strip() if isinstance(fn, str) else fn.__name__
+        raise ValueError(f"{start!r} is not in the source of {name}") from None
     j = len(lines) if stop is None else next((k for k in range(i + 1, len(lines)) if stop in lines[k]), len(lines))
     return "\n".join(lines[i:j])
+
+
+def source_of(module: str):
+    """The module named ``module``, to read its functions with :func:`source_between`: the module itself
+    where it imports; where it cannot because Triton is not installed (macOS, Windows), a namespace of its
+    top-level functions and classes -- and of what it imports from paged_edu -- each as its source text
+    (decorators included), read from the files."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if exc.name != "triton":
+            raise
+    # The file, found without importing the module or its package (whose __init__ may import Triton too):
+    # the nearest package above it that imports, then the rest of the name as folders and a .py file.
+    parts = module.split(".")
+    for k in range(len(parts) - 1, 0, -1):
+        try:
+            spec = importlib.util.find_spec(".".join(parts[:k]))
+            break
+        except ImportError:
+            continue
+    folder = Path(next(iter(spec.submodule_search_locations))).joinpath(*parts[k:-1])
+    path = folder / f"{parts[-1]}.py" if (folder / f"{parts[-1]}.py").exists() else folder / parts[-1] / "__init__.py"
+    text = Path(path).read_text()
+    lines = text.splitlines()
+    defs = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            defs[node.name] = "\n".join(lines[first - 1 : node.end_lineno])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("paged_edu."):
+            source = source_of(node.module)  # a name the module re-exports, read where it is defined
+            defs.update({a.asname or a.name: getattr(source, a.name) for a in node.names if hasattr(source, a.name)})
+    return SimpleNamespace(__name__=module, __file__=str(path), **defs)
 
 
 def kernel_outline(kernel) -> dict:

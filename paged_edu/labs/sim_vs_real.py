@@ -19,7 +19,7 @@ import numpy as np
 from paged_edu import data
 from paged_edu.engine import Engine, RequestMetrics, SamplingParams, StepMetrics
 from paged_edu.cache.sizing import dtype_name
-from paged_edu.core.hardware import GPUS
+from paged_edu.labs.card import roofline_card
 from paged_edu.labs.batching import make_requests
 from paged_edu.sim.costmodel import CostModel, StepShape
 from paged_edu.sim.request import Request
@@ -43,7 +43,7 @@ def sim_vs_real(
     max_num_batched_tokens: int = 256,
     seed: int = 0,
     fit_seed: int | None = None,
-    gpu: str = "h200",
+    gpu: str | None = None,
 ) -> dict:
     """Fit the cost model on one trace, then compare engine and simulator on another (all at t = 0).
 
@@ -52,7 +52,7 @@ def sim_vs_real(
     CostModel, ...}`` for the test trace; each side has ``tokens_per_s``, ``ttft_p50_s``,
     ``ttft_p99_s``, ``preemptions``, ``num_steps``, ``seconds``; ``step_rel_error_p50`` is the fit's
     median per-step error on the test trace's steps. ``gpu`` only names the roofline whose FLOP term
-    is fitted (:func:`describe_fit` states the fit without it).
+    is fitted (None: the card the model runs on, :func:`~paged_edu.labs.card.this_card`; the H200's on a CPU) (:func:`describe_fit` states the fit without it).
     """
     fit_seed = seed + 1 if fit_seed is None else fit_seed
     if fit_seed == seed:
@@ -89,7 +89,7 @@ def sim_vs_real(
         serve(fit_requests)
         serve(requests)
     fit_steps, _ = serve(fit_requests)
-    base = CostModel(model=model.config.geometry(dtype_name(model.dtype)), gpu=GPUS[gpu])
+    base = CostModel(model=model.config.geometry(dtype_name(model.dtype)), gpu=roofline_card(gpu, model.device).gpu)
     cost = fit_engine_steps(base, fit_steps)
 
     steps, finished = serve(requests)
@@ -190,11 +190,16 @@ def error_table(result: dict) -> str:
 
 def h200_engine_summary(name: str = "engine_bench.json") -> dict:
     """What a stored H200 engine benchmark (:mod:`paged_edu.data` ``name``) measured (SmolLM2-135M geometry,
-    512 ShareGPT-like requests)."""
+    512 ShareGPT-like requests), with where it ran: the card, the commit, the date and the command."""
     bench = data.load_json(name)
     e = bench["engine"]
     out = {
         "device": bench["device_name"],
+        "commit": bench.get("commit"),  # (None: a record written before benchmarks named their commit)
+        "date_utc": bench.get("date_utc"),
+        "command": bench.get("command"),
+        "async_scheduling": bool(e.get("async_scheduling")),
+        "mixed_graphs": bool(e.get("mixed_graphs")),
         "tokens_per_s": e["tokens_per_s"],
         "num_steps": e["num_steps"],
         "mean_decode_step_ms": e["mean_decode_step_ms"],

@@ -26,6 +26,10 @@ against the roofline. ``benchmarks/bench_engine.py`` and the speed ladder of les
    run records it (``timed_run(..., record_timeline=True)``, the ladder: its record is the timeline of
    the run it times) or :func:`timeline_run` serves the requests once more with it, outside the
    window (``bench_engine``: its timed run stays free of the recording's events).
+
+One engine at a time: each run closes its engine before the next is built (``Engine.close()``), and
+:func:`check_pool_fits` refuses, before anything starts, a pool the device cannot hold --
+nano-vllm's workload needs a 30 GiB pool, and two of them do not fit an 80 GB card.
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from paged_edu.core.hardware import GPUS
+from paged_edu.cache.sizing import bytes_per_block, check_blocks_fit, format_gib
+from paged_edu.core.hardware import GPU, GPUS
 from paged_edu.engine import Engine, RequestOutput, SamplingParams, StepMetrics
 from paged_edu.engine.timeline import summarize_timeline
+from paged_edu.labs.card import roofline_card
 from paged_edu.labs.timing import compiled_variant_counter, frozen_heap, graph_capture_counter
 from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel
 
@@ -46,6 +52,7 @@ __all__ = [
     "CONCURRENCY_BUCKETS",
     "TimedRun",
     "by_concurrency",
+    "check_pool_fits",
     "mean_ms",
     "near_running",
     "roofline_model",
@@ -98,6 +105,25 @@ class TimedRun:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def check_pool_fits(model, num_blocks: int, block_size: int) -> int:
+    """Refuse, before a run starts, a KV pool the device cannot hold now: a ``ValueError`` naming the
+    pool it needs (blocks, bytes a block, GiB) and what the device has free. Returns the pool's bytes.
+
+    One pool at a time: :func:`timed_run` and :func:`timeline_run` close each engine before the next,
+    so a run fits when one pool does, beside the weights already loaded."""
+    c = model.config
+    block_bytes = bytes_per_block(c.num_layers, block_size, c.num_kv_heads, c.head_dim, model.dtype)
+    try:
+        check_blocks_fit("num_blocks", num_blocks, block_bytes, model.device)
+    except ValueError as exc:
+        raise ValueError(
+            f"this run cannot fit: its KV pool needs {num_blocks:,} blocks of {block_size} tokens x "
+            f"{block_bytes:,} bytes = {num_blocks * block_bytes:,} bytes ({format_gib(num_blocks * block_bytes)}) "
+            f"for one engine at a time ({exc})"
+        ) from None
+    return num_blocks * block_bytes
 
 
 def _params(max_tokens: list[int], temperature: float) -> list[SamplingParams]:
@@ -192,11 +218,13 @@ def timeline_run(
     return out
 
 
-def roofline_model(spec, gpu: str = "h200") -> CostModel:
+def roofline_model(spec, gpu: str | GPU | None = None, device=None) -> CostModel:
     """:data:`~paged_edu.sim.costmodel.ROOFLINE_NAME`: ``CostModel.roofline()`` for the model geometry
-    ``spec`` on ``gpu`` (a key of :data:`~paged_edu.core.hardware.GPUS`) -- full efficiency, no
-    overhead, the tied LM head's weight read counted."""
-    return CostModel(model=spec, gpu=GPUS[gpu]).roofline()
+    ``spec`` -- full efficiency, no overhead, the tied LM head's weight read counted -- on ``gpu``: None,
+    the card ``device`` is (:func:`~paged_edu.labs.card.this_card`: its row of the GPU table, its measured
+    ceilings if the table lacks it, the H200's without a GPU), or a key of
+    :data:`~paged_edu.core.hardware.GPUS`."""
+    return CostModel(model=spec, gpu=roofline_card(gpu, device).gpu).roofline()
 
 
 def roofline_s(steps: list[StepMetrics], cost: CostModel) -> np.ndarray:
@@ -235,8 +263,8 @@ def step_speed(run: TimedRun, cost: CostModel, roofline_gpus=()) -> dict:
 
     ``cost``: the roofline (:func:`roofline_model`). Host time: ``duration - device_wait``, the wall
     time less the time the host waited for the GPU (the copy of the sampled tokens: the one sync).
-    ``roofline_gpus``: keys of :data:`~paged_edu.core.hardware.GPUS` to price the same steps on too
-    (``roofline_run_s_by_gpu``, not rounded). The step counts of a kind that compiled a Triton
+    ``roofline_gpus``: keys of :data:`~paged_edu.core.hardware.GPUS` (or rows, e.g. a measured card's) to
+    price the same steps on too (``roofline_run_s_by_gpu``, by key, not rounded). The step counts of a kind that compiled a Triton
     variant need ``timed_run(..., count_compiles_per_step=True)`` (None without).
     """
     steps, decode, mixed = run.steps, run.decode, run.mixed
@@ -249,6 +277,7 @@ def step_speed(run: TimedRun, cost: CostModel, roofline_gpus=()) -> dict:
     out = dict(
         roofline=ROOFLINE_NAME,
         roofline_gpu=cost.gpu.name,
+        roofline_gpu_key=cost.gpu.key,
         roofline_bandwidth=cost.gpu.hbm_bandwidth,
         roofline_run_s=round(float(roof.sum()), 4),
         mean_decode_step_ms=mean_ms(dur, decode),
@@ -284,7 +313,6 @@ def step_speed(run: TimedRun, cost: CostModel, roofline_gpus=()) -> dict:
         out[f"{kind}_step_vs_roofline"] = round(step / roofline, 3) if step and roofline else None
     if roofline_gpus:
         shapes = [m.shape for m in steps]
-        out["roofline_run_s_by_gpu"] = {
-            key: float(sum(map(replace(cost, gpu=GPUS[key]).step_time, shapes))) for key in roofline_gpus
-        }
+        rows = [GPUS[g] if isinstance(g, str) else g for g in roofline_gpus]
+        out["roofline_run_s_by_gpu"] = {g.key: float(sum(map(replace(cost, gpu=g).step_time, shapes))) for g in rows}
     return out

@@ -10,6 +10,10 @@ copy's (:func:`decode_bytes` counts the bytes).
 
 On a CPU (:func:`wall_us`): the median wall-clock time of a few calls -- enough to compare a Python
 loop, a vectorised PyTorch version and the Triton interpreter side by side at a small size.
+
+A profile of a step (``torch.profiler``): :func:`kernel_table` books each device kernel to its kind
+(:func:`kernel_kind`: GEMMs, attention, our fused per-token kernels, PyTorch's other small kernels) and
+to its name -- ``benchmarks/bench_layer.py``'s graph replays and the speed ladder's decode probes alike.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ __all__ = [
     "copy_ceiling_us",
     "graph_capture_counter",
     "decode_bytes",
+    "kernel_kind",
+    "kernel_table",
     "percentile",
     "random_decode_step",
     "random_paged_case",
@@ -186,6 +192,43 @@ def random_decode_step(
     pos = (lens - 1).long()
     slots = tables[torch.arange(num_seqs, device=device), pos // block_size].long() * block_size + pos % block_size
     return q, k, v, pool, tables, lens, pos, slots
+
+
+def kernel_kind(name: str) -> str:
+    """A device kernel's kind from its name: ``"attention"`` (the paged decode and prefill kernels and the split
+    merge), ``"fused"`` (our Triton per-token ops), ``"gemm"`` (cuBLAS / the skinny GEMM) or ``"other"``
+    (PyTorch's elementwise, reduction and copy kernels)."""
+    n = name.lower()
+    if any(w in n for w in ("_decode_kernel", "merge_splits", "prefill_kernel", "attention")):
+        return "attention"
+    if any(w in n for w in ("add_rms_norm", "silu_and_mul", "store_kv")):
+        return "fused"
+    if any(w in n for w in ("gemm", "gemv", "cutlass", "nvjet", "sm90", "cublas", "splitk", "skinny_matmul")):
+        return "gemm"
+    return "other"
+
+
+def kernel_table(kernels, n: int, top: int = 12) -> dict:
+    """``n`` steps' device kernels (``torch.profiler`` events) per step: ``kernels_per_step``, ``gpu_busy_us``,
+    and ``{"kernels", "us"}`` per kind (``by_kind``, :func:`kernel_kind`) and for the ``top`` longest names."""
+    us = lambda e: getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0)  # noqa: E731
+    by_kind: dict[str, list] = {}
+    by_name: dict[str, list] = {}
+    for e in kernels:
+        for table, key in ((by_kind, kernel_kind(e.name)), (by_name, e.name[:60])):
+            entry = table.setdefault(key, [0, 0.0])
+            entry[0] += 1
+            entry[1] += us(e)
+
+    def per(d):
+        return {k: {"kernels": c / n, "us": t / n} for k, (c, t) in sorted(d.items(), key=lambda kv: -kv[1][1])}
+
+    return {
+        "kernels_per_step": len(kernels) / n,
+        "gpu_busy_us": sum(us(e) for e in kernels) / n,
+        "by_kind": per(by_kind),
+        "top": dict(list(per(by_name).items())[:top]),
+    }
 
 
 def percentile(samples, q):

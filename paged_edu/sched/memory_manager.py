@@ -55,6 +55,7 @@ __all__ = [
     "block_tables_reader",
     "cache_keys",
     "is_empty",
+    "latest_table_version_reader",
     "publishes_before_computed",
 ]
 
@@ -157,6 +158,15 @@ def block_table_versions_reader(manager: MemoryManager) -> Callable[[list], list
     then a reader cannot tell an edited table from an unchanged one and must read every table whole."""
     versions = getattr(manager, "block_table_versions", None)
     return versions if callable(versions) else None
+
+
+def latest_table_version_reader(manager: MemoryManager) -> Callable[[], int] | None:
+    """``() -> the last table version handed out`` where the manager numbers its tables (the paged and
+    radix allocators' ``latest_table_version``), else None: while it stands still, no table was made
+    or edited in place since a reader last looked."""
+    if not hasattr(manager, "latest_table_version") or block_table_versions_reader(manager) is None:
+        return None
+    return lambda: manager.latest_table_version
 
 
 def publishes_before_computed(manager: MemoryManager) -> bool:

@@ -224,9 +224,10 @@ class Scheduler:
         running, self.running = deque(self.running), []
         while running:
             seq = running.popleft()
-            if self.budget == 0:  # the batch is full: it stays running, unscheduled
+            if self.budget == 0:  # the batch is full: it and the rest stay running, unscheduled
                 self.running.append(seq)
-                continue
+                self.running.extend(running)
+                break
             while not self._reserve_slot(seq):
                 if not running:
                     self._preempt(seq, out)
@@ -255,8 +256,14 @@ class Scheduler:
     def _num_seqs(self) -> int:
         """Sequences running once every branch due to fork later exists: what ``max_num_seqs`` bounds
         (as vLLM counts a request of ``n`` samples as ``n`` sequences from admission)."""
-        self._forking = {s for s in self._forking if s.status is SequenceStatus.RUNNING and s.max_num_running_seqs > 1}
-        return len(self.running) + sum(seq.max_num_running_seqs - 1 for seq in self._forking)
+        forking, extra = set(), 0
+        for seq in self._forking:  # one pass (22-37 instead of 35-53 us a step with 52 forking): keep and sum
+            more = seq.max_num_running_seqs - 1 if seq.status is SequenceStatus.RUNNING else 0
+            if more > 0:
+                forking.add(seq)
+                extra += more
+        self._forking = forking
+        return len(self.running) + extra
 
     def _has_room(self, seq: Sequence, num_seqs: int) -> bool:
         return num_seqs + seq.max_num_running_seqs <= self.max_num_seqs and self.budget > 0
@@ -301,7 +308,7 @@ class Scheduler:
         """Compute ``seq``'s next tokens this step: all that are left, or as many as the budget allows
         with chunked prefill (without it: all or none)."""
         remaining = seq.num_tokens - seq.num_computed_tokens
-        num_new = min(remaining, self.budget)
+        num_new = remaining if remaining < self.budget else self.budget  # min(): 0.02 instead of 0.1-0.17 us
         if num_new == 0 or (num_new < remaining and not self.enable_chunked_prefill):
             return
         out.scheduled.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens, num_new == remaining))
@@ -376,19 +383,26 @@ class Scheduler:
             if not item.emits_token:
                 continue  # a prefill chunk in the middle of the prompt
             token = sampled.get(seq.seq_id)
-            if token is None:
-                raise KeyError(f"no sampled token for sequence {seq.seq_id}, whose chunk emits one")
-            children = ()  # forked now, at the end of a parallel-sampling prompt
-            if type(token) is not int:  # n tokens (the others start forked children), or a numpy/torch integer
-                if isinstance(token, (list, tuple)):
-                    token, forks = seq.samples.take_forks(seq, token)
-                    children = [self._fork_child(seq, i, t) for i, t in forks]
-                token = as_int(token, f"the sampled token of sequence {seq.seq_id} must be an integer")
-            seq.append_token(token)
-            self._after_token(seq, now, finished)
-            for child in children:
-                self._after_token(child, now, finished)
+            if type(token) is int:  # the common case; the others are checked (and forked) apart
+                seq.append_token(token)
+                self._after_token(seq, now, finished)
+            else:
+                self._append_sampled(seq, token, now, finished)
         return finished
+
+    def _append_sampled(self, seq: Sequence, token, now: float, finished: list[Sequence]) -> None:
+        """:meth:`update` for a token that is not a plain int: ``n`` tokens at the end of a
+        parallel-sampling prompt (the others start forked children), a numpy/torch integer, or none."""
+        if token is None:
+            raise KeyError(f"no sampled token for sequence {seq.seq_id}, whose chunk emits one")
+        children = ()  # forked now, at the end of a parallel-sampling prompt
+        if isinstance(token, (list, tuple)):
+            token, forks = seq.samples.take_forks(seq, token)
+            children = [self._fork_child(seq, i, t) for i, t in forks]
+        seq.append_token(as_int(token, f"the sampled token of sequence {seq.seq_id} must be an integer"))
+        self._after_token(seq, now, finished)
+        for child in children:
+            self._after_token(child, now, finished)
 
     def _fork_child(self, parent: Sequence, sample_index: int, token: int) -> Sequence:
         child = Sequence(

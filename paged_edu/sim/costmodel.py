@@ -101,9 +101,12 @@ class StepShape:
         ``copies``: ``swapped_blocks`` / ``copied_blocks``.
         """
         num_new_tokens = sum(counts)
-        # sum n_i c_i + n_i (n_i + 1) / 2 = sum n_i c_i + (sum n_i^2 + sum n_i) / 2, each sum at C speed
-        pairs = sum(map(mul, counts, starts)) + (sum(map(mul, counts, counts)) + num_new_tokens) // 2
-        return cls(len(counts), num_new_tokens, sum(starts), pairs, num_emitting, **copies)
+        context = sum(starts)
+        if counts.count(1) == len(counts):  # every chunk a decode (n_i = 1), most steps: sum c_i + n,
+            pairs = context + num_new_tokens  # 2 instead of 15 us a step of 156 decodes
+        else:  # sum n_i c_i + n_i (n_i + 1) / 2 = sum n_i c_i + (sum n_i^2 + sum n_i) / 2, each sum at C speed
+            pairs = sum(map(mul, counts, starts)) + (sum(map(mul, counts, counts)) + num_new_tokens) // 2
+        return cls(len(counts), num_new_tokens, context, pairs, num_emitting, **copies)
 
     def add(self, start: int, num_new_tokens: int, emits: bool) -> None:
         """One more chunk: ``num_new_tokens`` new tokens on top of ``start`` cached ones."""

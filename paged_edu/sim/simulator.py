@@ -47,6 +47,7 @@ every few steps, every slot of the pool is one of:
 from __future__ import annotations
 
 import time
+from collections.abc import KeysView
 from dataclasses import dataclass, field, replace
 
 from paged_edu.core.validation import FieldTypeError, FieldValueError, integer
@@ -115,16 +116,20 @@ class MadeUpTokens:
 
     def for_step(self, out: SchedulerOutput) -> dict[int, int | list[int]]:
         tokens: dict[int, int | list[int]] = {}
+        token_of, reply_of = self._token_of, self._reply_of
         for item in out.scheduled:
-            if item.emits_token:
-                seq = item.seq
-                reply = self._reply_of.get(seq.seq_id)
-                if reply is not None:
-                    tokens[seq.seq_id] = reply[len(seq.output_token_ids)]
-                    continue
-                first = self._token_of.get(seq.seq_id) or self.token(seq.seq_id)
-                n = seq.samples.num_tokens_to_sample
-                tokens[seq.seq_id] = first if n == 1 else [first + j for j in range(n)]
+            if not item.emits_token:
+                continue
+            seq = item.seq
+            seq_id = seq.seq_id
+            if reply_of and seq_id in reply_of:
+                tokens[seq_id] = reply_of[seq_id][len(seq.output_token_ids)]
+                continue
+            first = token_of.get(seq_id) or self.token(seq_id)
+            # Samples fork at a sequence's first token, never later: only then ask how many to draw
+            # (the property, per token, cost 110 ns of the ~2 us a scheduled chunk takes; now 30).
+            n = 1 if seq.output_token_ids else seq.samples.num_tokens_to_sample
+            tokens[seq_id] = first if n == 1 else [first + j for j in range(n)]
         return tokens
 
     def forget(self, seq_id: int) -> None:
@@ -317,9 +322,10 @@ def simulate(
         step += 1
 
         # 4. Tokens in, finished sequences out; beam branches fork when they are due.
-        finished = scheduler.update(out.scheduled, model.for_step(out), now)
+        sampled = model.for_step(out)
+        finished = scheduler.update(out.scheduled, sampled, now)
         meters.after_step(scheduler.running)
-        beams.fork_due(scheduler, model, out.scheduled)
+        beams.fork_due(scheduler, model, sampled.keys())
         for seq in finished:
             model.forget(seq.seq_id)
         for samples in ParallelSamples.completed(finished):
@@ -391,13 +397,14 @@ class _BeamForks:
     The child shares every block of sample 0 (prompt and output so far) and replaces the token
     sample 0 has just sampled with its own, so the two diverge from here (copy-on-write).
 
-    A parent reaches its next fork point only in a step that runs it (its output grows then, and
-    nothing else can make it due), so each step looks at the parents among the step's scheduled
-    sequences -- not at every beam still to fork: ``_due`` is touched only when a beam is added and
+    A parent reaches its next fork point only in a step in which it samples a token (its output grows
+    then, and nothing else can make it due), so each step looks at the parents among the sequences
+    that sampled -- not at every beam still to fork: ``_due`` is touched only when a beam is added and
     when it forks. Looking at all of them every step cost O(beams waiting) a step, quadratic when
     they arrive at once: 8,000 beam requests (n = 4, ShareGPT-like) took 107 s of CPU on this
-    project's 2-core CPU, now 19.5 s, with the same results (``tests/sim/test_beam_forks.py``;
-    ``benchmarks/bench_simulator.py --only beam`` times 10,000).
+    project's 2-core CPU, then 19.5 s, with the same results (``tests/sim/test_beam_forks.py``).
+    ``benchmarks/bench_simulator.py --only beam`` times 10,000: 16.6 s
+    (``benchmarks/records/cpu/simulator_beam.json``).
     """
 
     def __init__(self) -> None:
@@ -407,17 +414,23 @@ class _BeamForks:
     def add(self, parent: Sequence, fork_points: list[int]) -> None:
         self._due[parent.seq_id] = (parent, fork_points)
 
-    def fork_due(self, scheduler: Scheduler, model: MadeUpTokens, scheduled: list) -> None:
-        """Fork the branches due now, of the parents in this step's ``scheduled`` items."""
+    def fork_due(self, scheduler: Scheduler, model: MadeUpTokens, sampled: KeysView[int]) -> None:
+        """Fork the branches due now, of the parents among the sequences that ``sampled`` a token
+        this step (the keys of the step's tokens)."""
         due = self._due
         if not due:
             return
-        ran = [item.seq for item in scheduled if item.seq.seq_id in due]
-        ran.sort(key=lambda seq: seq.seq_id)  # in the order the beams were added: the children's ids follow it
-        for parent in ran:
-            parent_id, points = parent.seq_id, due[parent.seq_id][1]
+        # The parents that sampled: a set intersection at C speed (over the smaller side, the step's
+        # tokens), not a loop over the step's chunks; then the fork point first, the allocator only
+        # for a parent that reached it: 17-19 instead of 21-42 us a step of 156 chunks, 52 parents.
+        # A parent whose chunk did not sample could not fork anyway: mid-prompt, it holds a slot for
+        # every token it has (the allocator check below).
+        for parent_id in sorted(due.keys() & sampled):  # in the order the beams were added: children's ids follow
+            parent, points = due[parent_id]
             if parent.status is SequenceStatus.FINISHED:
                 raise RuntimeError(f"beam request {parent.request_id} finished before all its branches forked")
+            if len(parent.output_token_ids) < points[-1]:  # not yet: most parents, most steps
+                continue
             # Fork right after a token was sampled and before it is placed, at the next fork point(s).
             if (
                 parent.status is not SequenceStatus.RUNNING

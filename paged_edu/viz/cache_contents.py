@@ -148,7 +148,7 @@ class CacheContentsView:
         fig.update_xaxes(title_text="admissions (prompts served)", row=last, col=1)
         fig.update_yaxes(title_text="cached blocks", range=[0, self.num_blocks], row=last, col=1)
         fig.update_layout(
-            height=190 * len(names) + 260,
+            height=160 * len(names) + 220,  # with its slider, on a laptop's screen (1366 x 768) whole
             width=62 * self.cols + 120,
             margin={"l": 60, "r": 20, "t": 40, "b": 40},
             plot_bgcolor="white",

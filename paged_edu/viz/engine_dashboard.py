@@ -68,7 +68,7 @@ class EngineDashboard:
         self.table = _figure_widget(
             F.block_table_figure(engine.allocator, self.colors, title="Block tables of the running sequences")
         )
-        self.metrics = _figure_widget(EF.engine_metrics_figure(self.history))
+        self.metrics = _figure_widget(EF.engine_metrics_figure(self.history, stacked=True))
         controls = W.VBox(
             [
                 W.HBox([self.prompt, self.max_tokens, self.add_button]),
@@ -76,7 +76,11 @@ class EngineDashboard:
                 self.status,
             ]
         )
-        self.ui = W.VBox([controls, self.queues, self.grid, self.table, self.texts, self.metrics])
+        # Two columns under the buttons -- the pool and the queues; the block tables and the metrics --
+        # and the requests' texts across, so that everything a button changes is on a laptop's screen
+        # (1366 x 768) at once.
+        right = W.VBox([self.table, self.metrics], layout=W.Layout(flex="1", min_width="0"))
+        self.ui = W.VBox([controls, W.HBox([W.VBox([self.grid, self.queues]), right]), self.texts])
         self.refresh()
 
     # -- callbacks (also the headless API) ---------------------------------------------------------
@@ -176,7 +180,7 @@ class EngineDashboard:
         table = F.block_table_data(a, self.colors)
         with self.table.batch_update():
             _update_heatmap(self.table.data[0], table)
-            self.table.layout.height = 110 + 36 * max(1, len(table["y"]))
+            self.table.layout.height = 100 + 26 * max(1, len(table["y"]))
         d = EF.engine_metrics_data(self.history)
         with self.metrics.batch_update():
             for trace, key in zip(self.metrics.data, ("kv_usage", "hit_rate", "tokens", "running")):

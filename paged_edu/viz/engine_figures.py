@@ -191,31 +191,41 @@ def engine_metrics_data(history: list) -> dict[str, list]:
     }
 
 
-def engine_metrics_figure(history: list) -> go.Figure:
+def engine_metrics_figure(history: list, *, stacked: bool = False) -> go.Figure:
+    """KV usage and prefix hit rate, and tokens and sequences per step, against the engine step: side
+    by side, or one above the other (``stacked``, for a narrow column)."""
     d = engine_metrics_data(history)
+    at = ((1, 1), (2, 1)) if stacked else ((1, 1), (1, 2))
     fig = make_subplots(
-        rows=1, cols=2, subplot_titles=("KV usage and prefix hit rate", "tokens and sequences per step")
+        rows=2 if stacked else 1,
+        cols=1 if stacked else 2,
+        vertical_spacing=0.3 if stacked else 0.1,
+        subplot_titles=("KV usage and prefix hit rate", "tokens and sequences per step"),
     )
     fig.add_trace(
         go.Scatter(x=d["x"], y=d["kv_usage"], mode="lines+markers", name="KV usage", line_color=P.OKABE_ITO["blue"]),
-        1,
-        1,
+        *at[0],
     )
     fig.add_trace(
-        go.Scatter(x=d["x"], y=d["hit_rate"], mode="lines+markers", name="prefix hit rate", line_color=P.GOOD), 1, 1
+        go.Scatter(x=d["x"], y=d["hit_rate"], mode="lines+markers", name="prefix hit rate", line_color=P.GOOD),
+        *at[0],
     )
     fig.add_trace(
-        go.Bar(x=d["x"], y=d["tokens"], name="tokens in the step", marker_color=P.OKABE_ITO["sky blue"]), 1, 2
+        go.Bar(x=d["x"], y=d["tokens"], name="tokens in the step", marker_color=P.OKABE_ITO["sky blue"]), *at[1]
     )
     fig.add_trace(
         go.Scatter(x=d["x"], y=d["running"], mode="lines+markers", name="running", line_color=P.OKABE_ITO["orange"]),
-        1,
-        2,
+        *at[1],
     )
-    fig.update_yaxes(range=[0, 1.02], title_text="fraction (0 to 1)", row=1, col=1)
-    fig.update_yaxes(title_text="tokens / sequences", row=1, col=2)
-    fig.update_xaxes(title_text="engine step")
-    fig.update_layout(height=300, margin={"t": 40, "b": 40}, legend={"orientation": "h", "y": -0.3})
+    fig.update_yaxes(range=[0, 1.02], title_text="fraction", row=at[0][0], col=at[0][1])
+    fig.update_yaxes(title_text="tokens / seqs", row=at[1][0], col=at[1][1])
+    fig.update_xaxes(title_text="engine step", title_standoff=4)
+    fig.update_annotations(font_size=13)  # the subplot titles
+    fig.update_layout(
+        height=330 if stacked else 300,
+        margin={"t": 40, "b": 40, "l": 50, "r": 10},
+        legend={"orientation": "h", "y": -0.22 if stacked else -0.3, "entrywidth": 0.5, "entrywidthmode": "fraction"},
+    )
     return fig
 
 

@@ -150,11 +150,21 @@ def block_grid_figure(
     )
     fig.update_layout(
         title=title,
-        height=150 + 52 * rows,
-        width=62 * cols + 80,
-        margin={"l": 40, "r": 20, "t": 80, "b": 10},
+        # 50 x 48 px a block (its id, owner and ref count on three lines) and the legend in two columns:
+        # the pool of a lesson's widget fits beside its controls or its block tables in a laptop's
+        # notebook (934 px wide at 1366 x 768)
+        height=130 + 48 * rows,
+        width=50 * cols + 60,
+        margin={"l": 40, "r": 10, "t": 70, "b": 10},
         plot_bgcolor="white",
-        legend={"orientation": "h", "y": -0.02, "yanchor": "top", "font": {"size": 10}},
+        legend={
+            "orientation": "h",
+            "y": -0.02,
+            "yanchor": "top",
+            "font": {"size": 10},
+            "entrywidth": 0.5,
+            "entrywidthmode": "fraction",
+        },
     )
     return fig
 
@@ -207,13 +217,20 @@ def block_table_figure(
 
 
 def logical_physical_figure(
-    allocator, seq_ids: Iterable[Hashable] | None = None, title: str = "Logical token positions -> physical KV blocks"
+    allocator,
+    seq_ids: Iterable[Hashable] | None = None,
+    title: str = "Logical token positions -> physical KV blocks",
+    *,
+    fixed_width: bool = False,
 ) -> go.Figure:
     """The seed's Figure 1: each sequence's contiguous logical blocks mapped to scattered physical ones.
 
     Top row: every sequence's logical blocks ``i = 0, 1, ...`` (tokens ``iB .. iB+B-1``), grouped by
     sequence. Bottom row: the physical pool in block-id order. A line joins logical block ``i`` of a
     sequence to ``B(i)``; a block shared by several sequences receives several lines.
+
+    The figure follows the width of the column it is drawn in (a notebook's, the site's);
+    ``fixed_width=True`` gives it 62 px a block instead, for an image file (``scripts/make_figures.py``).
     """
     B = allocator.block_size
     tables = _tables(allocator)
@@ -289,7 +306,8 @@ def logical_physical_figure(
         shapes=shapes,
         annotations=annotations,
         height=360,
-        width=int(62 * width_units + 200),
+        width=int(62 * width_units + 200) if fixed_width else None,
+        autosize=not fixed_width,
         plot_bgcolor="white",
         showlegend=True,
         legend={"orientation": "h", "y": -0.02, "yanchor": "top"},

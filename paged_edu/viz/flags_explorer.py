@@ -79,7 +79,7 @@ class FlagsExplorer:
             for trace, value in zip(self.memory.data, (t.weight_bytes, kv, t.total_bytes - t.weight_bytes - kv)):
                 trace.x = [value / gib]
             self.memory.layout.title.text = (
-                f"{t.model} on {gpu.label}: {t.num_blocks:,} blocks of "
+                f"{t.model} on {gpu.label}:<br>{t.num_blocks:,} blocks of "
                 f"{t.flags.block_size} tokens, max concurrency {t.max_concurrency:.1f}x"
             )
         ttft = sorted(r.ttft for r in res.requests)
@@ -103,9 +103,9 @@ class FlagsExplorer:
             barmode="stack",
             xaxis_title="memory of one GPU (GiB)",
             yaxis_title="GPU",
-            height=260,
-            width=760,
-            title="",
+            height=300,
+            width=460,
+            title={"text": "", "font": {"size": 13}},
             legend=dict(orientation="h", yanchor="top", y=-0.45),
         )
         return fig
@@ -118,14 +118,15 @@ class FlagsExplorer:
             yaxis_title="TTFT (s)",
             yaxis_type="log",
             height=300,
-            width=760,
+            width=460,
             title="",
         )
         return fig
 
     def widget(self) -> W.Widget:
         controls = W.HBox([W.VBox([self.model, self.gpu]), W.VBox([self.workload, self.num_requests])])
-        return W.VBox([self.command, controls, self.status, self.memory, self.ttft])
+        # The two plots side by side, under the controls that change them: one laptop screen (1366 x 768).
+        return W.VBox([self.command, controls, self.status, W.HBox([self.memory, self.ttft])])
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

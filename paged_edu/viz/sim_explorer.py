@@ -92,8 +92,9 @@ class SimExplorer:
             xaxis_title="% of KV memory allocated or wanted",
             xaxis_range=[0, 100],
             height=300,
-            width=700,
-            margin=dict(l=220),
+            width=460,
+            margin=dict(l=200),
+            legend=dict(orientation="h", yanchor="top", y=-0.3),
         )
         fig.update_yaxes(autorange="reversed", title_text="where the KV memory goes")
         return fig
@@ -107,14 +108,15 @@ class SimExplorer:
             xaxis_title="percentile of requests",
             yaxis_title="TTFT (s)",
             yaxis_type="log",
-            height=320,
-            width=700,
+            height=300,
+            width=460,
         )
         return fig
 
     def widget(self) -> W.Widget:
         controls = W.HBox([W.VBox([self.manager, self.block_size, self.dataset]), W.VBox([self.rate, self.gpu])])
-        return W.VBox([controls, self.summary, self.memory, self.ttft])
+        # The two plots side by side, under the controls that change them: one laptop screen (1366 x 768).
+        return W.VBox([controls, self.summary, W.HBox([self.memory, self.ttft])])
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

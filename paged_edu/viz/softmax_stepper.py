@@ -88,7 +88,7 @@ def stepper_figure(stepper: OnlineSoftmaxStepper, head: int = 0) -> go.Figure:
         cols=2,
         specs=[[{"colspan": 2}, None], [{}, {}], [{}, {}]],
         row_heights=[0.16, 0.42, 0.42],
-        vertical_spacing=0.13,
+        vertical_spacing=0.15,
         subplot_titles=(
             "physical pool: the sequence's blocks b and B(b)",
             "scores S_b and running max m",
@@ -145,8 +145,8 @@ def stepper_figure(stepper: OnlineSoftmaxStepper, head: int = 0) -> go.Figure:
     fig.update_yaxes(type="log", range=[-12.5, 1], title_text="relative error", row=3, col=2)
     fig.update_xaxes(title_text="head_dim coordinate", row=3, col=1)
     fig.update_layout(
-        height=720,
-        width=980,
+        height=590,  # with the buttons above it, on a laptop's screen (1366 x 768) whole
+        width=900,
         barmode="overlay",
         margin=dict(l=40, r=20, t=40, b=40),
         legend=dict(orientation="h", y=-0.08),

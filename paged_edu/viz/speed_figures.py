@@ -6,18 +6,27 @@ records, stored or measured.
   (schedule, prepare, launch), one row of device intervals (forward pass to sampling); the white
   between two device bars is the GPU waiting for the host;
 * :func:`step_roofline_figure` -- each step's time against the roofline of its exact chunks;
-* :func:`overlap_figure` -- the same steps synchronous and overlapped, from a host / device split
-  (:func:`~paged_edu.labs.speed_ladder.overlap_schedule`): sum against max.
+* :func:`step_timeline_figure` -- the step-timeline model's steps (:func:`paged_edu.labs.step_timeline.simulate`):
+  the host's phases in one row, every kernel in the other, coloured by kind;
+* :func:`model_vs_ladder_figure` -- the model's mean decode step per rung beside the ladder's measured one.
 """
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from paged_edu.labs.speed_ladder import overlap_schedule
+from paged_edu.labs.step_timeline import KINDS, StepTimeline
 from paged_edu.viz import palette as P
 
-__all__ = ["host_device_figure", "ladder_speed_figure", "overlap_data", "overlap_figure", "step_roofline_figure"]
+__all__ = [
+    "host_device_figure",
+    "ladder_speed_figure",
+    "model_vs_ladder_figure",
+    "step_roofline_figure",
+    "step_timeline_data",
+    "step_timeline_figure",
+    "step_timeline_title",
+]
 
 HOST, DEVICE = P.OKABE_ITO["blue"], P.GOOD
 
@@ -138,57 +147,96 @@ def step_roofline_figure(rungs: list[dict]) -> go.Figure:
     return fig
 
 
-OVERLAP_ROWS = ("synchronous: host", "synchronous: device", "overlapped: host", "overlapped: device")
+HOST_PHASES = {  # the model's host phases -> colour
+    "schedule + prepare": P.OKABE_ITO["blue"],
+    "launch": P.OKABE_ITO["sky blue"],
+    "update": P.OKABE_ITO["reddish purple"],
+}
+KIND_COLORS = {"gemm": P.GOOD, "attention": P.OKABE_ITO["orange"], "fused": P.OKABE_ITO["vermillion"], "other": P.IDLE}
+TIMELINE_TRACES = [("host", phase) for phase in HOST_PHASES] + [("device", kind) for kind in KINDS]
 
 
-def overlap_data(host_ms: float, device_ms: float, num_steps: int = 6) -> list[dict]:
-    """Per row of :data:`OVERLAP_ROWS`: the bars' starts (``base``), lengths (``x``) and step labels."""
+def step_timeline_data(t: StepTimeline) -> list[dict]:
+    """Per trace of :data:`TIMELINE_TRACES`: the bars' starts (``base``, ms), lengths (``x``) and labels."""
     rows = []
-    for overlap in (False, True):
-        steps = overlap_schedule(host_ms, device_ms, num_steps, overlap)
-        for side in ("host", "device"):
-            rows.append(
-                dict(
-                    base=[s[side][0] for s in steps],
-                    x=[s[side][1] - s[side][0] for s in steps],
-                    text=[str(s["step"]) for s in steps],
-                )
+    for row, name in TIMELINE_TRACES:
+        items = [h for h in t.host if h[1] == name] if row == "host" else [d for d in t.device if d[1] == name]
+        rows.append(
+            dict(
+                base=[a / 1e3 for _, _, a, _ in items],
+                x=[(b - a) / 1e3 for _, _, a, b in items],
+                text=[f"step {k}" for k, *_ in items],
             )
+        )
     return rows
 
 
-def overlap_title(host_ms: float, device_ms: float) -> str:
+def step_timeline_title(t: StepTimeline) -> str:
+    order = "host one step ahead" if t.overlap else "synchronous"
+    how = "one graph replay" if t.graphs else f"{t.num_launches:,} launches"
     return (
-        f"host {host_ms:.2f} ms + device {device_ms:.2f} ms per step: synchronous {host_ms + device_ms:.2f} ms "
-        f"a step, overlapped max = {max(host_ms, device_ms):.2f} ms"
+        f"batch {t.batch:g}, {order}, {how}: a step every {t.step_us / 1e3:.3f} ms "
+        f"(host {t.host_us / 1e3:.3f}, device {t.device_us / 1e3:.3f} ms, of it busy {t.busy_us / 1e3:.3f}; "
+        f"{t.num_kernels:,} kernels) -> {t.tokens_per_s:,.0f} tok/s"
     )
 
 
-def overlap_figure(host_ms: float, device_ms: float, num_steps: int = 6) -> go.Figure:
-    """``num_steps`` steps of ``host_ms`` host work and ``device_ms`` device work, synchronous (host, then
-    device) and overlapped (the host one step ahead), on one time axis."""
+def step_timeline_figure(t: StepTimeline) -> go.Figure:
+    """A few steps of the model: the host's phases above, each kernel below, on one clock (ms)."""
     fig = go.Figure()
-    for name, row in zip(OVERLAP_ROWS, overlap_data(host_ms, device_ms, num_steps)):
+    for (row, name), data in zip(TIMELINE_TRACES, step_timeline_data(t)):
+        color = HOST_PHASES.get(name) or KIND_COLORS[name]
         fig.add_trace(
             go.Bar(
-                y=[name] * len(row["x"]),
-                x=row["x"],
-                base=row["base"],
-                text=row["text"],
+                y=[row] * len(data["x"]),
+                x=data["x"],
+                base=data["base"],
+                text=data["text"],
+                textposition="none",
                 orientation="h",
-                name=name,
-                showlegend=False,
-                marker={"color": HOST if name.endswith("host") else DEVICE, "line": {"color": "#FFFFFF", "width": 1}},
-                hovertemplate="step %{text}: %{base:.2f} + %{x:.2f} ms<extra></extra>",
+                name=f"{row}: {name}",
+                marker={"color": color, "line": {"width": 0}},
+                hovertemplate="%{text}: %{base:.3f} + %{x:.4f} ms<extra>" + name + "</extra>",
             )
         )
     fig.update_layout(
-        title=overlap_title(host_ms, device_ms),
+        title={"text": step_timeline_title(t), "font": {"size": 13}},
         xaxis_title="time (ms)",
-        yaxis_title="schedule: who works",
+        yaxis_title="who works",
         barmode="overlay",
         height=300,
-        yaxis={"categoryorder": "array", "categoryarray": list(reversed(OVERLAP_ROWS))},
-        margin={"t": 50},
+        legend={"orientation": "h", "y": -0.35},
+        yaxis={"categoryorder": "array", "categoryarray": ["device", "host"]},
+        margin={"t": 60},
+    )
+    return fig
+
+
+def model_vs_ladder_figure(predictions: list[dict], source: str) -> go.Figure:
+    """The step-timeline model's mean decode step per rung (:func:`~paged_edu.labs.step_timeline.predict_ladder`)
+    beside the ladder's measured one; each bar's label is the model's error."""
+    names = [p["rung"] for p in predictions]
+    fig = go.Figure(
+        [
+            go.Bar(x=names, y=[p["measured_ms"] for p in predictions], name="measured", marker_color=DEVICE),
+            go.Bar(
+                x=names,
+                y=[p["predicted_ms"] for p in predictions],
+                name="the model",
+                marker_color=HOST,
+                text=[f"{p['error']:+.0%}" for p in predictions],
+                textposition="outside",
+            ),
+        ]
+    )
+    fig.update_layout(
+        title=f"Mean decode step per rung: the step-timeline model against the ladder ({source})",
+        xaxis_title="rung",
+        yaxis_title="mean decode step (ms, log)",
+        yaxis_type="log",
+        barmode="group",
+        height=380,
+        legend={"orientation": "h", "y": -0.3},
+        margin={"t": 60},
     )
     return fig

@@ -18,7 +18,7 @@ myst_dmath_double_inline = True
 
 html_theme = "furo"
 html_static_path = ["_static"]
-html_js_files = ["plotly.min.js", "plotly-figures.js"]
+html_js_files = ["plotly.min.js", "plotly-figures.js", "code-lines.js"]
 html_css_files = ["site.css"]
 html_favicon = "_static/favicon.svg"
 html_extra_path = ["_extra"]  # the clean notebooks, for the "Download notebook" links
@@ -27,4 +27,4 @@ html_copy_source = False
 html_theme_options = {"navigation_with_keys": True}
 
 exclude_patterns = ["_extra", "**.ipynb_checkpoints"]
-suppress_warnings = ["mystnb.unknown_mime_type", "myst.header"]
+suppress_warnings = ["mystnb.unknown_mime_type", "myst.header", "toc.not_included"]  # records copied in as they are

@@ -157,6 +157,8 @@ def test_bytes_strings_unordered_collections_and_scalars_are_refused(value):
         ((1, False), 1, "bool"),
         (_gen([1, 2, True]), 2, "bool"),  # a generator is read once, then checked like a list
         ([0, 1, np.True_], 2, "bool"),
+        ([2**40, False], 1, "bool"),  # a list is scanned for 0 and 1 first: False equals 0
+        ([np.int64(7), True], 1, "bool"),  # and True equals 1
         (np.array([True, False]), 0, "bool"),
         ([1, "2"], 1, "str"),
         ([1, None], 1, "NoneType"),
@@ -174,6 +176,7 @@ def test_the_first_element_that_is_not_an_integer_is_named_with_its_position(val
     "value, position, words",
     [
         ([1, -2, -3], 1, "non-negative"),
+        ([2**40, np.int64(-1)], 1, "non-negative"),
         ([5, 2**63], 1, "64 bits"),
         ([2**70], 0, "64 bits"),
         ([np.uint64(2**63)], 0, "64 bits"),

@@ -24,7 +24,7 @@ from paged_edu.core.radix_cache import RadixAllocator
 from paged_edu.core.validation import FieldTypeError
 from paged_edu.engine import Engine, StepFailed, StepMetrics
 from paged_edu.engine.faults import PHASES, InjectedFault, inject_fault
-from paged_edu.engine.overlap import AsyncScheduling
+from paged_edu.engine import runner as runner_module
 from paged_edu.engine.sampling import SamplingParams
 from paged_edu.labs.engine_lab import tiny_model
 
@@ -159,7 +159,7 @@ def test_steps_schedule_ahead_of_the_tokens(model, prompts, params):
     assert ahead(overlapped) >= overlapped.count("update") - 2  # every step but the first and the last
 
 
-def test_input_ids_come_from_the_device_not_the_host(model, prompts, params):
+def test_input_ids_come_from_the_device_not_the_host(model, prompts, params, monkeypatch):
     """The next step's placeholder ids are filled in on the device from the tokens in flight."""
     engine = build(model, "hash", True)
     runner, seen = engine.runner, []
@@ -173,19 +173,20 @@ def test_input_ids_come_from_the_device_not_the_host(model, prompts, params):
     assert outputs_of(engine, prompts[:6], params[:6]) == sync_outputs(model, prompts, params, "hash")[:6]
     assert all((ids >= 0).all() for ids in seen)  # no placeholder reached the model
     filled = []
-    real_fill = engine.overlap._fill_placeholders
-    engine.overlap._fill_placeholders = lambda ids, tokens, host_ids: (
-        filled.append(int((ids < 0).sum())),
-        real_fill(ids, tokens, host_ids),
+    real_fill = runner_module.fill_placeholders
+    monkeypatch.setattr(
+        runner_module,
+        "fill_placeholders",
+        lambda ids, tokens, host_ids: (filled.append(int((ids < 0).sum())), real_fill(ids, tokens, host_ids)),
     )
     outputs_of(engine, prompts[:6], params[:6])
     assert sum(filled) > 0
 
 
-@pytest.mark.parametrize("layout", ["in order", "shuffled", "gaps", "none"])
+@pytest.mark.parametrize("layout", ["in order", "shuffled", "gaps", "all placeholders", "none"])
 def test_fill_placeholders_matches_a_gather_by_hand(layout):
-    """Both ways of filling (one copy when rows 0..k-1 point at tokens 0..k-1; the general gather)
-    against ``tokens[-1 - id]`` row by row."""
+    """Each way of filling (one copy when rows 0..k-1 point at tokens 0..k-1; one gather when every
+    row is a placeholder; the general gather) against ``tokens[-1 - id]`` row by row."""
     rng = np.random.default_rng(0)
     tokens = torch.tensor(rng.integers(100, 200, size=8))  # (8,) step N's tokens
     k = 6
@@ -195,11 +196,13 @@ def test_fill_placeholders_matches_a_gather_by_hand(layout):
         ids = (-1 - rng.permutation(k)).tolist() + [5, 7]
     elif layout == "gaps":  # a sequence of step N finished: its row is skipped
         ids = [-1, -2, -4, -5, 9, -8]
+    elif layout == "all placeholders":  # every row continues, one finished (the one gather)
+        ids = [-1, -3, -4, -6]
     else:
         ids = [3, 4, 5]
     host = np.array(ids, dtype=np.int64)
     device = torch.tensor(ids)
-    AsyncScheduling._fill_placeholders(device, tokens, host)
+    runner_module.fill_placeholders(device, tokens, host)
     expected = [int(tokens[-1 - i]) if i < 0 else i for i in ids]
     assert device.tolist() == expected
 

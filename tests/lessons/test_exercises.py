@@ -9,6 +9,7 @@ from the exercise modules' hint tables.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -59,7 +60,13 @@ WRONG = {
             lambda tokens, B: [
                 hash_block(b"", array("q", tokens[i : i + B]).tobytes()) for i in range(0, len(tokens) - B + 1, B)
             ],
-            "cases match; first differences",
+            "the seed's per-block hash",
+        ),
+        (
+            lambda tokens, B: [
+                hashlib.sha256(str(tokens[i : i + B]).encode()).hexdigest() for i in range(0, len(tokens) - B + 1, B)
+            ],
+            "the seed's per-block hash",
         ),
         (lambda tokens, B: [], "cases match"),
         (lambda tokens, B: [hash_block(b"", array("q", tokens).tobytes())], "cases match"),
@@ -134,7 +141,7 @@ def test_compare_handles_non_finite_values_and_stub_functions():
 
 # -- every exercise, any answer: a verdict, never an exception; only the reference passes --------
 # What each exercise asks for, written here independently of the exercise modules.
-FUNCTIONS = {"2.1", "3.1", "4.1", "4.2", "4.3", "5.1", "11.1"}
+FUNCTIONS = {"2.1", "3.1", "4.1", "4.2", "4.3", "5.1", "9.4", "9.5", "10.1", "10.2", "11.1"}
 CLASSES = {"5.3"}
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -212,7 +219,7 @@ def _answer(name, label):
 
 
 def test_every_exercise_is_fed_the_whole_list():
-    assert len(ex.EXERCISES) == 31 and set(ex.EXERCISES) >= FUNCTIONS | CLASSES
+    assert len(ex.EXERCISES) == 37 and set(ex.EXERCISES) >= FUNCTIONS | CLASSES
     assert all(len(_labels(n)) >= 10 for n in ex.EXERCISES)
 
 
@@ -337,3 +344,13 @@ def test_5_1_states_the_subtle_definition():
     k = next(i for i, c in enumerate(cells) if 'ex.check("5.1"' in "".join(c["source"]))
     statement = "".join(cells[k - 1]["source"])
     assert "## Your turn" in statement and "no slot yet" in statement
+
+
+def test_7_1_names_the_s_minus_1_count():
+    from paged_edu.lessons.exercises.lesson7 import lengths
+
+    s = lengths()
+    wrong = sum(x - 1 for x in s) / (len(s) * 2048)
+    for answer in (wrong, float(f"{wrong:.4g}")):
+        verdict = ex.check("7.1", answer)
+        assert not verdict and "s - 1 tokens" in str(verdict), str(verdict)

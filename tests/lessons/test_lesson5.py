@@ -14,6 +14,7 @@ from paged_edu.engine import Engine  # noqa: E402
 from paged_edu.labs import batching as Bt  # noqa: E402
 from paged_edu.labs import engine_lab  # noqa: E402
 from paged_edu.lessons import exercises as ex  # noqa: E402
+from paged_edu.models.config import LlamaConfig  # noqa: E402
 from paged_edu.lessons.exercises.lesson5 import PlainAllocator  # noqa: E402
 from paged_edu.lessons.my_allocator import MyAllocator  # noqa: E402
 
@@ -209,7 +210,7 @@ def test_phase_profile_splits_each_step_and_gives_a_roofline(tiny):
 
 
 def test_lesson_model_falls_back_to_random_weights_and_says_so(monkeypatch):
-    small = engine_lab.LlamaConfig(
+    small = LlamaConfig(
         vocab_size=300,
         hidden_size=32,
         intermediate_size=64,

@@ -132,9 +132,9 @@ def test_lessons_4_and_5_parameters_are_refused_with_the_values_they_take(name, 
     assert S.check_parameters(batching_model="tiny", question="Hi?") == {"batching_model": "tiny", "question": "Hi?"}
 
 
-def test_a_lesson_whose_only_error_is_meant_runs_ok_without_papermills_error_banner(tmp_path):
-    """Lesson 4 shows the seed's kernel failing in a cell tagged raises-exception: the run is ok, and
-    the executed copy (which the site renders) carries no "An Exception was encountered" banner."""
+def test_a_lesson_whose_cell_raises_fails_even_when_tagged_raises_exception(tmp_path):
+    """As plain papermill does: any raised exception fails the run, whatever the cell's tags (a lesson
+    cell that shows a failure catches it and prints it; none is tagged raises-exception)."""
     import nbformat
 
     nb = nbformat.v4.new_notebook(
@@ -147,12 +147,46 @@ def test_a_lesson_whose_only_error_is_meant_runs_ok_without_papermills_error_ban
     ]
     src = tmp_path / "99_meant.ipynb"
     nbformat.write(nb, src)
-    (tmp_path / "out").mkdir(), (tmp_path / "out2").mkdir()
+    (tmp_path / "out").mkdir()
     record = run_lessons.run(src, tmp_path / "out", "cpu", HANG_GUARD_S)
-    assert record["ok"] and record["error"] is None
-    done = nbformat.read(tmp_path / "out" / src.name, as_version=4)
-    assert not [c for c in done.cells if "papermill-error-cell-tag" in c.metadata.get("tags", [])]
-    assert "after" in done.cells[-1].outputs[0]["text"]
-    nb.cells[1].metadata["tags"] = []  # the same error, not meant: the run fails
-    nbformat.write(nb, src)
-    assert not run_lessons.run(src, tmp_path / "out2", "cpu", HANG_GUARD_S)["ok"]
+    assert not record["ok"] and record["error"].startswith("PapermillExecutionError"), record
+
+
+@pytest.mark.slow
+def test_plain_papermill_runs_lesson_4_with_exit_0_no_error_and_no_transport_warning(tmp_path):
+    """``papermill 04_....ipynb out.ipynb -p device cpu`` as a learner types it (the CLI, none of
+    run_lessons' own kernel set-up): exit 0 although lesson 4 shows the seed's kernel failing (the cell
+    catches the error and prints it), and nothing on the console but papermill's own lines and progress
+    bar -- no ERROR line, no kernel warning (ipykernel >= 7.3 warns of TCP without CurveZMQ keys, which
+    papermill does not provision: constraints.txt holds the ipykernel that does not).
+
+    One ERROR line is papermill's own race and is let through: its ``execute`` ends with a
+    ``kernel_info_request`` and shuts the kernel down on the reply, and jupyter_client's shutdown sends
+    SIGINT first, which ipykernel logs as "KeyboardInterrupt caught in kernel." when it lands before the
+    kernel has left that request's handler (1 run in 13 here, on a busy 2-core machine)."""
+    import os
+    import re
+    import subprocess
+
+    lesson = ROOT / "notebooks" / "04_online_softmax_and_the_kernel.ipynb"
+    papermill = Path(sys.executable).with_name("papermill")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run(
+        [str(papermill), str(lesson), str(tmp_path / "out.ipynb"), "-p", "device", "cpu"],
+        cwd=lesson.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2 * HANG_GUARD_S,
+    )
+    console = (run.stdout + run.stderr).replace("\r", "\n")
+    assert run.returncode == 0, console[-3000:]
+    # the progress bar's segments carry anything the kernel printed after them: look inside every line
+    race = "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel."
+    flagged = [
+        line
+        for line in console.replace(race, "").splitlines()
+        if re.search(r"ERROR|WARNING|Warning|without encryption", line)
+    ]
+    assert not flagged, flagged
+    assert "Executing notebook with kernel: python3" in console

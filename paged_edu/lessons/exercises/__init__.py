@@ -8,7 +8,7 @@ reference alike, with verdicts that say what matched and by how much.
     ex.solution("1.1")           # prints the reference's source, to read after trying
     ex.EXERCISES                 # every exercise name -> its Exercise
 
-Each lesson's exercises live in their own module (:mod:`.lesson1`, :mod:`.lesson2`, ...), written
+Each lesson's exercises live in their own module (:mod:`.lesson1`, :mod:`.lesson2`, ... :mod:`.lesson10`), written
 as plain Python: the reference is a function or value in the library, never a string run with
 ``exec``. A learner's stub raises ``NotImplementedError("Exercise 3.1: ...")``; ``check`` turns that
 (and any other exception in a learner's function) into a verdict, not a crash. :mod:`.framework`
@@ -42,6 +42,7 @@ from paged_edu.lessons.exercises import (  # noqa: E402,F401
     lesson7,
     lesson8,
     lesson9,
+    lesson10,
     lesson11,
 )
 

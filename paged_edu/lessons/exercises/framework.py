@@ -286,9 +286,16 @@ class Exercise:
     check: Callable[[object], Verdict]
     reference: object
     kind: str = "value"
+    needs_triton: bool = False  # its check runs Triton kernels: without Triton the verdict says so
 
     def grade(self, answer) -> Verdict:
         """The verdict on ``answer``, whatever it is: never an exception."""
+        if self.needs_triton:
+            from paged_edu.kernels import triton_available
+            from paged_edu.lessons.setup import NO_TRITON
+
+            if not triton_available():
+                return Verdict(False, [f"[ ] {self.name} needs Triton to be checked: {NO_TRITON}."])
         try:
             answer, early = self._read(answer)
             if early is not None:
@@ -358,16 +365,17 @@ class Exercise:
 EXERCISES: dict[str, Exercise] = {}
 
 
-def register(name: str, question: str, reference: object, kind: str = "value"):
+def register(name: str, question: str, reference: object, kind: str = "value", *, needs_triton: bool = False):
     """Decorator: register the decorated function as the check of exercise ``name``; ``kind`` says
-    what the answer is (one of :data:`KINDS`)."""
+    what the answer is (one of :data:`KINDS`); ``needs_triton``, that the check runs Triton kernels (where
+    Triton is not installed, the verdict says so instead)."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}; it takes one of {KINDS}")
 
     def wrap(checker: Callable[[object], Verdict]):
         if name in EXERCISES:
             raise ValueError(f"exercise {name!r} is registered twice")
-        EXERCISES[name] = Exercise(name, question, checker, reference, kind)
+        EXERCISES[name] = Exercise(name, question, checker, reference, kind, needs_triton)
         return checker
 
     return wrap

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import random
 from array import array
 
@@ -51,11 +53,38 @@ def _check_3_1(fn) -> Verdict:
             ],
         )
     verdict = check_function("chained_hashes", fn, _hash_cases(), chained_block_hashes)
+    if not verdict.ok and _is_per_block_hash(fn):
+        verdict.lines.append(
+            "    -- that is the seed's per-block hash: every block hashed on its own, so the same tokens get the "
+            "same hash wherever they appear (the two blocks of [7]*8 collide) and a prompt could hit K/V computed "
+            "after another prefix; chain them: h_i = hash_block(h_{i-1}, bytes of block i)"
+        )
     if verdict.ok:
         verdict.lines.append(
             "    (and the two identical blocks of [7]*8 got different hashes, because their prefixes differ)"
         )
     return verdict
+
+
+def _per_block_hashes(token_ids, B, seed_text: bool):
+    """The seed's scheme: each full block hashed alone -- ``hash_block(b'', bytes)``, or the seed's own
+    ``sha256(str(chunk))`` hex digest when ``seed_text``."""
+    blocks = [token_ids[s : s + B] for s in range(0, len(token_ids) - B + 1, B)]
+    if seed_text:
+        return [hashlib.sha256(str(b).encode("utf-8")).hexdigest() for b in blocks]
+    return [hash_block(b"", array("q", b).tobytes()) for b in blocks]
+
+
+def _is_per_block_hash(fn) -> bool:
+    """Does ``fn`` hash every block on its own (the seed's defect), on every case of the check?"""
+    for args in _hash_cases():
+        try:
+            got = fn(*copy.deepcopy(args))
+        except Exception:
+            return False
+        if got != _per_block_hashes(*args, False) and got != _per_block_hashes(*args, True):
+            return False
+    return True
 
 
 def _is_the_library(fn) -> bool:

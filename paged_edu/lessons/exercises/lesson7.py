@@ -45,6 +45,9 @@ def _check_7_1(answer) -> Verdict:
             sum(prompts) / (n * 2048): "the prompts only; a request also stores its output tokens",
             sum(outputs) / (n * 2048): "the outputs only; the prompt's K/V are stored too",
             2048 * n / sum(lengths()): "L_max / mean(s), inverted; eta_naive = s / L_max",
+            sum(s - 1 for s in lengths()) / (n * 2048): "s - 1 tokens per request: the question counts all s tokens "
+            "of a request (prompt and output, ex7.lengths()), as eta_naive = s / L_max does -- one token less each is "
+            "the K/V of a request whose last sampled token is never fed back, a different question",
             100 * right: "a percentage; give a fraction between 0 and 1",
         },
     )

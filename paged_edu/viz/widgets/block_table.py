@@ -44,14 +44,17 @@ class BlockTableWidget(_AllocatorView):
         self._next_id = itertools.count()
         self._next_token = itertools.count(1000)
         style = {"description_width": "90px"}
-        self.prompt_len = W.IntSlider(6, min=1, max=4 * block_size, description="prompt len", style=style)
+        slider = W.Layout(width="280px")
+        self.prompt_len = W.IntSlider(
+            6, min=1, max=4 * block_size, description="prompt len", style=style, layout=slider
+        )
         self.add_button = W.Button(
             description="add request", icon="plus", button_style="success", layout=W.Layout(width="auto")
         )
-        self.num_append = W.IntSlider(1, min=1, max=2 * block_size, description="tokens", style=style)
+        self.num_append = W.IntSlider(1, min=1, max=2 * block_size, description="tokens", style=style, layout=slider)
         self.append_button = W.Button(description="append tokens", icon="forward")
         self.free_button = W.Button(description="free", icon="trash", button_style="danger")
-        self.position = W.IntSlider(0, min=0, max=0, description="token t", style=style)
+        self.position = W.IntSlider(0, min=0, max=0, description="token t", style=style, layout=slider)
         self.address = W.HTML()
         self.add_button.on_click(lambda _: self._guard(self.add_request))
         self.append_button.on_click(lambda _: self._guard(self.append_tokens))
@@ -68,7 +71,9 @@ class BlockTableWidget(_AllocatorView):
                 self.address,
             ]
         )
-        self.ui = W.VBox([W.HBox([controls, self.grid]), self.table, self.log])
+        # Side by side, so the buttons and the pool and tables they change fit a laptop's screen together.
+        left = W.VBox([controls, self.log], layout=W.Layout(width="400px", min_width="400px"))
+        self.ui = W.HBox([left, W.VBox([self.grid, self.table])])
         self.refresh()
 
     # -- callbacks (also the headless API) ---------------------------------------------------------

@@ -116,6 +116,7 @@ class KVMemoryCalculator:
             ],
             layout=W.Layout(min_width="440px"),
         )
+        self.fig.layout.height = 300  # with the controls above it, on a laptop's screen (1366 x 768) whole
         self.ui = W.VBox([W.HBox([controls, self.html]), self.fig])
 
     def spec(self) -> ModelGeometry:

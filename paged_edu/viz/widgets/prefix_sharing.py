@@ -77,7 +77,8 @@ class PrefixSharingWidget(_AllocatorView):
                 self.metrics,
             ]
         )
-        self.ui = W.VBox([controls, W.HBox([self.grid, self.log]), self.table])
+        # The block tables and the log beside the pool, so the buttons and what they change fit a laptop's screen.
+        self.ui = W.VBox([controls, W.HBox([self.grid, W.VBox([self.table, self.log], layout=W.Layout(flex="1"))])])
         self.refresh()
 
     def set_dynamic(self, mode: str) -> None:
