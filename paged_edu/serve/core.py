@@ -22,7 +22,8 @@ streams, and the two processes only exchange messages.
    engine at once (no polling interval); with work it takes what has arrived without waiting --
    new requests (``engine.add_request``: accepted, or refused with the engine's error, which names
    the field), aborts (a client that left, a stop string found: the blocks are freed before the
-   next step), calls (``/reset_prefix_cache``), stop;
+   next step), calls (``/reset_prefix_cache``), stop -- and answers them at once, before the step
+   (a refused request gets its 400 without waiting for a step);
 2. one ``engine.step()`` (async scheduling: the step returns the tokens of the step launched before);
 3. *outputs*: one message for the step -- every sample's new tokens with their times, the requests
    that ended, the replies to this turn's inputs, and (every :data:`STATS_EVERY` seconds, and with
@@ -49,7 +50,8 @@ API server -> core (``rid``: the API server's id for a request)::
     ["call", call id, method]                   # one of UTILITIES
     ["stop"]
 
-core -> API server: first ``["ready", info]`` or ``["failed", message]``, then one per turn::
+core -> API server: first ``["ready", info]`` or ``["failed", message]``; then, each turn, one message
+once its inputs are handled (if they need an answer) and one after its step::
 
     [tokens, ends, replies, stats]
     tokens:  [rid, sample index, new token ids, their times]      for every sample with new tokens
@@ -126,8 +128,8 @@ class EngineCore:
                 else:  # idle: wait for a message, then start the clocks
                     self._take_inputs(wait=True)
                     start = wall(), cpu()
+                self._send()  # the replies (accepted, refused, results) before the step, not a step later
                 if self._stopping or not engine.has_unfinished():
-                    self._send()
                     continue
                 self._step()
                 self._send()
