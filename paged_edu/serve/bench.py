@@ -264,11 +264,23 @@ def summarize(outcomes: list[Outcome], duration: float, percentiles: list[float]
     return result
 
 
+SERVER_MEANS = {  # report key -> the histogram whose _sum / _count over the run is the server's own mean
+    "mean_ttft_ms": "vllm:time_to_first_token_seconds",
+    "mean_itl_ms": "vllm:inter_token_latency_seconds",
+}
+
+
 def server_delta(before: dict, after: dict) -> dict:
-    """What the server's own counters say happened during the run (None where it exports no such metric)."""
+    """What the server's own counters say happened during the run (None where it exports no such metric),
+    and its own mean TTFT and ITL over the run: from its arrival to its first token, without the HTTP
+    trips the client's figures include."""
     out = {k: (after[m] - before.get(m, 0.0)) if m in after else None for k, m in SERVER_COUNTERS.items()}
     q, h = out["prefix_cache_queries"], out["prefix_cache_hits"]
     out["prefix_cache_hit_rate"] = h / q if q else None
+    for key, name in SERVER_MEANS.items():
+        n = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+        total = after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)
+        out[key] = 1e3 * total / n if n else None
     return out
 
 
@@ -301,9 +313,10 @@ def format_report(result: dict, percentiles: list[float], metrics=METRICS) -> st
     server = result.get("server") or {}
     if any(v is not None for v in server.values()):
         lines.append("{s:{c}^{n}}".format(s="The server's own counters (/metrics)", n=w, c="-"))
-        for key in (*SERVER_COUNTERS, "prefix_cache_hit_rate"):
+        for key in (*SERVER_COUNTERS, "prefix_cache_hit_rate", *SERVER_MEANS):
             v = server.get(key)
-            row(f"{key}:", v, "{:<10.4f}" if key.endswith("rate") else "{:<10,.0f}")
+            fmt = "{:<10.4f}" if key.endswith("rate") else "{:<10.2f}" if key.endswith("_ms") else "{:<10,.0f}"
+            row(f"{key}:", v, fmt)
     for role, r in (result.get("by_role") or {}).items():
         row(
             f"{role}: median TTFT (ms), cached tokens:",
