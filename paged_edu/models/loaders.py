@@ -25,6 +25,7 @@ __all__ = [
     "SMOLLM2_GGUF",
     "load_smollm2",
     "load_smollm2_hf",
+    "load_smollm2_tokenizer",
     "num_parameters",
     "random_hf_llama",
     "random_llama",
@@ -121,6 +122,22 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def _smollm2_copy(cache_dir: str | os.PathLike | None) -> Path:
+    return Path(cache_dir) if cache_dir is not None else _cache_dir() / "SmolLM2-135M-Instruct"
+
+
+def load_smollm2_tokenizer(cache_dir: str | os.PathLike | None = None):
+    """SmolLM2-135M-Instruct's tokenizer alone (a server's HTTP side needs no weights): from the
+    safetensors copy :func:`load_smollm2_hf` keeps, else from the GGUF."""
+    from transformers import AutoTokenizer
+
+    target = _smollm2_copy(cache_dir)
+    if (target / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(target)
+    gguf = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
 def load_smollm2_hf(cache_dir: str | os.PathLike | None = None):
     """SmolLM2-135M-Instruct as a plain fp32 ``LlamaForCausalLM`` and its tokenizer.
 
@@ -130,16 +147,15 @@ def load_smollm2_hf(cache_dir: str | os.PathLike | None = None):
     that makes ``save_pretrained`` refuse, so the copy is a fresh ``LlamaForCausalLM`` built from
     the config (without it) and the state dict.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-    target = Path(cache_dir) if cache_dir is not None else _cache_dir() / "SmolLM2-135M-Instruct"
+    target = _smollm2_copy(cache_dir)
+    tokenizer = load_smollm2_tokenizer(cache_dir)
     if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
         model = LlamaForCausalLM.from_pretrained(target, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(target)
         return model.eval(), tokenizer
 
     gguf = smollm2_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = gguf_model.config
     if hasattr(config, "quantization_config"):

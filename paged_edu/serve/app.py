@@ -1,11 +1,11 @@
-"""The HTTP routes: OpenAI's API over the engine loop, ``/metrics``, ``/health``, ``/reset_prefix_cache``.
+"""The HTTP routes: OpenAI's API over the engine core, ``/metrics``, ``/health``, ``/reset_prefix_cache``.
 
 ===========================  ==========================================================================
 ``POST /v1/completions``      a prompt (text or token ids) -> its continuation; ``stream: true`` as
                               server-sent events (``data: {...}`` chunks, ``data: [DONE]`` last)
 ``POST /v1/chat/completions`` messages through the model's chat template -> the assistant's reply
 ``GET /v1/models``            the one model served (``max_model_len`` beside it, as vLLM lists it)
-``GET /health``               200 while the engine loop runs, 503 once it has stopped
+``GET /health``               200 while the engine core runs, 503 once it has stopped
 ``GET /metrics``              Prometheus text: vLLM's names (:mod:`~paged_edu.serve.metrics`)
 ``POST /reset_prefix_cache``  drop every cached block no request holds (vLLM has it in dev mode only)
 ===========================  ==========================================================================
@@ -17,9 +17,12 @@ of range, a prompt or ``max_tokens`` past the model length -> 400; a request wit
 byte of it is parsed (:class:`BodyLimit`). A client that disconnects, mid-stream or while waiting
 for a whole answer, has its request aborted: the engine frees its blocks before the next step.
 
-Streaming hands out what each step produced: a chunk per sample with new text, and when the HTTP
-side falls behind, the updates waiting are merged into one chunk (as vLLM's output processor
-merges them), so a slow client costs fewer writes rather than a growing queue.
+Streaming sends, each time a route gets the event loop, everything its request produced since its
+last chunk: one chunk per sample with new text. Under light load that is a chunk per engine step;
+when the HTTP side falls behind (one event loop writes every stream), a chunk carries the tokens of
+several steps (:class:`~paged_edu.serve.client.RequestStream` keeps them, as vLLM's output processor
+merges them), so a busy server costs fewer writes rather than a growing queue -- and the engine, in
+its own process (:mod:`~paged_edu.serve.core`), never waits for the writes.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from paged_edu.serve import protocol as P
-from paged_edu.serve.loop import EngineLoop, RequestStream, Update
+from paged_edu.serve.client import EngineClient, RequestStream, Update
 from paged_edu.serve.tokenizer import Detokenizer, apply_chat_template
 
 __all__ = ["BodyLimit", "ServerState", "build_app"]
@@ -46,15 +49,14 @@ log = logging.getLogger("paged_edu.serve")
 
 @dataclass
 class ServerState:
-    """What the routes need: the loop and what to say about the model."""
+    """What the routes need: the engine core's client and what to say about the model."""
 
-    loop: EngineLoop
+    client: EngineClient
     tokenizer: object
     model_name: str
     max_model_len: int
     vocab_size: int
     metrics: object
-    clock: object  # the engine's clock (``engine.now``): arrivals in the same seconds as token times
     api_key: str | None = None
 
 
@@ -142,7 +144,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return Response(status_code=200 if state.loop.alive else 503)
+        return Response(status_code=200 if state.client.alive else 503)
 
     @app.get("/metrics")
     async def metrics():
@@ -165,8 +167,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache():
-        left = await asyncio.wrap_future(state.loop.call(lambda engine: engine.allocator.reset_prefix_cache()))
-        return {"num_cached_blocks_left": left}
+        return {"num_cached_blocks_left": await state.client.call("reset_prefix_cache")}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -185,21 +186,20 @@ async def _serve(state: ServerState, request: Request, chat: bool):
         params, stop = P.sampling_params(req, len(prompt), state.max_model_len, state.tokenizer.eos_token_id)
     except P.RequestError as exc:
         return _error(exc)
-    stream = RequestStream()
-    future = state.loop.submit(prompt, params, req.cache_salt, state.clock(), stream)
+    stream = state.client.add(prompt, params, req.cache_salt, state.client.now())
     try:
-        request_id = await asyncio.wrap_future(future)
+        await stream.accepted
     except P.RequestError as exc:  # the engine refused it (the message names the field)
         if exc.param == "prompt" and chat:
             exc.param = "messages"
         return _error(exc)
     except asyncio.CancelledError:  # the client left while it was being queued
-        future.add_done_callback(lambda f: f.exception() is None and state.loop.abort(f.result()))
+        state.client.abort(stream.rid)
         raise
     reply = _Reply(state, req, chat, prompt, stop, params.n)
     if req.stream:
-        return StreamingResponse(_sse_body(state, request_id, stream, reply), media_type="text/event-stream")
-    return await _whole(state, request, request_id, stream, reply)
+        return StreamingResponse(_sse_body(state, stream, reply), media_type="text/event-stream")
+    return await _whole(state, request, stream, reply)
 
 
 async def _read(state: ServerState, request: Request, chat: bool):
@@ -289,34 +289,20 @@ class _Reply:
         return P.usage(self.num_prompt_tokens, sum(map(len, self.token_ids)), self.num_cached_tokens)
 
 
-async def _next(stream: RequestStream) -> Update:
-    """The next update, merged with every one already waiting (a slow reader gets fewer, larger chunks)."""
-    update = await stream.queue.get()
-    while not stream.queue.empty() and update.finish_reasons is None:
-        more = stream.queue.get_nowait()
-        update.tokens += more.tokens
-        update.finish_reasons, update.num_cached_tokens, update.error = (
-            more.finish_reasons,
-            more.num_cached_tokens,
-            more.error,
-        )
-    return update
-
-
 def _event(data: dict | str) -> str:
     """One server-sent event: ``data: <json>`` and a blank line."""
     return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-async def _sse_body(state: ServerState, request_id: int, stream: RequestStream, reply: _Reply):
+async def _sse_body(state: ServerState, stream: RequestStream, reply: _Reply):
     chat, return_ids = reply.chat, reply.req.return_token_ids
     try:
         if chat:  # the role first, as OpenAI and vLLM send it
             first = [P.chunk_choice(True, i, "", first=True) for i in range(reply.n)]
             yield _event(P.chunk(True, reply.id, reply.created, reply.model, first))
         while not reply.done:
-            update = await _next(stream)
-            new = reply.take(update, lambda i: state.loop.abort(request_id, i))
+            update = await stream.next()
+            new = reply.take(update, lambda i: state.client.abort(stream.rid, i))
             if update.error is not None:
                 yield _event(P.error_body(f"the request was ended: {update.error}", 500))
                 break
@@ -340,15 +326,15 @@ async def _sse_body(state: ServerState, request_id: int, stream: RequestStream, 
         yield _event("[DONE]")
     finally:
         if not reply.done:  # the client went away (or the server is stopping): free its blocks
-            state.loop.abort(request_id)
+            state.client.abort(stream.rid)
 
 
-async def _whole(state: ServerState, request: Request, request_id: int, stream: RequestStream, reply: _Reply):
+async def _whole(state: ServerState, request: Request, stream: RequestStream, reply: _Reply):
     """A non-streamed answer, aborted if the client disconnects while it waits."""
 
     async def collect():
         while not reply.done:
-            reply.take(await _next(stream), lambda i: state.loop.abort(request_id, i))
+            reply.take(await stream.next(), lambda i: state.client.abort(stream.rid, i))
 
     async def disconnected():
         while (await request.receive())["type"] != "http.disconnect":
@@ -361,7 +347,7 @@ async def _whole(state: ServerState, request: Request, request_id: int, stream: 
         gone.cancel()
         if not work.done():
             work.cancel()
-            state.loop.abort(request_id)
+            state.client.abort(stream.rid)
     if not work.done() or work.cancelled():
         return Response(status_code=499)  # nobody is listening
     work.result()

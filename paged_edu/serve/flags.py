@@ -110,13 +110,6 @@ def add_serve_args(p: argparse.ArgumentParser, positive, fraction) -> None:
         help="on SIGTERM, seconds in-flight requests get to finish before they are aborted",
     )
     s.add_argument("--uvicorn-log-level", default="warning", help="uvicorn's log level")
-    s.add_argument(
-        "--switch-interval-ms",
-        type=float,
-        default=None,
-        help="CPython's thread switch interval for the server (sys.setswitchinterval; default Python's 5 ms): "
-        "how long the engine's thread may wait for the HTTP thread to hand back the interpreter",
-    )
     k = p.add_argument_group("KV events (vLLM's wire format over ZeroMQ)")
     k.add_argument("--kv-events-endpoint", default=None, help="e.g. tcp://127.0.0.1:5557 (bound); off by default")
     k.add_argument("--kv-events-topic", default="", help="the topic frame of every message")

@@ -76,7 +76,7 @@ class KVEventPublisher:
     """Publishes the prefix cache's changes of ``engine`` on ``endpoint`` (bound: routers connect).
 
     The allocator's cache events of a step are gathered as they come (:meth:`_on_cache_event`, on
-    the engine's thread) and sent as one batch by :meth:`publish`, after the step.
+    the engine core's loop) and sent as one batch by :meth:`publish`, after the step.
     """
 
     def __init__(self, engine, endpoint: str, topic: str = "", fmt: str = "array") -> None:
@@ -101,7 +101,7 @@ class KVEventPublisher:
         self._hashes: dict[int, bytes] = {}  # block id -> the chained hash it was stored under
         self._unsubscribe = engine.allocator.subscribe_cache(self._on_cache_event)
 
-    # -- from the allocator (the engine's thread, inside a step) -----------------------------------
+    # -- from the allocator (the engine core's loop, inside a step) --------------------------------
     def _on_cache_event(self, event) -> None:
         if event.kind == "store":
             self._stored(event.seq_id, event.block_ids)
@@ -158,7 +158,7 @@ class KVEventPublisher:
                     return seq
         raise LookupError(f"kv events: sequence {seq_id} stored blocks but is not in the scheduler")
 
-    # -- from the loop, after a step ---------------------------------------------------------------
+    # -- from the engine core's loop, after a step ------------------------------------------------
     def publish(self) -> None:
         """Send the events gathered since the last call as one batch (nothing if there are none)."""
         if not self._events:

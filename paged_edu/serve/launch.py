@@ -1,7 +1,11 @@
-"""``paged-edu serve``: the model, the engine and its loop, the routes, and uvicorn -- started and stopped.
+"""``paged-edu serve``: the model and the engine (in the engine core's process), the routes, and uvicorn --
+started and stopped.
 
-:func:`build_server` turns the flags into a running setup without opening a port (tests and the
-lesson's helpers use it too); :func:`main` binds the socket, serves until SIGTERM or Ctrl+C and
+Two processes (:mod:`~paged_edu.serve.core` says why): :func:`build_server` turns the flags into the
+API server's side -- the tokenizer, the engine core started as a child process
+(:class:`~paged_edu.serve.client.EngineClient`; the child runs :func:`build_engine` on the same
+flags and says when it is ready), the metrics and the routes -- without opening a port (tests and
+the lesson's helpers use it too); :func:`main` binds the socket, serves until SIGTERM or Ctrl+C and
 returns 0 after a graceful stop.
 
 The models (``--model``, ``--load-format``)
@@ -28,13 +32,14 @@ Stopping
 SIGTERM (and Ctrl+C) start uvicorn's graceful shutdown: no new connection is accepted, in-flight
 requests run to their end for up to ``--timeout-graceful-shutdown`` seconds (the engine keeps
 stepping meanwhile), the rest are cancelled -- their engine requests aborted, their blocks freed
--- then the loop stops and the process exits 0. uvicorn raises the signal again once it has shut
-down (so that a default handler would end the process by it); the handler installed here only
-notes it, so the exit status says the server stopped as asked.
+-- then the engine core is told to stop (it aborts what is left) and the process exits 0. uvicorn
+raises the signal again once it has shut down (so that a default handler would end the process by
+it); the handler installed here only notes it, so the exit status says the server stopped as asked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -44,29 +49,30 @@ import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-__all__ = ["Server", "build_server", "main"]
+__all__ = ["Server", "build_engine", "build_server", "main"]
 
 log = logging.getLogger("paged_edu.serve")
 
 ACTIVATION_RESERVE = 2**30  # bytes kept out of the KV pool on a GPU for the forward pass and the graphs
 CPU_POOL_BYTES = 2**30  # the default pool's bound on a CPU
+DEFAULT_NAMES = {"tiny-random": "tiny-random", "auto": "SmolLM2-135M-Instruct", "dummy": "SmolLM2-135M-dummy"}
 
 
 @dataclass
 class Server:
-    """A built server: the engine, its loop, the ASGI app, and what to close."""
+    """A built server: the engine core's client, the ASGI app and its state, and what the core said."""
 
-    engine: object
-    loop: object
+    client: object
     app: object
     state: object
-    kv_events: object | None
     description: str
 
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        return self.client.info.get("kv_events_endpoint")
+
     def close(self) -> None:
-        self.loop.stop()
-        if self.kv_events is not None:
-            self.kv_events.close()
+        self.client.close()
 
 
 def _device_dtype(device: str, dtype: str):
@@ -98,21 +104,31 @@ def load_model(name: str, load_format: str, device, dtype, seed: int = 0):
     """``(PagedLlama, tokenizer, default served name)`` for the ``--model`` and ``--load-format`` flags."""
     if name == "tiny-random":
         model, tokenizer = tiny_random_model(device, dtype, seed)
-        return model, tokenizer, "tiny-random"
-    from paged_edu.models.loaders import load_smollm2, load_smollm2_hf, random_llama
+        return model, tokenizer, DEFAULT_NAMES["tiny-random"]
+    from paged_edu.models.loaders import load_smollm2, random_llama
     from paged_edu.models.config import smollm2_config
 
     if load_format == "auto":
         model, tokenizer = load_smollm2(device=device, dtype=dtype)
-        return model, tokenizer, "SmolLM2-135M-Instruct"
+        return model, tokenizer, DEFAULT_NAMES["auto"]
     model = random_llama(smollm2_config(), seed=seed, dtype=dtype, device=device)
-    try:
-        _, tokenizer = load_smollm2_hf()  # SmolLM2's tokenizer where the weights package is installed
-    except FileNotFoundError:
-        from paged_edu.serve.tokenizer import ByteTokenizer
+    return model, load_tokenizer(name, load_format, model.config.vocab_size), DEFAULT_NAMES["dummy"]
 
-        tokenizer = ByteTokenizer(model.config.vocab_size)
-    return model, tokenizer, "SmolLM2-135M-dummy"
+
+def load_tokenizer(name: str, load_format: str, vocab_size: int):
+    """The tokenizer of ``--model`` alone (the API server's process holds no weights)."""
+    from paged_edu.serve.tokenizer import ByteTokenizer
+
+    if name == "tiny-random":
+        return ByteTokenizer()
+    from paged_edu.models.loaders import load_smollm2_tokenizer
+
+    try:
+        return load_smollm2_tokenizer()
+    except (FileNotFoundError, ImportError):  # no weights package, or no transformers (a bare GPU box)
+        if load_format == "auto":
+            raise
+        return ByteTokenizer(vocab_size)  # random weights: their text is noise in any tokenizer
 
 
 def pool_blocks(args, model) -> tuple[int, int]:
@@ -182,68 +198,90 @@ def warm_up(engine) -> None:
     engine.allocator.reset_prefix_cache()
 
 
-def build_server(args) -> Server:
-    """The engine, loop, metrics, KV events and app the flags describe (no port is opened)."""
+def build_engine(args):
+    """``(engine, KV-event publisher or None, info)`` for the flags: what the engine core's process runs
+    (:func:`~paged_edu.serve.core.run_engine_core`); ``info`` is what it tells the API server."""
     device, dtype = _device_dtype(args.device, args.dtype)
     if device.type == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
     import torch
 
     if device.type == "cpu":
-        torch.set_num_threads(1)  # leave the other cores to the HTTP side (lessons.setup says why one thread)
+        torch.set_num_threads(1)  # one core for the engine, the others for the API server and the clients
     from paged_edu.engine import Engine
-    from paged_edu.serve.app import ServerState, build_app
-    from paged_edu.serve.loop import EngineLoop
-    from paged_edu.serve.metrics import ServerMetrics
 
-    model, tokenizer, default_name = load_model(args.model, args.load_format, device, dtype, args.seed)
+    model, _, default_name = load_model(args.model, args.load_format, device, dtype, args.seed)
     config = engine_config(args, model)
     engine = Engine(model, config, allocator=new_allocator(args, config))
     warm_up(engine)
-    name = args.served_model_name or default_name
-    metrics = ServerMetrics(name, engine)
     kv_events = None
     if args.kv_events_endpoint:
         from paged_edu.serve.kv_events import KVEventPublisher
 
         kv_events = KVEventPublisher(engine, args.kv_events_endpoint, args.kv_events_topic, args.kv_events_format)
-    loop = EngineLoop(engine, metrics, kv_events)
+    a = engine.allocator
+    info = {
+        "model_name": args.served_model_name or default_name,
+        "max_model_len": engine.max_model_len,
+        "vocab_size": model.config.vocab_size,
+        "kv_events_endpoint": None if kv_events is None else kv_events.endpoint,
+        "description": (
+            f"on {device} ({str(dtype).replace('torch.', '')}): {a.num_blocks} blocks of {a.block_size} "
+            f"({args.prefix_cache} prefix cache {'on' if args.enable_prefix_caching else 'off'}), "
+            f"max_model_len {engine.max_model_len}, max_num_seqs {args.max_num_seqs}, "
+            f"max_num_batched_tokens {args.max_num_batched_tokens}, preemption {engine.scheduler.preemption_mode}, "
+            f"async scheduling {'on' if args.async_scheduling else 'off'}"
+        ),
+    }
+    return engine, kv_events, info
+
+
+def build_server(args) -> Server:
+    """The API server the flags describe, its engine core started and ready (no port is opened).
+    A flag the model or the pool cannot meet raises ``ValueError``, naming it."""
+    from paged_edu.serve.app import ServerState, build_app
+    from paged_edu.serve.client import EngineClient
+    from paged_edu.serve.metrics import ServerMetrics
+
+    client = EngineClient(dict(vars(args)))
+    info = client.start()
+    try:
+        tokenizer = load_tokenizer(args.model, args.load_format, info["vocab_size"])
+    except BaseException:
+        client.close()
+        raise
+    name = info["model_name"]
+    client.metrics = metrics = ServerMetrics(name, info["stats"])
     state = ServerState(
-        loop=loop,
+        client=client,
         tokenizer=tokenizer,
         model_name=name,
-        max_model_len=engine.max_model_len,
-        vocab_size=model.config.vocab_size,
+        max_model_len=info["max_model_len"],
+        vocab_size=info["vocab_size"],
         metrics=metrics,
-        clock=engine.now,
         api_key=args.api_key,
     )
     app = build_app(state)
-    a = engine.allocator
-    description = (
-        f"{name} on {device} ({str(dtype).replace('torch.', '')}): {a.num_blocks} blocks of {a.block_size} "
-        f"({args.prefix_cache} prefix cache {'on' if args.enable_prefix_caching else 'off'}), "
-        f"max_model_len {engine.max_model_len}, max_num_seqs {args.max_num_seqs}, "
-        f"max_num_batched_tokens {args.max_num_batched_tokens}, preemption {engine.scheduler.preemption_mode}, "
-        f"async scheduling {'on' if args.async_scheduling else 'off'}"
-        + (f", KV events on {kv_events.endpoint}" if kv_events is not None else "")
+    description = f"{name} {info['description']}; engine core: process {client.process.pid}" + (
+        f", KV events on {info['kv_events_endpoint']}" if info["kv_events_endpoint"] else ""
     )
-    return Server(engine, loop, app, state, kv_events, description)
+    return Server(client, app, state, description)
 
 
 def asgi(server: Server, max_body_bytes: int, on_ready=None):
-    """The ASGI application uvicorn runs: the body bound around the routes, the loop started with
-    the server and stopped with it (FastAPI's lifespan)."""
+    """The ASGI application uvicorn runs: the body bound around the routes, the engine core's output
+    task started with the server and the core stopped with it (FastAPI's lifespan)."""
     from paged_edu.serve.app import BodyLimit
 
     @asynccontextmanager
     async def lifespan(_app):
-        server.loop.start()
+        outputs = asyncio.ensure_future(server.client.serve_outputs())
         if on_ready is not None:
             on_ready()
         try:
             yield
         finally:
+            outputs.cancel()
             server.close()
 
     server.app.router.lifespan_context = lifespan
@@ -255,7 +293,13 @@ def main(args) -> int:
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on the connections of a
+    # socket whose protocol says TCP; with protocol 0 a server-sent event after the headers waited for
+    # the client's delayed ACK (measured on this 2-core CPU, idle server: a one-token completion took
+    # 52 ms instead of 5.6 ms, the first streamed token 48 ms instead of 11 ms).
+    sock = socket.socket(
+        socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
+    )
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((args.host, args.port))
@@ -268,8 +312,8 @@ def main(args) -> int:
     host, port = sock.getsockname()[:2]
     try:
         server = build_server(args)
-    except (ValueError, TypeError, FileNotFoundError) as exc:  # a flag the model or the pool cannot meet
-        sock.close()
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:  # a flag the model or the pool
+        sock.close()  # cannot meet, or an engine core that died while it started
         print(f"paged-edu serve: error: {exc}", file=sys.stderr)
         return 2
     url = f"http://{host}:{port}"
@@ -285,10 +329,6 @@ def main(args) -> int:
         timeout_graceful_shutdown=args.timeout_graceful_shutdown,
         lifespan="on",
     )
-    if args.switch_interval_ms is not None:
-        # The engine's thread and uvicorn's share one interpreter lock: a thread that wants it back
-        # (the engine, after waiting for the GPU) waits up to this long for the other to let go.
-        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     stops: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):  # where uvicorn's re-raised signal lands (see the docstring)
         signal.signal(sig, lambda signum, frame: stops.append(signum))

@@ -2,7 +2,11 @@
 
 Every metric is defined in vLLM's ``vllm/v1/metrics/loggers.py`` (``PrometheusStatLogger.__init__``;
 the name, the documentation string and, for histograms, the buckets below are its), and is read
-here from what paged_edu's engine already keeps -- no second bookkeeping:
+from what paged_edu's engine already keeps -- no second bookkeeping. The engine runs in the engine
+core's process (:mod:`~paged_edu.serve.core`): the core reads the gauges and the counters below (every
+few milliseconds, and whenever a request ends) and ships them with the steps' tokens and their
+times; the API server's output task (:mod:`~paged_edu.serve.client`) hands each message to
+:meth:`ServerMetrics.record`:
 
 ========================================  =========  ============================================
 metric (counters end in ``_total``)        kind       read from
@@ -14,10 +18,10 @@ metric (counters end in ``_total``)        kind       read from
 ``vllm:prefix_cache_hits_total``           counter    ``allocator.stats.hit_tokens``: ... found cached
 ``vllm:num_preemptions_total``             counter    ``scheduler.num_preemptions``
 ``vllm:prompt_tokens_total``               counter    a request's prompt length, when its first token comes
-``vllm:generation_tokens_total``           counter    tokens appended to the sequences
-``vllm:time_to_first_token_seconds``       histogram  first token's time - arrival at the server
-``vllm:inter_token_latency_seconds``       histogram  time between a sample's consecutive tokens
-``vllm:e2e_request_latency_seconds``       histogram  finish - arrival at the server
+``vllm:generation_tokens_total``           counter    tokens appended to the sequences (``output_token_ids``)
+``vllm:time_to_first_token_seconds``       histogram  first token's time (``token_times``) - arrival at the server
+``vllm:inter_token_latency_seconds``       histogram  time between a sample's consecutive tokens (``token_times``)
+``vllm:e2e_request_latency_seconds``       histogram  finish (``finish_time``) - arrival at the server
 ========================================  =========  ============================================
 
 The prefix-cache counters count first admissions only, as vLLM's ``PrefixCacheStats.record`` does
@@ -60,7 +64,7 @@ E2E_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 1
 
 @dataclass(slots=True)
 class Tally:
-    """What one turn of the engine loop produced, for :meth:`ServerMetrics.record`."""
+    """What one message of the engine core carried, for :meth:`ServerMetrics.record`."""
 
     prompt_tokens: int = 0  # prompts of the requests whose first token came
     generated: int = 0  # new tokens handed out
@@ -73,8 +77,8 @@ class StepHistogram:
     """A Prometheus histogram filled a step at a time: one ``numpy.searchsorted`` over the step's
     values instead of one ``Histogram.observe`` per token (prometheus_client's takes a lock and
     searches the buckets in Python). What it buys, measured on our loaded 2-core CPU at 256 running
-    sequences: the loop's work after a step (tokens handed out, metrics) fell from 17.3 to 2.9 ms; on
-    a GPU, where a step takes a few ms, that work is the engine thread's. Exposed as the same text
+    sequences, when this ran on the engine's own thread: the work after a step (tokens handed out,
+    metrics) fell from 17.3 to 2.9 ms. Exposed as the same text
     (``_bucket{le=...}``, ``_count``, ``_sum``) through a collector of the registry."""
 
     def __init__(self, name: str, documentation: str, buckets: list[float], labels: dict[str, str]) -> None:
@@ -105,12 +109,14 @@ class StepHistogram:
 class ServerMetrics:
     """The server's metrics in a registry of their own (two servers in one process do not collide).
 
-    The engine loop calls :meth:`record` once per turn with what the engine's state says now and
-    what the turn produced (a :class:`Tally`: first tokens, the gaps before every later token, the
-    requests that ended).
+    :meth:`record` is called once per message of the engine core with the engine's gauges and
+    counters as the core read them (``stats``, :mod:`~paged_edu.serve.core` lists them) and what
+    the message's tokens and endings add (a :class:`Tally`: first tokens, the gaps before every
+    later token, the requests that ended). ``stats``: the core's counters when the server starts
+    (what ran before -- the warm-up -- is not served traffic).
     """
 
-    def __init__(self, model_name: str, engine=None) -> None:
+    def __init__(self, model_name: str, stats: list | None = None) -> None:
         self.registry = r = CollectorRegistry()
         labels = {"model_name": model_name, "engine": "0"}
 
@@ -143,29 +149,22 @@ class ServerMetrics:
         self.e2e = histogram(
             "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", E2E_BUCKETS
         )
-        self._seen = {"queries": 0, "hits": 0, "preemptions": 0}  # the engine's counters at the last read
-        if engine is not None:  # count from now: what ran before (a warm-up) is not served traffic
-            stats = engine.allocator.stats
-            self._seen.update(
-                queries=stats.queried_tokens, hits=stats.hit_tokens, preemptions=engine.scheduler.num_preemptions
-            )
+        self._seen = [0, 0, 0]  # the engine's counters at the last read: queried, hit tokens, preemptions
+        if stats is not None:
+            self._seen = list(stats[3:6])
 
-    def record(self, engine, tally: Tally, num_running: int | None = None, num_waiting: int | None = None) -> None:
-        """The gauges now (where given), the engine's counters' growth since the last call, and the tally."""
-        if num_running is not None:
+    def record(self, stats: list | None, tally: Tally) -> None:
+        """The gauges now and the engine's counters' growth since they were last read (if the message
+        carried them), and the tally."""
+        if stats is not None:
+            num_running, num_waiting, kv_usage, *counts = stats
             self.running.set(num_running)
             self.waiting.set(num_waiting)
-        allocator = engine.allocator
-        self.kv_usage.set(allocator.usage)
-        stats = allocator.stats
-        for key, now, counter in (
-            ("queries", stats.queried_tokens, self.prefix_queries),
-            ("hits", stats.hit_tokens, self.prefix_hits),
-            ("preemptions", engine.scheduler.num_preemptions, self.preemptions),
-        ):
-            if now > self._seen[key]:
-                counter.inc(now - self._seen[key])
-            self._seen[key] = now
+            self.kv_usage.set(kv_usage)
+            for k, counter in enumerate((self.prefix_queries, self.prefix_hits, self.preemptions)):
+                if counts[k] > self._seen[k]:
+                    counter.inc(counts[k] - self._seen[k])
+                self._seen[k] = counts[k]
         if tally.prompt_tokens:
             self.prompt_tokens.inc(tally.prompt_tokens)
         if tally.generated:

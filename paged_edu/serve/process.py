@@ -13,13 +13,14 @@ once it accepts requests, and that line is the only thing waited for. The child'
 A child must not outlive whoever started it: besides :meth:`ServerProcess.stop` (and the ``with``
 block), it is stopped when this process exits (``atexit``: a notebook's kernel shut down after a
 failed cell), and on Linux the kernel sends it SIGTERM if this process dies without exiting
-(``PR_SET_PDEATHSIG``).
+(``PR_SET_PDEATHSIG``). The server's engine core, its own child process, dies with it the same way.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,9 +28,14 @@ import threading
 from collections import deque
 from pathlib import Path
 
-__all__ = ["ServerProcess"]
+__all__ = ["ServerProcess", "die_with_parent"]
 
 ROOT = Path(__file__).resolve().parents[2]
+# The line the engine core logs as it stops (EngineCore.run)
+_CORE_REPORT = re.compile(
+    r"engine core: (\d+) steps; engine\.step ([\d.]+) ms/step \(CPU ([\d.]+)\); "
+    r"the loop's own work ([\d.]+) ms/step \(CPU ([\d.]+)\)"
+)
 
 
 class ServerProcess:
@@ -54,7 +60,7 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             text=True,
             env=self.env,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
         atexit.register(self.stop)
         ready = threading.Event()
@@ -99,6 +105,17 @@ class ServerProcess:
                 return line.split("KV events on ", 1)[1].strip()
         return None
 
+    def engine_core_report(self) -> dict | None:
+        """What the server's engine core said when it stopped (:mod:`~paged_edu.serve.core`): its steps, and
+        per step the milliseconds in ``engine.step()`` and in its own work around it, wall-clock and CPU
+        (``step_ms``, ``step_cpu_ms``, ``loop_ms``, ``loop_cpu_ms``); None before it has stopped."""
+        for line in reversed(self.lines):
+            m = _CORE_REPORT.search(line)
+            if m:
+                keys = ("step_ms", "step_cpu_ms", "loop_ms", "loop_cpu_ms")
+                return {"steps": int(m[1]), **{k: float(v) for k, v in zip(keys, m.groups()[1:])}}
+        return None
+
     def __enter__(self) -> ServerProcess:
         return self.start()
 
@@ -106,8 +123,11 @@ class ServerProcess:
         self.stop()
 
 
-def _die_with_parent() -> None:
-    """In the child, before it runs: SIGTERM when the parent dies (Linux's ``PR_SET_PDEATHSIG``)."""
+def die_with_parent() -> None:
+    """In a child process: SIGTERM when its parent dies (Linux's ``PR_SET_PDEATHSIG``; elsewhere nothing).
+    The server's own child, the engine core, calls it too."""
+    if sys.platform != "linux":
+        return
     import ctypes
 
     PR_SET_PDEATHSIG = 1

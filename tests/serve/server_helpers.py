@@ -1,9 +1,11 @@
-"""A real server for a test, on 127.0.0.1 and a free port: in a thread of the test's process (the test
-can read its engine), or as a ``paged-edu serve`` subprocess (the command line itself). Both are
-stopped by the test that started them; every wait is bounded by the hang guard."""
+"""A real server for a test, on 127.0.0.1 and a free port: its API server in a thread of the test's process
+(the test can ask its engine core for the engine's state between two steps), or as a ``paged-edu serve``
+subprocess (the command line itself). Both are stopped by the test that started them; every wait is
+bounded by the hang guard."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -27,11 +29,12 @@ class ThreadServer:
 
         self.args = _build_parser().parse_args(["serve", "--device", "cpu", *argv])  # the CPU suite, on any machine
         self.server = build_server(self.args)
-        self.engine = self.server.engine
-        self.sock = socket.socket()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # (as launch.main)
         self.sock.bind(("127.0.0.1", 0))
         self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        app = asgi(self.server, self.args.max_body_bytes)
+        app = asgi(
+            self.server, self.args.max_body_bytes, lambda: setattr(self, "event_loop", asyncio.get_running_loop())
+        )
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
         self.uvicorn = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.sock]}, daemon=True)
@@ -43,9 +46,10 @@ class ThreadServer:
                 raise RuntimeError("the in-thread server did not start")
             time.sleep(0.02)
 
-    def call(self, fn):
-        """``fn(engine)`` on the engine loop's thread, between two steps."""
-        return self.server.loop.call(fn).result(timeout=HANG_GUARD_S)
+    def state(self) -> dict:
+        """The engine's state, read by its core between two steps (``EngineCore.snapshot``)."""
+        call = self.server.client.call("snapshot")
+        return asyncio.run_coroutine_threadsafe(call, self.event_loop).result(timeout=HANG_GUARD_S)
 
     def stop(self) -> None:
         self.uvicorn.should_exit = True

@@ -46,9 +46,19 @@ def client(srv):
     c.close()
 
 
-def reference(srv, prompts, params) -> list[list[int]]:
+@pytest.fixture(scope="module")
+def tiny_model():
+    """The server's weights, built here from the same seed (its engine core builds its own copy)."""
+    import torch
+
+    from paged_edu.serve.launch import tiny_random_model
+
+    return tiny_random_model(torch.device("cpu"), torch.float32, seed=0)[0]
+
+
+def reference(model, prompts, params) -> list[list[int]]:
     """What ``Engine.run`` generates for ``prompts`` on the server's weights (a fresh, synchronous engine)."""
-    engine = Engine(srv.engine.model, num_blocks=4096, block_size=B, max_model_len=2048)
+    engine = Engine(model, num_blocks=4096, block_size=B, max_model_len=2048)
     return [o.outputs for o in engine.run(prompts, params, use_tqdm=False)]
 
 
@@ -64,15 +74,15 @@ def metrics(srv) -> dict[str, float]:
 
 
 def wait_idle(srv) -> None:
-    """Until the engine holds no request (bounded): an abort frees blocks at the loop's next turn."""
+    """Until the engine holds no request (bounded): an abort frees blocks at the core's next turn."""
     deadline = time.monotonic() + HANG_GUARD_S
-    while srv.call(lambda e: e.has_unfinished()):
+    while srv.state()["has_unfinished"]:
         assert time.monotonic() < deadline, "the engine never went idle"
         time.sleep(0.02)
 
 
 def used_blocks(srv) -> int:
-    return srv.call(lambda e: e.allocator.num_used_blocks)
+    return srv.state()["num_used_blocks"]
 
 
 def prompt_ids(k: int, n: int) -> list[int]:
@@ -96,9 +106,9 @@ def test_models_health_and_metrics_names(srv, client):
     assert "vllm:prefix_cache_hit_rate" not in names  # not a served metric, in vLLM neither
 
 
-def test_greedy_completion_is_engine_runs_tokens(srv, client):
+def test_greedy_completion_is_engine_runs_tokens(srv, client, tiny_model):
     prompts = [prompt_ids(k, 20 + 9 * k) for k in range(4)]
-    want = reference(srv, prompts, SamplingParams(max_tokens=12))
+    want = reference(tiny_model, prompts, SamplingParams(max_tokens=12))
     for prompt, (expected,) in zip(prompts, want):
         r = client.completions.create(
             model="tiny-random", prompt=prompt, max_tokens=12, temperature=0,
@@ -111,7 +121,7 @@ def test_greedy_completion_is_engine_runs_tokens(srv, client):
         assert choice.text == bytes(t for t in expected if t < 256).decode("utf-8", errors="replace")
 
 
-def test_chat_uses_the_chatml_template_and_streams_the_same_reply(srv, client):
+def test_chat_uses_the_chatml_template_and_streams_the_same_reply(srv, client, tiny_model):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
     by_hand = [
         257,
@@ -125,7 +135,7 @@ def test_chat_uses_the_chatml_template_and_streams_the_same_reply(srv, client):
         257,
         *b"assistant\n",
     ]  # <|im_start|> = 257, <|im_end|> = 258
-    (expected,) = reference(srv, [by_hand], SamplingParams(max_tokens=10, stop_token_ids=(EOS,)))[0]
+    (expected,) = reference(tiny_model, [by_hand], SamplingParams(max_tokens=10, stop_token_ids=(EOS,)))[0]
     r = client.chat.completions.create(
         model="tiny-random", messages=messages, max_tokens=10, temperature=0, extra_body={"return_token_ids": True}
     )
@@ -173,10 +183,10 @@ def test_stop_string_ends_the_text_and_frees_the_blocks(srv, client):
     assert used_blocks(srv) == 0
 
 
-def test_n_seeded_samples_are_engine_runs(srv, client):
+def test_n_seeded_samples_are_engine_runs(srv, client, tiny_model):
     prompt = prompt_ids(7, 25)
     params = SamplingParams(max_tokens=8, temperature=0.8, seed=11, n=3, stop_token_ids=(EOS,))
-    (expected,) = reference(srv, [prompt], params)
+    (expected,) = reference(tiny_model, [prompt], params)
     r = client.completions.create(
         model="tiny-random", prompt=prompt, max_tokens=8, temperature=0.8, seed=11, n=3,
         extra_body={"return_token_ids": True},
@@ -309,7 +319,7 @@ def test_metrics_count_what_the_clients_saw(srv, client):
 NUM_CLIENTS = 256
 
 
-def test_256_concurrent_streaming_clients(srv):
+def test_256_concurrent_streaming_clients(srv, tiny_model):
     """Every request answered; the greedy three quarters token for token as ``Engine.run``; no block leaked."""
     prompts = [prompt_ids(k % 200, 8 + k % 40) + prompt_ids(k, 4) for k in range(NUM_CLIENTS)]  # shared heads
     greedy = [k for k in range(NUM_CLIENTS) if k % 4]
@@ -340,7 +350,7 @@ def test_256_concurrent_streaming_clients(srv):
     results = asyncio.run(main())
     seconds = time.perf_counter() - t0
     assert all(finish == "length" and len(ids) == 16 for ids, finish in results)
-    want = reference(srv, [prompts[k] for k in greedy], SamplingParams(max_tokens=16))
+    want = reference(tiny_model, [prompts[k] for k in greedy], SamplingParams(max_tokens=16))
     assert [results[k][0] for k in greedy] == [w[0] for w in want]
     wait_idle(srv)
     assert used_blocks(srv) == 0

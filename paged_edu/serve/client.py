@@ -1,0 +1,310 @@
+"""The API server's end of the engine core: the core's process, the two sockets, every request's stream.
+
+:class:`EngineClient` starts the engine core (:mod:`~paged_edu.serve.core`) as a child process
+(``python -m paged_edu.serve.core INPUT OUTPUT FLAGS``) and talks to it over two ZeroMQ sockets on
+private ``ipc://`` paths: requests, aborts and calls go out on one, the core's messages -- one per
+engine step -- come back on the other (vLLM's ``AsyncMPClient``, ``vllm/v1/engine/core_client.py``).
+In the API server's event loop:
+
+* a route opens a request with :meth:`EngineClient.add`, which returns its :class:`RequestStream` at
+  once; ``await stream.accepted`` says whether the engine took it (a refusal names the field);
+* one task (:meth:`EngineClient.serve_outputs`, vLLM's ``output_handler`` in
+  ``vllm/v1/engine/async_llm.py``) reads the core's messages -- every one waiting, then it lets the
+  routes run -- and hands each request its new tokens; a request's stream keeps what came until its
+  route takes it, so a route that falls behind (256 streams written by one thread) takes the tokens
+  of several steps at once and sends them as one chunk (vLLM's ``RequestOutputCollector`` merges the
+  same way, ``vllm/v1/engine/output_processor.py``). The engine never waits for the HTTP side;
+* the same task turns each message's numbers into ``/metrics``: the engine's gauges and counters as
+  the core read them, and -- from the tokens' times, on the engine's clock -- time to first token,
+  inter-token latencies and end-to-end latencies, counted as vLLM's output processor counts them
+  (``IterationStats.update_from_output``, ``vllm/v1/metrics/stats.py``).
+
+A core that stops (a bug, a crash) ends every open request with an error, and ``/health`` answers 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+from paged_edu.serve.metrics import Tally
+from paged_edu.serve.process import ROOT, die_with_parent
+from paged_edu.serve.protocol import RequestError
+
+__all__ = ["EngineClient", "RequestStream", "Update"]
+
+log = logging.getLogger("paged_edu.serve")
+
+DRAIN = 64  # messages read in one go before the routes get the event loop back
+
+
+@dataclass(slots=True)
+class Update:
+    """What a route takes from its stream at once: new tokens per sample; the outcome once it ended."""
+
+    tokens: list[tuple[int, list[int]]] = field(default_factory=list)  # (sample index, new token ids)
+    finish_reasons: list[str] | None = None  # per sample, once the request has ended
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served (known at the end)
+    error: str | None = None  # the request was ended by a failure, not by the model
+
+
+class RequestStream:
+    """One request's outputs as the core sends them, kept until its route takes them (:meth:`next`)."""
+
+    def __init__(self, rid: int, n: int, num_prompt_tokens: int, arrival: float) -> None:
+        self.rid, self.num_prompt_tokens, self.arrival = rid, num_prompt_tokens, arrival
+        self.accepted: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._tokens: list[tuple[int, list[int]]] = []  # not taken yet
+        self._end: tuple | None = None
+        self._last: list[float | None] = [None] * n  # each sample's last token time
+        self._first = False  # the request's first token has come (TTFT)
+        self._waiter: asyncio.Future | None = None
+
+    # -- from the output task ------------------------------------------------------------------------
+    def put_tokens(self, i: int, ids: list[int], times: list[float], tally: Tally) -> None:
+        last = self._last[i]
+        if last is None and not self._first:  # the request's first token: its TTFT, its prompt counted
+            self._first = True
+            tally.prompt_tokens += self.num_prompt_tokens
+            tally.ttft.append(times[0] - self.arrival)
+        if last is not None:
+            tally.itl.append(times[0] - last)
+        if len(times) > 1:
+            tally.itl += [b - a for a, b in zip(times, times[1:])]
+        tally.generated += len(ids)
+        self._last[i] = times[-1]
+        self._tokens.append((i, ids))
+        self._wake()
+
+    def put_end(self, finish_reasons, num_cached_tokens, finish_time, error, tally: Tally) -> None:
+        if finish_time is not None:
+            tally.e2e.append(finish_time - self.arrival)
+        self._end = (finish_reasons, num_cached_tokens, error)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # -- from the route ------------------------------------------------------------------------------
+    async def next(self) -> Update:
+        """Everything that came since the last call, as one update (waits until something has)."""
+        while not self._tokens and self._end is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        update = Update(self._tokens)
+        self._tokens = []
+        if self._end is not None:
+            update.finish_reasons, update.num_cached_tokens, update.error = self._end
+        return update
+
+
+class EngineClient:
+    """The engine core of ``paged-edu serve``'s ``flags`` (a dict of them) in a child process.
+
+    :meth:`start` (blocking: the model loads in the child) returns the core's ``info``; in the event
+    loop, :meth:`serve_outputs` runs as a task while :meth:`add`, :meth:`abort` and :meth:`call`
+    are used; :meth:`close` stops the core (what it still runs is aborted) and waits for it.
+    """
+
+    def __init__(self, flags: dict, metrics=None, startup_timeout: float = 600.0) -> None:
+        self.flags, self.metrics, self.startup_timeout = flags, metrics, startup_timeout
+        self.info: dict = {}
+        self.process = None
+        self.error: str | None = None  # why the core stopped, if it stopped on its own
+        self._streams: dict[int, RequestStream] = {}
+        self._calls: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count()
+        self._closed = False
+        self._context = self._input = self._output = None
+        self._dir: str | None = None
+
+    # -- starting and stopping (any thread, outside the event loop) ---------------------------------
+    def start(self) -> dict:
+        """Start the core and wait until it is ready; its ``info``. A flag it cannot meet raises
+        ``ValueError`` with the core's message; a core that dies first, ``RuntimeError``."""
+        import msgpack
+        import zmq
+
+        self._unpack = msgpack.unpackb
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+        self._dir = tempfile.mkdtemp(prefix="paged-edu-serve-")  # private (0700): the sockets' paths
+        self._context = zmq.Context()
+        self._input = self._context.socket(zmq.PUSH)
+        self._output = self._context.socket(zmq.PULL)
+        addresses = []
+        for sock, name in ((self._input, "input"), (self._output, "output")):
+            sock.set_hwm(0)  # no limit: a burst of requests queues, never blocks or drops
+            sock.bind(f"ipc://{self._dir}/{name}")
+            addresses.append(f"ipc://{self._dir}/{name}")
+        # A fresh interpreter (CUDA cannot be forked), running this checkout's paged_edu; its output is ours.
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "paged_edu.serve.core", *addresses, json.dumps(self.flags)],
+            env=env,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+        )
+        deadline = time.monotonic() + self.startup_timeout
+        while not self._output.poll(200):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                status = self.process.poll()
+                self.close()
+                raise RuntimeError(f"the engine core did not start (exit status {status})")
+        kind, payload = self._unpack(self._output.recv())
+        if kind != "ready":
+            self.close()
+            raise ValueError(payload)
+        self.info = payload
+        return payload
+
+    def now(self) -> float:
+        """The engine's clock, read here (``time.perf_counter`` shifted as the core said)."""
+        return time.perf_counter() - self.info["clock_offset"]
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None and self.error is None and not self._closed
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the core (it aborts what it still runs) and wait for it; again: nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.process is not None and self.process.poll() is None:
+            try:
+                self._input.send(self._pack(["stop"]))
+                self.process.wait(timeout)
+            except Exception:  # noqa: BLE001 -- a socket gone, a core that hangs: end it
+                self.process.kill()
+                self.process.wait()
+        for sock in (self._input, self._output):
+            if sock is not None:
+                sock.close(linger=0)
+        if self._context is not None:
+            self._context.term()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    # -- in the event loop ---------------------------------------------------------------------------
+    def add(self, prompt: list[int], params, cache_salt: str | None, arrival: float) -> RequestStream:
+        """Send a request to the core; its stream (``await stream.accepted`` raises a refusal)."""
+        stream = RequestStream(next(self._ids), params.n, len(prompt), arrival)
+        if not self.alive:
+            stream.accepted.set_exception(RequestError(self._gone(), status=503))
+            return stream
+        self._streams[stream.rid] = stream
+        fields = asdict(params)
+        fields["stop_token_ids"] = list(fields["stop_token_ids"])
+        self._input.send(self._pack(["add", stream.rid, prompt, fields, cache_salt]))
+        return stream
+
+    def abort(self, rid: int, sample_index: int | None = None) -> None:
+        """End a request (or one sample of it); its blocks are freed before the core's next step. Its
+        stream keeps counting what the core still sends for it (the metrics), until its end."""
+        if self.alive:
+            self._input.send(self._pack(["abort", rid, sample_index]))
+
+    async def call(self, method: str):
+        """Run a utility method of the core between two steps (:data:`~paged_edu.serve.core.UTILITIES`)."""
+        if not self.alive:
+            raise RuntimeError(self._gone())
+        call_id = next(self._ids)
+        self._calls[call_id] = future = asyncio.get_running_loop().create_future()
+        self._input.send(self._pack(["call", call_id, method]))
+        return await future
+
+    async def serve_outputs(self) -> None:
+        """The output task: read the core's messages, hand them to the streams, fill the metrics."""
+        import zmq
+        import zmq.asyncio
+
+        reader = zmq.asyncio.Socket.from_socket(self._output)
+        watch = asyncio.ensure_future(self._watch_process())
+        try:
+            while True:
+                await reader.poll()  # readable: read what is there, then let the routes run
+                for _ in range(DRAIN):
+                    try:
+                        raw = self._output.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._process(self._unpack(raw))
+                await asyncio.sleep(0)
+        finally:
+            watch.cancel()
+
+    async def _watch_process(self) -> None:
+        """A core that dies without a word (killed, a crash in C) ends the requests too."""
+        while self.process.poll() is None:
+            await asyncio.sleep(0.5)
+        if not self._closed:
+            self._core_stopped(f"the engine core exited (status {self.process.returncode})")
+
+    def _process(self, message: list) -> None:
+        tokens, ends, replies, stats = message
+        tally = Tally()
+        streams = self._streams
+        for rid, i, ids, times in tokens:
+            stream = streams.get(rid)
+            if stream is not None:
+                stream.put_tokens(i, ids, times, tally)
+        for rid, reasons, num_cached, finish_time, error in ends:
+            stream = streams.pop(rid, None)
+            if stream is not None:
+                stream.put_end(reasons, num_cached, finish_time, error, tally)
+        if self.metrics is not None:
+            self.metrics.record(stats, tally)
+        for reply in replies:  # (after the tokens and ends: a "dead" core's last ends are counted)
+            self._reply(reply)
+
+    def _reply(self, reply: list) -> None:
+        kind = reply[0]
+        if kind == "added":
+            stream = self._streams.get(reply[1])
+            if stream is not None and not stream.accepted.done():
+                stream.accepted.set_result(None)
+        elif kind == "refused":
+            stream = self._streams.pop(reply[1], None)
+            if stream is not None and not stream.accepted.done():
+                stream.accepted.set_exception(RequestError(reply[2], reply[3]))
+        elif kind in ("result", "raised"):
+            future = self._calls.pop(reply[1], None)
+            if future is not None and not future.done():
+                if kind == "result":
+                    future.set_result(reply[2])
+                else:
+                    future.set_exception(RuntimeError(reply[2]))
+        elif kind == "dead":
+            self._core_stopped(f"the engine core stopped: {reply[1]}")
+
+    def _core_stopped(self, why: str) -> None:
+        """End every open request and call with ``why``."""
+        if self.error is None:
+            self.error = why
+            log.error("%s", why)
+        tally = Tally()
+        for stream in self._streams.values():
+            if not stream.accepted.done():
+                stream.accepted.set_exception(RequestError(why, status=503))
+            stream.put_end(["abort"] * len(stream._last), 0, None, why, tally)
+        self._streams.clear()
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(RuntimeError(why))
+        self._calls.clear()
+
+    def _gone(self) -> str:
+        return self.error or "the server is shutting down"

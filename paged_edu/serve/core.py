@@ -1,0 +1,395 @@
+"""The engine core: the engine in a process of its own, stepping in a loop between two sockets.
+
+What you will learn
+-------------------
+Why a server runs its engine apart from its HTTP side, and what crosses between them.
+
+**Why a process.** A Python process runs one thread at a time: CPython's interpreter lock (the GIL)
+passes between threads, and a thread that gives it up -- for a torch operation, a socket write --
+waits for the other thread to hand it back (up to ``sys.getswitchinterval()``, 5 ms). With the engine
+in a thread beside uvicorn's, every token streamed to 256 clients costs the HTTP thread a server-sent
+event, and the engine waits for it: on our 2-core CPU a step at 256 running sequences took 51 ms in
+the server against 14.6 ms in ``Engine.run`` (``benchmarks/bench_serve_vs_offline.py``'s workload,
+measured with the engine's thread timed step by step), and the served throughput was a quarter of
+the offline one. vLLM V1 runs its engine core in a process of its own for the same reason
+(``EngineCoreProc`` in ``vllm/v1/engine/core.py``); the API server process
+(:mod:`~paged_edu.serve.client`, :mod:`~paged_edu.serve.app`) parses requests, detokenizes and
+streams, and the two processes only exchange messages.
+
+**The loop** (:meth:`EngineCore.run`, vLLM's ``run_busy_loop``):
+
+1. *inputs*: with nothing to compute it blocks on the input socket, so a new request starts the
+   engine at once (no polling interval); with work it takes what has arrived without waiting --
+   new requests (``engine.add_request``: accepted, or refused with the engine's error, which names
+   the field), aborts (a client that left, a stop string found: the blocks are freed before the
+   next step), calls (``/reset_prefix_cache``), stop -- and answers them at once, before the step
+   (a refused request gets its 400 without waiting for a step);
+2. one ``engine.step()`` (async scheduling: the step returns the tokens of the step launched before);
+3. *outputs*: one message for the step -- every sample's new tokens with their times, the requests
+   that ended, the replies to this turn's inputs, and (every :data:`STATS_EVERY` seconds, and with
+   every message that ends a request) the engine's gauges and counters: the metrics are read from
+   the engine's own state, here, and shipped -- and the KV events of the step on their own socket
+   (:mod:`~paged_edu.serve.kv_events`).
+
+What the step produced is found in ``scheduler.running`` (after a step, a sequence's
+``output_token_ids`` hold real tokens only) and in the outputs of the requests that ended; the work
+is a few attribute reads and two list slices per running sequence, and one ``msgpack`` encoding
+per step -- measured in ``benchmarks/bench_serve_vs_offline.py`` (``core_overhead``).
+
+A step that fails is undone by the engine (``StepFailed``); the loop retries it, and after
+:data:`MAX_RETRIES` failures in a row ends the requests it was computing with an error, so one
+poisoned request cannot stall the others. A bug that stops the loop is reported (``"dead"``): the
+API server answers 503 on ``/health`` from then on.
+
+The messages (msgpack over ZeroMQ PUSH/PULL sockets, as vLLM's ``core_client.py``)
+---------------------------------------------------------------------------------
+API server -> core (``rid``: the API server's id for a request)::
+
+    ["add", rid, prompt token ids, SamplingParams fields by name, cache salt]
+    ["abort", rid, sample index or None]
+    ["call", call id, method]                   # one of UTILITIES
+    ["stop"]
+
+core -> API server: first ``["ready", info]`` or ``["failed", message]``; then, each turn, one message
+once its inputs are handled (if they need an answer) and one after its step::
+
+    [tokens, ends, replies, stats]
+    tokens:  [rid, sample index, new token ids, their times]      for every sample with new tokens
+    ends:    [rid, finish reason per sample, num_cached_tokens, finish time, error or None]
+    replies: ["added", rid] | ["refused", rid, message, field] | ["result", call id, value]
+             | ["raised", call id, message] | ["dead", message]
+    stats:   [requests running, requests waiting, KV usage, prefix-cache queried tokens,
+              hit tokens, preemptions] or None                    # the counters cumulative
+
+Times are the engine's clock (``engine.now()``); ``info["clock_offset"]`` turns the API server's
+``time.perf_counter()`` into it, so a request's arrival and its tokens' times are on one clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["MAX_RETRIES", "UTILITIES", "EngineCore", "run_engine_core"]
+
+log = logging.getLogger("paged_edu.serve")
+
+MAX_RETRIES = 3  # failed steps in a row before the requests in them are ended
+STATS_EVERY = 0.005  # seconds: the gauges and counters go with a message at most this often (and always
+# with one that ends a request or answers a call); a Prometheus scrape reads them every few seconds
+UTILITIES = ("reset_prefix_cache", "snapshot")  # the methods a "call" may name
+
+
+@dataclass(slots=True)
+class _Live:
+    """A request the core serves: the API server's id, the engine's, what each sample has been sent."""
+
+    rid: int
+    request_id: int
+    sent: list[int]  # tokens sent, per sample
+    seqs: dict = field(default_factory=dict)  # sample index -> its Sequence, once seen running
+
+
+class EngineCore:
+    """``engine`` served over two ZeroMQ sockets: :meth:`run` until a ``stop`` message."""
+
+    def __init__(self, engine, inputs, outputs, kv_events=None) -> None:
+        import msgpack
+
+        self.engine, self.inputs, self.outputs, self.kv_events = engine, inputs, outputs, kv_events
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+        self._unpack = msgpack.unpackb
+        self._by_request: dict[int, _Live] = {}  # engine request id -> live
+        self._by_rid: dict[int, _Live] = {}  # the API server's id -> live
+        self._tokens: list = []  # this turn's message, as it fills
+        self._ends: list = []
+        self._replies: list = []
+        self._stats_time = 0.0  # when the last message carried the stats
+        self._stopping = False
+        self._failures = 0
+        self.num_failed_steps = 0
+        # Where the busy turns' time went (reported when the loop ends): in engine.step() and in the whole
+        # turn, wall-clock and this thread's CPU time (on a crowded CPU the wall time also holds the
+        # moments the process waited for a core).
+        self.num_steps = 0
+        self.step_seconds = [0.0, 0.0]  # wall, CPU
+        self.turn_seconds = [0.0, 0.0]
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def run(self) -> None:
+        engine, wall, cpu = self.engine, time.perf_counter, time.thread_time
+        try:
+            while not self._stopping:
+                start = wall(), cpu()
+                if engine.has_unfinished():
+                    self._take_inputs(wait=False)
+                else:  # idle: wait for a message, then start the clocks
+                    self._take_inputs(wait=True)
+                    start = wall(), cpu()
+                self._send()  # the replies (accepted, refused, results) before the step, not a step later
+                if self._stopping or not engine.has_unfinished():
+                    continue
+                self._step()
+                self._send()
+                self.num_steps += 1
+                self.turn_seconds[0] += wall() - start[0]
+                self.turn_seconds[1] += cpu() - start[1]
+            self._abort_all("the server is shutting down")
+        except BaseException as exc:  # a bug: say so (the API server's /health turns 503), free what we can
+            log.exception("the engine core stopped")
+            self._replies.append(["dead", f"{type(exc).__name__}: {exc}"])
+            self._abort_all(f"the engine core stopped: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            if self.kv_events is not None:
+                self.kv_events.publish()
+            self._send()
+            ms = [1e3 * (t - s) / max(self.num_steps, 1) for t, s in zip(self.turn_seconds, self.step_seconds)]
+            log.info(
+                "engine core: %d steps; engine.step %.3f ms/step (CPU %.3f); the loop's own work %.3f ms/step (CPU %.3f)",
+                self.num_steps, 1e3 * self.step_seconds[0] / max(self.num_steps, 1),
+                1e3 * self.step_seconds[1] / max(self.num_steps, 1), ms[0], ms[1],
+            )  # fmt: skip
+
+    def _take_inputs(self, wait: bool) -> None:
+        """Every message waiting; with ``wait``, block until the first one comes."""
+        timeout = None if wait else 0  # None: no time limit
+        while self.inputs.poll(timeout):
+            self._handle(self._unpack(self.inputs.recv()))
+            timeout = 0
+
+    def _handle(self, message: list) -> None:
+        kind = message[0]
+        if kind == "add":
+            self._add(*message[1:])
+        elif kind == "abort":
+            self._abort(message[1], message[2])
+        elif kind == "call":
+            self._call(message[1], message[2])
+        elif kind == "stop":
+            self._stopping = True
+        else:
+            log.error("engine core: unknown message %r", kind)
+
+    def _send(self) -> None:
+        """This turn's message, if it has anything to say."""
+        if not (self._tokens or self._ends or self._replies):
+            return
+        message = [self._tokens, self._ends, self._replies, self._maybe_stats()]
+        self._tokens, self._ends, self._replies = [], [], []
+        self.outputs.send(self._pack(message), copy=False)
+
+    def _maybe_stats(self) -> list | None:
+        now = time.perf_counter()
+        if not (self._ends or self._replies) and now - self._stats_time < STATS_EVERY:
+            return None
+        self._stats_time = now
+        return self._stats()
+
+    def _stats(self) -> list:
+        """The engine's gauges now and its counters so far (the API server turns them into /metrics)."""
+        s, a = self.engine.scheduler, self.engine.allocator
+        running = {q.request_id for q in s.running}
+        waiting = {q.request_id for q in s.waiting} | {q.request_id for q in s.swapped}
+        return [len(running), len(waiting - running), a.usage, a.stats.queried_tokens, a.stats.hit_tokens,
+                s.num_preemptions]  # fmt: skip
+
+    # -- inputs --------------------------------------------------------------------------------------
+    def _add(self, rid: int, prompt: list[int], params: dict, cache_salt: str | None) -> None:
+        from paged_edu.engine.sampling import SamplingParams
+
+        try:
+            request_id = self.engine.add_request(prompt, SamplingParams(**params), cache_salt=cache_salt)
+        except (ValueError, TypeError) as exc:  # refused, engine unchanged: the message names the limit
+            self._replies.append(["refused", rid, str(exc), getattr(exc, "field", None)])
+            return
+        live = _Live(rid, request_id, [0] * params.get("n", 1))
+        self._by_request[request_id] = self._by_rid[rid] = live
+        self._replies.append(["added", rid])
+
+    def _abort(self, rid: int, sample_index: int | None) -> None:
+        live = self._by_rid.get(rid)
+        if live is None:
+            return  # finished meanwhile (or refused)
+        try:
+            output = self.engine.abort_request(live.request_id, sample_index)
+        except ValueError:  # that sample ended meanwhile
+            return
+        if output is not None:
+            self._finish(output)
+
+    def _call(self, call_id: int, method: str) -> None:
+        """A utility method, run between two steps; the KV events it caused (a reset) are published
+        before its reply goes out, so whoever waits for the reply can wait for the events too."""
+        try:
+            if method not in UTILITIES:
+                raise ValueError(f"unknown engine core call {method!r}; one of {UTILITIES}")
+            self._replies.append(["result", call_id, getattr(self, method)()])
+        except Exception as exc:  # noqa: BLE001 -- the caller gets it
+            self._replies.append(["raised", call_id, f"{type(exc).__name__}: {exc}"])
+        finally:
+            if self.kv_events is not None:
+                self.kv_events.publish()
+
+    # -- the utilities -------------------------------------------------------------------------------
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block no request holds; the number of cached blocks left."""
+        return self.engine.allocator.reset_prefix_cache()
+
+    def snapshot(self) -> dict:
+        """The engine's state in plain numbers (the tests' oracle, read between two steps)."""
+        from paged_edu.serve.kv_events import external_hash
+
+        e, a = self.engine, self.engine.allocator
+        hashes = []
+        block_hash = getattr(a, "block_hash", None)
+        if block_hash is not None:
+            hashes = sorted({external_hash(h) for b in range(a.num_blocks) if (h := block_hash(b))})
+        return {
+            "has_unfinished": e.has_unfinished(),
+            "num_used_blocks": a.num_used_blocks,
+            "num_cached_blocks": a.num_cached_blocks,
+            "cached_block_hashes": hashes,
+            "num_preemptions": e.scheduler.num_preemptions,
+            "kv_events_sent": self.kv_events.sequence if self.kv_events is not None else 0,
+            "num_failed_steps": self.num_failed_steps,
+        }
+
+    # -- a step --------------------------------------------------------------------------------------
+    def _step(self) -> None:
+        from paged_edu.engine.engine import StepFailed
+
+        start = time.perf_counter(), time.thread_time()
+        try:
+            outputs = self.engine.step()
+        except StepFailed as exc:
+            self.num_failed_steps += 1
+            self._failures += 1
+            log.warning("%s (attempt %d of %d)", exc, self._failures, MAX_RETRIES)
+            if self._failures >= MAX_RETRIES:
+                self._end_failed(exc)
+            return
+        self.step_seconds[0] += time.perf_counter() - start[0]
+        self.step_seconds[1] += time.thread_time() - start[1]
+        self._failures = 0
+        self._gather(outputs)
+        if self.kv_events is not None:
+            self.kv_events.publish()
+
+    def _gather(self, outputs) -> None:
+        """Every running sample's tokens not sent yet (with their times), then the requests that ended."""
+        by_request, tokens = self._by_request, self._tokens
+        for seq in self.engine.scheduler.running:
+            live = by_request.get(seq.request_id)
+            if live is None:
+                continue
+            i, ids = seq.sample_index, seq.output_token_ids
+            sent = live.sent[i]
+            if len(ids) > sent:
+                if not sent:
+                    live.seqs[i] = seq
+                live.sent[i] = len(ids)
+                tokens.append([live.rid, i, ids[sent:], seq.token_times[sent:]])
+        for output in outputs:
+            if output.request_id in by_request:
+                self._finish(output)
+
+    def _finish(self, output, error: str | None = None) -> None:
+        """A request that ended: the tokens not sent yet, why each sample ended, its finish time."""
+        live = self._by_request.pop(output.request_id)
+        del self._by_rid[live.rid]
+        m = output.metrics
+        for i, ids in enumerate(output.outputs):
+            sent = live.sent[i]
+            if len(ids) <= sent:
+                continue
+            seq = live.seqs.get(i)
+            # A sample never seen running ended at its first token (max_tokens 1): that token's time.
+            times = seq.token_times[sent:] if seq is not None else [m.first_token_time] * (len(ids) - sent)
+            self._tokens.append([live.rid, i, list(ids[sent:]), times])
+            live.sent[i] = len(ids)
+        self._ends.append([live.rid, list(output.finish_reasons), m.num_cached_tokens, m.finish_time, error])
+
+    def _end_failed(self, exc) -> None:
+        """The requests a step failed on every time: ended with the error (their blocks freed)."""
+        self._failures = 0
+        for request_id in exc.request_ids:
+            self._end(request_id, f"{exc.__cause__!r}")
+
+    def _abort_all(self, reason: str) -> None:
+        for request_id in list(self._by_request):
+            self._end(request_id, reason)
+
+    def _end(self, request_id: int, error: str) -> None:
+        """Abort a request and report it ended with ``error``."""
+        live = self._by_request.get(request_id)
+        if live is None:
+            return
+        try:
+            output = self.engine.abort_request(request_id)
+        except (ValueError, RuntimeError):
+            output = None
+        if output is not None:
+            self._finish(output, error)
+            return
+        del self._by_request[request_id], self._by_rid[live.rid]  # the engine lost it: end it here
+        self._ends.append([live.rid, ["abort"] * len(live.sent), 0, None, error])
+
+
+def run_engine_core(flags: dict, input_address: str, output_address: str) -> None:
+    """The engine core process: build the engine ``flags`` describe (``paged-edu serve``'s, as a dict),
+    say ``ready`` with what the API server needs to know (or ``failed`` and why), then serve."""
+    import msgpack
+    import zmq
+
+    # Ctrl+C in a terminal reaches the whole process group: the API server finishes its requests
+    # first (graceful shutdown) and then stops the core with a "stop" message. (If the API server
+    # dies, the kernel ends this process: PR_SET_PDEATHSIG, set when it was started.)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    context = zmq.Context()
+    outputs = context.socket(zmq.PUSH)
+    outputs.set_hwm(0)  # never block the engine on a slow reader: the messages queue
+    outputs.connect(output_address)
+    inputs = context.socket(zmq.PULL)
+    inputs.set_hwm(0)
+    inputs.connect(input_address)
+    engine = kv_events = None
+    ready = False
+    try:
+        from argparse import Namespace
+
+        from paged_edu.serve.launch import build_engine
+
+        try:
+            engine, kv_events, info = build_engine(Namespace(**flags))
+        except (ValueError, TypeError, FileNotFoundError) as exc:  # a flag the model or the pool cannot meet
+            outputs.send(msgpack.packb(["failed", str(exc)]))
+            return
+        core = EngineCore(engine, inputs, outputs, kv_events)
+        info["clock_offset"] = time.perf_counter() - engine.now()
+        info["stats"] = core._stats()
+        outputs.send(msgpack.packb(["ready", info]))
+        ready = True
+        core.run()  # (a bug that stops it is reported by the loop itself: "dead")
+    except BaseException as exc:
+        if not ready:
+            outputs.send(msgpack.packb(["failed", f"{type(exc).__name__}: {exc}"]))
+        raise
+    finally:
+        if kv_events is not None:
+            kv_events.close()
+        if engine is not None:
+            engine.close()
+        inputs.close(linger=0)
+        outputs.close(linger=5000)  # the last message (the ends of what was aborted) goes out first
+        context.term()
+
+
+if __name__ == "__main__":  # python -m paged_edu.serve.core INPUT_ADDRESS OUTPUT_ADDRESS FLAGS_JSON (EngineClient)
+    import json
+    import sys
+
+    run_engine_core(json.loads(sys.argv[3]), sys.argv[1], sys.argv[2])
