@@ -34,6 +34,9 @@ rung live to show the mechanism.
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -390,6 +393,42 @@ def load_stored_ladder(card: str = "h200") -> dict | None:
         return data.load_json(name)
     except FileNotFoundError:
         return None
+
+
+ENGINE_CODE = ("paged_edu/engine", "paged_edu/kernels", "paged_edu/models")  # what a ladder's figures depend on
+
+
+def code_changes_since(record: dict) -> dict | None:
+    """How the code a ladder measures changed after the ``record`` was taken: the number of commits since the
+    record's commit that touched :data:`ENGINE_CODE`, and the last of them (``{"commits": n, "last": hash,
+    "date": YYYY-MM-DD}``). None where this copy cannot tell: no git checkout (an installed wheel) or the
+    record's commit is not in its history."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip()
+
+    top = git("rev-parse", "--show-toplevel")
+    commit = str(record.get("commit") or "").split("+")[0]
+    if (
+        top is None
+        or Path(top).resolve() != root
+        or not commit
+        or git("cat-file", "-e", f"{commit}^{{commit}}") is None
+    ):
+        return None
+    count = git("rev-list", "--count", "--no-merges", f"{commit}..HEAD", "--", *ENGINE_CODE)
+    last = git("log", "-1", "--no-merges", "--format=%h %cs", "--", *ENGINE_CODE)
+    if count is None or not last:
+        return None
+    last_hash, last_date = last.split()
+    return {"commits": int(count), "last": last_hash, "date": last_date}
 
 
 def stored_decode_split(card: str = "h200") -> dict:

@@ -526,3 +526,24 @@ def test_kernels_are_booked_by_kind_as_the_model_reads_them():
     table = kernel_table(events, n=2)
     assert table["kernels_per_step"] == len(names) and table["gpu_busy_us"] == 2.0 * len(names)
     assert table["by_kind"]["gemm"] == {"kernels": 2.0, "us": 4.0}
+
+
+def test_a_stored_ladder_says_how_much_engine_code_changed_after_it():
+    """Lesson 9 says whether the H200 record measured the code you run: the count and the last commit
+    match git's own listing of the commits that touched the engine, kernels or models after it."""
+    import subprocess
+
+    record = sl.load_stored_ladder("h200")
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the lesson says it cannot tell")
+    listed = subprocess.run(
+        ["git", "log", "--no-merges", "--format=%h", f"{record['commit']}..HEAD", "--", *sl.ENGINE_CODE],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    age = sl.code_changes_since(record)
+    assert age is not None
+    assert age["commits"] == len(listed)
+    if listed:
+        assert age["last"] == listed[0]
+    assert sl.code_changes_since({**record, "commit": "0" * 40}) is None  # a commit this history lacks
+    assert sl.code_changes_since({**record, "commit": None}) is None
