@@ -11,7 +11,9 @@ outputs read back: no cell may hold an error. Screenshots go to ``build/browser/
 
 Every wait is for a condition -- the kernel idle and every cell's execution count set, the plots' data
 drawn, a plot's data changed, the tab no longer marked unsaved -- bounded only by the hang guard
-(``hang_guard.HANG_GUARD_S``), never a guess at how fast the machine is.
+(``hang_guard.HANG_GUARD_S``), never a guess at how fast the machine is. Two ways the page and its
+kernel lose each other (the kernel never "Idle", or idle while Run All's cells still wait) are retried
+once, and said in the output (``_wait_for_the_kernel``, ``_run_all``).
 
 JupyterLab runs on 127.0.0.1 with throw-away JUPYTER_* and IPYTHONDIR folders, over a copy of
 ``notebooks/`` (saving never touches the repository), and is stopped by its process id. Chromium is
@@ -76,11 +78,11 @@ def _shut_down_kernels(url: str) -> None:
 
     Left running, each lesson's kernel keeps its torch, model and plots in memory: ten of them on a
     small CI machine left the eleventh lesson's kernel never reaching "Idle"."""
-    with urllib.request.urlopen(f"{url}/api/kernels", timeout=30) as reply:
+    with urllib.request.urlopen(f"{url}/api/kernels", timeout=HANG_GUARD_S) as reply:
         kernels = json.loads(reply.read())
     for kernel in kernels:
         request = urllib.request.Request(f"{url}/api/kernels/{kernel['id']}", method="DELETE")
-        urllib.request.urlopen(request, timeout=60).close()
+        urllib.request.urlopen(request, timeout=HANG_GUARD_S).close()
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +190,51 @@ STATE = f"""(lesson) => ({{kernel_idle: ({KERNEL_IDLE})(lesson), all_ran: ({ALL_
   status: [...document.querySelectorAll('#jp-main-statusbar .jp-StatusBar-TextItem')].map(e => e.title + ': ' + e.textContent)}})"""
 
 
+# Two ways the page and its kernel lose each other, seen on the 2-core CI machine (about one lesson in
+# eleven, a different one each time), never on a lesson's own account: the kernel never reaches "Idle"
+# (its status "Unknown"), or it sits idle while cells Run All queued still wait ("[*]") -- their
+# requests never reached it (a cell that hangs keeps the kernel busy instead). Each is retried once --
+# a reload, Run All again -- and said in the test's output; a second time fails the test.
+KERNEL_START_S = 180
+STALL_S = 30
+STALLED = f"""(lesson) => {{
+  const waiting = [...document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt')]
+    .some(e => /\\[\\*\\]/.test(e.textContent));
+  if (!(waiting && ({KERNEL_IDLE})(lesson))) {{ window.__idle_while_waiting = null; return false; }}
+  window.__idle_while_waiting = window.__idle_while_waiting || Date.now();
+  return Date.now() - window.__idle_while_waiting > {STALL_S * 1000};
+}}"""
+
+
+def _wait_for_the_kernel(page, lesson: str) -> None:
+    """The lesson's kernel idle; if it is not within KERNEL_START_S, the page reloaded once."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    try:
+        page.wait_for_function(KERNEL_IDLE, arg=lesson, polling=500, timeout=KERNEL_START_S * 1000)
+    except PlaywrightTimeoutError:
+        print(
+            f"{lesson}: the kernel not idle after {KERNEL_START_S} s ({page.evaluate(STATE, lesson)['status']}): reloading"
+        )
+        page.reload(wait_until="domcontentloaded")
+        page.wait_for_function(KERNEL_IDLE, arg=lesson, polling=500)
+
+
+def _run_all(page, lesson: str) -> None:
+    """Run All, then every code cell run; Run All once more where the kernel sat idle while cells waited."""
+    for attempt in (1, 2):
+        page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+        if attempt == 2:
+            page.wait_for_function(ALL_RAN, arg=lesson, polling=500)
+            return
+        page.wait_for_function(f"(lesson) => ({ALL_RAN})(lesson) || ({STALLED})(lesson)", arg=lesson, polling=500)
+        if page.evaluate(ALL_RAN, lesson):
+            return
+        waiting = page.evaluate(STATE, lesson)["not_run"]
+        print(f"{lesson}: the kernel idle for {STALL_S} s with {len(waiting)} cells waiting: Run All again")
+
+
 def _select(label: str):
     def select(page) -> None:
         page.locator(f"{PANEL} .widget-dropdown select").first.select_option(label=label)
@@ -278,10 +325,8 @@ def test_lesson_runs_and_its_widgets_work_in_the_browser(lab, browser, lesson):
         page.goto(
             f"{url}/lab/workspaces/{Path(lesson).stem}/tree/notebooks/{lesson}?reset", wait_until="domcontentloaded"
         )
-        page.wait_for_function(KERNEL_IDLE, arg=lesson, polling=500)
-        page.locator(".lm-MenuBar-item", has_text="Run").first.click()
-        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
-        page.wait_for_function(ALL_RAN, arg=lesson, polling=500)
+        _wait_for_the_kernel(page, lesson)
+        _run_all(page, lesson)
         for selector in (".jupyter-widgets", ".widget-slider", ".js-plotly-plot"):
             page.wait_for_selector(f"{PANEL} {selector}")
         # Widget figures are drawn once their models sync, which can lag the cell that made them.
