@@ -191,18 +191,20 @@ STATE = f"""(lesson) => ({{kernel_idle: ({KERNEL_IDLE})(lesson), all_ran: ({ALL_
 
 
 # Two ways the page and its kernel lose each other, seen on the 2-core CI machine (about one lesson in
-# eleven, a different one each time), never on a lesson's own account: the kernel never reaches "Idle"
-# (its status "Unknown"), or it sits idle while cells Run All queued still wait ("[*]") -- their
-# requests never reached it (a cell that hangs keeps the kernel busy instead). Each is retried once --
+# eleven, a different one each time, with ipykernel 7.2), never on a lesson's own account: the kernel
+# never reaches "Idle" (its status "Unknown"), or it sits idle while cells Run All queued still wait
+# ("[*]") and none moves -- their requests never reached it (a cell that hangs keeps the kernel busy). Each is retried once --
 # a reload, Run All again -- and said in the test's output; a second time fails the test.
 KERNEL_START_S = 180
-STALL_S = 30
+STALL_S = 60
+# Stalled: cells still wait, the kernel reads "Idle", and no cell's prompt has changed for STALL_S.
 STALLED = f"""(lesson) => {{
-  const waiting = [...document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt')]
-    .some(e => /\\[\\*\\]/.test(e.textContent));
-  if (!(waiting && ({KERNEL_IDLE})(lesson))) {{ window.__idle_while_waiting = null; return false; }}
-  window.__idle_while_waiting = window.__idle_while_waiting || Date.now();
-  return Date.now() - window.__idle_while_waiting > {STALL_S * 1000};
+  const prompts = [...document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt')].map(e => e.textContent);
+  const seen = prompts.join('|');
+  if (!(prompts.some(t => /\\[\\*\\]/.test(t)) && ({KERNEL_IDLE})(lesson)) || seen !== window.__stall_prompts) {{
+    window.__stall_prompts = seen; window.__stall_since = Date.now(); return false;
+  }}
+  return Date.now() - window.__stall_since > {STALL_S * 1000};
 }}"""
 
 
@@ -232,7 +234,7 @@ def _run_all(page, lesson: str) -> None:
         if page.evaluate(ALL_RAN, lesson):
             return
         waiting = page.evaluate(STATE, lesson)["not_run"]
-        print(f"{lesson}: the kernel idle for {STALL_S} s with {len(waiting)} cells waiting: Run All again")
+        print(f"{lesson}: the kernel idle, {len(waiting)} cells waiting, none moved in {STALL_S} s: Run All again")
 
 
 def _select(label: str):

@@ -158,7 +158,7 @@ def test_plain_papermill_runs_lesson_4_with_exit_0_no_error_and_no_transport_war
     run_lessons' own kernel set-up): exit 0 although lesson 4 shows the seed's kernel failing (the cell
     catches the error and prints it), and nothing on the console but papermill's own lines and progress
     bar -- no ERROR line, no kernel warning (ipykernel >= 7.3 warns of TCP without CurveZMQ keys, which
-    papermill does not provision: constraints.txt holds the ipykernel that does not).
+    papermill does not provision: constraints.txt holds an ipykernel that does not).
 
     One ERROR line is papermill's own race and is let through: its ``execute`` ends with a
     ``kernel_info_request`` and shuts the kernel down on the reply, and jupyter_client's shutdown sends
