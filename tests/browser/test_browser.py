@@ -74,10 +74,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _shut_down_kernels(url: str) -> None:
-    """Shut down every kernel the server runs (a lesson's, once its test is over).
-
-    Left running, each lesson's kernel keeps its torch, model and plots in memory: ten of them on a
-    small CI machine left the eleventh lesson's kernel never reaching "Idle"."""
+    """Shut down every kernel the server runs (a lesson's, once its test is over): left running, each
+    lesson's kernel would keep its torch, model and plots in memory through the rest of the suite."""
     with urllib.request.urlopen(f"{url}/api/kernels", timeout=HANG_GUARD_S) as reply:
         kernels = json.loads(reply.read())
     for kernel in kernels:
@@ -193,8 +191,9 @@ STATE = f"""(lesson) => ({{kernel_idle: ({KERNEL_IDLE})(lesson), all_ran: ({ALL_
 # Two ways the page and its kernel lose each other, seen on the 2-core CI machine (about one lesson in
 # eleven, a different one each time, with ipykernel 7.2), never on a lesson's own account: the kernel
 # never reaches "Idle" (its status "Unknown"), or it sits idle while cells Run All queued still wait
-# ("[*]") and none moves -- their requests never reached it (a cell that hangs keeps the kernel busy). Each is retried once --
-# a reload, Run All again -- and said in the test's output; a second time fails the test.
+# ("[*]") and none moves -- their requests never reached it (a cell that hangs keeps the kernel busy).
+# Each is retried once -- a reload, Run All again -- and said in the test's output; a second time fails
+# the test.
 KERNEL_START_S = 180
 STALL_S = 60
 # Stalled: cells still wait, the kernel reads "Idle", and no cell's prompt has changed for STALL_S.
@@ -222,19 +221,24 @@ def _wait_for_the_kernel(page, lesson: str) -> None:
         page.wait_for_function(KERNEL_IDLE, arg=lesson, polling=500)
 
 
+def _click_run_all(page) -> None:
+    page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+    page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+
+
 def _run_all(page, lesson: str) -> None:
     """Run All, then every code cell run; Run All once more where the kernel sat idle while cells waited."""
-    for attempt in (1, 2):
-        page.locator(".lm-MenuBar-item", has_text="Run").first.click()
-        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
-        if attempt == 2:
-            page.wait_for_function(ALL_RAN, arg=lesson, polling=500)
-            return
-        page.wait_for_function(f"(lesson) => ({ALL_RAN})(lesson) || ({STALLED})(lesson)", arg=lesson, polling=500)
-        if page.evaluate(ALL_RAN, lesson):
-            return
+    _click_run_all(page)
+    # Which condition held, read in the same poll: the kernel turns busy again right after a run (the
+    # widgets' messages), so ALL_RAN read a moment later may no longer hold.
+    ended = page.wait_for_function(
+        f"(lesson) => ({ALL_RAN})(lesson) ? 'ran' : ({STALLED})(lesson) ? 'stalled' : false", arg=lesson, polling=500
+    ).json_value()
+    if ended == "stalled":
         waiting = page.evaluate(STATE, lesson)["not_run"]
         print(f"{lesson}: the kernel idle, {len(waiting)} cells waiting, none moved in {STALL_S} s: Run All again")
+        _click_run_all(page)
+        page.wait_for_function(ALL_RAN, arg=lesson, polling=500)
 
 
 def _select(label: str):
@@ -430,10 +434,8 @@ def test_a_figure_widget_draws_and_follows_its_figure_when_plotly_loads_past_any
     page.on("pageerror", lambda e: page_errors.append(str(e)[:500]))
     try:
         page.goto(f"{url}/lab/workspaces/figure_widget/tree/notebooks/{name}?reset", wait_until="domcontentloaded")
-        page.wait_for_function(KERNEL_IDLE, arg=name, polling=500)
-        page.locator(".lm-MenuBar-item", has_text="Run").first.click()
-        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
-        page.wait_for_function(ALL_RAN, arg=name, polling=500)
+        _wait_for_the_kernel(page, name)
+        _run_all(page, name)
         page.wait_for_function("() => window.__figure_views > 0", polling=200)  # the figure's view is drawn
         assert page.evaluate(f"() => document.querySelectorAll('{PANEL} .js-plotly-plot').length") == 1
         traces = page.evaluate(f"() => (document.querySelector('{PANEL} .js-plotly-plot').data || []).length")
