@@ -44,7 +44,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
-NEEDED = ("fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client", "httpx", "anyio", "h11", "zmq", "msgpack")
+NEEDED = (
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "pydantic",
+    "prometheus_client",
+    "httpx",
+    "aiohttp",
+    "anyio",
+    "h11",
+    "zmq",
+    "msgpack",
+)
 
 
 def missing_packages() -> list[str]:

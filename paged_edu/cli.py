@@ -578,7 +578,7 @@ def _serving(args) -> int:
         return 2
 
 
-SERVE_PACKAGES = ("fastapi", "starlette", "uvicorn", "prometheus_client", "zmq", "msgpack", "httpx", "pydantic")
+SERVE_PACKAGES = ("fastapi", "starlette", "uvicorn", "prometheus_client", "zmq", "msgpack", "httpx", "aiohttp", "pydantic")
 
 
 if __name__ == "__main__":

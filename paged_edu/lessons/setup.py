@@ -58,7 +58,7 @@ _DEVICE_VALUES = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 # `serve` extra's stack -- and talks to it with the `openai` client (bounds as in pyproject; a test checks).
 COLAB_EXTRA_INSTALLS = {
     "11_serve_it_and_measure_it.ipynb": '"fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" "pyzmq>=25" '
-    '"msgpack>=1.0" "httpx>=0.27" openai',
+    '"msgpack>=1.0" "httpx>=0.27" "aiohttp>=3.9" openai',
 }
 
 

@@ -17,5 +17,6 @@
 * :mod:`~paged_edu.serve.flags` -- both commands' flags (argparse only).
 
 Below: the engine, the models and :mod:`paged_edu.core`. Above: the lessons' labs that start a server and read it.
-The server stack (FastAPI, uvicorn, prometheus_client, pyzmq, msgpack, httpx) is the ``serve`` extra.
+The server stack (FastAPI, uvicorn, prometheus_client, pyzmq, msgpack; httpx and aiohttp for the clients) is the
+``serve`` extra.
 """

@@ -19,14 +19,14 @@ server exports as a metric), preemptions, prompt and generation tokens. ``--num-
 first and are left out (vLLM's "initial test run"). The JSON record uses ``vllm bench serve``'s
 keys (``mean_ttft_ms``, ``p99_itl_ms``, ``output_throughput``, ...).
 
-The HTTP client is httpx's async client: one process, one event loop, many connections, spread over
-:data:`LANES` clients.
+The streams are sent by aiohttp's client, as ``vllm bench serve`` and SGLang's ``bench_serving`` send
+theirs: one process, one event loop, one session, a connection per stream (:func:`_drive`). The
+scrapes of ``/metrics`` and ``/v1/models``, outside the timed loop, use httpx.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import statistics
@@ -34,6 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import aiohttp
 import httpx
 
 from paged_edu.serve.traffic import Send, build_traffic, describe
@@ -48,11 +49,11 @@ SERVER_COUNTERS = {  # report key -> the Prometheus sample (vLLM's names)
     "generation_tokens": "vllm:generation_tokens_total",
 }
 METRICS = ("ttft", "tpot", "itl", "e2el")
-# The requests are spread over this many httpx clients. httpcore's connection pool looks at every
-# connection of its client each time a request starts or ends, so one client with 256 streams in
-# flight spent 6.3 ms of CPU per request (75 % of it in that scan; 2.3 ms at 64 streams) -- the
-# client, not the server, set the pace of an infinite-rate run. A client per lane keeps each pool small.
-LANES = 64
+# Why aiohttp for the streams: httpx's async client cost this client 6.3 ms of CPU per request at 256
+# streams in flight (its connection pool scans every connection of the client as a request starts or
+# ends), and then ~80 us per streamed chunk; on an H100 the server streams ~45k tokens/s at 512
+# streams, and one httpx event loop read them at half that pace (22,609 tok/s, d06468f,
+# benchmarks/records/h100/serve_vs_offline_d06468f.json): the client, not the server, set the pace.
 NAMES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
          "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}  # fmt: skip
 
@@ -94,21 +95,21 @@ def scrape(client: httpx.Client, base_url: str) -> dict[str, float]:
     return out
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict, outcome: Outcome, headers: dict) -> None:
+async def _one(session: aiohttp.ClientSession, url: str, body: dict, outcome: Outcome, headers: dict) -> None:
     """Send one streamed completion and time its chunks into ``outcome``."""
     start = time.perf_counter()
     last = start
     chunks, ids = 0, []
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as r:
-            if r.status_code != 200:
-                outcome.error = f"HTTP {r.status_code}: {(await r.aread())[:300].decode(errors='replace')}"
+        async with session.post(url, json=body, headers=headers) as r:
+            if r.status != 200:
+                outcome.error = f"HTTP {r.status}: {(await r.read())[:300].decode(errors='replace')}"
                 return
-            async for line in r.aiter_lines():
-                if not line.startswith("data:"):
+            async for raw in r.content:  # one line at a time: "data: {...}", then a blank one
+                if not raw.startswith(b"data:"):
                     continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+                data = raw[5:].strip()
+                if data == b"[DONE]":
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:
@@ -135,7 +136,7 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, outcome: Outcome
                 chunks += 1
                 if new_ids:
                     ids += new_ids
-    except (httpx.HTTPError, json.JSONDecodeError, OSError) as exc:
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, ValueError, OSError) as exc:
         outcome.error = f"{type(exc).__name__}: {exc}"[:300]
         return
     outcome.latency = last - start
@@ -149,18 +150,15 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, outcome: Outcome
 async def _drive(base_url, model, sends: list[Send], args, headers, bar) -> tuple[list[Outcome], float]:
     """Send every request at its time (after the one it follows), at most ``max_concurrency`` at once."""
     url = f"{base_url}/v1/completions"
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     outcomes = [Outcome(s.role, len(s.prompt)) for s in sends]
     done = [asyncio.Event() for _ in sends]
     sent_prompts: list[list[int] | None] = [None] * len(sends)
     gate = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
-    timeout = httpx.Timeout(args.timeout, connect=30.0)
-    ssl_context = httpx.create_ssl_context()  # one for every lane (a client makes its own otherwise)
-    async with contextlib.AsyncExitStack() as stack:
-        lanes = [
-            await stack.enter_async_context(httpx.AsyncClient(timeout=timeout, limits=limits, verify=ssl_context))
-            for _ in range(min(LANES, len(sends)))
-        ]
+    # No cap on connections (aiohttp's default is 100: the 101st stream would wait for a free one);
+    # a read may wait args.timeout, a connection 30 s.
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=args.timeout)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=2**20) as session:
         t0 = time.perf_counter()
 
         async def run(i: int, s: Send) -> None:
@@ -177,12 +175,11 @@ async def _drive(base_url, model, sends: list[Send], args, headers, bar) -> tupl
                         prompt = sent_prompts[s.after] + list(reply) + s.prompt[s.carries :]
                 sent_prompts[i] = prompt
                 body = _body(model, prompt, s, args)
-                client = lanes[i % len(lanes)]
                 if gate is None:
-                    await _one(client, url, body, outcomes[i], headers)
+                    await _one(session, url, body, outcomes[i], headers)
                 else:
                     async with gate:
-                        await _one(client, url, body, outcomes[i], headers)
+                        await _one(session, url, body, outcomes[i], headers)
             finally:
                 done[i].set()
                 if bar is not None:

@@ -95,7 +95,11 @@ def add_serve_args(p: argparse.ArgumentParser, positive, fraction) -> None:
         default=True,
         help="the host schedules step N+1 while the device runs step N",
     )
-    e.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    e.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no CUDA graphs (by default on a GPU: graphs for decode steps and for steps with prompt chunks)",
+    )
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     s.add_argument("--port", type=int, default=8000, help="0: a free port, printed when ready")
