@@ -221,7 +221,8 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput) -> None:
         """Running sequences, oldest first: a slot for the token each sampled last step -- while the
         pool is full, the youngest running sequence is preempted -- then its next chunk."""
-        running, self.running = deque(self.running), []
+        num_decodes = self._schedule_decodes(out)  # the leading decodes whose slots the pool has: in bulk
+        running, self.running = deque(self.running[num_decodes:]), self.running[:num_decodes]
         while running:
             seq = running.popleft()
             if self.budget == 0:  # the batch is full: it and the rest stay running, unscheduled
@@ -236,6 +237,34 @@ class Scheduler:
             else:
                 self.running.append(seq)
                 self._schedule_chunk(seq, out)
+
+    def _schedule_decodes(self, out: SchedulerOutput) -> int:
+        """The loop of :meth:`_schedule_running` for its leading decodes whose slots the pool has --
+        every running sequence, in most steps -- in bulk; returns how many it scheduled (the loop
+        takes the rest, and preempts for them).
+
+        A decode (one token to compute: the one sampled last) is a one-token chunk that emits, after
+        its slot. The loop preempts only when a slot cannot be had; before the first such sequence it
+        reserves a slot and schedules a chunk for each, as here: the slots of the first ``k`` decodes
+        (``k`` at most the budget, one token each) in one call, which stops at the first the pool
+        cannot serve, then their chunks. Only a manager with that call (``append_slots_upto``: the
+        paged allocators) goes this way; any other leaves every sequence to the loop.
+
+        Speed: lists over the batch instead of five calls per sequence, 0.6 -> 0.3 us per decode
+        scheduled; the simulator's beam benchmark (``benchmarks/bench_simulator.py --only beam``:
+        13.5 M decodes) spends 6 instead of 8 s of CPU scheduling (this project's 2-core CPU).
+        """
+        append_slots_upto = getattr(self.allocator, "append_slots_upto", None)
+        if append_slots_upto is None:
+            return 0
+        seqs = self.running[: self.budget]
+        todo = [seq.num_tokens - seq.num_computed_tokens for seq in seqs]
+        if todo.count(1) < len(todo):  # a prompt chunk: the decodes before it only
+            seqs = seqs[: next(i for i, n in enumerate(todo) if n != 1)]
+        num = append_slots_upto([seq.seq_id for seq in seqs], [seq.num_tokens for seq in seqs])
+        out.scheduled += [ScheduledSeq(seq, 1, seq.num_tokens - 1, True) for seq in seqs[:num]]
+        self.budget -= num
+        return num
 
     def _schedule_swapped(self, out: SchedulerOutput, num_seqs: int) -> int:
         """Swapped sequences come back, oldest first, while the batch and the pool have room;

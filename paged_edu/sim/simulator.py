@@ -403,7 +403,7 @@ class _BeamForks:
     when it forks. Looking at all of them every step cost O(beams waiting) a step, quadratic when
     they arrive at once: 8,000 beam requests (n = 4, ShareGPT-like) took 107 s of CPU on this
     project's 2-core CPU, then 19.5 s, with the same results (``tests/sim/test_beam_forks.py``).
-    ``benchmarks/bench_simulator.py --only beam`` times 10,000: 16.6 s
+    ``benchmarks/bench_simulator.py --only beam`` times 10,000: 15.4 s
     (``benchmarks/records/cpu/simulator_beam.json``).
     """
 

@@ -272,6 +272,49 @@ def test_out_of_blocks_in_append_and_copy_on_write_changes_nothing():
     assert snapshot(a) == before
 
 
+def _appended_one_by_one(a: BlockAllocator, seq_ids, num_tokens) -> int:
+    """The oracle of ``append_slots_upto``: one ``append_slots`` per sequence short of its count."""
+    for i, (seq_id, want) in enumerate(zip(seq_ids, num_tokens)):
+        if a.num_tokens(seq_id) != want:
+            try:
+                a.append_slots(seq_id)
+            except OutOfBlocksError:
+                return i
+    return len(seq_ids)
+
+
+@pytest.mark.parametrize("subscribed", [False, True])
+@pytest.mark.parametrize("num_blocks", [3, 4, 5, 40])
+def test_append_slots_upto_equals_append_slots_one_by_one(num_blocks, subscribed):
+    """New blocks, copies on write, sequences that hold their slot already, and a pool that runs
+    out part-way: the same slots, blocks, copies and events as ``append_slots`` per sequence."""
+    runs = []
+    for bulk in (True, False):
+        a = BlockAllocator(num_blocks, B)
+        events = []
+        if subscribed:
+            a.subscribe(events.append)
+        a.allocate("full", [1, 2, 3, 4])  # its last block full: a new block
+        a.allocate("room", [5, 6])  # room in its last block
+        a.fork("room", "child")  # a shared last block: "room" copies it, then "child" holds it alone
+        a.allocate("held", [7, 8, 9])  # holds its count already: nothing
+        seq_ids = ["full", "room", "child", "held"]
+        wants = [a.num_tokens(i) + (i != "held") for i in seq_ids]
+        served = (a.append_slots_upto if bulk else lambda *x: _appended_one_by_one(a, *x))(seq_ids, wants)
+        runs.append((served, snapshot(a), a.take_copies(), events))
+    assert runs[0] == runs[1]
+    if num_blocks < 5:  # 3 blocks held, 2 more needed
+        assert runs[0][0] < 4  # the pool ran out part-way (the case is meant to)
+
+
+def test_append_slots_upto_names_an_unknown_sequence_and_serves_those_before_it():
+    a = BlockAllocator(8, B)
+    a.allocate("a", [1, 2])
+    with pytest.raises(UnknownSequenceError, match="nope"):
+        a.append_slots_upto(["a", "nope"], [3, 1])
+    assert a.num_tokens("a") == 3  # as append_slots one by one: "a" was served before "nope" raised
+
+
 def test_unknown_sequence_raises_key_error_naming_it():
     a = BlockAllocator(4, B)
     for call in (

@@ -105,6 +105,57 @@ def make_requests(rng, num, shared_prefix):
     return reqs
 
 
+class _OneByOne:
+    """A paged allocator without ``append_slots_upto``: the scheduler reserves every slot in its loop."""
+
+    def __init__(self, allocator: BlockAllocator) -> None:
+        self._allocator = allocator
+
+    def __getattr__(self, name):
+        if name == "append_slots_upto":
+            raise AttributeError(name)
+        return getattr(self._allocator, name)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("num_blocks, budget", [(14, 8), (10, 3), (30, 20)])
+def test_bulk_decodes_decide_what_the_loop_decides(mode, num_blocks, budget):
+    """``_schedule_decodes`` (the running decodes' slots in one call) schedules, preempts and copies
+    exactly as the loop does one sequence at a time (a manager without the bulk call), every step."""
+    runs = []
+    for bulk in (True, False):
+        rng = random.Random(num_blocks * 100 + budget)
+        shared = [rng.randrange(VOCAB) for _ in range(11)]
+        a = BlockAllocator(num_blocks, B, cache_when_computed=True)
+        s = Scheduler(
+            a if bulk else _OneByOne(a),
+            max_num_seqs=5,
+            max_num_batched_tokens=budget,
+            preemption_mode=mode,
+            num_cpu_blocks=64,
+        )
+        for i, (p, m) in enumerate(make_requests(rng, 12, shared)):
+            s.make_sequence(p, m, stop_token_ids=(3,), num_samples=1 + i % 3)
+        executor, steps = BruteForceExecutor(s), []
+        schedule = s.schedule
+
+        def recorded(schedule=schedule, steps=steps):
+            out = schedule()
+            chunks = [(x.seq.seq_id, x.num_new_tokens, x.start, x.emits_token) for x in out.scheduled]
+            steps.append((chunks, [q.seq_id for q in out.preempted], list(out.block_ops)))
+            return out
+
+        s.schedule = recorded
+        bulk_decodes = []
+        schedule_decodes = s._schedule_decodes
+        s._schedule_decodes = lambda out: bulk_decodes.append(schedule_decodes(out)) or bulk_decodes[-1]
+        executor.run()
+        runs.append((steps, s.num_preemptions))
+        assert (sum(bulk_decodes) > 0) == bulk  # the bulk path ran (with the paged allocator only)
+    assert runs[0] == runs[1]
+    assert (runs[0][1] > 0) == (num_blocks < 30)  # the small pools preempt
+
+
 @pytest.mark.parametrize("mode", ["recompute", "swap", "auto"])
 @pytest.mark.parametrize(
     "num_blocks, budget, chunked, caching",
