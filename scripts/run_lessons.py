@@ -16,8 +16,8 @@ notebook, library or parameters changed since. The kernels run with
 
 The kernel process's own log (its stderr, not a cell's) goes to ``build/lessons/NN_*.kernel.log``,
 named in the summary only when the lesson failed: a clean run prints nothing from it. Its transport
-is CurveZMQ-encrypted where pyzmq and the kernel support it (ipykernel >= 7.3; constraints.txt pins
-7.2.0, which neither encrypts nor warns: see there).
+is CurveZMQ-encrypted where pyzmq and the kernel support it (ipykernel >= 7.3; constraints.txt holds
+6.31.0, which neither encrypts nor warns: see there).
 
 ``-p NAME VALUE`` sets a lesson parameter, as papermill's own ``-p`` does (the value is read as an
 int, then a float, else kept as a string). Papermill only *warns* about a name the notebook's
