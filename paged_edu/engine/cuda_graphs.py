@@ -52,11 +52,28 @@ from paged_edu.models.llama import ForwardBatch, Kernels, PagedLlama
 __all__ = ["DecodeCudaGraphs", "MixedCudaGraphs", "capture"]
 
 
+# One warm-up stream per device for every capture of every engine. torch keeps a cuBLAS workspace for
+# each stream a GEMM ever ran on, for the life of the process (torch._C._cuda_clearCublasWorkspaces frees
+# them). With a new side stream per capture (torch hands them out round-robin from a pool of 32), a
+# dropped engine with mixed-step graphs -- whose captures run cuBLAS's GEMMs -- left 64 MiB (synchronous)
+# to 192 MiB (async) allocated, the engine itself freed, none without them (H100, 263ba8e,
+# benchmarks/records/h100/memdiag_263ba8e.txt); new streams' workspaces are the reading of that record,
+# not yet checked on a GPU with this change.
+_WARMUP_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _warmup_stream(device: torch.device) -> torch.cuda.Stream:
+    device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    if device not in _WARMUP_STREAMS:
+        _WARMUP_STREAMS[device] = torch.cuda.Stream(device)
+    return _WARMUP_STREAMS[device]
+
+
 def capture(run: Callable, device: torch.device, pool=None):
     """``(graph, outputs)``: ``run()`` warmed up twice on a side stream (lazy inits, Triton's first
     compile), then recorded into a new graph that allocates from ``pool`` (shared by graphs that
     never run at the same time)."""
-    stream = torch.cuda.Stream(device)
+    stream = _warmup_stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         for _ in range(2):
