@@ -48,7 +48,7 @@ from paged_edu.engine.config import setting_names
 from paged_edu.engine.timeline import StepRecord, summarize_timeline
 from paged_edu.labs.card import roofline_card
 from paged_edu.labs.timed_run import roofline_model, roofline_s, step_speed, timed_run
-from paged_edu.labs.timing import kernel_table
+from paged_edu.labs.timing import frozen_heap, kernel_table
 from paged_edu.sim.costmodel import ROOFLINE_NAME
 
 __all__ = [
@@ -234,7 +234,12 @@ def run_rung(
         ],
     )
     if probe_batches:  # on the timed engine, before it is closed
-        out["profile"] = probe_decode_steps(run.engine, probe_batches, probe_context)
+        # With the heap frozen, as the timed run's was. Unfrozen, the H100's eager probes (d06468f) took 33-42 ms
+        # a step to launch against the timed run's median 20.6 ms -- collections rescanning the whole heap while
+        # an eager step allocates, the suspicion (not yet re-measured) -- and the timeline model, priced from
+        # them, missed the eager rung by +53 % (benchmarks/records/h100/speed_ladder_h100_d06468f.json).
+        with frozen_heap():
+            out["profile"] = probe_decode_steps(run.engine, probe_batches, probe_context)
     run.engine.close()  # its pool back before the next rung's engines are built (its records stay)
     return out
 
