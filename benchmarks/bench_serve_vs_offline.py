@@ -44,19 +44,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
-NEEDED = (
-    "fastapi",
-    "starlette",
-    "uvicorn",
-    "pydantic",
-    "prometheus_client",
-    "httpx",
-    "aiohttp",
-    "anyio",
-    "h11",
-    "zmq",
-    "msgpack",
-)
+from paged_edu.cli import SERVE_PACKAGES  # noqa: E402
+
+NEEDED = (*SERVE_PACKAGES, "anyio", "h11")  # and what starlette and uvicorn bring
 
 
 def missing_packages() -> list[str]:

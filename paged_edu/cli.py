@@ -578,7 +578,19 @@ def _serving(args) -> int:
         return 2
 
 
-SERVE_PACKAGES = ("fastapi", "starlette", "uvicorn", "prometheus_client", "zmq", "msgpack", "httpx", "aiohttp", "pydantic")
+# The `serve` extra by import name: one list for this error, bench_serve_vs_offline's check and tests/serve's
+# collection (this module imports no torch and no server stack, so any of them can read it).
+SERVE_PACKAGES = (
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "prometheus_client",
+    "zmq",
+    "msgpack",
+    "httpx",
+    "aiohttp",
+    "pydantic",
+)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import importlib.util
 
-NEEDED = ("fastapi", "uvicorn", "prometheus_client", "zmq", "msgpack", "httpx", "openai")
+from paged_edu.cli import SERVE_PACKAGES
+
+NEEDED = (*SERVE_PACKAGES, "openai")
 MISSING = [name for name in NEEDED if importlib.util.find_spec(name) is None]
 collect_ignore_glob = ["test_*.py"] if MISSING else []
 
