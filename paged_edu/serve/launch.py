@@ -173,19 +173,15 @@ def engine_config(args, model):
         max_model_len=args.max_model_len,
         seed=args.seed,
         async_scheduling=args.async_scheduling,
-        kernels=KernelConfig(cuda_graphs=False) if args.enforce_eager else _graphs_for(model),
+        # On a GPU, graphs for every step, as vLLM captures them by default: pure-decode steps and steps with
+        # prompt chunks (mixed_graphs: a graph per token bucket, captured before the port opens). A request's
+        # first token comes from a step with its prompt in it; eager, that step cost the launches of ~244
+        # kernels on the host: on an H100 the median time to first token at 1 req/s was 54 ms, 82 decode
+        # steps (d06468f, benchmarks/records/h100/serve_vs_offline_d06468f.json).
+        kernels=KernelConfig(cuda_graphs=False)
+        if args.enforce_eager
+        else KernelConfig(mixed_graphs=model.device.type == "cuda"),
     )
-
-
-def _graphs_for(model):
-    """CUDA graphs for every step on a GPU, as vLLM captures them by default: pure-decode steps and steps
-    with prompt chunks (``mixed_graphs``, a graph per token bucket, captured before the port opens). A
-    served request's first token comes from a step with its prompt in it: eager, that step cost the
-    launches of ~244 kernels on the host -- on an H100 the median time to first token at 1 req/s was 54 ms,
-    82 decode steps (d06468f, benchmarks/records/h100/serve_vs_offline_d06468f.json)."""
-    from paged_edu.engine.config import KernelConfig
-
-    return KernelConfig(mixed_graphs=model.device.type == "cuda")
 
 
 def new_allocator(args, config):
