@@ -328,6 +328,7 @@ class Scheduler:
         """``seq`` (admitted or swapped in) runs from this step; returns the sequences it stands for."""
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+        out.started.append(seq)
         if seq.max_num_running_seqs > 1:
             self._forking.add(seq)
         self._schedule_chunk(seq, out)
@@ -400,23 +401,33 @@ class Scheduler:
                 continue
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
-            end = item.start + item.num_new_tokens
+            start = item.start
+            end = start + item.num_new_tokens
             seq.num_computed_tokens = end
-            if end // block_size > item.start // block_size:  # a block was completed: publish it
+            if end // block_size > start // block_size:  # a block was completed: publish it
                 num_prompt = len(seq.prompt_token_ids)
                 if end > num_prompt:  # sampled tokens' ids, from this chunk's first block on (the
-                    lo = max(num_prompt, item.start // block_size * block_size)  # earlier ones are known)
+                    lo = max(num_prompt, start // block_size * block_size)  # earlier ones are known)
                     mark_computed(seq.seq_id, end, seq.output_token_ids[lo - num_prompt : end - num_prompt])
                 else:
                     mark_computed(seq.seq_id, end)
             if not item.emits_token:
                 continue  # a prefill chunk in the middle of the prompt
             token = sampled.get(seq.seq_id)
-            if type(token) is int:  # the common case; the others are checked (and forked) apart
-                seq.append_token(token)
-                self._after_token(seq, now, finished)
-            else:
+            if type(token) is not int:  # a list of n samples' tokens, a numpy integer, none: checked apart
                 self._append_sampled(seq, token, now, finished)
+                continue
+            # A plain int, nearly every token: seq.append_token(token) and self._after_token(seq, ...)
+            # inlined, two calls less a token. The beam benchmark (13.5 M tokens): update's own CPU
+            # 4.2 -> 3.35 s; 8 % of the run's instructions at 2,000 requests (callgrind).
+            output = seq.output_token_ids
+            output.append(token)
+            seq.num_tokens += 1
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            seq.token_times.append(now)
+            if token in seq.stop_token_ids or len(output) >= seq.max_new_tokens:
+                self._stop(seq, now, finished)
         return finished
 
     def _append_sampled(self, seq: Sequence, token, now: float, finished: list[Sequence]) -> None:
@@ -468,11 +479,15 @@ class Scheduler:
         self.running.append(child)
 
     def _after_token(self, seq: Sequence, now: float, finished: list[Sequence]) -> None:
+        """``seq`` has just sampled a token: its time, and the end of the sequence if that token ends it."""
         if seq.first_token_time is None:
             seq.first_token_time = now
         seq.token_times.append(now)
-        token = seq.output_token_ids[-1]
-        if token in seq.stop_token_ids:
+        self._stop(seq, now, finished)
+
+    def _stop(self, seq: Sequence, now: float, finished: list[Sequence]) -> None:
+        """Finish ``seq`` if its last token is a stop id or its ``max_new_tokens``-th."""
+        if seq.output_token_ids[-1] in seq.stop_token_ids:
             seq.finish_reason = "stop"
         elif len(seq.output_token_ids) >= seq.max_new_tokens:
             seq.finish_reason = "length"
