@@ -521,7 +521,7 @@ class BlockAllocator(SequenceLookup):
             self._learn(seq_id, seq, token_ids, num_computed_tokens)
         num_full = seq.num_known // self.block_size
         computed = num_computed_tokens // self.block_size
-        computed = computed if computed < num_full else num_full  # min(): 0.1 us of ~2 a call
+        computed = computed if computed < num_full else num_full  # min(): 0.08 us more a call (this CPU)
         if self._cache_when_computed:
             events = self._publish(seq_id, seq, computed, dedupe=True)
         elif seq.num_published_blocks < num_full:  # published as its ids arrive; computed ones may dedupe
