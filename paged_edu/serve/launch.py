@@ -335,7 +335,8 @@ def main(args) -> int:
     stack = f"HTTP by {http}, event loop {loop}"
 
     def ready():
-        print(f"paged-edu serve: {server.description}; {stack}", flush=True)
+        print(f"paged-edu serve: {server.description}", flush=True)
+        print(f"paged-edu serve: {stack}", flush=True)
         print(f"paged-edu serve: ready on {url}", flush=True)
 
     app = asgi(server, args.max_body_bytes, ready)
