@@ -57,8 +57,8 @@ _DEVICE_VALUES = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 # What a lesson installs on Colab beyond the line every lesson has: lesson 11 starts a server -- the
 # `serve` extra's stack -- and talks to it with the `openai` client (bounds as in pyproject; a test checks).
 COLAB_EXTRA_INSTALLS = {
-    "11_serve_it_and_measure_it.ipynb": '"fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" "pyzmq>=25" '
-    '"msgpack>=1.0" "httpx>=0.27" "aiohttp>=3.9" openai',
+    "11_serve_it_and_measure_it.ipynb": '"fastapi>=0.110" "uvicorn>=0.29" "httptools>=0.6" "uvloop>=0.19" '
+    '"prometheus-client>=0.20" "pyzmq>=25" "msgpack>=1.0" "httpx>=0.27" "aiohttp>=3.9" openai',
 }
 
 

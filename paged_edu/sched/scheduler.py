@@ -390,45 +390,81 @@ class Scheduler:
         forked from it (:meth:`~paged_edu.sched.parallel_sampling.ParallelSamples.take_forks`).
         """
         finished: list[Sequence] = []
-        block_size, mark_computed, running = (
-            self.allocator.block_size,
-            self.allocator.mark_computed,
-            SequenceStatus.RUNNING,
-        )
-        for item in scheduled:
+        num_decodes = self._update_decodes(scheduled, sampled, now, finished)  # the leading decodes: in bulk
+        block_size, running = self.allocator.block_size, SequenceStatus.RUNNING
+        for item in scheduled[num_decodes:] if num_decodes else scheduled:
             seq = item.seq
             if seq.status is not running:
                 continue
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
-            start = item.start
-            end = start + item.num_new_tokens
+            end = item.start + item.num_new_tokens
             seq.num_computed_tokens = end
-            if end // block_size > start // block_size:  # a block was completed: publish it
-                num_prompt = len(seq.prompt_token_ids)
-                if end > num_prompt:  # sampled tokens' ids, from this chunk's first block on (the
-                    lo = max(num_prompt, start // block_size * block_size)  # earlier ones are known)
-                    mark_computed(seq.seq_id, end, seq.output_token_ids[lo - num_prompt : end - num_prompt])
-                else:
-                    mark_computed(seq.seq_id, end)
+            if end // block_size > item.start // block_size:  # a block was completed: publish it
+                self._publish_computed(seq, item.start, end)
             if not item.emits_token:
                 continue  # a prefill chunk in the middle of the prompt
             token = sampled.get(seq.seq_id)
-            if type(token) is not int:  # a list of n samples' tokens, a numpy integer, none: checked apart
+            if type(token) is int:  # the common case; the others are checked (and forked) apart
+                seq.append_token(token)
+                self._after_token(seq, now, finished)
+            else:
                 self._append_sampled(seq, token, now, finished)
-                continue
-            # A plain int, nearly every token: seq.append_token(token) and self._after_token(seq, ...)
-            # inlined, two calls less a token. The beam benchmark (13.5 M tokens): update's own CPU
-            # 4.2 -> 3.35 s; 8 % of the run's instructions at 2,000 requests (callgrind).
-            output = seq.output_token_ids
-            output.append(token)
-            seq.num_tokens += 1
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            seq.token_times.append(now)
-            if token in seq.stop_token_ids or len(output) >= seq.max_new_tokens:
-                self._stop(seq, now, finished)
         return finished
+
+    def _update_decodes(
+        self, scheduled: list[ScheduledSeq], sampled: dict, now: float, finished: list[Sequence]
+    ) -> int:
+        """The loop of :meth:`update` for its leading decodes -- every chunk, in most steps -- in bulk;
+        returns how many it took (the loop takes the rest).
+
+        A decode (one token computed, one plain ``int`` token sampled, the sequence running) changes
+        its own sequence only: its computed count, its new token and the token's time. A few do
+        more: complete a block (one in ``B`` a step: publish it), emit their first token, or finish.
+        The loop does all of it per chunk; here one tight pass does each sequence's own part and
+        notes the few that do more, then those are finished in order -- the memory manager sees the
+        same calls in the same order (a sequence's own fields are read by nobody else).
+
+        Speed: one pass, no call per plain decode instead of three: :meth:`update` over 256 decodes
+        (16 of them completing a block, the memory manager stubbed) 88-94 -> 76-81 us, best of 300
+        (this project's 2-core CPU); the rest of the phase is the blocks' publishing (``mark_computed``).
+        """
+        B, running = self.allocator.block_size, SequenceStatus.RUNNING
+        more: list[Sequence] = []  # the decodes that do more than their own bookkeeping, in order
+        num = len(scheduled)
+        for i, item in enumerate(scheduled):
+            seq = item.seq
+            token = sampled.get(seq.seq_id)
+            if type(token) is not int or item.num_new_tokens != 1 or not item.emits_token or seq.status is not running:
+                num = i  # not a plain decode: the loop takes it and the rest
+                break
+            end = seq.num_computed_tokens = item.start + 1
+            tokens = seq.output_token_ids
+            tokens.append(token)  # Sequence.append_token, inlined: no call per decode
+            seq.num_tokens += 1
+            seq.token_times.append(now)
+            if not end % B or token in seq.stop_token_ids or len(tokens) >= seq.max_new_tokens:
+                more.append(seq)  # it completed a block, or it finishes
+            elif seq.first_token_time is None:
+                more.append(seq)
+        for seq in more:
+            if seq.first_scheduled_time is None:  # its first step (a prompt all cached but its last token)
+                seq.first_scheduled_time = now
+            end = seq.num_computed_tokens
+            if not end % B:
+                self._publish_computed(seq, end - 1, end)
+            self._after_token(seq, now, finished, timed=True)
+        return num
+
+    def _publish_computed(self, seq: Sequence, start: int, end: int) -> None:
+        """``seq``'s tokens ``start .. end - 1`` were computed and completed a block: tell the memory
+        manager, with the ids of the sampled tokens among them (the earlier ones are known)."""
+        num_prompt = len(seq.prompt_token_ids)
+        if end > num_prompt:  # sampled tokens' ids, from this chunk's first block on
+            lo = max(num_prompt, start // self.allocator.block_size * self.allocator.block_size)
+            self.allocator.mark_computed(seq.seq_id, end, seq.output_token_ids[lo - num_prompt : end - num_prompt])
+        else:
+            self.allocator.mark_computed(seq.seq_id, end)
 
     def _append_sampled(self, seq: Sequence, token, now: float, finished: list[Sequence]) -> None:
         """:meth:`update` for a token that is not a plain int: ``n`` tokens at the end of a
@@ -478,16 +514,15 @@ class Scheduler:
         self._live[child.seq_id] = child
         self.running.append(child)
 
-    def _after_token(self, seq: Sequence, now: float, finished: list[Sequence]) -> None:
-        """``seq`` has just sampled a token: its time, and the end of the sequence if that token ends it."""
+    def _after_token(self, seq: Sequence, now: float, finished: list[Sequence], timed: bool = False) -> None:
+        """``seq`` has a new token, emitted at ``now`` (already in ``token_times`` if ``timed``): finish
+        it if the token stops it or it has all it may have."""
         if seq.first_token_time is None:
             seq.first_token_time = now
-        seq.token_times.append(now)
-        self._stop(seq, now, finished)
-
-    def _stop(self, seq: Sequence, now: float, finished: list[Sequence]) -> None:
-        """Finish ``seq`` if its last token is a stop id or its ``max_new_tokens``-th."""
-        if seq.output_token_ids[-1] in seq.stop_token_ids:
+        if not timed:
+            seq.token_times.append(now)
+        token = seq.output_token_ids[-1]
+        if token in seq.stop_token_ids:
             seq.finish_reason = "stop"
         elif len(seq.output_token_ids) >= seq.max_new_tokens:
             seq.finish_reason = "length"

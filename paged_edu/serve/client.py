@@ -68,6 +68,7 @@ class RequestStream:
         self._last: list[float | None] = [None] * n  # each sample's last token time
         self._first = False  # the request's first token has come (TTFT)
         self._waiter: asyncio.Future | None = None
+        self.interrupted = False  # the route's client left (:meth:`interrupt`)
 
     # -- from the output task ------------------------------------------------------------------------
     def put_tokens(self, i: int, ids: list[int], times: list[float], tally: Tally) -> None:
@@ -96,14 +97,22 @@ class RequestStream:
             self._waiter.set_result(None)
 
     # -- from the route ------------------------------------------------------------------------------
-    async def next(self) -> Update:
-        """Everything that came since the last call, as one update (waits until something has)."""
-        while not self._tokens and self._end is None:
+    def interrupt(self) -> None:
+        """The route's client has left: :meth:`next` answers ``None`` at once, from now on."""
+        self.interrupted = True
+        self._wake()
+
+    async def next(self) -> Update | None:
+        """Everything that came since the last call, as one update (waits until something has); ``None``
+        once the stream is :meth:`interrupt`-ed."""
+        while not self._tokens and self._end is None and not self.interrupted:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
+        if self.interrupted:
+            return None
         update = Update(self._tokens)
         self._tokens = []
         if self._end is not None:

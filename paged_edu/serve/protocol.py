@@ -20,6 +20,7 @@ tokens the prefix cache served.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -32,6 +33,7 @@ from paged_edu.core.validation import MAX_CACHE_SALT_LEN, SEED_LIMIT
 __all__ = [
     "MAX_N",
     "ChatCompletionRequest",
+    "ChunkEncoder",
     "CompletionRequest",
     "RequestError",
     "error_body",
@@ -325,3 +327,41 @@ def chunk_choice(chat: bool, index: int, text: str, finish_reason=None, token_id
     if token_ids is not None:
         out["token_ids"] = token_ids
     return out
+
+
+def dumps(data) -> str:
+    """JSON as the server writes it: compact (no spaces after ``,`` and ``:``)."""
+    return json.dumps(data, separators=(",", ":"))
+
+
+def event(data: dict | str) -> str:
+    """One server-sent event of any JSON (or ``[DONE]``): ``data: <json>`` and a blank line."""
+    return f"data: {data if isinstance(data, str) else dumps(data)}\n\n"
+
+
+class ChunkEncoder:
+    """One streamed request's chunks as server-sent events: :func:`event` of :func:`chunk` of
+    :func:`chunk_choice`, to the byte -- built cheaply for the choices that make most of a stream,
+    those still mid-way (no finish reason): the chunk's fixed fields (id, object, created, model) are
+    serialised once per request, and such a choice is its text's JSON between two fixed strings.
+    (While 512 streams ran on the tiny model on a 2-core CPU, ``json.dumps`` of each chunk's dict was
+    ~5 % of the API process's CPU.)"""
+
+    def __init__(self, chat: bool, request_id: str, created: int, model: str) -> None:
+        self.chat = chat
+        self._head = "data: " + dumps(chunk(chat, request_id, created, model, []))[: -len("]}")]  # ..."choices":[
+        self._open = '{"index":%d,"delta":{"content":' if chat else '{"index":%d,"text":'
+        self._close = '},"logprobs":null,"finish_reason":null' if chat else ',"logprobs":null,"finish_reason":null'
+
+    def choice(self, index: int, text: str, finish_reason=None, token_ids=None, stop_reason=None) -> str:
+        """:func:`chunk_choice`'s JSON (not a chat's first, with the role: that one is :func:`event`'s)."""
+        if finish_reason is not None:  # once per sample: the general way
+            return dumps(chunk_choice(self.chat, index, text, finish_reason, token_ids, stop_reason=stop_reason))
+        out = self._open % index + dumps(text) + self._close
+        if token_ids is not None:
+            out += ',"token_ids":' + dumps(token_ids)
+        return out + "}"
+
+    def event(self, choices: list[str]) -> str:
+        """The chunk of ``choices`` (each :meth:`choice`'s JSON), as one server-sent event."""
+        return self._head + ",".join(choices) + "]}\n\n"

@@ -181,6 +181,17 @@ PLOTS_DRAWN = """() => {
 }"""
 PLOT_DATA = """() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .js-plotly-plot')].map(
   p => JSON.stringify((p.data || []).map(t => [t.x, t.y, t.z, t.text])))"""
+# Run All halted at a cell that raised: JupyterLab takes the cells after it off the queue (their prompts
+# blank again) and the kernel goes idle, so neither ALL_RAN nor STALLED ever holds -- read as soon as it
+# happens, with the error's text, rather than at the hang guard. (An error output is rendered as
+# ``application/vnd.jupyter.stderr``, as stderr is; "halted" needs cells left unrun and none queued too.)
+ERROR_TEXT = f"""() => [...document.querySelectorAll(
+  '{PANEL} .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')].map(e => e.textContent)"""
+HALTED = f"""(lesson) => {{
+  const prompts = [...document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt')].map(e => e.textContent);
+  return prompts.some(t => !/\\[\\d+\\]/.test(t)) && !prompts.some(t => /\\[\\*\\]/.test(t))
+    && ({ERROR_TEXT})().some(t => /Error|Exception|Traceback/.test(t)) && ({KERNEL_IDLE})(lesson);
+}}"""
 # What the conditions above look at, printed when a wait runs out.
 STATE = f"""(lesson) => ({{kernel_idle: ({KERNEL_IDLE})(lesson), all_ran: ({ALL_RAN})(lesson), plots_drawn: ({PLOTS_DRAWN})(),
   not_run: [...document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt')].map(e => e.textContent).filter(t => !/\\[\\d+\\]/.test(t)),
@@ -231,14 +242,28 @@ def _run_all(page, lesson: str) -> None:
     _click_run_all(page)
     # Which condition held, read in the same poll: the kernel turns busy again right after a run (the
     # widgets' messages), so ALL_RAN read a moment later may no longer hold.
-    ended = page.wait_for_function(
-        f"(lesson) => ({ALL_RAN})(lesson) ? 'ran' : ({STALLED})(lesson) ? 'stalled' : false", arg=lesson, polling=500
-    ).json_value()
+    ended = _wait_until_run(page, lesson, STALLED)
     if ended == "stalled":
         waiting = page.evaluate(STATE, lesson)["not_run"]
         print(f"{lesson}: the kernel idle, {len(waiting)} cells waiting, none moved in {STALL_S} s: Run All again")
         _click_run_all(page)
-        page.wait_for_function(ALL_RAN, arg=lesson, polling=500)
+        _wait_until_run(page, lesson)
+
+
+def _wait_until_run(page, lesson: str, stalled: str = "() => false") -> str:
+    """Until every cell ran ("ran"), or Run All stalled ("stalled"); a cell that raised fails the test at
+    once, with its error's text (:data:`HALTED`)."""
+    ended = page.wait_for_function(
+        f"(lesson) => ({ALL_RAN})(lesson) ? 'ran' : ({HALTED})(lesson) ? 'halted' : ({stalled})(lesson) ? 'stalled' : false",
+        arg=lesson,
+        polling=500,
+    ).json_value()
+    if ended == "halted":
+        errors = [t for t in page.evaluate(ERROR_TEXT) if any(w in t for w in ("Error", "Exception", "Traceback"))]
+        raise AssertionError(
+            f"{lesson}: Run All stopped at a cell that raised:\n" + "\n---\n".join(e[-3000:] for e in errors)
+        )
+    return ended
 
 
 def _select(label: str):

@@ -91,3 +91,26 @@ def test_lengths_scale_and_fit_the_model():
     small = build_traffic("sharegpt", 50, float("inf"), 0, 259, scale=0.1, max_model_len=128)
     assert sum(len(s.prompt) for s in small) < sum(len(s.prompt) for s in full) / 5
     assert all(len(s.prompt) + s.max_tokens <= 128 for s in small)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_chunk_encoder_writes_the_bytes_of_the_chunk_dicts(chat):
+    """The streamed chunks' fast JSON (fixed parts serialised once) against ``json.dumps`` of the dicts
+    :func:`~paged_edu.serve.protocol.chunk` builds: the same bytes, and JSON that reads back to them."""
+    import json
+
+    from paged_edu.serve import protocol as P
+
+    enc = P.ChunkEncoder(chat, 'cmpl-"x"', 1767000000, "Small\\LM é")
+    cases = [
+        [(0, TEXT, None, None, None)],
+        [(0, 'a "quote"\n\ttab\\', None, [1, 2, 300], None)],
+        [(3, "", "length", [], None), (12, "x", None, None, None)],
+        [(0, "end", "stop", [5], "end"), (1, "", "stop", None, 258)],
+    ]
+    for choices in cases:
+        fast = enc.event([enc.choice(i, text, fr, ids, sr) for i, text, fr, ids, sr in choices])
+        dicts = [P.chunk_choice(chat, i, text, fr, ids, stop_reason=sr) for i, text, fr, ids, sr in choices]
+        expected = P.chunk(chat, 'cmpl-"x"', 1767000000, "Small\\LM é", dicts)
+        assert fast == "data: " + json.dumps(expected, separators=(",", ":")) + "\n\n"
+        assert json.loads(fast.removeprefix("data: ")) == expected
