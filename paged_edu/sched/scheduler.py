@@ -328,6 +328,7 @@ class Scheduler:
         """``seq`` (admitted or swapped in) runs from this step; returns the sequences it stands for."""
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+        out.started.append(seq)
         if seq.max_num_running_seqs > 1:
             self._forking.add(seq)
         self._schedule_chunk(seq, out)

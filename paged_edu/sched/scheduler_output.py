@@ -43,6 +43,7 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)  # running, then swapped in, then admitted
     preempted: list[Sequence] = field(default_factory=list)
+    started: list[Sequence] = field(default_factory=list)  # admitted or swapped back in: running from this step
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu_block, cpu_block)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu_block, gpu_block)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)

@@ -74,7 +74,8 @@ class Sequence:
         self.num_tokens = len(self.prompt_token_ids) + len(self.output_token_ids)
 
     def append_token(self, token_id: int) -> None:
-        """The one way a sequence grows: ``num_tokens`` stays a field, not a sum per call."""
+        """The one way a sequence grows: ``num_tokens`` stays a field, not a sum per call
+        (``Scheduler.update`` does the same inline, for speed)."""
         self.output_token_ids.append(token_id)
         self.num_tokens += 1
 

@@ -93,10 +93,12 @@ class _PagedBookkeeping:
         """
         B = self.block_size
         allocated = (self.num_blocks - self.num_free_blocks) * B
-        final = self.final_len
+        # held[seq_id].num_tokens: num_tokens(seq_id) without its two calls (here and in sharing: the
+        # beam benchmark's snapshots 0.86 -> 0.75 s, with _Meters' lengths summed over a list)
+        final, held = self.final_len, self._seqs
         slack_total = reserved = 0
         for seq in running:
-            n = self.num_tokens(seq.seq_id)
+            n = held[seq.seq_id].num_tokens
             slack = -n % B
             if slack:
                 slack_total += slack
@@ -111,8 +113,8 @@ class _PagedBookkeeping:
 
     def sharing(self, running: list[Sequence]) -> tuple[int, int]:
         """``(blocks in use, blocks the same tables would take without sharing)``."""
-        B = self.block_size
-        unshared = sum(-(-self.num_tokens(seq.seq_id) // B) for seq in running)
+        B, held = self.block_size, self._seqs
+        unshared = sum([-(-held[seq.seq_id].num_tokens // B) for seq in running])
         return self.num_blocks - self.num_free_blocks, unshared
 
 

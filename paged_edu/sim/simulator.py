@@ -47,6 +47,7 @@ every few steps, every slot of the pool is one of:
 from __future__ import annotations
 
 import time
+from heapq import heappop, heappush
 from collections.abc import KeysView
 from dataclasses import dataclass, field, replace
 
@@ -168,7 +169,7 @@ class _Meters:
         self.breakdown["internal_frag"] += internal
         self.util_tokens += tokens
         self.util_allocated += allocated
-        self.live_len_sum += sum(manager.num_tokens(seq.seq_id) for seq in running)
+        self.live_len_sum += sum(map(manager.num_tokens, [seq.seq_id for seq in running]))
         self.live_len_n += len(running)
         if scheduler.waiting:
             free, fragmented = manager.free_for(scheduler.waiting[0])
@@ -325,7 +326,7 @@ def simulate(
         sampled = model.for_step(out)
         finished = scheduler.update(out.scheduled, sampled, now)
         meters.after_step(scheduler.running)
-        beams.fork_due(scheduler, model, sampled.keys())
+        beams.fork_due(scheduler, model, out.started, sampled.keys(), step)
         for seq in finished:
             model.forget(seq.seq_id)
         for samples in ParallelSamples.completed(finished):
@@ -397,61 +398,82 @@ class _BeamForks:
     The child shares every block of sample 0 (prompt and output so far) and replaces the token
     sample 0 has just sampled with its own, so the two diverge from here (copy-on-write).
 
-    A parent reaches its next fork point only in a step in which it samples a token (its output grows
-    then, and nothing else can make it due), so each step looks at the parents among the sequences
-    that sampled -- not at every beam still to fork: ``_due`` is touched only when a beam is added and
-    when it forks. Looking at all of them every step cost O(beams waiting) a step, quadratic when
-    they arrive at once: 8,000 beam requests (n = 4, ShareGPT-like) took 107 s of CPU on this
-    project's 2-core CPU, then 19.5 s, with the same results (``tests/sim/test_beam_forks.py``).
-    ``benchmarks/bench_simulator.py --only beam`` times 10,000: 15.4 s
-    (``benchmarks/records/cpu/simulator_beam.json``).
+    Each beam still to fork waits in a heap under the earliest step it could reach its next fork
+    point: a parent samples at most one token a step, so ``p - len(output)`` steps from now at the
+    soonest. A step looks only at the heap's top -- the parents due now, or whose bound was too low
+    (not scheduled, or preempted, in a step between) and go back with a new one. A parent not running
+    leaves the heap and comes back when the scheduler starts it again (``SchedulerOutput.started``).
+    So each beam is touched when it starts, when it forks, and when its bound fails, never in the
+    steps between. Looking at every beam still to fork each step cost O(beams waiting) a step,
+    quadratic when they arrive at once: 8,000 beam requests (n = 4, ShareGPT-like) took 107 s of CPU on
+    this project's 2-core CPU; then at the parents that sampled (a set intersection with the step's
+    tokens, and a loop over the ~64 running parents): 1.21 s for 10,000 beams
+    (``benchmarks/bench_simulator.py --only beam``, phase timers on a loaded machine); with the heap
+    0.64 s, nearly all of it the 30,000 forks themselves. Same results (``tests/sim/test_beam_forks.py``).
     """
 
     def __init__(self) -> None:
-        # sample 0's seq_id -> (sample 0, fork points, the next one last); added in seq_id order
+        # sample 0's seq_id -> (sample 0, fork points, the next one last)
         self._due: dict[int, tuple[Sequence, list[int]]] = {}
+        self._heap: list[tuple[int, int]] = []  # (earliest step of its next fork, sample 0's seq_id)
+        self._in_heap: set[int] = set()  # the parents in the heap: running, or not known to have stopped
 
     def add(self, parent: Sequence, fork_points: list[int]) -> None:
         self._due[parent.seq_id] = (parent, fork_points)
 
-    def fork_due(self, scheduler: Scheduler, model: MadeUpTokens, sampled: KeysView[int]) -> None:
-        """Fork the branches due now, of the parents among the sequences that ``sampled`` a token
-        this step (the keys of the step's tokens)."""
-        due = self._due
-        if not due:
-            return
-        # The parents that sampled: a set intersection at C speed (over the smaller side, the step's
-        # tokens), not a loop over the step's chunks; then the fork point first, the allocator only
-        # for a parent that reached it: 17-19 instead of 21-42 us a step of 156 chunks, 52 parents.
-        # A parent whose chunk did not sample could not fork anyway: mid-prompt, it holds a slot for
-        # every token it has (the allocator check below).
-        for parent_id in sorted(due.keys() & sampled):  # in the order the beams were added: children's ids follow
+    def _push(self, parent: Sequence, points: list[int], step: int, wait: int) -> None:
+        """Into the heap, under the step it could reach its next fork point ``points[-1]`` at the
+        soonest (one token a step), and at least ``wait`` steps after ``step``."""
+        heappush(self._heap, (step + max(wait, points[-1] - len(parent.output_token_ids)), parent.seq_id))
+        self._in_heap.add(parent.seq_id)
+
+    def fork(self, scheduler: Scheduler, model: MadeUpTokens, parent: Sequence, points: list[int]) -> None:
+        """Fork a branch for each fork point ``parent`` has reached, popping them off ``points``: right
+        after ``parent`` sampled a token, before that token is placed (its slot not reserved yet)."""
+        while points and len(parent.output_token_ids) >= points[-1]:
+            points.pop()
+            child = Sequence(
+                scheduler.new_seq_id(),
+                parent.prompt_token_ids,
+                parent.max_new_tokens,
+                arrival_time=parent.arrival_time,
+                request_id=parent.request_id,
+                sample_index=len(points) + 1,
+                cache_salt=parent.cache_salt,
+            )
+            scheduler.fork(parent, child)
+            child.output_token_ids[-1] = model.token(child.seq_id)  # its own branch
+
+    def fork_due(
+        self, scheduler: Scheduler, model: MadeUpTokens, started: list[Sequence], sampled: KeysView[int], step: int
+    ) -> None:
+        """Fork the branches due now, after step ``step`` whose scheduled sequences ``started`` running
+        and whose tokens (their ids: ``sampled``) the scheduler has taken."""
+        due, heap, in_heap = self._due, self._heap, self._in_heap
+        for seq in started:  # a parent (re)starts: into the heap, due this step at the soonest
+            if seq.seq_id in due and seq.seq_id not in in_heap:
+                self._push(seq, due[seq.seq_id][1], step, 0)
+        ready = []
+        while heap and heap[0][0] <= step:
+            ready.append(heappop(heap)[1])
+        for parent_id in sorted(ready):  # in the order the beams were added: children's ids follow
             parent, points = due[parent_id]
             if parent.status is SequenceStatus.FINISHED:
                 raise RuntimeError(f"beam request {parent.request_id} finished before all its branches forked")
-            if len(parent.output_token_ids) < points[-1]:  # not yet: most parents, most steps
+            if parent.status is not SequenceStatus.RUNNING:  # preempted: back when it starts again
+                in_heap.discard(parent_id)
                 continue
-            # Fork right after a token was sampled and before it is placed, at the next fork point(s).
             if (
-                parent.status is not SequenceStatus.RUNNING
-                or scheduler.allocator.num_tokens(parent.seq_id) != parent.num_tokens - 1
+                parent_id in sampled
+                and len(parent.output_token_ids) >= points[-1]
+                and scheduler.allocator.num_tokens(parent_id) == parent.num_tokens - 1
             ):
-                continue
-            while points and len(parent.output_token_ids) >= points[-1]:
-                points.pop()
-                child = Sequence(
-                    scheduler.new_seq_id(),
-                    parent.prompt_token_ids,
-                    parent.max_new_tokens,
-                    arrival_time=parent.arrival_time,
-                    request_id=parent.request_id,
-                    sample_index=len(points) + 1,
-                    cache_salt=parent.cache_salt,
-                )
-                scheduler.fork(parent, child)
-                child.output_token_ids[-1] = model.token(child.seq_id)  # its own branch
-            if not points:
+                self.fork(scheduler, model, parent, points)
+            if points:
+                self._push(parent, points, step, 1)
+            else:
                 del due[parent_id]
+                in_heap.discard(parent_id)
 
 
 def _request_record(r: Request, seqs: list[Sequence], manager) -> RequestRecord:

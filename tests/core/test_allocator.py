@@ -283,17 +283,20 @@ def _appended_one_by_one(a: BlockAllocator, seq_ids, num_tokens) -> int:
     return len(seq_ids)
 
 
-@pytest.mark.parametrize("subscribed", [False, True])
-@pytest.mark.parametrize("num_blocks", [3, 4, 5, 40])
+@pytest.mark.parametrize("subscribed", [None, "allocator", "cache"])
+@pytest.mark.parametrize("num_blocks", [4, 5, 6, 40])
 def test_append_slots_upto_equals_append_slots_one_by_one(num_blocks, subscribed):
-    """New blocks, copies on write, sequences that hold their slot already, and a pool that runs
-    out part-way: the same slots, blocks, copies and events as ``append_slots`` per sequence."""
+    """New blocks (evicting a cached one when the pool is small), copies on write, sequences that
+    hold their slot already, and a pool that runs out part-way: the same slots, blocks, copies and
+    events -- the allocator's or the prefix cache's -- as ``append_slots`` per sequence."""
     runs = []
     for bulk in (True, False):
         a = BlockAllocator(num_blocks, B)
         events = []
         if subscribed:
-            a.subscribe(events.append)
+            (a.subscribe if subscribed == "allocator" else a.subscribe_cache)(events.append)
+        a.allocate("old", [11, 12, 13, 14])
+        a.free("old")  # a cached block, evictable: a new block takes it once the never-cached ones are gone
         a.allocate("full", [1, 2, 3, 4])  # its last block full: a new block
         a.allocate("room", [5, 6])  # room in its last block
         a.fork("room", "child")  # a shared last block: "room" copies it, then "child" holds it alone
@@ -303,8 +306,10 @@ def test_append_slots_upto_equals_append_slots_one_by_one(num_blocks, subscribed
         served = (a.append_slots_upto if bulk else lambda *x: _appended_one_by_one(a, *x))(seq_ids, wants)
         runs.append((served, snapshot(a), a.take_copies(), events))
     assert runs[0] == runs[1]
-    if num_blocks < 5:  # 3 blocks held, 2 more needed
+    if num_blocks < 5:  # 3 blocks held, 2 more needed, 1 free (cached)
         assert runs[0][0] < 4  # the pool ran out part-way (the case is meant to)
+    if subscribed == "cache" and num_blocks < 6:
+        assert ("evict", [0]) in [(e.kind, e.block_ids) for e in runs[0][3]]  # the cached block went
 
 
 def test_append_slots_upto_names_an_unknown_sequence_and_serves_those_before_it():

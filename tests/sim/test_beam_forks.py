@@ -1,8 +1,8 @@
 """Beam forks looked up per step, not rescanned (issue 44 item 9): the same results as the old scan.
 
 The simulator's beam mode used to look at every beam request still to fork, at every step -- quadratic
-at an infinite rate (8k requests: 107 s; 10k: not done in 600 s). Now a step looks only at the parents
-that sampled a token in it. The oracle is the old scan itself, kept here: :class:`ScanEveryStep` checks every parent every
+at an infinite rate (8k requests: 107 s; 10k: not done in 600 s). Now each parent waits in a heap
+under the earliest step it could fork, and a step looks only at the heap's top. The oracle is the old scan itself, kept here: :class:`ScanEveryStep` checks every parent every
 step, so any parent the new lookup misses, or forks in another order, changes a result below.
 """
 
@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from paged_edu.sched.sequence import Sequence, SequenceStatus
+from paged_edu.sched.sequence import SequenceStatus
 from paged_edu.sim import simulator, workloads
 from paged_edu.sim.request import Request
 from paged_edu.sim.results import SimConfig
@@ -24,7 +24,7 @@ class ScanEveryStep(simulator._BeamForks):
 
     calls = 0
 
-    def fork_due(self, scheduler, model, sampled) -> None:
+    def fork_due(self, scheduler, model, started, sampled, step) -> None:
         ScanEveryStep.calls += 1
         for parent_id, (parent, points) in list(self._due.items()):
             if parent.status is SequenceStatus.FINISHED:
@@ -34,19 +34,7 @@ class ScanEveryStep(simulator._BeamForks):
                 or scheduler.allocator.num_tokens(parent.seq_id) != parent.num_tokens - 1
             ):
                 continue
-            while points and len(parent.output_token_ids) >= points[-1]:
-                points.pop()
-                child = Sequence(
-                    scheduler.new_seq_id(),
-                    parent.prompt_token_ids,
-                    parent.max_new_tokens,
-                    arrival_time=parent.arrival_time,
-                    request_id=parent.request_id,
-                    sample_index=len(points) + 1,
-                    cache_salt=parent.cache_salt,
-                )
-                scheduler.fork(parent, child)
-                child.output_token_ids[-1] = model.token(child.seq_id)
+            self.fork(scheduler, model, parent, points)  # the branching itself is not what is compared
             if not points:
                 del self._due[parent_id]
 
@@ -122,9 +110,9 @@ def test_the_comparison_sees_a_late_fork():
     class EveryOtherStep(simulator._BeamForks):
         steps = 0
 
-        def fork_due(self, scheduler, model, sampled):
+        def fork_due(self, scheduler, model, started, sampled, step):
             EveryOtherStep.steps += 1
-            super().fork_due(scheduler, model, sampled if EveryOtherStep.steps % 2 else {}.keys())
+            super().fork_due(scheduler, model, started, sampled if EveryOtherStep.steps % 2 else {}.keys(), step)
 
     config = SimConfig(manager="paged", block_size=16, num_kv_slots=20_000)
     original = simulator._BeamForks
