@@ -65,14 +65,17 @@ def record_path(name: str) -> Path:
 
 def provenance(script: str, argv: list[str] | None = None, note: str = "") -> dict:
     """The command that ran (``python benchmarks/<script> ...``), the commit (``+dirty`` when the tree had
-    uncommitted changes; ``$PAGED_EDU_COMMIT`` where there is no git checkout), when, and on what: CPU,
+    uncommitted changes; ``$PAGED_EDU_COMMIT`` where it is set: a copied tree), when, and on what: CPU,
     cores, Python, torch and the GPU if one was used."""
     args = sys.argv[1:] if argv is None else list(argv)
     commit = _git("rev-parse", "HEAD")
     if commit and _git("status", "--porcelain", "--untracked-files=no"):
         commit += "+dirty"
-    # A tree copied without its .git (the GPU machine): whoever sends it names the commit.
-    commit = commit or os.environ.get("PAGED_EDU_COMMIT")
+    # A tree copied to the GPU machine has no .git, or one of an earlier copy (its HEAD then names another
+    # commit, "+dirty"): whoever sends the tree names its commit, and git's word is kept beside it.
+    reported = None
+    if os.environ.get("PAGED_EDU_COMMIT"):
+        reported, commit = commit, os.environ["PAGED_EDU_COMMIT"]
     machine = {
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
@@ -87,6 +90,7 @@ def provenance(script: str, argv: list[str] | None = None, note: str = "") -> di
     out = {
         "command": " ".join(["python", f"benchmarks/{script}", *args]),
         "commit": commit,
+        **({"commit_as_reported": reported} if reported and reported != commit else {}),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine,
     }

@@ -236,8 +236,9 @@ def run_rung(
     if probe_batches:  # on the timed engine, before it is closed
         # With the heap frozen, as the timed run's was. Unfrozen, the H100's eager probes (d06468f) took 33-42 ms
         # a step to launch against the timed run's median 20.6 ms -- collections rescanning the whole heap while
-        # an eager step allocates, the suspicion (not yet re-measured) -- and the timeline model, priced from
-        # them, missed the eager rung by +53 % (benchmarks/records/h100/speed_ladder_h100_d06468f.json).
+        # an eager step allocates -- and the timeline model, priced from them, missed the eager rung by +53 %
+        # (benchmarks/records/h100/speed_ladder_h100_d06468f.json). Frozen (96e4ae5, the same card): the batch-1
+        # probe 34.1 -> 20.1 ms a step, the model's eager miss +19.6 % (paged_edu/data/speed_ladder_h100.json).
         with frozen_heap():
             out["profile"] = probe_decode_steps(run.engine, probe_batches, probe_context)
     run.engine.close()  # its pool back before the next rung's engines are built (its records stay)

@@ -14,14 +14,20 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def test_record_names_the_command_the_commit_and_the_machine():
+def test_record_names_the_command_the_commit_and_the_machine(monkeypatch):
     from record import provenance
 
+    monkeypatch.delenv("PAGED_EDU_COMMIT", raising=False)
     rec = provenance("bench_x.py", ["--quick"])
     assert rec["command"] == "python benchmarks/bench_x.py --quick"
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    assert rec["commit"].split("+")[0] == head
+    assert rec["commit"].split("+")[0] == head and "commit_as_reported" not in rec
     assert rec["machine"]["cpu_count"] >= 1 and rec["machine"]["python"]
+    # A tree copied to the GPU machine: the sender's commit wins over the copy's git, which is kept beside it
+    # (at 96e4ae5 a copy's stale .git named 7c7913f+dirty in bench_serve_vs_offline's record).
+    monkeypatch.setenv("PAGED_EDU_COMMIT", "0123abc")
+    rec = provenance("bench_x.py", [])
+    assert rec["commit"] == "0123abc" and rec["commit_as_reported"].split("+")[0] == head
 
 
 def test_bench_host_pool_holds_every_sequence_to_its_end():
