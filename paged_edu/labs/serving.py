@@ -161,13 +161,19 @@ class RouterIndex:
         self.snapshots: list[tuple[str, dict[int, str]]] = []
         self.num_batches = 0
 
-    def drain(self, label: str, idle_s: float = 0.3, max_s: float = 30.0) -> int:
+    def drain(self, label: str, idle_s: float = 0.3, max_s: float = 30.0, first_s: float = 10.0) -> int:
         """Apply every batch that arrives until none has for ``idle_s`` (at most ``max_s``); new blocks
-        are tagged ``label``. Returns how many batches were applied."""
+        are tagged ``label``. Returns how many batches were applied.
+
+        The first batch is waited for up to ``first_s``: after a request that stored blocks its events
+        are on their way, and on a loaded machine they can take longer than ``idle_s`` to arrive -- then
+        the next request's drain would tag them with its own label."""
         import msgpack
 
         applied, start = 0, time.monotonic()
-        while time.monotonic() - start < max_s and self.socket.poll(int(idle_s * 1000)):
+        wait = min(first_s, max_s)
+        while time.monotonic() - start < max_s and self.socket.poll(int(wait * 1000)):
+            wait = idle_s
             _topic, _seq, payload = self.socket.recv_multipart()
             _ts, events, _rank = msgpack.unpackb(payload, raw=False)
             for ev in events:
@@ -198,7 +204,7 @@ class RouterIndex:
             while True:
                 body = {"model": model, "prompt": [11 + k % 200] * 40, "max_tokens": 1}
                 client.post(f"{url}/v1/completions", json=body, timeout=60).raise_for_status()
-                if self.drain("subscription check", idle_s=0.2, max_s=1.0):
+                if self.drain("subscription check", idle_s=0.2, max_s=1.0, first_s=0.2):
                     break
                 if time.monotonic() - start > max_s:
                     raise RuntimeError(f"no KV event reached the subscriber within {max_s:.0f} s")

@@ -70,3 +70,43 @@ def test_the_router_view_redraws_for_the_request_picked():
     assert view.slider.value == 0 and sum(c not in (0, None) for row in z for c in row) == 1
     with pytest.raises(ValueError):
         view.show(2)
+
+
+def test_the_router_index_waits_for_a_late_first_batch_then_stops_when_idle():
+    """A batch that arrives later than ``idle_s`` after the drain starts (a loaded machine) is still
+    applied under that drain's label, not left for the next request's; a drain with nothing coming
+    returns after ``first_s``."""
+    import threading
+    import time
+
+    import msgpack
+    import zmq
+
+    context = zmq.Context()
+    pub = context.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    index = S.RouterIndex(f"tcp://127.0.0.1:{port}")
+    try:
+        stored = [["BlockStored", [101, 102], None, [1] * 32, 16, None, None, None]]
+        deadline = time.monotonic() + 10
+        while not index.drain("hello", idle_s=0.05, max_s=0.2, first_s=0.05):  # until subscribed
+            pub.send_multipart((b"", (0).to_bytes(8, "big"), msgpack.packb([0.0, [], None])))
+            assert time.monotonic() < deadline, "the subscription never reached the publisher"
+        index.drain("hello", idle_s=0.1, first_s=0.1)
+
+        def late():
+            time.sleep(0.5)  # longer than idle_s below
+            pub.send_multipart((b"", (1).to_bytes(8, "big"), msgpack.packb([0.0, stored, None])))
+
+        sender = threading.Thread(target=late)
+        sender.start()
+        assert index.drain("chat B", idle_s=0.1, first_s=5.0) == 1
+        sender.join()
+        assert index.blocks == {101: "chat B", 102: "chat B"}
+        t0 = time.monotonic()
+        assert index.drain("chat C", idle_s=0.1, first_s=0.3) == 0
+        assert 0.25 < time.monotonic() - t0 < 3.0
+    finally:
+        index.close()
+        pub.close(linger=0)
+        context.term()
