@@ -212,16 +212,17 @@ def _has_bool_or_negative(value, packed: array) -> bool:
     """Does ``value`` (packed as ``packed``) hold a bool (an int to ``array``) or a negative id?"""
     if type(value) is list:
         # A bool equals 0 or 1: a list whose least element is 2 or more holds neither a bool nor a
-        # negative id, found in one scan (most lists of ids; the scans by == below took two more),
-        # and the list's own min makes no int objects (the packed array's does). The allocator checks
-        # each block's ids as they arrive (16 at a time, 850,000 times in the beam benchmark):
+        # negative id, found in one scan (most lists of ids; two scans by ``0 in`` / ``1 in`` took
+        # more), and the list's own min makes no int objects (the packed array's does). The allocator
+        # checks each block's ids as they arrive (16 at a time, 850,000 times in the beam benchmark):
         # 2.9 -> 2.3 us a call of 16 ids with the scans by ==; then 1.28 -> 0.96 us with the min first.
         try:
-            if not value or min(value) >= 2:
+            least = min(value) if value else 2
+            if least >= 2:
                 return False
         except TypeError:  # integers only by ``__index__``, without an order: the packed ones have one
             return bool in map(type, value) or min(packed) < 0
-        return ((0 in value or 1 in value) and bool in map(type, value)) or min(value) < 0
+        return least < 0 or bool in map(type, value)  # 0 <= least < 2: a 0 or a 1 is there, maybe a bool
     return bool in map(type, value) or (bool(packed) and min(packed) < 0)
 
 
