@@ -578,8 +578,9 @@ def _serving(args) -> int:
         return 2
 
 
-# The `serve` extra by import name: one list for this error, bench_serve_vs_offline's check and tests/serve's
-# collection (this module imports no torch and no server stack, so any of them can read it).
+# What the `serve` extra must bring, by import name: one list for this error, bench_serve_vs_offline's check and
+# tests/serve's collection (this module imports no torch and no server stack, so any of them can read it). The
+# extra's httptools and uvloop are not here: uvicorn runs without them (h11 and asyncio's loop), only slower.
 SERVE_PACKAGES = (
     "fastapi",
     "starlette",
