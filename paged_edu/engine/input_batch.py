@@ -65,6 +65,9 @@ from paged_edu.engine.batch import StepBatch, pack_chunks, pack_decodes, token_s
 
 __all__ = ["InputBatch"]
 
+_NO_ROWS = np.zeros(0, dtype=np.int64)  # (0,) read-only: no rows
+_NO_ROWS.flags.writeable = False
+
 
 def _token(item) -> int:
     """The token a one-token chunk computes: the sequence's token at ``start`` (a placeholder
@@ -103,7 +106,7 @@ class InputBatch:
         self._checked = np.zeros(0, dtype=np.int64)  # (rows,) the allocator's latest version when it was checked
         self._drawn = np.zeros(0, dtype=np.int64)  # (rows,) its token's index in the last committed draw, or -1
         self._next_position = np.zeros(0, dtype=np.int64)  # (rows,) the position that token takes
-        self._drawn_rows = np.zeros(0, dtype=np.int64)  # the rows whose drawn[r] is set (the last commit's)
+        self._drawn_rows = _NO_ROWS  # the rows whose drawn[r] is set (the last commit's)
         self._last: tuple[list, np.ndarray] | None = None  # the last decode step's (sequences, rows)
         self._launched: tuple[np.ndarray, np.ndarray] | None = None  # the prepared step's (rows, positions) drawn
         self._launched_tokens = self._launched_host = None
@@ -150,7 +153,7 @@ class InputBatch:
     def commit(self) -> None:
         """The prepared step was not undone: its draws are the ones the next step continues from."""
         self._drawn[self._drawn_rows] = -1
-        self._drawn_rows = np.zeros(0, dtype=np.int64)
+        self._drawn_rows = _NO_ROWS
         if self._launched is not None:
             rows, positions = self._launched  # E.g. rows [0, 2, 3] drew tokens 0, 1, 2 for positions [6, 10, 4]
             self._drawn[rows] = np.arange(len(rows))
@@ -164,7 +167,7 @@ class InputBatch:
         """The prepared step was undone: forget its draws and the last committed step's (their tokens on
         the device may have been overwritten by the failed step's): the retry reads every sequence."""
         self._drawn[self._drawn_rows] = -1
-        self._drawn_rows = np.zeros(0, dtype=np.int64)
+        self._drawn_rows = _NO_ROWS
         self._launched = self._last = None
         self.host_tokens = self._launched_tokens = self._launched_host = None
         # (self.tokens stays: async scheduling's step in flight holds placeholders that read it)
