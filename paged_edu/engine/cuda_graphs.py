@@ -190,10 +190,13 @@ class DecodeCudaGraphs:
             return None
         return smallest_size(self.sizes, num_decodes)
 
-    def stage(self, batch: StepBatch, bs: int, sample_rows: np.ndarray, params) -> SamplingBatch:
+    def stage(
+        self, batch: StepBatch, bs: int, sample_rows: np.ndarray, params, in_order: bool | None = None
+    ) -> SamplingBatch:
         """Write a pure-decode batch and its sampled rows (``params``: the plan's ``(temperatures,
         top_ps, uniforms)`` or None) into the graph's inputs, padded to ``bs`` rows, in one copy;
-        returns the sampled rows as device views."""
+        returns the sampled rows as device views. ``in_order``: whether ``sample_rows`` are ``0 ..
+        N-1`` (None: looked at here)."""
         self.staging.wait()
         h, v = self.staging.np, self.staging.views
         D, N = batch.input_ids.shape[0], len(sample_rows)
@@ -205,15 +208,18 @@ class DecodeCudaGraphs:
             ("seq_lens", batch.decode_seq_lens, 1),
         ):
             h[name][:D] = values
-            h[name][D:bs] = pad
+            if D < bs:  # (a batch of a captured size, 256 of 256, pads nothing)
+                h[name][D:bs] = pad
         h["block_tables"][:D, : tables.shape[1]] = tables  # columns past the width: stale, unread
-        h["block_tables"][D:bs, 0] = 0
+        if D < bs:
+            h["block_tables"][D:bs, 0] = 0
         h["sample_rows"][:N] = sample_rows
         if params is not None:
             for name, values in zip(("temperatures", "top_ps", "uniforms"), params):
                 h[name][:N] = values
         self.staging.upload(bs)
-        in_order = np.array_equal(sample_rows, np.arange(N))  # every row samples, in order: the usual decode step
+        if in_order is None:  # every row samples, in order: the usual decode step
+            in_order = np.array_equal(sample_rows, np.arange(N))
         if params is None:
             return SamplingBatch(v["sample_rows"][:N], None, None, None, in_order)
         return SamplingBatch(v["sample_rows"][:N], v["temperatures"][:N], v["top_ps"][:N], v["uniforms"][:N], in_order)

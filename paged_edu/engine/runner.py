@@ -224,7 +224,7 @@ class ModelRunner:
         host = inputs.prepare(scheduled, None if plan.forks else plan.chunks)
         batch = self._stage(host, plan, one_each)
         batch.host = host
-        if inputs.tokens is not None:
+        if inputs.tokens is not None and host.input_ids.min() < 0:  # (no device view made when none is there)
             fill_placeholders(self.input_ids(batch), inputs.tokens, host.input_ids)
         return batch
 
@@ -238,7 +238,9 @@ class ModelRunner:
         if self.graphs is not None and host.is_pure_decode:
             bs = self.graphs.size_for(rows, host.decode_block_tables.shape[1])
             if bs is not None:  # straight into the captured graph's inputs
-                return StagedBatch(None, self.graphs.stage(host, bs, sample_rows, plan.params), rows, bs)
+                # one token per chunk of a pure-decode batch: the rows sample in order (pack_decodes' logits_rows)
+                sampling = self.graphs.stage(host, bs, sample_rows, plan.params, True if one_each else None)
+                return StagedBatch(None, sampling, rows, bs)
         Tb = self.mixed_graphs.size_for(host) if self.mixed_graphs is not None else None
         if Tb is not None:  # into the mixed-step graph's inputs; only the rows to sample travel below
             self.mixed_graphs.stage(host, Tb)

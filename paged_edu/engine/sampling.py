@@ -284,7 +284,10 @@ def plan_sampling(scheduled, sampler: Sampler, requests: Mapping) -> SamplingPla
     holds the streams. Draws the uniforms, which :meth:`Sampler.rollback` gives back if the step fails."""
     if not len(sampler):  # all greedy: one token per emitting chunk, nothing to draw
         emitting = [(i, item.seq, 1) for i, item in enumerate(scheduled) if item.emits_token]
-        return SamplingPlan(emitting, [i for i, _, _ in emitting], None)
+        # every chunk emits (a decode step): its chunks are 0 .. C-1 (a range, 11.6 against 14.4 us the
+        # plan of 256 decodes, timeit on this 2-core CPU)
+        everyone = len(emitting) == len(scheduled)
+        return SamplingPlan(emitting, list(range(len(emitting))) if everyone else [i for i, _, _ in emitting], None)
     emitting = [
         (i, item.seq, item.seq.samples.num_tokens_to_sample) for i, item in enumerate(scheduled) if item.emits_token
     ]

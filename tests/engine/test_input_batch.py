@@ -254,6 +254,39 @@ def test_a_decode_step_writes_only_the_rows_that_changed():
     assert ib.num_decode_steps == 9
 
 
+def test_the_same_sequences_in_another_order_are_not_read_as_the_last_order():
+    """The usual decode step -- the last step's sequences, in its order, each drew -- takes its ids as
+    the last draw itself, in order (InputBatch._decode's first branch). The same sequences in another
+    order, or a subset, are not that step: each row must still read its own token. Every batch against
+    the per-token definition, with the tokens on the host (synchronous) and as placeholders (async)."""
+    from paged_edu.sched.scheduler_output import ScheduledSeq
+
+    a = BlockAllocator(64, B, cache_when_computed=True)
+    seqs = []
+    for sid, n in enumerate((B + 1, B + 2, B + 3, 2)):
+        seq = Sequence(sid, [sid + 1] * n, 50)
+        a.allocate(sid, seq.prompt_token_ids)
+        seq.num_computed_tokens = n - 1
+        seqs.append(seq)
+    ib = input_batch(a)
+    orders = [[0, 1, 2, 3]] * 3 + [[3, 2, 1, 0]] * 2 + [[1, 3]] + [[0, 1, 2, 3]] * 2 + [[2, 0, 3, 1]]
+    for step, order in enumerate(orders):
+        group = [seqs[k] for k in order]
+        scheduled = [ScheduledSeq(q, 1, q.num_computed_tokens, True) for q in group]
+        batch = ib.prepare(scheduled, range(len(group)))
+        assert_batch_is_the_definition(batch, scheduled, a, ib.tokens)
+        drawn = np.arange(len(group)) + 10 * step + 5  # distinct per row and step: a row reading another's shows
+        ib.launched(drawn)
+        if step % 2:  # on the host before the commit (the synchronous engine); else placeholders
+            ib.read(drawn, drawn)
+        ib.commit()
+        for q, t in zip(group, drawn):
+            q.append_token(int(t))
+            q.num_computed_tokens += 1
+            a.append_slots(q.seq_id)
+    assert ib.num_decode_steps == len(orders)
+
+
 def test_a_failed_step_is_not_continued_from():
     """rollback(): the step that failed and the last committed one are forgotten: the retry reads its
     sequences from their chunks (the real token, no placeholder)."""
