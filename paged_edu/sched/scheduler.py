@@ -481,10 +481,10 @@ class Scheduler:
         B, running = self.allocator.block_size, SequenceStatus.RUNNING
         more: list[Sequence] = []  # the decodes that do more than their own bookkeeping, in order
         num = len(seqs)
-        for i, (seq, start) in enumerate(zip(seqs, starts)):
+        for seq, start in zip(seqs, starts):  # (no enumerate: 15 ns a decode)
             token = sampled.get(seq.seq_id)
             if type(token) is not int or seq.status is not running:
-                num = i  # not a plain decode: the loop takes it and the rest
+                num = seqs.index(seq)  # not a plain decode: the loop takes it and the rest
                 break
             end = seq.num_computed_tokens = start + 1
             tokens = seq.output_token_ids
