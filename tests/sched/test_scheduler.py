@@ -13,7 +13,8 @@ import pytest
 
 from paged_edu import BlockAllocator
 from paged_edu.sched.scheduler import Scheduler
-from paged_edu.sched.sequence import Sequence
+from paged_edu.sched.sequence import SequenceStatus
+from paged_edu.sim.simulator import MadeUpTokens, _BeamForks
 
 B = 4
 VOCAB = 50
@@ -359,7 +360,7 @@ def test_the_kept_sequence_count_equals_a_count_from_scratch(mode, seed):
     rng = random.Random(seed)
     a = BlockAllocator(16, B, cache_when_computed=True)
     s = Scheduler(a, max_num_seqs=6, max_num_batched_tokens=12, preemption_mode=mode, num_cpu_blocks=64)
-    ex = BruteForceExecutor(s)
+    ex, beams, model = BruteForceExecutor(s), _BeamForks(), MadeUpTokens()
     branches = {}  # a beam parent -> the output lengths at which it forks its next branches (next last)
     seen = dict.fromkeys(("forks", "preemptions", "sample aborts", "aborts"), 0)
     for i in range(30):
@@ -376,18 +377,11 @@ def test_the_kept_sequence_count_equals_a_count_from_scratch(mode, seed):
         ex.step()
         seen["preemptions"] += s.num_preemptions > before
         assert s._num_seqs() == _brute_force_num_seqs(s)
-        for parent, points in branches.items():  # branches due: right after the parent sampled
-            while parent.status.value == "running" and points and len(parent.output_token_ids) >= points[-1]:
-                points.pop()
-                child = Sequence(
-                    s.new_seq_id(),
-                    parent.prompt_token_ids,
-                    parent.max_new_tokens,
-                    request_id=parent.request_id,
-                    sample_index=len(points) + 1,
-                )
-                s.fork(parent, child)
-                seen["forks"] += 1
+        for parent, points in branches.items():  # branches due, right after the parent sampled: the simulator's forks
+            if parent.status is SequenceStatus.RUNNING:
+                num_points = len(points)
+                beams.fork(s, model, parent, points)  # Scheduler.fork for each point reached
+                seen["forks"] += num_points - len(points)
         if rng.random() < 0.15:  # abort a sample not forked yet, or a whole sequence
             drawing = [q for q in s.running if q.samples.num_tokens_to_sample > 1]  # counted, running
             if drawing and rng.random() < 0.7:
