@@ -272,7 +272,7 @@ class StepPhases:
         """Phase 6: append the tokens, publish the blocks they complete, finish sequences; returns the
         requests completed and the number of sequences finished."""
         with self.phase("update"):
-            finished = self.scheduler.update(step.sched.scheduled, sampled, self.mark)
+            finished = self.scheduler.update(step.sched, sampled, self.mark)
             for seq in finished:
                 self.sampler.remove(seq.request_id, seq.sample_index)
             done = ParallelSamples.completed(finished)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Iterable
+from operator import sub
 from paged_edu.core.block_pool import OutOfBlocksError
 from paged_edu.core.validation import FieldValueError, as_int, choice, flag, integer
 from paged_edu.sched.admission import check_fits
@@ -95,7 +96,12 @@ class Scheduler:
         self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
         self.budget = 0  # tokens the step being scheduled may still compute
-        self._forking: set[Sequence] = set()  # running sequences that will fork more (count against max_num_seqs)
+        # What max_num_seqs bounds, kept as sequences start, stop and fork (_num_seqs): each running
+        # sequence that stands for more than itself -> how many more, their sum, and those of them whose
+        # request still draws samples at its prompt's end (an abort may strike one off: re-read each step).
+        self._forking: dict[Sequence, int] = {}
+        self._num_more = 0
+        self._drawing: set[Sequence] = set()
         self._live: dict[int, Sequence] = {}  # seq_id -> every unfinished sequence, wherever it is
         self._ids = itertools.count()
 
@@ -172,6 +178,7 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.finish_time = now
+        self._recount(seq)
 
     # -- preemption ----------------------------------------------------------------------------
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
@@ -193,6 +200,7 @@ class Scheduler:
             seq.num_computed_tokens = 0
             seq.status = SequenceStatus.WAITING
             self.waiting.appendleft(seq)
+        self._recount(seq)
 
     def _record_copies(self, out: SchedulerOutput) -> None:
         for src, dst in self.allocator.take_copies():
@@ -203,7 +211,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """One step: a loop over each queue in turn -- running, swapped, waiting (module docstring).
 
-        ``out.scheduled`` lists the chunks in that order; the executor groups one-token chunks
+        ``out.scheduled`` lists the chunks in that order (the leading decodes as two lists, ``out.chunks``
+        the rest: :class:`SchedulerOutput`); the executor groups one-token chunks
         (:attr:`ScheduledSeq.is_decode`) for the decode kernel itself.
         """
         out = SchedulerOutput()
@@ -250,6 +259,9 @@ class Scheduler:
         cannot serve, then their chunks. Only a manager with that call (``append_slots_upto``: the
         paged allocators) goes this way; any other leaves every sequence to the loop.
 
+        Their chunks go out as two lists (``out.decode_seqs``, ``out.decode_starts``), no
+        :class:`ScheduledSeq` made (see :class:`SchedulerOutput`).
+
         Speed: lists over the batch instead of five calls per sequence, 0.6 -> 0.3 us per decode
         scheduled; the simulator's beam benchmark (``benchmarks/bench_simulator.py --only beam``:
         13.5 M decodes) spends 6 instead of 8 s of CPU scheduling (this project's 2-core CPU).
@@ -258,11 +270,16 @@ class Scheduler:
         if append_slots_upto is None:
             return 0
         seqs = self.running[: self.budget]
-        todo = [seq.num_tokens - seq.num_computed_tokens for seq in seqs]
+        ends = [seq.num_tokens for seq in seqs]
+        starts = [seq.num_computed_tokens for seq in seqs]
+        todo = list(map(sub, ends, starts))
         if todo.count(1) < len(todo):  # a prompt chunk: the decodes before it only
-            seqs = seqs[: next(i for i, n in enumerate(todo) if n != 1)]
-        num = append_slots_upto([seq.seq_id for seq in seqs], [seq.num_tokens for seq in seqs])
-        out.scheduled += [ScheduledSeq(seq, 1, seq.num_tokens - 1, True) for seq in seqs[:num]]
+            num = next(i for i, n in enumerate(todo) if n != 1)
+            seqs, ends, starts = seqs[:num], ends[:num], starts[:num]
+        num = append_slots_upto([seq.seq_id for seq in seqs], ends)
+        if num < len(seqs):
+            seqs, starts = seqs[:num], starts[:num]
+        out.decode_seqs, out.decode_starts = seqs, starts
         self.budget -= num
         return num
 
@@ -284,15 +301,32 @@ class Scheduler:
 
     def _num_seqs(self) -> int:
         """Sequences running once every branch due to fork later exists: what ``max_num_seqs`` bounds
-        (as vLLM counts a request of ``n`` samples as ``n`` sequences from admission)."""
-        forking, extra = set(), 0
-        for seq in self._forking:  # one pass (22-37 instead of 35-53 us a step with 52 forking): keep and sum
-            more = seq.max_num_running_seqs - 1 if seq.status is SequenceStatus.RUNNING else 0
-            if more > 0:
-                forking.add(seq)
-                extra += more
-        self._forking = forking
-        return len(self.running) + extra
+        (as vLLM counts a request of ``n`` samples as ``n`` sequences from admission) --
+        ``len(running)`` plus ``max_num_running_seqs - 1`` of each running sequence.
+
+        The second term is kept as sequences start, stop and fork (:meth:`_recount`), except for a
+        request still to draw its samples: an abort strikes samples off its record
+        (:meth:`ParallelSamples.abort <paged_edu.sched.parallel_sampling.ParallelSamples.abort>`)
+        without the scheduler, so those few are read again here.
+
+        Speed: a sum over every running sequence that will fork, each step, took 0.67 s of the beam
+        benchmark (54,235 steps, ~64 such sequences a step); kept, 0.04 s (phase timers, this 2-core CPU).
+        """
+        for seq in list(self._drawing):
+            self._recount(seq)
+        return len(self.running) + self._num_more
+
+    def _recount(self, seq: Sequence) -> None:
+        """Bring ``seq``'s share of :meth:`_num_seqs` up to date after it started, stopped running,
+        forked, or took its samples."""
+        more = seq.max_num_running_seqs - 1 if seq.status is SequenceStatus.RUNNING else 0
+        self._num_more += more - self._forking.pop(seq, 0)
+        if more > 0:
+            self._forking[seq] = more
+        if more > 0 and seq.samples.num_tokens_to_sample > 1:
+            self._drawing.add(seq)
+        else:
+            self._drawing.discard(seq)
 
     def _has_room(self, seq: Sequence, num_seqs: int) -> bool:
         return num_seqs + seq.max_num_running_seqs <= self.max_num_seqs and self.budget > 0
@@ -330,7 +364,7 @@ class Scheduler:
         self.running.append(seq)
         out.started.append(seq)
         if seq.max_num_running_seqs > 1:
-            self._forking.add(seq)
+            self._recount(seq)
         self._schedule_chunk(seq, out)
         return seq.max_num_running_seqs
 
@@ -341,7 +375,7 @@ class Scheduler:
         num_new = remaining if remaining < self.budget else self.budget  # min(): 0.02 instead of 0.1-0.17 us
         if num_new == 0 or (num_new < remaining and not self.enable_chunked_prefill):
             return
-        out.scheduled.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens, num_new == remaining))
+        out.chunks.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens, num_new == remaining))
         self.budget -= num_new
 
     def _swap_in(self, seq: Sequence, out: SchedulerOutput) -> bool:
@@ -381,18 +415,33 @@ class Scheduler:
         return True
 
     # -- after the step ------------------------------------------------------------------------
-    def update(self, scheduled: list[ScheduledSeq], sampled: dict, now: float = 0.0) -> list[Sequence]:
+    def update(
+        self, scheduled: SchedulerOutput | list[ScheduledSeq], sampled: dict, now: float = 0.0
+    ) -> list[Sequence]:
         """Advance the computed tokens and append the sampled ones; return finished sequences.
 
-        ``sampled`` maps the id of every sequence whose chunk ``emits_token`` to its new token --
-        or, for a parallel-sampling sequence finishing its prompt, to a list of its
-        ``samples.num_tokens_to_sample`` tokens: the first is its own, the others start the children
-        forked from it (:meth:`~paged_edu.sched.parallel_sampling.ParallelSamples.take_forks`).
+        ``scheduled``: the step's :class:`SchedulerOutput` (its leading decodes read as its two lists),
+        or its chunks (``out.scheduled``). ``sampled`` maps the id of every sequence whose chunk
+        ``emits_token`` to its new token -- or, for a parallel-sampling sequence finishing its prompt,
+        to a list of its ``samples.num_tokens_to_sample`` tokens: the first is its own, the others
+        start the children forked from it (:meth:`~paged_edu.sched.parallel_sampling.ParallelSamples.take_forks`).
         """
         finished: list[Sequence] = []
-        num_decodes = self._update_decodes(scheduled, sampled, now, finished)  # the leading decodes: in bulk
+        if isinstance(scheduled, SchedulerOutput):
+            seqs, starts, rest = scheduled.decode_seqs, scheduled.decode_starts, scheduled.chunks
+        else:  # its leading decodes as the two lists
+            seqs, starts = [], []
+            for item in scheduled:
+                if item.num_new_tokens != 1 or not item.emits_token:
+                    break
+                seqs.append(item.seq)
+                starts.append(item.start)
+            rest = scheduled[len(seqs) :]
+        num = self._update_decodes(seqs, starts, sampled, now, finished)  # the leading decodes: in bulk
+        if num < len(seqs):  # one is not a plain decode (no int token, or not running): the loop takes it and the rest
+            rest = [ScheduledSeq(seq, 1, start, True) for seq, start in zip(seqs[num:], starts[num:])] + rest
         block_size, running = self.allocator.block_size, SequenceStatus.RUNNING
-        for item in scheduled[num_decodes:] if num_decodes else scheduled:
+        for item in rest:
             seq = item.seq
             if seq.status is not running:
                 continue
@@ -413,10 +462,10 @@ class Scheduler:
         return finished
 
     def _update_decodes(
-        self, scheduled: list[ScheduledSeq], sampled: dict, now: float, finished: list[Sequence]
+        self, seqs: list[Sequence], starts: list[int], sampled: dict, now: float, finished: list[Sequence]
     ) -> int:
-        """The loop of :meth:`update` for its leading decodes -- every chunk, in most steps -- in bulk;
-        returns how many it took (the loop takes the rest).
+        """The loop of :meth:`update` for its leading decodes -- every chunk, in most steps -- in bulk:
+        ``seqs[i]`` computed its token ``starts[i]``. Returns how many it took (the loop takes the rest).
 
         A decode (one token computed, one plain ``int`` token sampled, the sequence running) changes
         its own sequence only: its computed count, its new token and the token's time. A few do
@@ -431,14 +480,13 @@ class Scheduler:
         """
         B, running = self.allocator.block_size, SequenceStatus.RUNNING
         more: list[Sequence] = []  # the decodes that do more than their own bookkeeping, in order
-        num = len(scheduled)
-        for i, item in enumerate(scheduled):
-            seq = item.seq
+        num = len(seqs)
+        for seq, start in zip(seqs, starts):  # (no enumerate: 15 ns a decode)
             token = sampled.get(seq.seq_id)
-            if type(token) is not int or item.num_new_tokens != 1 or not item.emits_token or seq.status is not running:
-                num = i  # not a plain decode: the loop takes it and the rest
+            if type(token) is not int or seq.status is not running:
+                num = seqs.index(seq)  # not a plain decode: the loop takes it and the rest
                 break
-            end = seq.num_computed_tokens = item.start + 1
+            end = seq.num_computed_tokens = start + 1
             tokens = seq.output_token_ids
             tokens.append(token)  # Sequence.append_token, inlined: no call per decode
             seq.num_tokens += 1
@@ -474,6 +522,7 @@ class Scheduler:
         children = ()  # forked now, at the end of a parallel-sampling prompt
         if isinstance(token, (list, tuple)):
             token, forks = seq.samples.take_forks(seq, token)
+            self._recount(seq)
             children = [self._fork_child(seq, i, t) for i, t in forks]
         seq.append_token(as_int(token, f"the sampled token of sequence {seq.seq_id} must be an integer"))
         self._after_token(seq, now, finished)
@@ -503,6 +552,7 @@ class Scheduler:
             raise ValueError(f"sequence {child.seq_id} already exists")
         if parent.num_pending_forks:  # a branch it reserved room for at admission
             parent.num_pending_forks -= 1
+            self._recount(parent)
         self.allocator.fork(parent.seq_id, child.seq_id)
         parent.samples.add(child)
         child.output_token_ids = list(parent.output_token_ids)
@@ -513,6 +563,8 @@ class Scheduler:
         child.status = SequenceStatus.RUNNING
         self._live[child.seq_id] = child
         self.running.append(child)
+        if child.max_num_running_seqs > 1:
+            self._recount(child)
 
     def _after_token(self, seq: Sequence, now: float, finished: list[Sequence], timed: bool = False) -> None:
         """``seq`` has a new token, emitted at ``now`` (already in ``token_times`` if ``timed``): finish

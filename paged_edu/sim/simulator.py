@@ -72,19 +72,20 @@ def step_shape(out: SchedulerOutput, block_size: int | None = None, count_blocks
     With ``count_blocks``, also the KV blocks the kernel walks: ``sum ceil((c_i + n_i) / B)`` for a
     paged cache of block size ``block_size``, one span per chunk for a contiguous one (``None``).
     """
-    chunks = out.scheduled
+    chunks, starts = out.chunks, out.decode_starts  # the leading decodes: one token each, on top of its start
     shape = StepShape.of_chunks(
-        [item.start for item in chunks],
-        [item.num_new_tokens for item in chunks],
-        sum([item.emits_token for item in chunks]),
+        starts + [item.start for item in chunks] if chunks else starts,
+        [1] * len(starts) + [item.num_new_tokens for item in chunks],
+        len(starts) + sum([item.emits_token for item in chunks]),
         swapped_blocks=len(out.blocks_to_swap_out) + len(out.blocks_to_swap_in),
         copied_blocks=len(out.blocks_to_copy),
     )
     if count_blocks:  # a contiguous cache (block_size None) is one span per chunk
         shape.num_blocks_read = (
-            len(chunks)
+            len(starts) + len(chunks)
             if block_size is None
-            else sum(-(-(item.start + item.num_new_tokens) // block_size) for item in chunks)
+            else sum(-(-(start + 1) // block_size) for start in starts)
+            + sum(-(-(item.start + item.num_new_tokens) // block_size) for item in chunks)
         )
     return shape
 
@@ -118,10 +119,8 @@ class MadeUpTokens:
     def for_step(self, out: SchedulerOutput) -> dict[int, int | list[int]]:
         tokens: dict[int, int | list[int]] = {}
         token_of, reply_of = self._token_of, self._reply_of
-        for item in out.scheduled:
-            if not item.emits_token:
-                continue
-            seq = item.seq
+        emitting = out.decode_seqs + [item.seq for item in out.chunks if item.emits_token]  # in the step's order
+        for seq in emitting:
             seq_id = seq.seq_id
             if reply_of and seq_id in reply_of:
                 tokens[seq_id] = reply_of[seq_id][len(seq.output_token_ids)]
@@ -309,7 +308,7 @@ def simulate(
         # 2. Schedule.
         out = scheduler.schedule()
         preemptions += len(out.preempted)
-        if not out.scheduled:
+        if out.is_empty:
             if not scheduler.running and next_arrival < len(order):
                 now = requests[order[next_arrival]].arrival_time
                 continue
@@ -324,7 +323,7 @@ def simulate(
 
         # 4. Tokens in, finished sequences out; beam branches fork when they are due.
         sampled = model.for_step(out)
-        finished = scheduler.update(out.scheduled, sampled, now)
+        finished = scheduler.update(out, sampled, now)
         meters.after_step(scheduler.running)
         beams.fork_due(scheduler, model, out.started, sampled.keys(), step)
         for seq in finished:

@@ -13,6 +13,8 @@ import pytest
 
 from paged_edu import BlockAllocator
 from paged_edu.sched.scheduler import Scheduler
+from paged_edu.sched.sequence import SequenceStatus
+from paged_edu.sim.simulator import MadeUpTokens, _BeamForks
 
 B = 4
 VOCAB = 50
@@ -81,8 +83,9 @@ class BruteForceExecutor:
                 self.gpu[self.a.slot(seq.seq_id, p)] = tuple(tokens[: p + 1])
             if item.emits_token:
                 t = toy_next(tokens)
-                if seq.num_samples > 1 and not seq.output_token_ids:
-                    sampled[seq.seq_id] = [(t + i) % VOCAB for i in range(seq.num_samples)]
+                n = seq.samples.num_tokens_to_sample  # (num_samples, less samples aborted before the fork)
+                if n > 1:
+                    sampled[seq.seq_id] = [(t + i) % VOCAB for i in range(n)]
                 else:
                     sampled[seq.seq_id] = t
         return self.s.update(out.scheduled, sampled, now=float(self.steps))
@@ -340,6 +343,58 @@ def test_parallel_samples_count_against_max_num_seqs(mode):
     with pytest.raises(ValueError, match="max_num_seqs=4"):
         s.make_sequence([1, 2], 3, num_samples=5)  # could never run: refused, not queued forever
     assert not s.has_unfinished()
+
+
+def _brute_force_num_seqs(s: Scheduler) -> int:
+    """What ``max_num_seqs`` bounds, counted from scratch: every running sequence, and the samples and
+    beam branches each will still fork."""
+    return len(s.running) + sum(max(seq.max_num_running_seqs - 1, 0) for seq in s.running)
+
+
+@pytest.mark.parametrize("mode, seed", [("recompute", 0), ("swap", 1), ("auto", 10), ("recompute", 22)])
+def test_the_kept_sequence_count_equals_a_count_from_scratch(mode, seed):
+    """``Scheduler._num_seqs`` is kept as sequences start, stop and fork; at every step it equals the
+    count from scratch through parallel samples, beam branches forked later (``Scheduler.fork``),
+    preemption, aborts of sequences and aborts of samples not forked yet (through the request's
+    record, which the scheduler does not see)."""
+    rng = random.Random(seed)
+    a = BlockAllocator(16, B, cache_when_computed=True)
+    s = Scheduler(a, max_num_seqs=6, max_num_batched_tokens=12, preemption_mode=mode, num_cpu_blocks=64)
+    ex, beams, model = BruteForceExecutor(s), _BeamForks(), MadeUpTokens()
+    branches = {}  # a beam parent -> the output lengths at which it forks its next branches (next last)
+    seen = dict.fromkeys(("forks", "preemptions", "sample aborts", "aborts"), 0)
+    for i in range(30):
+        prompt, max_new = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 9))], rng.randint(2, 12)
+        if i % 3 == 2:  # a beam: forks 1-2 branches as its output grows
+            seq = s.make_sequence(prompt, max_new, num_pending_forks=rng.randint(1, 2))
+            branches[seq] = sorted(rng.sample(range(1, max_new), min(seq.num_pending_forks, max_new - 1)), reverse=True)
+            seq.num_pending_forks = len(branches[seq])
+        else:
+            s.make_sequence(prompt, max_new, num_samples=rng.randint(1, 3))
+    while s.has_unfinished():
+        assert s._num_seqs() == _brute_force_num_seqs(s)
+        before = s.num_preemptions
+        ex.step()
+        seen["preemptions"] += s.num_preemptions > before
+        assert s._num_seqs() == _brute_force_num_seqs(s)
+        for parent, points in branches.items():  # branches due, right after the parent sampled: the simulator's forks
+            if parent.status is SequenceStatus.RUNNING:
+                num_points = len(points)
+                beams.fork(s, model, parent, points)  # Scheduler.fork for each point reached
+                seen["forks"] += num_points - len(points)
+        if rng.random() < 0.15:  # abort a sample not forked yet, or a whole sequence
+            drawing = [q for q in s.running if q.samples.num_tokens_to_sample > 1]  # counted, running
+            if drawing and rng.random() < 0.7:
+                record = drawing[0].samples
+                for stopped in record.abort(rng.choice(record.sample_indices(drawing[0]))):
+                    s.abort(stopped)
+                seen["sample aborts"] += 1
+            elif s.running:
+                s.abort(rng.choice(s.running))
+                seen["aborts"] += 1
+        assert ex.steps < 2000
+    assert s._num_seqs() == 0 and a.num_free_blocks == 16
+    assert min(seen.values()) > 0, seen  # every kind of change happened
 
 
 def test_swap_in_does_not_count_towards_the_prefix_hit_rate():
