@@ -84,6 +84,29 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.decode_seqs and not self.chunks
 
+    @property
+    def num_chunks(self) -> int:
+        return len(self.decode_seqs) + len(self.chunks)
+
+    # -- the chunks as columns, in order (new lists each call) ------------------------------------------
+    # What the engine reads each step: a decode's entry comes from the two lists, so a step of decodes
+    # makes no ScheduledSeq at all. (Engine host at 256 running: see paged_edu.engine.step's speed note.)
+    def chunk_seqs(self) -> list[Sequence]:
+        """Each chunk's sequence: ``[item.seq for item in self.scheduled]``."""
+        return self.decode_seqs + [item.seq for item in self.chunks]
+
+    def chunk_starts(self) -> list[int]:
+        """Each chunk's first position: ``[item.start for item in self.scheduled]``."""
+        return self.decode_starts + [item.start for item in self.chunks]
+
+    def chunk_counts(self) -> list[int]:
+        """Each chunk's new tokens: ``[item.num_new_tokens for item in self.scheduled]`` (a decode's 1)."""
+        return [1] * len(self.decode_seqs) + [item.num_new_tokens for item in self.chunks]
+
+    def chunk_emits(self) -> list[bool]:
+        """Whether each chunk samples: ``[item.emits_token for item in self.scheduled]`` (a decode does)."""
+        return [True] * len(self.decode_seqs) + [item.emits_token for item in self.chunks]
+
     def decodes_and_prefill_tokens(self) -> tuple[int, int]:
         """``(decodes, prefill_tokens)``: the one-token chunks (:attr:`ScheduledSeq.is_decode`) and the
         new tokens of all the others (prompt chunks, recomputes) -- how a step's metrics and the
