@@ -69,10 +69,9 @@ _NO_ROWS = np.zeros(0, dtype=np.int64)  # (0,) read-only: no rows
 _NO_ROWS.flags.writeable = False
 
 
-def _token(item) -> int:
-    """The token a one-token chunk computes: the sequence's token at ``start`` (a placeholder
+def _token(seq, s: int) -> int:
+    """The token a one-token chunk computes: the sequence's token at its start ``s`` (a placeholder
     ``-1 - j`` where async scheduling holds the step in flight's)."""
-    seq, s = item.seq, item.start
     p = len(seq.prompt_token_ids)
     return seq.output_token_ids[s - p] if s >= p else seq.prompt_token_ids[s]
 
@@ -117,19 +116,20 @@ class InputBatch:
         self.num_rows_read = 0  # rows of those read from their chunk: the sequences that did not continue
 
     # -- one step ---------------------------------------------------------------------------------
-    def prepare(self, scheduled: Sequence, drawn: Sequence[int] | None) -> StepBatch:
-        """The step's :class:`StepBatch` from the scheduler's ``ScheduledSeq`` s. ``drawn``: the chunk of
-        each token the step will draw (the sampling plan's ``chunks``), or None when its tokens do not
-        map one to a chunk (a parallel-sampling fork): the next step then continues from none."""
-        seqs = [item.seq for item in scheduled]  # the one pass over the step's sequences
-        batch, rows = (None, None) if self._versions is None else self._decode(scheduled, seqs)
+    def prepare(self, sched, drawn: Sequence[int] | None) -> StepBatch:
+        """The step's :class:`StepBatch` from the scheduler's output ``sched``, read as its columns
+        (``chunk_seqs()``, ``chunk_starts()``, ...: a decode step makes no ``ScheduledSeq``). ``drawn``:
+        the chunk of each token the step will draw (the sampling plan's ``chunks``), or None when its
+        tokens do not map one to a chunk (a parallel-sampling fork): the next step then continues from none."""
+        seqs, starts = sched.chunk_seqs(), sched.chunk_starts()  # the one pass over the step's sequences
+        batch, rows = (None, None) if self._versions is None else self._decode(sched, seqs, starts)
         if batch is None:
-            batch, rows = self._pack(scheduled, seqs)
+            batch, rows = self._pack(sched, seqs, starts)
         self._launched = None
         if rows is not None and drawn is not None and len(drawn):
             # (C,) where each chunk's next token goes (a decode step's logits_rows are 0 .. C-1: no gather)
             ends = batch.positions + 1 if batch.is_pure_decode else batch.positions[batch.logits_rows] + 1
-            if len(drawn) == len(scheduled):  # one token a chunk, in order (without forks: the usual step)
+            if len(drawn) == len(seqs):  # one token a chunk, in order (without forks: the usual step)
                 self._launched = (rows, ends)
             else:  # E.g. a prompt chunk in the middle of its prompt draws none: drawn [0, 2]
                 chunks = np.asarray(drawn, dtype=np.int64)  # (N,)
@@ -181,7 +181,7 @@ class InputBatch:
         self.tokens = None
 
     # -- a decode step, row-wise ------------------------------------------------------------------------
-    def _decode(self, scheduled: Sequence, seqs: list) -> tuple[StepBatch | None, np.ndarray | None]:
+    def _decode(self, sched, seqs: list, starts: list[int]) -> tuple[StepBatch | None, np.ndarray | None]:
         """The step built from the rows (module docstring's example in the comments), or ``(None, None)``
         when it has a prompt chunk (it is packed)."""
         B = self.block_size
@@ -196,23 +196,23 @@ class InputBatch:
             # new: 6 numpy calls fewer; with commit's skip, prepare 0.118 -> 0.100 ms a step (bench_host --graph-path,
             # 256 running, this 2-core CPU, medians of 6 interleaved runs), the step 0.460 -> 0.419 ms
             new = []
-            if positions[0] != scheduled[0].start or positions[-1] != scheduled[-1].start:
+            if positions[0] != starts[0] or positions[-1] != starts[-1]:
                 return None, None  # (never, when the last step committed: as below)
             ids = host if host is not None else -1 - np.arange(len(rows))  # (C,) [t0, t1, ..] or [-1, -2, ..]
         else:
             j = self._drawn[rows]  # (C,) E.g. [0, 1, -1]
             new = np.flatnonzero(j < 0).tolist()  # E.g. [2]: E, read from its chunk
-            items = [scheduled[k] for k in new]
-            if any(item.num_new_tokens != 1 for item in items):
-                return None, None  # a prompt chunk: packed
             if new:
-                positions[new] = [item.start for item in items]  # E.g. [6, 10, 7]
+                counts = sched.chunk_counts()
+                if any(counts[k] != 1 for k in new):
+                    return None, None  # a prompt chunk: packed
+                positions[new] = [starts[k] for k in new]  # E.g. [6, 10, 7]
             ends = (0, -1) if len(new) < len(rows) else ()  # the first and last rows, if they continue
-            if any(j[k] >= 0 and positions[k] != scheduled[k].start for k in ends):
+            if any(j[k] >= 0 and positions[k] != starts[k] for k in ends):
                 return None, None  # (never, when the last step committed: a check for two attribute reads)
             ids = host[j] if host is not None else -1 - j  # (C,) E.g. [t0, t1, .]; or placeholders [-1, -2, .]
             if new:
-                ids[new] = [_token(item) for item in items]
+                ids[new] = [_token(seqs[k], starts[k]) for k in new]
         self._refresh(seqs, rows, positions // B + 1)  # E.g. need [2, 3, 2] blocks
         W = int(self._length[rows].max())
         self._last = (seqs, rows)
@@ -253,21 +253,19 @@ class InputBatch:
             self._write(rows[k], table, int(self._length[rows[k]]))
 
     # -- any other step: packed from the chunks ---------------------------------------------------------
-    def _pack(self, scheduled: Sequence, seqs: list) -> tuple[StepBatch, np.ndarray | None]:
+    def _pack(self, sched, seqs: list, starts: list[int]) -> tuple[StepBatch, np.ndarray | None]:
         """:func:`pack_chunks` of the chunks, from the sequences and the manager's lists. Returns the batch
         and its sequences' rows (None without version numbers: nothing is kept)."""
+        counts = sched.chunk_counts()
         token_ids: list[int] = []
-        for item in scheduled:  # each chunk's new tokens (placeholders -1 - j where async scheduling holds them)
-            n = item.num_new_tokens
+        for seq, s, n in zip(seqs, starts, counts):  # each chunk's new tokens (placeholders -1 - j: async scheduling's)
             if n == 1:
-                token_ids.append(_token(item))
+                token_ids.append(_token(seq, s))
             else:
-                token_ids += token_slice(item.seq, item.start, item.start + n)
+                token_ids += token_slice(seq, s, s + n)
         seq_ids = [seq.seq_id for seq in seqs]
         tables = self.block_tables(seq_ids)
-        batch = pack_chunks(
-            token_ids, [it.start for it in scheduled], [it.num_new_tokens for it in scheduled], tables, self.block_size
-        )
+        batch = pack_chunks(token_ids, starts, counts, tables, self.block_size)
         return batch, (None if self._versions is None else self._rows(seq_ids))
 
     # -- rows -------------------------------------------------------------------------------------------

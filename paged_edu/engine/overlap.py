@@ -124,7 +124,7 @@ class AsyncScheduling:
             raise
         if prev is not None:  # 4. step N's tokens
             outputs += self._read(prev)
-        if any(item.seq.status is SequenceStatus.RUNNING for item in sched.scheduled):
+        if any(seq.status is SequenceStatus.RUNNING for seq in sched.chunk_seqs()):
             self.in_flight = current
         # else every sequence of the step ended at step N: nothing in it is read (its rows are discarded)
         return outputs, self._close(sched)
@@ -147,15 +147,15 @@ class AsyncScheduling:
         """Step N as if done: computed counts to the chunks' ends, a placeholder per sampled token."""
         running, held = SequenceStatus.RUNNING, self._held
         j = -1  # the row of step N's tokens: the plan lists the emitting chunks in this order
-        for item in prev.sched.scheduled:
-            j += item.emits_token
-            seq = item.seq
+        s = prev.sched  # its chunks as columns (a decode step makes no ScheduledSeq)
+        for seq, start, n, emits in zip(s.chunk_seqs(), s.chunk_starts(), s.chunk_counts(), s.chunk_emits()):
+            j += emits
             if seq.status is not running:  # finished at step N-1 or aborted: its row is discarded
                 continue
-            if item.emits_token:
+            if emits:
                 seq.append_token(-1 - j)  # "row j of step N's tokens"
-            held.append((seq, item.start, item.emits_token))
-            seq.num_computed_tokens = item.start + item.num_new_tokens
+            held.append((seq, start, emits))
+            seq.num_computed_tokens = start + n
 
     def _release(self) -> None:
         """Take the placeholders back: the sequences are as step N left them, before its update."""

@@ -211,8 +211,8 @@ class ModelRunner:
         self._pending = deque((kind, pairs) for kind, pairs in runs if pairs)
         return before - self.num_unapplied_block_ops
 
-    def prepare(self, scheduled, inputs: InputBatch, plan: SamplingPlan) -> StagedBatch:
-        """The step's inputs on the device, from the scheduler's ``ScheduledSeq`` s.
+    def prepare(self, sched, inputs: InputBatch, plan: SamplingPlan) -> StagedBatch:
+        """The step's inputs on the device, from the scheduler's output ``sched`` (a ``SchedulerOutput``).
 
         ``inputs`` builds the step's :class:`StepBatch` (row-wise from the sequences' kept state, or
         packed from the chunks); ``plan`` says which rows sample and how
@@ -220,8 +220,8 @@ class ModelRunner:
         placeholders ``-1 - j``, "token ``j`` of the last step's draw", of async scheduling's step in
         flight -- are gathered there from ``inputs.tokens``.
         """
-        one_each = len(plan.chunks) == len(scheduled) and not plan.forks  # every chunk draws one token, in order
-        host = inputs.prepare(scheduled, None if plan.forks else plan.chunks)
+        one_each = len(plan.chunks) == sched.num_chunks and not plan.forks  # every chunk draws one token, in order
+        host = inputs.prepare(sched, None if plan.forks else plan.chunks)
         batch = self._stage(host, plan, one_each)
         batch.host = host
         if inputs.tokens is not None and host.input_ids.min() < 0:  # (no device view made when none is there)

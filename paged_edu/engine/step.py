@@ -123,7 +123,7 @@ class _Undo:
         if p.current == "block copies":  # the requests whose blocks the failing copy writes
             request_ids = p.block_copy_owners(*p.runner.failed_run)
         else:  # the phase worked on every chunk of the step
-            request_ids = sorted({item.seq.request_id for item in self.sched.scheduled})
+            request_ids = sorted({seq.request_id for seq in self.sched.chunk_seqs()})
         raise StepFailed(p.step_count, p.current, request_ids, exc) from exc
 
 
@@ -228,8 +228,8 @@ class StepPhases:
                 self.drop_dead_block_ops(sched.block_ops)
             runner.apply_block_ops(sched.block_ops)  # swap-outs, copy-on-write copies, swap-ins
         with self.phase("prepare"):
-            plan = plan_sampling(sched.scheduled, self.sampler, self.requests)  # who samples, and how
-            batch = runner.prepare(sched.scheduled, self.input_batch, plan)
+            plan = plan_sampling(sched, self.sampler, self.requests)  # who samples, and how
+            batch = runner.prepare(sched, self.input_batch, plan)
         with self.phase("forward"):
             runner.forward(batch)
         with self.phase("sample"):
@@ -290,7 +290,7 @@ class StepPhases:
         """Count the call (it launched ``sched``; its updates finished ``num_finished`` sequences); its
         :class:`StepMetrics` when someone subscribed (None otherwise). Its duration is its phases' sum."""
         now, t_start = self.mark, self.t_start
-        if self.timeline is not None and sched.scheduled:  # (async scheduling's last call launches nothing)
+        if self.timeline is not None and not sched.is_empty:  # (async scheduling's last call launches nothing)
             self.timeline.close(self.step_count, sched, t_start, now - t_start - self.device_wait_s)
         metrics = None
         if self.subscribers:

@@ -54,7 +54,10 @@ class SchedulerOutput:
     and ``__init__``, a tuple); the simulator's beam benchmark schedules 13.5 M decodes and reads the
     two lists instead (``Scheduler.update`` takes the whole output): 11.78 -> 8.98 s CPU with the
     scheduler's kept sequence count (medians of 6, interleaved; this project's 2-core CPU). The
-    engine reads ``scheduled``: the objects are made when its runner prepares the step, not before.
+    engine reads the chunks as columns (:meth:`chunk_seqs`, :meth:`chunk_starts`, ...), so a step of
+    decodes makes none: ``bench_host --graph-path`` at 256 running 0.403 -> 0.356 ms a step, its
+    prepare phase 0.126 -> 0.093 (medians of 5 interleaved runs, this CPU;
+    ``benchmarks/records/cpu/host_ab_chunk_columns.txt``).
     """
 
     decode_seqs: list[Sequence] = field(default_factory=list)  # the leading decodes' sequences
@@ -83,6 +86,29 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.decode_seqs and not self.chunks
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.decode_seqs) + len(self.chunks)
+
+    # -- the chunks as columns, in order (new lists each call) ------------------------------------------
+    # What the engine reads each step: a decode's entry comes from the two lists, so a step of decodes
+    # makes no ScheduledSeq at all (what it buys: the class docstring's speed note).
+    def chunk_seqs(self) -> list[Sequence]:
+        """Each chunk's sequence: ``[item.seq for item in self.scheduled]``."""
+        return self.decode_seqs + [item.seq for item in self.chunks]
+
+    def chunk_starts(self) -> list[int]:
+        """Each chunk's first position: ``[item.start for item in self.scheduled]``."""
+        return self.decode_starts + [item.start for item in self.chunks]
+
+    def chunk_counts(self) -> list[int]:
+        """Each chunk's new tokens: ``[item.num_new_tokens for item in self.scheduled]`` (a decode's 1)."""
+        return [1] * len(self.decode_seqs) + [item.num_new_tokens for item in self.chunks]
+
+    def chunk_emits(self) -> list[bool]:
+        """Whether each chunk samples: ``[item.emits_token for item in self.scheduled]`` (a decode does)."""
+        return [True] * len(self.decode_seqs) + [item.emits_token for item in self.chunks]
 
     def decodes_and_prefill_tokens(self) -> tuple[int, int]:
         """``(decodes, prefill_tokens)``: the one-token chunks (:attr:`ScheduledSeq.is_decode`) and the

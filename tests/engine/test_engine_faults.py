@@ -145,10 +145,10 @@ def test_a_fault_that_persists_leaves_the_engine_serving_the_others(model, promp
     poison = ids[2]
     real = engine.runner.prepare
 
-    def prepare(scheduled, *args):
-        if any(item.seq.request_id == poison for item in scheduled):
+    def prepare(sched, *args):
+        if any(seq.request_id == poison for seq in sched.chunk_seqs()):
             raise InjectedFault("this request's input breaks the kernel")
-        return real(scheduled, *args)
+        return real(sched, *args)
 
     engine.runner.prepare = prepare
     outputs = {}

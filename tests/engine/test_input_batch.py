@@ -20,6 +20,7 @@ from paged_edu.engine.input_batch import InputBatch
 from paged_edu.engine.sampling import Sampler, SamplingParams, plan_sampling, tokens_by_sequence
 from paged_edu.sched.memory_manager import block_table_versions_reader, block_tables_reader, latest_table_version_reader
 from paged_edu.sched.scheduler import Scheduler
+from paged_edu.sched.scheduler_output import ScheduledSeq, SchedulerOutput
 from paged_edu.sched.sequence import Sequence
 
 from test_runner import brute_force_batch  # the batch by its definition, one token at a time
@@ -51,6 +52,15 @@ def input_batch(a, watermark: bool = True) -> InputBatch:
 # ----------------------------------------------------------------------------------------------
 # Whole steps against the definition
 # ----------------------------------------------------------------------------------------------
+
+
+def decode_step(group: list[Sequence], as_chunks: bool = False) -> SchedulerOutput:
+    """A step that decodes ``group``, each at its computed count: as the scheduler sends leading decodes
+    (the two lists), or as ``ScheduledSeq`` s in ``chunks`` (decodes after a prompt chunk) -- the batch
+    must not depend on which."""
+    if as_chunks:
+        return SchedulerOutput(chunks=[ScheduledSeq(q, 1, q.num_computed_tokens, True) for q in group])
+    return SchedulerOutput(decode_seqs=list(group), decode_starts=[q.num_computed_tokens for q in group])
 
 
 def assert_batch_is_the_definition(batch, scheduled, allocator, tokens):
@@ -122,8 +132,8 @@ def test_every_batch_equals_the_definition_after_random_steps(kind, preemption, 
         sched = s.schedule()
         if sched.is_empty:
             continue
-        plan = plan_sampling(sched.scheduled, sampler, requests)
-        batch = ib.prepare(sched.scheduled, None if plan.forks else plan.chunks)
+        plan = plan_sampling(sched, sampler, requests)
+        batch = ib.prepare(sched, None if plan.forks else plan.chunks)
         assert_batch_is_the_definition(batch, sched.scheduled, a, tokens)
         checked += 1
         decode_rows += batch.num_decodes if batch.is_pure_decode else 0
@@ -214,8 +224,6 @@ def test_a_decode_step_writes_only_the_rows_that_changed():
     chunk, and writes only the rows whose table changed since -- a new block (one write each), a
     copy-on-write (a new version) -- and no others; a sequence that finished leaves the others'
     rows as they were."""
-    from paged_edu.sched.scheduler_output import ScheduledSeq
-
     a = BlockAllocator(64, B, cache_when_computed=True)
     seqs = []
     for sid, n in enumerate((B + 1, B + 2, B + 3)):  # at positions 4, 5, 6: one token a step from there
@@ -227,12 +235,12 @@ def test_a_decode_step_writes_only_the_rows_that_changed():
     seen = {}  # seq_id -> its table at the last step
 
     def step(group):
-        scheduled = [ScheduledSeq(q, 1, q.num_computed_tokens, True) for q in group]
+        sched = decode_step(group)
         changed = sum(seen.get(q.seq_id) != a.block_table(q.seq_id) for q in group)  # the oracle
         seen.update({q.seq_id: a.block_table(q.seq_id) for q in group})
         before = ib.num_rows_written, ib.num_rows_read
-        batch = ib.prepare(scheduled, range(len(group)))
-        assert_batch_is_the_definition(batch, scheduled, a, ib.tokens)
+        batch = ib.prepare(sched, range(len(group)))
+        assert_batch_is_the_definition(batch, sched.scheduled, a, ib.tokens)
         drawn = np.arange(len(group)) + 10 * len(seen)
         ib.launched(drawn)
         ib.commit()
@@ -259,8 +267,6 @@ def test_the_same_sequences_in_another_order_are_not_read_as_the_last_order():
     the last draw itself, in order (InputBatch._decode's first branch). The same sequences in another
     order, or a subset, are not that step: each row must still read its own token. Every batch against
     the per-token definition, with the tokens on the host (synchronous) and as placeholders (async)."""
-    from paged_edu.sched.scheduler_output import ScheduledSeq
-
     a = BlockAllocator(64, B, cache_when_computed=True)
     seqs = []
     for sid, n in enumerate((B + 1, B + 2, B + 3, 2)):
@@ -272,9 +278,9 @@ def test_the_same_sequences_in_another_order_are_not_read_as_the_last_order():
     orders = [[0, 1, 2, 3]] * 3 + [[3, 2, 1, 0]] * 2 + [[1, 3]] + [[0, 1, 2, 3]] * 2 + [[2, 0, 3, 1]]
     for step, order in enumerate(orders):
         group = [seqs[k] for k in order]
-        scheduled = [ScheduledSeq(q, 1, q.num_computed_tokens, True) for q in group]
-        batch = ib.prepare(scheduled, range(len(group)))
-        assert_batch_is_the_definition(batch, scheduled, a, ib.tokens)
+        sched = decode_step(group, as_chunks=step % 3 == 2)  # either form of a decode
+        batch = ib.prepare(sched, range(len(group)))
+        assert_batch_is_the_definition(batch, sched.scheduled, a, ib.tokens)
         drawn = np.arange(len(group)) + 10 * step + 5  # distinct per row and step: a row reading another's shows
         ib.launched(drawn)
         if step % 2:  # on the host before the commit (the synchronous engine); else placeholders
@@ -290,24 +296,22 @@ def test_the_same_sequences_in_another_order_are_not_read_as_the_last_order():
 def test_a_failed_step_is_not_continued_from():
     """rollback(): the step that failed and the last committed one are forgotten: the retry reads its
     sequences from their chunks (the real token, no placeholder)."""
-    from paged_edu.sched.scheduler_output import ScheduledSeq
-
     a = BlockAllocator(16, B, cache_when_computed=True)
     seq = Sequence(0, [1, 2, 3], 10)
     a.allocate(0, seq.prompt_token_ids)
     seq.num_computed_tokens = 2
     ib = input_batch(a)
-    ib.prepare([ScheduledSeq(seq, 1, 2, True)], [0])
+    ib.prepare(decode_step([seq]), [0])
     ib.launched(np.array([9]))
     ib.commit()  # its tokens never reached the host (async scheduling): the next step holds a placeholder
     seq.append_token(9)
     seq.num_computed_tokens = 3
     a.append_slots(0)
-    batch = ib.prepare([ScheduledSeq(seq, 1, 3, True)], [0])
+    batch = ib.prepare(decode_step([seq]), [0])
     assert batch.input_ids.tolist() == [-1] and ib.num_rows_read == 1  # continued: token 0 of the last draw
     ib.launched(np.array([4]))
     ib.rollback()  # undone: the sequence stays at position 3
-    batch = ib.prepare([ScheduledSeq(seq, 1, 3, True)], [0])
+    batch = ib.prepare(decode_step([seq]), [0])
     assert batch.input_ids.tolist() == [9] and ib.num_rows_read == 2  # read from the sequence
     assert ib.tokens.tolist() == [9]  # the last committed draw stays (async scheduling's placeholders read it)
     ib.launched(tokens := np.array([5]))
@@ -316,7 +320,7 @@ def test_a_failed_step_is_not_continued_from():
     seq.append_token(5)
     seq.num_computed_tokens = 4
     a.append_slots(0)
-    assert ib.prepare([ScheduledSeq(seq, 1, 4, True)], [0]).input_ids.tolist() == [5]  # from the host
+    assert ib.prepare(decode_step([seq], as_chunks=True), [0]).input_ids.tolist() == [5]  # from the host
 
 
 # ----------------------------------------------------------------------------------------------
