@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from paged_edu.serve.metrics import Tally
 from paged_edu.serve.process import ROOT, die_with_parent
@@ -215,8 +215,8 @@ class EngineClient:
             stream.accepted.set_exception(RequestError(self._gone(), status=503))
             return stream
         self._streams[stream.rid] = stream
-        fields = asdict(params)
-        fields["stop_token_ids"] = list(fields["stop_token_ids"])
+        fields = {name: getattr(params, name) for name in params.__dataclass_fields__}  # (asdict deep-copies)
+        fields["stop_token_ids"] = list(params.stop_token_ids)
         self._input.send(self._pack(["add", stream.rid, prompt, fields, cache_salt]))
         return stream
 

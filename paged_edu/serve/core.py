@@ -362,6 +362,7 @@ def run_engine_core(flags: dict, input_address: str, output_address: str) -> Non
         from argparse import Namespace
 
         from paged_edu.serve.launch import build_engine
+        from paged_edu.serve.process import freeze_startup_heap
 
         try:
             engine, kv_events, info = build_engine(Namespace(**flags))
@@ -371,6 +372,7 @@ def run_engine_core(flags: dict, input_address: str, output_address: str) -> Non
         core = EngineCore(engine, inputs, outputs, kv_events)
         info["clock_offset"] = time.perf_counter() - engine.now()
         info["stats"] = core._stats()
+        freeze_startup_heap()  # the model, the engine, torch: out of the collector's walks from here on
         outputs.send(msgpack.packb(["ready", info]))
         ready = True
         core.run()  # (a bug that stops it is reported by the loop itself: "dead")
