@@ -21,7 +21,11 @@ Three measurements, one after the other on the same GPU:
    of the timed pass over the offline run's: issue 46's target is >= 0.9;
 3. **TTFT at 1 req/s** -- ``--ttft-requests`` other ShareGPT-like requests (seed + 1) at a Poisson
    rate of 1/s: the median time to first token, in the run's own median inter-token latency (a
-   decode step at that load, as the client sees it): the target is <= 3 steps.
+   decode step at that load, as the client sees it): the target is <= 3 steps. The server's own mean
+   TTFT (arrival in the API process to the first token's time in the engine) is split at the start of
+   the ``engine.step()`` call that first ran the request (``vllm:request_queue_time_seconds`` and
+   ``vllm:request_prefill_time_seconds``); the client's TTFT less the server's is the HTTP trips and
+   the API process.
 
 The server's engine core reports, when it stops, its steps and where its time went: in
 ``engine.step()`` and in its own work around it (inputs, tokens gathered, the message encoded and
@@ -190,7 +194,9 @@ def main(argv=None) -> int:
     print(
         f"at 1 req/s: TTFT p50 {rate1['median_ttft_ms']:.1f} ms, ITL p50 {rate1['median_itl_ms']:.2f} ms: "
         f"{steps:.2f} steps (target <= 3); the server's own means (arrival to first token, no HTTP): "
-        f"TTFT {own.get('mean_ttft_ms') or float('nan'):.2f} ms, ITL {own.get('mean_itl_ms') or float('nan'):.2f} ms",
+        f"TTFT {own.get('mean_ttft_ms') or float('nan'):.2f} ms = {own.get('mean_queue_ms') or float('nan'):.2f} "
+        f"before the request's first engine.step() call + {own.get('mean_prefill_ms') or float('nan'):.2f} from its "
+        f"start, ITL {own.get('mean_itl_ms') or float('nan'):.2f} ms",
         flush=True,
     )
     if core:
