@@ -74,12 +74,12 @@ def _record_path(name: str) -> Path:
 
 def serve_argv(args) -> list[str]:
     """The server's flags: the engine benchmark's settings (bench_engine.py: a 64 x L_max-token pool of
-    blocks of 16, 512 sequences, 4,096 tokens a step), async scheduling (the server's default)."""
+    blocks of 16, 512 sequences, 4,096 tokens a step), async scheduling (the server's default) unless turned off."""
     model = ["--model", "tiny-random"] if args.smoke else ["--model", "smollm2", "--load-format", "dummy"]
     return [
         *model, "--seed", str(args.seed), "--num-gpu-blocks-override", str(args.num_blocks),
         "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-        "--uvicorn-log-level", "warning",
+        "--uvicorn-log-level", "warning", *([] if args.async_scheduling else ["--no-async-scheduling"]),
     ]  # fmt: skip
 
 
@@ -135,6 +135,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=512)
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the server's and the offline engine's (default on, as the server's)",
+    )
     ap.add_argument("--length-scale", type=float, default=None, help="workload lengths times this (smoke: 0.05)")
     ap.add_argument("--out", default=None, help="the record (default benchmarks/records/<card>/serve_vs_offline.json)")
     args = ap.parse_args(argv)
