@@ -71,7 +71,10 @@ class RequestStream:
         self.interrupted = False  # the route's client left (:meth:`interrupt`)
 
     # -- from the output task ------------------------------------------------------------------------
-    def put_tokens(self, i: int, ids: list[int], times: list[float], tally: Tally) -> None:
+    def put_tokens(self, i: int, ids: list[int] | int, times: list[float] | float, tally: Tally) -> None:
+        """Sample ``i``'s new tokens and their times (one token: its id and its time, as the core sends it)."""
+        if type(ids) is int:
+            ids, times = [ids], [times]
         last = self._last[i]
         if last is None and self._first is None:  # the request's first token: its TTFT, its prompt counted
             self._first = times[0]
