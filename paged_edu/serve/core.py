@@ -274,6 +274,7 @@ class EngineCore:
         try:
             outputs = self.engine.step()
         except StepFailed as exc:
+            self._step_start = None  # undone: it scheduled nobody
             self.num_failed_steps += 1
             self._failures += 1
             log.warning("%s (attempt %d of %d)", exc, self._failures, MAX_RETRIES)
