@@ -43,7 +43,7 @@ from paged_edu.serve import protocol as P
 from paged_edu.serve.client import EngineClient, RequestStream, Update
 from paged_edu.serve.tokenizer import Detokenizer, apply_chat_template
 
-__all__ = ["APIKey", "BodyLimit", "ServerState", "build_app"]
+__all__ = ["APIKey", "BodyLimit", "OpenAIRoutes", "ServerState", "asgi_app", "build_app"]
 
 log = logging.getLogger("paged_edu.serve")
 
@@ -151,11 +151,45 @@ class APIKey:
         await self.app(scope, receive, send)
 
 
-def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="paged_edu", docs_url=None, redoc_url=None)
+class OpenAIRoutes:
+    """ASGI middleware: ``POST /v1/completions`` and ``POST /v1/chat/completions`` -- every request a
+    client's workload sends -- go from the ASGI call straight to the route (:func:`_serve`, as
+    :func:`build_app` declares them); every other request goes on to the FastAPI app.
 
+    What it buys: FastAPI's way to a route (its error, body-limit and exit-stack middlewares, the
+    router, the request handler with its dependency solver) is the same work for every request, and
+    with the engine in its own process the API server's one event loop paces intake. A completion of
+    157 prompt token ids, its ASGI call to its end with a stub core (2 tokens), in-process on this
+    2-core CPU, best runs: 342 / 334 us of CPU through FastAPI, 191 / 193 us straight (FastAPI's
+    middlewares left around it: 231 / 215 us).
+    """
+
+    PATHS = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> chat?
+
+    def __init__(self, app, state: ServerState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send) -> None:
+        chat = self.PATHS.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if chat is None:
+            return await self.app(scope, receive, send)
+        response = await _serve(self.state, Request(scope, receive), chat)
+        await response(scope, receive, send)
+
+
+def asgi_app(state: ServerState, max_body_bytes: int, app: FastAPI):
+    """The ASGI application around ``app`` (:func:`build_app`'s), outermost first: the body bound
+    (413 before a byte is parsed), the API key (401), the completions' short way (:class:`OpenAIRoutes`)."""
+    inner = OpenAIRoutes(app, state)
     if state.api_key is not None:
-        app.add_middleware(APIKey, api_key=state.api_key)
+        inner = APIKey(inner, state.api_key)
+    return BodyLimit(inner, max_body_bytes)
+
+
+def build_app(state: ServerState) -> FastAPI:
+    """The routes as FastAPI serves them (the two completions routes are reached through
+    :class:`OpenAIRoutes`, in :func:`asgi_app`, which calls the same :func:`_serve`)."""
+    app = FastAPI(title="paged_edu", docs_url=None, redoc_url=None)
 
     @app.get("/health")
     async def health():
@@ -195,7 +229,7 @@ def build_app(state: ServerState) -> FastAPI:
     return app
 
 
-async def _serve(state: ServerState, request: Request, chat: bool):
+async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
     try:
         req, prompt = await _read(state, request, chat)
         params, stop = P.sampling_params(req, len(prompt), state.max_model_len, state.tokenizer.eos_token_id)
@@ -220,16 +254,11 @@ async def _serve(state: ServerState, request: Request, chat: bool):
 async def _read(state: ServerState, request: Request, chat: bool):
     """The request and its prompt's token ids, or a :class:`~paged_edu.serve.protocol.RequestError`."""
     raw = await request.body()
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise P.RequestError(f"the body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise P.RequestError(f"the body must be a JSON object, got {type(data).__name__}")
-    try:
-        req = (P.ChatCompletionRequest if chat else P.CompletionRequest).model_validate(data)
-    except ValidationError as exc:
-        raise _validation_error(exc) from None
+    model = P.ChatCompletionRequest if chat else P.CompletionRequest
+    try:  # parsed and checked in one pass of pydantic's JSON parser: 15 us for 157 token ids, 30 the way below
+        req = model.model_validate_json(raw)
+    except ValidationError:  # refused: again the plain way, for the error that names what is wrong
+        req = _parse(raw, model)
     ignored = P.ignored_fields(req)
     if ignored:  # as vLLM: real clients send extras
         log.warning("The following fields were present in the request but ignored: %s", set(ignored))
@@ -246,10 +275,26 @@ async def _read(state: ServerState, request: Request, chat: bool):
         prompt = state.tokenizer.encode(text_or_ids) if isinstance(text_or_ids, str) else list(text_or_ids)
         if not prompt:
             raise P.RequestError("prompt is empty; it needs at least one token", "prompt")
-        bad = next((t for t in prompt if not 0 <= t < state.vocab_size), None)
-        if bad is not None:
+        if min(prompt) < 0 or max(prompt) >= state.vocab_size:
+            bad = next(t for t in prompt if not 0 <= t < state.vocab_size)
             raise P.RequestError(f"prompt: token id {bad} is outside the vocabulary [0, {state.vocab_size})", "prompt")
     return req, prompt
+
+
+def _parse(raw: bytes, model):
+    """The request in ``raw``, through ``json`` then ``model``, or a :class:`~paged_edu.serve.protocol.RequestError`
+    saying what is wrong: not JSON, not an object, a field (the same request as ``model_validate_json`` gives
+    where both accept the body)."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise P.RequestError(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise P.RequestError(f"the body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
 
 
 class _Reply:
@@ -405,4 +450,4 @@ async def _whole(state: ServerState, request: Request, stream: RequestStream, re
         )
         for i in range(reply.n)
     ]
-    return P.response(reply.chat, reply.id, reply.model, choices, reply.usage())
+    return JSONResponse(P.response(reply.chat, reply.id, reply.model, choices, reply.usage()))

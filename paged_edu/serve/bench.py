@@ -264,13 +264,16 @@ def summarize(outcomes: list[Outcome], duration: float, percentiles: list[float]
 SERVER_MEANS = {  # report key -> the histogram whose _sum / _count over the run is the server's own mean
     "mean_ttft_ms": "vllm:time_to_first_token_seconds",
     "mean_itl_ms": "vllm:inter_token_latency_seconds",
+    "mean_queue_ms": "vllm:request_queue_time_seconds",  # the TTFT in two: before the request's first step ...
+    "mean_prefill_ms": "vllm:request_prefill_time_seconds",  # ... and from its start to the first token
 }
 
 
 def server_delta(before: dict, after: dict) -> dict:
     """What the server's own counters say happened during the run (None where it exports no such metric),
     and its own mean TTFT and ITL over the run: from its arrival to its first token, without the HTTP
-    trips the client's figures include."""
+    trips the client's figures include -- the TTFT in two, before the request's first engine step and from
+    its start (queue and prefill)."""
     out = {k: (after[m] - before.get(m, 0.0)) if m in after else None for k, m in SERVER_COUNTERS.items()}
     q, h = out["prefix_cache_queries"], out["prefix_cache_hits"]
     out["prefix_cache_hit_rate"] = h / q if q else None

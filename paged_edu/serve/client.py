@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from paged_edu.serve.metrics import Tally
 from paged_edu.serve.process import ROOT, die_with_parent
@@ -66,15 +66,18 @@ class RequestStream:
         self._tokens: list[tuple[int, list[int]]] = []  # not taken yet
         self._end: tuple | None = None
         self._last: list[float | None] = [None] * n  # each sample's last token time
-        self._first = False  # the request's first token has come (TTFT)
+        self._first: float | None = None  # the request's first token's time (TTFT)
         self._waiter: asyncio.Future | None = None
         self.interrupted = False  # the route's client left (:meth:`interrupt`)
 
     # -- from the output task ------------------------------------------------------------------------
-    def put_tokens(self, i: int, ids: list[int], times: list[float], tally: Tally) -> None:
+    def put_tokens(self, i: int, ids: list[int] | int, times: list[float] | float, tally: Tally) -> None:
+        """Sample ``i``'s new tokens and their times (one token: its id and its time, as the core sends it)."""
+        if type(ids) is int:
+            ids, times = [ids], [times]
         last = self._last[i]
-        if last is None and not self._first:  # the request's first token: its TTFT, its prompt counted
-            self._first = True
+        if last is None and self._first is None:  # the request's first token: its TTFT, its prompt counted
+            self._first = times[0]
             tally.prompt_tokens += self.num_prompt_tokens
             tally.ttft.append(times[0] - self.arrival)
         if last is not None:
@@ -86,9 +89,12 @@ class RequestStream:
         self._tokens.append((i, ids))
         self._wake()
 
-    def put_end(self, finish_reasons, num_cached_tokens, finish_time, error, tally: Tally) -> None:
+    def put_end(self, finish_reasons, num_cached_tokens, finish_time, error, launched, tally: Tally) -> None:
         if finish_time is not None:
             tally.e2e.append(finish_time - self.arrival)
+        if launched is not None and self._first is not None:  # its TTFT in two: before its first step, from it
+            tally.queue.append(launched - self.arrival)
+            tally.prefill.append(self._first - launched)
         self._end = (finish_reasons, num_cached_tokens, error)
         self._wake()
 
@@ -215,8 +221,8 @@ class EngineClient:
             stream.accepted.set_exception(RequestError(self._gone(), status=503))
             return stream
         self._streams[stream.rid] = stream
-        fields = asdict(params)
-        fields["stop_token_ids"] = list(fields["stop_token_ids"])
+        fields = {name: getattr(params, name) for name in params.__dataclass_fields__}  # (asdict deep-copies)
+        fields["stop_token_ids"] = list(params.stop_token_ids)
         self._input.send(self._pack(["add", stream.rid, prompt, fields, cache_salt]))
         return stream
 
@@ -270,10 +276,10 @@ class EngineClient:
             stream = streams.get(rid)
             if stream is not None:
                 stream.put_tokens(i, ids, times, tally)
-        for rid, reasons, num_cached, finish_time, error in ends:
+        for rid, reasons, num_cached, finish_time, error, launched in ends:
             stream = streams.pop(rid, None)
             if stream is not None:
-                stream.put_end(reasons, num_cached, finish_time, error, tally)
+                stream.put_end(reasons, num_cached, finish_time, error, launched, tally)
         if self.metrics is not None:
             self.metrics.record(stats, tally)
         for reply in replies:  # (after the tokens and ends: a "dead" core's last ends are counted)
@@ -308,7 +314,7 @@ class EngineClient:
         for stream in self._streams.values():
             if not stream.accepted.done():
                 stream.accepted.set_exception(RequestError(why, status=503))
-            stream.put_end(["abort"] * len(stream._last), 0, None, why, tally)
+            stream.put_end(["abort"] * len(stream._last), 0, None, why, None, tally)
         self._streams.clear()
         for future in self._calls.values():
             if not future.done():

@@ -55,7 +55,8 @@ once its inputs are handled (if they need an answer) and one after its step::
 
     [tokens, ends, replies, stats]
     tokens:  [rid, sample index, new token ids, their times]      for every sample with new tokens
-    ends:    [rid, finish reason per sample, num_cached_tokens, finish time, error or None]
+             (one new token: its id and its time, not in lists)
+    ends:    [rid, finish reason per sample, num_cached_tokens, finish time, error or None, launched]
     replies: ["added", rid] | ["refused", rid, message, field] | ["result", call id, value]
              | ["raised", call id, message] | ["dead", message]
     stats:   [requests running, requests waiting, KV usage, prefix-cache queried tokens,
@@ -63,6 +64,9 @@ once its inputs are handled (if they need an answer) and one after its step::
 
 Times are the engine's clock (``engine.now()``); ``info["clock_offset"]`` turns the API server's
 ``time.perf_counter()`` into it, so a request's arrival and its tokens' times are on one clock.
+``launched`` is when the ``engine.step()`` call that first scheduled the request began (None if it never
+ran): the API server splits a time to first token there, into the wait before the request's first step
+(``vllm:request_queue_time_seconds``) and the steps until its first token (``vllm:request_prefill_time_seconds``).
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class _Live:
     request_id: int
     sent: list[int]  # tokens sent, per sample
     seqs: dict = field(default_factory=dict)  # sample index -> its Sequence, once seen running
+    launched: float | None = None  # when the step call that first scheduled it began (engine clock)
 
 
 class EngineCore:
@@ -106,6 +111,8 @@ class EngineCore:
         self._tokens: list = []  # this turn's message, as it fills
         self._ends: list = []
         self._replies: list = []
+        self._unlaunched: list[_Live] = []  # requests added and not yet seen scheduled
+        self._step_start: float | None = None  # engine.now() as the step call now running began
         self._stats_time = 0.0  # when the last message carried the stats
         self._stopping = False
         self._failures = 0
@@ -207,6 +214,7 @@ class EngineCore:
             return
         live = _Live(rid, request_id, [0] * params.get("n", 1))
         self._by_request[request_id] = self._by_rid[rid] = live
+        self._unlaunched.append(live)
         self._replies.append(["added", rid])
 
     def _abort(self, rid: int, sample_index: int | None) -> None:
@@ -262,9 +270,11 @@ class EngineCore:
         from paged_edu.engine.engine import StepFailed
 
         start = time.perf_counter(), time.thread_time()
+        self._step_start = self.engine.now()
         try:
             outputs = self.engine.step()
         except StepFailed as exc:
+            self._step_start = None  # undone: it scheduled nobody
             self.num_failed_steps += 1
             self._failures += 1
             log.warning("%s (attempt %d of %d)", exc, self._failures, MAX_RETRIES)
@@ -274,24 +284,45 @@ class EngineCore:
         self.step_seconds[0] += time.perf_counter() - start[0]
         self.step_seconds[1] += time.thread_time() - start[1]
         self._failures = 0
+        if self._unlaunched:
+            self._mark_launched()
         self._gather(outputs)
+        self._step_start = None
         if self.kv_events is not None:
             self.kv_events.publish()
 
+    def _mark_launched(self) -> None:
+        """The requests this step scheduled for the first time: running now (or ended in it, :meth:`_finish`)."""
+        running = {seq.request_id for seq in self.engine.scheduler.running}
+        waiting = []
+        for live in self._unlaunched:
+            if live.request_id in running:
+                live.launched = self._step_start
+            elif live.rid in self._by_rid:
+                waiting.append(live)
+        self._unlaunched = waiting
+
     def _gather(self, outputs) -> None:
-        """Every running sample's tokens not sent yet (with their times), then the requests that ended."""
+        """Every running sample's tokens not sent yet (with their times), then the requests that ended.
+
+        A sample's one new token -- nearly every entry of a decode step -- goes as an id and a time rather
+        than two one-element lists: at 512 running sequences (this 2-core CPU, stub sockets) gathering and
+        packing a step's message took 0.237 ms with the lists, 0.118 without."""
         by_request, tokens = self._by_request, self._tokens
         for seq in self.engine.scheduler.running:
             live = by_request.get(seq.request_id)
             if live is None:
                 continue
             i, ids = seq.sample_index, seq.output_token_ids
-            sent = live.sent[i]
-            if len(ids) > sent:
+            sent, n = live.sent[i], len(ids)
+            if n > sent:
                 if not sent:
                     live.seqs[i] = seq
-                live.sent[i] = len(ids)
-                tokens.append([live.rid, i, ids[sent:], seq.token_times[sent:]])
+                live.sent[i] = n
+                if n - sent == 1:  # a step's one token: no two lists to slice, pack and unpack (see the class)
+                    tokens.append([live.rid, i, ids[-1], seq.token_times[-1]])
+                else:
+                    tokens.append([live.rid, i, ids[sent:], seq.token_times[sent:]])
         for output in outputs:
             if output.request_id in by_request:
                 self._finish(output)
@@ -301,6 +332,8 @@ class EngineCore:
         live = self._by_request.pop(output.request_id)
         del self._by_rid[live.rid]
         m = output.metrics
+        if live.launched is None and m.first_token_time is not None:  # it ended in the step that first ran it
+            live.launched = self._step_start
         for i, ids in enumerate(output.outputs):
             sent = live.sent[i]
             if len(ids) <= sent:
@@ -310,7 +343,9 @@ class EngineCore:
             times = seq.token_times[sent:] if seq is not None else [m.first_token_time] * (len(ids) - sent)
             self._tokens.append([live.rid, i, list(ids[sent:]), times])
             live.sent[i] = len(ids)
-        self._ends.append([live.rid, list(output.finish_reasons), m.num_cached_tokens, m.finish_time, error])
+        self._ends.append(
+            [live.rid, list(output.finish_reasons), m.num_cached_tokens, m.finish_time, error, live.launched]
+        )
 
     def _end_failed(self, exc) -> None:
         """The requests a step failed on every time: ended with the error (their blocks freed)."""
@@ -335,7 +370,7 @@ class EngineCore:
             self._finish(output, error)
             return
         del self._by_request[request_id], self._by_rid[live.rid]  # the engine lost it: end it here
-        self._ends.append([live.rid, ["abort"] * len(live.sent), 0, None, error])
+        self._ends.append([live.rid, ["abort"] * len(live.sent), 0, None, error, live.launched])
 
 
 def run_engine_core(flags: dict, input_address: str, output_address: str) -> None:
@@ -362,6 +397,7 @@ def run_engine_core(flags: dict, input_address: str, output_address: str) -> Non
         from argparse import Namespace
 
         from paged_edu.serve.launch import build_engine
+        from paged_edu.serve.process import freeze_startup_heap
 
         try:
             engine, kv_events, info = build_engine(Namespace(**flags))
@@ -371,6 +407,7 @@ def run_engine_core(flags: dict, input_address: str, output_address: str) -> Non
         core = EngineCore(engine, inputs, outputs, kv_events)
         info["clock_offset"] = time.perf_counter() - engine.now()
         info["stats"] = core._stats()
+        freeze_startup_heap()  # the model, the engine, torch: out of the collector's walks from here on
         outputs.send(msgpack.packb(["ready", info]))
         ready = True
         core.run()  # (a bug that stops it is reported by the loop itself: "dead")

@@ -278,7 +278,7 @@ def build_server(args) -> Server:
 def asgi(server: Server, max_body_bytes: int, on_ready=None):
     """The ASGI application uvicorn runs: the body bound around the routes, the engine core's output
     task started with the server and the core stopped with it (FastAPI's lifespan)."""
-    from paged_edu.serve.app import BodyLimit
+    from paged_edu.serve.app import asgi_app
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -292,7 +292,7 @@ def asgi(server: Server, max_body_bytes: int, on_ready=None):
             server.close()
 
     server.app.router.lifespan_context = lifespan
-    return BodyLimit(server.app, max_body_bytes)
+    return asgi_app(server.state, max_body_bytes, server.app)
 
 
 def main(args) -> int:
@@ -331,10 +331,13 @@ def main(args) -> int:
     # without (tests/serve pass on both).
     from importlib.util import find_spec
 
+    from paged_edu.serve.process import freeze_startup_heap
+
     http, loop = ("httptools" if find_spec("httptools") else "h11"), ("uvloop" if find_spec("uvloop") else "asyncio")
     stack = f"HTTP by {http}, event loop {loop}"
 
     def ready():
+        freeze_startup_heap()  # (this process only: a server run in a thread of a test's process keeps its gc)
         print(f"paged-edu serve: {server.description}", flush=True)
         print(f"paged-edu serve: {stack}", flush=True)
         print(f"paged-edu serve: ready on {url}", flush=True)

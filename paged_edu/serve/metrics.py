@@ -22,6 +22,8 @@ metric (counters end in ``_total``)        kind       read from
 ``vllm:time_to_first_token_seconds``       histogram  first token's time (``token_times``) - arrival at the server
 ``vllm:inter_token_latency_seconds``       histogram  time between a sample's consecutive tokens (``token_times``)
 ``vllm:e2e_request_latency_seconds``       histogram  finish (``finish_time``) - arrival at the server
+``vllm:request_queue_time_seconds``        histogram  the start of the step that first ran it - arrival
+``vllm:request_prefill_time_seconds``      histogram  first token's time - the start of that step
 ========================================  =========  ============================================
 
 The prefix-cache counters count first admissions only, as vLLM's ``PrefixCacheStats.record`` does
@@ -71,6 +73,8 @@ class Tally:
     ttft: list[float] = field(default_factory=list)
     itl: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
+    queue: list[float] = field(default_factory=list)  # a request's TTFT in two (at its end): before its first step
+    prefill: list[float] = field(default_factory=list)  # ... and from it to its first token
 
 
 class StepHistogram:
@@ -149,6 +153,16 @@ class ServerMetrics:
         self.e2e = histogram(
             "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", E2E_BUCKETS
         )
+        # vLLM's queue time runs from the engine core's queueing of a request to its first scheduling, its prefill
+        # time from there to the first token (RequestStateStats, vllm/v1/metrics/stats.py); here the queue starts
+        # at the arrival in the API server (the hand-off to the core inside it) and "scheduled" is the start of
+        # the engine.step() call that first ran the request, so the two add up to the request's TTFT.
+        self.queue = histogram(
+            "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", E2E_BUCKETS
+        )
+        self.prefill = histogram(
+            "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", E2E_BUCKETS
+        )
         self._seen = [0, 0, 0]  # the engine's counters at the last read: queried, hit tokens, preemptions
         if stats is not None:
             self._seen = list(stats[3:6])
@@ -172,6 +186,8 @@ class ServerMetrics:
         self.ttft.observe_many(tally.ttft)
         self.itl.observe_many(tally.itl)
         self.e2e.observe_many(tally.e2e)
+        self.queue.observe_many(tally.queue)
+        self.prefill.observe_many(tally.prefill)
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes."""

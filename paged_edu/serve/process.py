@@ -19,6 +19,7 @@ failed cell), and on Linux the kernel sends it SIGTERM if this process dies with
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import re
 import signal
@@ -28,7 +29,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
-__all__ = ["ServerProcess", "die_with_parent"]
+__all__ = ["ServerProcess", "die_with_parent", "freeze_startup_heap"]
 
 ROOT = Path(__file__).resolve().parents[2]
 # The line the engine core logs as it stops (EngineCore.run)
@@ -135,3 +136,20 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:  # no glibc: the atexit stop still holds
         pass
+
+
+def freeze_startup_heap() -> None:
+    """In a server's process, once it has started: every object alive now (the imported modules, torch's,
+    the model, the app) leaves the garbage collector's view for good (``gc.freeze``, after a collection so
+    that no garbage is frozen), so the collections that the requests' objects trigger no longer walk them.
+    vLLM does the same in both its processes (``freeze_gc_heap``, ``vllm/utils/gc_utils.py``, called in
+    the API server's lifespan and in ``EngineCore.__init__``). What it buys in the API process, whose requests'
+    objects live long enough to reach the oldest generation: a completion's CPU
+    (:class:`~paged_edu.serve.app.OpenAIRoutes`'s measurement, 512 at a time) 194 / 194 -> 121 / 112 us; later,
+    154 -> 90 us, of which the full collections (8 in 10,000 requests, each walking the 195k objects of the
+    startup heap) had been 54 us a request, 2 us frozen. In the engine core a run of 512 requests triggered no
+    full collection (tiny model, CPU): there it spares a long-running server the rare one. Objects frozen are
+    still freed when their last reference goes; only a reference cycle among them would stay (a server process
+    builds them once, at start)."""
+    gc.collect()
+    gc.freeze()

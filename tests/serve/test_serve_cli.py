@@ -36,6 +36,14 @@ def test_api_key_guards_v1_and_bench_serve_measures_the_server(keyed, tmp_path):
     r = httpx.get(f"{url}/v1/models")
     assert r.status_code == 401 and r.json()["error"]["code"] == 401
     assert httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    # The completions, served straight from ASGI (app.OpenAIRoutes), are behind the key too; another
+    # method on their paths is FastAPI's answer to a route declared POST only.
+    body = {"model": "tiny-random", "prompt": "Hello", "max_tokens": 3}
+    assert httpx.post(f"{url}/v1/completions", json=body).status_code == 401
+    wrong = {"Authorization": "Bearer wrong"}
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+    assert httpx.post(f"{url}/v1/chat/completions", json=chat, headers=wrong).status_code == 401
+    assert httpx.get(f"{url}/v1/completions", headers={"Authorization": "Bearer sesame"}).status_code == 405
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
     good = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0, timeout=HANG_GUARD_S)

@@ -101,6 +101,7 @@ def test_models_health_and_metrics_names(srv, client):
         "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions", "vllm:prompt_tokens",
         "vllm:generation_tokens", "vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
         "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
     ):  # fmt: skip
         assert name in names, name
     assert "vllm:prefix_cache_hit_rate" not in names  # not a served metric, in vLLM neither
@@ -311,6 +312,10 @@ def test_metrics_count_what_the_clients_saw(srv, client):
     assert d["vllm:time_to_first_token_seconds_count"] == len(prompts)
     assert d["vllm:e2e_request_latency_seconds_count"] == len(prompts)
     assert d["vllm:inter_token_latency_seconds_count"] == sum(m - 1 for m in lens)
+    # Each TTFT in two at the start of the request's first engine step: both parts >= 0, summing to it.
+    assert [d[f"vllm:request_{k}_time_seconds_count"] for k in ("queue", "prefill")] == [len(prompts)] * 2
+    parts = [d[f"vllm:request_{k}_time_seconds_sum"] for k in ("queue", "prefill")]
+    assert min(parts) >= 0 and sum(parts) == pytest.approx(d["vllm:time_to_first_token_seconds_sum"], rel=1e-6)
     assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
 
 

@@ -114,3 +114,43 @@ def test_chunk_encoder_writes_the_bytes_of_the_chunk_dicts(chat):
         expected = P.chunk(chat, 'cmpl-"x"', 1767000000, "Small\\LM é", dicts)
         assert fast == "data: " + json.dumps(expected, separators=(",", ":")) + "\n\n"
         assert json.loads(fast.removeprefix("data: ")) == expected
+
+
+BODIES = [
+    b'{"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0.5, "stream": true, "stream_options": {"include_usage": true}}',
+    b'{"prompt": "hi", "max_tokens": 1, "max_tokens": 2, "stream": "true", "seed": 18446744073709551615}',
+    b'{"prompt": "x", "temperature": NaN, "extra": 1e400, "user": "\\u00e9"}',
+    b'{"prompt": "a\\ud800b"}',  # a lone surrogate: pydantic's parser refuses it, json's takes it
+    b'{"prompt": [1, 2], "max_tokens": 2.0}',
+    b'{"prompt": [1, 2], "tools": [{"type": "function"}], "echo": false}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3}',
+    b"[1, 2]",
+    b'{"prompt": [1, 2',
+]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("raw", BODIES)
+def test_a_body_parsed_in_one_pass_is_the_one_json_then_pydantic_gives(raw, chat):
+    """The server reads a body with pydantic's own JSON parser (app._read) and, if it refuses, again with
+    ``json.loads`` then ``model_validate`` (app._parse) for the error: wherever the one pass accepts, the
+    request is the one the two passes give."""
+    from pydantic import ValidationError
+
+    from paged_edu.serve import protocol as P
+    from paged_edu.serve.app import _parse
+
+    model = P.ChatCompletionRequest if chat else P.CompletionRequest
+    try:
+        plain = _parse(raw, model)
+    except P.RequestError:
+        plain = None
+    try:
+        fast = model.model_validate_json(raw)
+    except ValidationError:
+        return  # the server answers with the plain way's request or error
+    assert plain is not None
+    dump = dict(mode="python", round_trip=True)
+    assert repr(fast.model_dump(**dump)) == repr(plain.model_dump(**dump))  # (repr: NaN == NaN)
+    assert fast.model_fields_set == plain.model_fields_set and fast.model_extra == plain.model_extra
+    assert P.unsupported_field(fast) is None or str(P.unsupported_field(fast)) == str(P.unsupported_field(plain))
