@@ -2,6 +2,8 @@
 
     python benchmarks/bench_layer.py --out paged_edu/data/layer_bench.json               # table + JSON
     python benchmarks/bench_layer.py --sweep-decode --out paged_edu/data/layer_bench.json  # + decode configs
+    python benchmarks/bench_layer.py --ab swiglu_gemm,pdl --batches 1,64  # A/B of Kernels switches
+    python benchmarks/bench_layer.py --ab pdl --smoke                    # the A/B on a CPU, to check the script
 
 What a decode step of the engine computes on the GPU, measured alone: the 30-layer model (random
 bf16 weights, 9 query / 3 KV heads of 64, hidden 576) over a paged pool, one new token for each of
@@ -25,6 +27,16 @@ and peak FLOP/s with no overhead, the tied LM head's weight read counted (``roof
 ``ROOFLINE_NAME`` in the table), and with the model's default assumptions
 (85 % of the bandwidth, 1 ms of overhead per step: ``cost_model_us``).
 
+``--ab SWITCH[,SWITCH...]`` times only the fused step, in one process on one card: the step as the other flags
+set it (``base``) and, for each switch (a boolean field of :class:`~paged_edu.models.llama.Kernels`:
+``fuse_decode_store``, ``swiglu_gemm``, ``pdl``), the same step with that field flipped.
+Every variant is captured once; ``--rounds`` rounds then replay each in turn (``--reps`` replays a round, L2
+flushed before each), so a drift of the card's clock falls on all of them alike; the median of the rounds'
+medians is reported, with the kernels per step (``torch.profiler``) and whether the logits are the base's bit
+for bit. It writes ``benchmarks/records/<card>/layer_ab_<switches>.json`` (``record.provenance()`` at the
+top) unless ``--out`` says otherwise. ``--smoke``: a 2-layer model on the CPU under the Triton interpreter,
+eager calls timed by the wall clock (no graphs, no profile) -- a check of the script, not a measurement.
+
 ``--sweep-decode`` also times the paged decode kernel alone at SmolLM2's shape: the default
 (one program per KV head) and the whole-row kernel of :mod:`paged_edu.labs.triton_decode_packed`
 over a grid of tiles, warps, pipeline stages and splits.
@@ -39,10 +51,16 @@ import json
 import os
 import statistics
 import sys
+import time
+from dataclasses import fields, replace
+
+if "--smoke" in sys.argv:  # the kernels are decorated at import: the interpreter is chosen before
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from paged_edu.kernels import paged_attention_decode  # noqa: E402
 from paged_edu.kernels.support import SKINNY_MAX_ROWS  # noqa: E402
@@ -53,9 +71,12 @@ from paged_edu.models.loaders import random_llama  # noqa: E402
 from paged_edu.core.hardware import MODELS  # noqa: E402
 from paged_edu.labs.card import this_card  # noqa: E402
 from paged_edu.sim.costmodel import ROOFLINE_NAME, CostModel  # noqa: E402
+from record import provenance, record_path  # noqa: E402
 
 BATCHES = (1, 16, 64, 256)
 BLOCK = 16
+# The switches --ab may flip: the boolean fields of Kernels, each a speed choice that keeps the tokens.
+AB_SWITCHES = tuple(f.name for f in fields(Kernels) if isinstance(f.default, bool))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -123,7 +144,20 @@ def profile_replays(graph, fn, n: int = 10) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 
-def decode_batch(batch: int, context: int, width: int, num_blocks: int, device, seed: int) -> ForwardBatch:
+def model_and_pool(config, batches, context: int, dtype, device) -> tuple:
+    """``(model, kv_pairs)``: random weights of ``config`` and a pool of random K/V, one ``(k_cache, v_cache)``
+    pair per layer of ``(num_blocks, BLOCK, num_kv_heads, head_dim)``, blocks enough for the largest batch."""
+    model = random_llama(config, seed=0, dtype=dtype, device=device)
+    num_blocks = max(batches) * -(-context // BLOCK) + 16
+    g = torch.Generator(device=device).manual_seed(1)
+    shape = (num_blocks, BLOCK, config.num_kv_heads, config.head_dim)
+    kv_pairs = [tuple(torch.randn(shape, device=device, generator=g).to(dtype) for _ in range(2)) for _ in model.layers]
+    return model, kv_pairs
+
+
+def decode_batch(
+    batch: int, context: int, width: int, num_blocks: int, device, seed: int, vocab_size: int = 49152
+) -> ForwardBatch:
     """``batch`` sequences of ``context`` tokens, the last one new; shuffled, non-shared blocks."""
     g = torch.Generator().manual_seed(seed)
     per_seq = -(-context // BLOCK)
@@ -133,7 +167,7 @@ def decode_batch(batch: int, context: int, width: int, num_blocks: int, device, 
     pos = context - 1
     slots = blocks[:, pos // BLOCK] * BLOCK + pos % BLOCK  # (batch,)
     return ForwardBatch(
-        input_ids=torch.randint(0, 49152, (batch,), generator=g).to(device),
+        input_ids=torch.randint(0, vocab_size, (batch,), generator=g).to(device),
         positions=torch.full((batch,), pos, dtype=torch.long, device=device),
         slot_mapping=slots.to(device),
         num_decodes=batch,
@@ -167,7 +201,7 @@ def measure_step(
     ``(model, kv_pairs)``, whose plain PyTorch step is the oracle both bf16 paths are held to (module
     docstring)."""
     num_blocks = kv_pairs[0][0].shape[0]
-    fb = decode_batch(batch, context, width, num_blocks, model.device, seed=batch)
+    fb = decode_batch(batch, context, width, num_blocks, model.device, seed=batch, vocab_size=model.config.vocab_size)
     row = {
         "batch": batch,
         "context": context,
@@ -204,6 +238,127 @@ def measure_step(
     row["speedup"] = row["unfused_us"] / row["fused_us"]
     row["fused_over_roofline"] = row["fused_us"] / row["roofline_us"]
     return row
+
+
+# ----------------------------------------------------------------------------------------------
+# A/B of Kernels switches: the fused step, each switch flipped, in one process
+# ----------------------------------------------------------------------------------------------
+
+
+def ab_step(model, kv_pairs, batch, context, width, base: Kernels, switches, reps, rounds, flush) -> dict:
+    """One batch's fused step with ``base`` and with each of ``switches`` flipped (module docstring, ``--ab``):
+    per variant the median microseconds, each round's median, kernels per step and the logits against base's.
+    ``flush`` None: the smoke run (CPU, eager, wall clock)."""
+    num_blocks = kv_pairs[0][0].shape[0]
+    fb = decode_batch(batch, context, width, num_blocks, model.device, seed=batch, vocab_size=model.config.vocab_size)
+    variants = {"base": base, **{name: replace(base, **{name: not getattr(base, name)}) for name in switches}}
+    runs, steps, logits = {}, {}, {}
+    for key, kernels in variants.items():
+        step = steps[key] = lambda k=kernels: model.compute_logits(model(fb, kv_pairs, k))  # noqa: E731
+        if flush is None:
+            runs[key], out = step, step()
+        else:
+            runs[key], out = capture(step)
+            runs[key].replay()
+            torch.cuda.synchronize()
+        logits[key] = out.clone()
+    rounds_us = {key: [] for key in variants}
+    for _ in range(rounds):  # interleaved: each round times every variant once
+        for key, run in runs.items():
+            if flush is None:
+                t0 = time.perf_counter()
+                run()
+                rounds_us[key].append((time.perf_counter() - t0) * 1e6)
+            else:
+                rounds_us[key].append(time_replays(run, reps, flush))
+    row = {"batch": batch, "context": context, "variants": {}}
+    for key, kernels in variants.items():
+        resolved = kernels.resolve(model.device).for_step(batch, pure_decode=True)
+        got, ref = logits[key], logits["base"]
+        row["variants"][key] = {
+            "kernels": {name: getattr(resolved, name) for name in ("decode", "fused", "gemm", *AB_SWITCHES)},
+            "us": statistics.median(rounds_us[key]),
+            "us_rounds": rounds_us[key],
+            "kernels_per_step": None if flush is None else profile_replays(runs[key], steps[key])["kernels_per_step"],
+            "logits_equal_base": bool(torch.equal(got, ref)),
+            "logits_rel_err_base": rel_err(got, ref),
+            "argmax_agree_base": float((got.argmax(-1) == ref.argmax(-1)).float().mean()),
+        }
+    return row
+
+
+def ab_markdown(rows) -> str:
+    lines = [
+        "| batch | variant | us | vs base | kernels/step | logits = base |",
+        "|---:|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        base = r["variants"]["base"]["us"]
+        for key, v in r["variants"].items():
+            k = "-" if v["kernels_per_step"] is None else f"{v['kernels_per_step']:.0f}"
+            same = "bit for bit" if v["logits_equal_base"] else f"rel err {v['logits_rel_err_base']:.1e}"
+            name = key if key == "base" else f"{key} -> {v['kernels'][key]}"
+            lines.append(f"| {r['batch']} | {name} | {v['us']:.1f} | {v['us'] / base - 1:+.1%} | {k} | {same} |")
+    return "\n".join(lines)
+
+
+def run_ab(args, argv) -> int:
+    """``--ab``: build the model and pool (SmolLM2's geometry on the GPU; ``--smoke``: 2 small layers on the
+    CPU), A/B every batch, print the table and write the record."""
+    switches = [s for s in args.ab.split(",") if s]
+    unknown = [s for s in switches if s not in AB_SWITCHES]
+    if unknown or not switches:
+        print(f"--ab takes a comma-separated list of {', '.join(AB_SWITCHES)}; got {args.ab!r}")
+        return 1
+    if args.smoke:
+        device = torch.device("cpu")
+        small = dict(num_layers=2, hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16)
+        config = replace(smollm2_config(), vocab_size=512, **small)
+        dtype, flush = torch.float32, None
+        batches, context, reps, rounds = [1, 3], 20, 1, 2
+    elif not torch.cuda.is_available():
+        print("bench_layer needs a CUDA GPU (--smoke: a CPU check of --ab)")
+        return 1
+    else:
+        device, config, dtype = torch.device("cuda"), smollm2_config(), torch.bfloat16
+        flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
+        batches, context, reps, rounds = [int(b) for b in args.batches.split(",")], args.context, args.reps, args.rounds
+    width = -(-args.max_model_len // BLOCK)
+    model, kv_pairs = model_and_pool(config, batches, context, dtype, device)
+    base = Kernels(
+        fuse_decode_store=args.fuse_decode_store,
+        swiglu_gemm=args.swiglu_gemm,
+        gemm=args.gemm,
+        pdl=args.pdl,
+        **({"decode": "triton", "prefill": "torch", "fused": "triton"} if args.smoke else {}),
+    )
+    rows = []
+    for b in batches:
+        rows.append(ab_step(model, kv_pairs, b, context, width, base, switches, reps, rounds, flush))
+        print(", ".join(f"batch {b} {k}: {v['us']:.1f} us" for k, v in rows[-1]["variants"].items()), flush=True)
+    table = ab_markdown(rows)
+    print(table)
+    name = f"layer_ab_{'_'.join(switches)}{'_smoke' if args.smoke else ''}.json"
+    out = args.out or str(record_path(name))
+    record = {
+        **provenance("bench_layer.py", argv),
+        "what": "the fused decode step (CUDA graph, L2 flushed) with the base Kernels and each switch flipped",
+        "model": f"{'2 small layers, fp32, interpreter (smoke)' if args.smoke else 'SmolLM2-135M geometry'}, "
+        "random weights",
+        "base": {name: getattr(base, name) for name in ("decode", "fused", "gemm", *AB_SWITCHES)},
+        "switches": switches,
+        "block_size": BLOCK,
+        "max_model_len": args.max_model_len,
+        "reps": reps,
+        "rounds": rounds,
+        "rows": rows,
+        "table": table,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"wrote {out}")
+    return 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -352,7 +507,9 @@ def markdown(rows) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="paged_edu/data/layer_bench.json")
+    p.add_argument(
+        "--out", default=None, help="the JSON (default: paged_edu/data/layer_bench.json; with --ab the record)"
+    )
     p.add_argument("--batches", default=",".join(map(str, BATCHES)))
     p.add_argument("--context", type=int, default=512, help="tokens per sequence, the new one included")
     p.add_argument(
@@ -374,6 +531,13 @@ def main(argv=None) -> int:
         f"one skinny GEMM at <= {SKINNY_MAX_ROWS} rows",
     )
     p.add_argument(
+        "--ab",
+        default="",
+        help=f"SWITCH[,SWITCH...] of {', '.join(AB_SWITCHES)}: only the fused step, base and each switch flipped",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="--ab: interleaved rounds of --reps replays per variant")
+    p.add_argument("--smoke", action="store_true", help="--ab on the CPU with 2 small layers (a check of the script)")
+    p.add_argument(
         "--gemm",
         choices=("auto", "torch", "triton"),
         default="auto",
@@ -393,6 +557,12 @@ def main(argv=None) -> int:
         help="BATCHES/CONTEXTS, e.g. 1,4,16/256,1024: only the decode kernel's split counts",
     )
     args = p.parse_args(argv)
+    if args.ab:
+        return run_ab(args, argv if argv is not None else sys.argv[1:])
+    if args.smoke:
+        print("--smoke checks --ab only")
+        return 1
+    args.out = args.out or "paged_edu/data/layer_bench.json"
     if not torch.cuda.is_available():
         print("bench_layer needs a CUDA GPU")
         return 1
@@ -415,18 +585,7 @@ def main(argv=None) -> int:
             )
         print(f"wrote {args.out}")
         return 0
-    per_seq = -(-args.context // BLOCK)
-    model = random_llama(smollm2_config(), seed=0, dtype=torch.bfloat16, device="cuda")
-    c = model.config
-    num_blocks = max(batches) * per_seq + 16
-    g = torch.Generator(device="cuda").manual_seed(1)
-    kv_pairs = [
-        tuple(
-            torch.randn(num_blocks, BLOCK, c.num_kv_heads, c.head_dim, device="cuda", generator=g).to(torch.bfloat16)
-            for _ in range(2)
-        )
-        for _ in range(c.num_layers)
-    ]
+    model, kv_pairs = model_and_pool(smollm2_config(), batches, args.context, torch.bfloat16, "cuda")
     # The oracle: the same weights and pool in fp32, stepped by plain PyTorch (measure_step)
     fp32 = (copy.deepcopy(model).float(), [(k.float(), v.float()) for k, v in kv_pairs])
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")

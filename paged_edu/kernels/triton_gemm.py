@@ -103,6 +103,17 @@ one call): 911 against 854 us at batch 1, 1,027 / 930 at 16, 1,165 / 987 at 32 f
 reductions, the h, r and norm-weight loads beside every weight tile -- cost more than the ~2 us launch it
 saved; which of them costs most was not measured.
 
+A third time, the first way built again under programmatic launches and the weight preload (branch kern4,
+8e9c4f7, not merged): each program's pass over its rows after the PDL wait, its weight slice still loaded
+before it, program ``(0, 0)`` storing ``r'``. On the H100 a whole decode step (``bench_layer.py --ab norm_gemm
+--batches 1,16,64 --reps 20 --rounds 3``: one process, three interleaved rounds; log
+``benchmarks/records/h100/layer_ab_norm_gemm_8e9c4f7_log.txt``) took 768 against 662 us at batch 1 (+16.0 %),
+964 / 805 at 16 (+19.7 %), 1,457 / 1,148 at 64 (+26.9 %), with 184 kernels instead of 244: 60 launches fewer a
+step still lost, at every batch. And in the same call one GPU test failed: with the prologue on, the chain of
+programmatic launches at 33 sequences was not bit for bit the same kernels launched one after the other
+(``test_pdl.py::test_gpu_decode_graph_with_pdl_is_bit_for_bit_the_plain_chain[33-True]``; its traceback did
+not come back, so which read ran early is not known).
+
 Launch shapes depend only on ``(M's bucket, N, K)`` and the config, never on values, so a call
 captures in a CUDA graph; the split-K counters live in one zeroed buffer per device that every
 launch leaves zeroed again (so two split-K launches must not run *concurrently* on two streams).

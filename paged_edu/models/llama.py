@@ -23,8 +23,12 @@ What you will learn
   further (``Kernels.fuse_decode_store``, on by default): the decode attention kernel rotates and stores
   the new token itself (:func:`paged_edu.kernels.triton_decode.rotary_store_decode_triton`), and a batch of
   <= 64 rows runs the MLP's gate_up projection and SiLU-and-mul as one skinny GEMM
-  (``Kernels.swiglu_gemm``, on by default: :mod:`paged_edu.kernels.triton_gemm`'s SwiGLU epilogue). On a CPU
-  the model runs plain PyTorch.
+  (``Kernels.swiglu_gemm``, on by default: :mod:`paged_edu.kernels.triton_gemm`'s SwiGLU epilogue). Such a
+  layer launches seven kernels: add and norm, qkv, attention (rotary and K/V store inside), o_proj, add and
+  norm, gate_up with SiLU-and-mul, down -- eight where the decode kernel splits the sequences and merges the
+  splits in a second kernel (at the engine's table width, every batch of 1 to 64 on 132 SMs:
+  :func:`~paged_edu.kernels.decode.tuning.choose_num_splits`); ``tests/models/test_decode_launches.py`` counts
+  them. On a CPU the model runs plain PyTorch.
 
 ``PagedLlama.from_hf(hf_model)`` copies the weights of any Hugging Face ``LlamaForCausalLM``; the
 config lives in :mod:`paged_edu.models.config`, random and real (SmolLM2) weights in

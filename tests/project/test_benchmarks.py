@@ -162,6 +162,38 @@ def test_bench_gemm_smoke_times_both_paths_checks_them_and_sweeps(tmp_path):
     assert [s["batch"] for s in rec["steps"]] == [1, 3] and all(s["ok"] for s in rec["steps"])
 
 
+def test_bench_layer_ab_smoke_times_each_switch_against_the_base(tmp_path):
+    """``bench_layer.py --ab swiglu_gemm,fuse_decode_store --smoke`` (2 small layers, the Triton interpreter): the
+    base step and the step with each switch flipped, each batch, rounds interleaved, the same greedy tokens; the
+    record with its command and commit. An unknown switch is refused."""
+    from paged_edu.kernels import triton_interpreting
+
+    if not triton_interpreting():
+        pytest.skip("--smoke runs in the Triton interpreter (a CPU machine)")
+    from bench_layer import main
+
+    argv = ["--ab", "swiglu_gemm,fuse_decode_store", "--smoke", "--out", str(tmp_path / "ab.json")]
+    assert main(argv) == 0
+    rec = json.loads((tmp_path / "ab.json").read_text())
+    assert rec["command"] == "python benchmarks/bench_layer.py " + " ".join(argv) and rec["commit"]
+    assert rec["switches"] == ["swiglu_gemm", "fuse_decode_store"]
+    assert rec["base"]["swiglu_gemm"] is True and rec["base"]["fuse_decode_store"] is True
+    assert [r["batch"] for r in rec["rows"]] == [1, 3]
+    for r in rec["rows"]:
+        assert set(r["variants"]) == {"base", "swiglu_gemm", "fuse_decode_store"}
+        for switch in rec["switches"]:
+            flipped = r["variants"][switch]
+            assert flipped["kernels"][switch] is False  # the switch, and only it, flipped
+            assert {k: v for k, v in flipped["kernels"].items() if k != switch} == {
+                k: v for k, v in r["variants"]["base"]["kernels"].items() if k != switch
+            }
+            assert flipped["argmax_agree_base"] == 1.0
+            assert flipped["logits_rel_err_base"] < 1e-5  # fp32: the sums' order only
+        assert all(v["us"] > 0 and len(v["us_rounds"]) == rec["rounds"] for v in r["variants"].values())
+    assert main(["--ab", "norm_gemm", "--smoke", "--out", str(tmp_path / "x.json")]) == 1
+    assert not (tmp_path / "x.json").exists()
+
+
 H200_ENGINE_RUNS = [
     "benchmarks/records/h200/engine_bench_decode_tables.json",
     "benchmarks/records/h200/engine_bench_decode_tables_2.json",
