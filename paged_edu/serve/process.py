@@ -38,6 +38,9 @@ _CORE_REPORT = re.compile(
     r"the loop's own work ([\d.]+) ms/step \(CPU ([\d.]+)\)"
 )
 
+# The line each API server of several logs as it stops (api_servers.run_api_server)
+_API_SERVER_REPORT = re.compile(r"API server (\d+) \(pid \d+\): (\d+) requests")
+
 
 class ServerProcess:
     """A ``paged-edu serve ARGV`` child; :attr:`url` once it is ready. ``timeout``: seconds to wait
@@ -116,6 +119,12 @@ class ServerProcess:
                 keys = ("step_ms", "step_cpu_ms", "loop_ms", "loop_cpu_ms")
                 return {"steps": int(m[1]), **{k: float(v) for k, v in zip(keys, m.groups()[1:])}}
         return None
+
+    def api_server_requests(self) -> list[int] | None:
+        """With ``--api-server-count N > 1``: the requests each API server sent to the engine core (the line it
+        prints as it stops, :mod:`~paged_edu.serve.api_servers`), in order; None before they stopped, or with one."""
+        found = {int(m[1]): int(m[2]) for line in self.lines if (m := _API_SERVER_REPORT.search(line))}
+        return [found[k] for k in sorted(found)] or None
 
     def __enter__(self) -> ServerProcess:
         return self.start()
