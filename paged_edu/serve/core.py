@@ -60,7 +60,8 @@ once its inputs are handled (if they need an answer) and one after its step::
     replies: ["added", rid] | ["refused", rid, message, field] | ["result", call id, value]
              | ["raised", call id, message] | ["dead", message]
     stats:   [requests running, requests waiting, KV usage, prefix-cache queried tokens,
-              hit tokens, preemptions] or None                    # the counters cumulative
+              hit tokens, preemptions, when read] or None         # the counters cumulative; when: the
+                                                                  # core's time.perf_counter()
 
 **Several API servers** (``paged-edu serve --api-server-count N``, :mod:`~paged_edu.serve.api_servers`):
 the core has one *channel* per API server -- a pair of sockets -- and reads every channel's input socket as
@@ -227,7 +228,7 @@ class EngineCore:
         running = {q.request_id for q in s.running}
         waiting = {q.request_id for q in s.waiting} | {q.request_id for q in s.swapped}
         return [len(running), len(waiting - running), a.usage, a.stats.queried_tokens, a.stats.hit_tokens,
-                s.num_preemptions]  # fmt: skip
+                s.num_preemptions, time.perf_counter()]  # fmt: skip
 
     # -- inputs --------------------------------------------------------------------------------------
     def _add(self, rid: int, prompt: list[int], params: dict, cache_salt: str | None, channel: int) -> None:

@@ -6,7 +6,9 @@ API server's side -- the tokenizer, the engine core started as a child process
 (:class:`~paged_edu.serve.client.EngineClient`; the child runs :func:`build_engine` on the same
 flags and says when it is ready), the metrics and the routes -- without opening a port (tests and
 the lesson's helpers use it too); :func:`main` binds the socket, serves until SIGTERM or Ctrl+C and
-returns 0 after a graceful stop.
+returns 0 after a graceful stop. With ``--api-server-count N > 1`` this process binds the socket and
+hands it to :func:`~paged_edu.serve.api_servers.run_multi_api_server`: N API server processes, each
+built by :func:`build_server` on a client of the one core, served by :func:`run_uvicorn`.
 
 The models (``--model``, ``--load-format``)
 -------------------------------------------

@@ -41,8 +41,9 @@ Several API servers (``--api-server-count N``)
 Each API server process sees only its own requests' tokens, and any of them may answer a scrape. Every
 number above therefore lives in a *slot*: one row of float64s per process (:func:`slot_size` of them),
 which that process alone writes; a scrape sums the rows -- the counters and the histograms' buckets and
-sums -- and takes the gauges and the engine's counters from the row that heard from the core last (the
-core's numbers are totals already: summing them would count them N times). With one API server the
+sums -- and takes the gauges and the engine's counters from the row holding the core's latest reading
+(the core stamps each reading with its ``time.perf_counter()``, one clock for every process of the host;
+the core's numbers are totals already: summing them would count them N times). With one API server the
 rows are one, in the process's memory; with N they are a file in the server's private folder mapped by
 every process (``numpy.memmap``: shared pages), created by the supervising process
 (:mod:`~paged_edu.serve.api_servers`).
@@ -66,7 +67,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,7 +100,7 @@ class Tally:
 
 
 # A slot's layout (see the module docstring): the core's stats as last heard, then this process's own numbers.
-HEARD = 0  # when this process last got the core's stats (time.perf_counter(); 0: never)
+READ = 0  # when the core read the stats this slot holds (the core's time.perf_counter(); 0: at the start)
 STATS = slice(1, 7)  # running, waiting, KV usage, prefix-cache queried tokens, hit tokens, preemptions
 PROMPT_TOKENS, GENERATION_TOKENS = 7, 8
 HISTOGRAMS = 9  # where the histograms start: per histogram, its buckets' counts, then its sum
@@ -176,9 +176,9 @@ class ServerMetrics:
         self.labels = {"model_name": model_name, "engine": "0"}
         self.slots = np.zeros((1, slot_size())) if slots is None else slots
         self.slot = self.slots[index]
-        self.baseline = np.zeros(6) if stats is None else np.asarray(stats, dtype=np.float64)
-        if stats is not None and not self.slot[HEARD]:
-            self.slot[STATS] = stats
+        self.baseline = np.zeros(6) if stats is None else np.asarray(stats[:6], dtype=np.float64)
+        if stats is not None and not self.slot[READ]:
+            self.slot[STATS] = stats[:6]
         start = HISTOGRAMS
         histograms = []
         # vLLM's queue time runs from the engine core's queueing of a request to its first scheduling, its prefill
@@ -203,8 +203,8 @@ class ServerMetrics:
         """The core's gauges and counters as it read them (if the message carried them), and the tally."""
         slot = self.slot
         if stats is not None:
-            slot[STATS] = stats
-            slot[HEARD] = time.perf_counter()  # (CLOCK_MONOTONIC: one clock for every process of the host)
+            slot[STATS] = stats[:6]
+            slot[READ] = stats[6]
         slot[PROMPT_TOKENS] += tally.prompt_tokens
         slot[GENERATION_TOKENS] += tally.generated
         self.ttft.observe_many(tally.ttft)
@@ -216,7 +216,7 @@ class ServerMetrics:
     def collect(self):
         """Every metric, over every API server's slot (the registry's collector: see the module docstring)."""
         labels, values = list(self.labels), list(self.labels.values())
-        latest = self.slots[int(np.argmax(self.slots[:, HEARD]))]  # the core's numbers as last heard by anyone
+        latest = self.slots[int(np.argmax(self.slots[:, READ]))]  # the core's latest reading, whoever got it
         stats = np.array(latest[STATS])
         for k, (name, doc) in enumerate((
             ("vllm:num_requests_running", "Number of requests in model execution batches."),
