@@ -20,7 +20,8 @@ serve the one socket they inherit, each with its own ``client_index`` towards th
    ``SO_REUSEPORT``, as vLLM's);
 2. the engine core is started by this process's :class:`~paged_edu.serve.client.EngineClient` on
    channel N of N + 1: it keeps that channel to send ``stop`` at the end;
-3. N API servers are started (``python -m paged_edu.serve.api_servers SPEC``, each a fresh
+3. N API servers are started (``python -m paged_edu.serve.launch SPEC``:
+   :func:`~paged_edu.serve.launch.run_api_server`, each a fresh
    interpreter like the core), each given the socket's file descriptor, its channel k < N in the
    server's private folder, the core's pid, and its slot of the metrics file
    (:mod:`~paged_edu.serve.metrics` says how a scrape sums the slots); each one's client binds its
@@ -50,7 +51,7 @@ import time
 
 from paged_edu.serve.process import ROOT, die_with_parent
 
-__all__ = ["run_api_server", "run_multi_api_server"]
+__all__ = ["run_multi_api_server"]
 
 log = logging.getLogger("paged_edu.serve")
 
@@ -67,8 +68,8 @@ def _own_group_dying_with_parent() -> None:
 def run_multi_api_server(args, sock: socket.socket, url: str) -> int:
     """Serve ``args`` with ``args.api_server_count`` API servers on the bound ``sock``; the exit status."""
     from paged_edu.serve.client import EngineClient
-    from paged_edu.serve.launch import http_stack, stopped
     from paged_edu.serve.metrics import shared_slots
+    from paged_edu.serve.process import http_stack, stopped
 
     count = args.api_server_count
     flags = dict(vars(args))
@@ -91,7 +92,7 @@ def run_multi_api_server(args, sock: socket.socket, url: str) -> int:
                 "index": k, "count": count, "core_pid": core.process.pid, "metrics": metrics_path}  # fmt: skip
         workers.append(
             subprocess.Popen(
-                [sys.executable, "-m", "paged_edu.serve.api_servers", json.dumps(spec)],
+                [sys.executable, "-m", "paged_edu.serve.launch", json.dumps(spec)],  # launch.run_api_server
                 env=env,
                 pass_fds=(sock.fileno(), write_ready),
                 preexec_fn=_own_group_dying_with_parent if sys.platform == "linux" else None,
@@ -164,38 +165,3 @@ def _stop(workers: list[subprocess.Popen], timeout: float) -> None:
         except subprocess.TimeoutExpired:
             w.kill()
             w.wait()
-
-
-def run_api_server(spec: dict) -> None:
-    """One API server of several (the process :func:`run_multi_api_server` starts): its client on its
-    channel, its metrics slot, uvicorn on the inherited socket; exits 0 once stopped."""
-    from argparse import Namespace
-
-    from paged_edu.serve.client import EngineClient
-    from paged_edu.serve.launch import build_server, run_uvicorn
-    from paged_edu.serve.metrics import shared_slots
-    from paged_edu.serve.process import freeze_startup_heap
-
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args, k = Namespace(**spec["flags"]), spec["index"]
-    sock = socket.socket(fileno=spec["fd"])
-    client = EngineClient(spec["flags"], channel=k, directory=spec["directory"], core_pid=spec["core_pid"])
-    try:
-        server = build_server(args, client, shared_slots(spec["metrics"], spec["count"]), k)
-    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
-        print(f"paged-edu serve: API server {k}: error: {exc}", file=sys.stderr, flush=True)
-        os._exit(2)
-
-    def ready():
-        freeze_startup_heap()
-        os.write(spec["ready_fd"], b"1")
-        os.close(spec["ready_fd"])
-
-    run_uvicorn(server, sock, args, ready)
-    print(f"paged-edu serve: API server {k} (pid {os.getpid()}): {client.num_requests} requests", flush=True)
-    sys.stderr.flush()
-    os._exit(0)  # (as launch.main: no interpreter teardown)
-
-
-if __name__ == "__main__":  # python -m paged_edu.serve.api_servers SPEC_JSON (run_multi_api_server)
-    run_api_server(json.loads(sys.argv[1]))

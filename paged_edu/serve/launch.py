@@ -7,8 +7,9 @@ API server's side -- the tokenizer, the engine core started as a child process
 flags and says when it is ready), the metrics and the routes -- without opening a port (tests and
 the lesson's helpers use it too); :func:`main` binds the socket, serves until SIGTERM or Ctrl+C and
 returns 0 after a graceful stop. With ``--api-server-count N > 1`` this process binds the socket and
-hands it to :func:`~paged_edu.serve.api_servers.run_multi_api_server`: N API server processes, each
-built by :func:`build_server` on a client of the one core, served by :func:`run_uvicorn`.
+hands it to :func:`~paged_edu.serve.api_servers.run_multi_api_server`: N API server processes
+(:func:`run_api_server`), each built by :func:`build_server` on a client of the one core and served by
+:func:`run_uvicorn`.
 
 The models (``--model``, ``--load-format``)
 -------------------------------------------
@@ -51,7 +52,7 @@ import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-__all__ = ["Server", "build_engine", "build_server", "main"]
+__all__ = ["Server", "build_engine", "build_server", "main", "run_api_server"]
 
 log = logging.getLogger("paged_edu.serve")
 
@@ -318,16 +319,6 @@ def listen_socket(args) -> socket.socket:
     return sock
 
 
-def http_stack() -> tuple[str, str]:
-    """uvicorn's defaults ("auto") parse HTTP with httptools (C) and run uvloop's event loop where they are
-    installed (the serve extra), else h11 (pure Python) and asyncio's loop. 512 streams on the tiny model,
-    this 2-core CPU, interleaved runs: the API process's CPU 3.29 / 3.98 s with them against 4.35 / 4.70
-    without (tests/serve pass on both)."""
-    from importlib.util import find_spec
-
-    return ("httptools" if find_spec("httptools") else "h11"), ("uvloop" if find_spec("uvloop") else "asyncio")
-
-
 def run_uvicorn(server: Server, sock: socket.socket, args, ready) -> list[int]:
     """Serve ``server`` on ``sock`` until SIGTERM or Ctrl+C (``ready()`` once it serves); the signals
     that stopped it (see the module docstring)."""
@@ -349,11 +340,6 @@ def run_uvicorn(server: Server, sock: socket.socket, args, ready) -> list[int]:
         server.close()
         sock.close()
     return stops
-
-
-def stopped(stops: list[int]) -> str:
-    """The line a server prints as it stops."""
-    return f"paged-edu serve: stopped{' on ' + signal.Signals(stops[0]).name if stops else ''}"
 
 
 def main(args) -> int:
@@ -383,7 +369,7 @@ def main(args) -> int:
         print(f"paged-edu serve: error: {exc}", file=sys.stderr)
         return 2
 
-    from paged_edu.serve.process import freeze_startup_heap
+    from paged_edu.serve.process import freeze_startup_heap, http_stack, stopped
 
     http, loop = http_stack()
 
@@ -399,3 +385,39 @@ def main(args) -> int:
     # Everything the server opened is closed: skip the interpreter's teardown of torch and friends,
     # which took 5 s of a loaded 2-core CPU after the server had stopped in 0.3 s (a lesson stops three).
     os._exit(0)
+
+
+def run_api_server(spec: dict) -> None:
+    """One API server of several (the process :func:`~paged_edu.serve.api_servers.run_multi_api_server` starts): its client on its
+    channel, its metrics slot, uvicorn on the inherited socket; exits 0 once stopped."""
+    from argparse import Namespace
+
+    from paged_edu.serve.client import EngineClient
+    from paged_edu.serve.metrics import shared_slots
+    from paged_edu.serve.process import freeze_startup_heap
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args, k = Namespace(**spec["flags"]), spec["index"]
+    sock = socket.socket(fileno=spec["fd"])
+    client = EngineClient(spec["flags"], channel=k, directory=spec["directory"], core_pid=spec["core_pid"])
+    try:
+        server = build_server(args, client, shared_slots(spec["metrics"], spec["count"]), k)
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
+        print(f"paged-edu serve: API server {k}: error: {exc}", file=sys.stderr, flush=True)
+        os._exit(2)
+
+    def ready():
+        freeze_startup_heap()
+        os.write(spec["ready_fd"], b"1")
+        os.close(spec["ready_fd"])
+
+    run_uvicorn(server, sock, args, ready)
+    print(f"paged-edu serve: API server {k} (pid {os.getpid()}): {client.num_requests} requests", flush=True)
+    sys.stderr.flush()
+    os._exit(0)  # (as launch.main: no interpreter teardown)
+
+
+if __name__ == "__main__":  # python -m paged_edu.serve.launch SPEC_JSON: one API server of several (api_servers)
+    import json
+
+    run_api_server(json.loads(sys.argv[1]))

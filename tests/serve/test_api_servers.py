@@ -6,7 +6,6 @@ as it stops) against the number sent, and the processes' exit statuses."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
@@ -14,10 +13,9 @@ import subprocess
 import sys
 
 import httpx
-import openai
 import pytest
 from hang_guard import HANG_GUARD_S
-from server_helpers import ROOT, ProcessServer
+from server_helpers import ROOT, ProcessServer, stream_all_at_once
 from test_server import prompt_ids, reference
 
 from paged_edu.engine import SamplingParams
@@ -71,30 +69,7 @@ def test_two_api_servers_serve_every_request_and_sum_their_metrics(tiny_model):
         prompts = [prompt_ids(k % 50, 6 + k % 30) + prompt_ids(k, 3) for k in range(NUM_REQUESTS)]
         greedy = [k for k in range(NUM_REQUESTS) if k % 3]
 
-        async def main():
-            c = openai.AsyncOpenAI(
-                base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=HANG_GUARD_S
-            )
-
-            async def one(k):
-                sampled = {"temperature": 0} if k % 3 else {"temperature": 0.9, "seed": k}
-                stream = await c.completions.create(
-                    model="tiny-random", prompt=prompts[k], max_tokens=MAX_TOKENS, stream=True, **sampled,
-                    extra_body={"ignore_eos": True, "return_token_ids": True},
-                )  # fmt: skip
-                ids, finish = [], None
-                async for chunk in stream:
-                    for ch in chunk.choices:
-                        ids += ch.model_extra.get("token_ids") or []
-                        finish = ch.finish_reason or finish
-                return ids, finish
-
-            try:
-                return await asyncio.gather(*(one(k) for k in range(NUM_REQUESTS)))
-            finally:
-                await c.close()
-
-        results = asyncio.run(main())
+        results = stream_all_at_once(server.base_url, prompts, MAX_TOKENS, sampled=set(range(0, NUM_REQUESTS, 3)))
         assert all(finish == "length" and len(ids) == MAX_TOKENS for ids, finish in results)
         want = reference(tiny_model, [prompts[k] for k in greedy], SamplingParams(max_tokens=MAX_TOKENS))
         assert [results[k][0] for k in greedy] == [w[0] for w in want]
