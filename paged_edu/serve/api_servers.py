@@ -40,7 +40,6 @@ stops (``API server K (pid P): R requests``) -- the tests read it.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import select
 import signal
@@ -52,8 +51,6 @@ import time
 from paged_edu.serve.process import ROOT, die_with_parent
 
 __all__ = ["run_multi_api_server"]
-
-log = logging.getLogger("paged_edu.serve")
 
 POLL_S = 0.1  # how often the supervisor looks at its children
 
@@ -118,6 +115,11 @@ def run_multi_api_server(args, sock: socket.socket, url: str) -> int:
     if failure is not None:
         print(f"paged-edu serve: error: {failure}; stopping", file=sys.stderr, flush=True)
     _stop(workers, args.timeout_graceful_shutdown + 30.0)
+    if failure is None:  # stopped as asked: each API server should have exited 0
+        failure = next((f"API server {k} (process {w.pid}) exited with status {w.returncode}"
+                        for k, w in enumerate(workers) if w.returncode != 0), None)  # fmt: skip
+        if failure is not None:
+            print(f"paged-edu serve: error: {failure}", file=sys.stderr, flush=True)
     core.close()
     os.close(read_ready)
     print(stopped(stops), flush=True)

@@ -388,8 +388,9 @@ def main(args) -> int:
 
 
 def run_api_server(spec: dict) -> None:
-    """One API server of several (the process :func:`~paged_edu.serve.api_servers.run_multi_api_server` starts): its client on its
-    channel, its metrics slot, uvicorn on the inherited socket; exits 0 once stopped."""
+    """One API server of several (a process :func:`~paged_edu.serve.api_servers.run_multi_api_server`
+    starts): its client on its channel of the core, its metrics slot, uvicorn on the inherited socket;
+    exits 0 once stopped, 2 if it could not start."""
     from argparse import Namespace
 
     from paged_edu.serve.client import EngineClient
