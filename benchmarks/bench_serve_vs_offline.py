@@ -80,6 +80,7 @@ def serve_argv(args) -> list[str]:
         *model, "--seed", str(args.seed), "--num-gpu-blocks-override", str(args.num_blocks),
         "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
         "--uvicorn-log-level", "warning", *([] if args.async_scheduling else ["--no-async-scheduling"]),
+        "--api-server-count", str(args.api_server_count),
     ]  # fmt: skip
 
 
@@ -141,6 +142,12 @@ def main(argv=None) -> int:
         default=True,
         help="the server's and the offline engine's (default on, as the server's)",
     )
+    ap.add_argument(
+        "--api-server-count",
+        type=int,
+        default=1,
+        help="the server's API server processes (paged-edu serve's flag); the record's default name says N > 1",
+    )
     ap.add_argument("--length-scale", type=float, default=None, help="workload lengths times this (smoke: 0.05)")
     ap.add_argument("--out", default=None, help="the record (default benchmarks/records/<card>/serve_vs_offline.json)")
     args = ap.parse_args(argv)
@@ -193,6 +200,7 @@ def main(argv=None) -> int:
              "--num-prompts", str(args.ttft_requests), "--request-rate", "1", "--num-warmups", "0"],
         )  # fmt: skip
     core = server.engine_core_report()
+    per_api_server = server.api_server_requests()
     ratio = served["output_throughput"] / off["output_throughput"]
     steps = rate1["median_ttft_ms"] / rate1["median_itl_ms"] if rate1["median_itl_ms"] else None
     print(f"served / offline throughput {ratio:.3f} (target >= 0.9)", flush=True)
@@ -205,6 +213,8 @@ def main(argv=None) -> int:
         f"start, ITL {own.get('mean_itl_ms') or float('nan'):.2f} ms",
         flush=True,
     )
+    if per_api_server:
+        print(f"requests per API server (all passes): {per_api_server}", flush=True)
     if core:
         print(
             f"engine core: {core['steps']} steps; engine.step {core['step_ms']:.3f} ms/step (CPU "
@@ -223,10 +233,15 @@ def main(argv=None) -> int:
         "served_over_offline_throughput": ratio,
         "ttft_p50_in_itl_p50": steps,
         "engine_core": core,
+        "api_server_count": args.api_server_count,
+        "requests_per_api_server": per_api_server,
         "server_exit_status": server.proc.returncode,
         "targets": {"served_over_offline_throughput": ">= 0.9", "ttft_p50_in_itl_p50": "<= 3"},
     }
-    out = Path(args.out) if args.out else _record_path("serve_vs_offline.json")
+    name = (
+        "serve_vs_offline.json" if args.api_server_count == 1 else f"serve_vs_offline_api{args.api_server_count}.json"
+    )
+    out = Path(args.out) if args.out else _record_path(name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))
     print()

@@ -11,6 +11,7 @@
 * :mod:`~paged_edu.serve.kv_events` -- the prefix cache's changes in vLLM's KV-event wire format;
 * :mod:`~paged_edu.serve.app` -- the routes (FastAPI);
 * :mod:`~paged_edu.serve.launch` -- ``paged-edu serve``: model, engine (core), app, uvicorn;
+* :mod:`~paged_edu.serve.api_servers` -- ``--api-server-count N``: N API server processes on one port and one core;
 * :mod:`~paged_edu.serve.bench` -- ``paged-edu bench-serve``: a client that measures any such server;
 * :mod:`~paged_edu.serve.traffic` -- the course's workloads as the requests the client sends;
 * :mod:`~paged_edu.serve.process` -- ``paged-edu serve`` as a child process on a free port, stopped with its parent;

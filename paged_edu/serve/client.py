@@ -20,6 +20,11 @@ In the API server's event loop:
   (``IterationStats.update_from_output``, ``vllm/v1/metrics/stats.py``).
 
 A core that stops (a bug, a crash) ends every open request with an error, and ``/health`` answers 503.
+
+With several API servers (``--api-server-count N``, :mod:`~paged_edu.serve.api_servers`) each has an
+:class:`EngineClient` of its own on its own *channel* -- a pair of sockets in the one private folder --
+and the client that started the core (the supervising process's) has one more, for ``stop``. A
+client's requests carry its channel, and the core answers each on its own (:mod:`~paged_edu.serve.core`).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from paged_edu.serve.metrics import Tally
 from paged_edu.serve.process import ROOT, die_with_parent
 from paged_edu.serve.protocol import RequestError
 
-__all__ = ["EngineClient", "RequestStream", "Update"]
+__all__ = ["CoreProcess", "EngineClient", "RequestStream", "Update", "channel_addresses"]
 
 log = logging.getLogger("paged_edu.serve")
 
@@ -126,25 +131,74 @@ class RequestStream:
         return update
 
 
+def channel_addresses(directory: str, channel: int) -> tuple[str, str]:
+    """Channel ``channel``'s ``(input, output)`` ZeroMQ addresses in the server's private folder."""
+    return f"ipc://{directory}/input{channel}", f"ipc://{directory}/output{channel}"
+
+
+class CoreProcess:
+    """The engine core as an API server that did not start it sees it: alive while its process is
+    (``poll()`` as :class:`subprocess.Popen`'s, the exit status unknown: not this process's child)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+
+    def poll(self):
+        if self.returncode is None and not _pid_alive(self.pid):
+            self.returncode = "unknown"
+        return self.returncode
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # ended, not yet reaped by its parent: a zombie ("Z")
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 class EngineClient:
     """The engine core of ``paged-edu serve``'s ``flags`` (a dict of them) in a child process.
 
     :meth:`start` (blocking: the model loads in the child) returns the core's ``info``; in the event
     loop, :meth:`serve_outputs` runs as a task while :meth:`add`, :meth:`abort` and :meth:`call`
     are used; :meth:`close` stops the core (what it still runs is aborted) and waits for it.
+
+    ``channel`` of ``num_channels``: this client's channel, and how many the core gets (one per API
+    server, and the supervisor's). With ``directory`` and ``core_pid`` the client joins a core another
+    process started (an API server of several): it binds its channel there and waits for the core's
+    ``ready``; its :meth:`close` leaves the core running.
     """
 
-    def __init__(self, flags: dict, metrics=None, startup_timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        flags: dict,
+        metrics=None,
+        startup_timeout: float = 600.0,
+        *,
+        channel: int = 0,
+        num_channels: int = 1,
+        directory: str | None = None,
+        core_pid: int | None = None,
+    ) -> None:
         self.flags, self.metrics, self.startup_timeout = flags, metrics, startup_timeout
+        self.channel, self.num_channels = channel, num_channels
+        self.owner = directory is None  # this client starts and stops the core
+        self.num_requests = 0  # requests sent to the core (the per-process tally the tests read)
         self.info: dict = {}
-        self.process = None
+        self.process = None if core_pid is None else CoreProcess(core_pid)
         self.error: str | None = None  # why the core stopped, if it stopped on its own
         self._streams: dict[int, RequestStream] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._ids = itertools.count()
         self._closed = False
         self._context = self._input = self._output = None
-        self._dir: str | None = None
+        self._dir: str | None = directory
 
     # -- starting and stopping (any thread, outside the event loop) ---------------------------------
     def start(self) -> dict:
@@ -155,23 +209,24 @@ class EngineClient:
 
         self._unpack = msgpack.unpackb
         self._pack = msgpack.Packer(use_bin_type=True).pack
-        self._dir = tempfile.mkdtemp(prefix="paged-edu-serve-")  # private (0700): the sockets' paths
+        if self.owner:
+            self._dir = tempfile.mkdtemp(prefix="paged-edu-serve-")  # private (0700): the sockets' paths
         self._context = zmq.Context()
         self._input = self._context.socket(zmq.PUSH)
         self._output = self._context.socket(zmq.PULL)
-        addresses = []
-        for sock, name in ((self._input, "input"), (self._output, "output")):
+        for sock, address in zip((self._input, self._output), channel_addresses(self._dir, self.channel)):
             sock.set_hwm(0)  # no limit: a burst of requests queues, never blocks or drops
-            sock.bind(f"ipc://{self._dir}/{name}")
-            addresses.append(f"ipc://{self._dir}/{name}")
-        # A fresh interpreter (CUDA cannot be forked), running this checkout's paged_edu; its output is ours.
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "paged_edu.serve.core", *addresses, json.dumps(self.flags)],
-            env=env,
-            preexec_fn=die_with_parent if sys.platform == "linux" else None,
-        )
+            sock.bind(address)
+        if self.owner:
+            # A fresh interpreter (CUDA cannot be forked), running this checkout's paged_edu; its output is ours.
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+            channels = [channel_addresses(self._dir, k) for k in range(self.num_channels)]
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "paged_edu.serve.core", json.dumps(channels), json.dumps(self.flags)],
+                env=env,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
+            )
         deadline = time.monotonic() + self.startup_timeout
         while not self._output.poll(200):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -190,6 +245,11 @@ class EngineClient:
         return time.perf_counter() - self.info["clock_offset"]
 
     @property
+    def directory(self) -> str | None:
+        """The private folder of the core's channels (and of the metrics' slots with several API servers)."""
+        return self._dir
+
+    @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None and self.error is None and not self._closed
 
@@ -198,7 +258,7 @@ class EngineClient:
         if self._closed:
             return
         self._closed = True
-        if self.process is not None and self.process.poll() is None:
+        if self.owner and self.process is not None and self.process.poll() is None:
             try:
                 self._input.send(self._pack(["stop"]))
                 self.process.wait(timeout)
@@ -210,7 +270,7 @@ class EngineClient:
                 sock.close(linger=0)
         if self._context is not None:
             self._context.term()
-        if self._dir is not None:
+        if self.owner and self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- in the event loop ---------------------------------------------------------------------------
@@ -223,14 +283,15 @@ class EngineClient:
         self._streams[stream.rid] = stream
         fields = {name: getattr(params, name) for name in params.__dataclass_fields__}  # (asdict deep-copies)
         fields["stop_token_ids"] = list(params.stop_token_ids)
-        self._input.send(self._pack(["add", stream.rid, prompt, fields, cache_salt]))
+        self._input.send(self._pack(["add", stream.rid, prompt, fields, cache_salt, self.channel]))
+        self.num_requests += 1
         return stream
 
     def abort(self, rid: int, sample_index: int | None = None) -> None:
         """End a request (or one sample of it); its blocks are freed before the core's next step. Its
         stream keeps counting what the core still sends for it (the metrics), until its end."""
         if self.alive:
-            self._input.send(self._pack(["abort", rid, sample_index]))
+            self._input.send(self._pack(["abort", rid, sample_index, self.channel]))
 
     async def call(self, method: str):
         """Run a utility method of the core between two steps (:data:`~paged_edu.serve.core.UTILITIES`)."""
@@ -238,7 +299,7 @@ class EngineClient:
             raise RuntimeError(self._gone())
         call_id = next(self._ids)
         self._calls[call_id] = future = asyncio.get_running_loop().create_future()
-        self._input.send(self._pack(["call", call_id, method]))
+        self._input.send(self._pack(["call", call_id, method, self.channel]))
         return await future
 
     async def serve_outputs(self) -> None:

@@ -43,11 +43,11 @@ API server answers 503 on ``/health`` from then on.
 
 The messages (msgpack over ZeroMQ PUSH/PULL sockets, as vLLM's ``core_client.py``)
 ---------------------------------------------------------------------------------
-API server -> core (``rid``: the API server's id for a request)::
+API server -> core (``rid``: the API server's id for a request; ``channel``: which API server sent it)::
 
-    ["add", rid, prompt token ids, SamplingParams fields by name, cache salt]
-    ["abort", rid, sample index or None]
-    ["call", call id, method]                   # one of UTILITIES
+    ["add", rid, prompt token ids, SamplingParams fields by name, cache salt, channel]
+    ["abort", rid, sample index or None, channel]
+    ["call", call id, method, channel]          # one of UTILITIES
     ["stop"]
 
 core -> API server: first ``["ready", info]`` or ``["failed", message]``; then, each turn, one message
@@ -60,7 +60,16 @@ once its inputs are handled (if they need an answer) and one after its step::
     replies: ["added", rid] | ["refused", rid, message, field] | ["result", call id, value]
              | ["raised", call id, message] | ["dead", message]
     stats:   [requests running, requests waiting, KV usage, prefix-cache queried tokens,
-              hit tokens, preemptions] or None                    # the counters cumulative
+              hit tokens, preemptions, when read] or None         # the counters cumulative; when: the
+                                                                  # core's time.perf_counter()
+
+**Several API servers** (``paged-edu serve --api-server-count N``, :mod:`~paged_edu.serve.api_servers`):
+the core has one *channel* per API server -- a pair of sockets -- and reads every channel's input socket as
+one stream (one PULL socket connected to each API server's address, fair-queued by ZeroMQ). A request
+carries its channel; its tokens, its end and the replies go back on that channel only, each turn's
+message split by channel (vLLM's engine core routes its outputs the same way, by the request's
+``client_index``, in ``EngineCoreProc.process_output_sockets``). The loop itself does not change. With
+one API server there is one channel, 0.
 
 Times are the engine's clock (``engine.now()``); ``info["clock_offset"]`` turns the API server's
 ``time.perf_counter()`` into it, so a request's arrival and its tokens' times are on one clock.
@@ -92,25 +101,36 @@ class _Live:
 
     rid: int
     request_id: int
+    channel: _Channel  # the API server it came from
+    channel_key: tuple[int, int]  # (its channel's index, rid): its key in EngineCore._by_rid
     sent: list[int]  # tokens sent, per sample
     seqs: dict = field(default_factory=dict)  # sample index -> its Sequence, once seen running
     launched: float | None = None  # when the step call that first scheduled it began (engine clock)
 
 
+@dataclass(slots=True)
+class _Channel:
+    """One API server's output socket and this turn's message to it, as it fills."""
+
+    socket: object
+    tokens: list = field(default_factory=list)
+    ends: list = field(default_factory=list)
+    replies: list = field(default_factory=list)
+
+
 class EngineCore:
-    """``engine`` served over two ZeroMQ sockets: :meth:`run` until a ``stop`` message."""
+    """``engine`` served over ZeroMQ sockets -- one input socket, one output socket per API server
+    (``outputs``: a socket or a list of them, indexed by channel) -- :meth:`run` until a ``stop`` message."""
 
     def __init__(self, engine, inputs, outputs, kv_events=None) -> None:
         import msgpack
 
-        self.engine, self.inputs, self.outputs, self.kv_events = engine, inputs, outputs, kv_events
+        self.engine, self.inputs, self.kv_events = engine, inputs, kv_events
+        self.channels = [_Channel(s) for s in (outputs if isinstance(outputs, list | tuple) else [outputs])]
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self._unpack = msgpack.unpackb
         self._by_request: dict[int, _Live] = {}  # engine request id -> live
-        self._by_rid: dict[int, _Live] = {}  # the API server's id -> live
-        self._tokens: list = []  # this turn's message, as it fills
-        self._ends: list = []
-        self._replies: list = []
+        self._by_rid: dict[tuple[int, int], _Live] = {}  # (channel, the API server's id) -> live
         self._unlaunched: list[_Live] = []  # requests added and not yet seen scheduled
         self._step_start: float | None = None  # engine.now() as the step call now running began
         self._stats_time = 0.0  # when the last message carried the stats
@@ -146,7 +166,8 @@ class EngineCore:
             self._abort_all("the server is shutting down")
         except BaseException as exc:  # a bug: say so (the API server's /health turns 503), free what we can
             log.exception("the engine core stopped")
-            self._replies.append(["dead", f"{type(exc).__name__}: {exc}"])
+            for channel in self.channels:
+                channel.replies.append(["dead", f"{type(exc).__name__}: {exc}"])
             self._abort_all(f"the engine core stopped: {type(exc).__name__}: {exc}")
             raise
         finally:
@@ -172,25 +193,31 @@ class EngineCore:
         if kind == "add":
             self._add(*message[1:])
         elif kind == "abort":
-            self._abort(message[1], message[2])
+            self._abort(*message[1:])
         elif kind == "call":
-            self._call(message[1], message[2])
+            self._call(*message[1:])
         elif kind == "stop":
             self._stopping = True
         else:
             log.error("engine core: unknown message %r", kind)
 
     def _send(self) -> None:
-        """This turn's message, if it has anything to say."""
-        if not (self._tokens or self._ends or self._replies):
-            return
-        message = [self._tokens, self._ends, self._replies, self._maybe_stats()]
-        self._tokens, self._ends, self._replies = [], [], []
-        self.outputs.send(self._pack(message), copy=False)
+        """This turn's message to each API server that has something to be told (the stats, when due,
+        go with each of them)."""
+        stats = False  # not read yet
+        for c in self.channels:
+            if not (c.tokens or c.ends or c.replies):
+                continue
+            if stats is False:
+                stats = self._maybe_stats()
+            c.socket.send(self._pack([c.tokens, c.ends, c.replies, stats]), copy=False)
+            c.tokens.clear()  # (packed: the lists are reused, and a live request keeps its channel's)
+            c.ends.clear()
+            c.replies.clear()
 
     def _maybe_stats(self) -> list | None:
         now = time.perf_counter()
-        if not (self._ends or self._replies) and now - self._stats_time < STATS_EVERY:
+        if not any(c.ends or c.replies for c in self.channels) and now - self._stats_time < STATS_EVERY:
             return None
         self._stats_time = now
         return self._stats()
@@ -201,24 +228,25 @@ class EngineCore:
         running = {q.request_id for q in s.running}
         waiting = {q.request_id for q in s.waiting} | {q.request_id for q in s.swapped}
         return [len(running), len(waiting - running), a.usage, a.stats.queried_tokens, a.stats.hit_tokens,
-                s.num_preemptions]  # fmt: skip
+                s.num_preemptions, time.perf_counter()]  # fmt: skip
 
     # -- inputs --------------------------------------------------------------------------------------
-    def _add(self, rid: int, prompt: list[int], params: dict, cache_salt: str | None) -> None:
+    def _add(self, rid: int, prompt: list[int], params: dict, cache_salt: str | None, channel: int) -> None:
         from paged_edu.engine.sampling import SamplingParams
 
+        out = self.channels[channel]
         try:
             request_id = self.engine.add_request(prompt, SamplingParams(**params), cache_salt=cache_salt)
         except (ValueError, TypeError) as exc:  # refused, engine unchanged: the message names the limit
-            self._replies.append(["refused", rid, str(exc), getattr(exc, "field", None)])
+            out.replies.append(["refused", rid, str(exc), getattr(exc, "field", None)])
             return
-        live = _Live(rid, request_id, [0] * params.get("n", 1))
-        self._by_request[request_id] = self._by_rid[rid] = live
+        live = _Live(rid, request_id, out, (channel, rid), [0] * params.get("n", 1))
+        self._by_request[request_id] = self._by_rid[channel, rid] = live
         self._unlaunched.append(live)
-        self._replies.append(["added", rid])
+        out.replies.append(["added", rid])
 
-    def _abort(self, rid: int, sample_index: int | None) -> None:
-        live = self._by_rid.get(rid)
+    def _abort(self, rid: int, sample_index: int | None, channel: int) -> None:
+        live = self._by_rid.get((channel, rid))
         if live is None:
             return  # finished meanwhile (or refused)
         try:
@@ -228,15 +256,15 @@ class EngineCore:
         if output is not None:
             self._finish(output)
 
-    def _call(self, call_id: int, method: str) -> None:
+    def _call(self, call_id: int, method: str, channel: int) -> None:
         """A utility method, run between two steps; the KV events it caused (a reset) are published
         before its reply goes out, so whoever waits for the reply can wait for the events too."""
         try:
             if method not in UTILITIES:
                 raise ValueError(f"unknown engine core call {method!r}; one of {UTILITIES}")
-            self._replies.append(["result", call_id, getattr(self, method)()])
+            self.channels[channel].replies.append(["result", call_id, getattr(self, method)()])
         except Exception as exc:  # noqa: BLE001 -- the caller gets it
-            self._replies.append(["raised", call_id, f"{type(exc).__name__}: {exc}"])
+            self.channels[channel].replies.append(["raised", call_id, f"{type(exc).__name__}: {exc}"])
         finally:
             if self.kv_events is not None:
                 self.kv_events.publish()
@@ -298,7 +326,7 @@ class EngineCore:
         for live in self._unlaunched:
             if live.request_id in running:
                 live.launched = self._step_start
-            elif live.rid in self._by_rid:
+            elif live.request_id in self._by_request:
                 waiting.append(live)
         self._unlaunched = waiting
 
@@ -308,7 +336,7 @@ class EngineCore:
         A sample's one new token -- nearly every entry of a decode step -- goes as an id and a time rather
         than two one-element lists: at 512 running sequences (this 2-core CPU, stub sockets) gathering and
         packing a step's message took 0.237 ms with the lists, 0.118 without."""
-        by_request, tokens = self._by_request, self._tokens
+        by_request = self._by_request
         for seq in self.engine.scheduler.running:
             live = by_request.get(seq.request_id)
             if live is None:
@@ -320,9 +348,9 @@ class EngineCore:
                     live.seqs[i] = seq
                 live.sent[i] = n
                 if n - sent == 1:  # a step's one token: no two lists to slice, pack and unpack (see the class)
-                    tokens.append([live.rid, i, ids[-1], seq.token_times[-1]])
+                    live.channel.tokens.append([live.rid, i, ids[-1], seq.token_times[-1]])
                 else:
-                    tokens.append([live.rid, i, ids[sent:], seq.token_times[sent:]])
+                    live.channel.tokens.append([live.rid, i, ids[sent:], seq.token_times[sent:]])
         for output in outputs:
             if output.request_id in by_request:
                 self._finish(output)
@@ -330,7 +358,7 @@ class EngineCore:
     def _finish(self, output, error: str | None = None) -> None:
         """A request that ended: the tokens not sent yet, why each sample ended, its finish time."""
         live = self._by_request.pop(output.request_id)
-        del self._by_rid[live.rid]
+        del self._by_rid[live.channel_key]
         m = output.metrics
         if live.launched is None and m.first_token_time is not None:  # it ended in the step that first ran it
             live.launched = self._step_start
@@ -341,9 +369,9 @@ class EngineCore:
             seq = live.seqs.get(i)
             # A sample never seen running ended at its first token (max_tokens 1): that token's time.
             times = seq.token_times[sent:] if seq is not None else [m.first_token_time] * (len(ids) - sent)
-            self._tokens.append([live.rid, i, list(ids[sent:]), times])
+            live.channel.tokens.append([live.rid, i, list(ids[sent:]), times])
             live.sent[i] = len(ids)
-        self._ends.append(
+        live.channel.ends.append(
             [live.rid, list(output.finish_reasons), m.num_cached_tokens, m.finish_time, error, live.launched]
         )
 
@@ -369,13 +397,14 @@ class EngineCore:
         if output is not None:
             self._finish(output, error)
             return
-        del self._by_request[request_id], self._by_rid[live.rid]  # the engine lost it: end it here
-        self._ends.append([live.rid, ["abort"] * len(live.sent), 0, None, error, live.launched])
+        del self._by_request[request_id], self._by_rid[live.channel_key]  # the engine lost it: end it here
+        live.channel.ends.append([live.rid, ["abort"] * len(live.sent), 0, None, error, live.launched])
 
 
-def run_engine_core(flags: dict, input_address: str, output_address: str) -> None:
+def run_engine_core(flags: dict, channels: list[tuple[str, str]]) -> None:
     """The engine core process: build the engine ``flags`` describe (``paged-edu serve``'s, as a dict),
-    say ``ready`` with what the API server needs to know (or ``failed`` and why), then serve."""
+    say ``ready`` with what the API servers need to know (or ``failed`` and why) on every channel --
+    ``(input address, output address)`` per API server, bound by it -- then serve."""
     import msgpack
     import zmq
 
@@ -385,12 +414,20 @@ def run_engine_core(flags: dict, input_address: str, output_address: str) -> Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     context = zmq.Context()
-    outputs = context.socket(zmq.PUSH)
-    outputs.set_hwm(0)  # never block the engine on a slow reader: the messages queue
-    outputs.connect(output_address)
-    inputs = context.socket(zmq.PULL)
+    inputs = context.socket(zmq.PULL)  # one socket, every API server's input: fair-queued
     inputs.set_hwm(0)
-    inputs.connect(input_address)
+    outputs = []
+    for input_address, output_address in channels:
+        inputs.connect(input_address)
+        out = context.socket(zmq.PUSH)
+        out.set_hwm(0)  # never block the engine on a slow reader: the messages queue
+        out.connect(output_address)
+        outputs.append(out)
+
+    def tell_all(message: list) -> None:
+        for out in outputs:
+            out.send(msgpack.packb(message))
+
     engine = kv_events = None
     ready = False
     try:
@@ -402,18 +439,18 @@ def run_engine_core(flags: dict, input_address: str, output_address: str) -> Non
         try:
             engine, kv_events, info = build_engine(Namespace(**flags))
         except (ValueError, TypeError, FileNotFoundError) as exc:  # a flag the model or the pool cannot meet
-            outputs.send(msgpack.packb(["failed", str(exc)]))
+            tell_all(["failed", str(exc)])
             return
         core = EngineCore(engine, inputs, outputs, kv_events)
         info["clock_offset"] = time.perf_counter() - engine.now()
         info["stats"] = core._stats()
         freeze_startup_heap()  # the model, the engine, torch: out of the collector's walks from here on
-        outputs.send(msgpack.packb(["ready", info]))
+        tell_all(["ready", info])
         ready = True
         core.run()  # (a bug that stops it is reported by the loop itself: "dead")
     except BaseException as exc:
         if not ready:
-            outputs.send(msgpack.packb(["failed", f"{type(exc).__name__}: {exc}"]))
+            tell_all(["failed", f"{type(exc).__name__}: {exc}"])
         raise
     finally:
         if kv_events is not None:
@@ -421,12 +458,13 @@ def run_engine_core(flags: dict, input_address: str, output_address: str) -> Non
         if engine is not None:
             engine.close()
         inputs.close(linger=0)
-        outputs.close(linger=5000)  # the last message (the ends of what was aborted) goes out first
+        for out in outputs:
+            out.close(linger=5000)  # the last message (the ends of what was aborted) goes out first
         context.term()
 
 
-if __name__ == "__main__":  # python -m paged_edu.serve.core INPUT_ADDRESS OUTPUT_ADDRESS FLAGS_JSON (EngineClient)
+if __name__ == "__main__":  # python -m paged_edu.serve.core CHANNELS_JSON FLAGS_JSON (EngineClient)
     import json
     import sys
 
-    run_engine_core(json.loads(sys.argv[3]), sys.argv[1], sys.argv[2])
+    run_engine_core(json.loads(sys.argv[2]), json.loads(sys.argv[1]))

@@ -6,7 +6,7 @@ so ``paged-edu --help`` stays instant).
 ``--max-num-batched-tokens``, ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``,
 ``--swap-space``, ``--preemption-mode`` (vLLM v0's), ``--max-model-len``, ``--host``, ``--port``,
 ``--api-key``, ``--served-model-name``, ``--load-format``, ``--dtype``, ``--seed``, ``--enforce-eager``,
-``--async-scheduling``); ``bench-serve``'s are ``vllm bench serve``'s (``--base-url``,
+``--async-scheduling``, ``--api-server-count``); ``bench-serve``'s are ``vllm bench serve``'s (``--base-url``,
 ``--num-prompts``, ``--request-rate``, ``--max-concurrency``, ``--percentile-metrics``,
 ``--metric-percentiles``, ``--ignore-eos``, ``--num-warmups``, ``--seed``). paged_edu's own:
 ``--model smollm2|tiny-random``, ``--prefix-cache hash|radix``, ``--kv-events-*``, ``--max-body-bytes``,
@@ -103,6 +103,13 @@ def add_serve_args(p: argparse.ArgumentParser, positive, fraction) -> None:
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     s.add_argument("--port", type=int, default=8000, help="0: a free port, printed when ready")
+    s.add_argument(
+        "--api-server-count",
+        type=positive,
+        default=1,
+        help="API server processes sharing the port, each talking to the one engine core (vLLM's flag): "
+        "more processes parse, detokenize and stream more requests at once",
+    )
     s.add_argument("--api-key", default=None, help="/v1/* answers 401 without 'Authorization: Bearer KEY'")
     s.add_argument(
         "--max-body-bytes", type=positive, default=MAX_BODY_BYTES, help="a larger request body gets 413 unread"

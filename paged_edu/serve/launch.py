@@ -6,7 +6,10 @@ API server's side -- the tokenizer, the engine core started as a child process
 (:class:`~paged_edu.serve.client.EngineClient`; the child runs :func:`build_engine` on the same
 flags and says when it is ready), the metrics and the routes -- without opening a port (tests and
 the lesson's helpers use it too); :func:`main` binds the socket, serves until SIGTERM or Ctrl+C and
-returns 0 after a graceful stop.
+returns 0 after a graceful stop. With ``--api-server-count N > 1`` this process binds the socket and
+hands it to :func:`~paged_edu.serve.api_servers.run_multi_api_server`: N API server processes
+(:func:`run_api_server`), each built by :func:`build_server` on a client of the one core and served by
+:func:`run_uvicorn`.
 
 The models (``--model``, ``--load-format``)
 -------------------------------------------
@@ -49,7 +52,7 @@ import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-__all__ = ["Server", "build_engine", "build_server", "main"]
+__all__ = ["Server", "build_engine", "build_server", "main", "run_api_server"]
 
 log = logging.getLogger("paged_edu.serve")
 
@@ -243,14 +246,17 @@ def build_engine(args):
     return engine, kv_events, info
 
 
-def build_server(args) -> Server:
+def build_server(args, client=None, slots=None, index: int = 0) -> Server:
     """The API server the flags describe, its engine core started and ready (no port is opened).
-    A flag the model or the pool cannot meet raises ``ValueError``, naming it."""
+    A flag the model or the pool cannot meet raises ``ValueError``, naming it. ``client``: an
+    :class:`~paged_edu.serve.client.EngineClient` not started yet (default: one that starts its own
+    core); ``slots`` and ``index``: the metrics' shared slots and this server's
+    (:class:`~paged_edu.serve.metrics.ServerMetrics`; one API server of several)."""
     from paged_edu.serve.app import ServerState, build_app
     from paged_edu.serve.client import EngineClient
     from paged_edu.serve.metrics import ServerMetrics
 
-    client = EngineClient(dict(vars(args)))
+    client = EngineClient(dict(vars(args))) if client is None else client
     info = client.start()
     try:
         tokenizer = load_tokenizer(args.model, args.load_format, info["vocab_size"])
@@ -258,7 +264,7 @@ def build_server(args) -> Server:
         client.close()
         raise
     name = info["model_name"]
-    client.metrics = metrics = ServerMetrics(name, info["stats"])
+    client.metrics = metrics = ServerMetrics(name, info["stats"], slots, index)
     state = ServerState(
         client=client,
         tokenizer=tokenizer,
@@ -295,11 +301,8 @@ def asgi(server: Server, max_body_bytes: int, on_ready=None):
     return asgi_app(server.state, max_body_bytes, server.app)
 
 
-def main(args) -> int:
-    """Run ``paged-edu serve`` with parsed ``args``; returns the exit status."""
-    import uvicorn
-
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+def listen_socket(args) -> socket.socket:
+    """The server's socket, bound to ``--host`` and ``--port`` (``OSError`` if it cannot be)."""
     # IPPROTO_TCP named: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on the connections of a
     # socket whose protocol says TCP; with protocol 0 a server-sent event after the headers waited for
     # the client's delayed ACK (measured on this 2-core CPU, idle server: a one-token completion took
@@ -310,37 +313,16 @@ def main(args) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((args.host, args.port))
-    except OSError as exc:
+    except OSError:
         sock.close()
-        print(
-            f"paged-edu serve: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr
-        )
-        return 2
-    host, port = sock.getsockname()[:2]
-    try:
-        server = build_server(args)
-    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:  # a flag the model or the pool
-        sock.close()  # cannot meet, or an engine core that died while it started
-        print(f"paged-edu serve: error: {exc}", file=sys.stderr)
-        return 2
-    url = f"http://{host}:{port}"
+        raise
+    return sock
 
-    # uvicorn's defaults ("auto") parse HTTP with httptools (C) and run uvloop's event loop where they are
-    # installed (the serve extra), else h11 (pure Python) and asyncio's loop. 512 streams on the tiny model,
-    # this 2-core CPU, interleaved runs: the API process's CPU 3.29 / 3.98 s with them against 4.35 / 4.70
-    # without (tests/serve pass on both).
-    from importlib.util import find_spec
 
-    from paged_edu.serve.process import freeze_startup_heap
-
-    http, loop = ("httptools" if find_spec("httptools") else "h11"), ("uvloop" if find_spec("uvloop") else "asyncio")
-    stack = f"HTTP by {http}, event loop {loop}"
-
-    def ready():
-        freeze_startup_heap()  # (this process only: a server run in a thread of a test's process keeps its gc)
-        print(f"paged-edu serve: {server.description}", flush=True)
-        print(f"paged-edu serve: {stack}", flush=True)
-        print(f"paged-edu serve: ready on {url}", flush=True)
+def run_uvicorn(server: Server, sock: socket.socket, args, ready) -> list[int]:
+    """Serve ``server`` on ``sock`` until SIGTERM or Ctrl+C (``ready()`` once it serves); the signals
+    that stopped it (see the module docstring)."""
+    import uvicorn
 
     app = asgi(server, args.max_body_bytes, ready)
     config = uvicorn.Config(
@@ -357,8 +339,86 @@ def main(args) -> int:
     finally:
         server.close()
         sock.close()
-    print(f"paged-edu serve: stopped{' on ' + signal.Signals(stops[0]).name if stops else ''}", flush=True)
+    return stops
+
+
+def main(args) -> int:
+    """Run ``paged-edu serve`` with parsed ``args``; returns the exit status."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    count = getattr(args, "api_server_count", 1)
+    if type(count) is not int or count < 1:
+        print(f"paged-edu serve: error: --api-server-count must be an integer >= 1, got {count!r}", file=sys.stderr)
+        return 2
+    try:
+        sock = listen_socket(args)
+    except OSError as exc:
+        print(
+            f"paged-edu serve: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr
+        )
+        return 2
+    host, port = sock.getsockname()[:2]
+    url = f"http://{host}:{port}"
+    if count > 1:
+        from paged_edu.serve.api_servers import run_multi_api_server
+
+        return run_multi_api_server(args, sock, url)
+    try:
+        server = build_server(args)
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:  # a flag the model or the pool
+        sock.close()  # cannot meet, or an engine core that died while it started
+        print(f"paged-edu serve: error: {exc}", file=sys.stderr)
+        return 2
+
+    from paged_edu.serve.process import freeze_startup_heap, http_stack, stopped
+
+    http, loop = http_stack()
+
+    def ready():
+        freeze_startup_heap()  # (this process only: a server run in a thread of a test's process keeps its gc)
+        print(f"paged-edu serve: {server.description}", flush=True)
+        print(f"paged-edu serve: HTTP by {http}, event loop {loop}", flush=True)
+        print(f"paged-edu serve: ready on {url}", flush=True)
+
+    stops = run_uvicorn(server, sock, args, ready)
+    print(stopped(stops), flush=True)
     sys.stderr.flush()
     # Everything the server opened is closed: skip the interpreter's teardown of torch and friends,
     # which took 5 s of a loaded 2-core CPU after the server had stopped in 0.3 s (a lesson stops three).
     os._exit(0)
+
+
+def run_api_server(spec: dict) -> None:
+    """One API server of several (a process :func:`~paged_edu.serve.api_servers.run_multi_api_server`
+    starts): its client on its channel of the core, its metrics slot, uvicorn on the inherited socket;
+    exits 0 once stopped, 2 if it could not start."""
+    from argparse import Namespace
+
+    from paged_edu.serve.client import EngineClient
+    from paged_edu.serve.metrics import shared_slots
+    from paged_edu.serve.process import freeze_startup_heap
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args, k = Namespace(**spec["flags"]), spec["index"]
+    sock = socket.socket(fileno=spec["fd"])
+    client = EngineClient(spec["flags"], channel=k, directory=spec["directory"], core_pid=spec["core_pid"])
+    try:
+        server = build_server(args, client, shared_slots(spec["metrics"], spec["count"]), k)
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
+        print(f"paged-edu serve: API server {k}: error: {exc}", file=sys.stderr, flush=True)
+        os._exit(2)
+
+    def ready():
+        freeze_startup_heap()
+        os.write(spec["ready_fd"], b"1")
+        os.close(spec["ready_fd"])
+
+    run_uvicorn(server, sock, args, ready)
+    print(f"paged-edu serve: API server {k} (pid {os.getpid()}): {client.num_requests} requests", flush=True)
+    sys.stderr.flush()
+    os._exit(0)  # (as launch.main: no interpreter teardown)
+
+
+if __name__ == "__main__":  # python -m paged_edu.serve.launch SPEC_JSON: one API server of several (api_servers)
+    import json
+
+    run_api_server(json.loads(sys.argv[1]))

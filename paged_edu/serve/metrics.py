@@ -36,6 +36,28 @@ one of its names): it is ``rate(vllm:prefix_cache_hits_total) / rate(vllm:prefix
 over a window, computed by whoever reads the counters (``paged-edu bench-serve`` does, from a scrape
 before and after its run). Every series carries the labels ``model_name`` and ``engine`` ("0"), as vLLM's do.
 
+Several API servers (``--api-server-count N``)
+-----------------------------------------------
+Each API server process sees only its own requests' tokens, and any of them may answer a scrape. Every
+number above therefore lives in a *slot*: one row of float64s per process (:func:`slot_size` of them),
+which that process alone writes; a scrape sums the rows -- the counters and the histograms' buckets and
+sums -- and takes the gauges and the engine's counters from the row holding the core's latest reading
+(the core stamps each reading with its ``time.perf_counter()``, one clock for every process of the host;
+the core's numbers are totals already: summing them would count them N times). With one API server the
+rows are one, in the process's memory; with N they are a file in the server's private folder mapped by
+every process (``numpy.memmap``: shared pages), created by the supervising process
+(:mod:`~paged_edu.serve.api_servers`).
+
+Why not prometheus_client's multiprocess mode, which vLLM uses (``setup_multiprocess_prometheus``,
+``vllm/v1/metrics/prometheus.py``: ``PROMETHEUS_MULTIPROC_DIR``, a ``MultiProcessCollector`` summing the
+processes' files at each scrape)? It is the same idea -- a memory-mapped file of doubles per process,
+summed when scraped, read without locks across processes -- but it only covers prometheus_client's
+own metric classes, written one value at a time, while our histograms are filled a step at a time
+(:class:`StepHistogram`, what that buys is measured there) and the engine's counters and gauges come
+from the core as totals. A row of our own keeps both. As in multiprocess mode, a scrape may read a
+process's row in the middle of one of its updates (a histogram's buckets before its sum): the next
+scrape sees it whole.
+
 Two histograms add buckets below vLLM's first -- inter-token latency 1, 2.5 and 5 ms, end-to-end
 latency 10, 25, 50 and 100 ms: a tiny model's steps on a CPU take milliseconds, and would all land
 in vLLM's lowest bucket. The names, meanings and every vLLM bucket are unchanged.
@@ -48,10 +70,10 @@ import threading
 from dataclasses import dataclass, field
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-__all__ = ["ServerMetrics", "StepHistogram", "Tally"]
+__all__ = ["ServerMetrics", "StepHistogram", "Tally", "shared_slots", "slot_size"]
 
 # vllm/v1/metrics/loggers.py: histogram_time_to_first_token's buckets
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -77,20 +99,47 @@ class Tally:
     prefill: list[float] = field(default_factory=list)  # ... and from it to its first token
 
 
+# A slot's layout (see the module docstring): the core's stats as last heard, then this process's own numbers.
+READ = 0  # when the core read the stats this slot holds (the core's time.perf_counter(); 0: at the start)
+STATS = slice(1, 7)  # running, waiting, KV usage, prefix-cache queried tokens, hit tokens, preemptions
+PROMPT_TOKENS, GENERATION_TOKENS = 7, 8
+HISTOGRAMS = 9  # where the histograms start: per histogram, its buckets' counts, then its sum
+
+
+def slot_size() -> int:
+    """The float64s in one process's slot."""
+    return HISTOGRAMS + sum(len(b) + 2 for b in (TTFT_BUCKETS, ITL_BUCKETS, E2E_BUCKETS, E2E_BUCKETS, E2E_BUCKETS))
+
+
+def shared_slots(path: str, num_slots: int, create: bool = False) -> np.ndarray:
+    """``num_slots`` slots in the file at ``path``, mapped into this process (``create``: a new file of
+    zeros, for the supervising process; the API servers map it)."""
+    return np.memmap(path, dtype=np.float64, mode="w+" if create else "r+", shape=(num_slots, slot_size()))
+
+
 class StepHistogram:
     """A Prometheus histogram filled a step at a time: one ``numpy.searchsorted`` over the step's
     values instead of one ``Histogram.observe`` per token (prometheus_client's takes a lock and
     searches the buckets in Python). What it buys, measured on our loaded 2-core CPU at 256 running
     sequences, when this ran on the engine's own thread: the work after a step (tokens handed out,
     metrics) fell from 17.3 to 2.9 ms. Exposed as the same text
-    (``_bucket{le=...}``, ``_count``, ``_sum``) through a collector of the registry."""
+    (``_bucket{le=...}``, ``_count``, ``_sum``) through a collector of the registry.
 
-    def __init__(self, name: str, documentation: str, buckets: list[float], labels: dict[str, str]) -> None:
+    ``rows``: each process's ``[count per bucket (not cumulative)..., sum]`` (float64 views into the
+    slots: exact counts up to 2**53); this process fills ``rows[index]``, a scrape sums them all."""
+
+    def __init__(
+        self, name: str, documentation: str, buckets: list[float], labels: dict[str, str], rows=None, index: int = 0
+    ) -> None:
         self.name, self.documentation, self.labels = name, documentation, labels
         self.bounds = np.array([*buckets, math.inf])
-        self.counts = np.zeros(len(self.bounds), dtype=np.int64)  # per bucket (not cumulative)
-        self.sum = 0.0
+        self.rows = [np.zeros(len(self.bounds) + 1)] if rows is None else rows
+        self.counts, self._sum = self.rows[index][:-1], self.rows[index][-1:]  # this process's (views)
         self._lock = threading.Lock()  # a scrape reads counts and sum of the same step
+
+    @property
+    def sum(self) -> float:
+        return float(self._sum[0])
 
     def observe_many(self, values: list[float]) -> None:
         if not values:
@@ -99,11 +148,12 @@ class StepHistogram:
         counts = np.bincount(np.searchsorted(self.bounds, v, side="left"), minlength=len(self.bounds))
         with self._lock:
             self.counts += counts  # a value v falls in the first bucket whose bound is >= v (``le``)
-            self.sum += float(v.sum())
+            self._sum += float(v.sum())
 
     def collect(self):
         with self._lock:
-            cumulative, total = np.cumsum(self.counts).tolist(), self.sum
+            row = np.sum(self.rows, axis=0)
+        cumulative, total = np.cumsum(row[:-1]).astype(np.int64).tolist(), float(row[-1])
         family = HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))
         les = [("+Inf" if math.isinf(b) else repr(float(b))) for b in self.bounds]
         family.add_metric(list(self.labels.values()), list(zip(les, cumulative)), total)
@@ -117,77 +167,78 @@ class ServerMetrics:
     counters as the core read them (``stats``, :mod:`~paged_edu.serve.core` lists them) and what
     the message's tokens and endings add (a :class:`Tally`: first tokens, the gaps before every
     later token, the requests that ended). ``stats``: the core's counters when the server starts
-    (what ran before -- the warm-up -- is not served traffic).
+    (what ran before -- the warm-up -- is not served traffic). ``slots`` (:func:`shared_slots`) and
+    ``index``: every API server's slot and this one's (default: one slot of this process's own).
     """
 
-    def __init__(self, model_name: str, stats: list | None = None) -> None:
-        self.registry = r = CollectorRegistry()
-        labels = {"model_name": model_name, "engine": "0"}
-
-        def make(kind, name, doc):
-            return kind(name, doc, labelnames=list(labels), registry=r).labels(*labels.values())
-
-        def histogram(name, doc, buckets):
-            h = StepHistogram(name, doc, buckets, labels)
-            r.register(h)
-            return h
-
-        self.running = make(Gauge, "vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.waiting = make(Gauge, "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.kv_usage = make(Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.prefix_queries = make(
-            Counter, "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
-        )
-        self.prefix_hits = make(
-            Counter, "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
-        )
-        self.preemptions = make(Counter, "vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.prompt_tokens = make(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = make(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
-        self.ttft = histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
-        )
-        self.itl = histogram(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS
-        )
-        self.e2e = histogram(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", E2E_BUCKETS
-        )
+    def __init__(self, model_name: str, stats: list | None = None, slots=None, index: int = 0) -> None:
+        self.registry = CollectorRegistry()
+        self.labels = {"model_name": model_name, "engine": "0"}
+        self.slots = np.zeros((1, slot_size())) if slots is None else slots
+        self.slot = self.slots[index]
+        self.baseline = np.zeros(6) if stats is None else np.asarray(stats[:6], dtype=np.float64)
+        if stats is not None and not self.slot[READ]:
+            self.slot[STATS] = stats[:6]
+        start = HISTOGRAMS
+        histograms = []
         # vLLM's queue time runs from the engine core's queueing of a request to its first scheduling, its prefill
         # time from there to the first token (RequestStateStats, vllm/v1/metrics/stats.py); here the queue starts
         # at the arrival in the API server (the hand-off to the core inside it) and "scheduled" is the start of
         # the engine.step() call that first ran the request, so the two add up to the request's TTFT.
-        self.queue = histogram(
-            "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", E2E_BUCKETS
-        )
-        self.prefill = histogram(
-            "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", E2E_BUCKETS
-        )
-        self._seen = [0, 0, 0]  # the engine's counters at the last read: queried, hit tokens, preemptions
-        if stats is not None:
-            self._seen = list(stats[3:6])
+        for name, doc, buckets in (
+            ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS),
+            ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS),
+            ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", E2E_BUCKETS),
+            ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", E2E_BUCKETS),
+            ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", E2E_BUCKETS),
+        ):
+            end = start + len(buckets) + 2
+            rows = [self.slots[k][start:end] for k in range(len(self.slots))]
+            histograms.append(StepHistogram(name, doc, buckets, self.labels, rows, index))
+            start = end
+        self.ttft, self.itl, self.e2e, self.queue, self.prefill = histograms
+        self.registry.register(self)
 
     def record(self, stats: list | None, tally: Tally) -> None:
-        """The gauges now and the engine's counters' growth since they were last read (if the message
-        carried them), and the tally."""
+        """The core's gauges and counters as it read them (if the message carried them), and the tally."""
+        slot = self.slot
         if stats is not None:
-            num_running, num_waiting, kv_usage, *counts = stats
-            self.running.set(num_running)
-            self.waiting.set(num_waiting)
-            self.kv_usage.set(kv_usage)
-            for k, counter in enumerate((self.prefix_queries, self.prefix_hits, self.preemptions)):
-                if counts[k] > self._seen[k]:
-                    counter.inc(counts[k] - self._seen[k])
-                self._seen[k] = counts[k]
-        if tally.prompt_tokens:
-            self.prompt_tokens.inc(tally.prompt_tokens)
-        if tally.generated:
-            self.generation_tokens.inc(tally.generated)
+            slot[STATS] = stats[:6]
+            slot[READ] = stats[6]
+        slot[PROMPT_TOKENS] += tally.prompt_tokens
+        slot[GENERATION_TOKENS] += tally.generated
         self.ttft.observe_many(tally.ttft)
         self.itl.observe_many(tally.itl)
         self.e2e.observe_many(tally.e2e)
         self.queue.observe_many(tally.queue)
         self.prefill.observe_many(tally.prefill)
+
+    def collect(self):
+        """Every metric, over every API server's slot (the registry's collector: see the module docstring)."""
+        labels, values = list(self.labels), list(self.labels.values())
+        latest = self.slots[int(np.argmax(self.slots[:, READ]))]  # the core's latest reading, whoever got it
+        stats = np.array(latest[STATS])
+        for k, (name, doc) in enumerate((
+            ("vllm:num_requests_running", "Number of requests in model execution batches."),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+        )):  # fmt: skip
+            family = GaugeMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, float(stats[k]))
+            yield family
+        totals = self.slots[:, PROMPT_TOKENS : GENERATION_TOKENS + 1].sum(axis=0)
+        for name, doc, value in (
+            ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", stats[3] - self.baseline[3]),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", stats[4] - self.baseline[4]),
+            ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", stats[5] - self.baseline[5]),
+            ("vllm:prompt_tokens", "Number of prefill tokens processed.", totals[0]),
+            ("vllm:generation_tokens", "Number of generation tokens processed.", totals[1]),
+        ):  # fmt: skip
+            family = CounterMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, max(0.0, float(value)))
+            yield family
+        for h in (self.ttft, self.itl, self.e2e, self.queue, self.prefill):
+            yield from h.collect()
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes."""

@@ -58,6 +58,35 @@ class ThreadServer:
         self.sock.close()
 
 
+def stream_all_at_once(base_url: str, prompts: list, max_tokens: int, sampled=()) -> list[tuple[list[int], str]]:
+    """Every prompt as a streaming completion, all at once, by ``openai.AsyncOpenAI``: greedy, or sampled at
+    temperature 0.9 with seed ``k`` for the ``k`` in ``sampled``; each one's token ids and finish reason."""
+    import openai
+
+    async def main():
+        c = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=HANG_GUARD_S)
+
+        async def one(k):
+            extra = {"ignore_eos": True, "return_token_ids": True}
+            how = {"temperature": 0.9, "seed": k} if k in sampled else {"temperature": 0}
+            stream = await c.completions.create(
+                model="tiny-random", prompt=prompts[k], max_tokens=max_tokens, stream=True, **how, extra_body=extra
+            )
+            ids, finish = [], None
+            async for chunk in stream:
+                for ch in chunk.choices:
+                    ids += ch.model_extra.get("token_ids") or []
+                    finish = ch.finish_reason or finish
+            return ids, finish
+
+        try:
+            return await asyncio.gather(*(one(k) for k in range(len(prompts))))
+        finally:
+            await c.close()
+
+    return asyncio.run(main())
+
+
 class ProcessServer(ServerProcess):
     """``paged-edu serve ARGV`` as a subprocess (:class:`paged_edu.serve.process.ServerProcess`), started."""
 

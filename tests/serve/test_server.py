@@ -8,7 +8,6 @@ in ``test_serve_cli.py`` (SIGTERM, the API key, the command line).
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import httpx
@@ -16,7 +15,7 @@ import openai
 import pytest
 from hang_guard import HANG_GUARD_S
 from prometheus_client.parser import text_string_to_metric_families
-from server_helpers import ThreadServer
+from server_helpers import ThreadServer, stream_all_at_once
 
 from paged_edu.engine import Engine, SamplingParams
 
@@ -328,31 +327,8 @@ def test_256_concurrent_streaming_clients(srv, tiny_model):
     """Every request answered; the greedy three quarters token for token as ``Engine.run``; no block leaked."""
     prompts = [prompt_ids(k % 200, 8 + k % 40) + prompt_ids(k, 4) for k in range(NUM_CLIENTS)]  # shared heads
     greedy = [k for k in range(NUM_CLIENTS) if k % 4]
-
-    async def main():
-        c = openai.AsyncOpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0, timeout=HANG_GUARD_S)
-
-        async def one(k):
-            extra = {"ignore_eos": True, "return_token_ids": True}
-            sampled = {} if k % 4 else {"temperature": 0.9, "seed": k}
-            stream = await c.completions.create(
-                model="tiny-random", prompt=prompts[k], max_tokens=16, stream=True,
-                **({"temperature": 0} if k % 4 else sampled), extra_body=extra,
-            )  # fmt: skip
-            ids, finish = [], None
-            async for chunk in stream:
-                for ch in chunk.choices:
-                    ids += ch.model_extra.get("token_ids") or []
-                    finish = ch.finish_reason or finish
-            return ids, finish
-
-        try:
-            return await asyncio.gather(*(one(k) for k in range(NUM_CLIENTS)))
-        finally:
-            await c.close()
-
     t0 = time.perf_counter()
-    results = asyncio.run(main())
+    results = stream_all_at_once(srv.base_url, prompts, 16, sampled={k for k in range(NUM_CLIENTS) if not k % 4})
     seconds = time.perf_counter() - t0
     assert all(finish == "length" and len(ids) == 16 for ids, finish in results)
     want = reference(tiny_model, [prompts[k] for k in greedy], SamplingParams(max_tokens=16))
