@@ -13,6 +13,12 @@ TTFT p50 161 ms against the engine's own ~32 ms). vLLM's answer is ``--api-serve
 starts the engine core, then N API server processes (``APIServerProcessManager``, ``vllm/v1/utils.py``)
 serve the one socket they inherit, each with its own ``client_index`` towards the core.
 
+**Measured.** Not yet on a GPU (the session that built it had no device time left). On the project's
+2-core CPU (``bench_serve_vs_offline.py --smoke --num-prompts 256 --length-scale 0.25``, four interleaved
+rounds) N = 2 won the two busy rounds and lost the two quiet ones (served / offline 0.94 -> 0.60-0.68): two
+API processes, the core and the client then share 2 cores, and the core waits for one. Whether it
+lifts a GPU host's ratio is open; the A/B is the same command with ``--api-server-count 1`` and ``2``.
+
 **How, here** (:func:`run_multi_api_server`, in the process ``paged-edu serve`` started):
 
 1. the socket is bound and listening: connections queue in the kernel until an API server accepts
