@@ -415,28 +415,17 @@ class Scheduler:
         return True
 
     # -- after the step ------------------------------------------------------------------------
-    def update(
-        self, scheduled: SchedulerOutput | list[ScheduledSeq], sampled: dict, now: float = 0.0
-    ) -> list[Sequence]:
+    def update(self, out: SchedulerOutput, sampled: dict, now: float = 0.0) -> list[Sequence]:
         """Advance the computed tokens and append the sampled ones; return finished sequences.
 
-        ``scheduled``: the step's :class:`SchedulerOutput` (its leading decodes read as its two lists),
-        or its chunks (``out.scheduled``). ``sampled`` maps the id of every sequence whose chunk
-        ``emits_token`` to its new token -- or, for a parallel-sampling sequence finishing its prompt,
-        to a list of its ``samples.num_tokens_to_sample`` tokens: the first is its own, the others
-        start the children forked from it (:meth:`~paged_edu.sched.parallel_sampling.ParallelSamples.take_forks`).
+        ``out``: the step's :class:`SchedulerOutput` (its leading decodes read as its two lists).
+        ``sampled`` maps the id of every sequence whose chunk ``emits_token`` to its new token -- or,
+        for a parallel-sampling sequence finishing its prompt, to a list of its
+        ``samples.num_tokens_to_sample`` tokens: the first is its own, the others start the children
+        forked from it (:meth:`~paged_edu.sched.parallel_sampling.ParallelSamples.take_forks`).
         """
         finished: list[Sequence] = []
-        if isinstance(scheduled, SchedulerOutput):
-            seqs, starts, rest = scheduled.decode_seqs, scheduled.decode_starts, scheduled.chunks
-        else:  # its leading decodes as the two lists
-            seqs, starts = [], []
-            for item in scheduled:
-                if item.num_new_tokens != 1 or not item.emits_token:
-                    break
-                seqs.append(item.seq)
-                starts.append(item.start)
-            rest = scheduled[len(seqs) :]
+        seqs, starts, rest = out.decode_seqs, out.decode_starts, out.chunks
         num = self._update_decodes(seqs, starts, sampled, now, finished)  # the leading decodes: in bulk
         if num < len(seqs):  # one is not a plain decode (no int token, or not running): the loop takes it and the rest
             rest = [ScheduledSeq(seq, 1, start, True) for seq, start in zip(seqs[num:], starts[num:])] + rest

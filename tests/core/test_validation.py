@@ -328,7 +328,7 @@ def _integer_field_cases():
     def sampled(token):
         scheduler = Scheduler(BlockAllocator(8, 4, cache_when_computed=True))
         seq = scheduler.make_sequence([1, 2], 3)
-        scheduler.update(scheduler.schedule().scheduled, {seq.seq_id: token})
+        scheduler.update(scheduler.schedule(), {seq.seq_id: token})
 
     return [
         ("BlockAllocator.append_slots", lambda v: allocator().append_slots("s", v), "num_tokens"),

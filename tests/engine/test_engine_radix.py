@@ -294,5 +294,5 @@ def test_a_swap_in_never_copies_into_a_block_the_radix_publish_gave_it(seed):
                 k = item.seq.samples.num_tokens_to_sample
                 tokens = [rng.randrange(2) for _ in range(k)]
                 sampled[item.seq.seq_id] = tokens if k > 1 else tokens[0]
-        sched.update(out.scheduled, sampled)
+        sched.update(out, sampled)
     assert swapped_in > 0

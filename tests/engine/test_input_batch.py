@@ -149,7 +149,7 @@ def test_every_batch_equals_the_definition_after_random_steps(kind, preemption, 
         ib.commit()
         sampler.commit()
         tokens = drawn if len(drawn) else None
-        for seq in s.update(sched.scheduled, tokens_by_sequence(plan, drawn.tolist()) if len(drawn) else {}):
+        for seq in s.update(sched, tokens_by_sequence(plan, drawn.tolist()) if len(drawn) else {}):
             sampler.remove(seq.request_id, seq.sample_index)
     assert checked > 150 and failed > 5 and ib.num_decode_steps > 50
     assert ib.num_rows_read < decode_rows // 3  # the rest continued

@@ -26,7 +26,7 @@ def _run(scheduler, until_done):
             for item in out.scheduled
             if item.start == item.seq.num_cached_tokens and item.seq.seq_id not in order
         ]
-        scheduler.update(out.scheduled, {item.seq.seq_id: 1 for item in out.scheduled if item.emits_token})
+        scheduler.update(out, {item.seq.seq_id: 1 for item in out.scheduled if item.emits_token})
         if not scheduler.has_unfinished() or until_done(order):
             return order
     raise AssertionError("did not finish")

@@ -88,7 +88,7 @@ class BruteForceExecutor:
                     sampled[seq.seq_id] = [(t + i) % VOCAB for i in range(n)]
                 else:
                     sampled[seq.seq_id] = t
-        return self.s.update(out.scheduled, sampled, now=float(self.steps))
+        return self.s.update(out, sampled, now=float(self.steps))
 
     def run(self, max_steps=5000):
         finished = []
@@ -218,7 +218,7 @@ def test_parallel_samples_share_prompt_blocks_then_copy_on_write():
         for p in range(item.start, item.end):
             ex.gpu[a.slot(item.seq.seq_id, p)] = tuple(item.seq.token_ids[: p + 1])
         sampled[item.seq.seq_id] = toy_next(item.seq.token_ids)
-    s.update(out.scheduled, sampled, now=2.0)
+    s.update(out, sampled, now=2.0)
     ex.run()
     outs = sorted(q.output_token_ids for q in family)
     assert outs == sorted(oracle(prompt, 5, n=3))
@@ -524,7 +524,7 @@ def test_a_preempted_sequences_readmission_is_counted_apart_from_prefix_reuse():
         s.make_sequence(prompt, 3)
     while s.has_unfinished():
         out = s.schedule()
-        s.update(out.scheduled, {x.seq.seq_id: 11 for x in out.scheduled if x.emits_token})
+        s.update(out, {x.seq.seq_id: 11 for x in out.scheduled if x.emits_token})
     assert s.num_preemptions == 1
     assert (a.stats.queried_tokens, a.stats.hit_tokens, a.stats.hit_rate) == (10, 0, 0.0)
     assert (a.stats.requests, a.stats.preempted_requests) == (2, 1)
@@ -539,12 +539,12 @@ def test_a_decode_reserves_its_slot_by_count_and_the_ids_follow_when_its_block_f
     s = Scheduler(a, max_num_batched_tokens=64)
     seq = s.make_sequence([1, 2, 3], 8)
     out = s.schedule()
-    s.update(out.scheduled, {seq.seq_id: 7})  # the prefill: 3 tokens computed, token 7 sampled
+    s.update(out, {seq.seq_id: 7})  # the prefill: 3 tokens computed, token 7 sampled
     out = s.schedule()  # its decode: a slot for token 7, reserved by count
     assert a.num_tokens(seq.seq_id) == 4 and a.num_known_tokens(seq.seq_id) == 3
     assert a.num_cached_tokens_for([1, 2, 3, 7, 9]) == 0
-    s.update(out.scheduled, {seq.seq_id: 8})  # token 7's K/V is written: block 0 is full and known
+    s.update(out, {seq.seq_id: 8})  # token 7's K/V is written: block 0 is full and known
     assert a.num_known_tokens(seq.seq_id) == 4 and a.num_cached_tokens_for([1, 2, 3, 7, 9]) == B
     out = s.schedule()
-    s.update(out.scheduled, {seq.seq_id: 9})  # token 8 computed: it waits for its block to fill
+    s.update(out, {seq.seq_id: 9})  # token 8 computed: it waits for its block to fill
     assert a.num_tokens(seq.seq_id) == 5 and a.num_known_tokens(seq.seq_id) == 4
