@@ -53,6 +53,19 @@ Step N's tokens are read *before* step N+1 is scheduled -- a synchronous step --
   token; each sample draws from its own stream, so the others keep theirs);
 * the last step: nothing more to schedule, so the call only reads the step in flight.
 
+From idle
+---------
+A call that finds nothing in flight and no sequence running -- a request arriving at an idle engine,
+as every request does on a server at 1 req/s -- has no device work to hide the next step's host work
+behind. Run ahead, it would return nothing: its prompt step's first token would wait for the next
+call to schedule and launch step N+1 (the host work of a whole step) before being read. So such a
+call reads the step it launched, if that step draws a token, before it returns -- the request's first
+token leaves the engine one step's host time sooner -- and the next call starts from a step no
+longer in flight, the running sequences then keep the host one step ahead as usual (one synchronous
+call per stretch of busy time; ``num_idle_reads`` counts them). On a CPU, where the "device" runs
+inside the launch, the call that ran ahead also ran step N+1's forward pass before the read: a lone
+request's first token came in 3.5 ms instead of 1.7 (``benchmarks/bench_ttft.py --smoke``, tiny model).
+
 Three cases that might look as if they need one do not. Prefix-cache hits: a block is published
 only once its ids are read and its K/V computed, so no hit can ever rest on a placeholder (a block
 that step N completes is hit from step N+2 on, one step later than synchronously). Stop
@@ -87,6 +100,7 @@ class AsyncScheduling:
         self.phases = phases
         self.in_flight: LaunchedStep | None = None
         self.num_sync_steps = 0  # calls that read the step in flight before scheduling (see the module)
+        self.num_idle_reads = 0  # calls from idle that read the step they launched (see "From idle")
         self._held: list[tuple[Sequence, int, bool]] = []  # (seq, chunk start, placeholder?) of the step held
         self._unreported: list[RequestOutput] = []  # read before a launch failed: returned next call
         self._num_finished = 0  # sequences finished by the reads of this call (for its StepMetrics)
@@ -104,6 +118,7 @@ class AsyncScheduling:
             prev = None
         if prev is not None:
             self._hold(prev)  # 1. placeholders
+        idle = prev is None and not p.scheduler.running  # nothing on the device, nothing to run ahead of
         sched = p.schedule()  # 2. step N+1
         if sched.is_empty:
             if prev is None:
@@ -124,6 +139,11 @@ class AsyncScheduling:
             raise
         if prev is not None:  # 4. step N's tokens
             outputs += self._read(prev)
+        elif idle and current.plan.emitting:  # from idle: read the step just launched (see "From idle")
+            self.num_idle_reads += 1
+            self.in_flight = current  # (an interrupt in the wait leaves it in flight, read by the next call)
+            outputs += self._read(current)
+            return outputs, self._close(sched)
         if any(seq.status is SequenceStatus.RUNNING for seq in sched.chunk_seqs()):
             self.in_flight = current
         # else every sequence of the step ended at step N: nothing in it is read (its rows are discarded)

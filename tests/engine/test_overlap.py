@@ -159,6 +159,35 @@ def test_steps_schedule_ahead_of_the_tokens(model, prompts, params):
     assert ahead(overlapped) >= overlapped.count("update") - 2  # every step but the first and the last
 
 
+def test_from_idle_the_first_token_leaves_the_call_that_computed_it(model, prompts):
+    """A request that finds the engine idle gets its first token from the first ``step()`` -- as from a
+    synchronous engine -- and the calls after it run ahead again; a second request joining a running
+    one waits for the usual one-step lag (the engine was not idle)."""
+    greedy = SamplingParams(max_tokens=6)
+    sync, engine = build(model, "hash", False), build(model, "hash", True)
+    expected = outputs_of(sync, prompts[:2], [greedy] * 2)
+
+    def first_tokens(e: Engine, rid: int) -> int:
+        return sum(len(q.output_token_ids) for q in e.scheduler.running if q.request_id == rid)
+
+    rid = engine.add_request(prompts[0], greedy)
+    engine.step()
+    assert first_tokens(engine, rid) == 1  # read in the call that launched it: fails when it ran ahead
+    assert engine.overlap.num_idle_reads == 1 and engine.overlap.in_flight is None
+    engine.step()
+    assert engine.overlap.in_flight is not None  # running now: the host is one step ahead again
+    other = engine.add_request(prompts[1], greedy)
+    engine.step()
+    assert first_tokens(engine, other) == 0  # joined a busy engine: its prompt step is read next call
+    engine.step()
+    assert first_tokens(engine, other) == 1 and engine.overlap.num_idle_reads == 1
+    done = {}
+    while engine.has_unfinished():
+        done.update({o.request_id: (o.outputs, o.finish_reasons) for o in engine.step()})
+    assert [done[rid], done[other]] == expected
+    assert_no_leaks(engine)
+
+
 def test_input_ids_come_from_the_device_not_the_host(model, prompts, params, monkeypatch):
     """The next step's placeholder ids are filled in on the device from the tokens in flight."""
     engine = build(model, "hash", True)
