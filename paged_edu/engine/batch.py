@@ -295,7 +295,15 @@ class StaticStaging:
     """Fixed fields at fixed offsets of one pinned host buffer and its device twin (a captured CUDA
     graph reads the device views, so they may never move): write the host views with numpy, then
     :meth:`upload` copies the prefix that holds the step's rows in one ``copy_``. The last field is
-    the only 2-D one (``(rows, width)``); only its first ``rows`` rows travel."""
+    the only 2-D one (``(rows, width)``); only its first ``rows`` rows travel.
+
+    On a CPU the "device" buffer is the host buffer itself (as :class:`BatchStaging`'s) and
+    :meth:`upload` copies nothing: the CPU engine's forward pass runs inside the step's launch, so
+    the next step never writes the views while one reads them. What it buys, measured
+    (``bench_host.py --graph-path``, 256 running, this project's 2-core CPU): the decode step's
+    memcpy of the whole padded block-table region (256 x 128 int32), ~30 us of a ~0.45 ms step
+    (``benchmarks/records/cpu/host_ab_cpu_staging.txt``). A GPU's host pays one ``cudaMemcpyAsync``
+    launch for it instead, so this does not carry over to a GPU's host time."""
 
     def __init__(self, device: torch.device, fields: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> None:
         offsets, total = {}, 0
@@ -303,7 +311,9 @@ class StaticStaging:
             offsets[name] = total
             total += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // BatchStaging.ALIGN) * BatchStaging.ALIGN
         self.host = torch.zeros(total, dtype=torch.uint8, pin_memory=device.type == "cuda")  # (total,)
-        self.dev = torch.zeros(total, dtype=torch.uint8, device=device)  # (total,)
+        self.dev = (
+            self.host if device.type == "cpu" else torch.zeros(total, dtype=torch.uint8, device=device)
+        )  # (total,)
         host_np = self.host.numpy()
         self.np: dict[str, np.ndarray] = {}  # host views, written by numpy
         self.views: dict[str, torch.Tensor] = {}  # device views, read by the graph
@@ -319,6 +329,8 @@ class StaticStaging:
         _wait(self)
 
     def upload(self, rows: int) -> None:
+        if self.dev is self.host:  # a CPU "device" reads the host views themselves (class docstring)
+            return
         end = self._last_off + rows * self._row_bytes
         self.dev[:end].copy_(self.host[:end], non_blocking=True)  # the one host-to-device copy
         if self.dev.is_cuda:
