@@ -25,7 +25,8 @@ Two kinds of steps, two sets of graphs, both *full* graphs (attention included):
   (:mod:`paged_edu.kernels.triton_prefill`), and the chunks a step does not use are padding of
   length 0. The decode rows go to the decode kernel over a fixed ``min(max_num_seqs, bucket)``
   rows, the spare ones attending to one token of block 0 (their output is overwritten by the
-  prompt chunks' rows or dropped).
+  prompt chunks' rows or dropped) -- and a step with no decode at all (a lone request's prompt)
+  runs a graph of its bucket captured without them.
 
 vLLM's default, ``FULL_AND_PIECEWISE`` (``CUDAGraphMode`` in ``vllm/config/compilation.py``), keeps
 attention out of the graphs of mixed batches (piecewise graphs around an eager attention call);
@@ -85,10 +86,11 @@ def capture(run: Callable, device: torch.device, pool=None):
     return graph, outputs
 
 
-def capture_sizes(sizes: list[int], step_for: Callable, device: torch.device) -> tuple[dict, dict]:
-    """``({size: graph}, {size: outputs})``: for every size, the call ``step_for(size)`` returns -- made
-    before capture, so that building its inputs is not recorded -- captured, largest size first so
-    that the others reuse its memory pool (the graphs never run at the same time)."""
+def capture_sizes(sizes: list, step_for: Callable, device: torch.device) -> tuple[dict, dict]:
+    """``({size: graph}, {size: outputs})``: for every size (ascending; a size may be a tuple, a
+    graph's key), the call ``step_for(size)`` returns -- made before capture, so that building its
+    inputs is not recorded -- captured, largest size first so that the others reuse its memory pool
+    (the graphs never run at the same time)."""
     graphs, outputs, pool = {}, {}, None
     for size in reversed(sizes):
         graphs[size], outputs[size] = capture(step_for(size), device, pool)
@@ -233,7 +235,7 @@ class DecodeCudaGraphs:
 
 
 class MixedCudaGraphs:
-    """Steps with prompt chunks, one full graph per token bucket.
+    """Steps with prompt chunks, two full graphs per token bucket: with decode rows, and without.
 
     Buckets: powers of two from 16 to 512, then every 512 up to ``max_num_tokens`` (the scheduler's
     ``max_num_batched_tokens``). Static inputs, for ``T <= Tb`` rows and ``C <= max_num_seqs``
@@ -243,6 +245,12 @@ class MixedCudaGraphs:
     Padding: rows past ``T`` store to slot -1; decode rows past ``D`` have length 1 (one token of
     block 0); chunks past ``P`` have length 0 and ``cu`` stays at ``T``. The graph computes the hidden
     states of all ``Tb`` rows; the runner samples the real ones.
+
+    A graph is found by its *key* ``(Tb, Dcap)``. A step with no decodes -- every step of a request that
+    finds the server idle -- runs the bucket's graph captured with ``Dcap = 0``: the decode kernel over
+    ``Dcap`` spare rows, its split merge and the copy of its rows into the output (3 launches a layer,
+    90 of a SmolLM2 step) are not in it. What it buys, measured: see ``benchmarks/bench_ttft.py``'s
+    record named in the journal of ``docs/benchmarks.md``. The price: twice the captures at start.
 
     ``capture_graphs=False`` replays by running the same padded batch eagerly: what a CPU can check.
     """
@@ -285,16 +293,17 @@ class MixedCudaGraphs:
         h["slot_mapping"][:] = -1  # warm-up and capture run the model: store nothing
         h["decode_seq_lens"][:] = 1
         self.staging.upload(S)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}  # Tb -> hidden (Tb, hidden)
+        self.keys = sorted((Tb, D) for Tb in self.sizes for D in (0, min(S, Tb)))  # (Tb, Dcap), smallest first
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}  # (Tb, Dcap) -> hidden (Tb, hidden)
         if capture_graphs:
             self.graphs, self.outputs = capture_sizes(
-                self.sizes, lambda Tb: partial(self.model, self._batch(Tb), kv_caches, self.kernels), device
+                self.keys, lambda key: partial(self.model, self._batch(key), kv_caches, self.kernels), device
             )
 
-    def _batch(self, Tb: int) -> ForwardBatch:
+    def _batch(self, key: tuple[int, int]) -> ForwardBatch:
         v = self.staging.views
-        Dcap = min(self.max_num_seqs, Tb)
+        Tb, Dcap = key
         return ForwardBatch(
             input_ids=v["input_ids"][:Tb],
             positions=v["positions"][:Tb],
@@ -308,18 +317,21 @@ class MixedCudaGraphs:
             logits_rows=v["input_ids"][:0],  # unused: the runner samples
         )
 
-    def size_for(self, batch: StepBatch) -> int | None:
-        """The token bucket that runs this step, or None (eager)."""
+    def size_for(self, batch: StepBatch) -> tuple[int, int] | None:
+        """The key ``(Tb, Dcap)`` of the graph that runs this step, or None (eager)."""
         tables = [t for t in (batch.decode_block_tables, batch.prefill_block_tables) if t is not None]
         if len(batch.logits_rows) > self.max_num_seqs or max(t.shape[1] for t in tables) > self.max_blocks_per_seq:
             return None
-        return smallest_size(self.sizes, batch.input_ids.shape[0])
+        Tb = smallest_size(self.sizes, batch.input_ids.shape[0])
+        if Tb is None:
+            return None
+        return Tb, min(self.max_num_seqs, Tb) if batch.num_decodes else 0
 
-    def stage(self, batch: StepBatch, Tb: int) -> None:
-        """Write the step into the graph's inputs, padded as the class says, in one copy."""
+    def stage(self, batch: StepBatch, key: tuple[int, int]) -> None:
+        """Write the step into the inputs of graph ``key``, padded as the class says, in one copy."""
         self.staging.wait()
         h = self.staging.np
-        T, D = batch.input_ids.shape[0], batch.num_decodes
+        (Tb, Dcap), T, D = key, batch.input_ids.shape[0], batch.num_decodes
         for name, values, pad in (
             ("input_ids", batch.input_ids, 0),
             ("positions", batch.positions, 0),
@@ -327,7 +339,6 @@ class MixedCudaGraphs:
         ):
             h[name][:T] = values
             h[name][T:Tb] = pad
-        Dcap = min(self.max_num_seqs, Tb)
         if D:
             h["decode_seq_lens"][:D] = batch.decode_seq_lens
             tables = batch.decode_block_tables
@@ -345,13 +356,13 @@ class MixedCudaGraphs:
         h["cu_seqlens_q"][P:] = T  # the last chunk's end, and every padding chunk's (length 0)
         self.staging.upload(max(P, 1))
 
-    def input_ids(self, Tb: int) -> torch.Tensor:
+    def input_ids(self, key: tuple[int, int]) -> torch.Tensor:
         """The staged token ids ``(Tb,)`` (async scheduling fills placeholders in there)."""
-        return self.staging.views["input_ids"][:Tb]
+        return self.staging.views["input_ids"][: key[0]]
 
-    def replay(self, Tb: int) -> torch.Tensor:
-        """Hidden states ``(Tb, hidden)`` of the staged step."""
+    def replay(self, key: tuple[int, int]) -> torch.Tensor:
+        """Hidden states ``(Tb, hidden)`` of the staged step, by graph ``key``."""
         if not self.graphs:  # capture_graphs=False
-            return self.model(self._batch(Tb), self.kv_caches, self.kernels)
-        self.graphs[Tb].replay()
-        return self.outputs[Tb]
+            return self.model(self._batch(key), self.kv_caches, self.kernels)
+        self.graphs[key].replay()
+        return self.outputs[key]

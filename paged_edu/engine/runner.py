@@ -60,13 +60,15 @@ class StagedBatch:
         sampling: SamplingBatch,
         num_rows: int,
         graph_size: int | None,
-        mixed_size: int | None = None,
+        mixed_size: tuple[int, int] | None = None,
     ):
         self.forward = forward  # None when a captured graph runs it (its inputs are staged in the graph's buffers)
         self.sampling = sampling
         self.num_rows = num_rows  # real rows; rows past it pad a captured graph's batch size
         self.graph_size = graph_size  # the captured decode batch size that runs it, or None
-        self.mixed_size = mixed_size  # the token bucket whose mixed-step graph runs it, or None
+        self.mixed_size = (
+            mixed_size  # the key (token bucket, decode rows) of the mixed-step graph that runs it, or None
+        )
         self.hidden: torch.Tensor | None = None  # (rows, hidden), set by forward
         self.greedy: torch.Tensor | None = None  # (rows,) argmax tokens, when the graph computed them
         self.host: StepBatch | None = None  # the batch as packed on the host (placeholders < 0 in its ids)
@@ -241,18 +243,18 @@ class ModelRunner:
                 # one token per chunk of a pure-decode batch: the rows sample in order (pack_decodes' logits_rows)
                 sampling = self.graphs.stage(host, bs, sample_rows, plan.params, True if one_each else None)
                 return StagedBatch(None, sampling, rows, bs)
-        Tb = self.mixed_graphs.size_for(host) if self.mixed_graphs is not None else None
-        if Tb is not None:  # into the mixed-step graph's inputs; only the rows to sample travel below
-            self.mixed_graphs.stage(host, Tb)
-        arrays = {} if Tb is not None else host.arrays()
+        key = self.mixed_graphs.size_for(host) if self.mixed_graphs is not None else None
+        if key is not None:  # into the mixed-step graph's inputs; only the rows to sample travel below
+            self.mixed_graphs.stage(host, key)
+        arrays = {} if key is not None else host.arrays()
         arrays["sample_rows"] = sample_rows
         if plan.params is not None:
             for name, values in zip(("temperatures", "top_ps", "uniforms"), plan.params):
                 arrays[name] = np.asarray(values, dtype=np.float32)
         t = self.staging.upload(arrays)
         sampling = SamplingBatch(t["sample_rows"], t.get("temperatures"), t.get("top_ps"), t.get("uniforms"))
-        if Tb is not None:
-            return StagedBatch(None, sampling, rows, None, Tb)
+        if key is not None:
+            return StagedBatch(None, sampling, rows, None, key)
         return StagedBatch(host.on_device(t), sampling, rows, None)
 
     def forward(self, batch: StagedBatch) -> None:

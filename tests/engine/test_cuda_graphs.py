@@ -63,10 +63,10 @@ def run_step(graphs: MixedCudaGraphs, chunks):
         [c.block_table for c in chunks],
         B,
     )
-    Tb = graphs.size_for(batch)
-    graphs.stage(batch, Tb)
+    key = graphs.size_for(batch)
+    graphs.stage(batch, key)
     T = batch.input_ids.shape[0]
-    return graphs.replay(Tb)[:T], Tb
+    return graphs.replay(key)[:T], key
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -79,10 +79,11 @@ def test_padded_mixed_step_is_the_forward_pass_and_stores_the_same_kv(seed, fuse
     kernels = Kernels("torch", "torch", fused).resolve(model.device)
     want_kv, got_kv = kv_pool(model, "cpu", seed), kv_pool(model, "cpu", seed)
     graphs = graphs_for(model, got_kv, kernels, capture=False)
-    for chunks in (mixed_chunks(seed), mixed_chunks(seed + 10, num_decodes=0)):
+    for chunks, decodes in ((mixed_chunks(seed), True), (mixed_chunks(seed + 10, num_decodes=0), False)):
         want = model(prepare_batch(chunks, B), want_kv, kernels)  # (T, hidden)
-        got, Tb = run_step(graphs, chunks)
+        got, (Tb, Dcap) = run_step(graphs, chunks)
         assert Tb > got.shape[0]  # padded
+        assert Dcap == (min(8, Tb) if decodes else 0)  # no decode: the bucket's graph without decode rows
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # (a padded matmul may round differently)
         for (wk, wv), (gk, gv) in zip(want_kv, got_kv):  # and the padding rows stored nothing
             torch.testing.assert_close(gk, wk, rtol=1e-5, atol=1e-5)
@@ -98,7 +99,10 @@ def test_buckets_cover_every_step_up_to_the_token_budget():
         Tb = next(t for t in graphs.sizes if t >= T)
         assert Tb == 16 or graphs.sizes[graphs.sizes.index(Tb) - 1] < T
     batch = pack_chunks(list(range(9)), [0], [9], [[1, 2, 3]], B)
-    assert graphs.size_for(batch) == 16
+    assert graphs.size_for(batch) == (16, 0)  # a prompt alone: the graph without decode rows
+    with_decode = pack_chunks(list(range(10)), [4, 0], [1, 9], [[4, 5], [1, 2, 3]], B)
+    assert graphs.size_for(with_decode) == (16, 8)  # min(max_num_seqs, Tb) decode rows
+    assert graphs.keys[:4] == [(16, 0), (16, 8), (32, 0), (32, 8)]
     too_wide = pack_chunks(list(range(9)), [0], [9], [list(range(NUM_BLOCKS + 1))], B)
     assert graphs.size_for(too_wide) is None  # a table wider than the graph's: eager
     many = pack_chunks(list(range(9)), list(range(9)), [1] * 9, [[i] * 3 for i in range(9)], B)
