@@ -64,7 +64,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from paged_edu.kernels import paged_attention_decode  # noqa: E402
 from paged_edu.kernels.support import SKINNY_MAX_ROWS  # noqa: E402
-from paged_edu.labs.timing import kernel_table, random_paged_case, rel_err  # noqa: E402
+from paged_edu.labs.timing import profile_replays, random_paged_case, rel_err  # noqa: E402
 from paged_edu.models.config import smollm2_config  # noqa: E402
 from paged_edu.models.llama import ForwardBatch, Kernels  # noqa: E402
 from paged_edu.models.loaders import random_llama  # noqa: E402
@@ -112,31 +112,6 @@ def time_replays(graph, reps: int, flush: torch.Tensor) -> float:
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
-
-
-def profile_replays(graph, fn, n: int = 10) -> dict:
-    """Kernels per replay and their GPU microseconds per replay, by kind and the top names.
-
-    If the profiler sees no kernels inside graph replays (older CUPTI), eager calls of ``fn`` --
-    the same kernels, launched one by one -- are profiled instead (``"source"`` says which)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    def kernels_of(step):
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(n):
-                step()
-            torch.cuda.synchronize()
-        return [
-            e
-            for e in prof.events()
-            if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
-        ]
-
-    source = "graph replay"
-    kernels = kernels_of(graph.replay)
-    if not kernels:
-        source, kernels = "eager", kernels_of(fn)
-    return {"source": source, **kernel_table(kernels, n)}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -25,6 +25,11 @@ Per length it reports the median of:
 
 ``--modes`` picks the engines: ``async`` (the server's), ``sync`` (``--no-async-scheduling``), and
 ``eager-prompt`` (async, no graphs for steps with prompt chunks).
+
+``--profile L`` (a GPU): then ``torch.profiler`` over replays of the first engine's own graphs -- the
+mixed-step graph a lone ``L``-token prompt runs, and the decode graph of batch 1 -- their kernels per
+replay and GPU time by kind and by name (:func:`paged_edu.labs.timing.profile_replays`): where the
+prompt step's time goes beside a decode step's. (The replays rerun the last staged step's inputs.)
 """
 
 from __future__ import annotations
@@ -126,12 +131,40 @@ def measure(engine, lengths: list[int], repeat: int, seed: int) -> list[dict]:
     return rows
 
 
+def profile_graphs(engine, L: int) -> dict:
+    """Kernels and GPU time per replay of the mixed-step graph of an idle ``L``-token prompt and of
+    the decode graph of batch 1 (printed, and returned for the record)."""
+    from paged_edu.engine.sampling import SamplingParams
+    from paged_edu.labs.timing import profile_replays
+
+    first_token(engine, list(range(1, L + 1)), SamplingParams(max_tokens=2))  # stages both graphs' inputs
+    engine.allocator.reset_prefix_cache()
+    r = engine.runner
+    Tb = next(t for t in r.mixed_graphs.sizes if t >= L)
+    out = {}
+    for name, graph in (
+        (f"prompt of {L}: mixed graph {(Tb, 0)}", r.mixed_graphs.graphs[(Tb, 0)]),
+        ("decode, batch 1: decode graph", r.graphs.graphs[1]),
+    ):
+        table = profile_replays(graph, graph.replay)
+        out[name] = table
+        print(
+            f"{name}: {table['kernels_per_step']:.0f} kernels, {table['gpu_busy_us']:.0f} us busy ({table['source']})"
+        )
+        for kind, v in table["by_kind"].items():
+            print(f"    {kind:>8}: {v['kernels']:5.0f} kernels {v['us']:8.1f} us")
+        for kname, v in table["top"].items():
+            print(f"    {v['kernels']:5.0f} x {v['us'] / max(v['kernels'], 1):6.1f} us  {kname}")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="the tiny model on a CPU, small sizes")
     ap.add_argument("--lengths", default=None, help="prompt lengths, comma-separated (default 16,96,256,1024)")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--profile", type=int, default=None, metavar="L", help="profile the graphs of an L-token prompt")
     ap.add_argument("--out", default=None, help="the record (default benchmarks/records/<card>/ttft.json)")
     args = ap.parse_args(argv)
     modes = args.modes.split(",")
@@ -167,6 +200,8 @@ def main(argv=None) -> int:
                 f"{(r['ttft_ms'] / d) if d else float('nan'):>11.2f}",
                 flush=True,
             )
+        if args.profile and torch.cuda.is_available() and "profile" not in record:
+            record["profile"] = {"mode": mode, **profile_graphs(engine, args.profile)}
         engine.close()
         del engine
         import gc

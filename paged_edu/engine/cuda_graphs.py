@@ -246,6 +246,14 @@ class MixedCudaGraphs:
     block 0); chunks past ``P`` have length 0 and ``cu`` stays at ``T``. The graph computes the hidden
     states of all ``Tb`` rows; the runner samples the real ones.
 
+    The prefill kernel's grid has a program per query block plus one per chunk it is given
+    (:mod:`paged_edu.kernels.triton_prefill`), and each program first finds its chunk by a binary
+    search over them. A step of ``Tb`` tokens has at most ``C = min(max_num_seqs, Tb)`` chunks (each
+    holds a token at least), so the graph of bucket ``Tb`` gives the kernel the first ``C`` chunks'
+    slots, not all ``max_num_seqs``: at ``max_num_seqs = 512`` a bucket of 16 launched 3 x 512
+    programs a layer, nearly all of them padding that searched 512 entries before returning.
+    What it buys, measured: see the journal of ``docs/benchmarks.md`` (``bench_ttft.py``).
+
     A graph is found by its *key* ``(Tb, Dcap)``. A step with no decodes -- every step of a request that
     finds the server idle -- runs the bucket's graph captured with ``Dcap = 0``: the decode kernel over
     ``Dcap`` spare rows, its split merge and the copy of its rows into the output (3 launches a layer,
@@ -304,6 +312,7 @@ class MixedCudaGraphs:
     def _batch(self, key: tuple[int, int]) -> ForwardBatch:
         v = self.staging.views
         Tb, Dcap = key
+        C = min(self.max_num_seqs, Tb)  # the most prompt chunks a step of Tb tokens can have (see the class)
         return ForwardBatch(
             input_ids=v["input_ids"][:Tb],
             positions=v["positions"][:Tb],
@@ -311,9 +320,9 @@ class MixedCudaGraphs:
             num_decodes=Dcap,
             decode_block_tables=v["decode_block_tables"][:Dcap],
             decode_seq_lens=v["decode_seq_lens"][:Dcap],
-            prefill_block_tables=v["prefill_block_tables"],
-            prefill_seq_lens=v["prefill_seq_lens"],
-            prefill_cu_seqlens_q=v["cu_seqlens_q"],
+            prefill_block_tables=v["prefill_block_tables"][:C],
+            prefill_seq_lens=v["prefill_seq_lens"][:C],
+            prefill_cu_seqlens_q=v["cu_seqlens_q"][: C + 1],
             logits_rows=v["input_ids"][:0],  # unused: the runner samples
         )
 

@@ -231,6 +231,31 @@ def kernel_table(kernels, n: int, top: int = 12) -> dict:
     }
 
 
+def profile_replays(graph, fn, n: int = 10) -> dict:
+    """Kernels per replay and their GPU microseconds per replay, by kind and the top names.
+
+    If the profiler sees no kernels inside graph replays (older CUPTI), eager calls of ``fn`` --
+    the same kernels, launched one by one -- are profiled instead (``"source"`` says which)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernels_of(step):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                step()
+            torch.cuda.synchronize()
+        return [
+            e
+            for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+        ]
+
+    source = "graph replay"
+    kernels = kernels_of(graph.replay)
+    if not kernels:
+        source, kernels = "eager", kernels_of(fn)
+    return {"source": source, **kernel_table(kernels, n)}
+
+
 def percentile(samples, q):
     s = sorted(samples)
     return s[min(len(s) - 1, int(len(s) * q / 100))]

@@ -90,6 +90,30 @@ def test_padded_mixed_step_is_the_forward_pass_and_stores_the_same_kv(seed, fuse
             torch.testing.assert_close(gv, wv, rtol=1e-5, atol=1e-5)
 
 
+def test_a_bucket_gives_the_prefill_kernel_the_chunks_it_can_hold():
+    """A step of Tb tokens has at most min(max_num_seqs, Tb) chunks: the graph of bucket 16 passes the
+    prefill kernel 16 chunk slots (its grid and search), not max_num_seqs = 32 -- and a step that
+    fills the bucket with chunks (7 prompt chunks of 2 tokens, 2 decodes) is still the forward pass."""
+    model = tiny_model(seed=3, vocab_size=300)
+    kernels = Kernels("torch", "torch", "torch").resolve(model.device)
+    want_kv, got_kv = kv_pool(model, "cpu", 3), kv_pool(model, "cpu", 3)
+    graphs = graphs_for(model, got_kv, kernels, capture=False, max_num_tokens=64, max_num_seqs=32)
+    assert [graphs._batch((Tb, 0)).prefill_cu_seqlens_q.shape[0] for Tb in graphs.sizes] == [17, 33, 33]
+    rng = random.Random(5)
+    free = list(range(1, NUM_BLOCKS))
+    rng.shuffle(free)
+    chunks = []
+    for n in [1, 1] + [2] * 7:
+        start = rng.randrange(0, 9)
+        chunks.append(
+            BatchChunk([rng.randrange(300) for _ in range(n)], start, [free.pop() for _ in range(-(-(start + n) // B))])
+        )
+    want = model(prepare_batch(chunks, B), want_kv, kernels)  # (16, hidden)
+    got, key = run_step(graphs, chunks)
+    assert key == (16, 16)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_buckets_cover_every_step_up_to_the_token_budget():
     model = tiny_model(vocab_size=300)
     kv = kv_pool(model, "cpu")
