@@ -96,8 +96,6 @@ class RequestStream:
         self._wake()
 
     def put_end(self, finish_reasons, num_cached_tokens, finish_time, error, launched, tally: Tally) -> None:
-        if not self.accepted.done():  # it ended in the step that told its acceptance (that reply comes next)
-            self.accepted.set_result(None)
         if finish_time is not None:
             tally.e2e.append(finish_time - self.arrival)
         if launched is not None and self._first is not None:  # its TTFT in two: before its first step, from it

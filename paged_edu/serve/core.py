@@ -22,9 +22,8 @@ streams, and the two processes only exchange messages.
    engine at once (no polling interval); with work it takes what has arrived without waiting --
    new requests (``engine.add_request``: accepted, or refused with the engine's error, which names
    the field), aborts (a client that left, a stop string found: the blocks are freed before the
-   next step), calls (``/reset_prefix_cache``), stop -- and answers refusals and calls at once,
-   before the step (a refused request gets its 400 without waiting for a step); an accepted request
-   is told so with the step that runs it (nothing is sent between its arrival and that step);
+   next step), calls (``/reset_prefix_cache``), stop -- and answers them at once, before the step
+   (a refused request gets its 400 without waiting for a step);
 2. one ``engine.step()`` (async scheduling: the step returns the tokens of the step launched before);
 3. *outputs*: one message for the step -- every sample's new tokens with their times, the requests
    that ended, the replies to this turn's inputs, and (every :data:`STATS_EVERY` seconds, and with
@@ -52,8 +51,7 @@ API server -> core (``rid``: the API server's id for a request; ``channel``: whi
     ["stop"]
 
 core -> API server: first ``["ready", info]`` or ``["failed", message]``; then, each turn, one message
-once its inputs are handled (if a refusal or a call's result is due) and one after its step (with
-the ``added`` of the requests it took in this turn)::
+once its inputs are handled (if they need an answer) and one after its step::
 
     [tokens, ends, replies, stats]
     tokens:  [rid, sample index, new token ids, their times]      for every sample with new tokens
@@ -118,7 +116,6 @@ class _Channel:
     tokens: list = field(default_factory=list)
     ends: list = field(default_factory=list)
     replies: list = field(default_factory=list)
-    added: list = field(default_factory=list)  # the requests accepted this turn, told after the step
 
 
 class EngineCore:
@@ -158,9 +155,8 @@ class EngineCore:
                 else:  # idle: wait for a message, then start the clocks
                     self._take_inputs(wait=True)
                     start = wall(), cpu()
-                step = not self._stopping and engine.has_unfinished()
-                self._send(hold_added=step)  # refusals and results before the step, not a step later
-                if not step:
+                self._send()  # the replies (accepted, refused, results) before the step, not a step later
+                if self._stopping or not engine.has_unfinished():
                     continue
                 self._step()
                 self._send()
@@ -205,24 +201,9 @@ class EngineCore:
         else:
             log.error("engine core: unknown message %r", kind)
 
-    def _send(self, hold_added: bool = False) -> None:
+    def _send(self) -> None:
         """This turn's message to each API server that has something to be told (the stats, when due,
-        go with each of them); with ``hold_added`` (a step follows) the requests accepted this turn
-        are told with the step's message instead.
-
-        What holding them buys: a request that finds the engine idle starts its first step without a
-        message sent before it -- that message's stats, encoding and ZeroMQ send were the core's one
-        piece of work between the request's arrival and its step that the step does not need. In an
-        idle process they run cold: on this 2-core CPU (a virtual machine) the pre-step send of one
-        ``added`` took 28 us in a loop and 1,843 us after 0.2 s of idle (stats 720-830, encoding
-        230-280, send 680-750 us), medians of 25-30. The API process learns of the acceptance with
-        the step's message: under async scheduling the one after the prompt step's launch, while the
-        prompt runs; where that message carries the first token too, it takes both at once."""
-        if not hold_added:
-            for c in self.channels:
-                if c.added:
-                    c.replies += [["added", rid] for rid in c.added]
-                    c.added.clear()
+        go with each of them)."""
         stats = False  # not read yet
         for c in self.channels:
             if not (c.tokens or c.ends or c.replies):
@@ -262,7 +243,7 @@ class EngineCore:
         live = _Live(rid, request_id, out, (channel, rid), [0] * params.get("n", 1))
         self._by_request[request_id] = self._by_rid[channel, rid] = live
         self._unlaunched.append(live)
-        out.added.append(rid)
+        out.replies.append(["added", rid])
 
     def _abort(self, rid: int, sample_index: int | None, channel: int) -> None:
         live = self._by_rid.get((channel, rid))

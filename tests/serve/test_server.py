@@ -121,25 +121,6 @@ def test_greedy_completion_is_engine_runs_tokens(srv, client, tiny_model):
         assert choice.text == bytes(t for t in expected if t < 256).decode("utf-8", errors="replace")
 
 
-def test_a_request_that_ends_in_the_step_that_accepts_it_is_answered(tiny_model):
-    """Without async scheduling a one-token request ends in its first step: its acceptance (held until
-    that step, ``EngineCore._send``) and its end come in one message, the end first."""
-    prompt = prompt_ids(3, 25)
-    ((expected,),) = reference(tiny_model, [prompt], SamplingParams(max_tokens=1))
-    sync = ThreadServer(["--model", "tiny-random", "--num-gpu-blocks-override", "256", "--no-async-scheduling"])
-    try:
-        with openai.OpenAI(base_url=f"{sync.base_url}/v1", api_key="unused", max_retries=0, timeout=HANG_GUARD_S) as c:
-            body = {"ignore_eos": True, "return_token_ids": True}
-            r = c.completions.create(model="tiny-random", prompt=prompt, max_tokens=1, temperature=0, extra_body=body)
-            assert r.choices[0].model_extra["token_ids"] == expected and r.choices[0].finish_reason == "length"
-            chunks = c.completions.create(
-                model="tiny-random", prompt=prompt, max_tokens=1, temperature=0, stream=True, extra_body=body
-            )
-            assert [t for chunk in chunks for t in chunk.choices[0].model_extra["token_ids"] or []] == expected
-    finally:
-        sync.stop()
-
-
 def test_chat_uses_the_chatml_template_and_streams_the_same_reply(srv, client, tiny_model):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
     by_hand = [
