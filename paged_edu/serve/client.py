@@ -314,8 +314,11 @@ class EngineClient:
         (the server stops). What the callback buys over ``await zmq.asyncio.Socket.poll()`` in a
         loop: that poll builds a poller and three futures per wakeup, and its result reaches the
         task through a chain of done-callbacks, each one a turn of the event loop. From a message's
-        send in another process to its handler, uvloop on this 2-core CPU, medians of 300 lone
-        messages, three runs: 61 / 68 / 65 us with the poll, 32 / 29 / 56 us with the callback.
+        send in another process to its handler (``benchmarks/bench_output_reader.py``: uvloop, this
+        2-core CPU, three interleaved rounds of medians): messages 3 ms apart 200 / 177 / 202 us with
+        the poll, 133 / 136 / 144 us with the callback; 0.2 s apart (both sides cold) 2.56 / 2.64 /
+        2.10 ms against 1.54 / 1.60 / 1.47 ms. (A whole lone request's TTFT on this CPU varies by
+        more than that from run to run: ``bench_lone_request.py --smoke`` did not tell the two apart.)
         """
         import zmq
 
