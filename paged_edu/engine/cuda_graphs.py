@@ -252,13 +252,19 @@ class MixedCudaGraphs:
     holds a token at least), so the graph of bucket ``Tb`` gives the kernel the first ``C`` chunks'
     slots, not all ``max_num_seqs``: at ``max_num_seqs = 512`` a bucket of 16 launched 3 x 512
     programs a layer, nearly all of them padding that searched 512 entries before returning.
-    What it buys, measured: see the journal of ``docs/benchmarks.md`` (``bench_ttft.py``).
+    What it buys is not measured yet: no GPU was lent after it was written (session 5). The
+    measurement is ``python benchmarks/bench_ttft.py --modes async --profile 96`` here and with
+    99b8dd3's ``cuda_graphs.py``, in one lease; before it, a 96-token prompt's graph took 1.49 ms on
+    an H100 against 0.65 ms for a decode step of batch 1 (``benchmarks/records/h100/ttft_99b8dd3.json``).
 
     A graph is found by its *key* ``(Tb, Dcap)``. A step with no decodes -- every step of a request that
     finds the server idle -- runs the bucket's graph captured with ``Dcap = 0``: the decode kernel over
     ``Dcap`` spare rows, its split merge and the copy of its rows into the output (3 launches a layer,
-    90 of a SmolLM2 step) are not in it. What it buys, measured: see ``benchmarks/bench_ttft.py``'s
-    record named in the journal of ``docs/benchmarks.md``. The price: twice the captures at start.
+    90 of a SmolLM2 step) are not in it. What it buys, measured on an H100 (``benchmarks/bench_ttft.py``,
+    a 96-token prompt on the server's idle engine, against the one graph per bucket in the same
+    lease): the prompt step's device time 1.65 -> 1.49 ms, its time to first token 2.13 -> 1.96 ms
+    (``benchmarks/records/h100/ttft_ab_99b8dd3_log.txt``; the journal of ``docs/benchmarks.md``). The
+    price: twice the captures at start.
 
     ``capture_graphs=False`` replays by running the same padded batch eagerly: what a CPU can check.
     """

@@ -64,7 +64,10 @@ token leaves the engine one step's host time sooner -- and the next call starts 
 longer in flight, the running sequences then keep the host one step ahead as usual (one synchronous
 call per stretch of busy time; ``num_idle_reads`` counts them). On a CPU, where the "device" runs
 inside the launch, the call that ran ahead also ran step N+1's forward pass before the read: a lone
-request's first token came in 3.5 ms instead of 1.7 (``benchmarks/bench_ttft.py --smoke``, tiny model).
+request's first token came in 3.5 ms instead of 2.1 (``benchmarks/bench_ttft.py --smoke``, tiny model).
+On an H100 the device's prompt step (1.5 ms at 96 tokens) hides step N+1's launch anyway: 1.955 against
+1.946 ms, the same within noise (``benchmarks/records/h100/ttft_ab_99b8dd3_log.txt``); what it buys
+there is a first token that no longer depends on the next step's host work.
 
 Three cases that might look as if they need one do not. Prefix-cache hits: a block is published
 only once its ids are read and its K/V computed, so no hit can ever rest on a placeholder (a block
