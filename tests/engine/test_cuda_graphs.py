@@ -134,11 +134,13 @@ def test_buckets_cover_every_step_up_to_the_token_budget():
     assert MixedCudaGraphs(model, kv, 100, 8, 8, capture_graphs=False).sizes[-1] == 100
 
 
+@pytest.mark.parametrize("max_num_seqs", [8, 32])
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_an_engine_on_mixed_step_graphs_gives_transformers_tokens(hf_greedy_case, async_scheduling):
+def test_an_engine_on_mixed_step_graphs_gives_transformers_tokens(hf_greedy_case, async_scheduling, max_num_seqs):
     """Steps with prompt chunks (chunked: 24 tokens a step, decodes alongside) through the padded
     graph batch, async scheduling's placeholders filled into the graph's own ids: transformers'
-    greedy tokens."""
+    greedy tokens -- with max_num_seqs = 32 too, past every bucket (16, 24): the prefill kernel
+    then gets the bucket's chunk slots, not max_num_seqs."""
     from paged_edu.models.llama import PagedLlama
 
     hf, prompts, want = hf_greedy_case
@@ -146,12 +148,12 @@ def test_an_engine_on_mixed_step_graphs_gives_transformers_tokens(hf_greedy_case
         PagedLlama.from_hf(hf),
         num_blocks=96,
         block_size=B,
-        max_num_seqs=8,
+        max_num_seqs=max_num_seqs,
         max_num_batched_tokens=24,
         async_scheduling=async_scheduling,
     )
     r = engine.runner
-    r.mixed_graphs = MixedCudaGraphs(engine.model, r.kv_pairs, 24, 8, 64, r.kernels, capture_graphs=False)
+    r.mixed_graphs = MixedCudaGraphs(engine.model, r.kv_pairs, 24, max_num_seqs, 64, r.kernels, capture_graphs=False)
     assert engine.generate(prompts, max_new_tokens=9) == want
     assert engine.num_mixed_graph_steps > 0 and engine.num_graph_steps == 0
 
