@@ -146,7 +146,7 @@ def profile_graphs(engine, L: int) -> dict:
         (f"prompt of {L}: mixed graph {(Tb, 0)}", r.mixed_graphs.graphs[(Tb, 0)]),
         ("decode, batch 1: decode graph", r.graphs.graphs[1]),
     ):
-        table = profile_replays(graph, graph.replay)
+        table = profile_replays(graph)
         out[name] = table
         print(
             f"{name}: {table['kernels_per_step']:.0f} kernels, {table['gpu_busy_us']:.0f} us busy ({table['source']})"

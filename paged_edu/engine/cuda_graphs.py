@@ -307,7 +307,7 @@ class MixedCudaGraphs:
         h["slot_mapping"][:] = -1  # warm-up and capture run the model: store nothing
         h["decode_seq_lens"][:] = 1
         self.staging.upload(S)
-        self.keys = sorted((Tb, D) for Tb in self.sizes for D in (0, min(S, Tb)))  # (Tb, Dcap), smallest first
+        self.keys = sorted((Tb, D) for Tb in self.sizes for D in (0, self.max_chunks(Tb)))  # (Tb, Dcap), smallest first
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}  # (Tb, Dcap) -> hidden (Tb, hidden)
         if capture_graphs:
@@ -318,7 +318,7 @@ class MixedCudaGraphs:
     def _batch(self, key: tuple[int, int]) -> ForwardBatch:
         v = self.staging.views
         Tb, Dcap = key
-        C = min(self.max_num_seqs, Tb)  # the most prompt chunks a step of Tb tokens can have (see the class)
+        C = self.max_chunks(Tb)  # prompt chunk slots
         return ForwardBatch(
             input_ids=v["input_ids"][:Tb],
             positions=v["positions"][:Tb],
@@ -332,6 +332,11 @@ class MixedCudaGraphs:
             logits_rows=v["input_ids"][:0],  # unused: the runner samples
         )
 
+    def max_chunks(self, Tb: int) -> int:
+        """The most chunks a step of ``Tb`` tokens can have (each holds a token at least, and a step at
+        most ``max_num_seqs``): the decode rows of a graph with decodes, and every graph's prompt chunk slots."""
+        return min(self.max_num_seqs, Tb)
+
     def size_for(self, batch: StepBatch) -> tuple[int, int] | None:
         """The key ``(Tb, Dcap)`` of the graph that runs this step, or None (eager)."""
         tables = [t for t in (batch.decode_block_tables, batch.prefill_block_tables) if t is not None]
@@ -340,7 +345,7 @@ class MixedCudaGraphs:
         Tb = smallest_size(self.sizes, batch.input_ids.shape[0])
         if Tb is None:
             return None
-        return Tb, min(self.max_num_seqs, Tb) if batch.num_decodes else 0
+        return Tb, self.max_chunks(Tb) if batch.num_decodes else 0
 
     def stage(self, batch: StepBatch, key: tuple[int, int]) -> None:
         """Write the step into the inputs of graph ``key``, padded as the class says, in one copy."""

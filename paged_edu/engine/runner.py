@@ -52,7 +52,7 @@ class StagedBatch:
     device (or in a captured graph's buffers), the rows to sample, and (after ``forward``) where the
     results are."""
 
-    __slots__ = ("forward", "sampling", "num_rows", "graph_size", "mixed_size", "hidden", "greedy", "host")
+    __slots__ = ("forward", "sampling", "num_rows", "graph_size", "mixed_key", "hidden", "greedy", "host")
 
     def __init__(
         self,
@@ -60,15 +60,13 @@ class StagedBatch:
         sampling: SamplingBatch,
         num_rows: int,
         graph_size: int | None,
-        mixed_size: tuple[int, int] | None = None,
+        mixed_key: tuple[int, int] | None = None,
     ):
         self.forward = forward  # None when a captured graph runs it (its inputs are staged in the graph's buffers)
         self.sampling = sampling
         self.num_rows = num_rows  # real rows; rows past it pad a captured graph's batch size
         self.graph_size = graph_size  # the captured decode batch size that runs it, or None
-        self.mixed_size = (
-            mixed_size  # the key (token bucket, decode rows) of the mixed-step graph that runs it, or None
-        )
+        self.mixed_key = mixed_key  # (token bucket, decode rows): the mixed-step graph that runs it, or None
         self.hidden: torch.Tensor | None = None  # (rows, hidden), set by forward
         self.greedy: torch.Tensor | None = None  # (rows,) argmax tokens, when the graph computed them
         self.host: StepBatch | None = None  # the batch as packed on the host (placeholders < 0 in its ids)
@@ -264,9 +262,9 @@ class ModelRunner:
         if batch.graph_size is not None:
             self.num_graph_steps += 1
             batch.hidden, batch.greedy = self.graphs.replay(batch.graph_size)  # one graph replay
-        elif batch.mixed_size is not None:
+        elif batch.mixed_key is not None:
             self.num_mixed_graph_steps += 1
-            batch.hidden = self.mixed_graphs.replay(batch.mixed_size)  # one graph replay, (Tb, hidden)
+            batch.hidden = self.mixed_graphs.replay(batch.mixed_key)  # one graph replay, (Tb, hidden)
         else:
             batch.hidden = self.model(batch.forward, self.kv_pairs, self.kernels)  # (T, hidden)
 
@@ -275,8 +273,8 @@ class ModelRunner:
         async scheduling fills in for tokens still on the device (:mod:`~paged_edu.engine.overlap`)."""
         if batch.graph_size is not None:
             return self.graphs.staging.views["input_ids"][: batch.graph_size]
-        if batch.mixed_size is not None:
-            return self.mixed_graphs.input_ids(batch.mixed_size)
+        if batch.mixed_key is not None:
+            return self.mixed_graphs.input_ids(batch.mixed_key)
         return batch.forward.input_ids
 
     def draw(self, batch: StagedBatch) -> torch.Tensor:

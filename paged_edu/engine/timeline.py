@@ -69,7 +69,7 @@ def forward_mode(batch) -> str:
     decode-graph replay), ``"mixed graph"`` (one replay of a mixed-step graph) or ``"eager"``."""
     if batch.graph_size is not None:
         return "graph"
-    return "mixed graph" if batch.mixed_size is not None else "eager"
+    return "mixed graph" if batch.mixed_key is not None else "eager"
 
 
 class Timeline:

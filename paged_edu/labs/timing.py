@@ -231,11 +231,11 @@ def kernel_table(kernels, n: int, top: int = 12) -> dict:
     }
 
 
-def profile_replays(graph, fn, n: int = 10) -> dict:
+def profile_replays(graph, fn=None, n: int = 10) -> dict:
     """Kernels per replay and their GPU microseconds per replay, by kind and the top names.
 
-    If the profiler sees no kernels inside graph replays (older CUPTI), eager calls of ``fn`` --
-    the same kernels, launched one by one -- are profiled instead (``"source"`` says which)."""
+    If the profiler sees no kernels inside graph replays (older CUPTI), eager calls of ``fn`` (if
+    given) -- the same kernels, launched one by one -- are profiled instead (``"source"`` says which)."""
     from torch.profiler import ProfilerActivity, profile
 
     def kernels_of(step):
@@ -251,7 +251,7 @@ def profile_replays(graph, fn, n: int = 10) -> dict:
 
     source = "graph replay"
     kernels = kernels_of(graph.replay)
-    if not kernels:
+    if not kernels and fn is not None:
         source, kernels = "eager", kernels_of(fn)
     return {"source": source, **kernel_table(kernels, n)}
 
