@@ -7,7 +7,7 @@ server's own split of it, one request at a time on an idle server.
 Issue 46's target is a median TTFT at 1 req/s of at most 3 decode steps. At that rate every request
 finds the server idle, so its TTFT is one trip through the API process, the engine core's channel and
 the engine, with nothing to share them with. This script starts the server as
-``bench_serve_vs_offline.py`` does (its flags, :func:`bench_serve_vs_offline.serve_argv`), sends
+``bench_serve_vs_offline.py`` does (its flags, :func:`bench_serve_vs_offline.default_server_argv`), sends
 ``--requests`` ShareGPT-like requests (``bench-serve --workload sharegpt``'s: token ids, streamed,
 ``--ignore-eos``) one after the other, ``--gap`` seconds apart (each gap of ``--gap`` in turn, on
 the same server), with ``bench-serve``'s own client
@@ -110,21 +110,18 @@ def main(argv=None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
-    from bench_serve_vs_offline import serve_argv
+    from bench_serve_vs_offline import default_server_argv
     from paged_edu.serve.process import ServerProcess
     from paged_edu.serve.traffic import build_traffic
     from record import provenance, record_path
 
     args.requests = args.requests or (16 if args.smoke else 32)
     scale = args.length_scale or (0.05 if args.smoke else 1.0)
-    server_args = SimpleNamespace(
-        smoke=args.smoke, seed=args.seed, num_blocks=2048 if args.smoke else 64 * 2048 // 16, max_num_seqs=512,
-        max_num_batched_tokens=4096, async_scheduling=args.async_scheduling, api_server_count=1,
-    )  # fmt: skip
+    server_argv = default_server_argv(args.smoke, args.async_scheduling, args.seed)
     vocab = 259 if args.smoke else 49152
     total = args.warmups + args.requests
     runs = {}
-    with ServerProcess(serve_argv(server_args)) as server:
+    with ServerProcess(server_argv) as server:
         model = json.loads(__import__("httpx").get(f"{server.url}/v1/models").text)["data"][0]["id"]
         t0 = time.perf_counter()
         for k, gap in enumerate(args.gap):  # fresh prompts for each gap (no prefix-cache hit)
@@ -148,7 +145,7 @@ def main(argv=None) -> int:
     record = {
         **provenance("bench_lone_request.py", argv),
         "device_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.smoke else "cpu",
-        "server_argv": serve_argv(server_args),
+        "server_argv": server_argv,
         "length_scale": scale,
         "seconds": seconds,
         "runs": results,

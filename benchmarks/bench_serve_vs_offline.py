@@ -84,6 +84,21 @@ def serve_argv(args) -> list[str]:
     ]  # fmt: skip
 
 
+def default_num_blocks(smoke: bool) -> int:
+    """The KV pool when ``--num-blocks`` is not given: 64 x 2,048 tokens in blocks of 16 (2,048 blocks with --smoke)."""
+    return 2048 if smoke else 64 * 2048 // 16
+
+
+def default_server_argv(smoke: bool, async_scheduling: bool = True, seed: int = 0) -> list[str]:
+    """:func:`serve_argv` at this benchmark's defaults, one API server: the server other benchmarks
+    (``bench_ttft.py``, ``bench_lone_request.py``) measure, so their figures and this one's are of one server."""
+    settings = argparse.Namespace(
+        smoke=smoke, seed=seed, num_blocks=default_num_blocks(smoke), max_num_seqs=512, max_num_batched_tokens=4096,
+        async_scheduling=async_scheduling, api_server_count=1,
+    )  # fmt: skip
+    return serve_argv(settings)
+
+
 def bench(url: str, argv: list[str]) -> dict:
     from paged_edu.serve.bench import run_bench
     from paged_edu.serve.flags import parse_bench_args
@@ -172,7 +187,7 @@ def main(argv=None) -> int:
         return 2
     args.num_prompts = args.num_prompts or (48 if args.smoke else 512)
     args.ttft_requests = args.ttft_requests or (6 if args.smoke else 32)
-    args.num_blocks = args.num_blocks or (2048 if args.smoke else 64 * 2048 // 16)
+    args.num_blocks = args.num_blocks or default_num_blocks(args.smoke)
     scale = args.length_scale or (0.05 if args.smoke else 1.0)
 
     from paged_edu.serve.process import ServerProcess

@@ -48,25 +48,16 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 MODES = ("async", "sync", "eager-prompt")
 
 
-def serve_flags(smoke: bool, mode: str) -> list[str]:
-    """The server's flags (bench_serve_vs_offline.py's defaults) for ``mode``."""
-    model = ["--model", "tiny-random"] if smoke else ["--model", "smollm2", "--load-format", "dummy"]
-    blocks = 2048 if smoke else 64 * 2048 // 16
-    return [
-        *model, "--seed", "0", "--num-gpu-blocks-override", str(blocks), "--max-num-seqs", "512",
-        "--max-num-batched-tokens", "4096", *(["--no-async-scheduling"] if mode == "sync" else []),
-    ]  # fmt: skip
-
-
 def build(smoke: bool, mode: str):
     import torch
 
+    from bench_serve_vs_offline import default_server_argv
     from paged_edu.engine import Engine
     from paged_edu.kernels.support import default_dtype
     from paged_edu.serve.flags import parse_serve_args
     from paged_edu.serve.launch import engine_config, load_model, warm_up
 
-    flags = parse_serve_args(serve_flags(smoke, mode))
+    flags = parse_serve_args(default_server_argv(smoke, async_scheduling=mode != "sync"))
     device = torch.device("cpu" if smoke else "cuda")
     model, _, _ = load_model(flags.model, flags.load_format, device, default_dtype(device), flags.seed)
     config = engine_config(flags, model)
