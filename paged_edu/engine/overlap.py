@@ -228,10 +228,10 @@ class AsyncScheduling:
         """Wait for a step's tokens, take its placeholders back, then ``update``: append the ids, publish
         the blocks they complete, finish sequences; returns the requests that finished."""
         p = self.phases
-        sampled = p.wait(step)  # (an interrupt in the wait leaves the step in flight, to read again)
+        tokens = p.wait(step)  # (an interrupt in the wait leaves the step in flight, to read again)
         self.in_flight = None
         self._release()  # its placeholders, if the step was held while the next was scheduled
-        outputs, num_finished = p.update(step, sampled)
+        outputs, num_finished = p.update(step, tokens)
         self._num_finished += num_finished
         return outputs
 
