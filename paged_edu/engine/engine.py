@@ -517,8 +517,8 @@ class Engine:
             return self._take_aborted(), None
         with p.undone_on_failure(sched):  # a raise from here: the step is undone, StepFailed names the phase
             step = p.launch(sched)  # 2.-4. block copies, prepare, the forward pass, the draw on the device
-            sampled = p.wait(step)  # 4. the tokens on the host: the one wait for the device
-        outputs, num_finished = p.update(step, sampled)  # 5. append, finish, free
+            tokens = p.wait(step)  # 4. the tokens on the host: the one wait for the device
+        outputs, num_finished = p.update(step, tokens)  # 5. append, finish, free
         return self._take_aborted() + outputs, p.close(sched, num_finished)
 
     # -- offline batches: vLLM's LLM.generate / LLM.chat, over add_requests and step ------------

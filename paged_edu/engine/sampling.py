@@ -333,12 +333,16 @@ def draw(model, kernels, hidden: torch.Tensor, greedy: torch.Tensor | None, s: S
     return sample_on_device(logits, s.temperatures, s.top_ps, s.uniforms, greedy_tokens=argmax)
 
 
-def tokens_by_sequence(plan: SamplingPlan, tokens: list[int]) -> dict[int, int | list[int]]:
+def tokens_by_sequence(plan: SamplingPlan, tokens: list[int], first: int = 0) -> dict[int, int | list[int]]:
     """The drawn ``tokens`` (in the plan's order) by sequence id: one each, or a list for a
     parallel-sampling prompt that ended (the scheduler forks the others from it). A sample aborted
-    since the plan was made (async scheduling reads the tokens a step later) drops its token."""
+    since the plan was made (async scheduling reads the tokens a step later) drops its token.
+    ``first``: leave out the plan's first ``first`` emitting chunks (one token each: the caller has
+    their tokens in order)."""
     if len(tokens) == len(plan.emitting):  # one each (no parallel-sampling prompt ended)
-        return {seq.seq_id: tok for (_, seq, _), tok in zip(plan.emitting, tokens)}
+        return {seq.seq_id: tok for (_, seq, _), tok in zip(plan.emitting[first:], tokens[first:])}
+    if first:
+        raise ValueError("first > 0 needs one token per emitting chunk")
     sampled: dict[int, int | list[int]] = {}
     pos = 0
     for _, seq, n in plan.emitting:

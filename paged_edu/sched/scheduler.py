@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Iterable
-from operator import sub
+from operator import attrgetter, sub
 from paged_edu.core.block_pool import OutOfBlocksError
 from paged_edu.core.validation import FieldValueError, as_int, choice, flag, integer
 from paged_edu.sched.admission import check_fits
@@ -415,7 +415,9 @@ class Scheduler:
         return True
 
     # -- after the step ------------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: dict, now: float = 0.0) -> list[Sequence]:
+    def update(
+        self, out: SchedulerOutput, sampled: dict, now: float = 0.0, decode_tokens: list[int] | None = None
+    ) -> list[Sequence]:
         """Advance the computed tokens and append the sampled ones; return finished sequences.
 
         ``out``: the step's :class:`SchedulerOutput` (its leading decodes read as its two lists).
@@ -423,12 +425,25 @@ class Scheduler:
         for a parallel-sampling sequence finishing its prompt, to a list of its
         ``samples.num_tokens_to_sample`` tokens: the first is its own, the others start the children
         forked from it (:meth:`~paged_edu.sched.parallel_sampling.ParallelSamples.take_forks`).
+        ``decode_tokens``, if given, are the tokens of ``out.decode_seqs`` in their order (an executor
+        that draws one token a chunk in the step's order has them so: the engine); ``sampled`` then
+        needs only the other chunks'.
         """
         finished: list[Sequence] = []
         seqs, starts, rest = out.decode_seqs, out.decode_starts, out.chunks
-        num = self._update_decodes(seqs, starts, sampled, now, finished)  # the leading decodes: in bulk
+        if decode_tokens is not None and len(decode_tokens) != len(seqs):
+            raise ValueError(
+                f"decode_tokens holds {len(decode_tokens)} tokens for the step's {len(seqs)} leading decodes"
+            )
+        if decode_tokens is None:  # each decode's token from the map
+            tokens = map(sampled.get, map(attrgetter("seq_id"), seqs))
+        else:
+            tokens = decode_tokens
+        num = self._update_decodes(seqs, starts, tokens, now, finished)  # the leading decodes: in bulk
         if num < len(seqs):  # one is not a plain decode (no int token, or not running): the loop takes it and the rest
             rest = [ScheduledSeq(seq, 1, start, True) for seq, start in zip(seqs[num:], starts[num:])] + rest
+            if decode_tokens is not None:  # the loop reads tokens by sequence
+                sampled = {**dict(zip([seq.seq_id for seq in seqs[num:]], decode_tokens[num:])), **sampled}
         block_size, running = self.allocator.block_size, SequenceStatus.RUNNING
         for item in rest:
             seq = item.seq
@@ -451,10 +466,11 @@ class Scheduler:
         return finished
 
     def _update_decodes(
-        self, seqs: list[Sequence], starts: list[int], sampled: dict, now: float, finished: list[Sequence]
+        self, seqs: list[Sequence], starts: list[int], tokens: Iterable, now: float, finished: list[Sequence]
     ) -> int:
         """The loop of :meth:`update` for its leading decodes -- every chunk, in most steps -- in bulk:
-        ``seqs[i]`` computed its token ``starts[i]``. Returns how many it took (the loop takes the rest).
+        ``seqs[i]`` computed its token ``starts[i]`` and sampled ``tokens[i]``. Returns how many it took
+        (the loop takes the rest).
 
         A decode (one token computed, one plain ``int`` token sampled, the sequence running) changes
         its own sequence only: its computed count, its new token and the token's time. A few do
@@ -470,17 +486,16 @@ class Scheduler:
         B, running = self.allocator.block_size, SequenceStatus.RUNNING
         more: list[Sequence] = []  # the decodes that do more than their own bookkeeping, in order
         num = len(seqs)
-        for seq, start in zip(seqs, starts):  # (no enumerate: 15 ns a decode)
-            token = sampled.get(seq.seq_id)
+        for seq, start, token in zip(seqs, starts, tokens):  # (no enumerate: 15 ns a decode)
             if type(token) is not int or seq.status is not running:
                 num = seqs.index(seq)  # not a plain decode: the loop takes it and the rest
                 break
             end = seq.num_computed_tokens = start + 1
-            tokens = seq.output_token_ids
-            tokens.append(token)  # Sequence.append_token, inlined: no call per decode
+            output = seq.output_token_ids
+            output.append(token)  # Sequence.append_token, inlined: no call per decode
             seq.num_tokens += 1
             seq.token_times.append(now)
-            if not end % B or token in seq.stop_token_ids or len(tokens) >= seq.max_new_tokens:
+            if not end % B or token in seq.stop_token_ids or len(output) >= seq.max_new_tokens:
                 more.append(seq)  # it completed a block, or it finishes
             elif seq.first_token_time is None:
                 more.append(seq)

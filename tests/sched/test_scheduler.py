@@ -45,6 +45,8 @@ def oracle(prompt, max_new, stop=(), n=1):
 
 
 class BruteForceExecutor:
+    positional = False  # hand update the leading decodes' tokens as decode_tokens (the engine's way)
+
     def __init__(self, scheduler: Scheduler):
         self.s = scheduler
         self.a = scheduler.allocator
@@ -88,6 +90,9 @@ class BruteForceExecutor:
                     sampled[seq.seq_id] = [(t + i) % VOCAB for i in range(n)]
                 else:
                     sampled[seq.seq_id] = t
+        if self.positional:  # the leading decodes' tokens as a list, in their order; the rest by sequence
+            decode_tokens = [sampled.pop(q.seq_id) for q in out.decode_seqs]
+            return self.s.update(out, sampled, now=float(self.steps), decode_tokens=decode_tokens)
         return self.s.update(out, sampled, now=float(self.steps))
 
     def run(self, max_steps=5000):
@@ -191,6 +196,56 @@ def test_outputs_equal_the_sequential_oracle(mode, num_blocks, budget, chunked, 
     assert s.free_cpu_blocks and len(s.free_cpu_blocks) == 64
     if num_blocks == 14 and budget == 8:
         assert s.num_preemptions > 0  # the case is meant to exercise preemption
+
+
+@pytest.mark.parametrize("num_blocks, budget", [(200, 64), (14, 8), (10, 3)])
+def test_decode_tokens_in_order_give_the_oracles_tokens(num_blocks, budget):
+    """``update(..., decode_tokens=...)`` -- the leading decodes' tokens as a list, the others by
+    sequence, as the engine hands them -- gives every sample the sequential loop's tokens (parallel
+    samples among them: a decode whose token is a list of samples is taken back by the loop)."""
+    rng = random.Random(num_blocks * 100 + budget)
+    shared = [rng.randrange(VOCAB) for _ in range(11)]
+    a = BlockAllocator(num_blocks, B, cache_when_computed=True)
+    s = Scheduler(a, max_num_seqs=5, max_num_batched_tokens=budget, preemption_mode="auto", num_cpu_blocks=64)
+    reqs = [(p, m, 1 + i % 3) for i, (p, m) in enumerate(make_requests(rng, 12, shared))]
+    seqs = [s.make_sequence(p, m, stop_token_ids=(3,), num_samples=n) for p, m, n in reqs]
+    ex = BruteForceExecutor(s)
+    ex.positional = True
+    finished = ex.run()
+    for seq, (p, m, n) in zip(seqs, reqs):
+        samples = sorted((f for f in finished if f.request_id == seq.request_id), key=lambda f: f.sample_index)
+        assert [f.output_token_ids for f in samples] == oracle(p, m, stop=(3,), n=n)
+    assert a.num_free_blocks == num_blocks
+
+
+def test_decode_tokens_after_an_abort_match_the_map():
+    """A decode aborted between ``schedule`` and ``update`` (async scheduling reads a step late) stops
+    the bulk pass; the decodes after it get their tokens from ``decode_tokens`` all the same: the
+    sequences end as with the tokens handed by sequence. A list of the wrong length is refused, and
+    nothing changes."""
+    runs = []
+    for positional in (False, True):
+        a = BlockAllocator(200, B, cache_when_computed=True)
+        s = Scheduler(a, max_num_seqs=8, max_num_batched_tokens=64)
+        seqs = [s.make_sequence([5 + i, 9, 13], 6 + i) for i in range(6)]
+        for step in range(12):
+            out = s.schedule()
+            if step == 3:
+                s.abort(out.decode_seqs[2])  # in the middle of the step's decodes
+            sampled = {q.seq_id: toy_next(q.token_ids) for q in out.chunk_seqs()}
+            if positional:
+                tokens = [sampled.pop(q.seq_id) for q in out.decode_seqs]
+                if step == 5:
+                    before = [(q.num_computed_tokens, list(q.output_token_ids)) for q in seqs]
+                    with pytest.raises(ValueError, match="decode_tokens"):
+                        s.update(out, sampled, float(step), decode_tokens=tokens[:-1])
+                    assert [(q.num_computed_tokens, list(q.output_token_ids)) for q in seqs] == before
+                s.update(out, sampled, float(step), decode_tokens=tokens)
+            else:
+                s.update(out, sampled, float(step))
+        runs.append([(q.output_token_ids, q.finish_reason, q.num_computed_tokens, q.token_times) for q in seqs])
+    assert runs[0] == runs[1]
+    assert runs[0][2][1] == "abort" and sum(r[1] == "length" for r in runs[0]) == 5
 
 
 def test_parallel_samples_share_prompt_blocks_then_copy_on_write():
