@@ -18,7 +18,8 @@ What you will learn
   tiles of 16 rows), several programs share a tile, each summing a slice of ``K``. They write
   fp32 partial sums; the *last to arrive* (an atomic counter per tile) adds them up in a fixed
   order and writes ``y``, then resets the counter for the next launch -- no memset, no second pass,
-  the same bits whichever program comes last;
+  the same bits whichever program comes last (:mod:`~paged_edu.kernels.arrival`, which the decode
+  kernel's in-kernel split merge shares);
 * how a GEMM takes the next elementwise op into its *epilogue*: the SwiGLU MLP's ``silu(gate) * up``
   applied to the tiles before they are stored (``swiglu=True``), one kernel where there were two --
   and why its tiling differs from the plain GEMM's.
@@ -116,7 +117,8 @@ not come back, so which read ran early is not known).
 
 Launch shapes depend only on ``(M's bucket, N, K)`` and the config, never on values, so a call
 captures in a CUDA graph; the split-K counters live in one zeroed buffer per device that every
-launch leaves zeroed again (so two split-K launches must not run *concurrently* on two streams).
+launch leaves zeroed again (:func:`~paged_edu.kernels.arrival.arrival_counters`; so two split-K launches
+must not run *concurrently* on two streams).
 
 Measured: a tie with cuBLAS alone, a win in a chain of programmatic launches
 ----------------------------------------------------------------------------
@@ -177,6 +179,7 @@ import torch
 import triton
 import triton.language as tl
 
+from paged_edu.kernels.arrival import arrival_counters, last_to_arrive, reset_arrival
 from paged_edu.kernels.pdl import launch_options, wait_for_previous_kernel
 from paged_edu.kernels.support import SKINNY_MAX_ROWS, num_sms
 from paged_edu.kernels.triton_fused import INTERPRETING, by_hand, round_to, silu_and_mul
@@ -310,11 +313,7 @@ def _skinny_matmul_kernel(
         tl.store(partial_ptr + pid_k * (W_ROWS * BLOCK_M) + tile, acc, mask=mask_n[:, None])
         if SWIGLU:
             tl.store(partial_ptr + pid_k * (W_ROWS * BLOCK_M) + N * BLOCK_M + tile, acc_up, mask=mask_n[:, None])
-        # Every thread's partial is written before one thread announces it (the barrier), and the
-        # announcement releases them to the whole GPU; the last program acquires them all.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
+        if last_to_arrive(counter_ptr + pid_n, SPLIT_K):  # the tile's last program (kernels.arrival)
             total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             total_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for s in tl.static_range(SPLIT_K):  # a fixed order: the same sum whoever arrives last
@@ -324,7 +323,7 @@ def _skinny_matmul_kernel(
                 if SWIGLU:
                     total_up += tl.load(slice_ptr + N * BLOCK_M + tile, mask=mask_n[:, None], cache_modifier=".cg")
             tl.store(y_ptrs, _epilogue(total, total_up, dtype, SWIGLU, BY_HAND), mask=y_mask)
-            tl.atomic_xchg(counter_ptr + pid_n, 0)  # ready for the next launch (stream order)
+            reset_arrival(counter_ptr + pid_n)  # ready for the next launch (stream order)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -382,17 +381,6 @@ def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = 
     _, slice_pad = _k_slice(K, block_k, split_k)
     preload = M <= PRELOAD_MAX_ROWS and block_n * slice_pad <= PRELOAD_MAX_ELEMENTS
     return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=4, PRELOAD=preload)
-
-
-_counters: dict[torch.device, torch.Tensor] = {}  # per device: int32, zero between launches
-
-
-def _tile_counters(device: torch.device, n_tiles: int) -> torch.Tensor:
-    """The split-K arrival counters: one zeroed buffer per device, grown (never shrunk) as needed."""
-    buf = _counters.get(device)
-    if buf is None or buf.numel() < n_tiles:
-        buf = _counters[device] = torch.zeros(max(n_tiles, 1024), dtype=torch.int32, device=device)
-    return buf
 
 
 # ----------------------------------------------------------------------------------------------
@@ -453,7 +441,7 @@ def skinny_matmul(
     split_k = cfg["SPLIT_K"]
     if split_k > 1:  # each slice's fp32 sums per weight row; no zeroing needed, every program writes its whole slice
         partial = torch.empty((split_k, N, block_m), dtype=torch.float32, device=x.device)
-        counters = _tile_counters(x.device, n_tiles)
+        counters = arrival_counters(x.device, n_tiles)
     else:
         partial = counters = out  # unused
     k_steps, slice_pad = _k_slice(K, cfg["BLOCK_K"], split_k)

@@ -28,7 +28,8 @@ What you will learn
   norm, gate_up with SiLU-and-mul, down -- eight where the decode kernel splits the sequences and merges the
   splits in a second kernel (at the engine's table width, every batch of 1 to 64 on 132 SMs:
   :func:`~paged_edu.kernels.decode.tuning.choose_num_splits`); ``tests/models/test_decode_launches.py`` counts
-  them. On a CPU the model runs plain PyTorch.
+  them. ``Kernels.merge_in_decode`` (off by default, not measured on a GPU yet) has the decode kernel merge
+  its splits itself: seven again. On a CPU the model runs plain PyTorch.
 
 ``PagedLlama.from_hf(hf_model)`` copies the weights of any Hugging Face ``LlamaForCausalLM``; the
 config lives in :mod:`paged_edu.models.config`, random and real (SmolLM2) weights in
@@ -102,6 +103,7 @@ class Kernels:
     gemm: str = "auto"  # the projections and LM head at <= 64 rows: "auto", "triton" (skinny GEMM) or "torch"
     fuse_decode_store: bool = True  # a pure-decode step's rotary + K/V store inside the Triton decode kernel
     swiglu_gemm: bool = True  # gate_up and SiLU-and-mul in one skinny GEMM at <= 64 rows
+    merge_in_decode: bool = False  # the pure-decode kernel merges its splits itself: no merge_splits_kernel
     pdl: bool = True  # programmatic dependent launches in a pure-decode step of <= 64 rows (see resolve)
 
     def resolve(self, device: torch.device) -> Kernels:
@@ -308,6 +310,7 @@ class PagedAttention(nn.Module):
                 sin,
                 scale=self.scale,
                 pdl=kernels.pdl,
+                merge_in_kernel=kernels.merge_in_decode,
             )  # (T, H, D)
         else:
             q = self.project(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, H, D)

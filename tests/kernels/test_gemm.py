@@ -117,7 +117,7 @@ def test_configs_of_a_sweep_agree(config):
 
 
 def test_split_k_leaves_its_counters_zeroed_for_the_next_launch():
-    from paged_edu.kernels.triton_gemm import _counters
+    from paged_edu.kernels.arrival import _counters
 
     x, w = case(2, 96, 256, torch.float32)
     for _ in range(3):  # a counter left at 1 would make the next launch's sum fire early
@@ -197,7 +197,7 @@ def test_swiglu_equals_the_two_kernel_path(dtype, M, config):
     oracle. The interpreter's truncating bf16 store (module docstring) does not touch this path: its
     epilogue rounds to nearest by hand, as F.linear does."""
     from paged_edu.kernels.triton_fused import silu_and_mul_triton
-    from paged_edu.kernels.triton_gemm import _counters
+    from paged_edu.kernels.arrival import _counters
 
     I, K = TINY_LLAMA.intermediate_size, TINY_LLAMA.hidden_size
     x, w = exact_case(M, I, K, dtype, seed=M)

@@ -126,10 +126,12 @@ def test_at_the_engines_table_width_the_decode_kernel_merges_its_splits_in_an_ei
     enough programs for the SMs) and ``merge_splits_kernel`` adds them up after it: 8 launches a layer. On the
     interpreter (8 "SMs") a batch of 1 over a 64-block table splits; on a GPU of 132 SMs (H100, H200) every
     SmolLM2 batch of 1 to 64 splits at the engine's default width (the model's 8,192 positions), so a fused
-    decode step there launches 8 kernels a layer, 240 of a step's 244 (``docs/benchmarks.md``)."""
+    decode step there launches 8 kernels a layer, 240 of a step's 244 (``docs/benchmarks.md``). With
+    ``merge_in_decode`` the decode kernel merges them itself: 7 again, the default list."""
     got = decode_layer_launches(1, table_blocks=64)
     want = EXPECTED["default"]
     assert got == [*want[:3], "merge_splits_kernel", *want[3:]], got
+    assert decode_layer_launches(1, table_blocks=64, merge_in_decode=True) == want
     c = smollm2_config()
     tile = decode_config(c.head_dim, c.num_heads // c.num_kv_heads, on_gpu=True)["TILE"]
     splits = [choose_num_splits(b, c.num_kv_heads, c.max_position_embeddings, tile, num_sms=132) for b in range(1, 65)]
