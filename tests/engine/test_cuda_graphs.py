@@ -220,7 +220,10 @@ def test_gpu_engine_with_every_graph_gives_the_eager_tokens():
 
 
 # The fusions of a small decode batch that are off by default (issue 45), each turned on with what it needs.
-SMALL_BATCH_FUSIONS = {"merge_in_decode": dict(merge_in_decode=True)}
+SMALL_BATCH_FUSIONS = {
+    "merge_in_decode": dict(merge_in_decode=True),
+    "both": dict(merge_in_decode=True, norm_prologue=True),  # norm_prologue's path too (4 s a case: kept to two)
+}
 
 
 @pytest.mark.parametrize("fusion", list(SMALL_BATCH_FUSIONS))

@@ -138,6 +138,19 @@ def test_at_the_engines_table_width_the_decode_kernel_merges_its_splits_in_an_ei
     assert min(splits) > 1, splits
 
 
+def test_with_the_norm_prologue_a_small_decode_layer_launches_five_kernels():
+    """``norm_prologue``: both norms run in the prologue of the GEMM after them (qkv, gate_up + SiLU), 5
+    launches a layer at <= 16 rows (``NORM_PROLOGUE_MAX_ROWS``) -- and 7 above, where the norm kernels come back
+    (each GEMM program re-reads its rows: kernels/triton_gemm.py). With ``merge_in_decode`` too, 5 at the
+    engine's table width, where the default is 8."""
+    from paged_edu.kernels.support import NORM_PROLOGUE_MAX_ROWS
+
+    five = [GEMM, DECODE, GEMM, GEMM, GEMM]  # norm+qkv, attention, o, norm+gate_up+SiLU, down
+    assert decode_layer_launches(1, norm_prologue=True) == five
+    assert decode_layer_launches(NORM_PROLOGUE_MAX_ROWS + 1, norm_prologue=True) == EXPECTED["default"]
+    assert decode_layer_launches(1, table_blocks=64, norm_prologue=True, merge_in_decode=True) == five
+
+
 def test_the_recorder_sees_pytorch_kernels_too():
     """The recorder can fail: the plain PyTorch layer computes with aten ops, and it counts them."""
     got = decode_layer_launches(1, fused="torch", decode="torch", gemm="torch")
