@@ -71,18 +71,6 @@ class KernelConfig:
     whatever ``gemm_impl`` says). On the H200 its tuned tiling beats cuBLAS + the SiLU kernel. False:
     the two.
 
-    ``merge_in_decode`` -- a pure-decode step's decode kernel merges its splits itself, the last split of
-    each (sequence, KV head) to finish adding them up (:mod:`~paged_edu.kernels.arrival`), where a second
-    kernel did (``merge_splits_kernel``): one launch fewer per layer wherever the kernel splits (every
-    batch of 1-64 at the engine's table width on 132 SMs). Off by default: an earlier version lost on the
-    H200 (:mod:`~paged_edu.kernels.decode.fast`, "The merge"); this one was not measured on a GPU yet.
-
-    ``norm_prologue`` -- the residual add + RMSNorm before qkv and before gate_up computed in those skinny
-    GEMMs' prologue (:func:`~paged_edu.kernels.triton_gemm.add_rms_norm_matmul`, the norm kernel's roundings):
-    two launches fewer per layer, at <= 16 rows, with the fused ops and ``gemm_impl`` resolving to
-    ``"triton"``. Off by default: three earlier versions lost on the H200 and H100 (triton_gemm's docstring);
-    this one was not measured on a GPU yet.
-
     ``pdl`` -- a pure-decode step of <= 64 rows launches its Triton kernels as programmatic dependents,
     each launched while the previous one ends (:mod:`~paged_edu.kernels.pdl`; 864 -> 711 us a step
     at batch 1 on the H200). Only where the whole decode chain is Triton on a GPU that has it
@@ -101,8 +89,6 @@ class KernelConfig:
     gemm_impl: str = "auto"
     fuse_decode_store: bool = True
     swiglu_gemm: bool = True
-    merge_in_decode: bool = False
-    norm_prologue: bool = False
     pdl: bool = True
     cuda_graphs: bool | None = None
     mixed_graphs: bool = False
@@ -114,7 +100,7 @@ class KernelConfig:
             check.choice("prefill_impl", self.prefill_impl, PREFILL_IMPLS)
         check.choice("fused_impl", self.fused_impl, OP_IMPLS)
         check.choice("gemm_impl", self.gemm_impl, OP_IMPLS)
-        for name in ("fuse_decode_store", "swiglu_gemm", "merge_in_decode", "norm_prologue", "pdl", "mixed_graphs"):
+        for name in ("fuse_decode_store", "swiglu_gemm", "pdl", "mixed_graphs"):
             object.__setattr__(self, name, check.flag(name, getattr(self, name)))
         if self.cuda_graphs is not None:
             object.__setattr__(self, "cuda_graphs", check.flag("cuda_graphs", self.cuda_graphs))
@@ -151,8 +137,6 @@ class KernelConfig:
             gemm=self.gemm_impl,
             fuse_decode_store=self.fuse_decode_store,
             swiglu_gemm=self.swiglu_gemm,
-            merge_in_decode=self.merge_in_decode,
-            norm_prologue=self.norm_prologue,
             pdl=self.pdl,
         )
 

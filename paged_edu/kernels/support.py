@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "NORM_PROLOGUE_MAX_ROWS",
     "SKINNY_MAX_ROWS",
     "KernelSupport",
     "default_dtype",
@@ -29,9 +28,6 @@ __all__ = [
 # The skinny GEMM's largest batch (paged_edu.kernels.triton_gemm.MAX_ROWS): named here, without Triton,
 # so that the model can choose between it and cuBLAS on any machine.
 SKINNY_MAX_ROWS = 64
-# The largest batch whose norms run in the skinny GEMM's prologue (triton_gemm.add_rms_norm_matmul): every
-# program re-reads its rows, so the cost grows with them (triton_gemm's docstring, "The norm in the prologue").
-NORM_PROLOGUE_MAX_ROWS = 16
 
 
 @functools.lru_cache(maxsize=None)

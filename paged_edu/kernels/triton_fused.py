@@ -51,17 +51,7 @@ import triton.language as tl
 
 from paged_edu.kernels.pdl import launch_options, wait_for_previous_kernel
 
-__all__ = [
-    "INTERPRETING",
-    "add_residual",
-    "add_rms_norm_triton",
-    "by_hand",
-    "inv_rms",
-    "rms_scale",
-    "round_to",
-    "silu_and_mul",
-    "silu_and_mul_triton",
-]
+__all__ = ["INTERPRETING", "add_rms_norm_triton", "by_hand", "round_to", "silu_and_mul", "silu_and_mul_triton"]
 
 
 @triton.jit
@@ -94,27 +84,6 @@ def by_hand(dtype: torch.dtype) -> bool:
 
 
 @triton.jit
-def add_residual(h, r, dtype: tl.constexpr, BY_HAND: tl.constexpr):
-    """``r' = round(h + r)`` (fp32 tiles of any shape): the residual stream after a sub-layer."""
-    return round_to(h + r, dtype, BY_HAND)
-
-
-@triton.jit
-def inv_rms(sum_sq, N, eps):
-    """``1 / sqrt(mean(r'^2) + eps)`` from a row's ``sum(r'^2)`` in fp32 over its ``N`` values."""
-    return tl.rsqrt(sum_sq / N + eps)
-
-
-@triton.jit
-def rms_scale(x, inv, w, dtype: tl.constexpr, BY_HAND: tl.constexpr):
-    """``round(w * round(r' * inv))``, kept in fp32: the norm's output from ``r'`` (fp32 tiles, ``inv``
-    and ``w`` broadcast to them). The one place for the norm's roundings: the kernel below and the skinny
-    GEMM's norm prologue (:mod:`~paged_edu.kernels.triton_gemm`, ``add_rms_norm_matmul``) both call it."""
-    normed = round_to(x * inv, dtype, BY_HAND)  # round(r' / rms)
-    return round_to(w * normed, dtype, BY_HAND)
-
-
-@triton.jit
 def _add_rms_norm_kernel(
     x_ptr,  # (T, N): the sub-layer's output h
     residual_ptr,  # (T, N): the residual stream r (unused when HAS_RESIDUAL is False)
@@ -140,11 +109,12 @@ def _add_rms_norm_kernel(
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
-        x = add_residual(x, r, dtype, BY_HAND)  # r' = round(h + r): the stream the next layer adds to
+        x = round_to(x + r, dtype, BY_HAND)  # r' = round(h + r): the stream the next layer adds to
         tl.store(residual_out_ptr + row * stride_ro + cols, x.to(dtype), mask=mask)
-    inv = inv_rms(tl.sum(x * x, axis=0), N, eps)  # 1 / rms, the sum in fp32 (padding lanes are 0)
+    mean_sq = tl.sum(x * x, axis=0) / N  # mean(r'^2) in fp32 (padding lanes are 0)
+    normed = round_to(x * tl.rsqrt(mean_sq + eps), dtype, BY_HAND)  # round(r' / rms)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = rms_scale(x, inv, w, dtype, BY_HAND)  # round(w * round(r' / rms))
+    y = round_to(w * normed, dtype, BY_HAND)
     tl.store(y_ptr + row * stride_y + cols, y.to(dtype), mask=mask)
 
 

@@ -18,8 +18,7 @@ What you will learn
   tiles of 16 rows), several programs share a tile, each summing a slice of ``K``. They write
   fp32 partial sums; the *last to arrive* (an atomic counter per tile) adds them up in a fixed
   order and writes ``y``, then resets the counter for the next launch -- no memset, no second pass,
-  the same bits whichever program comes last (:mod:`~paged_edu.kernels.arrival`, which the decode
-  kernel's in-kernel split merge shares);
+  the same bits whichever program comes last;
 * how a GEMM takes the next elementwise op into its *epilogue*: the SwiGLU MLP's ``silu(gate) * up``
   applied to the tiles before they are stored (``swiglu=True``), one kernel where there were two --
   and why its tiling differs from the plain GEMM's.
@@ -115,24 +114,9 @@ programmatic launches at 33 sequences was not bit for bit the same kernels launc
 (``test_pdl.py::test_gpu_decode_graph_with_pdl_is_bit_for_bit_the_plain_chain[33-True]``; its traceback did
 not come back, so which read ran early is not known).
 
-The norm in the prologue (``add_rms_norm_matmul``, off by default)
------------------------------------------------------------------
-Built a fourth time, as an option (``Kernels.norm_prologue``, off): :func:`add_rms_norm_matmul` takes the
-sub-layer's output ``h``, the residual ``r`` and the norm's weight, and every program first passes over its
-rows, ``BLOCK_K`` columns at a time, for ``sum(r'^2)`` (``r' = round(h + r)``; program ``(0, 0)`` stores
-``r'``), then loads each ``x`` tile as ``round(w * round(r' / rms))`` -- the roundings of
-:func:`~paged_edu.kernels.triton_fused.add_rms_norm_triton`, through the same ``@triton.jit`` pieces
-(``add_residual``, ``inv_rms``, ``rms_scale``). Bit for bit the two kernels wherever the two sums of squares
-agree (their order differs; the tests use values whose sums are exact). What it costs: each program
-re-reads its rows of ``h`` and ``r`` twice (the pass, then the tiles) and the norm's weight -- for qkv
-(180 programs) ``180 x M x 576 x 2 x 2`` bytes from L2 per pass, 0.4 MB at one row, 6.6 MB at 16, 27 MB at
-64, against a weight of 1.1 MB. So it applies up to ``NORM_PROLOGUE_MAX_ROWS = 16`` rows
-(:meth:`~paged_edu.models.llama.Kernels.norm_in_gemm`). Not measured on a GPU yet.
-
 Launch shapes depend only on ``(M's bucket, N, K)`` and the config, never on values, so a call
 captures in a CUDA graph; the split-K counters live in one zeroed buffer per device that every
-launch leaves zeroed again (:func:`~paged_edu.kernels.arrival.arrival_counters`; so two split-K launches
-must not run *concurrently* on two streams).
+launch leaves zeroed again (so two split-K launches must not run *concurrently* on two streams).
 
 Measured: a tie with cuBLAS alone, a win in a chain of programmatic launches
 ----------------------------------------------------------------------------
@@ -189,26 +173,15 @@ elements, never with ``swiglu``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
-from paged_edu.kernels.arrival import arrival_counters, last_to_arrive, reset_arrival
 from paged_edu.kernels.pdl import launch_options, wait_for_previous_kernel
-from paged_edu.kernels.support import NORM_PROLOGUE_MAX_ROWS, SKINNY_MAX_ROWS, num_sms
-from paged_edu.kernels.triton_fused import (
-    INTERPRETING,
-    add_residual,
-    by_hand,
-    inv_rms,
-    rms_scale,
-    round_to,
-    silu_and_mul,
-)
+from paged_edu.kernels.support import SKINNY_MAX_ROWS, num_sms
+from paged_edu.kernels.triton_fused import INTERPRETING, by_hand, round_to, silu_and_mul
 
-__all__ = ["MAX_ROWS", "NORM_PROLOGUE_MAX_ROWS", "RowNorm", "add_rms_norm_matmul", "skinny_config", "skinny_matmul"]
+__all__ = ["MAX_ROWS", "skinny_config", "skinny_matmul"]
 
 MAX_ROWS = SKINNY_MAX_ROWS  # the largest M: one tile of x^T, at most 64 rows, rides along with every weight tile
 
@@ -243,63 +216,6 @@ def _epilogue(acc, acc_up, dtype: tl.constexpr, SWIGLU: tl.constexpr, BY_HAND: t
     return y.to(dtype)
 
 
-@triton.jit
-def _residual_tile(
-    x_ptr, stride_xm, stride_xk,  # h (M, K): the sub-layer's output, as x
-    norm,  # RowNorm: the residual r, the norm's weight, r' out, their row strides, eps
-    rm, cols, mask,  # (BLOCK_M,) rows, (C,) columns, (BLOCK_M, C) mask
-    HAS_RESIDUAL: tl.constexpr,  # False at the first layer: r' = h
-    dtype: tl.constexpr,  # the activation dtype
-    BY_HAND: tl.constexpr,  # round_to rounds by hand (the interpreter, bf16)
-):  # fmt: skip
-    """``r' = round(h + r)`` at ``(rm, cols)``, ``(BLOCK_M, C)`` fp32 (``h`` alone without a residual)."""
-    x = tl.load(x_ptr + rm[:, None] * stride_xm + cols[None, :] * stride_xk, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = tl.load(norm.residual + rm[:, None] * norm.stride_r + cols[None, :], mask=mask, other=0.0)
-        x = add_residual(x, r.to(tl.float32), dtype, BY_HAND)
-    return x
-
-
-@triton.jit
-def _row_inv_rms(
-    x_ptr, stride_xm, stride_xk, norm, rm, mask_m,  # as _residual_tile; (BLOCK_M,) rows and their mask
-    K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,  # the row's length; rows; columns per step
-    HAS_RESIDUAL: tl.constexpr, dtype: tl.constexpr, BY_HAND: tl.constexpr,
-):  # fmt: skip
-    """The norm prologue's first pass over the whole rows, ``BLOCK_K`` columns at a time: each row's
-    ``1 / rms`` ``(BLOCK_M,)`` fp32 (:func:`~paged_edu.kernels.triton_fused.inv_rms`); with ``WRITE``
-    also ``r'`` into ``norm.residual_out`` in program ``(0, 0)`` (one per launch)."""
-    write = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
-    sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)  # (BLOCK_M,) sum(r'^2) per row
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)  # (BLOCK_K,)
-        mask = mask_m[:, None] & (cols < K)[None, :]
-        x = _residual_tile(x_ptr, stride_xm, stride_xk, norm, rm, cols, mask, HAS_RESIDUAL, dtype, BY_HAND)
-        if HAS_RESIDUAL:
-            if write:
-                tl.store(norm.residual_out + rm[:, None] * norm.stride_ro + cols[None, :], x.to(dtype), mask=mask)
-        sum_sq += tl.sum(x * x, axis=1)
-    return inv_rms(sum_sq, K, norm.eps)
-
-
-@triton.jit
-def _normed_x(
-    x_ptr, stride_xm, stride_xk, norm, rm, cols,  # as _residual_tile
-    mask_m, mask_k, inv,  # (BLOCK_M,) and (C,) masks; (BLOCK_M,) 1 / rms per row
-    HAS_RESIDUAL: tl.constexpr, UPCAST: tl.constexpr, dtype: tl.constexpr, BY_HAND: tl.constexpr,
-):  # fmt: skip
-    """The tile of ``x = round(w * round(r' / rms))`` at ``(rm, cols)`` that the GEMM multiplies, as
-    ``add_rms_norm_triton`` rounds it (:func:`~paged_edu.kernels.triton_fused.rms_scale`): fp32 where
-    ``UPCAST``, else in ``dtype`` (exact: already rounded to it)."""
-    mask = mask_m[:, None] & mask_k[None, :]
-    r_new = _residual_tile(x_ptr, stride_xm, stride_xk, norm, rm, cols, mask, HAS_RESIDUAL, dtype, BY_HAND)
-    w = tl.load(norm.weight + cols, mask=mask_k, other=0.0).to(tl.float32)  # (C,) the norm's weight
-    x = rms_scale(r_new, inv[:, None], w[None, :], dtype, BY_HAND)
-    if not UPCAST:
-        x = x.to(dtype)
-    return x
-
-
 @triton.jit(do_not_specialize=["M"])  # M unspecialised: M = 1 shares the kernel of M = 2..16
 def _skinny_matmul_kernel(
     x_ptr,  # (M, K): the activations, any strides
@@ -307,7 +223,6 @@ def _skinny_matmul_kernel(
     y_ptr,  # (M, N) out, in x's dtype
     partial_ptr,  # fp32 (SPLIT_K, N or 2N weight rows, BLOCK_M): each K slice's sums (unused when SPLIT_K == 1)
     counter_ptr,  # int32 (>= number of N tiles,): programs of a tile done so far; 0 between launches
-    norm,  # NORM: RowNorm (the residual, the norm's weight, r' out, their row strides, eps); x is then h
     M,  # rows of x (<= BLOCK_M); runtime, so batches 1..16 share one compiled kernel
     stride_xm,
     stride_xk,
@@ -325,9 +240,7 @@ def _skinny_matmul_kernel(
     SWIGLU: tl.constexpr,  # y = silu(x @ W_gate^T) * (x @ W_up^T): a second tile, weight rows n + N
     UPCAST: tl.constexpr,  # convert tiles to fp32 after loading (the interpreter: bf16 is raw bits)
     IEEE: tl.constexpr,  # fp32 inputs: full-precision products, not TF32
-    BY_HAND: tl.constexpr,  # the SWIGLU epilogue's and NORM prologue's round_to rounds by hand (interpreter, bf16)
-    NORM: tl.constexpr,  # x = rmsnorm(h + r) * w, applied to the tiles as they are loaded (add_rms_norm_matmul)
-    HAS_RESIDUAL: tl.constexpr,  # NORM: r is given (False at the first layer: r' = h)
+    BY_HAND: tl.constexpr,  # the SWIGLU epilogue's round_to rounds by hand (the interpreter, bf16)
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent (paged_edu.kernels.pdl)
     PRELOAD: tl.constexpr,  # the whole K slice's weight tile loaded before the wait, one tl.dot after it
     K_SLICE_PAD: tl.constexpr,  # PRELOAD: K_STEPS * BLOCK_K rounded up to a power of two (tl.arange)
@@ -339,7 +252,6 @@ def _skinny_matmul_kernel(
     k_start = pid_k * (K_STEPS * BLOCK_K)  # this program's first column of K
     mask_n = rn < N
     mask_m = rm < M
-    dtype = y_ptr.dtype.element_ty  # the activation dtype
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # a tile of y^T (SWIGLU: of the gate's)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWIGLU: the up tile's (else unused)
     if PRELOAD:
@@ -353,14 +265,8 @@ def _skinny_matmul_kernel(
         if SWIGLU:
             w_up = tl.load(w_all + N * stride_wn, mask=w_mask, other=0.0)  # the up rows, n + N
         wait_for_previous_kernel(USE_PDL)  # x is the previous kernel's output
-        if NORM:  # the rows' 1 / rms first (module docstring, "The norm in the prologue")
-            inv = _row_inv_rms(x_ptr, stride_xm, stride_xk, norm, rm, mask_m,
-                               K, BLOCK_M, BLOCK_K, HAS_RESIDUAL, dtype, BY_HAND)  # fmt: skip
-            x = _normed_x(x_ptr, stride_xm, stride_xk, norm, rm, ks, mask_m, mask_ks, inv,
-                          HAS_RESIDUAL, UPCAST, dtype, BY_HAND)  # fmt: skip
-        else:
-            x_all = x_ptr + rm[:, None] * stride_xm + ks[None, :] * stride_xk  # (BLOCK_M, K_SLICE_PAD)
-            x = tl.load(x_all, mask=mask_m[:, None] & mask_ks[None, :], other=0.0)
+        x_all = x_ptr + rm[:, None] * stride_xm + ks[None, :] * stride_xk  # (BLOCK_M, K_SLICE_PAD)
+        x = tl.load(x_all, mask=mask_m[:, None] & mask_ks[None, :], other=0.0)
         if UPCAST:
             w = w.to(tl.float32)
             x = x.to(tl.float32)
@@ -375,18 +281,11 @@ def _skinny_matmul_kernel(
         up_ptrs = w_ptrs + N * stride_wn  # (BLOCK_N, BLOCK_K): SWIGLU's up rows, n + N
         x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk  # (BLOCK_M, BLOCK_K)
         wait_for_previous_kernel(USE_PDL)  # x is the previous kernel's output
-        if NORM:  # the rows' 1 / rms first (module docstring, "The norm in the prologue")
-            inv = _row_inv_rms(x_ptr, stride_xm, stride_xk, norm, rm, mask_m,
-                               K, BLOCK_M, BLOCK_K, HAS_RESIDUAL, dtype, BY_HAND)  # fmt: skip
         for _ in range(K_STEPS):  # a constant trip count: the pipeliner keeps num_stages - 1 loads ahead
             mask_k = rk < K  # the tail of K, and whole steps past it when SPLIT_K does not divide
             w_mask = mask_n[:, None] & mask_k[None, :]
             w = tl.load(w_ptrs, mask=w_mask, other=0.0)  # (BLOCK_N, BLOCK_K)
-            if NORM:  # the norm's output, from h, r and its weight at these columns
-                x = _normed_x(x_ptr, stride_xm, stride_xk, norm, rm, rk, mask_m, mask_k, inv,
-                              HAS_RESIDUAL, UPCAST, dtype, BY_HAND)  # fmt: skip
-            else:
-                x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
+            x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
             if UPCAST:
                 w = w.to(tl.float32)
                 x = x.to(tl.float32)
@@ -402,6 +301,7 @@ def _skinny_matmul_kernel(
             x_ptrs += BLOCK_K * stride_xk
     y_ptrs = y_ptr + rm[None, :] * stride_ym + rn[:, None] * stride_yn  # (BLOCK_N, BLOCK_M): y^T's tile
     y_mask = mask_n[:, None] & mask_m[None, :]
+    dtype = y_ptr.dtype.element_ty
     if SPLIT_K == 1:
         tl.store(y_ptrs, _epilogue(acc, acc_up, dtype, SWIGLU, BY_HAND), mask=y_mask)
     else:
@@ -410,7 +310,11 @@ def _skinny_matmul_kernel(
         tl.store(partial_ptr + pid_k * (W_ROWS * BLOCK_M) + tile, acc, mask=mask_n[:, None])
         if SWIGLU:
             tl.store(partial_ptr + pid_k * (W_ROWS * BLOCK_M) + N * BLOCK_M + tile, acc_up, mask=mask_n[:, None])
-        if last_to_arrive(counter_ptr + pid_n, SPLIT_K):  # the tile's last program (kernels.arrival)
+        # Every thread's partial is written before one thread announces it (the barrier), and the
+        # announcement releases them to the whole GPU; the last program acquires them all.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
             total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             total_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for s in tl.static_range(SPLIT_K):  # a fixed order: the same sum whoever arrives last
@@ -420,7 +324,7 @@ def _skinny_matmul_kernel(
                 if SWIGLU:
                     total_up += tl.load(slice_ptr + N * BLOCK_M + tile, mask=mask_n[:, None], cache_modifier=".cg")
             tl.store(y_ptrs, _epilogue(total, total_up, dtype, SWIGLU, BY_HAND), mask=y_mask)
-            reset_arrival(counter_ptr + pid_n)  # ready for the next launch (stream order)
+            tl.atomic_xchg(counter_ptr + pid_n, 0)  # ready for the next launch (stream order)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -480,6 +384,17 @@ def skinny_config(M: int, N: int, K: int, num_sms: int = 132, *, swiglu: bool = 
     return dict(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=4, PRELOAD=preload)
 
 
+_counters: dict[torch.device, torch.Tensor] = {}  # per device: int32, zero between launches
+
+
+def _tile_counters(device: torch.device, n_tiles: int) -> torch.Tensor:
+    """The split-K arrival counters: one zeroed buffer per device, grown (never shrunk) as needed."""
+    buf = _counters.get(device)
+    if buf is None or buf.numel() < n_tiles:
+        buf = _counters[device] = torch.zeros(max(n_tiles, 1024), dtype=torch.int32, device=device)
+    return buf
+
+
 # ----------------------------------------------------------------------------------------------
 # The Python wrapper
 # ----------------------------------------------------------------------------------------------
@@ -498,61 +413,6 @@ def skinny_matmul(
 
     With ``swiglu=True``, the SwiGLU MLP's first half: ``silu(g) * u`` for ``g, u = (x @ weight.T).chunk(2, -1)``,
     rounded as :func:`~paged_edu.kernels.triton_fused.silu_and_mul_triton` rounds ``F.linear``'s output."""
-    return _launch(x, weight, out, config, swiglu, pdl, None)
-
-
-class RowNorm(NamedTuple):
-    """The residual add + RMSNorm the GEMM applies to ``x = h`` as it loads it: one kernel argument (Triton
-    passes a named tuple's fields as the kernel's own arguments)."""
-
-    residual: torch.Tensor  # (M, K) r, unit column stride (h itself at the first layer: unused)
-    weight: torch.Tensor  # (K,) the norm's weight w
-    residual_out: torch.Tensor  # (M, K) out: r' = round(h + r), unit column stride (h at the first layer: unused)
-    stride_r: int
-    stride_ro: int  # row strides of residual and residual_out
-    eps: float  # the norm's epsilon
-
-
-def add_rms_norm_matmul(
-    h: torch.Tensor,  # (M, K), M <= NORM_PROLOGUE_MAX_ROWS: the sub-layer's output; any strides
-    norm_weight: torch.Tensor,  # (K,)
-    eps: float,
-    weight: torch.Tensor,  # (N, K), as skinny_matmul's (gate_up's (2I, K) with swiglu)
-    residual: torch.Tensor | None = None,  # (M, K); None at the first layer: r' = h
-    residual_out: torch.Tensor | None = None,  # (M, K): r' written in place when given
-    config: dict | None = None,  # overrides of skinny_config
-    *,
-    swiglu: bool = False,
-    pdl: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:  # y (M, N) or (M, I); r' (M, K)
-    """``skinny_matmul(add_rms_norm_triton(h, norm_weight, eps, residual)[0], weight)`` and ``r'`` in one
-    kernel: the norm in the GEMM's prologue (module docstring, "The norm in the prologue"), its roundings
-    :func:`~paged_edu.kernels.triton_fused.add_rms_norm_triton`'s."""
-    M, K = h.shape
-    if M > NORM_PROLOGUE_MAX_ROWS:
-        raise ValueError(
-            f"add_rms_norm_matmul takes at most {NORM_PROLOGUE_MAX_ROWS} rows (each program re-reads them), got M={M}"
-        )
-    if norm_weight.shape != (K,) or (residual is not None and residual.shape != h.shape):
-        raise ValueError(
-            f"norm_weight must be ({K},) and residual {tuple(h.shape)}, got {tuple(norm_weight.shape)} and "
-            f"{None if residual is None else tuple(residual.shape)}"
-        )
-    if residual is None:
-        residual_out = h  # r' = h: nothing to write
-        r = h  # unused
-    else:
-        r = residual if residual.stride(1) == 1 else residual.contiguous()
-        if residual_out is None:
-            residual_out = torch.empty_like(h, memory_format=torch.contiguous_format)
-        elif residual_out.shape != h.shape or residual_out.stride(1) != 1 or residual_out.dtype != h.dtype:
-            raise ValueError(f"residual_out must be {tuple(h.shape)} {h.dtype} with unit column stride")
-    norm = RowNorm(r, norm_weight, residual_out, r.stride(0), residual_out.stride(0), float(eps))
-    return _launch(h, weight, None, config, swiglu, pdl, norm, residual is not None), residual_out
-
-
-def _launch(x, weight, out, config, swiglu: bool, pdl: bool, norm: RowNorm | None, has_residual: bool = False):
-    """Check the inputs and launch :func:`_skinny_matmul_kernel` (``norm``: with the norm prologue)."""
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"x must be (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}")
     M, K = x.shape
@@ -584,7 +444,7 @@ def _launch(x, weight, out, config, swiglu: bool, pdl: bool, norm: RowNorm | Non
     if M == 0 or N == 0:
         return out
     if K == 0:
-        return out.zero_()  # swiglu too: silu(0) * 0 (and the norm of an empty row: 0)
+        return out.zero_()  # swiglu too: silu(0) * 0
     sms = num_sms(x.device.index if x.device.index is not None else torch.cuda.current_device()) if x.is_cuda else 132
     cfg = skinny_config(M, n_out, K, sms, swiglu=swiglu)  # swiglu: tiles of I outputs, 2 * BLOCK_N weight rows each
     cfg.update(config or {})
@@ -593,7 +453,7 @@ def _launch(x, weight, out, config, swiglu: bool, pdl: bool, norm: RowNorm | Non
     split_k = cfg["SPLIT_K"]
     if split_k > 1:  # each slice's fp32 sums per weight row; no zeroing needed, every program writes its whole slice
         partial = torch.empty((split_k, N, block_m), dtype=torch.float32, device=x.device)
-        counters = arrival_counters(x.device, n_tiles)
+        counters = _tile_counters(x.device, n_tiles)
     else:
         partial = counters = out  # unused
     k_steps, slice_pad = _k_slice(K, cfg["BLOCK_K"], split_k)
@@ -603,7 +463,6 @@ def _launch(x, weight, out, config, swiglu: bool, pdl: bool, norm: RowNorm | Non
         out,
         partial,
         counters,
-        norm if norm is not None else RowNorm(x, x, x, 0, 0, 0.0),  # NORM off: unused
         M,
         x.stride(0),
         x.stride(1),
@@ -621,9 +480,7 @@ def _launch(x, weight, out, config, swiglu: bool, pdl: bool, norm: RowNorm | Non
         SWIGLU=swiglu,
         UPCAST=INTERPRETING and x.dtype != torch.float32,
         IEEE=x.dtype == torch.float32,
-        BY_HAND=(swiglu or norm is not None) and by_hand(x.dtype),
-        NORM=norm is not None,
-        HAS_RESIDUAL=has_residual,
+        BY_HAND=swiglu and by_hand(x.dtype),
         PRELOAD=cfg["PRELOAD"],
         K_SLICE_PAD=slice_pad,
         num_warps=cfg["num_warps"],

@@ -28,10 +28,7 @@ What you will learn
   norm, gate_up with SiLU-and-mul, down -- eight where the decode kernel splits the sequences and merges the
   splits in a second kernel (at the engine's table width, every batch of 1 to 64 on 132 SMs:
   :func:`~paged_edu.kernels.decode.tuning.choose_num_splits`); ``tests/models/test_decode_launches.py`` counts
-  them. Two options, off by default and not measured on a GPU yet: ``Kernels.merge_in_decode`` has the decode
-  kernel merge its splits itself (seven again), and ``Kernels.norm_prologue`` runs each add and norm in the
-  prologue of the GEMM after it (qkv, gate_up: :class:`NormFirst`) at <= 16 rows -- five with both. On a CPU
-  the model runs plain PyTorch.
+  them. On a CPU the model runs plain PyTorch.
 
 ``PagedLlama.from_hf(hf_model)`` copies the weights of any Hugging Face ``LlamaForCausalLM``; the
 config lives in :mod:`paged_edu.models.config`, random and real (SmolLM2) weights in
@@ -48,7 +45,7 @@ from torch import nn
 
 from paged_edu.cache.kv_cache import store_kv
 from paged_edu.kernels import kernel_support, paged_attention_decode, paged_attention_prefill, resolve_impl
-from paged_edu.kernels.support import NORM_PROLOGUE_MAX_ROWS, SKINNY_MAX_ROWS
+from paged_edu.kernels.support import SKINNY_MAX_ROWS
 from paged_edu.models.config import LlamaConfig
 
 __all__ = ["ForwardBatch", "Kernels", "PagedLlama"]
@@ -105,8 +102,6 @@ class Kernels:
     gemm: str = "auto"  # the projections and LM head at <= 64 rows: "auto", "triton" (skinny GEMM) or "torch"
     fuse_decode_store: bool = True  # a pure-decode step's rotary + K/V store inside the Triton decode kernel
     swiglu_gemm: bool = True  # gate_up and SiLU-and-mul in one skinny GEMM at <= 64 rows
-    merge_in_decode: bool = False  # the pure-decode kernel merges its splits itself: no merge_splits_kernel
-    norm_prologue: bool = False  # add + RMSNorm in the prologue of the skinny GEMM after it, at <= 16 rows
     pdl: bool = True  # programmatic dependent launches in a pure-decode step of <= 64 rows (see resolve)
 
     def resolve(self, device: torch.device) -> Kernels:
@@ -143,13 +138,6 @@ class Kernels:
             return replace(self, pdl=False)
         return self
 
-    def norm_in_gemm(self, num_rows: int) -> bool:
-        """The residual add + RMSNorm before qkv and gate_up run in those skinny GEMMs' prologue (after
-        :meth:`resolve`): with ``norm_prologue``, the fused ops and the skinny GEMM, at most
-        ``NORM_PROLOGUE_MAX_ROWS`` rows (each of the GEMM's programs re-reads them). Two launches fewer
-        per layer."""
-        return self.norm_prologue and self.fused_ops and self.gemm == "triton" and num_rows <= NORM_PROLOGUE_MAX_ROWS
-
     @property
     def fused_ops(self) -> bool:
         """Run the fused Triton kernels for the per-token ops (after :meth:`resolve`)."""
@@ -162,38 +150,10 @@ class Kernels:
         return self.fuse_decode_store and self.fused_ops and self.decode == "triton"
 
 
-@dataclass(frozen=True, slots=True)
-class NormFirst:
-    """``norm(h, residual)`` not computed yet: the skinny GEMM that takes it as its input computes it as it
-    loads its tiles (:func:`~paged_edu.kernels.triton_gemm.add_rms_norm_matmul`, ``Kernels.norm_prologue``)
-    and writes the new residual stream into ``residual_out``."""
-
-    h: torch.Tensor  # (T, hidden): the sub-layer's output
-    residual: torch.Tensor | None  # (T, hidden): the stream before it (None at the first layer)
-    norm: RMSNorm
-    residual_out: torch.Tensor  # (T, hidden): r' = h + residual, written by the GEMM (h itself at the first layer)
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.h.shape
-
-    def matmul(self, weight: torch.Tensor, swiglu: bool = False, pdl: bool = False) -> torch.Tensor:
-        """``skinny_matmul(norm(h, residual)[0], weight, swiglu=swiglu)``, the norm in the GEMM's prologue."""
-        from paged_edu.kernels.triton_gemm import add_rms_norm_matmul
-
-        n = self.norm
-        y, _ = add_rms_norm_matmul(
-            self.h, n.weight, n.eps, weight, self.residual, self.residual_out, swiglu=swiglu, pdl=pdl
-        )
-        return y
-
-
-def linear(layer: nn.Linear, x: torch.Tensor | NormFirst, gemm: str = "torch", pdl: bool = False) -> torch.Tensor:
+def linear(layer: nn.Linear, x: torch.Tensor, gemm: str = "torch", pdl: bool = False) -> torch.Tensor:
     """``layer(x)`` (``x @ W^T``, no bias): with ``gemm="triton"`` and at most 64 rows, the skinny GEMM
     (:func:`~paged_edu.kernels.triton_gemm.skinny_matmul`, a decode batch's projection; ``pdl``: launched
-    as a programmatic dependent), else PyTorch; a :class:`NormFirst` ``x``: the skinny GEMM with the norm."""
-    if isinstance(x, NormFirst):  # Kernels.norm_in_gemm chose the skinny GEMM for this step
-        return x.matmul(layer.weight, pdl=pdl)
+    as a programmatic dependent), else PyTorch."""
     if gemm == "triton" and x.shape[0] <= SKINNY_MAX_ROWS and layer.bias is None:  # fixed in a graph
         from paged_edu.kernels.triton_gemm import skinny_matmul
 
@@ -216,16 +176,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None = None,
-        fused: bool = False,
-        pdl: bool = False,
-        into_gemm: bool = False,  # leave it to the GEMM after (Kernels.norm_in_gemm): a NormFirst, no kernel here
-    ) -> tuple[torch.Tensor | NormFirst, torch.Tensor]:
-        if into_gemm:
-            residual_out = x if residual is None else torch.empty_like(x)  # written by the GEMM
-            return NormFirst(x, residual, self, residual_out), residual_out
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, fused: bool = False, pdl: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if fused:
             from paged_edu.kernels.triton_fused import add_rms_norm_triton
 
@@ -356,7 +308,6 @@ class PagedAttention(nn.Module):
                 sin,
                 scale=self.scale,
                 pdl=kernels.pdl,
-                merge_in_kernel=kernels.merge_in_decode,
             )  # (T, H, D)
         else:
             q = self.project(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, H, D)
@@ -380,13 +331,7 @@ class SwiGLU(nn.Module):
             from paged_edu.kernels.triton_gemm import skinny_matmul
 
             # gate_up, then silu and the product in the GEMM's epilogue: one kernel, the same rounding
-            w = self.gate_up_proj.weight
-            a = (
-                x.matmul(w, swiglu=True, pdl=pdl)
-                if isinstance(x, NormFirst)
-                else skinny_matmul(x, w, swiglu=True, pdl=pdl)
-            )
-            return linear(self.down_proj, a, gemm, pdl)
+            return linear(self.down_proj, skinny_matmul(x, self.gate_up_proj.weight, swiglu=True, pdl=pdl), gemm, pdl)
         gate_up = linear(self.gate_up_proj, x, gemm, pdl)  # (T, 2I): gate, then up
         if kernels.fused_ops:  # silu and the product in one kernel, the same rounding
             from paged_edu.kernels.triton_fused import silu_and_mul_triton
@@ -408,13 +353,10 @@ class DecoderLayer(nn.Module):
         """``h``: the previous sub-layer's output; ``residual``: the stream before it (``None`` at
         the first layer). Each norm adds the two first, so the pair passes on to the next layer:
         ``h_out + residual_out`` is the classic ``x + attn(norm(x)) + mlp(norm(...))``."""
-        # The one place that chooses: each norm runs as its own kernel, or in the prologue of the GEMM after it
-        # (qkv, gate_up), which then gets a NormFirst for x (Kernels.norm_prologue, at <= 16 rows).
-        into_gemm = kernels.norm_in_gemm(h.shape[0])
         # residual += h; x = norm(residual)
-        x, residual = self.input_layernorm(h, residual, kernels.fused_ops, kernels.pdl, into_gemm)
+        x, residual = self.input_layernorm(h, residual, kernels.fused_ops, kernels.pdl)
         h = self.self_attn(x, cos, sin, k_cache, v_cache, batch, kernels)  # (T, hidden)
-        x, residual = self.post_attention_layernorm(h, residual, kernels.fused_ops, kernels.pdl, into_gemm)
+        x, residual = self.post_attention_layernorm(h, residual, kernels.fused_ops, kernels.pdl)
         return self.mlp(x, kernels), residual
 
 

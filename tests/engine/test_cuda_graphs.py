@@ -218,35 +218,3 @@ def test_gpu_engine_with_every_graph_gives_the_eager_tokens():
         assert engine.allocator.num_used_blocks == 0
     assert runs[True, False] == runs[False, False]
     assert runs[True, True] == runs[False, False]
-
-
-# The fusions of a small decode batch that are off by default (issue 45), each turned on with what it needs.
-SMALL_BATCH_FUSIONS = {
-    "merge_in_decode": dict(merge_in_decode=True),
-    "both": dict(merge_in_decode=True, norm_prologue=True),  # norm_prologue's path too (4 s a case: kept to two)
-}
-
-
-@pytest.mark.parametrize("fusion", list(SMALL_BATCH_FUSIONS))
-def test_an_engine_on_decode_graphs_with_each_small_batch_fusion_gives_transformers_tokens(hf_greedy_case, fusion):
-    """The decode graphs' path (capture off: the staged, padded batch run eagerly; the Triton kernels in the
-    interpreter) with each fusion on: transformers' greedy tokens. The graphs' tables are 64 blocks wide, so
-    the decode kernel splits every sequence (what ``merge_in_decode`` merges). Two short prompts, 4 tokens:
-    the interpreter is slow."""
-    from paged_edu.engine.cuda_graphs import DecodeCudaGraphs
-    from paged_edu.kernels import kernel_support
-    from paged_edu.models.llama import PagedLlama
-
-    if not kernel_support("cpu").fused:
-        pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1, tests/conftest.py)")
-    hf, prompts, want = hf_greedy_case
-    short = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))[:2]
-    kw = dict(attn_impl="triton", prefill_impl="torch", fused_impl="triton", gemm_impl="triton")
-    engine = Engine(
-        PagedLlama.from_hf(hf), num_blocks=64, block_size=B, max_num_seqs=2, **kw, **SMALL_BATCH_FUSIONS[fusion]
-    )
-    r = engine.runner
-    assert all(getattr(r.kernels, name) == value for name, value in SMALL_BATCH_FUSIONS[fusion].items())
-    r.graphs = DecodeCudaGraphs(engine.model, r.kv_pairs, 2, 64, r.kernels, capture_graphs=False)
-    assert engine.generate([prompts[i] for i in short], max_new_tokens=4) == [want[i][:4] for i in short]
-    assert r.num_graph_steps > 0

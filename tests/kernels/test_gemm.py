@@ -117,7 +117,7 @@ def test_configs_of_a_sweep_agree(config):
 
 
 def test_split_k_leaves_its_counters_zeroed_for_the_next_launch():
-    from paged_edu.kernels.arrival import _counters
+    from paged_edu.kernels.triton_gemm import _counters
 
     x, w = case(2, 96, 256, torch.float32)
     for _ in range(3):  # a counter left at 1 would make the next launch's sum fire early
@@ -197,7 +197,7 @@ def test_swiglu_equals_the_two_kernel_path(dtype, M, config):
     oracle. The interpreter's truncating bf16 store (module docstring) does not touch this path: its
     epilogue rounds to nearest by hand, as F.linear does."""
     from paged_edu.kernels.triton_fused import silu_and_mul_triton
-    from paged_edu.kernels.arrival import _counters
+    from paged_edu.kernels.triton_gemm import _counters
 
     I, K = TINY_LLAMA.intermediate_size, TINY_LLAMA.hidden_size
     x, w = exact_case(M, I, K, dtype, seed=M)
@@ -387,55 +387,6 @@ def test_swiglu_gemm_is_an_engine_option_on_by_default(hf_greedy_case):
     r.graphs = DecodeCudaGraphs(engine.model, r.kv_pairs, 8, 64, r.kernels, capture_graphs=False)
     assert engine.generate(prompts, max_new_tokens=9) == want
     assert r.num_graph_steps > 0
-
-
-# ----------------------------------------------------------------------------------------------
-# The norm prologue: residual add + RMSNorm, then the GEMM, in one kernel
-# ----------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "M,config,residual,swiglu",
-    [
-        (1, None, True, False),  # the default tiling at TINY_LLAMA's qkv-like shape
-        (5, dict(SPLIT_K=3, BLOCK_K=16), True, False),  # split-K: every program normalises its slice
-        (16, dict(SPLIT_K=2, BLOCK_K=16, PRELOAD=True), False, False),  # the first layer (no residual), preloaded
-        (3, None, True, True),  # gate_up with the SwiGLU epilogue
-    ],
-    ids=["plain", "split3", "first-layer-preload", "swiglu"],
-)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_add_rms_norm_matmul_is_the_norm_kernel_then_the_gemm(dtype, M, config, residual, swiglu):
-    """``add_rms_norm_matmul`` == ``skinny_matmul(add_rms_norm_triton(h, w_norm, eps, r))`` bit for bit, with
-    the same ``r'``, on values whose sums are exact in fp32 whatever their order (the norm's sum of squares
-    and the GEMM's: :func:`exact_case`'s few significant bits); and both close to plain PyTorch in fp64."""
-    from paged_edu.kernels.triton_fused import add_rms_norm_triton
-    from paged_edu.kernels.triton_gemm import add_rms_norm_matmul
-
-    K, N = TINY_LLAMA.hidden_size, 2 * TINY_LLAMA.intermediate_size if swiglu else 96
-    g = torch.Generator().manual_seed(M)
-    h, w = exact_case(M, N // 2, K, dtype, seed=M)
-    r = (torch.randint(-16, 17, (M, K), generator=g) / 8).to(dtype).to(DEVICE) if residual else None
-    w_norm = (torch.randint(1, 9, (K,), generator=g) / 4).to(dtype).to(DEVICE)
-    y, r_new = add_rms_norm_matmul(h, w_norm, 1e-5, w, r, config=config, swiglu=swiglu)
-    x, r_want = add_rms_norm_triton(h, w_norm, 1e-5, r)
-    assert torch.equal(r_new, r_want)
-    assert torch.equal(y, skinny_matmul(x, w, config=config, swiglu=swiglu))
-    s = (h.double() + (r.double() if residual else 0)).to(dtype).double()  # plain PyTorch, fp64
-    x_ref = s / torch.sqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * w_norm.double()
-    ref = silu_mul_oracle(x_ref, w.double()) if swiglu else x_ref @ w.double().T
-    torch.testing.assert_close(y.double(), ref, rtol={torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype], atol=2e-2)
-
-
-def test_add_rms_norm_matmul_rejects_more_rows_than_its_limit_and_bad_shapes():
-    from paged_edu.kernels.support import NORM_PROLOGUE_MAX_ROWS
-    from paged_edu.kernels.triton_gemm import add_rms_norm_matmul
-
-    h, w = case(NORM_PROLOGUE_MAX_ROWS + 1, 32, 16, torch.float32)
-    with pytest.raises(ValueError, match="at most 16 rows"):
-        add_rms_norm_matmul(h, torch.ones(16), 1e-5, w)
-    with pytest.raises(ValueError, match="norm_weight must be"):
-        add_rms_norm_matmul(h[:2], torch.ones(15), 1e-5, w)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -126,29 +126,14 @@ def test_at_the_engines_table_width_the_decode_kernel_merges_its_splits_in_an_ei
     enough programs for the SMs) and ``merge_splits_kernel`` adds them up after it: 8 launches a layer. On the
     interpreter (8 "SMs") a batch of 1 over a 64-block table splits; on a GPU of 132 SMs (H100, H200) every
     SmolLM2 batch of 1 to 64 splits at the engine's default width (the model's 8,192 positions), so a fused
-    decode step there launches 8 kernels a layer, 240 of a step's 244 (``docs/benchmarks.md``). With
-    ``merge_in_decode`` the decode kernel merges them itself: 7 again, the default list."""
+    decode step there launches 8 kernels a layer, 240 of a step's 244 (``docs/benchmarks.md``)."""
     got = decode_layer_launches(1, table_blocks=64)
     want = EXPECTED["default"]
     assert got == [*want[:3], "merge_splits_kernel", *want[3:]], got
-    assert decode_layer_launches(1, table_blocks=64, merge_in_decode=True) == want
     c = smollm2_config()
     tile = decode_config(c.head_dim, c.num_heads // c.num_kv_heads, on_gpu=True)["TILE"]
     splits = [choose_num_splits(b, c.num_kv_heads, c.max_position_embeddings, tile, num_sms=132) for b in range(1, 65)]
     assert min(splits) > 1, splits
-
-
-def test_with_the_norm_prologue_a_small_decode_layer_launches_five_kernels():
-    """``norm_prologue``: both norms run in the prologue of the GEMM after them (qkv, gate_up + SiLU), 5
-    launches a layer at <= 16 rows (``NORM_PROLOGUE_MAX_ROWS``) -- and 7 above, where the norm kernels come back
-    (each GEMM program re-reads its rows: kernels/triton_gemm.py). With ``merge_in_decode`` too, 5 at the
-    engine's table width, where the default is 8."""
-    from paged_edu.kernels.support import NORM_PROLOGUE_MAX_ROWS
-
-    five = [GEMM, DECODE, GEMM, GEMM, GEMM]  # norm+qkv, attention, o, norm+gate_up+SiLU, down
-    assert decode_layer_launches(1, norm_prologue=True) == five
-    assert decode_layer_launches(NORM_PROLOGUE_MAX_ROWS + 1, norm_prologue=True) == EXPECTED["default"]
-    assert decode_layer_launches(1, table_blocks=64, norm_prologue=True, merge_in_decode=True) == five
 
 
 def test_the_recorder_sees_pytorch_kernels_too():

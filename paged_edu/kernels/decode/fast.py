@@ -59,22 +59,6 @@ skinny GEMM's own ``PRELOAD`` (:mod:`~paged_edu.kernels.triton_gemm`, "The weigh
 in both columns: 671 -> **627** at batch 1, 779 -> 753 at 16, 921 -> 896 at 32, 1,089 -> 1,060 at 48,
 1,177 -> **1,116** at 64, the logits bit for bit the same. At 256 rows, where the step launches nothing
 as a dependent, loading early only cost registers (1,730 -> 1,749): there it stays off.
-
-The merge (``MERGE``, off by default)
--------------------------------------
-Where the kernel splits the sequences (at the engine's table width every SmolLM2 batch of 1 to 64 on 132
-SMs), ``merge_splits_kernel`` follows it: an eighth launch per layer at <= 64 rows. With
-``merge_in_kernel=True`` (``Kernels.merge_in_decode``) there is none: each program writes its split's
-partial result as before, then announces it on its (sequence, KV head)'s arrival counter; the last to
-arrive merges the group's ``G`` query heads, each over every split at once and in split order, and resets
-the counter (:func:`~paged_edu.kernels.decode.pieces.merge_group_if_last`, the skinny GEMM's split-K pattern:
-:mod:`~paged_edu.kernels.arrival`). The same merge piece as the merge kernel, the same order: the output is
-that of the two launches bit for bit. What it costs: the last program's wait for its own atomic, then a
-pass over the group's ``G x num_splits`` partial rows (64 splits x 3 heads x 64 fp32 at batch 1: 48 KB, from
-L2), on the critical path of the layer, where the merge kernel spreads them over ``num_seqs x H``
-programs. An earlier version, one sequence's splits read one after another or 16 at a time, lost on the
-H200 (:mod:`~paged_edu.kernels.decode.tutorial`, "Why the merge is a second kernel"); this one was not
-measured on a GPU yet, so it stays off.
 """
 
 from __future__ import annotations
@@ -86,14 +70,12 @@ import torch
 import triton
 import triton.language as tl
 
-from paged_edu.kernels.arrival import arrival_counters
 from paged_edu.kernels.checks import check_rotary_store_inputs
 from paged_edu.kernels.decode.pieces import (
     UPCAST,
     attend_tiles,
     group_offsets,
     load_tile,
-    merge_group_if_last,
     online_softmax_update,
     tile_range,
     write_result,
@@ -166,9 +148,9 @@ def rotary_store_decode_kernel(
     seq_lens_ptr,  # int32 (num_seqs,): s, the new token included
     out_ptr,  # (num_seqs, H, D): written when not SPLIT
     part_o_ptr, part_lse_ptr,  # SPLIT: fp32 partial results, as paged_decode_kernel's
-    counter_ptr,  # MERGE: int32 arrival counters, one per (sequence, KV head), 0 between launches
     qk_scale,  # softmax scale * log2(e)
     num_splits,  # splits per sequence (runtime)
+    num_q_heads,  # H
     stride_q_seq, stride_q_head,  # q's strides
     stride_k, stride_v,  # k_cache's and v_cache's strides (block, token, head): a tuple each
     stride_bt_seq,  # block_tables' row stride
@@ -181,8 +163,6 @@ def rotary_store_decode_kernel(
     BLOCK_SIZE: tl.constexpr,  # B, tokens per KV block
     TILE: tl.constexpr,  # tokens per loop step
     SPLIT: tl.constexpr,  # num_splits > 1: write partial results for the merge
-    MERGE: tl.constexpr,  # SPLIT: the last split to arrive merges them here (else merge_splits_kernel after)
-    SPLITS_PAD: tl.constexpr,  # MERGE: num_splits rounded up to a power of two
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent (paged_edu.kernels.pdl)
     PRELOAD: tl.constexpr,  # the first tile loaded before the wait (module docstring, "Before the wait")
 ):  # fmt: skip
@@ -193,7 +173,6 @@ def rotary_store_decode_kernel(
     kv_head = tl.program_id(0)  # KV heads fastest, as in paged_decode_kernel
     seq = tl.program_id(1)
     split = tl.program_id(2)
-    num_q_heads = tl.num_programs(0) * GROUP  # H
     seq_len = tl.load(seq_lens_ptr + seq)
     tile_lo, tile_hi, num_full = tile_range(seq_len, split, num_splits, TILE)
 
@@ -261,11 +240,6 @@ def rotary_store_decode_kernel(
         m_i, l_i, acc, seq, split, num_splits, q_heads, g_mask, offs_d, d_mask,
         out_ptr, stride_o_seq, stride_o_head, part_o_ptr, part_lse_ptr, num_q_heads, HEAD_DIM_PAD, SPLIT,
     )  # fmt: skip
-    if SPLIT and MERGE:  # no merge_splits_kernel after: the last split merges (module docstring, "The merge")
-        merge_group_if_last(
-            counter_ptr, seq, kv_head, num_splits, part_o_ptr, part_lse_ptr, out_ptr, stride_o_seq, stride_o_head,
-            GROUP, HEAD_DIM, HEAD_DIM_PAD, SPLITS_PAD,
-        )  # fmt: skip
 
 
 def rotary_store_decode_triton(
@@ -285,7 +259,6 @@ def rotary_store_decode_triton(
     num_splits: int | None = None,  # None: choose_num_splits; tests force values
     config: dict | None = None,  # overrides of decode_config
     pdl: bool = False,  # launch both kernels as programmatic dependents where the GPU can (kernels.pdl)
-    merge_in_kernel: bool = False,  # the splits merged by the last to arrive, no merge_splits_kernel
 ) -> torch.Tensor:  # (num_seqs, num_q_heads, head_dim)
     """A pure-decode step's attention with its rotary embedding and K/V store in the same launch.
 
@@ -318,18 +291,15 @@ def rotary_store_decode_triton(
         key.stride(0), key.stride(1), value.stride(0), value.stride(1), cos_table.stride(0),
     )  # fmt: skip
     launch = launch_options(pdl, q.device)  # USE_PDL (and launch_pdl where it is on)
-    merge_here = merge_in_kernel and num_splits > 1
-    counters = arrival_counters(q.device, num_seqs * num_kv_heads) if merge_here else out  # (unused: out)
     rotary_store_decode_kernel[(num_kv_heads, num_seqs, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse, counters,
-        scale * math.log2(math.e), num_splits,
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse,
+        scale * math.log2(math.e), num_splits, num_q_heads,
         q.stride(0), q.stride(1), k_cache.stride()[:3], v_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         new,
         GROUP=num_q_heads // num_kv_heads, GROUP_PAD=cfg["GROUP_PAD"],
         HEAD_DIM=head_dim, HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
         BLOCK_SIZE=k_cache.shape[1], TILE=cfg["TILE"], SPLIT=num_splits > 1,
-        MERGE=merge_here, SPLITS_PAD=triton.next_power_of_2(num_splits),
         # The first tile before the wait where the kernel is launched as a programmatic dependent
         # (module docstring, "Before the wait"); a config may force it either way (tests, sweeps).
         PRELOAD=cfg.get("PRELOAD", launch["USE_PDL"]),
@@ -339,6 +309,5 @@ def rotary_store_decode_triton(
         enable_fp_fusion=False,
         **launch,
     )  # fmt: skip
-    if not merge_here:
-        merge(part_o, part_lse, out, num_splits, cfg, launch)
+    merge(part_o, part_lse, out, num_splits, cfg, launch)
     return out

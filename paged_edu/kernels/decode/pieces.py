@@ -31,9 +31,7 @@ exp2(x * c)``), and the state ``(m, l, o)`` starting at ``(-inf, 0, 0)``:
 * :func:`write_result` -- ``o / l`` to the output, or, with split-KV, this split's ``o_j / l_j`` and
   ``lse_j = m_j + log2(l_j)`` to fp32 scratch for the merge;
 * :func:`merge_splits` -- the merge: ``O = sum_j 2^(lse_j - M) o_j / sum_j 2^(lse_j - M)``,
-  ``M = max_j lse_j``; :func:`merge_head` -- that merge for one (sequence, query head), from the scratch
-  :func:`write_result` wrote to the output; :func:`merge_group_if_last` -- the merge inside the decode
-  kernel, by the last split of a (sequence, KV head) to arrive (:mod:`~paged_edu.kernels.arrival`).
+  ``M = max_j lse_j``.
 
 Under the Triton interpreter bf16 arithmetic is wrong (the values are handled as raw bits), so every
 tile is converted to fp32 right after its load there (``UPCAST``, a constant of the process).
@@ -44,7 +42,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from paged_edu.kernels.arrival import last_to_arrive, reset_arrival
 from paged_edu.kernels.triton_fused import INTERPRETING
 
 __all__ = [
@@ -53,8 +50,6 @@ __all__ = [
     "attend_tiles",
     "group_offsets",
     "load_tile",
-    "merge_group_if_last",
-    "merge_head",
     "merge_splits",
     "online_softmax_update",
     "tile_range",
@@ -260,53 +255,3 @@ def merge_splits(lse, o):
     m = tl.max(lse, 0)  # finite: split 0 always holds the sequence's first token
     w = tl.exp2(lse - m)  # (SPLITS_PAD,) weight of each split, 0 for empty ones
     return tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)  # (HEAD_DIM_PAD,)
-
-
-@triton.jit
-def merge_head(
-    part_o_ptr, part_lse_ptr,  # fp32 scratch (write_result): (num_seqs, H, num_splits, HEAD_DIM_PAD), (num_seqs, H, num_splits)
-    row, num_splits,  # the (sequence, query head) pair, seq * H + head; splits per sequence
-    out_row_ptr,  # where its output row of HEAD_DIM values goes
-    HEAD_DIM: tl.constexpr,  # D
-    HEAD_DIM_PAD: tl.constexpr,  # D rounded up to a power of two: the scratch's row width
-    SPLITS_PAD: tl.constexpr,  # num_splits rounded up to a power of two
-    CACHE: tl.constexpr,  # the scratch loads' cache modifier: ".cg" (L2) inside the kernel that wrote it
-):  # fmt: skip
-    """One (sequence, query head)'s output from its splits' partial results (:func:`merge_splits`)."""
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    s_mask = offs_s < num_splits
-    parts = row * num_splits + offs_s  # (SPLITS_PAD,) this pair's rows of the scratch
-    lse = tl.load(part_lse_ptr + parts, mask=s_mask, other=float("-inf"), cache_modifier=CACHE)  # (SPLITS_PAD,)
-    o_ptrs = part_o_ptr + parts[:, None] * HEAD_DIM_PAD + offs_d[None, :]  # (SPLITS_PAD, HEAD_DIM_PAD)
-    o = tl.load(o_ptrs, mask=s_mask[:, None], other=0.0, cache_modifier=CACHE)
-    merged = merge_splits(lse, o)  # (HEAD_DIM_PAD,)
-    tl.store(out_row_ptr + offs_d, merged.to(out_row_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
-
-
-@triton.jit
-def merge_group_if_last(
-    counter_ptr,  # int32 arrival counters, one per (sequence, KV head): 0 between launches
-    seq, kv_head, num_splits,  # this program's sequence and KV head; splits per sequence
-    part_o_ptr, part_lse_ptr,  # the scratch this program's write_result has just written to
-    out_ptr, stride_o_seq, stride_o_head,  # (num_seqs, H, D)
-    GROUP: tl.constexpr,  # G, query heads per KV head
-    HEAD_DIM: tl.constexpr,  # D
-    HEAD_DIM_PAD: tl.constexpr,  # D rounded up to a power of two
-    SPLITS_PAD: tl.constexpr,  # num_splits rounded up to a power of two
-):  # fmt: skip
-    """The split merge without a second kernel: the last of a (sequence, KV head)'s splits to finish
-    (:func:`~paged_edu.kernels.arrival.last_to_arrive`) merges the group's ``G`` query heads, one after
-    another, each over its splits in a fixed order (the same bits whichever split comes last), and
-    resets the counter for the next launch. The grid's first axis is the KV heads."""
-    counter = counter_ptr + seq * tl.num_programs(0) + kv_head
-    if last_to_arrive(counter, num_splits):
-        num_q_heads = tl.num_programs(0) * GROUP
-        for g in tl.static_range(GROUP):
-            head = kv_head * GROUP + g
-            out_row_ptr = out_ptr + seq * stride_o_seq + head * stride_o_head
-            merge_head(
-                part_o_ptr, part_lse_ptr, seq * num_q_heads + head, num_splits, out_row_ptr,
-                HEAD_DIM, HEAD_DIM_PAD, SPLITS_PAD, ".cg",
-            )  # fmt: skip
-        reset_arrival(counter)

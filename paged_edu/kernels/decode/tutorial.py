@@ -50,10 +50,7 @@ step. On the H200 it lost (``benchmarks/bench_layer.py --batches 1,16,64,256``, 
 after another (``..._in_kernel_serial.json``: one memory latency per split, on the critical path
 of the last program) and 254 us reading 16 splits at once (``..._in_kernel_chunked.json``); the
 whole step 883 / 1,449 / 954 us. Inside a CUDA graph the second launch costs about 1.4 us; the
-last program's wait-then-merge costs more, because nothing else runs beside it. The engine's
-pure-decode kernel has the in-kernel merge again as an option, off by default
-(:mod:`~paged_edu.kernels.decode.fast`, "The merge": every split of a head read at once, through the
-same :func:`~paged_edu.kernels.decode.pieces.merge_head` as the merge kernel; not measured on a GPU yet).
+last program's wait-then-merge costs more, because nothing else runs beside it.
 
 The kernel runs under CUDA-graph capture (no host sync, no data-dependent launch shape: the split
 count comes from the table's width) and under the Triton interpreter on a CPU (bf16 is wrong there:
@@ -83,7 +80,7 @@ from paged_edu.kernels.decode.pieces import (
     UPCAST,
     attend_tiles,
     group_offsets,
-    merge_head,
+    merge_splits,
     tile_range,
     write_result,
 )
@@ -200,8 +197,21 @@ def merge_splits_kernel(
     seq = tl.program_id(0)
     head = tl.program_id(1)
     row = seq * tl.num_programs(1) + head  # (sequence, head) pair
-    out_row_ptr = out_ptr + seq * stride_o_seq + head * stride_o_head
-    merge_head(part_o_ptr, part_lse_ptr, row, num_splits, out_row_ptr, HEAD_DIM, HEAD_DIM_PAD, SPLITS_PAD, "")
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    s_mask = offs_s < num_splits
+    lse = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=s_mask, other=float("-inf"))  # (SPLITS_PAD,)
+    o = tl.load(
+        part_o_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM_PAD + offs_d[None, :],
+        mask=s_mask[:, None],
+        other=0.0,
+    )  # (SPLITS_PAD, HEAD_DIM_PAD)
+    merged = merge_splits(lse, o)  # (HEAD_DIM_PAD,)
+    tl.store(
+        out_ptr + seq * stride_o_seq + head * stride_o_head + offs_d,
+        merged.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
