@@ -252,10 +252,12 @@ class MixedCudaGraphs:
     holds a token at least), so the graph of bucket ``Tb`` gives the kernel the first ``C`` chunks'
     slots, not all ``max_num_seqs``: at ``max_num_seqs = 512`` a bucket of 16 launched 3 x 512
     programs a layer, nearly all of them padding that searched 512 entries before returning.
-    What it buys is not measured yet: no GPU was lent after it was written (session 5). The
-    measurement is ``python benchmarks/bench_ttft.py --modes async --profile 96`` here and with
-    99b8dd3's ``cuda_graphs.py``, in one lease; before it, a 96-token prompt's graph took 1.49 ms on
-    an H100 against 0.65 ms for a decode step of batch 1 (``benchmarks/records/h100/ttft_99b8dd3.json``).
+    What it buys, measured on an H100 (``python benchmarks/bench_ttft.py --modes async --profile 96``
+    at 3237c64 and with 99b8dd3's ``cuda_graphs.py``, in one lease): the prefill kernel of a 96-token
+    prompt's graph 21.3 -> 10.4 us a layer, the graph's kernels 1,342 -> 1,012 us of GPU time under the
+    profiler, the prompt step's device time 1.50 -> 1.18 ms (a decode step of batch 1: 0.65 ms) and
+    its time to first token 2.34 -> 2.08 ms (``benchmarks/records/h100/ttft_ab_3237c64_log.txt``,
+    ``ttft_3237c64.json``).
 
     A graph is found by its *key* ``(Tb, Dcap)``. A step with no decodes -- every step of a request that
     finds the server idle -- runs the bucket's graph captured with ``Dcap = 0``: the decode kernel over
