@@ -205,7 +205,9 @@ def pack_chunks(
     )
 
 
-def pack_one_chunk(token_ids: Sequence[int], start: int, count: int, table: Sequence[int], block_size: int) -> StepBatch:
+def pack_one_chunk(
+    token_ids: Sequence[int], start: int, count: int, table: Sequence[int], block_size: int
+) -> StepBatch:
     """:func:`pack_chunks` of one prompt chunk -- ``count > 1`` tokens from position ``start``, over
     ``table`` -- the step of a request that finds the engine idle, packed without the general path's
     reordering, cumsums and padding (the same arrays, as ``tests/engine/test_batch.py`` checks against
