@@ -185,6 +185,28 @@ def measure(
     )
 
 
+def server_engine(model, async_scheduling: bool, graph_path: bool, mixed_graphs: bool = False, **settings) -> Engine:
+    """An engine at the server's settings (``max_num_seqs`` 512, ``max_num_batched_tokens`` 4096, prefix
+    caching; ``bench_engine``'s pool of 8,192 blocks) over the stub ``model``; ``graph_path``: decode steps
+    staged as for their CUDA graphs, ``mixed_graphs``: steps with prompt chunks too (stub replays)."""
+    engine = Engine(
+        model,
+        num_blocks=8192,
+        block_size=BLOCK_SIZE,
+        enable_prefix_caching=True,
+        max_num_seqs=512,
+        max_num_batched_tokens=4096,
+        cuda_graphs=False,
+        async_scheduling=async_scheduling,
+        **settings,
+    )
+    if graph_path:
+        engine.runner.graphs = StubGraphs(model, 512, 2048 // BLOCK_SIZE)
+    if mixed_graphs:
+        engine.runner.mixed_graphs = StubMixedGraphs(model, 4096, 512, 2048 // BLOCK_SIZE)
+    return engine
+
+
 def measure_sharegpt(
     num_requests: int = 512,
     seed: int = 0,
@@ -197,18 +219,7 @@ def measure_sharegpt(
     vocab = smollm2_config().vocab_size  # the benchmark's token ids, unchanged
     model = stub_model(device, vocab=vocab)
     prompts, outputs = sharegpt_requests(num_requests, seed, vocab)
-    engine = Engine(
-        model,
-        num_blocks=8192,
-        block_size=BLOCK_SIZE,
-        enable_prefix_caching=True,
-        max_num_seqs=512,
-        max_num_batched_tokens=4096,
-        cuda_graphs=False,
-        async_scheduling=async_scheduling,
-    )
-    if graph_path:
-        engine.runner.graphs = StubGraphs(model, 512, 2048 // BLOCK_SIZE)
+    engine = server_engine(model, async_scheduling, graph_path)
     events: list[StepMetrics] = []
     engine.subscribe(lambda e: events.append(e) if isinstance(e, StepMetrics) and e.num_batched_tokens else None)
     prof = None
@@ -272,19 +283,7 @@ def measure_lone(
     bookkeeping after it), and the call's wall time. Each request then decodes one token (max_tokens 2)."""
     vocab = smollm2_config().vocab_size
     model = stub_model(device, vocab=vocab)
-    engine = Engine(
-        model,
-        num_blocks=8192,
-        block_size=BLOCK_SIZE,
-        enable_prefix_caching=True,
-        max_num_seqs=512,
-        max_num_batched_tokens=4096,
-        max_model_len=2048,
-        cuda_graphs=False,
-        async_scheduling=async_scheduling,
-    )
-    engine.runner.graphs = StubGraphs(model, 512, 2048 // BLOCK_SIZE)
-    engine.runner.mixed_graphs = StubMixedGraphs(model, 4096, 512, 2048 // BLOCK_SIZE)
+    engine = server_engine(model, async_scheduling, graph_path=True, mixed_graphs=True, max_model_len=2048)
     events: list[StepMetrics] = []
     engine.subscribe(lambda e: events.append(e) if isinstance(e, StepMetrics) else None)
     rng = np.random.default_rng(0)
