@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from paged_edu.engine import Engine, StepMetrics  # noqa: E402
-from paged_edu.engine.cuda_graphs import DecodeCudaGraphs  # noqa: E402
+from paged_edu.engine.cuda_graphs import DecodeCudaGraphs, MixedCudaGraphs  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.labs.batching import sharegpt_requests  # noqa: E402
 from paged_edu.labs.timed_run import by_concurrency, mean_ms, near_running  # noqa: E402
@@ -89,6 +89,18 @@ class StubGraphs(DecodeCudaGraphs):
 
     def replay(self, bs: int):
         return self.outputs[bs]
+
+
+class StubMixedGraphs(MixedCudaGraphs):
+    """The mixed-step graphs' host side on any device: the runner stages every step with a prompt chunk
+    into their static buffers as for a real graph; the "replay" returns fixed hidden states at once."""
+
+    def __init__(self, model, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int) -> None:
+        super().__init__(model, None, max_num_tokens, max_num_seqs, max_blocks_per_seq, capture_graphs=False)
+        self.hidden = torch.zeros(max_num_tokens, model.config.hidden_size, device=model.device)
+
+    def replay(self, key: tuple[int, int]):
+        return self.hidden[: key[0]]
 
 
 BLOCK_SIZE = 16
@@ -173,6 +185,28 @@ def measure(
     )
 
 
+def server_engine(model, async_scheduling: bool, graph_path: bool, mixed_graphs: bool = False, **settings) -> Engine:
+    """An engine at the server's settings (``max_num_seqs`` 512, ``max_num_batched_tokens`` 4096, prefix
+    caching; ``bench_engine``'s pool of 8,192 blocks) over the stub ``model``; ``graph_path``: decode steps
+    staged as for their CUDA graphs, ``mixed_graphs``: steps with prompt chunks too (stub replays)."""
+    engine = Engine(
+        model,
+        num_blocks=8192,
+        block_size=BLOCK_SIZE,
+        enable_prefix_caching=True,
+        max_num_seqs=512,
+        max_num_batched_tokens=4096,
+        cuda_graphs=False,
+        async_scheduling=async_scheduling,
+        **settings,
+    )
+    if graph_path:
+        engine.runner.graphs = StubGraphs(model, 512, 2048 // BLOCK_SIZE)
+    if mixed_graphs:
+        engine.runner.mixed_graphs = StubMixedGraphs(model, 4096, 512, 2048 // BLOCK_SIZE)
+    return engine
+
+
 def measure_sharegpt(
     num_requests: int = 512,
     seed: int = 0,
@@ -185,18 +219,7 @@ def measure_sharegpt(
     vocab = smollm2_config().vocab_size  # the benchmark's token ids, unchanged
     model = stub_model(device, vocab=vocab)
     prompts, outputs = sharegpt_requests(num_requests, seed, vocab)
-    engine = Engine(
-        model,
-        num_blocks=8192,
-        block_size=BLOCK_SIZE,
-        enable_prefix_caching=True,
-        max_num_seqs=512,
-        max_num_batched_tokens=4096,
-        cuda_graphs=False,
-        async_scheduling=async_scheduling,
-    )
-    if graph_path:
-        engine.runner.graphs = StubGraphs(model, 512, 2048 // BLOCK_SIZE)
+    engine = server_engine(model, async_scheduling, graph_path)
     events: list[StepMetrics] = []
     engine.subscribe(lambda e: events.append(e) if isinstance(e, StepMetrics) and e.num_batched_tokens else None)
     prof = None
@@ -244,6 +267,73 @@ def measure_sharegpt(
     )
 
 
+def measure_lone(
+    prompt_lens: tuple[int, ...] = (16, 96, 256),
+    repeat: int = 200,
+    device: str = "cpu",
+    profile: bool = False,
+    async_scheduling: bool = True,
+) -> dict:
+    """A lone prompt of ``L`` tokens on an otherwise idle engine, ``repeat`` times per length, as
+    ``bench_ttft.py`` runs them on a GPU: the server's settings (``max_num_seqs`` 512,
+    ``max_num_batched_tokens`` 4096, prefix caching, 2048-token tables), both kinds of graph staged
+    (stub replays), fresh token ids each time (no prefix hit). Per length, medians of the host's time
+    in ``add_request``, in each phase of the call that runs the prompt step (``schedule`` and
+    ``prepare`` come before its launch; ``sample`` holds the read of its token, ``update`` the
+    bookkeeping after it), and the call's wall time. Each request then decodes one token (max_tokens 2)."""
+    vocab = smollm2_config().vocab_size
+    model = stub_model(device, vocab=vocab)
+    engine = server_engine(model, async_scheduling, graph_path=True, mixed_graphs=True, max_model_len=2048)
+    events: list[StepMetrics] = []
+    engine.subscribe(lambda e: events.append(e) if isinstance(e, StepMetrics) else None)
+    rng = np.random.default_rng(0)
+    params = SamplingParams(max_tokens=2)
+    rows = {}
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+    for L in prompt_lens:
+        adds, calls, phases = [], [], []
+        for i in range(repeat + 5):  # the first 5: warm-up
+            prompt = rng.integers(3, vocab, size=L).tolist()
+            events.clear()
+            if prof is not None and i >= 5:
+                prof.enable()
+            t0 = time.perf_counter()
+            engine.add_request(prompt, params)
+            t1 = time.perf_counter()
+            engine.step()  # the prompt step, read before it returns (async: "from idle")
+            t2 = time.perf_counter()
+            if prof is not None:
+                prof.disable()
+            while engine.has_unfinished():
+                engine.step()
+            if i >= 5:
+                if events[0].num_prefill_tokens != L:
+                    raise RuntimeError(f"the first step ran {events[0].num_prefill_tokens} prompt tokens, not {L}")
+                adds.append(t1 - t0)
+                calls.append(t2 - t1)
+                phases.append(events[0].phase_times)
+        rows[L] = dict(
+            add_request_ms=round(float(np.median(adds)) * 1e3, 4),
+            prompt_call_ms=round(float(np.median(calls)) * 1e3, 4),
+            phase_ms={k: round(float(np.median([p[k] for p in phases])) * 1e3, 4) for k in phases[0]},
+        )
+    if prof is not None:
+        import pstats
+
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(60)
+    return dict(
+        workload=f"lone prompts of {list(prompt_lens)} tokens on an idle engine, {repeat} each",
+        async_scheduling=async_scheduling,
+        by_prompt_len=rows,
+        torch=torch.__version__,
+        device=device,
+    )
+
+
 def median_ms(seconds: np.ndarray, mask: np.ndarray) -> float | None:
     """The median of ``seconds[mask]`` in ms, rounded to 0.1 us; None when the mask selects nothing."""
     return round(float(np.median(seconds[mask]) * 1e3), 4) if mask.any() else None
@@ -253,10 +343,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--workload",
-        choices=("lockstep", "sharegpt"),
+        choices=("lockstep", "sharegpt", "lone"),
         default="lockstep",
-        help="lockstep: --running sequences decoding in step; sharegpt: bench_engine's 512 requests, every step",
+        help="lockstep: --running sequences decoding in step; sharegpt: bench_engine's 512 requests, every step; "
+        "lone: one prompt at a time on an idle engine (the server's settings, both graph kinds staged): "
+        "the host's share of a time to first token",
     )
+    ap.add_argument("--prompt-lens", default="16,96,256", help="lone: the prompt lengths, comma-separated")
+    ap.add_argument("--repeat", type=int, default=200, help="lone: prompts per length")
     ap.add_argument("--running", type=int, default=256)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--temperature", type=float, default=0.0)
@@ -277,7 +371,11 @@ def main(argv=None):
     )
     args = ap.parse_args(argv)
     modes = dict(device=args.device, profile=args.profile, graph_path=args.graph_path)
-    if args.workload == "sharegpt":
+    if args.workload == "lone":
+        lens = tuple(int(x) for x in args.prompt_lens.split(","))
+        res = measure_lone(lens, args.repeat, args.device, args.profile, args.async_scheduling)
+        note, out = "medians; the CPU may be shared with other work", str(record_path("host_bench_lone.json"))
+    elif args.workload == "sharegpt":
         res = measure_sharegpt(**modes, async_scheduling=args.async_scheduling)
         note, out = "the CPU may be shared with other work", str(record_path("host_bench_sharegpt.json"))
     else:
@@ -286,7 +384,15 @@ def main(argv=None):
         )
         note, out = "medians; the CPU may be shared with other work", str(record_path("host_bench.json"))
     res = {**provenance("bench_host.py", argv, note=note), **res}
-    if args.workload == "sharegpt":
+    if args.workload == "lone":
+        print(f"{res['workload']}, async scheduling {res['async_scheduling']}: medians, ms")
+        for L, r in res["by_prompt_len"].items():
+            print(
+                f"L={L:>4}: add_request {r['add_request_ms']:.4f}, prompt call {r['prompt_call_ms']:.4f} ("
+                + ", ".join(f"{k} {v:.4f}" for k, v in r["phase_ms"].items())
+                + ")"
+            )
+    elif args.workload == "sharegpt":
         print(
             f"{res['workload']}: {res['num_steps']} steps ({res['num_decode_steps']} decode), host {res['host_s']:.3f} s; "
             f"per decode step {res['host_ms_per_decode_step']:.3f} ms, at ~256 running "

@@ -291,7 +291,7 @@ class MixedCudaGraphs:
         sizes = [2**k for k in range(4, 10)] + list(range(1024, max_num_tokens + 1, 512))
         self.sizes = [t for t in sizes if t < max_num_tokens] + [max_num_tokens]
         n, S, W = max_num_tokens, max_num_seqs, max_blocks_per_seq
-        i64, i32 = np.dtype(np.int64), np.dtype(np.int32)
+        i64, i32, f32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
         self.staging = StaticStaging(
             device,
             dict(
@@ -301,6 +301,12 @@ class MixedCudaGraphs:
                 decode_seq_lens=(i32, (S,)),
                 prefill_seq_lens=(i32, (S,)),
                 cu_seqlens_q=(i32, (S + 1,)),
+                # the rows to sample, read by the runner's draw after the replay (not by the graph): in the
+                # same copy, not a second one (what it buys: see stage)
+                sample_rows=(i64, (S,)),
+                temperatures=(f32, (S,)),
+                top_ps=(f32, (S,)),
+                uniforms=(f32, (S,)),
                 decode_block_tables=(i32, (S, W)),
                 prefill_block_tables=(i32, (S, W)),  # last: only the rows of the step's chunks travel
             ),
@@ -349,11 +355,25 @@ class MixedCudaGraphs:
             return None
         return Tb, self.max_chunks(Tb) if batch.num_decodes else 0
 
-    def stage(self, batch: StepBatch, key: tuple[int, int]) -> None:
-        """Write the step into the inputs of graph ``key``, padded as the class says, in one copy."""
+    def stage(self, batch: StepBatch, key: tuple[int, int], sample_rows: np.ndarray, params) -> SamplingBatch | None:
+        """Write the step into the inputs of graph ``key``, padded as the class says, and its sampled rows
+        (``params``: the plan's ``(temperatures, top_ps, uniforms)`` or None), in one copy; returns the
+        sampled rows as device views -- or None, writing nothing, when they outnumber the
+        ``max_num_seqs`` slots (a parallel-sampling prompt's forks): the caller uploads the step itself.
+
+        What is written is what graph ``key`` reads: its ``C = max_chunks(Tb)`` chunk slots, not all
+        ``max_num_seqs`` (a larger bucket's step writes its own); with the sampled rows in the same copy,
+        the lone prompt's runner ``_stage`` 31 -> 12 us on this project's CPU (``bench_host.py --workload
+        lone``, perf_counter around it; on a GPU also one host-to-device copy and its event fewer a step).
+        ``tests/engine/test_cuda_graphs.py`` checks the staged buffers against the unpadded batch's
+        padded definition."""
+        N = len(sample_rows)
+        if N > self.max_num_seqs:
+            return None
         self.staging.wait()
-        h = self.staging.np
+        h, v = self.staging.np, self.staging.views
         (Tb, Dcap), T, D = key, batch.input_ids.shape[0], batch.num_decodes
+        C = self.max_chunks(Tb)
         for name, values, pad in (
             ("input_ids", batch.input_ids, 0),
             ("positions", batch.positions, 0),
@@ -373,10 +393,17 @@ class MixedCudaGraphs:
             h["prefill_seq_lens"][:P] = batch.prefill_seq_lens
             tables = batch.prefill_block_tables
             h["prefill_block_tables"][:P, : tables.shape[1]] = tables
-            h["cu_seqlens_q"][:P] = cu[:-1]  # E.g. cu [2, 5, 9] (P = 2), T = 9, S = 4 -> [2, 5, 9, 9, 9]
-        h["prefill_seq_lens"][P:] = 0
-        h["cu_seqlens_q"][P:] = T  # the last chunk's end, and every padding chunk's (length 0)
+            h["cu_seqlens_q"][:P] = cu[:-1]  # E.g. cu [2, 5, 9] (P = 2), T = 9, C = 4 -> [2, 5, 9, 9, 9]
+        h["prefill_seq_lens"][P:C] = 0
+        h["cu_seqlens_q"][P : C + 1] = T  # the last chunk's end, and every padding chunk's (length 0)
+        h["sample_rows"][:N] = sample_rows
+        if params is not None:
+            for name, values in zip(("temperatures", "top_ps", "uniforms"), params):
+                h[name][:N] = values
         self.staging.upload(max(P, 1))
+        if params is None:
+            return SamplingBatch(v["sample_rows"][:N], None, None, None)
+        return SamplingBatch(v["sample_rows"][:N], v["temperatures"][:N], v["top_ps"][:N], v["uniforms"][:N])
 
     def input_ids(self, key: tuple[int, int]) -> torch.Tensor:
         """The staged token ids ``(Tb,)`` (async scheduling fills placeholders in there)."""

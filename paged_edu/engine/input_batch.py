@@ -61,7 +61,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
-from paged_edu.engine.batch import StepBatch, pack_chunks, pack_decodes, token_slice
+from paged_edu.engine.batch import StepBatch, pack_chunks, pack_decodes, pack_one_chunk, token_slice
 
 __all__ = ["InputBatch"]
 
@@ -122,7 +122,10 @@ class InputBatch:
         the chunk of each token the step will draw (the sampling plan's ``chunks``), or None when its
         tokens do not map one to a chunk (a parallel-sampling fork): the next step then continues from none."""
         seqs, starts = sched.chunk_seqs(), sched.chunk_starts()  # the one pass over the step's sequences
-        batch, rows = (None, None) if self._versions is None else self._decode(sched, seqs, starts)
+        # A step with a chunk of several tokens (a prompt's) is packed: not tried row-wise first, which
+        # found that out only after looking its rows up (~20 us of a lone prompt's step, bench_host --workload lone)
+        row_wise = self._versions is not None and all(item.num_new_tokens == 1 for item in sched.chunks)
+        batch, rows = self._decode(sched, seqs, starts) if row_wise else (None, None)
         if batch is None:
             batch, rows = self._pack(sched, seqs, starts)
         self._launched = None
@@ -265,7 +268,10 @@ class InputBatch:
                 token_ids += token_slice(seq, s, s + n)
         seq_ids = [seq.seq_id for seq in seqs]
         tables = self.block_tables(seq_ids)
-        batch = pack_chunks(token_ids, starts, counts, tables, self.block_size)
+        if len(counts) == 1 and counts[0] > 1:  # a lone prompt chunk (an idle engine's request): the short path
+            batch = pack_one_chunk(token_ids, starts[0], counts[0], tables[0], self.block_size)
+        else:
+            batch = pack_chunks(token_ids, starts, counts, tables, self.block_size)
         return batch, (None if self._versions is None else self._rows(seq_ids))
 
     # -- rows -------------------------------------------------------------------------------------------

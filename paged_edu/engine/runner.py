@@ -242,17 +242,18 @@ class ModelRunner:
                 sampling = self.graphs.stage(host, bs, sample_rows, plan.params, True if one_each else None)
                 return StagedBatch(None, sampling, rows, bs)
         key = self.mixed_graphs.size_for(host) if self.mixed_graphs is not None else None
-        if key is not None:  # into the mixed-step graph's inputs; only the rows to sample travel below
-            self.mixed_graphs.stage(host, key)
-        arrays = {} if key is not None else host.arrays()
+        if key is not None:  # into the mixed-step graph's inputs, the rows to sample with them
+            sampling = self.mixed_graphs.stage(host, key, sample_rows, plan.params)
+            if sampling is not None:
+                return StagedBatch(None, sampling, rows, None, key)
+            key = None  # more rows to sample than the graph's buffers hold: an eager step
+        arrays = host.arrays()
         arrays["sample_rows"] = sample_rows
         if plan.params is not None:
             for name, values in zip(("temperatures", "top_ps", "uniforms"), plan.params):
                 arrays[name] = np.asarray(values, dtype=np.float32)
         t = self.staging.upload(arrays)
         sampling = SamplingBatch(t["sample_rows"], t.get("temperatures"), t.get("top_ps"), t.get("uniforms"))
-        if key is not None:
-            return StagedBatch(None, sampling, rows, None, key)
         return StagedBatch(host.on_device(t), sampling, rows, None)
 
     def forward(self, batch: StagedBatch) -> None:

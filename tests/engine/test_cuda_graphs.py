@@ -64,7 +64,8 @@ def run_step(graphs: MixedCudaGraphs, chunks):
         B,
     )
     key = graphs.size_for(batch)
-    graphs.stage(batch, key)
+    sampling = graphs.stage(batch, key, batch.logits_rows, None)
+    assert sampling.rows.tolist() == batch.logits_rows.tolist() and sampling.temperatures is None
     T = batch.input_ids.shape[0]
     return graphs.replay(key)[:T], key
 
@@ -112,6 +113,51 @@ def test_a_bucket_gives_the_prefill_kernel_the_chunks_it_can_hold():
     got, key = run_step(graphs, chunks)
     assert key == (16, 16)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_steps_of_other_buckets_on_the_same_buffers_are_each_the_forward_pass():
+    """``stage`` writes only the chunk slots of the step's own graph (``max_chunks(Tb)``): a step of a
+    larger bucket (many chunks), then a lone prompt of a smaller one, then one of the larger again, on
+    the same buffers -- each the unpadded forward pass (no stale slot read), each graph's chunk slots
+    the padded definition (lengths 0 and ``cu`` at ``T`` past the step's chunks), the sampled rows
+    and their params staged with them."""
+    model = tiny_model(seed=4, vocab_size=300)
+    kernels = Kernels("torch", "torch", "torch").resolve(model.device)
+    want_kv, got_kv = kv_pool(model, "cpu", 4), kv_pool(model, "cpu", 4)
+    graphs = graphs_for(model, got_kv, kernels, capture=False, max_num_tokens=64, max_num_seqs=32)
+    rng = random.Random(7)
+    free = list(range(1, NUM_BLOCKS))
+    rng.shuffle(free)
+
+    def chunks_of(counts):
+        chunks = []
+        for n in counts:
+            start = rng.randrange(0, 5)
+            table = [free.pop() for _ in range(-(-(start + n) // B))]
+            chunks.append(BatchChunk([rng.randrange(300) for _ in range(n)], start, table))
+        return chunks
+
+    for counts in ([2] * 20, [10], [3, 4], [2] * 20):
+        chunks = chunks_of(counts)
+        want = model(prepare_batch(chunks, B), want_kv, kernels)  # (T, hidden)
+        batch = prepare_batch(chunks, B)
+        (Tb, Dcap) = key = graphs.size_for(batch)
+        params = ([0.5] * len(counts), [0.9] * len(counts), [0.25] * len(counts))
+        sampling = graphs.stage(batch, key, batch.logits_rows, params)
+        T, C = batch.input_ids.shape[0], graphs.max_chunks(Tb)
+        staged = graphs._batch(key)
+        ends = [c.start + len(c.token_ids) for c in chunks]
+        assert staged.prefill_seq_lens.tolist() == ends + [0] * (C - len(chunks))
+        assert staged.prefill_cu_seqlens_q.tolist() == [0, *torch.tensor(counts).cumsum(0).tolist()] + [T] * (
+            C - len(chunks)
+        )
+        assert sampling.rows.tolist() == batch.logits_rows.tolist()
+        assert sampling.temperatures.tolist() == [0.5] * len(counts) and sampling.uniforms.tolist() == [0.25] * len(
+            counts
+        )
+        torch.testing.assert_close(graphs.replay(key)[:T], want, rtol=1e-5, atol=1e-5)
+        free.extend(b for c in chunks for b in c.block_table)  # their K/V is in both pools: reusable
+    assert graphs.stage(batch, key, list(range(33)), None) is None  # more sampled rows than slots: not staged
 
 
 def test_buckets_cover_every_step_up_to_the_token_budget():

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from paged_edu.engine.batch import BatchChunk, prepare_batch
+from paged_edu.engine.batch import BatchChunk, pack_chunks, pack_one_chunk, prepare_batch
 from paged_edu.engine.sampling import Sampler, SamplingParams, sample, sample_on_device
 
 
@@ -62,6 +62,29 @@ def test_vectorised_batch_equals_the_per_token_definition(seed):
     else:
         assert batch.prefill_cu_seqlens_q is None
     assert batch.input_ids.dtype == batch.positions.dtype == batch.slot_mapping.dtype == torch.int64
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_one_prompt_chunk_packs_as_the_general_path_and_the_definition(seed):
+    """``pack_one_chunk`` (the lone prompt's short path) gives :func:`pack_chunks`'s arrays -- values,
+    dtypes, shapes -- and the per-token definition."""
+    rng = random.Random(seed)
+    B = rng.choice([1, 4, 16])
+    start, n = rng.randrange(0, 40), rng.randrange(2, 60)
+    chunk = BatchChunk([rng.randrange(1000) for _ in range(n)], start, rng.sample(range(200), -(-(start + n) // B)))
+    short = pack_one_chunk(chunk.token_ids, start, n, chunk.block_table, B)
+    general = pack_chunks(chunk.token_ids, [start], [n], [chunk.block_table], B)
+    for name in ("input_ids", "positions", "slot_mapping", "logits_rows", "prefill_block_tables", "prefill_seq_lens",
+                 "prefill_cu_seqlens_q"):  # fmt: skip
+        a, b = getattr(short, name), getattr(general, name)
+        assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all(), name
+    assert short.num_decodes == general.num_decodes == 0
+    assert short.decode_block_tables is short.decode_seq_lens is None
+    ids, pos, slots, last, _, _ = brute_force_batch([chunk], B)
+    assert short.input_ids.tolist() == ids and short.positions.tolist() == pos
+    assert short.slot_mapping.tolist() == slots and short.logits_rows.tolist() == last
+    with pytest.raises(ValueError, match="chunk 0: block table of 1 blocks cannot hold 5 tokens"):
+        pack_one_chunk([1, 2], 3, 2, [0], 4)
 
 
 def test_bad_chunks_raise_naming_the_chunk():
