@@ -749,3 +749,94 @@ def test_a_raising_subscriber_leaves_the_same_state_as_no_subscriber(kind):
         assert quiet.take_copies() == noisy.take_copies()
         _consistent(noisy)
     assert raised, f"the operations never produced a {kind!r} event: the test would prove nothing"
+
+
+# -- mark_computed_many: the calls of mark_computed, in one ------------------------------------
+
+
+def _state(a: BlockAllocator):
+    """:func:`observable`, and each sequence's known ids, pending ids and published blocks, the free
+    list and the evictable blocks (any prefix index)."""
+    seqs = {s: (a._seqs[s].num_known, list(a._seqs[s].pending), a._seqs[s].num_published_blocks) for s in a.seq_ids}
+    return observable(a), seqs, list(a.pool.free_block_ids), a.num_evictable_blocks, a.num_cached_blocks
+
+
+def _twins(kind: str, subscribed: bool, seed: int):
+    """Two equal allocators, 6 sequences each decoding to a random point, and their event logs."""
+    rng = np.random.default_rng(seed)
+    make = {
+        "chain": lambda: BlockAllocator(64, B, cache_when_computed=True),
+        "radix": lambda: RadixAllocator(64, B, cache_when_computed=True),
+        "eager": lambda: BlockAllocator(64, B),  # publishes as ids arrive: never the fast path
+    }[kind]
+    twins, logs = [], []
+    prompts = [rng.integers(2, 5, size=int(rng.integers(1, 3 * B))).tolist() for _ in range(6)]
+    for _ in range(2):
+        a, log = make(), []
+        if subscribed:
+            a.subscribe(log.append)
+            a.subscribe_cache(log.append)
+        for i, prompt in enumerate(prompts):
+            a.allocate(i, prompt)
+            a.mark_computed(i, len(prompt))
+        twins.append(a)
+        logs.append(log)
+    return rng, prompts, twins, logs
+
+
+@pytest.mark.parametrize("kind", ["chain", "radix", "eager"])
+@pytest.mark.parametrize("subscribed", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_mark_computed_many_equals_mark_computed_one_by_one(kind, subscribed, seed):
+    """Against the plain definition on a twin: every call's state and events, over steps where
+    sequences complete blocks -- whole blocks of sampled ids (the fast path), blocks that straddle
+    the prompt's end, no ids, ids that repeat known ones, and ids (few: 2 .. 4) that repeat between
+    sequences, so the prefix cache dedupes and the radix tree swaps blocks."""
+    rng, prompts, (many, one), (log_many, log_one) = _twins(kind, subscribed, seed)
+    known = {i: list(p) for i, p in enumerate(prompts)}  # each sequence's ids so far
+    for step in range(4 * B):
+        seq_ids, ends, token_ids = [], [], []
+        for i in rng.permutation(6).tolist():
+            for a in (many, one):
+                a.append_slots(i)
+            known[i].append(int(rng.integers(2, 5)))
+            end = len(known[i])
+            if end % B and rng.random() < 0.8:
+                continue  # no block completed: not in this call (as the scheduler)
+            first = end - B if rng.random() < 0.7 else max(end - B - int(rng.integers(0, 3)), 0)
+            first = max(first, many.num_known_tokens(i) - int(rng.integers(0, 2)))  # may repeat a known one
+            seq_ids.append(i)
+            ends.append(end)
+            token_ids.append(None if first >= end else known[i][first:end])
+        many.mark_computed_many(seq_ids, ends, token_ids)
+        for i, end, ids in zip(seq_ids, ends, token_ids):
+            one.mark_computed(i, end, ids)
+        assert _state(many) == _state(one), f"step {step}"
+        assert log_many == log_one
+    assert any(many.index.is_cached(b) for b in range(many.num_blocks))  # something was published
+
+
+def test_mark_computed_many_raises_at_the_first_bad_call_with_the_earlier_ones_done():
+    """A bad id, an unknown sequence, missing ids, a count past the slots: raised as mark_computed does,
+    the calls before it done and the ones after it not (as the calls one by one)."""
+    for bad_call, error in [
+        ((1, 2 * B, [5] * (B - 1) + [True]), TypeError),
+        ((1, 2 * B, [5] * (B - 1) + [-1]), ValueError),
+        (("nobody", 2 * B, [5] * B), UnknownSequenceError),
+        ((1, 3 * B, [5] * B), ValueError),  # the ids of tokens B .. 2B - 1 are missing
+        ((1, 4 * B, [5] * B), ValueError),  # past the slots
+        ((2, 2 * B, [5] * B), ValueError),  # past the slots: one short of the block
+    ]:
+        a, b = (BlockAllocator(32, B, cache_when_computed=True) for _ in range(2))
+        for x in (a, b):
+            for i in range(3):
+                x.allocate(i, [2 + i] * B)
+                x.mark_computed(i, B)
+                x.append_slots(i, 2 * B if i < 2 else B - 1)
+        calls = [(0, 2 * B, [7] * B), bad_call, (0, 3 * B, [8] * B)]
+        with pytest.raises(error):
+            a.mark_computed_many(*map(list, zip(*calls)))
+        b.mark_computed(*calls[0])
+        assert snapshot(a) == snapshot(b)
+    with pytest.raises(ValueError, match="one of each"):
+        a.mark_computed_many([0, 1], [2 * B], [[7] * B, [7] * B])
