@@ -534,61 +534,6 @@ class BlockAllocator(SequenceLookup):
                 self._subscribers.post(event)
             self._flush_events()
 
-    def mark_computed_many(
-        self, seq_ids: Sequence[SeqId], num_computed_tokens: Sequence[int], token_ids: Sequence[list[int] | None]
-    ) -> None:
-        """``mark_computed(seq_ids[i], num_computed_tokens[i], token_ids[i])`` for each ``i``, in order --
-        one call for a decode step's sequences whose new token completed a block, each with the ids of
-        that block's tokens it has not given yet (``None``: no ids). Raises as those calls would, at the
-        first that does, the calls before it done.
-
-        Speed: the common block -- the ``B`` ids of the block right after the sequence's published ones,
-        under ``cache_when_computed``, no subscriber -- is learned and published here (what
-        :meth:`_learn` and :meth:`mark_computed` do for it): its ids checked with all the others' in one
-        pass, no three calls and a check a block; any other goes through :meth:`mark_computed`. 16 blocks
-        (a decode step's at 256 running): 54-56 -> 41-45 us, medians of 200 calls (this project's 2-core
-        CPU); the hashing and publishing left are most of the rest.
-        """
-        if not len(seq_ids) == len(num_computed_tokens) == len(token_ids):
-            raise ValueError(
-                f"{len(seq_ids)} seq_ids, {len(num_computed_tokens)} num_computed_tokens and {len(token_ids)} "
-                "token_ids: one of each per sequence"
-            )
-        B, seqs = self.block_size, self._seqs
-        flat = [t for ids in token_ids if type(ids) is list for t in ids]  # the lists' ids, in one list
-        try:
-            packed = token_array("token_ids", flat)  # each list's ids pass exactly when all do
-        except (TypeError, ValueError):
-            packed = None  # a bad id: the calls one by one raise at its call
-        fast = (
-            packed is not None
-            and self.enable_prefix_caching
-            and self._cache_when_computed
-            and not (self._subscribers.callbacks or self._cache_subscribers.callbacks or self._cache_events)
-        )
-        offset = 0  # where token_ids[i]'s ids start in packed
-        for seq_id, end, ids in zip(seq_ids, num_computed_tokens, token_ids):
-            start, offset = offset, offset + (len(ids) if type(ids) is list else 0)
-            try:
-                seq = seqs.get(seq_id)
-            except TypeError:  # unhashable: mark_computed says so
-                seq = None
-            if (
-                fast
-                and seq is not None
-                and type(end) is int
-                and end <= seq.num_tokens
-                and offset - start == B
-                and seq.num_known == end - B == seq.num_published_blocks * B  # nothing pending before it
-            ):  # what mark_computed does for it, in that case (_learn, then _publish)
-                block = packed[start:offset]
-                seq.num_known = end
-                seq.pending += block
-                self.index.extend(seq.key, block)
-                self._publish(seq_id, seq, end // B, dedupe=True)  # (no subscriber: no event to deliver)
-            else:
-                self.mark_computed(seq_id, end, ids)
-
     def fork(self, parent_id: SeqId, child_id: SeqId) -> list[int]:
         """A child that shares every block of its parent (parallel sampling, beam search)."""
         parent = self._seq(parent_id)

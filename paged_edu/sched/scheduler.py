@@ -477,9 +477,7 @@ class Scheduler:
         more: complete a block (one in ``B`` a step: publish it), emit their first token, or finish.
         The loop does all of it per chunk; here one tight pass does each sequence's own part and
         notes the few that do more, then those are finished in order -- the memory manager sees the
-        same calls in the same order (a sequence's own fields are read by nobody else). When none of
-        them finishes (no sequence freed), the blocks they completed are published in one call
-        (:meth:`_publish_blocks`), in that order too.
+        same calls in the same order (a sequence's own fields are read by nobody else).
 
         Speed: one pass, no call per plain decode instead of three: :meth:`update` over 256 decodes
         (16 of them completing a block, the memory manager stubbed) 88-94 -> 76-81 us, best of 300
@@ -487,7 +485,6 @@ class Scheduler:
         """
         B, running = self.allocator.block_size, SequenceStatus.RUNNING
         more: list[Sequence] = []  # the decodes that do more than their own bookkeeping, in order
-        stopping = False  # whether one of them finishes
         num = len(seqs)
         for seq, start, token in zip(seqs, starts, tokens):  # (no enumerate: 15 ns a decode)
             if type(token) is not int or seq.status is not running:
@@ -498,39 +495,18 @@ class Scheduler:
             output.append(token)  # Sequence.append_token, inlined: no call per decode
             seq.num_tokens += 1
             seq.token_times.append(now)
-            if token in seq.stop_token_ids or len(output) >= seq.max_new_tokens:
-                more.append(seq)  # it finishes
-                stopping = True
-            elif not end % B or seq.first_token_time is None:
-                more.append(seq)  # it completed a block, or emitted its first token
-        if not stopping:  # no sequence is freed in this pass: the blocks completed go in one call, in order
-            self._publish_blocks([seq for seq in more if not seq.num_computed_tokens % B])
+            if not end % B or token in seq.stop_token_ids or len(output) >= seq.max_new_tokens:
+                more.append(seq)  # it completed a block, or it finishes
+            elif seq.first_token_time is None:
+                more.append(seq)
         for seq in more:
             if seq.first_scheduled_time is None:  # its first step (a prompt all cached but its last token)
                 seq.first_scheduled_time = now
             end = seq.num_computed_tokens
-            if stopping and not end % B:  # one at a time, each before the sequences after it finish (are freed)
+            if not end % B:
                 self._publish_computed(seq, end - 1, end)
             self._after_token(seq, now, finished, timed=True)
         return num
-
-    def _publish_blocks(self, seqs: list[Sequence]) -> None:
-        """:meth:`_publish_computed` for each of ``seqs``, decodes whose token completed a block, in order:
-        in one call where the memory manager has it (``mark_computed_many``: the paged allocators; what
-        it buys is measured there)."""
-        many = getattr(self.allocator, "mark_computed_many", None)
-        if many is None or len(seqs) < 2:
-            for seq in seqs:
-                self._publish_computed(seq, seq.num_computed_tokens - 1, seq.num_computed_tokens)
-            return
-        B = self.allocator.block_size
-        ends = [seq.num_computed_tokens for seq in seqs]
-        token_ids = []  # each block's sampled tokens' ids (as _publish_computed gives them), or None
-        for seq, end in zip(seqs, ends):
-            num_prompt = len(seq.prompt_token_ids)
-            lo = max(num_prompt, end - B)
-            token_ids.append(seq.output_token_ids[lo - num_prompt : end - num_prompt] if end > num_prompt else None)
-        many([seq.seq_id for seq in seqs], ends, token_ids)
 
     def _publish_computed(self, seq: Sequence, start: int, end: int) -> None:
         """``seq``'s tokens ``start .. end - 1`` were computed and completed a block: tell the memory
