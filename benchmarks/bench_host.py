@@ -6,6 +6,12 @@ around a stub model that returns at once.
     python benchmarks/bench_host.py --async-scheduling    # the engine's host one step ahead
     python benchmarks/bench_host.py --workload sharegpt --graph-path --async-scheduling   # the real schedule
 
+The prompts' lengths are staggered (``prompt_len - i % 16`` tokens: 142 .. 157), so that every step
+1 sequence in ``B = 16`` completes a block -- as in serving, where lengths differ -- and the median step
+pays for publishing those blocks and for their new block ids. (Until host8 every prompt had 157
+tokens: every sequence completed a block in the same step, one step in 16, and the median step, the
+figure this benchmark reports, published none; ``--same-length`` still runs that.)
+
 The pool holds every sequence to its last token (``pool_blocks``), so no timed step preempts at
 any ``--running``. Writes its record (the command, the commit, the machine) to
 ``benchmarks/records/<card>/host_bench.json`` unless ``--out`` says otherwise.
@@ -69,12 +75,18 @@ def stub_model(device: str = "cpu", vocab: int = 16) -> PagedLlama:
 
     model.forward = forward
     model.compute_logits = compute_logits
+    model.greedy_token = int(logits_table.argmax())  # what greedy sampling draws from these logits: 13
     return model
 
 
 class StubGraphs(DecodeCudaGraphs):
     """The CUDA-graph path's host side on any device: the runner stages every pure-decode step into
-    the static buffers as for a real graph; the "replay" returns fixed outputs at once."""
+    the static buffers as for a real graph; the "replay" returns fixed outputs at once: zero hidden
+    states and, for every sequence, the token greedy sampling draws from the stub's logits (the eager
+    path's token). Not token 0: until host8 the replay drew 0 for every sequence, an id a real model
+    rarely samples (SmolLM2's ``<|endoftext|>``) and one that sends the allocator's id check
+    (:func:`~paged_edu.core.validation.token_array`: a 0 or a 1 may be a bool) down its slow path --
+    1.13 against 0.68 us a call of 16 ids on this CPU."""
 
     def __init__(self, model, max_batch_size: int, max_blocks_per_seq: int) -> None:
         super().__init__(model, None, max_batch_size, max_blocks_per_seq, capture_graphs=False)
@@ -82,7 +94,7 @@ class StubGraphs(DecodeCudaGraphs):
         self.outputs = {
             b: (
                 torch.zeros(b, model.config.hidden_size, device=device),
-                torch.zeros(b, dtype=torch.long, device=device),
+                torch.full((b,), model.greedy_token, dtype=torch.long, device=device),
             )
             for b in self.sizes
         }
@@ -122,6 +134,7 @@ def measure(
     profile: bool = False,
     graph_path: bool = False,
     async_scheduling: bool = False,
+    same_length: bool = False,
 ) -> dict:
     model = stub_model(device)
     num_blocks = pool_blocks(running, steps, prompt_len)
@@ -138,9 +151,9 @@ def measure(
     if graph_path:
         engine.runner.graphs = StubGraphs(model, running, max(2048, max_model_len) // BLOCK_SIZE)
     rng = np.random.default_rng(0)
-    for _ in range(running):
+    for i in range(running):
         engine.add_request(
-            rng.integers(3, 16, size=prompt_len).tolist(),
+            rng.integers(3, 16, size=prompt_len if same_length else prompt_len - i % BLOCK_SIZE).tolist(),
             SamplingParams(max_tokens=steps + EXTRA_TOKENS, temperature=temperature, seed=1 if temperature else None),
         )
     events: list[StepMetrics] = []
@@ -175,6 +188,7 @@ def measure(
         steps=steps,
         graph_path=graph_path,
         async_scheduling=async_scheduling,
+        same_length=same_length,
         temperature=temperature,
         num_blocks=num_blocks,
         ms_per_step=float(np.median(walls) * 1e3),
@@ -364,6 +378,12 @@ def main(argv=None):
         "the host's whole work per step in that mode (its bookkeeping included)",
     )
     ap.add_argument(
+        "--same-length",
+        action="store_true",
+        help="lockstep: every prompt 157 tokens (before host8): all sequences complete a block in one "
+        "step in 16, so the median step publishes none",
+    )
+    ap.add_argument(
         "--out",
         default=None,
         help="write the record as JSON here ('' for none; default benchmarks/records/<card>/host_bench.json, "
@@ -380,7 +400,12 @@ def main(argv=None):
         note, out = "the CPU may be shared with other work", str(record_path("host_bench_sharegpt.json"))
     else:
         res = measure(
-            args.running, args.steps, temperature=args.temperature, **modes, async_scheduling=args.async_scheduling
+            args.running,
+            args.steps,
+            temperature=args.temperature,
+            **modes,
+            async_scheduling=args.async_scheduling,
+            same_length=args.same_length,
         )
         note, out = "medians; the CPU may be shared with other work", str(record_path("host_bench.json"))
     res = {**provenance("bench_host.py", argv, note=note), **res}
