@@ -44,6 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
 STEP_MS_ENV = "PAGED_EDU_STUB_STEP_MS"  # the stub's step period, handed to the core process
+VOCAB_ENV = "PAGED_EDU_STUB_VOCAB"  # ... and its vocabulary
 _BUSY = re.compile(r"stub engine: (\d+) tokens in (\d+) steps, ([\d.]+) s busy")
 
 
@@ -95,13 +96,16 @@ class _Allocator:
 
 class PacedEngine:
     """The engine interface :class:`~paged_edu.serve.core.EngineCore` uses, with no model: a request joins
-    the running batch at the next step, every running sample gets one token a step (lower-case letters,
-    one byte each: one character through the byte tokenizer), and a sample ends at its ``max_tokens``.
+    the running batch at the next step, every running sample gets one token a step, and a sample ends at
+    its ``max_tokens``. The tokens: with ``vocab`` 259 (the tiny model's) lower-case letters, one byte
+    each (a character each through the byte tokenizer); with a larger one, ids spread over it as random
+    weights draw them (``bench_serve_vs_offline.py``'s random SmolLM2, 49,152 ids: through the byte
+    tokenizer, where SmolLM2's is not installed, nearly all of them are past the bytes and decode to nothing).
     :meth:`step` sleeps until ``step_s`` after the previous step began (never waits if behind), so the
     tokens come at the GPU engine's pace whatever the HTTP side does."""
 
-    def __init__(self, step_s: float, max_model_len: int = 2048) -> None:
-        self.step_s, self.max_model_len = step_s, max_model_len
+    def __init__(self, step_s: float, vocab: int = 259, max_model_len: int = 2048) -> None:
+        self.step_s, self.vocab, self.max_model_len = step_s, vocab, max_model_len
         self.scheduler, self.allocator = _Scheduler(), _Allocator()
         self._requests: dict[int, list[_Seq]] = {}
         self._new: list[_Seq] = []
@@ -143,8 +147,10 @@ class PacedEngine:
         self._new = []
         now = time.perf_counter()
         ended = []
+        letters = self.vocab == 259
         for seq in running:
-            seq.output_token_ids.append(97 + (seq.request_id + len(seq.output_token_ids)) % 26)
+            k = seq.request_id + len(seq.output_token_ids)
+            seq.output_token_ids.append(97 + k % 26 if letters else (k * 2654435761) % self.vocab)
             seq.token_times.append(now)
             if len(seq.output_token_ids) >= seq.max_tokens:
                 ended.append(seq.request_id)
@@ -180,11 +186,11 @@ class PacedEngine:
 def paced_engine(args):
     """:data:`paged_edu.serve.core.ENGINE_FACTORY`'s callable: ``(engine, None, info)`` as ``build_engine``."""
     step_ms = float(os.environ.get(STEP_MS_ENV, "1.0"))
-    engine = PacedEngine(step_ms / 1e3)
+    engine = PacedEngine(step_ms / 1e3, int(os.environ.get(VOCAB_ENV, "259")))
     info = {
         "model_name": args.served_model_name or "paced-stub",
         "max_model_len": engine.max_model_len,
-        "vocab_size": 259,  # the byte tokenizer's (--model tiny-random)
+        "vocab_size": engine.vocab,  # (the API process's byte tokenizer, --model tiny-random, takes it)
         "kv_events_endpoint": None,
         "description": f"a paced stub engine: one token per running sample every {step_ms:g} ms",
     }
@@ -202,6 +208,7 @@ def one_round(args) -> dict:
     env = dict(os.environ)
     env[ENGINE_FACTORY] = "bench_api_stream:paced_engine"
     env[STEP_MS_ENV] = str(args.step_ms)
+    env[VOCAB_ENV] = str(args.vocab)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
     argv = ["--model", "tiny-random", "--max-num-seqs", str(args.num_prompts), "--uvicorn-log-level", "warning"]
     common = ["--workload", "sharegpt", "--seed", "0", "--ignore-eos", "--length-scale", str(args.length_scale),
@@ -238,6 +245,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-prompts", type=int, default=512)
     ap.add_argument("--step-ms", type=float, default=1.0, help="the stub's step period (default 1 ms)")
+    ap.add_argument(
+        "--vocab",
+        type=int,
+        default=49152,
+        help="the stub's vocabulary: 49152 (default) as the GPU run's random SmolLM2, 259 for text (letters)",
+    )
     ap.add_argument("--length-scale", type=float, default=0.25, help="the workload's lengths times this")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out", default=None, help="the record (default benchmarks/records/cpu/api_stream.json)")
@@ -250,8 +263,8 @@ def main(argv=None) -> int:
         rounds.append(got)
         print(
             f"round {r}: produced {got['produced_tok_s']:,.0f} tok/s, delivered {got['delivered_tok_s']:,.0f} "
-            f"tok/s: ratio {got['ratio']:.3f}; CPU per 1k tokens: API process {got['api_cpu_s_per_1k']:.3f} s, "
-            f"client {got['client_cpu_s_per_1k']:.3f} s ({got['output_tokens']} tokens, {got['duration']:.2f} s)",
+            f"tok/s: ratio {got['ratio']:.3f}; CPU per 1k tokens: API process {got['api_cpu_s_per_1k']:.4f} s, "
+            f"client {got['client_cpu_s_per_1k']:.4f} s ({got['output_tokens']} tokens, {got['duration']:.2f} s)",
             flush=True,
         )
     keys = ("produced_tok_s", "delivered_tok_s", "ratio", "api_cpu_s_per_1k", "client_cpu_s_per_1k")
@@ -261,6 +274,7 @@ def main(argv=None) -> int:
         **provenance("bench_api_stream.py", argv),
         "num_prompts": args.num_prompts,
         "step_ms": args.step_ms,
+        "vocab": args.vocab,
         "length_scale": args.length_scale,
         "rounds": rounds,
         "medians": medians,
