@@ -198,6 +198,11 @@ def paced_engine(args):
 
 
 # -- the measurement ------------------------------------------------------------------------------------
+def _busy_lines(server) -> list[tuple[str, str, str]]:
+    """The stub's reports so far: (tokens, steps, seconds) per busy stretch."""
+    return [m.groups() for line in list(server.lines) if (m := _BUSY.search(line))]
+
+
 def one_round(args) -> dict:
     import psutil
 
@@ -216,15 +221,19 @@ def one_round(args) -> dict:
     with ServerProcess(argv, env=env) as server:
         api = psutil.Process(server.proc.pid)
         bench(server.url, [*common, "--num-warmups", "2"])  # untimed
+        seen = len(_busy_lines(server))
         cpu_api, cpu_client = sum(api.cpu_times()[:2]), time.process_time()
         served = bench(server.url, [*common, "--num-warmups", "0"])
         cpu_api, cpu_client = sum(api.cpu_times()[:2]) - cpu_api, time.process_time() - cpu_client
-        time.sleep(0.2)  # the stub's line after the pass
-        busy = [m.groups() for line in list(server.lines) if (m := _BUSY.search(line))]
-    tokens, steps, seconds = busy[-1]
-    produced = int(tokens) / float(seconds)
-    out_tokens = served["total_output_tokens"] if "total_output_tokens" in served else None
-    out_tokens = out_tokens or round(served["output_throughput"] * served["duration"])
+        out_tokens = served["total_output_tokens"]
+        deadline = time.monotonic() + 5.0
+        while True:  # the stub's lines for the pass (one per busy stretch: it may fall idle as requests trickle in)
+            busy = _busy_lines(server)[seen:]
+            if sum(int(t) for t, _, _ in busy) >= out_tokens or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    tokens, steps, seconds = (sum(float(b[k]) for b in busy) for k in range(3))
+    produced = tokens / seconds
     return {
         "produced_tok_s": produced,
         "stub_tokens": int(tokens),
