@@ -1,8 +1,9 @@
 """How many tokens a second the API side of ``paged-edu serve`` can stream: the real API process and the
 real ``paged-edu bench-serve`` client against a stand-in engine that never waits and costs no GPU.
 
-    python benchmarks/bench_api_stream.py                       # 512 streams, a token each per 1 ms step
-    python benchmarks/bench_api_stream.py --step-ms 0.5 --length-scale 0.25 --rounds 3
+    python benchmarks/bench_api_stream.py                  # 512 streams, a token each per 1 ms step (~10 s here)
+    python benchmarks/bench_api_stream.py --step-ms 0.25   # faster than the API side: delivered = its capacity
+    python benchmarks/bench_api_stream.py --vocab 259      # text tokens (a character each) instead of random ids
 
 The served run on a GPU (``bench_serve_vs_offline.py``) measures the engine and the HTTP side together;
 on a host with a slow CPU the HTTP side -- the API process writing every token to 512 server-sent-event
@@ -19,7 +20,8 @@ Per round, after an untimed pass (every route and shape met once):
 
 * **produced**: the tokens the stub generated over its busy time, per second (what the engine offers);
 * **delivered**: output tokens per second as the client counts them (``bench-serve``'s output throughput);
-* **ratio** delivered / produced: the API side's capacity at that pace (1.0: it keeps up);
+* **ratio** delivered / produced: the API side's capacity at that pace (it keeps up: a little under 1, the
+  client's clock also holding the requests' intake and the last tokens' way out);
 * **CPU per 1k tokens** of the API process (``psutil``, user + system) and of the client (this process's
   ``time.process_time``, around the timed pass only).
 
@@ -260,7 +262,7 @@ def main(argv=None) -> int:
         default=49152,
         help="the stub's vocabulary: 49152 (default) as the GPU run's random SmolLM2, 259 for text (letters)",
     )
-    ap.add_argument("--length-scale", type=float, default=0.25, help="the workload's lengths times this")
+    ap.add_argument("--length-scale", type=float, default=1.0, help="the workload's lengths times this")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out", default=None, help="the record (default benchmarks/records/cpu/api_stream.json)")
     args = ap.parse_args(argv)

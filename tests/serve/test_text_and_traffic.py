@@ -172,3 +172,11 @@ def test_ids_the_decode_skips_never_enter_the_window():
     pieces.append(d.add([], final=True))
     assert "".join(pieces) == text == tok.decode(ids)
     assert longest <= 8  # two characters of bytes at most: the one handed out last, the one coming
+
+
+@pytest.mark.parametrize("step", [2, 5, 64])
+def test_several_tokens_at_once_give_the_text_token_by_token_gives(step):
+    """A route that fell behind takes several steps' tokens at once (one pair of decodes for them all)."""
+    ids = TOK.encode(TEXT * 3)
+    one_by_one, _ = stream(ids, ("ok",), step=1)
+    assert stream(ids, ("ok",), step=step)[0] == one_by_one
