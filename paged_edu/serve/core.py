@@ -85,7 +85,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["MAX_RETRIES", "UTILITIES", "EngineCore", "run_engine_core"]
+__all__ = ["ENGINE_FACTORY", "MAX_RETRIES", "UTILITIES", "EngineCore", "run_engine_core"]
 
 log = logging.getLogger("paged_edu.serve")
 
@@ -93,6 +93,10 @@ MAX_RETRIES = 3  # failed steps in a row before the requests in them are ended
 STATS_EVERY = 0.005  # seconds: the gauges and counters go with a message at most this often (and always
 # with one that ends a request or answers a call); a Prometheus scrape reads them every few seconds
 UTILITIES = ("reset_prefix_cache", "snapshot")  # the methods a "call" may name
+# The environment variable naming, as "module:function", what builds the engine in place of the model's
+# (launch.build_engine: the same flags in, the same (engine, KV-event publisher, info) out): a stand-in engine
+# that measures the API side alone (benchmarks/bench_api_stream.py). Unset: the model's engine.
+ENGINE_FACTORY = "PAGED_EDU_ENGINE_FACTORY"
 
 
 @dataclass(slots=True)
@@ -433,8 +437,9 @@ def run_engine_core(flags: dict, channels: list[tuple[str, str]]) -> None:
     try:
         from argparse import Namespace
 
-        from paged_edu.serve.launch import build_engine
         from paged_edu.serve.process import freeze_startup_heap
+
+        build_engine = _engine_factory()
 
         try:
             engine, kv_events, info = build_engine(Namespace(**flags))
@@ -461,6 +466,21 @@ def run_engine_core(flags: dict, channels: list[tuple[str, str]]) -> None:
         for out in outputs:
             out.close(linger=5000)  # the last message (the ends of what was aborted) goes out first
         context.term()
+
+
+def _engine_factory():
+    """The callable that builds the engine: :func:`~paged_edu.serve.launch.build_engine`, or the one
+    :data:`ENGINE_FACTORY` names."""
+    import importlib
+    import os
+
+    name = os.environ.get(ENGINE_FACTORY)
+    if not name:
+        from paged_edu.serve.launch import build_engine
+
+        return build_engine
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 if __name__ == "__main__":  # python -m paged_edu.serve.core CHANNELS_JSON FLAGS_JSON (EngineClient)

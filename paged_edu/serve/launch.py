@@ -123,7 +123,7 @@ def load_tokenizer(name: str, load_format: str, vocab_size: int):
     from paged_edu.serve.tokenizer import ByteTokenizer
 
     if name == "tiny-random":
-        return ByteTokenizer()
+        return ByteTokenizer(vocab_size)  # (259, the tiny model's: the vocabulary the engine core reports)
     from paged_edu.models.loaders import load_smollm2_tokenizer
 
     try:

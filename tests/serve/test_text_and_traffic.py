@@ -154,3 +154,29 @@ def test_a_body_parsed_in_one_pass_is_the_one_json_then_pydantic_gives(raw, chat
     assert repr(fast.model_dump(**dump)) == repr(plain.model_dump(**dump))  # (repr: NaN == NaN)
     assert fast.model_fields_set == plain.model_fields_set and fast.model_extra == plain.model_extra
     assert P.unsupported_field(fast) is None or str(P.unsupported_field(fast)) == str(P.unsupported_field(plain))
+
+
+def test_ids_the_decode_skips_never_enter_the_window():
+    """A random-weight SmolLM2 through the byte tokenizer: nearly every id is past the bytes and decodes to
+    nothing. The text is the bytes' text, and the decoded window stays a few tokens long however many such
+    ids come (it used to grow with the reply: two decodes of all of it per token)."""
+    tok = ByteTokenizer(49152)
+    text = "Grüße, 世界"
+    filler = [300 + 7 * k for k in range(50)]  # ids past the bytes and the named specials
+    ids = [t for b in tok.encode(text) for t in (b, *filler)]
+    d = Detokenizer(tok, filler + [1, 2], ())
+    pieces, longest = [], 0
+    for t in ids:
+        pieces.append(d.add([t]))
+        longest = max(longest, len(d.ids) - d.prefix_offset)
+    pieces.append(d.add([], final=True))
+    assert "".join(pieces) == text == tok.decode(ids)
+    assert longest <= 8  # two characters of bytes at most: the one handed out last, the one coming
+
+
+@pytest.mark.parametrize("step", [2, 5, 64])
+def test_several_tokens_at_once_give_the_text_token_by_token_gives(step):
+    """A route that fell behind takes several steps' tokens at once (one pair of decodes for them all)."""
+    ids = TOK.encode(TEXT * 3)
+    one_by_one, _ = stream(ids, ("ok",), step=1)
+    assert stream(ids, ("ok",), step=step)[0] == one_by_one

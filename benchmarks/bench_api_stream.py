@@ -1,0 +1,303 @@
+"""How many tokens a second the API side of ``paged-edu serve`` can stream: the real API process and the
+real ``paged-edu bench-serve`` client against a stand-in engine that never waits and costs no GPU.
+
+    python benchmarks/bench_api_stream.py                  # 512 streams, a token each per 1 ms step (~10 s here)
+    python benchmarks/bench_api_stream.py --step-ms 0.25   # faster than the API side: delivered = its capacity
+    python benchmarks/bench_api_stream.py --vocab 259      # text tokens (a character each) instead of random ids
+
+The served run on a GPU (``bench_serve_vs_offline.py``) measures the engine and the HTTP side together;
+on a host with a slow CPU the HTTP side -- the API process writing every token to 512 server-sent-event
+streams, and the client parsing them -- cannot keep up with the engine, and the run stretches. This
+benchmark takes the engine out: ``paged-edu serve`` runs as usual (:class:`~paged_edu.serve.process.ServerProcess`,
+its API process, its engine core process with :class:`~paged_edu.serve.core.EngineCore`'s real loop and
+messages) but the core builds :class:`PacedEngine` instead of the model's engine (the core's one seam,
+:data:`paged_edu.serve.core.ENGINE_FACTORY`). The stub gives every running sample one token per step and
+paces its steps at ``--step-ms`` (the GPU engine's decode step at 256-512 running sequences is about
+1 ms); each request ends at its ``max_tokens``, the workload's output lengths (``bench-serve --workload
+sharegpt --ignore-eos``, the very requests of ``bench_serve_vs_offline.py``).
+
+Per round, after an untimed pass (every route and shape met once):
+
+* **produced**: the tokens the stub generated over its busy time, per second (what the engine offers);
+* **delivered**: output tokens per second as the client counts them (``bench-serve``'s output throughput);
+* **ratio** delivered / produced: the API side's capacity at that pace (it keeps up: a little under 1, the
+  client's clock also holding the requests' intake and the last tokens' way out);
+* **CPU per 1k tokens** of the API process (``psutil``, user + system) and of the client (this process's
+  ``time.process_time``, around the timed pass only).
+
+The record (``benchmarks/records/cpu/api_stream.json`` by default) keeps every round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(ROOT), str(HERE)]
+
+STEP_MS_ENV = "PAGED_EDU_STUB_STEP_MS"  # the stub's step period, handed to the core process
+VOCAB_ENV = "PAGED_EDU_STUB_VOCAB"  # ... and its vocabulary
+_BUSY = re.compile(r"stub engine: (\d+) tokens in (\d+) steps, ([\d.]+) s busy")
+
+
+# -- the stand-in engine (runs in the engine core's process) ---------------------------------------------
+@dataclass(slots=True)
+class _Seq:
+    """What the core reads of a running sequence (``Sequence``'s names)."""
+
+    request_id: int
+    sample_index: int
+    max_tokens: int
+    output_token_ids: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Metrics:
+    first_token_time: float | None
+    finish_time: float | None
+    num_cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class _Output:
+    request_id: int
+    outputs: list[list[int]]
+    finish_reasons: list[str]
+    metrics: _Metrics
+
+
+class _Scheduler:
+    def __init__(self) -> None:
+        self.running: list[_Seq] = []
+        self.waiting: list[_Seq] = []
+        self.swapped: list[_Seq] = []
+        self.num_preemptions = 0
+
+
+class _Allocator:
+    usage = 0.0
+    num_blocks = num_used_blocks = num_cached_blocks = 0
+
+    class stats:  # noqa: N801 -- the allocator's counters, as the core reads them
+        queried_tokens = hit_tokens = 0
+
+    def reset_prefix_cache(self) -> int:
+        return 0
+
+
+class PacedEngine:
+    """The engine interface :class:`~paged_edu.serve.core.EngineCore` uses, with no model: a request joins
+    the running batch at the next step, every running sample gets one token a step, and a sample ends at
+    its ``max_tokens``. The tokens: with ``vocab`` 259 (the tiny model's) lower-case letters, one byte
+    each (a character each through the byte tokenizer); with a larger one, ids spread over it as random
+    weights draw them (``bench_serve_vs_offline.py``'s random SmolLM2, 49,152 ids: through the byte
+    tokenizer, where SmolLM2's is not installed, nearly all of them are past the bytes and decode to nothing).
+    :meth:`step` sleeps until ``step_s`` after the previous step began (never waits if behind), so the
+    tokens come at the GPU engine's pace whatever the HTTP side does."""
+
+    def __init__(self, step_s: float, vocab: int = 259, max_model_len: int = 2048) -> None:
+        self.step_s, self.vocab, self.max_model_len = step_s, vocab, max_model_len
+        self.scheduler, self.allocator = _Scheduler(), _Allocator()
+        self._requests: dict[int, list[_Seq]] = {}
+        self._new: list[_Seq] = []
+        self._next_id = 0
+        self._next_step = 0.0
+        self._busy_since: float | None = None
+        self._busy_tokens = self._busy_steps = 0
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def add_request(self, prompt, params, *, cache_salt=None) -> int:
+        if params.max_tokens is None or not 1 <= params.max_tokens <= self.max_model_len - len(prompt):
+            raise ValueError(f"max_tokens {params.max_tokens} does not fit {self.max_model_len} positions")
+        request_id, self._next_id = self._next_id, self._next_id + 1
+        seqs = [_Seq(request_id, i, params.max_tokens) for i in range(params.n)]
+        self._requests[request_id] = seqs
+        self._new += seqs
+        return request_id
+
+    def abort_request(self, request_id: int, sample_index: int | None = None) -> _Output | None:
+        seqs = self._requests.get(request_id)
+        if seqs is None:
+            raise ValueError(f"request {request_id} is not live")
+        return self._end(request_id, "abort")
+
+    def step(self) -> list[_Output]:
+        now = time.perf_counter()
+        if self._busy_since is None:
+            self._busy_since, self._next_step = now, now
+        if self._next_step > now:
+            time.sleep(self._next_step - now)
+        self._next_step = max(self._next_step + self.step_s, time.perf_counter() - self.step_s)
+        running = self.scheduler.running
+        running += self._new
+        self._new = []
+        now = time.perf_counter()
+        ended = []
+        letters = self.vocab == 259
+        for seq in running:
+            k = seq.request_id + len(seq.output_token_ids)
+            seq.output_token_ids.append(97 + k % 26 if letters else (k * 2654435761) % self.vocab)
+            seq.token_times.append(now)
+            if len(seq.output_token_ids) >= seq.max_tokens:
+                ended.append(seq.request_id)
+        self._busy_tokens += len(running)
+        self._busy_steps += 1
+        outputs = [self._end(request_id, "length") for request_id in dict.fromkeys(ended)]
+        if not self._requests:  # idle: say what this busy time produced (the benchmark reads the line)
+            print(
+                f"stub engine: {self._busy_tokens} tokens in {self._busy_steps} steps, "
+                f"{time.perf_counter() - self._busy_since:.6f} s busy",
+                flush=True,
+            )
+            self._busy_since, self._busy_tokens, self._busy_steps = None, 0, 0
+        return outputs
+
+    def _end(self, request_id: int, reason: str) -> _Output:
+        seqs = self._requests.pop(request_id)
+        gone = {id(s) for s in seqs}
+        self.scheduler.running = [s for s in self.scheduler.running if id(s) not in gone]
+        self._new = [s for s in self._new if id(s) not in gone]
+        first = min((s.token_times[0] for s in seqs if s.token_times), default=None)
+        return _Output(
+            request_id,
+            [s.output_token_ids for s in seqs],
+            [reason] * len(seqs),
+            _Metrics(first, time.perf_counter()),
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def paced_engine(args):
+    """:data:`paged_edu.serve.core.ENGINE_FACTORY`'s callable: ``(engine, None, info)`` as ``build_engine``."""
+    step_ms = float(os.environ.get(STEP_MS_ENV, "1.0"))
+    engine = PacedEngine(step_ms / 1e3, int(os.environ.get(VOCAB_ENV, "259")))
+    info = {
+        "model_name": args.served_model_name or "paced-stub",
+        "max_model_len": engine.max_model_len,
+        "vocab_size": engine.vocab,  # (the API process's byte tokenizer, --model tiny-random, takes it)
+        "kv_events_endpoint": None,
+        "description": f"a paced stub engine: one token per running sample every {step_ms:g} ms",
+    }
+    return engine, None, info
+
+
+# -- the measurement ------------------------------------------------------------------------------------
+def _busy_lines(server) -> list[tuple[str, str, str]]:
+    """The stub's reports so far: (tokens, steps, seconds) per busy stretch."""
+    return [m.groups() for line in list(server.lines) if (m := _BUSY.search(line))]
+
+
+def one_round(args) -> dict:
+    import psutil
+
+    from bench_serve_vs_offline import bench
+    from paged_edu.serve.core import ENGINE_FACTORY
+    from paged_edu.serve.process import ServerProcess
+
+    env = dict(os.environ)
+    env[ENGINE_FACTORY] = "bench_api_stream:paced_engine"
+    env[STEP_MS_ENV] = str(args.step_ms)
+    env[VOCAB_ENV] = str(args.vocab)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
+    argv = ["--model", "tiny-random", "--max-num-seqs", str(args.num_prompts), "--uvicorn-log-level", "warning"]
+    common = ["--workload", "sharegpt", "--seed", "0", "--ignore-eos", "--length-scale", str(args.length_scale),
+              "--num-prompts", str(args.num_prompts), "--request-rate", "inf"]  # fmt: skip
+    with ServerProcess(argv, env=env) as server:
+        api = psutil.Process(server.proc.pid)
+        bench(server.url, [*common, "--num-warmups", "2"])  # untimed
+        seen = len(_busy_lines(server))
+        cpu_api, cpu_client = sum(api.cpu_times()[:2]), time.process_time()
+        served = bench(server.url, [*common, "--num-warmups", "0"])
+        cpu_api, cpu_client = sum(api.cpu_times()[:2]) - cpu_api, time.process_time() - cpu_client
+        out_tokens = served["total_output_tokens"]
+        deadline = time.monotonic() + 5.0
+        while True:  # the stub's lines for the pass (one per busy stretch: it may fall idle as requests trickle in)
+            busy = _busy_lines(server)[seen:]
+            if sum(int(t) for t, _, _ in busy) >= out_tokens or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    tokens, steps, seconds = (sum(float(b[k]) for b in busy) for k in range(3))
+    produced = tokens / seconds
+    return {
+        "produced_tok_s": produced,
+        "stub_tokens": int(tokens),
+        "stub_steps": int(steps),
+        "stub_seconds": float(seconds),
+        "delivered_tok_s": served["output_throughput"],
+        "duration": served["duration"],
+        "output_tokens": out_tokens,
+        "ratio": served["output_throughput"] / produced,
+        "api_cpu_s_per_1k": 1e3 * cpu_api / out_tokens,
+        "client_cpu_s_per_1k": 1e3 * cpu_client / out_tokens,
+        "errors": served.get("errors", []),
+        "completed": served.get("completed"),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--num-prompts", type=int, default=512)
+    ap.add_argument("--step-ms", type=float, default=1.0, help="the stub's step period (default 1 ms)")
+    ap.add_argument(
+        "--vocab",
+        type=int,
+        default=49152,
+        help="the stub's vocabulary: 49152 (default) as the GPU run's random SmolLM2, 259 for text (letters)",
+    )
+    ap.add_argument("--length-scale", type=float, default=1.0, help="the workload's lengths times this")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--out", default=None, help="the record (default benchmarks/records/cpu/api_stream.json)")
+    args = ap.parse_args(argv)
+    from record import provenance, record_path
+
+    rounds = []
+    for r in range(args.rounds):
+        got = one_round(args)
+        rounds.append(got)
+        print(
+            f"round {r}: produced {got['produced_tok_s']:,.0f} tok/s, delivered {got['delivered_tok_s']:,.0f} "
+            f"tok/s: ratio {got['ratio']:.3f}; CPU per 1k tokens: API process {got['api_cpu_s_per_1k']:.4f} s, "
+            f"client {got['client_cpu_s_per_1k']:.4f} s ({got['output_tokens']} tokens, {got['duration']:.2f} s)",
+            flush=True,
+        )
+    keys = ("produced_tok_s", "delivered_tok_s", "ratio", "api_cpu_s_per_1k", "client_cpu_s_per_1k")
+    medians = {k: statistics.median(r[k] for r in rounds) for k in keys}
+    print("medians: " + ", ".join(f"{k} {v:.4g}" for k, v in medians.items()))
+    record = {
+        **provenance("bench_api_stream.py", argv),
+        "num_prompts": args.num_prompts,
+        "step_ms": args.step_ms,
+        "vocab": args.vocab,
+        "length_scale": args.length_scale,
+        "rounds": rounds,
+        "medians": medians,
+    }
+    out = Path(args.out) if args.out else record_path("api_stream.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(record, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
+    )
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
