@@ -251,6 +251,7 @@ def test(extra: list[str]) -> int:
         "-p",
         "no:cacheprovider",
         "-ra",
+        "--durations=25",  # the slowest tests, in every run's log: the suite must stay well under 30 minutes on 2 cores
         *extra,
     ]
     print("+", " ".join(cmd), flush=True)
