@@ -99,6 +99,21 @@ def capture_sizes(sizes: list, step_for: Callable, device: torch.device) -> tupl
     return graphs, outputs
 
 
+def stage_sampling(staging: StaticStaging, sample_rows: np.ndarray, params, in_order: bool = False) -> SamplingBatch:
+    """Write a step's sampled rows ``(N,)`` and, unless every row is greedy (``params`` None), the plan's
+    ``(temperatures, top_ps, uniforms)`` into a graph's static buffers (fields of those names, ``N`` at
+    most their length); returns them as the device views the runner's draw reads -- filled by the
+    ``staging.upload`` that follows, with the rest of the step."""
+    h, v, N = staging.np, staging.views, len(sample_rows)
+    h["sample_rows"][:N] = sample_rows
+    if params is None:
+        return SamplingBatch(v["sample_rows"][:N], None, None, None, in_order)
+    names = ("temperatures", "top_ps", "uniforms")
+    for name, values in zip(names, params):
+        h[name][:N] = values
+    return SamplingBatch(v["sample_rows"][:N], *(v[name][:N] for name in names), in_order)
+
+
 def smallest_size(sizes: list[int], n: int) -> int | None:
     """The smallest captured size that holds ``n`` (``sizes`` ascending), or None."""
     i = bisect_left(sizes, n)
@@ -200,7 +215,7 @@ class DecodeCudaGraphs:
         returns the sampled rows as device views. ``in_order``: whether ``sample_rows`` are ``0 ..
         N-1`` (None: looked at here)."""
         self.staging.wait()
-        h, v = self.staging.np, self.staging.views
+        h = self.staging.np
         D, N = batch.input_ids.shape[0], len(sample_rows)
         tables = batch.decode_block_tables
         for name, values, pad in (
@@ -215,16 +230,11 @@ class DecodeCudaGraphs:
         h["block_tables"][:D, : tables.shape[1]] = tables  # columns past the width: stale, unread
         if D < bs:
             h["block_tables"][D:bs, 0] = 0
-        h["sample_rows"][:N] = sample_rows
-        if params is not None:
-            for name, values in zip(("temperatures", "top_ps", "uniforms"), params):
-                h[name][:N] = values
-        self.staging.upload(bs)
         if in_order is None:  # every row samples, in order: the usual decode step
             in_order = np.array_equal(sample_rows, np.arange(N))
-        if params is None:
-            return SamplingBatch(v["sample_rows"][:N], None, None, None, in_order)
-        return SamplingBatch(v["sample_rows"][:N], v["temperatures"][:N], v["top_ps"][:N], v["uniforms"][:N], in_order)
+        sampling = stage_sampling(self.staging, sample_rows, params, in_order)
+        self.staging.upload(bs)
+        return sampling
 
     def replay(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states ``(bs, hidden)`` and greedy tokens ``(bs,)`` of the staged batch."""
@@ -371,7 +381,7 @@ class MixedCudaGraphs:
         if N > self.max_num_seqs:
             return None
         self.staging.wait()
-        h, v = self.staging.np, self.staging.views
+        h = self.staging.np
         (Tb, Dcap), T, D = key, batch.input_ids.shape[0], batch.num_decodes
         C = self.max_chunks(Tb)
         for name, values, pad in (
@@ -396,14 +406,9 @@ class MixedCudaGraphs:
             h["cu_seqlens_q"][:P] = cu[:-1]  # E.g. cu [2, 5, 9] (P = 2), T = 9, C = 4 -> [2, 5, 9, 9, 9]
         h["prefill_seq_lens"][P:C] = 0
         h["cu_seqlens_q"][P : C + 1] = T  # the last chunk's end, and every padding chunk's (length 0)
-        h["sample_rows"][:N] = sample_rows
-        if params is not None:
-            for name, values in zip(("temperatures", "top_ps", "uniforms"), params):
-                h[name][:N] = values
+        sampling = stage_sampling(self.staging, sample_rows, params)
         self.staging.upload(max(P, 1))
-        if params is None:
-            return SamplingBatch(v["sample_rows"][:N], None, None, None)
-        return SamplingBatch(v["sample_rows"][:N], v["temperatures"][:N], v["top_ps"][:N], v["uniforms"][:N])
+        return sampling
 
     def input_ids(self, key: tuple[int, int]) -> torch.Tensor:
         """The staged token ids ``(Tb,)`` (async scheduling fills placeholders in there)."""

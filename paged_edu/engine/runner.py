@@ -244,9 +244,8 @@ class ModelRunner:
         key = self.mixed_graphs.size_for(host) if self.mixed_graphs is not None else None
         if key is not None:  # into the mixed-step graph's inputs, the rows to sample with them
             sampling = self.mixed_graphs.stage(host, key, sample_rows, plan.params)
-            if sampling is not None:
+            if sampling is not None:  # (None: more rows to sample than its buffers hold -- an eager step)
                 return StagedBatch(None, sampling, rows, None, key)
-            key = None  # more rows to sample than the graph's buffers hold: an eager step
         arrays = host.arrays()
         arrays["sample_rows"] = sample_rows
         if plan.params is not None:
