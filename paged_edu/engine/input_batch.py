@@ -106,7 +106,6 @@ class InputBatch:
         self._drawn = np.zeros(0, dtype=np.int64)  # (rows,) its token's index in the last committed draw, or -1
         self._next_position = np.zeros(0, dtype=np.int64)  # (rows,) the position that token takes
         self._drawn_rows = _NO_ROWS  # the rows whose drawn[r] is set (the last commit's)
-        self._checked_rows, self._checked_at = _NO_ROWS, -2  # rows all checked at that latest version
         self._last: tuple[list, np.ndarray] | None = None  # the last decode step's (sequences, rows)
         self._launched: tuple[np.ndarray, np.ndarray] | None = None  # the prepared step's (rows, positions) drawn
         self._launched_tokens = self._launched_host = None
@@ -227,38 +226,30 @@ class InputBatch:
     def _refresh(self, seqs: list, rows: np.ndarray, need: np.ndarray) -> None:
         """Bring the step's rows up to date: rewrite the edited and the new ones -- looked for only among
         the rows checked before the allocator handed out its latest version number (none, while it
-        stands still) -- then give the rows that lack blocks their new block ids.
-
-        Speed: the usual decode step has the last step's rows (the same array) and the allocator's version
-        has not moved since they were checked -- no row can be stale, and the scan is skipped; the few
-        rows that lack a block (one in ``B`` a step) are checked in Python, not by five numpy calls over
-        them. What it buys: the measured figure is in ``benchmarks/records/cpu/host_ab_refresh.json``."""
-        latest = -1 if self._latest_version is None else self._latest_version()
-        if self._latest_version is None or rows is not self._checked_rows or latest != self._checked_at:
-            if self._latest_version is None:  # a manager that numbers its tables but not its edits: every row
-                stale = np.arange(len(rows))
-            else:
-                stale = np.flatnonzero(self._checked[rows] != latest)  # (S,) rows a table edit may have missed
-            if stale.size:
-                r = rows[stale]
-                seq_ids = [seqs[k].seq_id for k in stale.tolist()]
-                versions = np.fromiter(self._versions(seq_ids), dtype=np.int64, count=len(seq_ids))  # (S,)
-                edited = np.flatnonzero(self._version[r] != versions).tolist()
-                for k, table in zip(edited, self.block_tables([seq_ids[k] for k in edited])):
-                    self._write(r[k], table, 0)
-                self._version[r] = versions
-                self._checked[r] = latest
-            self._checked_rows, self._checked_at = rows, latest  # every row of rows was checked at latest
+        stands still) -- then give the rows that lack blocks their new block ids."""
+        if self._latest_version is None:  # a manager that numbers its tables but not its edits: every row
+            latest, stale = -1, np.arange(len(rows))
+        else:
+            latest = self._latest_version()
+            stale = np.flatnonzero(self._checked[rows] != latest)  # (S,) rows a table edit may have missed
+        if stale.size:
+            r = rows[stale]
+            seq_ids = [seqs[k].seq_id for k in stale.tolist()]
+            versions = np.fromiter(self._versions(seq_ids), dtype=np.int64, count=len(seq_ids))  # (S,)
+            edited = np.flatnonzero(self._version[r] != versions).tolist()
+            for k, table in zip(edited, self.block_tables([seq_ids[k] for k in edited])):
+                self._write(r[k], table, 0)
+            self._version[r] = versions
+            self._checked[r] = latest
         short = np.flatnonzero(self._length[rows] < need)  # E.g. C at 10 needs a third block: [1]
         if not short.size:
             return
         tables = self.block_tables([seqs[k].seq_id for k in short.tolist()])
-        r = rows[short]  # E.g. row [2]
-        copied = self._length[r].tolist()  # E.g. [2] blocks copied
-        width = self.table.shape[1]
-        if all(len(t) == n + 1 <= width for t, n in zip(tables, copied)):  # one new block each (the usual)
+        r, copied = rows[short], self._length[rows[short]]  # E.g. row [2], 2 blocks copied
+        lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))  # E.g. [3]
+        if (lens == copied + 1).all() and lens.max() <= self.table.shape[1]:  # one new block each (the usual)
             self.table[r, copied] = [t[-1] for t in tables]  # E.g. table[2, 2] = C's new block: its new_block_ids
-            self._length[r] += 1
+            self._length[r] = lens
             self.num_rows_written += len(tables)
             return
         for k, table in zip(short.tolist(), tables):
