@@ -21,7 +21,8 @@ code runs as it is; the wrappers cost a microsecond or two each. A mark is taken
 one ends where nothing leaves the process in it): after a send the other process may be first. The hops, in order:
 
 =================  ===========================================================================================
-``http_in``        client sends -> the route is called (the HTTP write, loopback, uvicorn's parse, the ASGI call)
+``client_out``     the client builds and writes the request -> the API process reads it (uvicorn's ``data_received``)
+``http_in``        -> the route is called (uvicorn's parse, its task for the request, the ASGI middlewares)
 ``parse``          the body read, checked (pydantic) and its prompt known (``app._read``)
 ``to_core``        the sampling parameters made (``protocol.sampling_params``), the engine's clock read
 ``wake``           ``EngineClient.add`` called -> the core handles its message (the stream made, the message
@@ -64,9 +65,9 @@ HOPS_DIR_ENV = "PAGED_EDU_HOPS_DIR"  # where each process writes its marks as it
 STEP_MS_ENV = "PAGED_EDU_STUB_STEP_MS"
 PROMPT_MS_ENV = "PAGED_EDU_STUB_PROMPT_MS"
 # The marks, in the order a request passes them: each hop is the time from one to the next
-MARKS = ("client_send", "api_call", "api_parsed", "api_add", "core_recv", "core_added", "step_start",
+MARKS = ("client_send", "api_data", "api_call", "api_parsed", "api_add", "core_recv", "core_added", "step_start",
          "step_end", "core_tokens_sent", "api_tokens_in", "api_route_woke", "api_sse_sent", "client_first")  # fmt: skip
-HOPS = ("http_in", "parse", "to_core", "wake", "add", "pre_step", "step", "post_step", "back", "route", "sse",
+HOPS = ("client_out", "http_in", "parse", "to_core", "wake", "add", "pre_step", "step", "post_step", "back", "route", "sse",
         "http_out")  # fmt: skip
 # Off the first token's path (the add's return, and what happens while the step runs), beside it: from the API's add
 SIDE = ("api_add_sent", "core_reply_sent", "api_accepted", "api_headers_sent")
@@ -198,6 +199,12 @@ def api_process(argv: list[str]) -> int:
         return call
 
     _wrap(app.OpenAIRoutes, "__call__", lambda *a: mark("api_call"))
+    for module, protocol in (("httptools_impl", "HttpToolsProtocol"), ("h11_impl", "H11Protocol")):
+        try:  # (whichever the server runs: process.http_stack)
+            http = importlib.import_module(f"uvicorn.protocols.http.{module}")
+        except ImportError:
+            continue
+        _wrap(getattr(http, protocol), "data_received", lambda *a: mark("api_data"))
     _wrap(app, "_read", after=lambda *a: mark("api_parsed"))
     _wrap(client.EngineClient, "add", lambda *a: mark("api_add"), lambda *a: mark("api_add_sent"))
     _wrap(client.EngineClient, "_reply", after=lambda _, c, reply: reply[0] == "added" and mark("api_accepted"))
