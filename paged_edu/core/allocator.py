@@ -497,7 +497,7 @@ class BlockAllocator(SequenceLookup):
             return  # 16 ids: 2.2 -> 1.75 us; the beam benchmark makes 850,000 such calls)
         B = self.block_size
         pending = seq.pending
-        pending += packed if known == begin else packed[known - begin :]  # (no copy when none is known: a decode's)
+        pending += packed[known - begin :]
         base = seq.num_published_blocks  # pending starts at this block
         for block in range(known // B, end // B):  # each block these ids complete: hash it
             self.index.extend(seq.key, pending[(block - base) * B : (block - base + 1) * B])
@@ -512,10 +512,7 @@ class BlockAllocator(SequenceLookup):
         holds in another block may be swapped for that copy (the radix index does): read the block
         table *after* this call, never before. Bad input raises and changes nothing.
         """
-        try:  # self._seq(seq_id) inlined, as in append_slots: no call when the id is held
-            seq = self._seqs[seq_id]
-        except (KeyError, TypeError):
-            seq = self._seq(seq_id)  # raises UnknownSequenceError
+        seq = self._seq(seq_id)
         if not (type(num_computed_tokens) is int and 0 <= num_computed_tokens <= seq.num_tokens):
             num_computed_tokens = integer(
                 f"num_computed_tokens for sequence {seq_id!r}", num_computed_tokens, low=0, high=seq.num_tokens
