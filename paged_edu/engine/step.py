@@ -268,9 +268,11 @@ class StepPhases:
             self.input_batch.read(step.tokens, host)  # the next step's batch takes them from the host
             return host.tolist()
 
-    def update(self, step: LaunchedStep, tokens: list[int]) -> tuple[list[RequestOutput], int]:
+    def update(self, step: LaunchedStep, tokens: list[int], num_held: int = 0) -> tuple[list[RequestOutput], int]:
         """Phase 6: append the step's ``tokens`` (:meth:`wait`'s), publish the blocks they complete,
         finish sequences; returns the requests completed and the number of sequences finished.
+        ``num_held``: the step's first leading decodes that hold a placeholder for their token (async
+        scheduling's hold): ``Scheduler.update`` replaces it in place.
 
         The tokens go to the scheduler regrouped by sequence
         (:func:`~paged_edu.engine.sampling.tokens_by_sequence`), but for the step's leading decodes:
@@ -287,7 +289,7 @@ class StepPhases:
                 decode_tokens, sampled = tokens[:num], tokens_by_sequence(plan, tokens, first=num)
             else:  # a parallel-sampling prompt drew several
                 decode_tokens, sampled = None, tokens_by_sequence(plan, tokens)
-            finished = self.scheduler.update(sched, sampled, self.mark, decode_tokens)
+            finished = self.scheduler.update(sched, sampled, self.mark, decode_tokens, num_held)
             for seq in finished:
                 self.sampler.remove(seq.request_id, seq.sample_index)
             done = ParallelSamples.completed(finished)

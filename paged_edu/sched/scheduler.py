@@ -416,7 +416,12 @@ class Scheduler:
 
     # -- after the step ------------------------------------------------------------------------
     def update(
-        self, out: SchedulerOutput, sampled: dict, now: float = 0.0, decode_tokens: list[int] | None = None
+        self,
+        out: SchedulerOutput,
+        sampled: dict,
+        now: float = 0.0,
+        decode_tokens: list[int] | None = None,
+        num_held: int = 0,
     ) -> list[Sequence]:
         """Advance the computed tokens and append the sampled ones; return finished sequences.
 
@@ -428,6 +433,11 @@ class Scheduler:
         ``decode_tokens``, if given, are the tokens of ``out.decode_seqs`` in their order (an executor
         that draws one token a chunk in the step's order has them so: the engine); ``sampled`` then
         needs only the other chunks'.
+
+        ``num_held``: the first ``num_held`` leading decodes already hold this step's token as a
+        placeholder -- their last output token, their counts advanced as if the step were done (an
+        executor that schedules the next step before this one's tokens are read: the engine's async
+        scheduling, ``engine/overlap.py``). The sampled token replaces the placeholder in place.
         """
         finished: list[Sequence] = []
         seqs, starts, rest = out.decode_seqs, out.decode_starts, out.chunks
@@ -435,12 +445,18 @@ class Scheduler:
             raise ValueError(
                 f"decode_tokens holds {len(decode_tokens)} tokens for the step's {len(seqs)} leading decodes"
             )
+        if not (type(num_held) is int and 0 <= num_held <= len(seqs)):
+            integer("num_held", num_held, low=0, high=len(seqs))  # raises, naming the field
         if decode_tokens is None:  # each decode's token from the map
             tokens = map(sampled.get, map(attrgetter("seq_id"), seqs))
         else:
             tokens = decode_tokens
-        num = self._update_decodes(seqs, starts, tokens, now, finished)  # the leading decodes: in bulk
+        num = self._update_decodes(seqs, starts, tokens, now, finished, num_held)  # the leading decodes: in bulk
         if num < len(seqs):  # one is not a plain decode (no int token, or not running): the loop takes it and the rest
+            for seq, start in zip(seqs[num:num_held], starts[num:num_held]):  # held, but the loop appends:
+                seq.output_token_ids.pop()  # the placeholder taken back, the counts as before the step
+                seq.num_tokens -= 1
+                seq.num_computed_tokens = start
             rest = [ScheduledSeq(seq, 1, start, True) for seq, start in zip(seqs[num:], starts[num:])] + rest
             if decode_tokens is not None:  # the loop reads tokens by sequence
                 sampled = {**dict(zip([seq.seq_id for seq in seqs[num:]], decode_tokens[num:])), **sampled}
@@ -466,10 +482,17 @@ class Scheduler:
         return finished
 
     def _update_decodes(
-        self, seqs: list[Sequence], starts: list[int], tokens: Iterable, now: float, finished: list[Sequence]
+        self,
+        seqs: list[Sequence],
+        starts: list[int],
+        tokens: Iterable,
+        now: float,
+        finished: list[Sequence],
+        num_held: int = 0,
     ) -> int:
         """The loop of :meth:`update` for its leading decodes -- every chunk, in most steps -- in bulk:
-        ``seqs[i]`` computed its token ``starts[i]`` and sampled ``tokens[i]``. Returns how many it took
+        ``seqs[i]`` computed its token ``starts[i]`` and sampled ``tokens[i]``; the first ``num_held``
+        hold a placeholder for it (:meth:`update`), which the token replaces. Returns how many it took
         (the loop takes the rest).
 
         A decode (one token computed, one plain ``int`` token sampled, the sequence running) changes
@@ -486,14 +509,19 @@ class Scheduler:
         B, running = self.allocator.block_size, SequenceStatus.RUNNING
         more: list[Sequence] = []  # the decodes that do more than their own bookkeeping, in order
         num = len(seqs)
+        held = num_held  # decodes left that hold a placeholder (the first ones)
         for seq, start, token in zip(seqs, starts, tokens):  # (no enumerate: 15 ns a decode)
             if type(token) is not int or seq.status is not running:
                 num = seqs.index(seq)  # not a plain decode: the loop takes it and the rest
                 break
             end = seq.num_computed_tokens = start + 1
             output = seq.output_token_ids
-            output.append(token)  # Sequence.append_token, inlined: no call per decode
-            seq.num_tokens += 1
+            if held:  # the placeholder is its last token, counted already: replaced in place
+                held -= 1
+                output[-1] = token
+            else:
+                output.append(token)  # Sequence.append_token, inlined: no call per decode
+                seq.num_tokens += 1
             seq.token_times.append(now)
             if not end % B or token in seq.stop_token_ids or len(output) >= seq.max_new_tokens:
                 more.append(seq)  # it completed a block, or it finishes

@@ -248,6 +248,47 @@ def test_decode_tokens_after_an_abort_match_the_map():
     assert runs[0][2][1] == "abort" and sum(r[1] == "length" for r in runs[0]) == 5
 
 
+def test_held_placeholders_replaced_in_place_as_appends():
+    """``update(..., num_held)``: leading decodes that already hold a placeholder for their token (async
+    scheduling's hold: the token appended as ``-1 - i``, the counts advanced) end exactly as decodes
+    updated by append -- tokens, counts, times, the blocks published -- also when a held decode's token
+    is not a plain int (a numpy integer: the bulk pass stops, the placeholder goes back, the loop appends).
+    A bad ``num_held`` is refused, and nothing changes."""
+    np = pytest.importorskip("numpy")
+    runs = []
+    for hold in (False, True):
+        a = BlockAllocator(200, B, cache_when_computed=True)
+        s = Scheduler(a, max_num_seqs=8, max_num_batched_tokens=64)
+        seqs = [s.make_sequence([5 + i, 9, 13], 6 + i, stop_token_ids=(3,)) for i in range(6)]
+        for step in range(14):
+            out = s.schedule()
+            sampled = {q.seq_id: toy_next(q.token_ids) for q in out.chunk_seqs()}
+            tokens = [sampled.pop(q.seq_id) for q in out.decode_seqs]
+            if step == 4 and len(tokens) > 3:
+                tokens[2] = np.int64(tokens[2])
+            num_held = 0
+            if hold:
+                for q, start in zip(out.decode_seqs, out.decode_starts):
+                    if q.status is not SequenceStatus.RUNNING:
+                        break
+                    num_held += 1
+                    q.output_token_ids.append(-num_held)
+                    q.num_tokens += 1
+                    q.num_computed_tokens = start + 1
+                if step == 5:
+                    before = [(q.num_tokens, q.num_computed_tokens, list(q.output_token_ids)) for q in seqs]
+                    with pytest.raises(ValueError, match="num_held"):
+                        s.update(out, sampled, float(step), tokens, len(tokens) + 1)
+                    assert [(q.num_tokens, q.num_computed_tokens, list(q.output_token_ids)) for q in seqs] == before
+            s.update(out, sampled, float(step), tokens, num_held)
+        runs.append(
+            [(q.output_token_ids, q.num_tokens, q.num_computed_tokens, q.token_times, q.finish_reason) for q in seqs]
+            + [[a.block_hash(b) for b in range(a.num_blocks)]]
+        )
+    assert runs[0] == runs[1]
+    assert all(-1 not in r[0] for r in runs[1][:-1]) and any(runs[1][-1])
+
+
 def test_parallel_samples_share_prompt_blocks_then_copy_on_write():
     a = BlockAllocator(40, B, cache_when_computed=True)
     s = Scheduler(a, max_num_batched_tokens=64)
