@@ -304,6 +304,7 @@ class _Reply:
         self.req, self.chat, self.model, self.n = req, chat, state.model_name, n
         self.num_prompt_tokens = len(prompt)
         self.detok = [Detokenizer(state.tokenizer, prompt, stop) for _ in range(n)]
+        self.stops = bool(self.detok[0].stop)  # any stop string: a stop can end a sample in mid-update
         self.token_ids: list[list[int]] = [[] for _ in range(n)]
         self.text = [""] * n
         self.finish: list[str | None] = [None] * n
@@ -321,7 +322,10 @@ class _Reply:
         """Apply one update; returns ``sample -> (new text, new token ids)``. ``on_stop(i)`` is called
         for a sample whose stop string just appeared (the engine must end it)."""
         new: dict[int, tuple[str, list[int]]] = {}
-        for i, ids in update.tokens:
+        tokens = update.tokens if self.stops else _merged(update.tokens)
+        for i, ids in tokens:
+            if type(ids) is int:
+                ids = [ids]
             if self.finish[i] is not None:
                 continue  # past its stop string: the engine's abort is on its way
             self.token_ids[i] += ids
@@ -347,6 +351,26 @@ class _Reply:
 
     def usage(self) -> dict:
         return P.usage(self.num_prompt_tokens, sum(map(len, self.token_ids)), self.num_cached_tokens)
+
+
+def _merged(tokens: list[tuple[int, list[int] | int]]) -> list[tuple[int, list[int]]]:
+    """An update's entries (``(sample, ids or one id)``, a step's each) as one per sample, in the order the
+    samples first appear: without stop strings, a sample's text is the same whether its tokens are decoded a
+    step at a time or at once (the detokenizer takes them one by one either way), and at once costs one call
+    of it and one stop-string scan per update rather than per step. (With stop strings a stop may fall in mid-update:
+    the entries go one by one, and the tokens after the one that stopped are not the reply's.)"""
+    if len(tokens) == 1:
+        return tokens
+    merged: dict[int, list[int]] = {}
+    for i, ids in tokens:
+        got = merged.get(i)
+        if got is None:
+            got = merged[i] = []
+        if type(ids) is int:
+            got.append(ids)
+        else:
+            got += ids
+    return list(merged.items())
 
 
 def _watch_client(receive, stream: RequestStream) -> asyncio.Future:

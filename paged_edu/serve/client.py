@@ -57,7 +57,7 @@ DRAIN = 64  # messages read in one go before the routes get the event loop back
 class Update:
     """What a route takes from its stream at once: new tokens per sample; the outcome once it ended."""
 
-    tokens: list[tuple[int, list[int]]] = field(default_factory=list)  # (sample index, new token ids)
+    tokens: list[tuple[int, list[int] | int]] = field(default_factory=list)  # (sample index, new ids or one id)
     finish_reasons: list[str] | None = None  # per sample, once the request has ended
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served (known at the end)
     error: str | None = None  # the request was ended by a failure, not by the model
@@ -69,7 +69,7 @@ class RequestStream:
     def __init__(self, rid: int, n: int, num_prompt_tokens: int, arrival: float) -> None:
         self.rid, self.num_prompt_tokens, self.arrival = rid, num_prompt_tokens, arrival
         self.accepted: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._tokens: list[tuple[int, list[int]]] = []  # not taken yet
+        self._tokens: list[tuple[int, list[int] | int]] = []  # not taken yet: (sample, its new ids or its one new id)
         self._end: tuple | None = None
         self._last: list[float | None] = [None] * n  # each sample's last token time
         self._first: float | None = None  # the request's first token's time (TTFT)
@@ -77,10 +77,18 @@ class RequestStream:
         self.interrupted = False  # the route's client left (:meth:`interrupt`)
 
     # -- from the output task ------------------------------------------------------------------------
-    def put_tokens(self, i: int, ids: list[int] | int, times: list[float] | float, tally: Tally) -> None:
-        """Sample ``i``'s new tokens and their times (one token: its id and its time, as the core sends it)."""
-        if type(ids) is int:
-            ids, times = [ids], [times]
+    def put_token(self, token: int, time: float, tally: Tally) -> None:
+        """Sample 0's one new token and its time, not its first (the core's columns: the first comes
+        through :meth:`put_tokens`); ``tally.generated`` is the caller's to count."""
+        last = self._last
+        tally.itl.append(time - last[0])
+        last[0] = time
+        self._tokens.append((0, token))
+        if self._waiter is not None:
+            self._wake()
+
+    def put_tokens(self, i: int, ids: list[int], times: list[float], tally: Tally) -> None:
+        """Sample ``i``'s new tokens and their times."""
         last = self._last[i]
         if last is None and self._first is None:  # the request's first token: its TTFT, its prompt counted
             self._first = times[0]
@@ -362,10 +370,18 @@ class EngineClient:
             self._core_stopped(f"the engine core exited (status {self.process.returncode})")
 
     def _process(self, message: list) -> None:
-        tokens, ends, replies, stats = message
+        rids, tokens, times, more, ends, replies, stats = message
         tally = Tally()
         streams = self._streams
-        for rid, i, ids, times in tokens:
+        missing = 0
+        for rid, token, time_ in zip(rids, tokens, times):  # (the core's columns: see its module docstring)
+            stream = streams.get(rid)
+            if stream is None:
+                missing += 1
+                continue
+            stream.put_token(token, time_, tally)
+        tally.generated += len(rids) - missing
+        for rid, i, ids, times in more:
             stream = streams.get(rid)
             if stream is not None:
                 stream.put_tokens(i, ids, times, tally)
