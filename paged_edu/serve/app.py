@@ -304,7 +304,6 @@ class _Reply:
         self.req, self.chat, self.model, self.n = req, chat, state.model_name, n
         self.num_prompt_tokens = len(prompt)
         self.detok = [Detokenizer(state.tokenizer, prompt, stop) for _ in range(n)]
-        self.stops = bool(self.detok[0].stop)  # any stop string: a stop can end a sample in mid-update
         self.token_ids: list[list[int]] = [[] for _ in range(n)]
         self.text = [""] * n
         self.finish: list[str | None] = [None] * n
@@ -322,19 +321,24 @@ class _Reply:
         """Apply one update; returns ``sample -> (new text, new token ids)``. ``on_stop(i)`` is called
         for a sample whose stop string just appeared (the engine must end it)."""
         new: dict[int, tuple[str, list[int]]] = {}
-        tokens = update.tokens if self.stops else _merged(update.tokens)
-        for i, ids in tokens:
-            if type(ids) is int:
-                ids = [ids]
+        for i, ids in update.tokens:
+            detok = self.detok[i]
             if self.finish[i] is not None:
                 continue  # past its stop string: the engine's abort is on its way
+            if detok.stop:  # a stop string can end the sample at any token: they go one by one
+                text = ""
+                for k, token in enumerate(ids):
+                    text += detok.add([token])
+                    if detok.stopped is not None:
+                        ids = ids[: k + 1]  # the tokens after it are not the reply's
+                        break
+            else:  # the same text as a token at a time (the detokenizer walks them one by one): one call
+                text = detok.add(ids)
             self.token_ids[i] += ids
-            text = self.detok[i].add(ids)
             self.text[i] += text
-            t, known = new.get(i, ("", []))
-            new[i] = (t + text, known + ids)  # a merged update may hold a sample twice
-            if self.detok[i].stopped is not None:
-                self.finish[i], self.stop_reason[i] = "stop", self.detok[i].stopped
+            new[i] = (text, ids)
+            if detok.stopped is not None:
+                self.finish[i], self.stop_reason[i] = "stop", detok.stopped
                 if update.finish_reasons is None:
                     on_stop(i)
         if update.finish_reasons is not None:
@@ -351,26 +355,6 @@ class _Reply:
 
     def usage(self) -> dict:
         return P.usage(self.num_prompt_tokens, sum(map(len, self.token_ids)), self.num_cached_tokens)
-
-
-def _merged(tokens: list[tuple[int, list[int] | int]]) -> list[tuple[int, list[int]]]:
-    """An update's entries (``(sample, ids or one id)``, a step's each) as one per sample, in the order the
-    samples first appear: without stop strings, a sample's text is the same whether its tokens are decoded a
-    step at a time or at once (the detokenizer takes them one by one either way), and at once costs one call
-    of it and one stop-string scan per update rather than per step. (With stop strings a stop may fall in mid-update:
-    the entries go one by one, and the tokens after the one that stopped are not the reply's.)"""
-    if len(tokens) == 1:
-        return tokens
-    merged: dict[int, list[int]] = {}
-    for i, ids in tokens:
-        got = merged.get(i)
-        if got is None:
-            got = merged[i] = []
-        if type(ids) is int:
-            got.append(ids)
-        else:
-            got += ids
-    return list(merged.items())
 
 
 def _watch_client(receive, stream: RequestStream) -> asyncio.Future:
