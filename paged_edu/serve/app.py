@@ -315,7 +315,7 @@ class _Reply:
 
     @property
     def done(self) -> bool:
-        return all(f is not None for f in self.finish)
+        return None not in self.finish
 
     def take(self, update: Update, on_stop) -> dict[int, tuple[str, list[int]]]:
         """Apply one update; returns ``sample -> (new text, new token ids)``. ``on_stop(i)`` is called

@@ -68,7 +68,8 @@ class RequestStream:
 
     def __init__(self, rid: int, n: int, num_prompt_tokens: int, arrival: float) -> None:
         self.rid, self.num_prompt_tokens, self.arrival = rid, num_prompt_tokens, arrival
-        self.accepted: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self.accepted: asyncio.Future = self._loop.create_future()
         self._new: list[list[int]] = [[] for _ in range(n)]  # each sample's tokens not taken yet
         self._end: tuple | None = None
         self._last: list[float | None] = [None] * n  # each sample's last token time
@@ -127,7 +128,7 @@ class RequestStream:
         however many steps brought them (waits until something has); ``None`` once the stream is
         :meth:`interrupt`-ed."""
         while not any(self._new) and self._end is None and not self.interrupted:
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:
