@@ -252,6 +252,10 @@ def test(extra: list[str]) -> int:
         "no:cacheprovider",
         "-ra",
         "--durations=25",  # the slowest tests, in every run's log: the suite must stay well under 30 minutes on 2 cores
+        # pytest-xdist: one worker a core (conftest.py holds every test to one thread). "loadfile" keeps a file's
+        # tests on one worker: a lesson's nbval cells share its kernel, a browser file its JupyterLab or site.
+        "--numprocesses=auto",
+        "--dist=loadfile",
         *extra,
     ]
     print("+", " ".join(cmd), flush=True)

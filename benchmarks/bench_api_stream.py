@@ -147,6 +147,10 @@ class PacedEngine:
         if self._next_step > now:
             time.sleep(self._next_step - now)
         self._next_step = max(self._next_step + self.step_s, time.perf_counter() - self.step_s)
+        return self._produce()
+
+    def _produce(self) -> list[_Output]:
+        """The step's tokens: one for every running sample (the new requests join first); the ended requests."""
         running = self.scheduler.running
         running += self._new
         self._new = []

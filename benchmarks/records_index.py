@@ -207,7 +207,16 @@ def _other(rec: dict) -> str | None:
         return (
             "median CPU s, " + ", ".join(f"{k} {v:.2f}" for k, v in rec["median_cpu_s"].items()) + f" ({rec['case']})"
         )
+    summary = rec.get("summary")
+    if isinstance(summary, dict) and "ttft_in_T" in summary:  # bench_ttft_hops
+        return (
+            f"lone request TTFT {summary['ttft_us'] / 1e3:.2f} ms = {summary['ttft_in_T']:.2f} T, "
+            f"{summary['outside_step_us'] / 1e3:.2f} ms of it outside the step"
+        )
     medians = rec.get("medians")
+    if isinstance(medians, dict) and "ttft_in_T" in medians.get("before", {}):  # bench_ttft_hops, interleaved A/B
+        b, a = medians["before"], medians["after"]
+        return f"lone request TTFT {b['ttft_us'] / 1e3:.2f} -> {a['ttft_us'] / 1e3:.2f} ms ({b['ttft_in_T']:.2f} -> {a['ttft_in_T']:.2f} T)"
     if isinstance(medians, dict) and all({"before", "after"} <= set(v) for v in medians.values()):  # host A/B
         first, m = next(iter(medians.items()))
         key = "ms_per_step" if "ms_per_step" in m["before"] else next(iter(m["before"]))

@@ -34,6 +34,7 @@ __all__ = [
     "fitted_cost_model",
     "histogram_quantile",
     "load_run",
+    "slowest_bucket",
     "simulated",
     "window_hit_rate",
     "timestamp_hits",
@@ -115,6 +116,21 @@ def histogram_quantile(q: float, cumulative: list[tuple[float, float]]) -> float
             return lower + (upper - lower) * (rank - below) / (count - below)
         lower, below = upper, count
     return lower
+
+
+def slowest_bucket(cumulative: list[tuple[float, float]]) -> tuple[float, float]:
+    """``(lower, upper)``: the bounds of the highest bucket that holds an observation -- the slowest one
+    lies in ``(lower, upper]``, which is all a histogram knows of it (``(nan, nan)`` when empty). Two runs'
+    slowest compare for certain when one's ``lower`` is at least the other's ``upper``."""
+    cumulative = sorted(cumulative)
+    if not cumulative or cumulative[-1][1] == 0:
+        return float("nan"), float("nan")
+    total, lower = cumulative[-1][1], 0.0
+    for upper, count in cumulative:
+        if count == total:
+            return lower, upper
+        lower = upper
+    return lower, math.inf  # unreachable: the last bucket holds the total
 
 
 def timestamp_hits(url: str, model: str, system: str, position: str, num_requests: int, api_key="unused") -> dict:
@@ -225,7 +241,7 @@ class RouterIndex:
 
 def load_run(url: str, clients: int, seed: int = 0, scale: float = 0.2) -> dict:
     """``clients`` ShareGPT-like requests (lengths times ``scale``) sent at once, streamed; the window of the
-    server's ``vllm:inter_token_latency_seconds`` (its buckets, p50, p99) and ``vllm:num_preemptions_total``,
+    server's ``vllm:inter_token_latency_seconds`` (its buckets, p50, p99, the slowest's bucket) and ``vllm:num_preemptions_total``,
     and the client's TTFT p50."""
     before = counters(url)
     result = bench(url, "sharegpt", clients, seed=seed, scale=scale)
@@ -235,6 +251,7 @@ def load_run(url: str, clients: int, seed: int = 0, scale: float = 0.2) -> dict:
         "itl_buckets": window,
         "itl_p50_ms": 1e3 * histogram_quantile(0.5, window),
         "itl_p99_ms": 1e3 * histogram_quantile(0.99, window),
+        "itl_slowest_ms": tuple(1e3 * b for b in slowest_bucket(window)),
         "preemptions": after["vllm:num_preemptions_total"] - before["vllm:num_preemptions_total"],
         "ttft_p50_ms": result["median_ttft_ms"],
         "completed": result["completed"],

@@ -164,7 +164,10 @@ class EngineCore:
                 else:  # idle: wait for a message, then start the clocks
                     self._take_inputs(wait=True)
                     start = wall(), cpu()
-                self._send()  # the replies (accepted, refused, results) before the step, not a step later
+                # The replies (accepted, refused, results) before the step, not a step later: an accepted
+                # request's "added" held for the step's message cost a lone request's TTFT 4.10 -> 4.96 ms (its
+                # route's headers then wait for the first token; benchmarks/bench_ttft_hops.py, this 2-core CPU, ABBA)
+                self._send()
                 if self._stopping or not engine.has_unfinished():
                     continue
                 self._step()

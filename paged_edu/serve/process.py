@@ -46,8 +46,13 @@ class ServerProcess:
     """A ``paged-edu serve ARGV`` child; :attr:`url` once it is ready. ``timeout``: seconds to wait
     for it to start (loading a model) and to stop."""
 
-    def __init__(self, argv: list[str], *, host: str = "127.0.0.1", timeout: float = 600.0, env=None) -> None:
+    def __init__(
+        self, argv: list[str], *, host: str = "127.0.0.1", timeout: float = 600.0, env=None, program=None
+    ) -> None:
         self.argv = ["--host", host, "--port", "0", *argv]
+        # What the interpreter runs, before "serve ARGV": paged_edu's command line, or a script that takes
+        # the same arguments (a benchmark that times the API process from inside, bench_ttft_hops.py)
+        self.program = ["-m", "paged_edu.cli"] if program is None else list(program)
         self.timeout = timeout
         self.env = dict(os.environ if env is None else env)
         # The child imports the same paged_edu as this process (a checkout that is not installed too).
@@ -59,7 +64,7 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "paged_edu.cli", "serve", *self.argv],
+            [sys.executable, *self.program, "serve", *self.argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -36,6 +36,13 @@ def test_histogram_quantile_of_nothing_and_a_bad_q():
         S.histogram_quantile(1.5, WINDOW)
 
 
+def test_the_slowest_bucket_is_the_highest_that_holds_an_observation():
+    assert S.slowest_bucket(WINDOW) == (0.01, math.inf)  # 20 past 10 ms: +Inf holds the slowest
+    assert S.slowest_bucket([(0.001, 10), (0.005, 40), (0.01, 40), (math.inf, 40)]) == (0.001, 0.005)
+    assert S.slowest_bucket([(0.001, 3), (math.inf, 3)]) == (0.0, 0.001)
+    assert all(math.isnan(b) for b in S.slowest_bucket([(0.1, 0), (math.inf, 0)]))
+
+
 def test_window_hit_rate_is_the_windows_not_the_totals():
     q, h = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
     assert S.window_hit_rate({q: 1000, h: 900}, {q: 1400, h: 1000}) == pytest.approx(100 / 400)
