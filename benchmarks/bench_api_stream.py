@@ -22,8 +22,11 @@ Per round, after an untimed pass (every route and shape met once):
 * **delivered**: output tokens per second as the client counts them (``bench-serve``'s output throughput);
 * **ratio** delivered / produced: the API side's capacity at that pace (it keeps up: a little under 1, the
   client's clock also holding the requests' intake and the last tokens' way out);
-* **CPU per 1k tokens** of the API process (``psutil``, user + system) and of the client (this process's
-  ``time.process_time``, around the timed pass only).
+* **CPU per 1k tokens** of the API process and of the engine core's (``psutil``, user + system: the core's
+  holds the stub's own token making, the same on both sides of an A/B) and of the client (this process's
+  ``time.process_time``), around the timed pass only;
+* **the core's own work** a step -- its loop around ``engine.step()``: inputs, the tokens gathered, the message
+  packed and sent -- as the core reports it when the server stops (both passes; wall-clock and CPU).
 
 The record (``benchmarks/records/cpu/api_stream.json`` by default) keeps every round.
 """
@@ -226,11 +229,13 @@ def one_round(args) -> dict:
               "--num-prompts", str(args.num_prompts), "--request-rate", "inf"]  # fmt: skip
     with ServerProcess(argv, env=env) as server:
         api = psutil.Process(server.proc.pid)
+        core = api.children()[0]  # the engine core, the API process's one child
         bench(server.url, [*common, "--num-warmups", "2"])  # untimed
         seen = len(_busy_lines(server))
-        cpu_api, cpu_client = sum(api.cpu_times()[:2]), time.process_time()
+        cpu_api, cpu_core, cpu_client = sum(api.cpu_times()[:2]), sum(core.cpu_times()[:2]), time.process_time()
         served = bench(server.url, [*common, "--num-warmups", "0"])
-        cpu_api, cpu_client = sum(api.cpu_times()[:2]) - cpu_api, time.process_time() - cpu_client
+        cpu_api, cpu_core = sum(api.cpu_times()[:2]) - cpu_api, sum(core.cpu_times()[:2]) - cpu_core
+        cpu_client = time.process_time() - cpu_client
         out_tokens = served["total_output_tokens"]
         deadline = time.monotonic() + 5.0
         while True:  # the stub's lines for the pass (one per busy stretch: it may fall idle as requests trickle in)
@@ -238,6 +243,7 @@ def one_round(args) -> dict:
             if sum(int(t) for t, _, _ in busy) >= out_tokens or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
+    report = server.engine_core_report() or {}
     tokens, steps, seconds = (sum(float(b[k]) for b in busy) for k in range(3))
     produced = tokens / seconds
     return {
@@ -250,6 +256,9 @@ def one_round(args) -> dict:
         "output_tokens": out_tokens,
         "ratio": served["output_throughput"] / produced,
         "api_cpu_s_per_1k": 1e3 * cpu_api / out_tokens,
+        "core_cpu_s_per_1k": 1e3 * cpu_core / out_tokens,
+        "core_loop_ms": report.get("loop_ms"),  # the core's own work a step, over the server's life
+        "core_loop_cpu_ms": report.get("loop_cpu_ms"),
         "client_cpu_s_per_1k": 1e3 * cpu_client / out_tokens,
         "errors": served.get("errors", []),
         "completed": served.get("completed"),
@@ -279,10 +288,13 @@ def main(argv=None) -> int:
         print(
             f"round {r}: produced {got['produced_tok_s']:,.0f} tok/s, delivered {got['delivered_tok_s']:,.0f} "
             f"tok/s: ratio {got['ratio']:.3f}; CPU per 1k tokens: API process {got['api_cpu_s_per_1k']:.4f} s, "
-            f"client {got['client_cpu_s_per_1k']:.4f} s ({got['output_tokens']} tokens, {got['duration']:.2f} s)",
+            f"engine core {got['core_cpu_s_per_1k']:.4f} s, client {got['client_cpu_s_per_1k']:.4f} s "
+            f"({got['output_tokens']} tokens, {got['duration']:.2f} s); the core's own work "
+            f"{got['core_loop_ms'] or float('nan'):.4f} ms a step (CPU {got['core_loop_cpu_ms'] or float('nan'):.4f})",
             flush=True,
         )
-    keys = ("produced_tok_s", "delivered_tok_s", "ratio", "api_cpu_s_per_1k", "client_cpu_s_per_1k")
+    keys = ("produced_tok_s", "delivered_tok_s", "ratio", "api_cpu_s_per_1k", "core_cpu_s_per_1k", "client_cpu_s_per_1k",
+            "core_loop_ms", "core_loop_cpu_ms")  # fmt: skip
     medians = {k: statistics.median(r[k] for r in rounds) for k in keys}
     print("medians: " + ", ".join(f"{k} {v:.4g}" for k, v in medians.items()))
     record = {

@@ -159,7 +159,7 @@ def stepped_engine(args):
             mark("core_added")
 
     def sending(core):  # (as the send starts: the API process may have the message before it returns)
-        if any(c.tokens for c in core.channels):
+        if any(c.rids or c.more for c in core.channels):  # (a step's tokens: the core's message, its docstring)
             mark("core_tokens_sent")
         elif any(c.replies for c in core.channels):
             mark("core_reply_sent")
@@ -208,7 +208,7 @@ def api_process(argv: list[str]) -> int:
     _wrap(app, "_read", after=lambda *a: mark("api_parsed"))
     _wrap(client.EngineClient, "add", lambda *a: mark("api_add"), lambda *a: mark("api_add_sent"))
     _wrap(client.EngineClient, "_reply", after=lambda _, c, reply: reply[0] == "added" and mark("api_accepted"))
-    _wrap(client.EngineClient, "_process", lambda c, message: message[0] and mark("api_tokens_in"))
+    _wrap(client.EngineClient, "_process", lambda c, message: (message[0] or message[3]) and mark("api_tokens_in"))
     _wrap(client.RequestStream, "next", after=lambda update, s: update and update.tokens and mark("api_route_woke"))
     _wrap(client.EngineClient, "close", lambda *a: _dump("api"))
     app._EventStream.__call__ = first_send(app._EventStream.__call__)

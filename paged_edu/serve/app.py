@@ -315,22 +315,30 @@ class _Reply:
 
     @property
     def done(self) -> bool:
-        return all(f is not None for f in self.finish)
+        return None not in self.finish
 
     def take(self, update: Update, on_stop) -> dict[int, tuple[str, list[int]]]:
         """Apply one update; returns ``sample -> (new text, new token ids)``. ``on_stop(i)`` is called
         for a sample whose stop string just appeared (the engine must end it)."""
         new: dict[int, tuple[str, list[int]]] = {}
         for i, ids in update.tokens:
+            detok = self.detok[i]
             if self.finish[i] is not None:
                 continue  # past its stop string: the engine's abort is on its way
+            if detok.stop:  # a stop string can end the sample at any token: they go one by one
+                text = ""
+                for k, token in enumerate(ids):
+                    text += detok.add([token])
+                    if detok.stopped is not None:
+                        ids = ids[: k + 1]  # the tokens after it are not the reply's
+                        break
+            else:  # the same text as a token at a time (the detokenizer walks them one by one): one call
+                text = detok.add(ids)
             self.token_ids[i] += ids
-            text = self.detok[i].add(ids)
             self.text[i] += text
-            t, known = new.get(i, ("", []))
-            new[i] = (t + text, known + ids)  # a merged update may hold a sample twice
-            if self.detok[i].stopped is not None:
-                self.finish[i], self.stop_reason[i] = "stop", self.detok[i].stopped
+            new[i] = (text, ids)
+            if detok.stopped is not None:
+                self.finish[i], self.stop_reason[i] = "stop", detok.stopped
                 if update.finish_reasons is None:
                     on_stop(i)
         if update.finish_reasons is not None:

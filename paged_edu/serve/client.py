@@ -57,7 +57,7 @@ DRAIN = 64  # messages read in one go before the routes get the event loop back
 class Update:
     """What a route takes from its stream at once: new tokens per sample; the outcome once it ended."""
 
-    tokens: list[tuple[int, list[int]]] = field(default_factory=list)  # (sample index, new token ids)
+    tokens: list[tuple[int, list[int]]] = field(default_factory=list)  # (sample index, its new token ids)
     finish_reasons: list[str] | None = None  # per sample, once the request has ended
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served (known at the end)
     error: str | None = None  # the request was ended by a failure, not by the model
@@ -68,8 +68,9 @@ class RequestStream:
 
     def __init__(self, rid: int, n: int, num_prompt_tokens: int, arrival: float) -> None:
         self.rid, self.num_prompt_tokens, self.arrival = rid, num_prompt_tokens, arrival
-        self.accepted: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._tokens: list[tuple[int, list[int]]] = []  # not taken yet
+        self._loop = asyncio.get_running_loop()
+        self.accepted: asyncio.Future = self._loop.create_future()
+        self._new: list[list[int]] = [[] for _ in range(n)]  # each sample's tokens not taken yet
         self._end: tuple | None = None
         self._last: list[float | None] = [None] * n  # each sample's last token time
         self._first: float | None = None  # the request's first token's time (TTFT)
@@ -77,10 +78,18 @@ class RequestStream:
         self.interrupted = False  # the route's client left (:meth:`interrupt`)
 
     # -- from the output task ------------------------------------------------------------------------
-    def put_tokens(self, i: int, ids: list[int] | int, times: list[float] | float, tally: Tally) -> None:
-        """Sample ``i``'s new tokens and their times (one token: its id and its time, as the core sends it)."""
-        if type(ids) is int:
-            ids, times = [ids], [times]
+    def put_token(self, token: int, time: float, tally: Tally) -> None:
+        """Sample 0's one new token and its time, not its first (the core's columns: the first comes
+        through :meth:`put_tokens`); ``tally.generated`` is the caller's to count."""
+        last = self._last
+        tally.itl.append(time - last[0])
+        last[0] = time
+        self._new[0].append(token)
+        if self._waiter is not None:
+            self._wake()
+
+    def put_tokens(self, i: int, ids: list[int], times: list[float], tally: Tally) -> None:
+        """Sample ``i``'s new tokens and their times."""
         last = self._last[i]
         if last is None and self._first is None:  # the request's first token: its TTFT, its prompt counted
             self._first = times[0]
@@ -92,7 +101,7 @@ class RequestStream:
             tally.itl += [b - a for a, b in zip(times, times[1:])]
         tally.generated += len(ids)
         self._last[i] = times[-1]
-        self._tokens.append((i, ids))
+        self._new[i] += ids
         self._wake()
 
     def put_end(self, finish_reasons, num_cached_tokens, finish_time, error, launched, tally: Tally) -> None:
@@ -115,18 +124,21 @@ class RequestStream:
         self._wake()
 
     async def next(self) -> Update | None:
-        """Everything that came since the last call, as one update (waits until something has); ``None``
-        once the stream is :meth:`interrupt`-ed."""
-        while not self._tokens and self._end is None and not self.interrupted:
-            self._waiter = asyncio.get_running_loop().create_future()
+        """Everything that came since the last call, as one update -- each sample's new tokens at once,
+        however many steps brought them (waits until something has); ``None`` once the stream is
+        :meth:`interrupt`-ed."""
+        while not any(self._new) and self._end is None and not self.interrupted:
+            self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
         if self.interrupted:
             return None
-        update = Update(self._tokens)
-        self._tokens = []
+        new = self._new
+        update = Update([(i, ids) for i, ids in enumerate(new) if ids])
+        for i, _ in update.tokens:
+            new[i] = []
         if self._end is not None:
             update.finish_reasons, update.num_cached_tokens, update.error = self._end
         return update
@@ -195,6 +207,11 @@ class EngineClient:
         self.process = None if core_pid is None else CoreProcess(core_pid)
         self.error: str | None = None  # why the core stopped, if it stopped on its own
         self._streams: dict[int, RequestStream] = {}
+        # The metrics the core's messages add, recorded with the next message that carries the core's stats (one
+        # every STATS_EVERY, 5 ms, while it steps), ends a request or answers one -- so a request's figures are in
+        # before its last chunk is written -- rather than with each message, a step's: ServerMetrics.record is
+        # ~9 us at 78 values (five histograms' numpy calls), on this 2-core CPU.
+        self._tally = Tally()
         self._calls: dict[int, asyncio.Future] = {}
         self._ids = itertools.count()
         self._closed = False
@@ -362,10 +379,18 @@ class EngineClient:
             self._core_stopped(f"the engine core exited (status {self.process.returncode})")
 
     def _process(self, message: list) -> None:
-        tokens, ends, replies, stats = message
-        tally = Tally()
+        rids, tokens, times, more, ends, replies, stats = message
+        tally = self._tally
         streams = self._streams
-        for rid, i, ids, times in tokens:
+        missing = 0
+        for rid, token, time_ in zip(rids, tokens, times):  # (the core's columns: see its module docstring)
+            stream = streams.get(rid)
+            if stream is None:
+                missing += 1
+                continue
+            stream.put_token(token, time_, tally)
+        tally.generated += len(rids) - missing
+        for rid, i, ids, times in more:
             stream = streams.get(rid)
             if stream is not None:
                 stream.put_tokens(i, ids, times, tally)
@@ -373,8 +398,9 @@ class EngineClient:
             stream = streams.pop(rid, None)
             if stream is not None:
                 stream.put_end(reasons, num_cached, finish_time, error, launched, tally)
-        if self.metrics is not None:
-            self.metrics.record(stats, tally)
+        if self.metrics is not None and (stats is not None or ends or replies):
+            self.metrics.record(stats, tally)  # (the tally of every message since: see _tally in __init__)
+            self._tally = Tally()
         for reply in replies:  # (after the tokens and ends: a "dead" core's last ends are counted)
             self._reply(reply)
 

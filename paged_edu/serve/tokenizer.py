@@ -122,6 +122,7 @@ class Detokenizer:
             return ""
         decode = self.tokenizer.decode
         new_ids = [t for t in new_ids if t not in self.skipped]
+        before = len(self.text)
         for t in new_ids:
             self.ids.append(t)
             done = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
@@ -133,6 +134,8 @@ class Detokenizer:
             done = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
             self.text += decode(self.ids[self.prefix_offset :], skip_special_tokens=True)[len(done) :]
             self.read_offset = len(self.ids)
+        if len(self.text) == before and not final:
+            return ""  # no new text: no new stop string, and what is held back stays held back
         return self._release(final)
 
     def _release(self, final: bool) -> str:
