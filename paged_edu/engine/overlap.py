@@ -239,9 +239,9 @@ class AsyncScheduling:
         Speed: a held decode's placeholder replaced by ``update`` (``output[-1] = token``) rather than
         taken back here and the token appended there: one pass over the decodes instead of two. At 256
         decodes (``bench_host --graph-path --async-scheduling``, this project's 2-core CPU, 8 interleaved
-        rounds against 9de880b) the update phase, which held the take-back, 0.165 -> 0.1515 ms (faster in 7,
-        one tie); the step's other phases vary by more than that between runs
-        (``benchmarks/records/cpu/host_ab_held_decodes.json``).
+        rounds against 358dc8c) the update phase, which held the take-back, 0.1665 -> 0.155 ms (faster in 6,
+        one tie; 0.180 -> 0.1525 in 6 of 6 in an A/B of the change alone); the step's other phases vary by
+        more than that between runs (``benchmarks/records/cpu/host_ab_held_decodes.json``).
         """
         p = self.phases
         tokens = p.wait(step)  # (an interrupt in the wait leaves the step in flight, to read again)
