@@ -15,7 +15,6 @@ tokens/s; the record is what backs them. ``--tiny``: the 2-layer model, for a CP
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from paged_edu.kernels.support import default_dtype  # noqa: E402
 from paged_edu.labs.batching import compare_batching, make_requests  # noqa: E402
 from paged_edu.labs.engine_lab import lesson_model, tiny_model  # noqa: E402
 from paged_edu.models.llama import PagedLlama  # noqa: E402
-from record import provenance, record_path  # noqa: E402
+from record import provenance, write_record  # noqa: E402
 
 
 def main(argv=None):
@@ -84,10 +83,7 @@ def main(argv=None):
             f"computed tokens wasted, KV slots holding a token {r['kv_holding_token']:.0%}"
         )
     print(f"continuous / static: {record['continuous_over_static']:.2f}x")
-    out = Path(args.out) if args.out else record_path("batching_bench.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
-    print(f"wrote {out}")
+    write_record(record, args.out, "batching_bench.json")
     return record
 
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -174,7 +173,7 @@ def main(argv=None) -> int:
         print("bench_ttft: no CUDA device: run with --smoke for a CPU check", file=sys.stderr)
         return 2
     lengths = [int(x) for x in (args.lengths or ("16,40" if args.smoke else "16,96,256,1024")).split(",")]
-    from record import provenance, record_path
+    from record import provenance, write_record
 
     record = {**provenance("bench_ttft.py"), "modes": {}}
     head = f"{'mode':>13} {'L':>5} {'ttft ms':>8} {'calls':>5} {'prompt host':>11} {'prompt dev':>10} {'forward':>11} {'decode dev':>10} {'ttft/decode':>11}"
@@ -200,10 +199,7 @@ def main(argv=None) -> int:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    out = Path(args.out) if args.out else record_path("ttft.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"record: {out}")
+    write_record(record, args.out, "ttft.json")
     return 0
 
 

@@ -341,7 +341,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="the record (default benchmarks/records/cpu/ttft_hops.json; '' none)")
     args = ap.parse_args(argv)
-    from record import provenance, record_path
+    from record import provenance, write_record
 
     run = one_run(args)
     summary = summarize(run["rows"], args.step_ms, run["itl_p50_us"])
@@ -350,10 +350,7 @@ def main(argv=None) -> int:
     if args.out == "":
         return 0
     record = {**provenance("bench_ttft_hops.py", argv), "settings": vars(args), "summary": summary, **run}
-    out = Path(args.out) if args.out else record_path("ttft_hops.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_record(record, args.out, "ttft_hops.json")
     return 0
 
 

@@ -10,6 +10,7 @@ GPU the run could see, ``cpu`` without one. ``benchmarks/records/README.md`` ind
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -61,6 +62,16 @@ def record_path(name: str) -> Path:
     """Where a benchmark's record ``name`` goes by default: ``benchmarks/records/<card>/<name>``, the card
     being the GPU this process sees (import torch before calling this) or ``cpu``."""
     return RECORDS / card(_gpu_name()) / name
+
+
+def write_record(record: dict, out, name: str) -> Path:
+    """Write ``record`` as JSON to ``out`` (a path) or, when ``out`` is empty, to ``record_path(name)``;
+    prints where and returns the path."""
+    path = Path(out) if out else record_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {path}")
+    return path
 
 
 def provenance(script: str, argv: list[str] | None = None, note: str = "") -> dict:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import random
 import sys
 import time
@@ -57,7 +56,7 @@ from paged_edu.engine.faults import PHASES, inject_fault  # noqa: E402
 from paged_edu.engine.sampling import SamplingParams  # noqa: E402
 from paged_edu.labs.cache_contents import CacheContents  # noqa: E402
 from paged_edu.labs.engine_lab import tiny_model  # noqa: E402
-from record import provenance, record_path  # noqa: E402
+from record import provenance, write_record  # noqa: E402
 
 VOCAB = 64
 NUM_BLOCKS, BLOCK_SIZE, NUM_CPU_BLOCKS = 40, 4, 64
@@ -376,10 +375,7 @@ def main(argv: list[str] | None = None) -> dict:
     head = provenance("soak_engine.py", argv)
     rec = soak(args.num_requests, args.checkpoints, args.seed, args.fault_rate, args.abort_rate)
     print(table(rec))
-    out = Path(args.out) if args.out else record_path("soak_engine.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**head, **rec}, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_record({**head, **rec}, args.out, "soak_engine.json")
     return rec
 
 
