@@ -198,6 +198,7 @@ class AsyncScheduling:
         us a step at 256 decodes (perf_counter around them); ``bench_host --graph-path --async-scheduling``'s
         schedule phase 0.1245 -> 0.100 ms, the step 0.5725 -> 0.5185 ms with the decodes' tokens as a list
         (medians of 6 interleaved runs, this project's 2-core CPU: ``benchmarks/records/cpu/host_ab_decode_tokens.json``).
+        ``_release`` has since left the step's path (``update`` replaces the placeholders: :meth:`_read`).
         """
         running = SequenceStatus.RUNNING
         placeholder = 0  # -1 - i for decode i: -1, -2, ...
@@ -216,9 +217,7 @@ class AsyncScheduling:
         """Take the placeholders back: the sequences are as step N left them, before its update."""
         seqs, starts = self._held_decodes
         for seq, start in zip(seqs, starts):  # the leading decodes held in bulk (each has a placeholder)
-            seq.output_token_ids.pop()
-            seq.num_tokens -= 1
-            seq.num_computed_tokens = start
+            seq.take_back_token(start)
         self._held_decodes = ([], [])
         self._release_chunks()
 
@@ -226,9 +225,9 @@ class AsyncScheduling:
         """:meth:`_release` for the chunks held one by one (all but the leading decodes)."""
         for seq, start, placeholder in self._held:
             if placeholder:
-                seq.output_token_ids.pop()
-                seq.num_tokens -= 1
-            seq.num_computed_tokens = start
+                seq.take_back_token(start)
+            else:
+                seq.num_computed_tokens = start
         self._held.clear()
 
     def _read(self, step: LaunchedStep) -> list[RequestOutput]:

@@ -454,9 +454,7 @@ class Scheduler:
         num = self._update_decodes(seqs, starts, tokens, now, finished, num_held)  # the leading decodes: in bulk
         if num < len(seqs):  # one is not a plain decode (no int token, or not running): the loop takes it and the rest
             for seq, start in zip(seqs[num:num_held], starts[num:num_held]):  # held, but the loop appends:
-                seq.output_token_ids.pop()  # the placeholder taken back, the counts as before the step
-                seq.num_tokens -= 1
-                seq.num_computed_tokens = start
+                seq.take_back_token(start)  # the placeholder taken back, the counts as before the step
             rest = [ScheduledSeq(seq, 1, start, True) for seq, start in zip(seqs[num:], starts[num:])] + rest
             if decode_tokens is not None:  # the loop reads tokens by sequence
                 sampled = {**dict(zip([seq.seq_id for seq in seqs[num:]], decode_tokens[num:])), **sampled}

@@ -79,6 +79,14 @@ class Sequence:
         self.output_token_ids.append(token_id)
         self.num_tokens += 1
 
+    def take_back_token(self, num_computed_tokens: int) -> None:
+        """:meth:`append_token` undone, and the computed count set back to ``num_computed_tokens``: async
+        scheduling's placeholder for a token not read yet, taken back (``engine/overlap.py``,
+        :meth:`Scheduler.update`'s held decodes)."""
+        self.output_token_ids.pop()
+        self.num_tokens -= 1
+        self.num_computed_tokens = num_computed_tokens
+
     @property
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
