@@ -256,6 +256,15 @@ def build_server(args, client=None, slots=None, index: int = 0) -> Server:
     from paged_edu.serve.client import EngineClient
     from paged_edu.serve.metrics import ServerMetrics
 
+    # The routes' SamplingParams (protocol.sampling_params) import torch: here, so that the server's startup
+    # heap, frozen once it serves (process.freeze_startup_heap), holds torch's objects too. With --model
+    # tiny-random (load_tokenizer imports no model code) they came with the first request, after the freeze,
+    # and stayed in the collector's view (~137k objects): every full collection walked them, 36-58 ms each,
+    # one in the intake of 512 requests at once. Measured (bench_api_stream.py, stub core at 1 ms a step, this
+    # 2-core CPU, ABAB x4): the last of 512 adds 193-226 -> 163-171 ms after the client's start, TTFT p50
+    # 151-192 -> 131-132 ms (benchmarks/records/cpu/api_stream_intake_ab_torch_frozen.json).
+    import paged_edu.engine.sampling  # noqa: F401
+
     client = EngineClient(dict(vars(args))) if client is None else client
     info = client.start()
     try:
