@@ -1,6 +1,6 @@
 """Download the wheels ``paged-edu serve``, ``bench-serve`` and lesson 11 need on a GPU box with no registry.
 
-    python scripts/serve_wheels.py .whl_serve     # ~13 MB, the versions of constraints.txt
+    python scripts/serve_wheels.py .whl_serve     # ~12 MB, the versions of constraints.txt
 
 The GPU machine the project is lent (``../shared/guides/gpu.md``: CPython 3.12, torch, triton, transformers,
 aiohttp, requests and their needs; no registry) has no FastAPI stack. The notebook wheels (papermill,
