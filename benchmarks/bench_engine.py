@@ -626,7 +626,7 @@ def main(argv=None):
         "--pdl",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help=f"the engine's pdl (default on): a pure-decode step of <= {SKINNY_MAX_ROWS} rows launches its Triton kernels as "
+        help=f"the engine's pdl (default on): a step of <= {SKINNY_MAX_ROWS} rows launches its Triton kernels as "
         "programmatic dependents (Hopper)",
     )
     ap.add_argument(

@@ -248,7 +248,7 @@ def ab_step(model, kv_pairs, batch, context, width, base: Kernels, switches, rep
                 rounds_us[key].append(time_replays(run, reps, flush))
     row = {"batch": batch, "context": context, "variants": {}}
     for key, kernels in variants.items():
-        resolved = kernels.resolve(model.device).for_step(batch, pure_decode=True)
+        resolved = kernels.resolve(model.device).for_step(batch)
         got, ref = logits[key], logits["base"]
         row["variants"][key] = {
             "kernels": {name: getattr(resolved, name) for name in ("decode", "fused", "gemm", *AB_SWITCHES)},
@@ -523,7 +523,7 @@ def main(argv=None) -> int:
         "--pdl",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help=f"the fused side's Kernels(pdl=...) (default on, as the engine): a pure-decode step of <= {SKINNY_MAX_ROWS} rows "
+        help=f"the fused side's Kernels(pdl=...) (default on, as the engine): a step of <= {SKINNY_MAX_ROWS} rows "
         "launches its Triton kernels as programmatic dependents (Hopper)",
     )
     p.add_argument(

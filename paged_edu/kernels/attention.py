@@ -151,12 +151,15 @@ def paged_attention_prefill(
     impl: str = "auto",
     validate: bool = True,
     out: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:  # (num_q_tokens, num_q_heads, head_dim), q.dtype
     """Causal attention of a chunk of new tokens per sequence over its paged KV (varlen).
 
     ``out``: write into this tensor (``q``'s shape and dtype) and return it; then the chunks may
     own only rows ``cu_seqlens_q[0] .. cu_seqlens_q[-1]`` of ``q`` and the other rows of ``out`` are
-    left as they are -- how the engine puts a step's decode rows and prompt chunks in one buffer."""
+    left as they are -- how the engine puts a step's decode rows and prompt chunks in one buffer.
+    ``pdl``: the Triton kernel launched as a programmatic dependent (:mod:`~paged_edu.kernels.pdl`;
+    where the GPU has it)."""
     if validate:
         check_impl(impl, PREFILL_IMPLS)
         check_prefill_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out=out)
@@ -167,7 +170,7 @@ def paged_attention_prefill(
     if impl == "torch":
         return paged_prefill_reference(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale, out=out)
     return _triton_module("triton_prefill").paged_prefill_triton(
-        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale, out=out
+        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale, out=out, pdl=pdl
     )
 
 

@@ -79,6 +79,7 @@ import torch
 import triton
 import triton.language as tl
 
+from paged_edu.kernels.pdl import launch_options, wait_for_previous_kernel
 from paged_edu.kernels.triton_fused import INTERPRETING
 
 __all__ = ["paged_prefill_triton", "prefill_config"]
@@ -178,6 +179,7 @@ def _paged_prefill_kernel(
     TILE: tl.constexpr,  # keys per loop step
     UPCAST: tl.constexpr,  # interpreter: fp32 right after every load
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, "tf32" otherwise
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent (paged_edu/kernels/pdl.py)
 ):  # fmt: skip
     kv_head = tl.program_id(0)
     b = tl.num_programs(1) - 1 - tl.program_id(1)  # this program's block of the flat list, longest work first
@@ -189,6 +191,9 @@ def _paged_prefill_kernel(
     q_len = tl.where(owned, tl.load(cu_seqlens_q_ptr + seq + 1) - q_start, 0)
     if q_block * BLOCK_Q >= q_len:  # past its chunk's end, or a padding chunk: no work
         return
+    # (The step's inputs above were copied in before its first kernel; q and the K/V just stored are
+    # the previous kernels' outputs, and out may still be read by one.)
+    wait_for_previous_kernel(USE_PDL)
     seq_len = tl.load(seq_lens_ptr + seq)
     ctx = seq_len - q_len  # cached tokens before the chunk
 
@@ -280,6 +285,7 @@ def paged_prefill_triton(
     scale: float,
     out: torch.Tensor | None = None,  # (num_q_tokens, num_q_heads, head_dim): rows cu[0]..cu[-1] written
     config: dict | None = None,  # overrides of prefill_config (benchmark sweeps, tests)
+    pdl: bool = False,  # launched as a programmatic dependent (paged_edu/kernels/pdl.py)
 ) -> torch.Tensor:  # (num_q_tokens, num_q_heads, head_dim)
     """Launch the prefill kernel on validated inputs (see :func:`paged_edu.kernels.paged_attention_prefill`)."""
     if not INTERPRETING and not q.is_cuda:
@@ -313,6 +319,6 @@ def paged_prefill_triton(
         GROUP=group, GROUP_PAD=cfg["GROUP_PAD"], HEAD_DIM=head_dim, HEAD_DIM_PAD=cfg["HEAD_DIM_PAD"],
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, TILE=cfg["TILE"],
         UPCAST=INTERPRETING, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_options(pdl, q.device),
     )  # fmt: skip
     return out

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from paged_edu.kernels.checks import check_rotary_store_inputs
+from paged_edu.kernels.pdl import launch_options, wait_for_previous_kernel
 from paged_edu.kernels.triton_fused import INTERPRETING, by_hand, round_to
 
 __all__ = ["rope", "rotary_cos_sin", "rotary_store_kv_triton", "rotate_rows", "store_kv_triton"]
@@ -118,6 +119,7 @@ def _store_kv_kernel(
     Q_HEADS_PAD: tl.constexpr,  # H rounded up to a power of two (ROTARY)
     HALF_PAD: tl.constexpr,  # D / 2 rounded up to a power of two (ROTARY)
     BY_HAND: tl.constexpr,  # round_to rounds by hand (the interpreter, bf16)
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent (paged_edu/kernels/pdl.py)
 ):  # fmt: skip
     stride_k_block, stride_k_tok, stride_k_head = stride_k
     stride_v_block, stride_v_tok, stride_v_head = stride_v
@@ -130,6 +132,9 @@ def _store_kv_kernel(
     # (HEADS_PAD, HEAD_DIM_PAD); the slot test is broadcast as a tensor (the interpreter refuses a scalar bool).
     mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM) & ((h * 0 + slot) >= 0)
     k_dst = k_cache_ptr + block * stride_k_block + offset * stride_k_tok + h * stride_k_head
+    # (The slot and position were copied in before the step's first kernel; q, k, v are the previous
+    # kernel's output, and an earlier kernel may still read the pool.)
+    wait_for_previous_kernel(USE_PDL)
     if ROTARY:
         HALF = HEAD_DIM // 2
         i = tl.arange(0, HALF_PAD)[None, :]  # (1, HALF_PAD): pair index
@@ -163,7 +168,9 @@ def _store_kv_kernel(
     tl.store(v_cache_ptr + block * stride_v_block + offset * stride_v_tok + h * stride_v_head + d, v, mask=mask)
 
 
-def _launch(key, value, k_cache, v_cache, slot_mapping, q=None, q_out=None, positions=None, cos=None, sin=None):
+def _launch(
+    key, value, k_cache, v_cache, slot_mapping, q=None, q_out=None, positions=None, cos=None, sin=None, pdl=False
+):
     if not INTERPRETING and not key.is_cuda:
         raise RuntimeError(
             "the Triton store kernel needs a CUDA GPU, or TRITON_INTERPRET=1 set before importing "
@@ -202,6 +209,7 @@ def _launch(key, value, k_cache, v_cache, slot_mapping, q=None, q_out=None, posi
         BY_HAND=by_hand(key.dtype),
         num_warps=4 if width >= 2048 else (2 if width >= 512 else 1),
         enable_fp_fusion=False,  # no a * b + c contracted into one FMA: PyTorch rounds the product first
+        **launch_options(pdl, key.device),
     )  # fmt: skip
 
 
@@ -226,6 +234,7 @@ def rotary_store_kv_triton(
     positions: torch.Tensor,  # int (num_tokens,)
     cos_table: torch.Tensor,  # (max_positions, head_dim), fp32 or the model's dtype
     sin_table: torch.Tensor,  # (max_positions, head_dim), fp32 or the model's dtype
+    pdl: bool = False,  # launched as a programmatic dependent (paged_edu/kernels/pdl.py)
 ) -> torch.Tensor:  # q rotated, (num_tokens, num_q_heads, head_dim) contiguous
     """Rotate q and k by their positions (RoPE), store the rotated k and v at their slots, return q.
 
@@ -234,5 +243,6 @@ def rotary_store_kv_triton(
     """
     check_rotary_store_inputs(q, key, value, k_cache)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    _launch(key, value, k_cache, v_cache, slot_mapping, q, q_out, positions.contiguous(), cos_table, sin_table)
+    positions = positions.contiguous()
+    _launch(key, value, k_cache, v_cache, slot_mapping, q, q_out, positions, cos_table, sin_table, pdl=pdl)
     return q_out

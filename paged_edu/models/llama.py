@@ -102,7 +102,7 @@ class Kernels:
     gemm: str = "auto"  # the projections and LM head at <= 64 rows: "auto", "triton" (skinny GEMM) or "torch"
     fuse_decode_store: bool = True  # a pure-decode step's rotary + K/V store inside the Triton decode kernel
     swiglu_gemm: bool = True  # gate_up and SiLU-and-mul in one skinny GEMM at <= 64 rows
-    pdl: bool = True  # programmatic dependent launches in a pure-decode step of <= 64 rows (see resolve)
+    pdl: bool = True  # programmatic dependent launches in a step of <= 64 rows (see resolve and for_step)
 
     def resolve(self, device: torch.device) -> Kernels:
         """The same choice with every ``"auto"`` made concrete: ``fused`` ``"triton"`` where the fused
@@ -130,11 +130,13 @@ class Kernels:
         gemm = ("triton" if pdl else "torch") if self.gemm == "auto" else self.gemm
         return replace(resolved, gemm=gemm, pdl=pdl)
 
-    def for_step(self, num_tokens: int, pure_decode: bool) -> Kernels:
-        """The choice for one step (after :meth:`resolve`): ``pdl`` only for a pure-decode step of at
-        most 64 rows, where every kernel of the chain is Triton's; above, the projections are cuBLAS's,
-        and there a chain of Triton kernels launched early measured slower on the H200 (kernels/pdl.py)."""
-        if self.pdl and not (pure_decode and num_tokens <= SKINNY_MAX_ROWS):
+    def for_step(self, num_tokens: int) -> Kernels:
+        """The choice for one step (after :meth:`resolve`): ``pdl`` only for a step of at most 64 rows,
+        where every kernel of the chain is Triton's -- a decode batch, or a step with prompt chunks (the
+        rotary + store and prefill kernels take part too: a lone short prompt, the first token of a
+        request on an idle server); above, the projections are cuBLAS's, and there a chain of Triton
+        kernels launched early measured slower on the H200 (kernels/pdl.py)."""
+        if self.pdl and num_tokens > SKINNY_MAX_ROWS:
             return replace(self, pdl=False)
         return self
 
@@ -253,7 +255,9 @@ class PagedAttention(nn.Module):
             # (ten small kernels) with the same rounding. cos, sin are the whole (L, D) tables here.
             from paged_edu.kernels.triton_store import rotary_store_kv_triton
 
-            return rotary_store_kv_triton(q, k, v, k_cache, v_cache, batch.slot_mapping, batch.positions, cos, sin)
+            return rotary_store_kv_triton(
+                q, k, v, k_cache, v_cache, batch.slot_mapping, batch.positions, cos, sin, pdl=kernels.pdl
+            )
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping)  # the pool now holds every token up to each row
@@ -285,6 +289,7 @@ class PagedAttention(nn.Module):
             impl=kernels.prefill,
             validate=False,
             out=out,
+            pdl=kernels.pdl,
         )
 
     def forward(self, x, cos, sin, k_cache, v_cache, batch: ForwardBatch, kernels: Kernels):
@@ -441,7 +446,7 @@ class PagedLlama(nn.Module):
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"need one (k_cache, v_cache) pair per layer ({len(self.layers)}), got {len(kv_caches)}")
         kernels = (kernels or Kernels()).resolve(self.device)
-        kernels = kernels.for_step(batch.input_ids.shape[0], batch.prefill_cu_seqlens_q is None)
+        kernels = kernels.for_step(batch.input_ids.shape[0])
         h = self.embed_tokens(batch.input_ids)  # (T, hidden)
         if kernels.fused_ops:  # the rotary kernel reads each token's row of the tables itself
             cos, sin = self.rotary.cos_table, self.rotary.sin_table  # (L, D) each

@@ -32,19 +32,13 @@ def test_pdl_is_off_where_the_gpu_cannot_launch_that_way():
 
 
 @pytest.mark.parametrize(
-    "num_tokens, pure_decode, on",
-    [
-        (1, True, True),
-        (SKINNY_MAX_ROWS, True, True),
-        (SKINNY_MAX_ROWS + 1, True, False),
-        (256, True, False),
-        (8, False, False),
-    ],
+    "num_tokens, on", [(1, True), (8, True), (SKINNY_MAX_ROWS, True), (SKINNY_MAX_ROWS + 1, False), (256, False)]
 )
-def test_pdl_applies_only_to_pure_decode_steps_the_skinny_gemm_takes(num_tokens, pure_decode, on):
-    """The measured rule (kernels/pdl.py): a chain is launched early only where all of it is Triton's."""
+def test_pdl_applies_only_to_steps_the_skinny_gemm_takes(num_tokens, on):
+    """The measured rule (kernels/pdl.py): a chain is launched early only where all of it is Triton's --
+    a decode batch or a step with prompt chunks alike, up to the skinny GEMM's 64 rows."""
     kernels = Kernels(pdl=True)  # as resolve() leaves it on a GPU that has PDL
-    step = kernels.for_step(num_tokens, pure_decode)
+    step = kernels.for_step(num_tokens)
     assert step.pdl is on
     assert (step.decode, step.gemm, step.fused, step.swiglu_gemm) == (
         kernels.decode,
@@ -52,7 +46,7 @@ def test_pdl_applies_only_to_pure_decode_steps_the_skinny_gemm_takes(num_tokens,
         kernels.fused,
         kernels.swiglu_gemm,
     )
-    assert Kernels(pdl=False).for_step(num_tokens, pure_decode).pdl is False
+    assert Kernels(pdl=False).for_step(num_tokens).pdl is False
 
 
 def test_the_engine_checks_its_pdl_flag():
@@ -127,3 +121,50 @@ def test_gpu_engine_defaults_turn_pdl_on_where_it_applies():
     kernels = Engine(model, num_blocks=8, block_size=4, cuda_graphs=False).runner.kernels
     on = _pdl_gpu()
     assert kernels.pdl is on and kernels.gemm == ("triton" if on else "torch")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decodes, prompt, cached", [(0, 40, 0), (0, 7, 0), (3, 20, 30)])
+def test_gpu_mixed_step_graph_with_pdl_is_bit_for_bit_the_plain_chain(decodes, prompt, cached):
+    """A step with a prompt chunk of at most 64 rows -- a lone prompt (the first token of a request on an
+    idle server), or decode rows beside a chunk over a cached prefix -- in the engine's mixed-step graphs,
+    SmolLM2's 30 layers, bf16: launched as programmatic dependents (the rotary + store and prefill kernels
+    in the chain too), the hidden states and the K/V stored are bit for bit those of the same kernels
+    launched one after the other. A wait placed after a load of the previous kernel's output (q, the K/V
+    just stored), or a store before it, would read values still being written, and differ."""
+    if not _pdl_gpu():
+        pytest.skip("programmatic dependent launch needs a Hopper (sm_90) or newer GPU")
+    import numpy as np
+
+    from paged_edu.engine.batch import pack_chunks
+    from paged_edu.engine.cuda_graphs import MixedCudaGraphs
+    from paged_edu.models.loaders import random_llama
+
+    C, B = smollm2_config(), 16
+    model = random_llama(C, seed=0, dtype=torch.bfloat16, device="cuda")
+    rng = np.random.default_rng(prompt)
+    free = [int(b) for b in rng.permutation(np.arange(1, 128))]
+    counts = [1] * decodes + [prompt]
+    starts = [int(rng.integers(5, 60)) for _ in range(decodes)] + [cached]
+    tables = [[free.pop() for _ in range(-(-(s + n) // B))] for s, n in zip(starts, counts)]
+    token_ids = [int(t) for t in rng.integers(0, C.vocab_size, sum(counts))]
+    out, pools = {}, {}
+    for pdl in (False, True):
+        caches = stale_gpu_pools(C, num_blocks=128)  # the same stale pool for both
+        kernels = Kernels(fused="triton", gemm="triton", pdl=pdl)
+        graphs = MixedCudaGraphs(model, caches, SKINNY_MAX_ROWS, 8, 8, kernels)
+        batch = pack_chunks(token_ids, starts, counts, tables, B)
+        key = graphs.size_for(batch)
+        assert key[0] <= SKINNY_MAX_ROWS and graphs.kernels.for_step(key[0]).pdl is pdl
+        graphs.stage(batch, key, batch.logits_rows, None)
+        runs = []
+        for _ in range(3):  # replays on the same buffers
+            hidden = graphs.replay(key)[: sum(counts)]
+            torch.cuda.synchronize()
+            runs.append(hidden.clone())
+        for hidden in runs[1:]:
+            assert torch.equal(hidden, runs[0])
+        out[pdl], pools[pdl] = runs[0], caches
+    assert torch.equal(out[True], out[False])
+    for (k1, v1), (k0, v0) in zip(pools[True], pools[False]):  # the new tokens' K/V, stored alike
+        assert torch.equal(k1, k0) and torch.equal(v1, v0)

@@ -83,7 +83,7 @@ def decode_layer_launches(batch_size: int, table_blocks: int = 2, **settings) ->
     chunks = [BatchChunk([7 + i % 50], 5, [2 * i, 2 * i + 1, *padding]) for i in range(batch_size)]
     batch = prepare_batch(chunks, block, "cpu")
     kernels = Kernels(**{"decode": "triton", "prefill": "torch", "fused": "triton", "gemm": "triton", **settings})
-    kernels = kernels.resolve(torch.device("cpu")).for_step(batch_size, pure_decode=True)
+    kernels = kernels.resolve(torch.device("cpu")).for_step(batch_size)
     h = torch.randn(batch_size, c.hidden_size, generator=g)  # (T, hidden): the previous layer's output
     residual = torch.randn(batch_size, c.hidden_size, generator=g)
     if kernels.fused_ops:  # the fused kernels read each token's row of the (L, D) tables themselves
