@@ -3,11 +3,13 @@ server's own split of it, one request at a time on an idle server.
 
     python benchmarks/bench_lone_request.py            # on a GPU: SmolLM2-135M geometry, dummy weights
     python benchmarks/bench_lone_request.py --smoke    # the tiny model on a CPU
+    python benchmarks/bench_lone_request.py --no-sleep-on-idle  # the engine core spins while idle
 
 Issue 46's target is a median TTFT at 1 req/s of at most 3 decode steps. At that rate every request
 finds the server idle, so its TTFT is one trip through the API process, the engine core's channel and
 the engine, with nothing to share them with. This script starts the server as
-``bench_serve_vs_offline.py`` does (its flags, :func:`bench_serve_vs_offline.default_server_argv`), sends
+``bench_serve_vs_offline.py`` does (its flags, :func:`bench_serve_vs_offline.default_server_argv`; with
+``--no-sleep-on-idle``, that flag too: the engine core spins on its input socket while idle), sends
 ``--requests`` ShareGPT-like requests (``bench-serve --workload sharegpt``'s: token ids, streamed,
 ``--ignore-eos``) one after the other, ``--gap`` seconds apart (each gap of ``--gap`` in turn, on
 the same server), with ``bench-serve``'s own client
@@ -101,6 +103,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=8, help="each request's output length (ignore EOS)")
     ap.add_argument("--length-scale", type=float, default=None, help="prompt lengths times this (smoke: 0.05)")
     ap.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false")
+    ap.add_argument(
+        "--no-sleep-on-idle",
+        dest="sleep_on_idle",
+        action="store_false",
+        help="the server's flag: its engine core spins on its input socket while idle (default: it sleeps)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -117,7 +125,7 @@ def main(argv=None) -> int:
 
     args.requests = args.requests or (16 if args.smoke else 32)
     scale = args.length_scale or (0.05 if args.smoke else 1.0)
-    server_argv = default_server_argv(args.smoke, args.async_scheduling, args.seed)
+    server_argv = default_server_argv(args.smoke, args.async_scheduling, args.seed, args.sleep_on_idle)
     vocab = 259 if args.smoke else 49152
     total = args.warmups + args.requests
     runs = {}

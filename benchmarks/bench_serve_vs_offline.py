@@ -31,8 +31,11 @@ The server's engine core reports, when it stops, its steps and where its time we
 ``engine.step()`` and in its own work around it (inputs, tokens gathered, the message encoded and
 sent) -- what serving costs the engine, per step, over the server's life (both passes of 2 and 3).
 
-The record (``benchmarks/records/<card>/serve_vs_offline.json``) keeps the provenance, the three
-runs' figures (the bench's JSON without per-request lists) and the two ratios.
+The server runs with its defaults but for the flags above; ``--no-sleep-on-idle`` passes that flag on (the
+engine core spins on its input socket while idle rather than sleeping: what it buys is in 3, the TTFT at
+1 req/s). The record (``benchmarks/records/<card>/serve_vs_offline.json``) keeps the provenance, the
+settings (the server's flags), the three runs' figures (the bench's JSON without per-request lists) and
+the two ratios.
 """
 
 from __future__ import annotations
@@ -74,13 +77,15 @@ def _record_path(name: str) -> Path:
 
 def serve_argv(args) -> list[str]:
     """The server's flags: the engine benchmark's settings (bench_engine.py: a 64 x L_max-token pool of
-    blocks of 16, 512 sequences, 4,096 tokens a step), async scheduling (the server's default) unless turned off."""
+    blocks of 16, 512 sequences, 4,096 tokens a step), async scheduling (the server's default) unless turned off,
+    the engine core asleep while idle (the server's default) unless ``sleep_on_idle`` is False."""
     model = ["--model", "tiny-random"] if args.smoke else ["--model", "smollm2", "--load-format", "dummy"]
     return [
         *model, "--seed", str(args.seed), "--num-gpu-blocks-override", str(args.num_blocks),
         "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
         "--uvicorn-log-level", "warning", *([] if args.async_scheduling else ["--no-async-scheduling"]),
         "--api-server-count", str(args.api_server_count),
+        *([] if getattr(args, "sleep_on_idle", True) else ["--no-sleep-on-idle"]),
     ]  # fmt: skip
 
 
@@ -89,12 +94,14 @@ def default_num_blocks(smoke: bool) -> int:
     return 2048 if smoke else 64 * 2048 // 16
 
 
-def default_server_argv(smoke: bool, async_scheduling: bool = True, seed: int = 0) -> list[str]:
+def default_server_argv(
+    smoke: bool, async_scheduling: bool = True, seed: int = 0, sleep_on_idle: bool = True
+) -> list[str]:
     """:func:`serve_argv` at this benchmark's defaults, one API server: the server other benchmarks
     (``bench_ttft.py``, ``bench_lone_request.py``) measure, so their figures and this one's are of one server."""
     settings = argparse.Namespace(
         smoke=smoke, seed=seed, num_blocks=default_num_blocks(smoke), max_num_seqs=512, max_num_batched_tokens=4096,
-        async_scheduling=async_scheduling, api_server_count=1,
+        async_scheduling=async_scheduling, api_server_count=1, sleep_on_idle=sleep_on_idle,
     )  # fmt: skip
     return serve_argv(settings)
 
@@ -162,6 +169,12 @@ def main(argv=None) -> int:
         type=int,
         default=1,
         help="the server's API server processes (paged-edu serve's flag); the record's default name says N > 1",
+    )
+    ap.add_argument(
+        "--sleep-on-idle",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the server's flag: its engine core sleeps while idle (default) or spins (the TTFT at 1 req/s)",
     )
     ap.add_argument("--length-scale", type=float, default=None, help="workload lengths times this (smoke: 0.05)")
     ap.add_argument("--out", default=None, help="the record (default benchmarks/records/<card>/serve_vs_offline.json)")
@@ -249,6 +262,7 @@ def main(argv=None) -> int:
         "ttft_p50_in_itl_p50": steps,
         "engine_core": core,
         "api_server_count": args.api_server_count,
+        "settings": {"server_argv": serve_argv(args), "sleep_on_idle": args.sleep_on_idle},
         "requests_per_api_server": per_api_server,
         "server_exit_status": server.proc.returncode,
         "targets": {"served_over_offline_throughput": ">= 0.9", "ttft_p50_in_itl_p50": "<= 3"},

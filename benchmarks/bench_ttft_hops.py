@@ -3,6 +3,7 @@ take a fixed time: what the server and HTTP add to the engine's own first token.
 
     python benchmarks/bench_ttft_hops.py                          # 24 requests, 1 s apart, T = 0.656 ms
     python benchmarks/bench_ttft_hops.py --gap 0.2 --requests 16  # quicker (the processes stay warmer)
+    python benchmarks/bench_ttft_hops.py --no-sleep-on-idle       # the engine core spins while idle
 
 Issue 46's target is a median TTFT at 1 req/s of at most 3 engine steps ("engine steps": the ITL p50 of the
 same run). At that rate every request finds the server idle: its first token costs one prompt step and the
@@ -36,6 +37,10 @@ one ends where nothing leaves the process in it): after a send the other process
 ``sse``            the route's chunk: detokenize, encode, write to the socket
 ``http_out``       written -> the client has the chunk parsed (loopback, aiohttp, JSON)
 =================  ===========================================================================================
+
+The server runs with its defaults; ``--no-sleep-on-idle`` passes that flag to it (the engine core polls its
+input socket in a loop while idle instead of sleeping in the poll: :mod:`paged_edu.serve.core`), for an A/B of
+the ``wake`` hop and the cold ones after it.
 
 It prints the median of each hop, TTFT in units of T and of the client's ITL p50, and writes
 ``benchmarks/records/cpu/ttft_hops.json`` (``--out`` elsewhere).
@@ -282,7 +287,8 @@ def one_run(args) -> dict:
     rng = random.Random(args.seed)
     total = args.warmups + args.requests
     prompts = [[rng.randrange(97, 123) for _ in range(args.prompt_len)] for _ in range(total)]
-    argv = ["--model", "tiny-random", "--uvicorn-log-level", "warning"]
+    idle = [] if args.sleep_on_idle else ["--no-sleep-on-idle"]
+    argv = ["--model", "tiny-random", "--uvicorn-log-level", "warning", *idle]
     _marks.clear()
     with ServerProcess(argv, env=env, program=[__file__, "--api-process"]) as server:
         model = json.loads(httpx.get(f"{server.url}/v1/models").text)["data"][0]["id"]
@@ -339,6 +345,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=96, help="prompt token ids per request")
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--sleep-on-idle",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the server's flag: its engine core sleeps on its input socket while idle (default), or spins",
+    )
     ap.add_argument("--out", default=None, help="the record (default benchmarks/records/cpu/ttft_hops.json; '' none)")
     args = ap.parse_args(argv)
     from record import provenance, write_record

@@ -18,8 +18,11 @@ streams, and the two processes only exchange messages.
 
 **The loop** (:meth:`EngineCore.run`, vLLM's ``run_busy_loop``):
 
-1. *inputs*: with nothing to compute it blocks on the input socket, so a new request starts the
-   engine at once (no polling interval); with work it takes what has arrived without waiting --
+1. *inputs*: with nothing to compute it waits on the input socket, asleep in its poll
+   (``--sleep-on-idle``, the default: no CPU while idle, and a new request starts the engine as soon as
+   it is woken) or spinning on it (``--no-sleep-on-idle``: a busy core, for a lone request's TTFT
+   3.24 -> 3.13 ms on our 2-core CPU; *Asleep or spinning* below); with work it takes what has arrived
+   without waiting --
    new requests (``engine.add_request``: accepted, or refused with the engine's error, which names
    the field), aborts (a client that left, a stop string found: the blocks are freed before the
    next step), calls (``/reset_prefix_cache``), stop -- and answers them at once, before the step
@@ -30,6 +33,26 @@ streams, and the two processes only exchange messages.
    every message that ends a request) the engine's gauges and counters: the metrics are read from
    the engine's own state, here, and shipped -- and the KV events of the step on their own socket
    (:mod:`~paged_edu.serve.kv_events`).
+
+**Asleep or spinning while idle.** Asleep (``--sleep-on-idle``, the default), the idle core blocks in
+``poll`` with no time limit: it costs no CPU, and a new request starts the engine as soon as the kernel
+wakes the process (no polling interval) -- but that wakeup is a thread's and a process's, and the core's
+next code runs with cold caches. Spinning (``--no-sleep-on-idle``), it polls with a zero timeout in a loop
+until a message is there: one core busy for as long as the server is idle, for a warmer start. On this
+2-core CPU a lone request through the real server (``benchmarks/bench_ttft_hops.py --requests 16 --gap 0.5``,
+stub engine, 8 runs each way interleaved, ``benchmarks/records/cpu/ttft_hops_idle_*``) measured a median TTFT
+of 3.24 ms asleep against 3.13 spinning, the ``wake`` hop (the add's message sent -> the core handling it)
+252 -> 186 us. Not in every run: in the 4 later pairs (the machine quieter, ITL p50 ~0.68 ms) 3.16 -> 2.99 ms,
+``wake`` 277 -> 178 us; in the 4 earlier ones (ITL p50 ~0.9 ms) 3.30 against 3.29 ms, what the wake saved
+lost right after it (``pre_step``, the "added" reply sent, 350 -> 450-500 us; our reading, not measured: the
+thread that spun is the one the kernel preempts for the processes' other threads). Spinning takes a core
+from the API process and ZeroMQ's I/O threads: a trade for a machine with cores to spare (a GPU host), to
+be measured there. Production engines choose between the two: SGLang's scheduler polls its sockets without
+waiting when idle, by default, and ``--sleep-on-idle`` (sgl-project/sglang PR #6026, after issues #1730,
+#3708 and #9863 about an idle server holding a core at 100 %) makes it block; vLLM's ``VLLM_SLEEP_WHEN_IDLE``
+(off by default, ``vllm/envs.py``) lets its shared-memory message queue sleep rather than spin, for a small
+latency cost when a request comes. Ours sleeps by default: a course server on a laptop or a 2-core CI box
+must not burn a core.
 
 What the step produced is found in ``scheduler.running`` (after a step, a sequence's
 ``output_token_ids`` hold real tokens only) and in the outputs of the requests that ended; the work
@@ -131,10 +154,11 @@ class EngineCore:
     """``engine`` served over ZeroMQ sockets -- one input socket, one output socket per API server
     (``outputs``: a socket or a list of them, indexed by channel) -- :meth:`run` until a ``stop`` message."""
 
-    def __init__(self, engine, inputs, outputs, kv_events=None) -> None:
+    def __init__(self, engine, inputs, outputs, kv_events=None, *, sleep_on_idle: bool = True) -> None:
         import msgpack
 
         self.engine, self.inputs, self.kv_events = engine, inputs, kv_events
+        self.sleep_on_idle = sleep_on_idle  # idle: block in poll (True) or spin on poll(0) (False), see above
         self.channels = [_Channel(s) for s in (outputs if isinstance(outputs, list | tuple) else [outputs])]
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self._unpack = msgpack.unpackb
@@ -194,8 +218,13 @@ class EngineCore:
             )  # fmt: skip
 
     def _take_inputs(self, wait: bool) -> None:
-        """Every message waiting; with ``wait``, block until the first one comes."""
+        """Every message waiting; with ``wait``, wait for the first one: asleep in ``poll`` (no time limit),
+        or, without :attr:`sleep_on_idle`, polling with a zero timeout until it is there (a busy core)."""
         timeout = None if wait else 0  # None: no time limit
+        if wait and not self.sleep_on_idle:
+            while not self.inputs.poll(0):  # spin (no time.sleep: a sleep is the wakeup this avoids)
+                pass
+            timeout = 0
         while self.inputs.poll(timeout):
             self._handle(self._unpack(self.inputs.recv()))
             timeout = 0
@@ -465,7 +494,7 @@ def run_engine_core(flags: dict, channels: list[tuple[str, str]]) -> None:
         except (ValueError, TypeError, FileNotFoundError) as exc:  # a flag the model or the pool cannot meet
             tell_all(["failed", str(exc)])
             return
-        core = EngineCore(engine, inputs, outputs, kv_events)
+        core = EngineCore(engine, inputs, outputs, kv_events, sleep_on_idle=flags.get("sleep_on_idle", True))
         info["clock_offset"] = time.perf_counter() - engine.now()
         info["stats"] = core._stats()
         freeze_startup_heap()  # the model, the engine, torch: out of the collector's walks from here on

@@ -10,7 +10,8 @@ so ``paged-edu --help`` stays instant).
 ``--num-prompts``, ``--request-rate``, ``--max-concurrency``, ``--percentile-metrics``,
 ``--metric-percentiles``, ``--ignore-eos``, ``--num-warmups``, ``--seed``). paged_edu's own:
 ``--model smollm2|tiny-random``, ``--prefix-cache hash|radix``, ``--kv-events-*``, ``--max-body-bytes``,
-``--device``; ``--workload`` names the course's workloads.
+``--device``, ``--sleep-on-idle`` / ``--no-sleep-on-idle`` (SGLang's ``--sleep-on-idle``, default on here and
+off there); ``--workload`` names the course's workloads.
 """
 
 from __future__ import annotations
@@ -99,6 +100,13 @@ def add_serve_args(p: argparse.ArgumentParser, positive, fraction) -> None:
         "--enforce-eager",
         action="store_true",
         help="no CUDA graphs (by default on a GPU: graphs for decode steps and for steps with prompt chunks)",
+    )
+    e.add_argument(
+        "--sleep-on-idle",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with no request, the engine core sleeps on its input socket (no CPU); --no-sleep-on-idle spins "
+        "on it instead: a core busy while idle, for a lone request's faster start (SGLang spins by default)",
     )
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")

@@ -1,7 +1,7 @@
 """The command line: ``paged-edu serve`` as a subprocess on 127.0.0.1 (the port it picked, read from its
 "ready" line), ``--api-key`` guarding ``/v1/*``, ``paged-edu bench-serve`` measuring it and writing its
 JSON, and SIGTERM: a request that can finish within ``--timeout-graceful-shutdown`` does, one that
-cannot is cut, and the process exits 0."""
+cannot is cut, and the process exits 0. And the parsing of a flag of our own, ``--sleep-on-idle``."""
 
 from __future__ import annotations
 
@@ -114,3 +114,12 @@ def test_sigterm_finishes_or_aborts_in_flight_requests_then_exits_0():
     cut = "[DONE]" not in long
     assert cut or json.loads(long[-2])["choices"][0]["finish_reason"] == "length"
     assert any("stopped on SIGTERM" in line for line in server.lines)
+
+
+@pytest.mark.parametrize("argv, sleeps", [([], True), (["--sleep-on-idle"], True), (["--no-sleep-on-idle"], False)])
+def test_sleep_on_idle_is_on_unless_turned_off(argv, sleeps):
+    from paged_edu.cli import _build_parser
+    from paged_edu.serve.flags import parse_serve_args
+
+    assert parse_serve_args(argv).sleep_on_idle is sleeps
+    assert _build_parser().parse_args(["serve", *argv]).sleep_on_idle is sleeps  # the command line's own parser

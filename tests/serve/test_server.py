@@ -8,6 +8,7 @@ in ``test_serve_cli.py`` (SIGTERM, the API key, the command line).
 
 from __future__ import annotations
 
+import os
 import time
 
 import httpx
@@ -119,6 +120,47 @@ def test_greedy_completion_is_engine_runs_tokens(srv, client, tiny_model):
         assert choice.finish_reason == "length"
         assert r.usage.prompt_tokens == len(prompt) and r.usage.completion_tokens == 12
         assert choice.text == bytes(t for t in expected if t < 256).decode("utf-8", errors="replace")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far, user and system (``/proc/PID/stat``'s utime and stime)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _idle_cpu_share(server: ThreadServer, seconds: float = 0.5) -> float:
+    """The share of a core the server's engine core process takes while nothing is asked of it."""
+    pid = server.server.client.process.pid
+    start, cpu = time.monotonic(), _cpu_seconds(pid)
+    time.sleep(seconds)
+    return (_cpu_seconds(pid) - cpu) / (time.monotonic() - start)
+
+
+def test_a_spinning_engine_core_serves_engine_runs_tokens_and_stops(srv, tiny_model):
+    """``--no-sleep-on-idle``: the core spins while idle (a core's worth of CPU, where the default's sleeps),
+    serves the same greedy tokens as ``Engine.run``, and a stop while it spins ends it."""
+    spinning = ThreadServer(
+        [
+            "--model", "tiny-random", "--num-gpu-blocks-override", "4096", "--max-num-seqs", "256",
+            "--max-model-len", "2048", "--no-sleep-on-idle",
+        ]
+    )  # fmt: skip
+    try:
+        wait_idle(srv)
+        assert _idle_cpu_share(srv) < 0.2  # the default: asleep in poll
+        assert _idle_cpu_share(spinning) > 0.5  # (a 2-core machine with the tests running beside it)
+        prompts = [prompt_ids(k, 20 + 9 * k) for k in range(2)]
+        want = reference(tiny_model, prompts, SamplingParams(max_tokens=12))
+        with openai.OpenAI(base_url=f"{spinning.base_url}/v1", api_key="unused", max_retries=0) as c:
+            for prompt, (expected,) in zip(prompts, want):
+                r = c.completions.create(
+                    model="tiny-random", prompt=prompt, max_tokens=12, temperature=0,
+                    extra_body={"ignore_eos": True, "return_token_ids": True},
+                )  # fmt: skip
+                assert r.choices[0].model_extra["token_ids"] == expected
+    finally:
+        spinning.stop()
+    assert spinning.server.client.process.poll() == 0  # the "stop" reached the spinning loop: the core exited
 
 
 def test_chat_uses_the_chatml_template_and_streams_the_same_reply(srv, client, tiny_model):
