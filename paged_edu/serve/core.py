@@ -48,8 +48,9 @@ lost right after it (``pre_step``, the "added" reply sent, 350 -> 450-500 us; ou
 thread that spun is the one the kernel preempts for the processes' other threads). Spinning takes a core
 from the API process and ZeroMQ's I/O threads: a trade for a machine with cores to spare (a GPU host), to
 be measured there. Production engines choose between the two: SGLang's scheduler polls its sockets without
-waiting when idle, by default, and ``--sleep-on-idle`` (sgl-project/sglang PR #6026, after issues #1730,
-#3708 and #9863 about an idle server holding a core at 100 %) makes it block; vLLM's ``VLLM_SLEEP_WHEN_IDLE``
+waiting when idle, by default, and ``--sleep-on-idle`` (https://github.com/sgl-project/sglang/pull/6026, after
+users' reports of an idle server holding a core at 100 %: https://github.com/sgl-project/sglang/issues/1730,
+/3708 and /9863) makes it block; vLLM's ``VLLM_SLEEP_WHEN_IDLE``
 (off by default, ``vllm/envs.py``) lets its shared-memory message queue sleep rather than spin, for a small
 latency cost when a request comes. Ours sleeps by default: a course server on a laptop or a 2-core CI box
 must not burn a core.
