@@ -148,7 +148,7 @@ def test_a_spinning_engine_core_serves_engine_runs_tokens_and_stops(srv, tiny_mo
     try:
         wait_idle(srv)
         assert _idle_cpu_share(srv) < 0.2  # the default: asleep in poll
-        assert _idle_cpu_share(spinning) > 0.5  # (a 2-core machine with the tests running beside it)
+        assert _idle_cpu_share(spinning) > 0.3  # (a share, not a core: a 2-core CI box runs other tests beside it)
         prompts = [prompt_ids(k, 20 + 9 * k) for k in range(2)]
         want = reference(tiny_model, prompts, SamplingParams(max_tokens=12))
         with openai.OpenAI(base_url=f"{spinning.base_url}/v1", api_key="unused", max_retries=0) as c:
