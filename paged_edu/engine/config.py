@@ -71,10 +71,11 @@ class KernelConfig:
     whatever ``gemm_impl`` says). On the H200 its tuned tiling beats cuBLAS + the SiLU kernel. False:
     the two.
 
-    ``pdl`` -- a pure-decode step of <= 64 rows launches its Triton kernels as programmatic dependents,
-    each launched while the previous one ends (:mod:`~paged_edu.kernels.pdl`; 864 -> 711 us a step
-    at batch 1 on the H200). Only where the whole decode chain is Triton on a GPU that has it
-    (Hopper and later); :meth:`~paged_edu.models.llama.Kernels.resolve` turns it off elsewhere.
+    ``pdl`` -- a step of <= 64 rows (a decode batch, or prompt chunks) launches its Triton kernels as
+    programmatic dependents, each launched while the previous one ends (:mod:`~paged_edu.kernels.pdl`;
+    864 -> 711 us a decode step at batch 1 on the H200, a 16-token prompt step 1,029 -> 804 us on the
+    H100). Only where the whole decode chain is Triton on a GPU that has it (Hopper and later);
+    :meth:`~paged_edu.models.llama.Kernels.resolve` turns it off elsewhere.
 
     ``cuda_graphs`` -- replay captured CUDA graphs for pure-decode steps
     (:class:`~paged_edu.engine.cuda_graphs.DecodeCudaGraphs`; ``None``, the default: on for CUDA).

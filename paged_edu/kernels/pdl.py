@@ -36,7 +36,7 @@ GEMM in place of cuBLAS (:mod:`~paged_edu.kernels.triton_gemm`): 711 / 815 / 923
 1 / 16 / 32 against 864 / 935 / 990 for cuBLAS without PDL, and 878 / 965 / 1,032 for the skinny GEMM
 without PDL. With cuBLAS's GEMMs left in the chain, PDL on the Triton kernels alone was *slower*:
 899 / 965 / 1,025 us at <= 32 rows (its SwiGLU GEMM also prefetching, as below), and 1,186 against 1,178 us at batch 64, 1,784 against 1,734 at 256,
-where every projection was cuBLAS's. So the model turns it on only for pure-decode steps the skinny GEMM takes
+where every projection was cuBLAS's. So the model turns it on only for the steps the skinny GEMM takes
 (:meth:`~paged_edu.models.llama.Kernels.for_step`): <= 32 rows then, <= 64 since commit 2cf683e, which moved the
 skinny GEMM's limit (1,090 against 1,108 us a step at 48 rows, 1,175 against 1,175 at 64, 244 kernels instead of 274;
 ``benchmarks/records/h200/layer_bench_rows64.json``). Also measured and dropped: the GEMM asking for
@@ -44,6 +44,16 @@ its weight's lines before the wait (``prefetch.global.L2``, one per 128-byte lin
 kernel's output), 757 / 870 / 982 us -- slower than the wait alone. Loading the weight's slice into
 *registers* before the wait does pay, at <= 16 rows (:mod:`~paged_edu.kernels.triton_gemm`, "The weight
 before the wait": 672 against 708 us a step at batch 1, 775 against 801 at 16).
+
+Steps with prompt chunks of <= 64 rows take part too (commit 64d364a): the rotary + K/V store kernel and the
+prefill kernel wait like the others, so a lone short prompt -- a request's first token on an idle server --
+runs the same early-launched chain as a decode batch. On an H100 (``python benchmarks/bench_ttft.py --modes
+async --lengths 16,40,96``, the server's engine idle, its mixed-step graphs, against the same tree with PDL
+in pure-decode steps only, one lease; ``benchmarks/records/h100/ttft_ab_e6f5fcf_log.txt``): the prompt step
+on the device 1,029 -> 804 us at 16 tokens and 1,127 -> 1,010 at 40, the time to the first token 1,329 ->
+1,161 and 1,413 -> 1,338 us; at 96 tokens, past the skinny GEMM's rows, 1,171 against 1,174 (nothing
+changes there). A GPU test holds such a step's hidden states and stored K/V bit for bit to the chain
+launched one kernel after the other (``tests/kernels/test_pdl.py``).
 
 Peers launch their own small kernels this way on Hopper, e.g. alibaba/rtp-llm's
 ``LAUNCH_KERNEL_WITH_PDL`` (``rtp_llm/cpp/cuda/launch_utils.h``: ``cudaLaunchKernelEx`` with

@@ -46,8 +46,11 @@ of 3.24 ms asleep against 3.13 spinning, the ``wake`` hop (the add's message sen
 ``wake`` 277 -> 178 us; in the 4 earlier ones (ITL p50 ~0.9 ms) 3.30 against 3.29 ms, what the wake saved
 lost right after it (``pre_step``, the "added" reply sent, 350 -> 450-500 us; our reading, not measured: the
 thread that spun is the one the kernel preempts for the processes' other threads). Spinning takes a core
-from the API process and ZeroMQ's I/O threads: a trade for a machine with cores to spare (a GPU host), to
-be measured there. Production engines choose between the two: SGLang's scheduler polls its sockets without
+from the API process and ZeroMQ's I/O threads: a trade for a machine with cores to spare. On an H100's
+16-core host it paid every time (e6f5fcf, ``benchmarks/records/h100/ttft_hops_*_e6f5fcf.json``, asleep /
+spinning / asleep / spinning): TTFT 3.56 / 3.23 / 3.40 / 3.16 ms, ``wake`` 412 / 254 / 379 / 270 us; and
+with the model's engine (``bench_serve_vs_offline.py``, the same lease) the client's TTFT p50 at 1 req/s
+4.1 -> 3.6 ms, 6.27 -> 5.50 decode steps. Production engines choose between the two: SGLang's scheduler polls its sockets without
 waiting when idle, by default, and ``--sleep-on-idle`` (https://github.com/sgl-project/sglang/pull/6026, after
 users' reports of an idle server holding a core at 100 %: https://github.com/sgl-project/sglang/issues/1730,
 /3708 and /9863) makes it block; vLLM's ``VLLM_SLEEP_WHEN_IDLE``
