@@ -85,7 +85,7 @@ def serve_argv(args) -> list[str]:
         "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
         "--uvicorn-log-level", "warning", *([] if args.async_scheduling else ["--no-async-scheduling"]),
         "--api-server-count", str(args.api_server_count),
-        *([] if getattr(args, "sleep_on_idle", True) else ["--no-sleep-on-idle"]),
+        *([] if args.sleep_on_idle else ["--no-sleep-on-idle"]),
     ]  # fmt: skip
 
 
@@ -214,7 +214,8 @@ def main(argv=None) -> int:
     print(f"offline: {off['output_throughput']:,.0f} output tok/s ({off['seconds']:.2f} s)", flush=True)
 
     common = ["--workload", "sharegpt", "--seed", str(args.seed), "--ignore-eos", "--length-scale", str(scale)]
-    with ServerProcess(serve_argv(args)) as server:
+    server_argv = serve_argv(args)
+    with ServerProcess(server_argv) as server:
         import httpx
 
         print(f"server: {server.url}", flush=True)
@@ -262,7 +263,7 @@ def main(argv=None) -> int:
         "ttft_p50_in_itl_p50": steps,
         "engine_core": core,
         "api_server_count": args.api_server_count,
-        "settings": {"server_argv": serve_argv(args), "sleep_on_idle": args.sleep_on_idle},
+        "settings": {"server_argv": server_argv, "sleep_on_idle": args.sleep_on_idle},
         "requests_per_api_server": per_api_server,
         "server_exit_status": server.proc.returncode,
         "targets": {"served_over_offline_throughput": ">= 0.9", "ttft_p50_in_itl_p50": "<= 3"},

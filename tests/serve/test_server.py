@@ -8,7 +8,6 @@ in ``test_serve_cli.py`` (SIGTERM, the API key, the command line).
 
 from __future__ import annotations
 
-import os
 import time
 
 import httpx
@@ -122,18 +121,15 @@ def test_greedy_completion_is_engine_runs_tokens(srv, client, tiny_model):
         assert choice.text == bytes(t for t in expected if t < 256).decode("utf-8", errors="replace")
 
 
-def _cpu_seconds(pid: int) -> float:
-    """A process's CPU time so far, user and system (``/proc/PID/stat``'s utime and stime)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _idle_cpu_share(server: ThreadServer, seconds: float = 0.5) -> float:
-    """The share of a core the server's engine core process takes while nothing is asked of it."""
-    pid = server.server.client.process.pid
-    start, cpu = time.monotonic(), _cpu_seconds(pid)
+    """The share of a core the server's engine core process takes while nothing is asked of it (user and
+    system CPU time, read with psutil as ``benchmarks/bench_api_stream.py`` reads the server's processes)."""
+    import psutil
+
+    core = psutil.Process(server.server.client.process.pid)
+    start, cpu = time.monotonic(), sum(core.cpu_times()[:2])
     time.sleep(seconds)
-    return (_cpu_seconds(pid) - cpu) / (time.monotonic() - start)
+    return (sum(core.cpu_times()[:2]) - cpu) / (time.monotonic() - start)
 
 
 def test_a_spinning_engine_core_serves_engine_runs_tokens_and_stops(srv, tiny_model):
